@@ -1,0 +1,248 @@
+# Pool accounting (KIP-72) and buffer reuse.
+#
+# Thread safety comes from the GIL: every state change below happens in C with no Python code running
+# in between (Python hooks are called only after the state is consistent), so concurrent callers
+# cannot observe or produce a half-updated pool.
+
+cimport cython
+from cpython.buffer cimport PyBuffer_FillInfo
+from libc.stdlib cimport free, malloc
+
+cdef extern from *:
+    """
+    static inline int kmem_bit_length(unsigned long long x) {
+        return x ? 64 - __builtin_clzll(x) : 0;
+    }
+    """
+    int kmem_bit_length(unsigned long long x) nogil
+
+# Free blocks are kept in size classes: 64 bytes, then four classes per power of two, so a reused
+# block is at most 25% larger than the request.
+DEF MIN_CLASS_BITS = 6
+DEF NUM_CLASSES = 4 * (63 - MIN_CLASS_BITS) + 1
+
+
+cdef inline int size_class(long long n) noexcept nogil:
+    if n <= (1 << MIN_CLASS_BITS):
+        return 0
+    cdef int e = kmem_bit_length(<unsigned long long>(n - 1)) - 1     # 2**e < n <= 2**(e+1)
+    cdef long long step = (<long long>1) << (e - 2)
+    cdef long long j = (n - ((<long long>1) << e) + step - 1) // step   # 1..4
+    return <int>((e - MIN_CLASS_BITS) * 4 + j)
+
+
+cdef inline long long class_capacity(int c) noexcept nogil:
+    if c == 0:
+        return 1 << MIN_CLASS_BITS
+    cdef int e = (c - 1) // 4 + MIN_CLASS_BITS
+    cdef long long j = (c - 1) % 4 + 1
+    return ((<long long>1) << e) + j * ((<long long>1) << (e - 2))
+
+
+cdef struct FreeBlock:
+    FreeBlock* next     # stored inside the free block itself
+
+
+@cython.final
+@cython.no_gc_clear     # __dealloc__ needs `pool` to credit a leaked buffer back
+@cython.freelist(256)
+cdef class PooledBuffer:
+    """A writable buffer of exactly ``len(buf)`` bytes handed out by a pool.
+
+    Its contents are undefined when handed out (memory is reused, not zeroed). After ``release`` the
+    buffer refuses new exports; views taken before release keep the memory alive, and it is not reused
+    while any of them exists.
+    """
+    cdef char* data
+    cdef Py_ssize_t length
+    cdef long long capacity
+    cdef int exports
+    cdef bint released
+    cdef PoolCore pool
+    cdef public object origin     # where it was allocated, when the pool records that (debug pools)
+
+    def __len__(self):
+        return self.length
+
+    @property
+    def released(self):
+        return self.released
+
+    def __getbuffer__(self, Py_buffer* view, int flags):
+        if self.released:
+            raise BufferError("buffer was released to its pool and may no longer be used")
+        PyBuffer_FillInfo(view, self, self.data, self.length, 0, flags)
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* view):
+        self.exports -= 1
+        if self.exports == 0 and self.released and self.data != NULL:
+            free(self.data)     # detached at release because views still existed
+            self.data = NULL
+
+    def __repr__(self):
+        state = "released" if self.released else "outstanding"
+        return f"<PooledBuffer {self.length} bytes, {state}>"
+
+    def __dealloc__(self):
+        if self.pool is not None and not self.released:
+            self.pool.reclaim(self)
+        if self.data != NULL:
+            free(self.data)
+            self.data = NULL
+
+
+cdef class PoolCore:
+    """Kafka's SimpleMemoryPool accounting plus a bounded cache of free blocks.
+
+    ``available`` follows Kafka exactly (it may go negative when not strict). Free blocks are cached
+    only while cached plus outstanding block capacity stays within ``cache_limit``, the most the pool may
+    hand out at once, so reuse never raises the pool's memory bound.
+    """
+    cdef readonly long long size
+    cdef readonly long long max_single_allocation
+    cdef readonly bint strict
+    cdef readonly long long available
+    cdef readonly long long cache_limit
+    cdef readonly long long cached_bytes
+    cdef readonly long long outstanding_capacity
+    cdef readonly long long outstanding_count
+    cdef bint depleted              # refused since the last success or release (Kafka's sensor period)
+    cdef bint refused_since_release  # someone is waiting for memory to come back
+    cdef FreeBlock* free_lists[NUM_CLASSES]
+
+    def __cinit__(self, long long size, long long max_single_allocation, bint strict=False, *args, **kwargs):
+        self.size = size
+        self.max_single_allocation = max_single_allocation
+        self.strict = strict
+        self.available = size
+        self.cache_limit = size if strict else size + max_single_allocation - 1
+        for c in range(NUM_CLASSES):
+            self.free_lists[c] = NULL
+
+    def __dealloc__(self):
+        self.free_cached()
+
+    cdef void free_cached(self) noexcept:
+        cdef FreeBlock* block
+        for c in range(NUM_CLASSES):
+            while self.free_lists[c] != NULL:
+                block = self.free_lists[c]
+                self.free_lists[c] = block.next
+                free(block)
+        self.cached_bytes = 0
+
+    @property
+    def is_out_of_memory(self):
+        return self.available <= 0
+
+    def try_allocate(self, Py_ssize_t size_bytes):
+        """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now."""
+        if size_bytes < 1 or size_bytes > self.max_single_allocation:
+            raise _invalid_argument(
+                f"requested size {size_bytes} is outside [1, {self.max_single_allocation}]")
+        if not self.has_room(size_bytes):
+            return None
+        cdef PooledBuffer buf = PooledBuffer.__new__(PooledBuffer)    # may run the cyclic GC, hence the re-check
+        if not self.has_room(size_bytes):
+            return None
+        cdef int c = size_class(size_bytes)
+        cdef long long capacity = class_capacity(c)
+        cdef char* data = <char*>self.free_lists[c]
+        if data != NULL:
+            self.free_lists[c] = self.free_lists[c].next
+            self.cached_bytes -= capacity
+        else:
+            data = <char*>malloc(capacity)
+            if data == NULL:
+                raise MemoryError(f"cannot allocate {capacity} bytes")
+        self.available -= size_bytes
+        self.outstanding_capacity += capacity
+        self.outstanding_count += 1
+        buf.data = data
+        buf.length = size_bytes
+        buf.capacity = capacity
+        buf.pool = self
+        if self.depleted:
+            self.depleted = False
+            self._depletion_ended()
+        return buf
+
+    cdef inline bint has_room(self, Py_ssize_t size_bytes):
+        if self.available >= (size_bytes if self.strict else 1):
+            return True
+        if not self.depleted:
+            self.depleted = True
+            self.refused_since_release = True
+            self._depletion_started()
+        else:
+            self.refused_since_release = True
+        return False
+
+    def release(self, buf):
+        """Give a buffer from ``try_allocate`` back. Foreign buffers and second releases are refused."""
+        if type(buf) is not PooledBuffer:
+            raise _invalid_argument(f"cannot release {type(buf).__name__}: not a buffer from this pool")
+        cdef PooledBuffer b = <PooledBuffer>buf
+        if b.pool is not self:
+            raise _invalid_argument("cannot release a buffer allocated by another pool")
+        if b.released:
+            raise _invalid_argument("buffer was already released")
+        self.give_back(b)
+        cdef bint waiters = self.refused_since_release
+        self.refused_since_release = False
+        if self.depleted:
+            self.depleted = False
+            self._depletion_ended()
+        if waiters:
+            self._memory_returned()
+
+    cdef void give_back(self, PooledBuffer b) noexcept:
+        b.released = True
+        self.available += b.length
+        self.outstanding_capacity -= b.capacity
+        self.outstanding_count -= 1
+        if b.exports:
+            return      # views exist: the memory stays with the buffer until they are gone
+        if self.cached_bytes + self.outstanding_capacity + b.capacity <= self.cache_limit:
+            (<FreeBlock*>b.data).next = self.free_lists[size_class(b.capacity)]
+            self.free_lists[size_class(b.capacity)] = <FreeBlock*>b.data
+            self.cached_bytes += b.capacity
+        else:
+            free(b.data)
+        b.data = NULL
+
+    cdef void reclaim(self, PooledBuffer b) noexcept:
+        # A buffer garbage-collected without release: credit it back so the accounting never drifts.
+        cdef Py_ssize_t length = b.length
+        self.give_back(b)
+        try:
+            self._buffer_leaked(length, b.origin)
+            self.refused_since_release = False
+            self._memory_returned()
+        except BaseException:
+            pass    # nothing can propagate out of a deallocation
+
+    def trim(self):
+        """Free every cached block; returns the bytes given back to the system allocator."""
+        cdef long long freed = self.cached_bytes
+        self.free_cached()
+        return freed
+
+    # Hooks for the Python subclass, called only on state transitions (never per allocation).
+    def _depletion_started(self):
+        pass
+
+    def _depletion_ended(self):
+        pass
+
+    def _memory_returned(self):
+        pass
+
+    def _buffer_leaked(self, size_bytes, origin):
+        pass
+
+
+cdef _invalid_argument(str message):
+    from kmem.errors import InvalidArgumentError
+    return InvalidArgumentError(message)

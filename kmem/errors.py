@@ -1,0 +1,44 @@
+"""kmem's exceptions: one hierarchy, so callers can catch ``KmemError`` for anything kmem rejects.
+
+Each message says what was wrong and where (file, offset) when that is known. Classes that stand for
+bad arguments or bad bytes also derive from ``ValueError`` so generic handlers keep working.
+"""
+
+
+class KmemError(Exception):
+    """Base class of every error kmem raises on purpose."""
+
+
+class ConfigError(KmemError, ValueError):
+    """A configuration value is out of range or inconsistent with another."""
+
+
+class InvalidArgumentError(KmemError, ValueError):
+    """An argument breaks a documented precondition (Kafka's IllegalArgumentException)."""
+
+
+class IllegalStateError(KmemError, RuntimeError):
+    """An operation is not allowed in the object's current state (Kafka's IllegalStateException)."""
+
+
+class CorruptRecordError(KmemError, ValueError):
+    """Record data is malformed: truncated, bad CRC, impossible length, unknown magic or codec.
+
+    ``offset`` is the byte position in the input where the problem was found, when known.
+    """
+
+    def __init__(self, message, offset=None):
+        super().__init__(message if offset is None else f"{message} (at byte {offset})")
+        self.offset = offset
+
+
+class UnsupportedCompressionTypeError(KmemError):
+    """The codec cannot be used here (e.g. zstd below magic 2)."""
+
+
+class InvalidReceiveError(KmemError):
+    """A network frame is invalid (negative or oversized size prefix); the connection must close."""
+
+
+class CorruptSnapshotError(KmemError):
+    """A producer-state snapshot or Bloom sidecar file is unreadable (version, CRC, truncation)."""

@@ -1,0 +1,96 @@
+"""Sensors with Kafka's metric names, and their export through ``prometheus_client``.
+
+Kafka names are kept because they are what operators search for; the Prometheus export renames
+them to Prometheus conventions (base units, ``_total`` for counters).
+"""
+import collections
+import time
+
+# Kafka's defaults: metrics.sample.window.ms = 30000, metrics.num.samples = 2.
+DEFAULT_WINDOW_SECONDS = 30.0
+DEFAULT_SAMPLES = 2
+
+
+class SampledRate:
+    """Sum of recorded values per second over a sliding set of time windows (Kafka's ``Rate``).
+
+    Recording durations in seconds makes the measure a ratio of time, which is what Kafka's
+    ``MemoryPoolAvgDepletedPercent`` reports despite its name.
+    """
+
+    def __init__(self, window_seconds=DEFAULT_WINDOW_SECONDS, samples=DEFAULT_SAMPLES, clock=time.monotonic):
+        if window_seconds <= 0 or samples < 1:
+            from kmem.errors import ConfigError
+            raise ConfigError(f"need window_seconds > 0 and samples >= 1, got {window_seconds}, {samples}")
+        self._window = window_seconds
+        self._samples = samples
+        self._clock = clock
+        self._started = clock()
+        self._windows = collections.deque()     # [window start, total recorded in it]
+
+    def _purge(self, now):
+        horizon = now - self._window * self._samples
+        while self._windows and self._windows[0][0] <= horizon:
+            self._windows.popleft()
+
+    def record(self, value, now=None):
+        now = self._clock() if now is None else now
+        self._purge(now)
+        if not self._windows or now - self._windows[-1][0] >= self._window:
+            self._windows.append([now, 0.0])
+        self._windows[-1][1] += value
+
+    def measure(self, now=None):
+        now = self._clock() if now is None else now
+        self._purge(now)
+        oldest = self._windows[0][0] if self._windows else now
+        # As Kafka: elapsed time counts at least samples-1 full windows, so that a rate measured just
+        # after start or after a quiet spell is not inflated by a tiny denominator.
+        elapsed = max(now - max(oldest, self._started - self._window), (self._samples - 1) * self._window)
+        return sum(total for _, total in self._windows) / elapsed if elapsed > 0 else 0.0
+
+
+# Kafka sensor name -> (Prometheus name, kind, help, scale to base units)
+_POOL_METRICS = {
+    "MemoryPoolAvailable": ("kmem_memory_pool_available_bytes", "gauge",
+                            "Bytes the pool can still hand out (negative after over-allocation).", 1),
+    "MemoryPoolUsed": ("kmem_memory_pool_used_bytes", "gauge", "Bytes handed out and not yet released.", 1),
+    "MemoryPoolAvgDepletedPercent": ("kmem_memory_pool_depleted_ratio", "gauge",
+                                     "Share of recent time the pool refused allocations (0..1).", 1),
+    "MemoryPoolDepletedTimeTotal": ("kmem_memory_pool_depleted_seconds_total", "counter",
+                                    "Total time the pool refused allocations.", 1e-3),
+}
+
+
+class PoolCollector:
+    """A ``prometheus_client`` collector for one or more pools, labelled by pool name."""
+
+    def __init__(self, pools):
+        self._pools = dict(pools)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        families = {}
+        for kafka_name, (name, kind, help_text, _) in _POOL_METRICS.items():
+            family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+            # CounterMetricFamily appends _total itself.
+            families[kafka_name] = family(name.removesuffix("_total"), help_text, labels=["pool"])
+        for pool_name, pool in self._pools.items():
+            for kafka_name, value in pool.metrics().items():
+                families[kafka_name].add_metric([pool_name], value * _POOL_METRICS[kafka_name][3])
+        return list(families.values())
+
+
+def register_pool(pool, name="default", registry=None):
+    """Export ``pool``'s sensors to Prometheus (the default registry unless one is given).
+
+    Returns the collector, so that it can be unregistered.
+    """
+    try:
+        from prometheus_client import REGISTRY
+    except ImportError as exc:  # an optional dependency: say how to get it
+        raise ImportError("prometheus export needs prometheus_client: pip install 'kmem[metrics]'") from exc
+    collector = PoolCollector({name: pool})
+    (registry or REGISTRY).register(collector)
+    return collector

@@ -1,0 +1,169 @@
+"""Memory pools (KIP-72): bound the bytes in flight without ever blocking.
+
+``try_allocate(n)`` returns a writable buffer of exactly ``n`` bytes or ``None``; ``release(buf)`` gives
+it back. A non-strict pool grants any request while some memory is left, so it may over-allocate by up
+to ``max_single_allocation_bytes - 1`` (this keeps large requests from starving); a strict pool grants
+only what fits. The accounting and the reuse of freed blocks live in the compiled core
+(``kmem._core.PoolCore``); this module adds argument checks, sensors, listeners and leak reporting.
+
+Buffers from a pool are ``PooledBuffer`` objects: use them wherever a writable bytes-like object goes
+(``sock.recv_into(buf)``, ``memoryview(buf)``). Their contents are undefined until written (memory is
+reused, not zeroed). After release a buffer refuses new views; memory still visible through an older
+view is never handed out again until that view is gone.
+
+Threads: allocate and release from any thread. Listeners run in the releasing thread and must be quick
+(e.g. wake a selector).
+"""
+import logging
+import sys
+import threading
+import time
+import traceback
+from typing import Protocol, runtime_checkable
+
+from kmem import _core
+from kmem.errors import InvalidArgumentError
+from kmem.metrics import DEFAULT_SAMPLES, DEFAULT_WINDOW_SECONDS, SampledRate
+
+log = logging.getLogger(__name__)
+
+PooledBuffer = _core.PooledBuffer
+
+
+@runtime_checkable
+class MemoryPool(Protocol):
+    """What every kmem pool offers (Kafka's ``MemoryPool`` interface)."""
+
+    size: int
+
+    def try_allocate(self, size_bytes: int): ...
+
+    def release(self, buf) -> None: ...
+
+    @property
+    def available_memory(self) -> int: ...
+
+    @property
+    def is_out_of_memory(self) -> bool: ...
+
+
+class _UnboundedPool:
+    """``NONE``: plain allocation, no accounting, never out of memory (Kafka's ``MemoryPool.NONE``)."""
+
+    size = sys.maxsize
+    available_memory = sys.maxsize
+    is_out_of_memory = False
+
+    def try_allocate(self, size_bytes):
+        return bytearray(size_bytes)
+
+    def release(self, buf):
+        """Accepts anything, None included: there is nothing to account."""
+
+    def add_listener(self, callback):
+        """Never called back: an unbounded pool never runs out."""
+
+    def remove_listener(self, callback):
+        pass
+
+    def __repr__(self):
+        return "kmem.pool.NONE"
+
+
+NONE = _UnboundedPool()
+
+
+class SimpleMemoryPool(_core.PoolCore):
+    """A bounded pool with Kafka's ``SimpleMemoryPool`` semantics, plus what Kafka lacks.
+
+    Beyond Kafka: releasing a buffer twice, or one from another pool, raises ``InvalidArgumentError``
+    before any counter changes; a buffer garbage-collected without release is credited back (and logged)
+    instead of leaking pool memory forever; listeners hear when memory returns after a refusal.
+    """
+
+    def __init__(self, size_bytes, max_single_allocation_bytes, strict=False, *,
+                 window_seconds=DEFAULT_WINDOW_SECONDS, samples=DEFAULT_SAMPLES, clock=time.monotonic):
+        if size_bytes <= 0:
+            raise InvalidArgumentError(f"pool size must be positive, got {size_bytes}")
+        if max_single_allocation_bytes <= 0:
+            raise InvalidArgumentError(
+                f"max single allocation must be positive, got {max_single_allocation_bytes}")
+        if max_single_allocation_bytes > size_bytes:
+            raise InvalidArgumentError(
+                f"max single allocation {max_single_allocation_bytes} exceeds pool size {size_bytes}")
+        self._clock = clock
+        self._depleted_at = None
+        self._depleted_seconds = 0.0
+        self._depleted_rate = SampledRate(window_seconds, samples, clock)
+        self._listeners = ()
+        self._listeners_lock = threading.Lock()
+
+    @property
+    def available_memory(self):
+        return self.available
+
+    def add_listener(self, callback):
+        """Call ``callback(pool)`` whenever memory is released after an allocation was refused."""
+        with self._listeners_lock:
+            self._listeners = self._listeners + (callback,)
+
+    def remove_listener(self, callback):
+        with self._listeners_lock:
+            self._listeners = tuple(cb for cb in self._listeners if cb is not callback)
+
+    def metrics(self):
+        """Current sensor values under Kafka's names (time in milliseconds, as Kafka reports it)."""
+        depleted = self._depleted_seconds
+        if self._depleted_at is not None:
+            depleted += self._clock() - self._depleted_at
+        return {
+            "MemoryPoolAvailable": self.available,
+            "MemoryPoolUsed": self.size - self.available,
+            "MemoryPoolAvgDepletedPercent": self._depleted_rate.measure(),
+            "MemoryPoolDepletedTimeTotal": depleted * 1000.0,
+        }
+
+    def __repr__(self):
+        return (f"<{type(self).__name__} size={self.size} available={self.available} "
+                f"outstanding={self.outstanding_count} strict={self.strict}>")
+
+    # Hooks called by the compiled core on state transitions only.
+    def _depletion_started(self):
+        self._depleted_at = self._clock()
+
+    def _depletion_ended(self):
+        if self._depleted_at is not None:
+            duration = self._clock() - self._depleted_at
+            self._depleted_at = None
+            self._depleted_seconds += duration
+            self._depleted_rate.record(duration)
+
+    def _memory_returned(self):
+        for callback in self._listeners:
+            try:
+                callback(self)
+            except Exception:
+                log.exception("memory pool listener %r failed", callback)
+
+    def _buffer_leaked(self, size_bytes, origin):
+        log.warning("Reclaimed buffer of size %d that was not released; release() every buffer "
+                    "(GarbageCollectedMemoryPool shows where it was allocated).", size_bytes)
+
+
+class GarbageCollectedMemoryPool(SimpleMemoryPool):
+    """A debugging pool: records where each buffer was allocated and reports leaks as errors.
+
+    A buffer dropped without release is reclaimed (as in every kmem pool) and logged at ERROR with
+    the stack that allocated it. Slower than ``SimpleMemoryPool``: use it in tests and while
+    hunting leaks.
+    """
+
+    def try_allocate(self, size_bytes):
+        buf = super().try_allocate(size_bytes)
+        if buf is not None:
+            buf.origin = "".join(traceback.format_stack(limit=12)[:-1])
+        return buf
+
+    def _buffer_leaked(self, size_bytes, origin):
+        log.error("Reclaimed buffer of size %d that was not properly released. This is a bug. "
+                  "It was allocated at:\n%s", size_bytes, origin)

@@ -1,0 +1,28 @@
+"""Build of kmem's one compiled module, ``kmem._core``.
+
+``_core.pyx`` includes the ``_*.pxi`` parts, so they are listed as dependencies: touching any part
+rebuilds the module.
+"""
+import glob
+import os
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+compile_args = [] if os.name == "nt" else ["-O3", "-fno-strict-aliasing"]
+
+core = Extension(
+    "kmem._core",
+    sources=["kmem/_core.pyx"],
+    depends=sorted(glob.glob("kmem/_*.pxi")),
+    libraries=[] if os.name == "nt" else ["z"],
+    extra_compile_args=compile_args,
+)
+
+setup(
+    ext_modules=cythonize(
+        [core],
+        compiler_directives={"language_level": "3", "embedsignature": True},
+        annotate=bool(os.environ.get("KMEM_ANNOTATE")),
+    ),
+)

@@ -1,0 +1,63 @@
+"""The package as built: compiled core loaded, packaging files consistent with each other."""
+import importlib.machinery
+import pathlib
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import yaml
+
+import kmem
+import kmem._core
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_core_is_the_compiled_extension():
+    assert kmem._core.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    assert not hasattr(kmem._core, "__path__")     # a module file, not a package directory stand-in
+
+
+def test_fallback_is_impossible_core_missing_fails_import(tmp_path):
+    # Copy the pure-Python files without the extension: importing kmem must fail loudly.
+    pkg = tmp_path / "kmem"
+    pkg.mkdir()
+    for source in pathlib.Path(kmem.__file__).parent.glob("*.py"):
+        (pkg / source.name).write_text(source.read_text())
+    result = subprocess.run([sys.executable, "-c", "import kmem"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "_core" in result.stderr
+
+
+def test_version_matches_project_metadata():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert kmem.__version__ == project["version"]
+
+
+def test_wheel_workflow_agrees_with_pyproject():
+    workflow = yaml.safe_load((ROOT / "wheelhouse-ci.yml").read_text())
+    cibw = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["cibuildwheel"]
+    jobs = workflow["jobs"]
+    wheel_steps = [step for step in jobs["wheels"]["steps"] if "cibuildwheel" in str(step.get("uses", ""))]
+    assert wheel_steps, "the wheel job must run cibuildwheel"
+    runners = jobs["wheels"]["strategy"]["matrix"]["os"]
+    assert any("ubuntu" in r for r in runners) and any("macos" in r for r in runners)
+    assert any("arm" in r for r in runners), "aarch64 wheels are built natively on an arm runner"
+    assert "sdist" in jobs and "bench" in jobs
+    # the Python versions the workflow sets up for tests and benchmarks are ones we build wheels for
+    for version in jobs["bench"]["strategy"]["matrix"]["python"]:
+        assert f"cp{version.replace('.', '')}-*" in cibw["build"]
+
+
+@pytest.mark.skipif(subprocess.run([sys.executable, "-m", "cibuildwheel", "--help"],
+                                   capture_output=True).returncode != 0, reason="cibuildwheel not installed")
+def test_cibuildwheel_build_identifiers_offline():
+    result = subprocess.run([sys.executable, "-m", "cibuildwheel", "--print-build-identifiers", "--platform",
+                             "linux", "--archs", "x86_64,aarch64"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    identifiers = result.stdout.split()
+    for version in ("cp310", "cp311", "cp312", "cp313"):
+        for arch in ("x86_64", "aarch64"):
+            assert f"{version}-manylinux_{arch}" in identifiers
+    assert not any("musllinux" in i for i in identifiers)
