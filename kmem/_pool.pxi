@@ -153,6 +153,7 @@ cdef class PoolCore:
             self.free_lists[c] = self.free_lists[c].next
             self.cached_bytes -= capacity
         else:
+            self.evict_for(capacity)
             data = <char*>malloc(capacity)
             if data == NULL:
                 raise MemoryError(f"cannot allocate {capacity} bytes")
@@ -211,6 +212,19 @@ cdef class PoolCore:
         else:
             free(b.data)
         b.data = NULL
+
+    cdef void evict_for(self, long long capacity) noexcept:
+        # A fresh block must not push cached + outstanding memory past the limit: free cached blocks,
+        # largest classes first, until it fits (or the cache is empty).
+        cdef FreeBlock* block
+        cdef int c = NUM_CLASSES - 1
+        while self.cached_bytes and self.cached_bytes + self.outstanding_capacity + capacity > self.cache_limit:
+            while self.free_lists[c] == NULL:
+                c -= 1
+            block = self.free_lists[c]
+            self.free_lists[c] = block.next
+            self.cached_bytes -= class_capacity(c)
+            free(block)
 
     cdef void reclaim(self, PooledBuffer b) noexcept:
         # A buffer garbage-collected without release: credit it back so the accounting never drifts.

@@ -109,7 +109,7 @@ class SimpleMemoryPool(_core.PoolCore):
 
     def remove_listener(self, callback):
         with self._listeners_lock:
-            self._listeners = tuple(cb for cb in self._listeners if cb is not callback)
+            self._listeners = tuple(cb for cb in self._listeners if cb != callback)
 
     def metrics(self):
         """Current sensor values under Kafka's names (time in milliseconds, as Kafka reports it)."""

@@ -1,0 +1,381 @@
+"""Memory pools: Kafka's pinning cases (SPEC §1) and what kmem adds."""
+import gc
+import logging
+import random
+import threading
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from kmem.errors import InvalidArgumentError
+from kmem.pool import NONE, GarbageCollectedMemoryPool, MemoryPool, PooledBuffer, SimpleMemoryPool
+
+POOL_TYPES = [SimpleMemoryPool, GarbageCollectedMemoryPool]
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.mark.parametrize("pool_type", POOL_TYPES)
+@pytest.mark.parametrize("size, max_single", [(0, 7), (-1, 7), (100, 0), (100, -1), (100, 101)])
+def test_constructor_rejects_bad_sizes(pool_type, size, max_single):
+    with pytest.raises(InvalidArgumentError):
+        pool_type(size, max_single)
+
+
+def test_max_single_equal_to_size_is_allowed():
+    assert SimpleMemoryPool(100, 100).size == 100
+
+
+@pytest.mark.parametrize("pool_type", POOL_TYPES)
+@pytest.mark.parametrize("request_size", [11, 0, -1])
+def test_allocation_size_out_of_range_rejected(pool_type, request_size):
+    pool = pool_type(1000, 10)
+    with pytest.raises(InvalidArgumentError):
+        pool.try_allocate(request_size)
+    assert pool.available_memory == 1000
+
+
+@pytest.mark.parametrize("pool_type", POOL_TYPES)
+def test_release_of_none_foreign_and_double_rejected_without_touching_counters(pool_type):
+    pool, other = pool_type(1000, 10), pool_type(1000, 10)
+    with pytest.raises(InvalidArgumentError):
+        pool.release(None)
+    with pytest.raises(InvalidArgumentError):
+        pool.release(bytearray(10))
+    foreign = other.try_allocate(10)
+    with pytest.raises(InvalidArgumentError):
+        pool.release(foreign)
+    buf = pool.try_allocate(10)
+    pool.release(buf)
+    with pytest.raises(InvalidArgumentError, match="already released"):
+        pool.release(buf)
+    assert pool.available_memory == 1000
+    assert other.available_memory == 990
+
+
+@pytest.mark.parametrize("pool_type", POOL_TYPES)
+def test_non_strict_allocation_bound(pool_type):
+    # Kafka's pinning case: pool (21, 10, non-strict)
+    pool = pool_type(21, 10)
+    bufs = []
+    for expected in (11, 1, -9):
+        bufs.append(pool.try_allocate(10))
+        assert bufs[-1] is not None and len(bufs[-1]) == 10
+        assert pool.available_memory == expected
+    assert pool.is_out_of_memory
+    assert pool.try_allocate(1) is None
+    pool.release(bufs.pop())
+    assert pool.available_memory == 1
+    bufs.append(pool.try_allocate(10))
+    assert bufs[-1] is not None
+    assert pool.try_allocate(1) is None
+
+
+def test_strict_pool_grants_only_what_fits():
+    pool = SimpleMemoryPool(21, 10, strict=True)
+    a, b = pool.try_allocate(10), pool.try_allocate(10)
+    assert pool.available_memory == 1 and not pool.is_out_of_memory
+    assert pool.try_allocate(2) is None
+    c = pool.try_allocate(1)
+    assert c is not None and pool.available_memory == 0 and pool.is_out_of_memory
+    for buf in (a, b, c):
+        pool.release(buf)
+    assert pool.available_memory == 21
+
+
+@pytest.mark.parametrize("pool_type", POOL_TYPES)
+def test_leaked_buffers_are_reclaimed_so_later_allocations_succeed(pool_type, caplog):
+    pool = pool_type(100, 50)
+    for _ in range(10):
+        assert pool.try_allocate(50) is not None     # dropped at once, never released
+    gc.collect()
+    assert pool.available_memory == 100
+    assert pool.outstanding_count == 0
+    assert "not" in caplog.text and "released" in caplog.text
+
+
+def test_garbage_collected_pool_logs_where_a_leak_was_allocated(caplog):
+    pool = GarbageCollectedMemoryPool(100, 50)
+
+    def leaky_function():
+        pool.try_allocate(20)
+
+    with caplog.at_level(logging.ERROR, logger="kmem.pool"):
+        leaky_function()
+        gc.collect()
+    assert "This is a bug" in caplog.text and "leaky_function" in caplog.text
+    assert pool.available_memory == 100
+
+
+def test_leak_inside_reference_cycle_is_reclaimed():
+    pool = SimpleMemoryPool(100, 50)
+    holder = {"buf": pool.try_allocate(30)}
+    holder["self"] = holder
+    del holder
+    gc.collect()
+    assert pool.available_memory == 100
+
+
+def test_buffer_is_writable_and_exactly_sized():
+    pool = SimpleMemoryPool(1 << 20, 1 << 16)
+    buf = pool.try_allocate(1000)
+    assert isinstance(buf, PooledBuffer)
+    view = memoryview(buf)
+    assert view.nbytes == 1000 and not view.readonly
+    view[:] = bytes(range(250)) * 4
+    assert bytes(buf) == bytes(range(250)) * 4
+    view.release()
+    pool.release(buf)
+
+
+def test_released_buffer_refuses_new_views():
+    pool = SimpleMemoryPool(1000, 100)
+    buf = pool.try_allocate(100)
+    pool.release(buf)
+    assert buf.released
+    with pytest.raises(BufferError):
+        memoryview(buf)
+
+
+def test_freed_memory_is_reused_within_its_size_class():
+    pool = SimpleMemoryPool(1 << 20, 1 << 16)
+    pool.release(pool.try_allocate(1000))
+    assert pool.cached_bytes > 0
+    cached = pool.cached_bytes
+    buf = pool.try_allocate(900)             # same size class: served from the cache
+    assert pool.cached_bytes == cached - pool.outstanding_capacity     # the one buffer out is the block
+    pool.release(buf)
+    assert pool.trim() == cached and pool.cached_bytes == 0
+
+
+def test_memory_seen_through_a_view_is_not_handed_out_again():
+    pool = SimpleMemoryPool(1 << 20, 1 << 16)
+    buf = pool.try_allocate(4096)
+    view = memoryview(buf)
+    view[:] = b"x" * 4096
+    pool.release(buf)
+    assert pool.cached_bytes == 0           # still visible through `view`: not cached
+    others = [pool.try_allocate(4096) for _ in range(8)]
+    for other in others:
+        memoryview(other)[:] = b"y" * 4096
+    assert bytes(view) == b"x" * 4096
+    view.release()
+    for other in others:
+        pool.release(other)
+
+
+def test_cache_never_exceeds_what_the_pool_may_hand_out():
+    pool = SimpleMemoryPool(10_000, 1000)
+    rng = random.Random(7)
+    live = []
+    for _ in range(20_000):
+        if live and (rng.random() < 0.5 or pool.try_allocate(1) is None):
+            pool.release(live.pop(rng.randrange(len(live))))
+        else:
+            buf = pool.try_allocate(rng.randint(1, 1000))
+            if buf is not None:
+                live.append(buf)
+        # cached blocks never push the total past the limit (rounding alone may, with nothing cached)
+        assert pool.cached_bytes == 0 or pool.cached_bytes + pool.outstanding_capacity <= pool.cache_limit
+        assert pool.available_memory == 10_000 - sum(len(b) for b in live)
+
+
+def test_listeners_hear_when_memory_returns_after_a_refusal():
+    pool = SimpleMemoryPool(100, 100)
+    calls = []
+    pool.add_listener(calls.append)
+    a = pool.try_allocate(100)
+    b = pool.try_allocate(50)      # refused: out of memory
+    assert b is None
+    pool.release(a)
+    assert calls == [pool]
+    c = pool.try_allocate(10)
+    pool.release(c)                 # nobody was refused since: no call
+    assert calls == [pool]
+    pool.remove_listener(calls.append)
+    d = pool.try_allocate(100)
+    assert pool.try_allocate(1) is None
+    pool.release(d)
+    assert calls == [pool]
+
+
+def test_failing_listener_does_not_break_release(caplog):
+    pool = SimpleMemoryPool(10, 10)
+
+    def broken(_):
+        raise RuntimeError("listener bug")
+
+    pool.add_listener(broken)
+    buf = pool.try_allocate(10)
+    assert pool.try_allocate(1) is None
+    pool.release(buf)
+    assert pool.available_memory == 10
+    assert "listener bug" in caplog.text
+
+
+def test_depletion_sensors_follow_kafka_semantics():
+    clock = FakeClock()
+    pool = SimpleMemoryPool(100, 100, window_seconds=30, samples=2, clock=clock)
+    buf = pool.try_allocate(100)
+    assert pool.metrics()["MemoryPoolUsed"] == 100 and pool.metrics()["MemoryPoolAvailable"] == 0
+    assert pool.try_allocate(1) is None           # dry spell starts
+    clock.now += 3.0
+    assert pool.try_allocate(1) is None           # still the same spell
+    clock.now += 3.0
+    pool.release(buf)                             # ends it: 6 s recorded once
+    metrics = pool.metrics()
+    assert metrics["MemoryPoolDepletedTimeTotal"] == pytest.approx(6000.0)
+    assert metrics["MemoryPoolAvgDepletedPercent"] == pytest.approx(6.0 / 30.0)
+    clock.now += 120.0                             # windows expire, the total stays
+    assert pool.metrics()["MemoryPoolAvgDepletedPercent"] == 0.0
+    assert pool.metrics()["MemoryPoolDepletedTimeTotal"] == pytest.approx(6000.0)
+
+
+def test_prometheus_export_uses_prometheus_names():
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from kmem.metrics import register_pool
+
+    registry = CollectorRegistry()
+    pool = SimpleMemoryPool(1000, 100)
+    buf = pool.try_allocate(40)
+    register_pool(pool, name="requests", registry=registry)
+    assert registry.get_sample_value("kmem_memory_pool_available_bytes", {"pool": "requests"}) == 960
+    assert registry.get_sample_value("kmem_memory_pool_used_bytes", {"pool": "requests"}) == 40
+    assert registry.get_sample_value("kmem_memory_pool_depleted_seconds_total", {"pool": "requests"}) == 0
+    assert b"kmem_memory_pool_depleted_ratio" in generate_latest(registry)
+    pool.release(buf)
+
+
+def test_none_pool_is_unbounded_and_accepts_any_release():
+    assert isinstance(NONE, MemoryPool)
+    buf = NONE.try_allocate(1 << 20)
+    assert len(buf) == 1 << 20
+    NONE.release(buf)
+    NONE.release(None)
+    assert not NONE.is_out_of_memory and NONE.available_memory == NONE.size
+
+
+def test_simple_pool_satisfies_the_protocol():
+    assert isinstance(SimpleMemoryPool(10, 10), MemoryPool)
+
+
+def test_threads_lose_or_double_count_nothing():
+    pool = SimpleMemoryPool(1 << 20, 4096)
+    operations_per_thread = 250_000
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        held = []
+        try:
+            for _ in range(operations_per_thread):
+                if held and rng.random() < 0.5:
+                    pool.release(held.pop())
+                else:
+                    buf = pool.try_allocate(rng.randint(1, 4096))
+                    if buf is not None:
+                        held.append(buf)
+            for buf in held:
+                pool.release(buf)
+        except Exception as exc:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert pool.available_memory == 1 << 20
+    assert pool.outstanding_count == 0 and pool.outstanding_capacity == 0
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Random allocate/release/drop sequences keep Kafka's accounting and kmem's bounds."""
+
+    def __init__(self):
+        super().__init__()
+        self.pool = SimpleMemoryPool(5000, 1000)
+        self.live = []
+
+    @rule(size=st.integers(1, 1000))
+    def allocate(self, size):
+        expected_ok = self.pool.available_memory >= 1
+        buf = self.pool.try_allocate(size)
+        assert (buf is not None) == expected_ok
+        if buf is not None:
+            self.live.append(buf)
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 10_000))
+    def release(self, index):
+        self.pool.release(self.live.pop(index % len(self.live)))
+
+    @precondition(lambda self: self.live)
+    @rule(index=st.integers(0, 10_000))
+    def drop(self, index):
+        self.live.pop(index % len(self.live))
+        gc.collect()
+
+    @invariant()
+    def accounting_matches(self):
+        assert self.pool.available_memory == 5000 - sum(len(b) for b in self.live)
+        assert self.pool.available_memory >= 1 - 1000
+        assert self.pool.outstanding_count == len(self.live)
+
+    def teardown(self):
+        for buf in self.live:
+            self.pool.release(buf)
+
+
+TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+RSS_SCRIPT = r"""
+import random, sys
+from kmem.pool import SimpleMemoryPool
+
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+
+pool = SimpleMemoryPool(16 << 20, 1 << 20)
+rng = random.Random(1)
+live = []
+before = rss_anon()
+peak = before
+for step in range(20_000):
+    buf = pool.try_allocate(rng.randint(1, 1 << 20))
+    if buf is None:
+        for _ in range(len(live) // 2):
+            pool.release(live.pop(rng.randrange(len(live))))
+        continue
+    memoryview(buf)[::4096] = b"x" * len(range(0, len(buf), 4096))   # touch every page
+    live.append(buf)
+    if step % 50 == 0:
+        peak = max(peak, rss_anon())
+print(peak - before)
+"""
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_process_memory_stays_within_the_pool_bound_under_churn():
+    import subprocess
+    import sys
+
+    growth = int(subprocess.run([sys.executable, "-c", RSS_SCRIPT], capture_output=True, text=True,
+                                check=True).stdout)
+    bound = (16 << 20) + (1 << 20) - 1
+    # outstanding buffers are rounded up to their size class (at most 25%); a few MiB for the interpreter
+    assert growth <= bound * 1.25 + (8 << 20), growth
