@@ -48,6 +48,7 @@ cdef extern from *:
     """
     uint64_t kmem_bswap64 "__builtin_bswap64"(uint64_t x) nogil
     int kmem_popcount64 "__builtin_popcountll"(uint64_t x) nogil
+    void kmem_prefetch_w "__builtin_prefetch"(const void* p, int rw) nogil
     void kmem_murmur3_pid(uint64_t pid, uint64_t* out1, uint64_t* out2) nogil
 
 
@@ -59,6 +60,7 @@ cdef inline Py_ssize_t bit_byte(int64_t i) noexcept nogil:
     return <Py_ssize_t>((i >> 3) ^ 7)
 
 
+@cython.cdivision(True)     # m >= 1: every caller checked the shape
 cdef inline void hasher_indices(uint64_t initial, uint64_t increment, int64_t m, int k,
                                 int64_t* out) noexcept nogil:
     """EnhancedDoubleHasher: index_0 = initial mod m; then index -= inc, inc -= i, both wrapped into
@@ -70,11 +72,9 @@ cdef inline void hasher_indices(uint64_t initial, uint64_t increment, int64_t m,
     for j in range(k):
         out[j] = index
         index -= inc
-        if index < 0:
-            index += m
+        index += m & (index >> 63)      # wrap without a branch: these signs are random
         inc -= i
-        if inc < 0:
-            inc += m
+        inc += m & (inc >> 63)
         i += 1
         if i == m:
             i = 0
@@ -102,6 +102,30 @@ cdef inline bint test_pid(const uint8_t* bits, uint64_t pid, int64_t m, int k) n
         if not (bits[bit_byte(idx[j])] >> (idx[j] & 7)) & 1:
             return False
     return True
+
+
+# Batch adds work in groups: all indices of a group are computed and their cache lines prefetched
+# before any bit is set, so the random accesses of a group overlap instead of queueing one by one.
+DEF GROUP = 8
+DEF GROUP_MAX_HASHES = 32
+
+cdef void add_keys(uint8_t* bits, const uint64_t* keys, Py_ssize_t n, int64_t m, int k) noexcept nogil:
+    cdef int64_t idx[GROUP * GROUP_MAX_HASHES]
+    cdef Py_ssize_t start = 0, g, size
+    cdef int j
+    if k > GROUP_MAX_HASHES:
+        for start in range(n):
+            set_pid(bits, keys[start], m, k)
+        return
+    while start < n:
+        size = min(GROUP, n - start)
+        for g in range(size):
+            pid_indices(keys[start + g], m, k, &idx[g * k])
+            for j in range(k):
+                kmem_prefetch_w(&bits[bit_byte(idx[g * k + j])], 1)
+        for j in range(size * k):
+            bits[bit_byte(idx[j])] |= <uint8_t>(1 << (idx[j] & 7))
+        start += size
 
 
 cdef uint64_t pid_key(object pid) except? 0:
@@ -189,11 +213,9 @@ cdef class BloomBits:
     def _add_keys(self, const uint64_t[::1] keys):
         """Set the bits of every id in ``keys`` (int64 ids viewed as uint64)."""
         self.check(True)
-        cdef Py_ssize_t n = keys.shape[0], i
-        cdef uint8_t* bits = self.writable
+        cdef Py_ssize_t n = keys.shape[0]
         with nogil:
-            for i in range(n):
-                set_pid(bits, keys[i], self.m, self.k)
+            add_keys(self.writable, &keys[0] if n else NULL, n, self.m, self.k)
 
     def _contains_keys(self, const uint64_t[::1] keys, uint8_t[::1] out):
         """out[i] = 1 if keys[i] may be in the filter, else 0."""
