@@ -6,3 +6,4 @@ One extension module built from included parts (as msgpack and pyroaring do); th
 """
 
 include "_pool.pxi"
+include "_records.pxi"
