@@ -1,0 +1,778 @@
+# Kafka record formats (SPEC.md §4, §5): checksums, varints, v2 record and legacy entry parsing with
+# bounds checks, legacy entry writing, and the v2/v1 -> v1/v0 down-conversion loop.
+#
+# Every length read from the input is checked against the end of its region before it is used; the
+# parsers return an error code plus the position where the problem was found, and the Python-facing
+# functions turn those into CorruptRecordError. Policy (which batch to convert, codecs, stats) lives in
+# kmem/records/.
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+cdef extern from "zlib.h":
+    unsigned long zlib_crc32 "crc32"(unsigned long crc, const unsigned char* buf, unsigned int length) nogil
+
+# CRC-32C is written here in C (slicing-by-8, portable: no SSE4.2 intrinsics, so the same code serves
+# x86_64, aarch64 and macOS wheels) rather than taken from the `crc32c` package: it is only needed to
+# verify v2 batches on request and to build them, so ~2-3 GB/s on one core is plenty and kmem keeps no
+# extra runtime dependency. xxh32 is needed only for the 1-byte LZ4 frame header checksum.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <stddef.h>
+    static uint32_t kmem_crc32c_table[8][256];
+
+    static void kmem_crc32c_init(void) {
+        for (uint32_t i = 0; i < 256; i++) {
+            uint32_t c = i;
+            for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+            kmem_crc32c_table[0][i] = c;
+        }
+        for (int i = 0; i < 256; i++)
+            for (int t = 1; t < 8; t++) {
+                uint32_t prev = kmem_crc32c_table[t - 1][i];
+                kmem_crc32c_table[t][i] = (prev >> 8) ^ kmem_crc32c_table[0][prev & 0xFF];
+            }
+    }
+
+    static inline uint32_t kmem_le32(const unsigned char* p) {
+        return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+    }
+
+    static uint32_t kmem_crc32c(uint32_t crc, const unsigned char* p, size_t n) {
+        const uint32_t (*T)[256] = (const uint32_t (*)[256])kmem_crc32c_table;
+        crc = ~crc;
+        while (n >= 8) {
+            uint32_t lo = kmem_le32(p) ^ crc, hi = kmem_le32(p + 4);
+            crc = T[7][lo & 0xFF] ^ T[6][(lo >> 8) & 0xFF] ^ T[5][(lo >> 16) & 0xFF] ^ T[4][lo >> 24]
+                ^ T[3][hi & 0xFF] ^ T[2][(hi >> 8) & 0xFF] ^ T[1][(hi >> 16) & 0xFF] ^ T[0][hi >> 24];
+            p += 8;
+            n -= 8;
+        }
+        while (n--) crc = (crc >> 8) ^ T[0][(crc ^ *p++) & 0xFF];
+        return ~crc;
+    }
+
+    /* xxh32 for inputs shorter than 16 bytes (the LZ4 frame descriptor): the short-input path only. */
+    static uint32_t kmem_xxh32_short(const unsigned char* p, size_t n, uint32_t seed) {
+        const uint32_t P1 = 2654435761u, P2 = 2246822519u, P3 = 3266489917u, P4 = 668265263u, P5 = 374761393u;
+        uint32_t h = seed + P5 + (uint32_t)n;
+        for (; n >= 4; p += 4, n -= 4) {
+            h += kmem_le32(p) * P3;
+            h = ((h << 17) | (h >> 15)) * P4;
+        }
+        for (; n; p++, n--) {
+            h += (*p) * P5;
+            h = ((h << 11) | (h >> 21)) * P1;
+        }
+        h ^= h >> 15; h *= P2; h ^= h >> 13; h *= P3; h ^= h >> 16;
+        return h;
+    }
+    """
+    void kmem_crc32c_init() nogil
+    uint32_t kmem_crc32c(uint32_t crc, const unsigned char* p, size_t n) nogil
+    uint32_t kmem_xxh32_short(const unsigned char* p, size_t n, uint32_t seed) nogil
+
+kmem_crc32c_init()
+
+DEF V2_HEADER = 61
+DEF LOG_OVERHEAD = 12
+DEF LEGACY_V0_OVERHEAD = 14     # crc, magic, attributes, key length, value length
+DEF LEGACY_V1_OVERHEAD = 22     # ... plus the timestamp
+DEF ATTR_CODEC_MASK = 0x07
+DEF ATTR_LOG_APPEND_TIME = 0x08
+DEF ATTR_CONTROL = 0x20
+
+# Error codes of the nogil parsers; messages in _ERRORS.
+cdef enum:
+    OK = 0
+    ERR_TRUNCATED = 1
+    ERR_VARINT = 2
+    ERR_RECORD_SIZE = 3
+    ERR_KEY_LENGTH = 4
+    ERR_VALUE_LENGTH = 5
+    ERR_HEADER_COUNT = 6
+    ERR_HEADER_KEY = 7
+    ERR_HEADER_VALUE = 8
+    ERR_COUNT = 9
+    ERR_ENTRY_SIZE = 10
+    ERR_MAGIC = 11
+    ERR_TIMESTAMP = 12
+    ERR_NESTED = 13
+    ERR_BATCH_SIZE = 14
+
+_ERRORS = {
+    ERR_TRUNCATED: "record data ends before the lengths it declares",
+    ERR_VARINT: "varint is too long",
+    ERR_RECORD_SIZE: "record length does not match its fields",
+    ERR_KEY_LENGTH: "invalid key length",
+    ERR_VALUE_LENGTH: "invalid value length",
+    ERR_HEADER_COUNT: "invalid header count",
+    ERR_HEADER_KEY: "invalid header key length",
+    ERR_HEADER_VALUE: "invalid header value length",
+    ERR_COUNT: "batch record count does not match its records",
+    ERR_ENTRY_SIZE: "entry size is smaller than the minimum record overhead",
+    ERR_MAGIC: "unknown magic byte",
+    ERR_TIMESTAMP: "invalid timestamp",
+    ERR_NESTED: "compressed entry nested inside a compressed entry",
+    ERR_BATCH_SIZE: "v2 batch is smaller than its 61-byte header",
+}
+
+
+cdef struct Cursor:
+    const unsigned char* p
+    const unsigned char* end
+    const unsigned char* start     # of the whole buffer, for error positions
+    int error
+    Py_ssize_t error_at
+
+
+cdef inline int fail(Cursor* c, int code, const unsigned char* where) noexcept nogil:
+    if c.error == OK:
+        c.error = code
+        c.error_at = where - c.start
+    return -1
+
+
+cdef inline int64_t be64(const unsigned char* p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v = (v << 8) | p[i]
+    return <int64_t>v
+
+
+cdef inline int32_t be32(const unsigned char* p) noexcept nogil:
+    return <int32_t>((<uint32_t>p[0] << 24) | (<uint32_t>p[1] << 16) | (<uint32_t>p[2] << 8) | p[3])
+
+
+cdef inline int16_t be16(const unsigned char* p) noexcept nogil:
+    return <int16_t>((p[0] << 8) | p[1])
+
+
+cdef inline void put64(unsigned char* p, int64_t v) noexcept nogil:
+    cdef uint64_t u = <uint64_t>v
+    cdef int i
+    for i in range(8):
+        p[7 - i] = <unsigned char>(u & 0xFF)
+        u >>= 8
+
+
+cdef inline void put32(unsigned char* p, int64_t v) noexcept nogil:
+    cdef uint32_t u = <uint32_t>v
+    p[0] = u >> 24
+    p[1] = (u >> 16) & 0xFF
+    p[2] = (u >> 8) & 0xFF
+    p[3] = u & 0xFF
+
+
+cdef inline int read_varlong(Cursor* c, int max_bytes, int64_t* out) noexcept nogil:
+    """Zig-zag varint of at most max_bytes (5 for int32, 10 for int64); Kafka's truncation of extra bits."""
+    cdef uint64_t raw = 0
+    cdef int shift = 0
+    cdef const unsigned char* begin = c.p
+    cdef unsigned char b
+    while True:
+        if c.p >= c.end:
+            return fail(c, ERR_TRUNCATED, begin)
+        if shift >= 7 * max_bytes:
+            return fail(c, ERR_VARINT, begin)
+        b = c.p[0]
+        c.p += 1
+        if shift < 64:
+            raw |= (<uint64_t>(b & 0x7F)) << shift
+        shift += 7
+        if not (b & 0x80):
+            break
+    if max_bytes == 5:
+        raw = <uint32_t>raw
+    out[0] = <int64_t>(raw >> 1) ^ -(<int64_t>(raw & 1))
+    return 0
+
+
+cdef struct Fields:
+    int64_t offset                 # absolute
+    int64_t timestamp
+    const unsigned char* key
+    int64_t key_len                # -1 = null
+    const unsigned char* value
+    int64_t value_len
+    const unsigned char* headers   # v2: first header byte
+    int64_t header_count
+    const unsigned char* headers_end
+
+
+cdef int parse_v2_record(Cursor* c, int64_t base_offset, int64_t base_timestamp, Fields* f) noexcept nogil:
+    """One v2 record at c.p, advancing past it. Kafka's DefaultRecord.readFrom checks."""
+    cdef const unsigned char* begin = c.p
+    cdef int64_t length, ts_delta, off_delta, n, i
+    if read_varlong(c, 5, &length) < 0:
+        return -1
+    if length < 0 or length > c.end - c.p:
+        return fail(c, ERR_RECORD_SIZE if length < 0 else ERR_TRUNCATED, begin)
+    cdef Cursor r = Cursor(c.p, c.p + length, c.start, OK, 0)
+    if r.p >= r.end:
+        return fail(c, ERR_RECORD_SIZE, begin)
+    r.p += 1    # attributes: unused by Kafka
+    if read_varlong(&r, 10, &ts_delta) < 0 or read_varlong(&r, 5, &off_delta) < 0:
+        return fail(c, r.error, r.start + r.error_at)
+    f.offset = base_offset + off_delta
+    f.timestamp = base_timestamp + ts_delta
+    if read_varlong(&r, 5, &f.key_len) < 0:
+        return fail(c, r.error, r.start + r.error_at)
+    if f.key_len < -1 or f.key_len > r.end - r.p:
+        return fail(c, ERR_KEY_LENGTH, begin)
+    f.key = r.p
+    if f.key_len > 0:
+        r.p += f.key_len
+    if read_varlong(&r, 5, &f.value_len) < 0:
+        return fail(c, r.error, r.start + r.error_at)
+    if f.value_len < -1 or f.value_len > r.end - r.p:
+        return fail(c, ERR_VALUE_LENGTH, begin)
+    f.value = r.p
+    if f.value_len > 0:
+        r.p += f.value_len
+    if read_varlong(&r, 5, &f.header_count) < 0:
+        return fail(c, r.error, r.start + r.error_at)
+    if f.header_count < 0:
+        return fail(c, ERR_HEADER_COUNT, begin)
+    f.headers = r.p
+    for i in range(f.header_count):
+        if read_varlong(&r, 5, &n) < 0:
+            return fail(c, r.error, r.start + r.error_at)
+        if n < 0 or n > r.end - r.p:
+            return fail(c, ERR_HEADER_KEY, begin)
+        r.p += n
+        if read_varlong(&r, 5, &n) < 0:
+            return fail(c, r.error, r.start + r.error_at)
+        if n < -1 or n > r.end - r.p:
+            return fail(c, ERR_HEADER_VALUE, begin)
+        if n > 0:
+            r.p += n
+    f.headers_end = r.p
+    if r.p != r.end:
+        return fail(c, ERR_RECORD_SIZE, begin)
+    c.p = r.end
+    return 0
+
+
+cdef struct LegacyEntry:
+    int64_t offset
+    int64_t size            # of the whole entry, log overhead included
+    int magic
+    int attributes
+    Fields fields
+
+
+cdef int parse_legacy_entry(Cursor* c, LegacyEntry* e) noexcept nogil:
+    """One complete v0/v1 entry at c.p (the caller checked that the whole entry is present)."""
+    cdef const unsigned char* begin = c.p
+    cdef const unsigned char* p = c.p
+    cdef const unsigned char* end
+    cdef int64_t size
+    if c.end - p < LOG_OVERHEAD:
+        return fail(c, ERR_TRUNCATED, begin)
+    size = be32(p + 8)
+    if size < LEGACY_V0_OVERHEAD:
+        return fail(c, ERR_ENTRY_SIZE, begin)
+    if size > c.end - p - LOG_OVERHEAD:
+        return fail(c, ERR_TRUNCATED, begin)
+    end = p + LOG_OVERHEAD + size
+    e.offset = be64(p)
+    e.size = LOG_OVERHEAD + size
+    e.magic = p[16]
+    e.attributes = p[17]
+    e.fields.offset = e.offset
+    e.fields.header_count = 0
+    p += 18
+    if e.magic == 1:
+        if size < LEGACY_V1_OVERHEAD:
+            return fail(c, ERR_ENTRY_SIZE, begin)
+        e.fields.timestamp = be64(p)
+        if e.fields.timestamp < -1:
+            return fail(c, ERR_TIMESTAMP, begin)
+        p += 8
+    elif e.magic == 0:
+        e.fields.timestamp = -1
+    else:
+        return fail(c, ERR_MAGIC, begin)
+    e.fields.key_len = be32(p)
+    p += 4
+    if e.fields.key_len < -1 or e.fields.key_len > end - p - 4:
+        return fail(c, ERR_KEY_LENGTH, begin)
+    e.fields.key = p
+    if e.fields.key_len > 0:
+        p += e.fields.key_len
+    e.fields.value_len = be32(p)
+    p += 4
+    if e.fields.value_len < -1 or e.fields.value_len > end - p:
+        return fail(c, ERR_VALUE_LENGTH, begin)
+    e.fields.value = p
+    if e.fields.value_len > 0:
+        p += e.fields.value_len
+    if p != end:
+        return fail(c, ERR_RECORD_SIZE, begin)
+    c.p = end
+    return 0
+
+
+cdef inline Py_ssize_t legacy_size(int magic, const Fields* f) noexcept nogil:
+    cdef Py_ssize_t n = LOG_OVERHEAD + (LEGACY_V1_OVERHEAD if magic == 1 else LEGACY_V0_OVERHEAD)
+    if f.key_len > 0:
+        n += f.key_len
+    if f.value_len > 0:
+        n += f.value_len
+    return n
+
+
+cdef Py_ssize_t write_legacy(unsigned char* out, int magic, int attributes, int64_t offset,
+                             const Fields* f) noexcept nogil:
+    """Write one legacy entry (CRC included) and return its size."""
+    cdef unsigned char* p = out + LOG_OVERHEAD + 4
+    put64(out, offset)
+    p[0] = magic
+    p[1] = attributes
+    p += 2
+    if magic == 1:
+        put64(p, f.timestamp)
+        p += 8
+    put32(p, f.key_len)
+    p += 4
+    if f.key_len > 0:
+        memcpy(p, f.key, f.key_len)
+        p += f.key_len
+    put32(p, f.value_len)
+    p += 4
+    if f.value_len > 0:
+        memcpy(p, f.value, f.value_len)
+        p += f.value_len
+    put32(out + 8, p - out - LOG_OVERHEAD)
+    put32(out + LOG_OVERHEAD, zlib_crc32(0, out + 16, <unsigned int>(p - out - 16)))
+    return p - out
+
+
+# --- down-conversion ---------------------------------------------------------------------------------
+
+cdef struct Conversion:
+    int to_magic
+    int64_t first_offset            # records below it are dropped (uncompressed sources only)
+    int64_t inner_base              # subtracted from written offsets (v1 compressed inner entries)
+    unsigned char* out              # NULL: measure only
+    Py_ssize_t written
+    int64_t records
+    int64_t first_written_offset
+    int64_t last_written_offset
+    int64_t max_timestamp
+
+
+cdef inline void start_conversion(Conversion* cv, int to_magic, int64_t first_offset, int64_t inner_base,
+                                  unsigned char* out) noexcept nogil:
+    cv.to_magic = to_magic
+    cv.first_offset = first_offset
+    cv.inner_base = inner_base
+    cv.out = out
+    cv.written = 0
+    cv.records = 0
+    cv.first_written_offset = 0
+    cv.last_written_offset = 0
+    cv.max_timestamp = -1
+
+
+cdef inline void emit(Conversion* cv, int attributes, Fields* f) noexcept nogil:
+    if cv.records == 0:
+        cv.first_written_offset = f.offset
+    cv.last_written_offset = f.offset
+    if f.timestamp > cv.max_timestamp:
+        cv.max_timestamp = f.timestamp
+    cv.records += 1
+    if cv.out != NULL:
+        cv.written += write_legacy(cv.out + cv.written, cv.to_magic, attributes, f.offset - cv.inner_base, f)
+    else:
+        cv.written += legacy_size(cv.to_magic, f)
+
+
+cdef int convert_v2_records(Cursor* c, int64_t count, int64_t base_offset, int64_t base_timestamp,
+                            int64_t log_append_time, Conversion* cv) noexcept nogil:
+    """The records of one v2 batch (c spans exactly its records) as legacy entries.
+
+    log_append_time >= 0 replaces every record's timestamp (LogAppendTime batches), -1 keeps them.
+    """
+    cdef Fields f
+    cdef int attributes = ATTR_LOG_APPEND_TIME if (log_append_time >= 0 and cv.to_magic == 1) else 0
+    cdef const unsigned char* begin = c.p
+    for _ in range(count):
+        if c.p >= c.end:
+            return fail(c, ERR_COUNT, begin)
+        if parse_v2_record(c, base_offset, base_timestamp, &f) < 0:
+            return -1
+        if f.offset < cv.first_offset:
+            continue
+        if log_append_time >= 0:
+            f.timestamp = log_append_time
+        if cv.to_magic == 0:
+            f.timestamp = -1
+        emit(cv, attributes, &f)
+    if c.p != c.end:
+        return fail(c, ERR_COUNT, begin)
+    return 0
+
+
+cdef int convert_legacy_entries(Cursor* c, int64_t absolute_base, Conversion* cv) noexcept nogil:
+    """Uncompressed legacy entries (c spans them exactly) rewritten as cv.to_magic entries.
+
+    Only v1 -> v0 reaches here (a legacy batch at or below the target is copied), so timestamps and the
+    timestamp type are dropped.
+    """
+    cdef LegacyEntry e
+    while c.p < c.end:
+        if parse_legacy_entry(c, &e) < 0:
+            return -1
+        if e.attributes & ATTR_CODEC_MASK:
+            return fail(c, ERR_NESTED, c.p - e.size)
+        e.fields.offset = absolute_base + e.offset
+        if e.fields.offset < cv.first_offset:
+            continue
+        e.fields.timestamp = -1
+        emit(cv, 0, &e.fields)
+    return 0
+
+
+# Why a run of entries stopped (run_down_conversion).
+cdef enum:
+    STOP_END = 0          # no complete entry left (the rest is a truncated trailing entry, or nothing)
+    STOP_COMPRESSED = 1   # the next entry is compressed and needs converting in Python (codecs)
+    STOP_ZSTD = 2         # the next entry is zstd-compressed v2 and the target is below v2
+
+RUN_END = STOP_END
+RUN_COMPRESSED = STOP_COMPRESSED
+RUN_ZSTD = STOP_ZSTD
+
+
+cdef int run_entries(Cursor* c, int to_magic, int64_t first_offset, unsigned char* out,
+                     Py_ssize_t* written, int64_t* records, int64_t* source_bytes,
+                     int64_t* uncompressed, int* reason) noexcept nogil:
+    """Walk complete top-level entries, copying or converting those that need no codec."""
+    cdef const unsigned char* p
+    cdef int64_t size, total, count
+    cdef int magic, codec, attributes = 0
+    cdef Conversion cv
+    cdef Cursor inner
+    reason[0] = STOP_END
+    while c.end - c.p >= LOG_OVERHEAD:
+        p = c.p
+        size = be32(p + 8)
+        if size < LEGACY_V0_OVERHEAD:
+            return fail(c, ERR_ENTRY_SIZE, p)
+        if size > c.end - p - LOG_OVERHEAD:
+            return 0     # truncated trailing entry: ignored, as Kafka does
+        total = size + LOG_OVERHEAD
+        magic = p[16]
+        if magic > 2:
+            return fail(c, ERR_MAGIC, p)
+        if magic == 2:
+            if total < V2_HEADER:
+                return fail(c, ERR_BATCH_SIZE, p)
+            attributes = be16(p + 21)
+            codec = attributes & ATTR_CODEC_MASK
+            if to_magic < 2 and attributes & ATTR_CONTROL:
+                c.p += total
+                continue
+            if to_magic < 2 and codec == 4:
+                reason[0] = STOP_ZSTD
+                return 0
+        else:
+            codec = p[17] & ATTR_CODEC_MASK
+        if magic <= to_magic:
+            if out != NULL:
+                memcpy(out + written[0], p, total)
+            written[0] += total
+            source_bytes[0] += total
+            c.p += total
+            continue
+        if codec != 0:
+            reason[0] = STOP_COMPRESSED
+            return 0
+        start_conversion(&cv, to_magic, first_offset, 0, NULL)
+        if out != NULL:
+            cv.out = out + written[0]
+        if magic == 2:
+            count = be32(p + 57)
+            if count < 0:
+                return fail(c, ERR_COUNT, p)
+            inner = Cursor(p + V2_HEADER, p + total, c.start, OK, 0)
+            convert_v2_records(&inner, count, be64(p), be64(p + 27),
+                               be64(p + 35) if attributes & ATTR_LOG_APPEND_TIME else -1, &cv)
+        else:
+            inner = Cursor(p, p + total, c.start, OK, 0)
+            convert_legacy_entries(&inner, 0, &cv)
+        if inner.error != OK:
+            return fail(c, inner.error, inner.start + inner.error_at)
+        if cv.records:
+            source_bytes[0] += total
+            uncompressed[0] += cv.written
+            records[0] += cv.records
+            written[0] += cv.written
+        c.p += total
+    return 0
+
+
+cdef _corrupt(int code, Py_ssize_t at, Py_ssize_t base=0):
+    from kmem.errors import CorruptRecordError
+    return CorruptRecordError(_ERRORS.get(code, "corrupt record data"), base + at)
+
+
+def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, int to_magic, int64_t first_offset,
+                        Py_ssize_t base=0):
+    """Convert the run of entries starting at ``pos`` that needs no codec.
+
+    Returns ``(output bytes, stop position, reason, records converted, source bytes kept, uncompressed
+    bytes written)``; ``reason`` is RUN_END, RUN_COMPRESSED or RUN_ZSTD. Error positions are reported
+    relative to ``base``. Two passes: the first validates and measures exactly, the second writes.
+    """
+    cdef Py_ssize_t n = data.shape[0]
+    if pos < 0 or pos > n:
+        raise IndexError("position outside the data")
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
+    cdef Py_ssize_t size = 0
+    cdef int64_t records = 0, source_bytes = 0, uncompressed = 0
+    cdef int reason = STOP_END, rc
+    if n == pos:
+        return b"", pos, RUN_END, 0, 0, 0
+    with nogil:
+        rc = run_entries(&c, to_magic, first_offset, NULL, &size, &records, &source_bytes, &uncompressed, &reason)
+    if rc < 0:
+        raise _corrupt(c.error, c.error_at, base)
+    cdef Py_ssize_t stop = c.p - start
+    out = PyBytes_FromStringAndSize(NULL, size)
+    cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+    cdef Py_ssize_t size2 = 0
+    records = source_bytes = uncompressed = 0
+    c = Cursor(start + pos, start + stop, start, OK, 0)
+    with nogil:
+        rc = run_entries(&c, to_magic, first_offset, o, &size2, &records, &source_bytes, &uncompressed, &reason)
+    if rc < 0 or size2 != size:
+        raise _corrupt(c.error if rc < 0 else ERR_RECORD_SIZE, c.error_at, base)   # data changed underneath
+    return out, stop, reason, records, source_bytes, uncompressed
+
+
+def convert_records(const unsigned char[::1] data, int source_magic, int64_t count, int64_t base_offset,
+                    int64_t base_timestamp, int64_t log_append_time, int to_magic, bint relative,
+                    Py_ssize_t base=0):
+    """The (decompressed) records of one batch as uncompressed ``to_magic`` entries.
+
+    ``source_magic`` 2: ``data`` is a v2 records section of ``count`` records. 0/1: ``data`` is legacy
+    inner entries and ``base_offset`` is the absolute base added to their offsets. ``relative``: write
+    offsets relative to the first record (v1 compressed inner entries). Returns ``(entries, records,
+    first offset, last offset, max timestamp)``.
+    """
+    cdef Py_ssize_t n = data.shape[0]
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Conversion cv
+    cdef Cursor c
+    cdef int rc
+    cdef unsigned char* target = NULL
+    cdef int64_t inner_base = 0
+    for write in (False, True):
+        c = Cursor(start, start + n, start, OK, 0)
+        start_conversion(&cv, to_magic, -(1LL << 62), inner_base, target)
+        with nogil:
+            if source_magic == 2:
+                rc = convert_v2_records(&c, count, base_offset, base_timestamp, log_append_time, &cv)
+            else:
+                rc = convert_legacy_entries(&c, base_offset, &cv)
+        if rc < 0:
+            raise _corrupt(c.error, c.error_at, base)
+        if not write:
+            out = PyBytes_FromStringAndSize(NULL, cv.written)
+            target = <unsigned char*>PyBytes_AS_STRING(out)
+            inner_base = cv.first_written_offset if relative else 0
+    return out, cv.records, cv.first_written_offset, cv.last_written_offset, cv.max_timestamp
+
+
+# --- reading -------------------------------------------------------------------------------------------
+
+def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
+    """``(size, magic)`` of the top-level entry at ``pos``, or None when no complete entry is left.
+
+    Raises CorruptRecordError for a size below the minimum overhead or an unknown magic (Kafka's
+    ByteBufferLogInputStream checks); a truncated trailing entry is not an error.
+    """
+    cdef Py_ssize_t n = data.shape[0]
+    if pos < 0 or n - pos < LOG_OVERHEAD:
+        return None
+    cdef int64_t size = be32(&data[pos + 8])
+    if size < LEGACY_V0_OVERHEAD:
+        raise _corrupt(ERR_ENTRY_SIZE, pos)
+    if size > n - pos - LOG_OVERHEAD:
+        return None
+    cdef int magic = data[pos + 16]
+    if magic > 2:
+        raise _corrupt(ERR_MAGIC, pos)
+    if magic == 2 and size + LOG_OVERHEAD < V2_HEADER:
+        raise _corrupt(ERR_BATCH_SIZE, pos)
+    return LOG_OVERHEAD + size, magic
+
+
+def decode_v2_records(const unsigned char[::1] data, int64_t count, int64_t base_offset, int64_t base_timestamp,
+                      Py_ssize_t base=0):
+    """The ``count`` records of a v2 records section as ``(offset, timestamp, key, value, headers)``
+    tuples; headers as a list of ``(key str, value bytes or None)``."""
+    cdef Py_ssize_t n = data.shape[0]
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef Cursor h
+    cdef Fields f
+    cdef int64_t klen = 0, vlen = 0
+    if count < 0 or count > n:      # every record takes at least one byte
+        raise _corrupt(ERR_COUNT, 0, base)
+    result = []
+    for _ in range(count):
+        if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
+            raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
+        headers = []
+        h = Cursor(f.headers, f.headers_end, start, OK, 0)
+        for _ in range(f.header_count):
+            read_varlong(&h, 5, &klen)       # validated by parse_v2_record
+            hkey = (<const char*>h.p)[:klen].decode("utf-8", "replace")
+            h.p += klen
+            read_varlong(&h, 5, &vlen)
+            headers.append((hkey, (<const char*>h.p)[:vlen] if vlen >= 0 else None))
+            if vlen > 0:
+                h.p += vlen
+        result.append((f.offset, f.timestamp,
+                       (<const char*>f.key)[:f.key_len] if f.key_len >= 0 else None,
+                       (<const char*>f.value)[:f.value_len] if f.value_len >= 0 else None,
+                       headers))
+    if c.p != c.end:
+        raise _corrupt(ERR_COUNT, c.p - start, base)
+    return result
+
+
+def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
+    """Every complete legacy entry as ``(offset, size, magic, attributes, timestamp, key, value)``;
+    the entries must fill ``data`` exactly (inner entries of a compressed wrapper, or one entry)."""
+    cdef Py_ssize_t n = data.shape[0]
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef LegacyEntry e
+    result = []
+    while c.p < c.end:
+        if parse_legacy_entry(&c, &e) < 0:
+            raise _corrupt(c.error, c.error_at, base)
+        result.append((e.offset, e.size, e.magic, e.attributes, e.fields.timestamp,
+                       (<const char*>e.fields.key)[:e.fields.key_len] if e.fields.key_len >= 0 else None,
+                       (<const char*>e.fields.value)[:e.fields.value_len] if e.fields.value_len >= 0 else None))
+    return result
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+cdef inline Py_ssize_t varint_size(int64_t v) noexcept nogil:
+    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+    cdef Py_ssize_t n = 1
+    while z >= 0x80:
+        z >>= 7
+        n += 1
+    return n
+
+
+cdef inline unsigned char* put_varint(unsigned char* p, int64_t v) noexcept nogil:
+    cdef uint64_t z = (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
+    while z >= 0x80:
+        p[0] = (z & 0x7F) | 0x80
+        z >>= 7
+        p += 1
+    p[0] = <unsigned char>z
+    return p + 1
+
+
+cdef inline Py_ssize_t opt_len(object b) except? -2:
+    return -1 if b is None else len(b)
+
+
+cdef inline unsigned char* put_bytes(unsigned char* p, const unsigned char[::1] b) except NULL:
+    if b.shape[0]:
+        memcpy(p, &b[0], b.shape[0])
+    return p + b.shape[0]
+
+
+def encode_v2_records(list records):
+    """A v2 records section from ``(offset_delta, timestamp_delta, key, value, headers)`` tuples, where
+    key/value are bytes-like or None and headers a sequence of ``(key bytes, value bytes-like or None)``."""
+    cdef Py_ssize_t total = 0, body, klen, vlen
+    cdef int64_t off_delta, ts_delta
+    sizes = []
+    for off_delta, ts_delta, key, value, headers in records:
+        klen = opt_len(key)
+        vlen = opt_len(value)
+        body = 1 + varint_size(ts_delta) + varint_size(off_delta) + varint_size(klen) + max(klen, 0) \
+            + varint_size(vlen) + max(vlen, 0) + varint_size(len(headers))
+        for hkey, hvalue in headers:
+            body += varint_size(len(hkey)) + len(hkey) + varint_size(opt_len(hvalue)) + max(opt_len(hvalue), 0)
+        sizes.append(body)
+        total += varint_size(body) + body
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    for (off_delta, ts_delta, key, value, headers), body in zip(records, sizes):
+        p = put_varint(p, body)
+        p[0] = 0
+        p = put_varint(put_varint(p + 1, ts_delta), off_delta)
+        p = put_varint(p, opt_len(key))
+        if key is not None:
+            p = put_bytes(p, key)
+        p = put_varint(p, opt_len(value))
+        if value is not None:
+            p = put_bytes(p, value)
+        p = put_varint(p, len(headers))
+        for hkey, hvalue in headers:
+            p = put_bytes(put_varint(p, len(hkey)), hkey)
+            p = put_varint(p, opt_len(hvalue))
+            if hvalue is not None:
+                p = put_bytes(p, hvalue)
+    return out
+
+
+def encode_legacy_entries(int magic, int attributes, list records):
+    """Legacy entries from ``(offset, timestamp, key, value)`` tuples, all with ``attributes``."""
+    cdef Fields f
+    cdef Py_ssize_t total = 0
+    cdef const unsigned char[::1] kview, vview
+    cdef bytes empty = b""
+    for offset, timestamp, key, value in records:
+        f.key_len = opt_len(key)
+        f.value_len = opt_len(value)
+        total += legacy_size(magic, &f)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    for offset, timestamp, key, value in records:
+        kview = empty if key is None else key
+        vview = empty if value is None else value
+        f.key_len = opt_len(key)
+        f.value_len = opt_len(value)
+        f.key = &kview[0] if kview.shape[0] else NULL
+        f.value = &vview[0] if vview.shape[0] else NULL
+        f.timestamp = timestamp
+        p += write_legacy(p, magic, attributes, offset, &f)
+    return out
+
+
+# --- checksums -----------------------------------------------------------------------------------------
+
+def crc32c(const unsigned char[::1] data, uint32_t value=0):
+    """CRC-32C (Castagnoli) of ``data``, continuing from ``value``."""
+    cdef Py_ssize_t n = data.shape[0]
+    cdef uint32_t result
+    if n == 0:
+        return value
+    with nogil:
+        result = kmem_crc32c(value, &data[0], n)
+    return result
+
+
+def xxh32_short(const unsigned char[::1] data, uint32_t seed=0):
+    """xxHash32 of fewer than 16 bytes (LZ4 frame header checksums)."""
+    if data.shape[0] >= 16:
+        raise ValueError("xxh32_short takes fewer than 16 bytes")
+    return kmem_xxh32_short(&data[0] if data.shape[0] else NULL, data.shape[0], seed)

@@ -1,0 +1,299 @@
+"""Reading Kafka record data: ``MemoryRecords`` over a bytes-like object, its batches and records.
+
+Nothing is copied until records are decoded: a ``MemoryRecords`` holds one memoryview and each
+``RecordBatch`` is a (position, size) window into it with its header fields parsed.
+"""
+import enum
+import struct
+import zlib
+from typing import NamedTuple
+
+from kmem import _core
+from kmem.errors import CorruptRecordError
+from kmem.records import codecs
+
+V2_HEADER = struct.Struct(">qiiBIhiqqqhii")     # the 61-byte v2 batch header
+LEGACY_HEADER = struct.Struct(">qiIBb")         # offset, size, crc, magic, attributes
+LOG_OVERHEAD = 12
+ATTR_CODEC_MASK = 0x07
+ATTR_LOG_APPEND_TIME = 0x08
+ATTR_TRANSACTIONAL = 0x10
+ATTR_CONTROL = 0x20
+ATTR_DELETE_HORIZON = 0x40
+NO_SEQUENCE = -1
+INT32_MAX = 0x7FFFFFFF
+
+
+class TimestampType(enum.IntEnum):
+    NO_TIMESTAMP_TYPE = -1
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+class ControlRecordType(enum.IntEnum):
+    ABORT = 0
+    COMMIT = 1
+
+
+class Record(NamedTuple):
+    """One record. ``headers`` is a list of ``(key str, value bytes or None)`` (always empty below v2)."""
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list
+
+
+def as_byte_view(data):
+    """A flat read-only unsigned-byte memoryview of a bytes-like object, without copying."""
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view.toreadonly()
+
+
+class RecordBatch:
+    """One top-level entry of record data: a v2 batch, or a v0/v1 entry (a shallow message, which may
+    wrap compressed inner messages).
+
+    The attribute names follow Kafka's ``RecordBatch``. For legacy entries the v2-only fields read as
+    Kafka does: no producer (-1), no sequence, not transactional, not a control batch.
+    """
+
+    __slots__ = ("_view", "position", "size_in_bytes", "magic", "attributes", "crc", "partition_leader_epoch",
+                 "_base_offset", "_last_offset", "base_timestamp", "max_timestamp", "producer_id",
+                 "producer_epoch", "base_sequence", "_count", "_records")
+
+    def __init__(self, view, position, size, magic):
+        self._view = view
+        self.position = position
+        self.size_in_bytes = size
+        self.magic = magic
+        self._records = None
+        if magic == 2:
+            (self._base_offset, _, self.partition_leader_epoch, _, self.crc, self.attributes, last_delta,
+             self.base_timestamp, self.max_timestamp, self.producer_id, self.producer_epoch,
+             self.base_sequence, self._count) = V2_HEADER.unpack_from(view, position)
+            self._last_offset = self._base_offset + last_delta
+            if self._count < 0:
+                raise CorruptRecordError(f"negative record count {self._count}", position)
+        else:
+            offset, _, self.crc, _, self.attributes = LEGACY_HEADER.unpack_from(view, position)
+            self._last_offset = offset
+            self._base_offset = offset if self.compression == codecs.NONE else None
+            self._count = 1 if self.compression == codecs.NONE else None
+            self.partition_leader_epoch = -1
+            self.max_timestamp = struct.unpack_from(">q", view, position + 18)[0] if magic == 1 else -1
+            self.base_timestamp = self.max_timestamp
+            self.producer_id, self.producer_epoch, self.base_sequence = -1, -1, NO_SEQUENCE
+
+    def __repr__(self):
+        return (f"<RecordBatch magic={self.magic} offsets={self.base_offset}..{self.last_offset} "
+                f"codec={codecs.CODEC_NAMES[self.compression]} at byte {self.position}>")
+
+    @property
+    def buffer(self):
+        """The batch's bytes (a memoryview into the source, not a copy)."""
+        return self._view[self.position:self.position + self.size_in_bytes]
+
+    @property
+    def compression(self):
+        """Codec id: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd (``codecs.CODEC_NAMES`` has the names)."""
+        return self.attributes & ATTR_CODEC_MASK
+
+    @property
+    def is_compressed(self):
+        return self.compression != codecs.NONE
+
+    @property
+    def timestamp_type(self):
+        if self.magic == 0:
+            return TimestampType.NO_TIMESTAMP_TYPE
+        return TimestampType.LOG_APPEND_TIME if self.attributes & ATTR_LOG_APPEND_TIME else TimestampType.CREATE_TIME
+
+    @property
+    def is_transactional(self):
+        return self.magic == 2 and bool(self.attributes & ATTR_TRANSACTIONAL)
+
+    @property
+    def is_control_batch(self):
+        return self.magic == 2 and bool(self.attributes & ATTR_CONTROL)
+
+    @property
+    def has_delete_horizon(self):
+        return self.magic == 2 and bool(self.attributes & ATTR_DELETE_HORIZON)
+
+    @property
+    def base_offset(self):
+        """First offset. For a compressed legacy entry this decompresses it (as Kafka does)."""
+        if self._base_offset is None:
+            records = self._decoded()
+            self._base_offset = records[0].offset if records else self._last_offset
+        return self._base_offset
+
+    @property
+    def last_offset(self):
+        return self._last_offset
+
+    @property
+    def next_offset(self):
+        return self._last_offset + 1
+
+    @property
+    def last_offset_delta(self):
+        return self._last_offset - self.base_offset
+
+    @property
+    def last_sequence(self):
+        """Sequence number of the last record (wrapping at 2**31 - 1 as Kafka), or -1 without one."""
+        if self.base_sequence == NO_SEQUENCE:
+            return NO_SEQUENCE
+        return (self.base_sequence + self._last_offset - self._base_offset) % (INT32_MAX + 1)
+
+    @property
+    def records_count(self):
+        """Declared count (v2); for a compressed legacy entry, the inner messages (decompressing it)."""
+        if self._count is None:
+            self._count = len(self._decoded())
+        return self._count
+
+    def __len__(self):
+        return self.records_count
+
+    def compute_checksum(self):
+        """The CRC this batch should carry: CRC-32C over [21, end) for v2, CRC-32 over [16, end) before."""
+        if self.magic == 2:
+            return _core.crc32c(self.buffer[21:])
+        return zlib.crc32(self.buffer[16:])
+
+    def is_valid(self):
+        return self.compute_checksum() == self.crc
+
+    def ensure_valid(self):
+        """Raise CorruptRecordError when the stored CRC does not match the data."""
+        computed = self.compute_checksum()
+        if computed != self.crc:
+            raise CorruptRecordError(f"record is corrupt (stored crc = {self.crc}, computed crc = {computed})",
+                                     self.position)
+
+    def records(self, max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
+        """The batch's records as a list of ``Record`` (decompressing, with output bounded)."""
+        return list(self._decoded(max_decompressed_bytes))
+
+    def __iter__(self):
+        return iter(self._decoded())
+
+    @property
+    def control_type(self):
+        """For a control batch, the ``ControlRecordType`` (or raw int) of its marker record; else None."""
+        if not self.is_control_batch:
+            return None
+        records = self._decoded()
+        if not records or records[0].key is None or len(records[0].key) < 4:
+            raise CorruptRecordError("control record without a valid key", self.position)
+        kind = struct.unpack_from(">h", records[0].key, 2)[0]
+        return ControlRecordType(kind) if kind in ControlRecordType._value2member_map_ else kind
+
+    def _decoded(self, limit=codecs.MAX_DECOMPRESSED_BYTES):
+        if self._records is None:
+            self._records = self._decode_v2(limit) if self.magic == 2 else self._decode_legacy(limit)
+        return self._records
+
+    def _decode_v2(self, limit):
+        body = self._view[self.position + 61:self.position + self.size_in_bytes]
+        base = self.position + 61
+        if self.is_compressed:
+            body = codecs.decompress(self.compression, body, 2, limit, self.position)
+            base = self.position
+        records = _core.decode_v2_records(body, self._count, self._base_offset, self.base_timestamp, base)
+        if self.timestamp_type == TimestampType.LOG_APPEND_TIME:
+            return [Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records]
+        return [Record._make(r) for r in records]
+
+    def _decode_legacy(self, limit):
+        ((offset, _, magic, attributes, timestamp, key, value),) = _core.decode_legacy_entries(
+            self.buffer, self.position)
+        if not self.is_compressed:
+            return [Record(offset, timestamp, key, value, [])]
+        if value is None:
+            raise CorruptRecordError("compressed legacy entry without a value", self.position)
+        inner = _core.decode_legacy_entries(
+            codecs.decompress(self.compression, value, magic, limit, self.position), self.position)
+        if not inner:
+            raise CorruptRecordError("compressed legacy entry with no inner messages", self.position)
+        base = 0
+        if magic == 1 and offset != 0:
+            base = offset - inner[-1][0]     # inner offsets are relative to the first (gaps kept)
+        records = []
+        for inner_offset, _, _, inner_attributes, inner_timestamp, inner_key, inner_value in inner:
+            if inner_attributes & ATTR_CODEC_MASK:
+                raise CorruptRecordError("compressed entry nested inside a compressed entry", self.position)
+            if attributes & ATTR_LOG_APPEND_TIME:
+                inner_timestamp = timestamp
+            records.append(Record(base + inner_offset, inner_timestamp, inner_key, inner_value, []))
+        return records
+
+
+class MemoryRecords:
+    """Kafka record data in memory: a sequence of v0/v1 entries and v2 batches, in any mix.
+
+    Iterating yields ``RecordBatch`` views in order. A truncated trailing batch is ignored (as Kafka
+    does, e.g. the end of a fetch response or the padding of a lazy down-conversion); a size below
+    the minimum overhead or an unknown magic raises ``CorruptRecordError`` with the byte position.
+    """
+
+    def __init__(self, data):
+        self._view = as_byte_view(data)
+
+    @property
+    def buffer(self):
+        return self._view
+
+    @property
+    def size_in_bytes(self):
+        return len(self._view)
+
+    def __len__(self):
+        return len(self._view)
+
+    def __bytes__(self):
+        return bytes(self._view)
+
+    def __iter__(self):
+        return self.batches()
+
+    def batches(self, start=0):
+        """Iterate batches from byte ``start``."""
+        view, pos = self._view, start
+        while True:
+            entry = _core.entry_at(view, pos)
+            if entry is None:
+                return
+            size, magic = entry
+            yield RecordBatch(view, pos, size, magic)
+            pos += size
+
+    def records(self):
+        """Every record of every batch, in order."""
+        for batch in self.batches():
+            yield from batch
+
+    @property
+    def valid_bytes(self):
+        """Bytes covered by complete batches (everything before a truncated tail)."""
+        end = 0
+        for batch in self.batches():
+            end = batch.position + batch.size_in_bytes
+        return end
+
+    def ensure_valid(self):
+        """Check the CRC of every batch; raises CorruptRecordError at the first bad one."""
+        for batch in self.batches():
+            batch.ensure_valid()
+
+    def has_match_magic(self, magic):
+        return all(batch.magic == magic for batch in self.batches())
+
+    def has_compatible_magic(self, magic):
+        """True when no batch needs down-conversion to be read by a client of ``magic``."""
+        return all(batch.magic <= magic for batch in self.batches())
