@@ -1,0 +1,168 @@
+"""The pipeline's jobs over Kafka log directories: ``report``, ``ledger`` and ``convert``.
+
+Each takes a SparkSession (``kmem.spark.get_session()`` gives an embedded local one) and plain paths,
+runs on whatever cluster the session is attached to, and returns a small summary dict.
+"""
+import itertools
+import json
+import os
+
+from kmem.errors import CorruptRecordError
+from kmem.spark.segments import DEFAULT_SPLIT_BYTES, batches_of_split, list_segments
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def report(spark, input_path, output_dir=None, false_positive_rate=0.01):
+    """Per topic-partition counts, bytes, batches by magic and codec, producer-id cardinality, and the
+    Bloom filter shape that cardinality calls for. Written as ``report.json`` and ``report.png`` when
+    ``output_dir`` is given; returned as a dict either way."""
+    from pyspark.sql import functions as F
+
+    from kmem.bloom import Shape
+
+    batches = spark.read.format("kafka-log").option("level", "batches").load(input_path)
+    healthy = batches.where(F.col("error").isNull())
+    data = F.col("is_control") == F.lit(False)
+    per_partition = healthy.groupBy("topic", "partition").agg(
+        F.count("*").alias("batches"),
+        F.sum(F.when(data, F.col("records_count")).otherwise(0)).alias("records"),
+        F.sum(F.when(~data, 1).otherwise(0)).alias("control_batches"),
+        F.sum("size_bytes").alias("bytes"),
+        F.countDistinct(F.when(F.col("producer_id") >= 0, F.col("producer_id"))).alias("producer_ids"),
+        F.min("base_offset").alias("first_offset"),
+        F.max("last_offset").alias("last_offset"),
+    )
+    formats = healthy.groupBy("topic", "partition", "magic", "codec").count()
+    errors = batches.where(F.col("error").isNotNull()).select("topic", "partition", "segment", "error")
+
+    partitions = {}
+    for row in per_partition.collect():
+        shape = Shape.from_np(max(row.producer_ids, 1), false_positive_rate)
+        partitions[(row.topic, row.partition)] = {
+            "topic": row.topic, "partition": row.partition, "records": row.records, "batches": row.batches,
+            "control_batches": row.control_batches, "bytes": row.bytes, "first_offset": row.first_offset,
+            "last_offset": row.last_offset, "producer_ids": row.producer_ids,
+            "bloom_shape": {"bits": shape.number_of_bits, "hash_functions": shape.number_of_hash_functions,
+                            "false_positive_rate": false_positive_rate},
+            "batches_by_format": {},
+        }
+    for row in formats.collect():
+        partitions[(row.topic, row.partition)]["batches_by_format"][f"v{row.magic}/{row.codec}"] = row["count"]
+    result = {
+        "input": input_path,
+        "partitions": [partitions[key] for key in sorted(partitions)],
+        "corrupt_segments": [row.asDict() for row in errors.collect()],
+    }
+    result["totals"] = {name: sum(p[name] for p in result["partitions"])
+                        for name in ("records", "batches", "control_batches", "bytes", "producer_ids")}
+    if output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, "report.json"), "w") as file:
+            json.dump(result, file, indent=2)
+        plot_report(result, os.path.join(output_dir, "report.png"))
+    return result
+
+
+def plot_report(result, path):
+    """Bytes per partition by format, and producer ids per partition, as one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["partitions"]
+    labels = [f"{p['topic']}-{p['partition']}" for p in rows]
+    formats = sorted({f for p in rows for f in p["batches_by_format"]})
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    bottom = [0] * len(rows)
+    for name in formats:
+        counts = [p["batches_by_format"].get(name, 0) for p in rows]
+        left.bar(labels, counts, bottom=bottom, label=name)
+        bottom = [b + c for b, c in zip(bottom, counts)]
+    left.set_title("batches by format")
+    left.legend(fontsize="small")
+    right.bar(labels, [p["producer_ids"] for p in rows], color="tab:purple")
+    right.set_title("producer ids (cardinality)")
+    for axis in (left, right):
+        axis.tick_params(axis="x", rotation=60, labelsize="small")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+# ---------------------------------------------------------------------------------------------- ledger
+
+def partition_splits(input_path, split_bytes=DEFAULT_SPLIT_BYTES):
+    """``[((topic, partition), [splits in offset order]), ...]``: the unit of work of per-partition jobs."""
+    splits = list_segments(input_path, split_bytes)
+    return [(key, list(group)) for key, group in itertools.groupby(splits, lambda s: (s.topic, s.partition))]
+
+
+def rebuild_producer_state(batches):
+    """Kafka's log recovery over a partition's batches in offset order: each producer id's last state.
+
+    A data batch sets the epoch, last sequence, last offset, offset delta and timestamp, and opens a
+    transaction when transactional; a transaction marker sets the epoch, coordinator epoch and
+    timestamp and closes the transaction. Batches without a producer id are skipped.
+    Returns ``{producer_id: ProducerEntry}``.
+    """
+    from kmem.ledger import NO_TXN, ProducerEntry
+
+    state = {}
+    for batch in batches:
+        producer_id = batch.producer_id
+        if producer_id < 0:
+            continue
+        entry = state.get(producer_id) or ProducerEntry(producer_id, batch.producer_epoch, -1, -1, 0, -1, -1, NO_TXN)
+        if batch.is_control_batch:
+            marker = next(iter(batch), None)
+            if marker is None:
+                continue    # an empty control batch: its transaction was cleaned from the log
+            if marker.value is None or len(marker.value) < 6:
+                raise CorruptRecordError("transaction marker value shorter than version + coordinator epoch",
+                                         batch.position)
+            coordinator_epoch = int.from_bytes(marker.value[2:6], "big", signed=True)
+            state[producer_id] = entry._replace(epoch=batch.producer_epoch, coordinator_epoch=coordinator_epoch,
+                                                timestamp=marker.timestamp, current_txn_first_offset=NO_TXN)
+        else:
+            txn_first = NO_TXN
+            if batch.is_transactional:
+                open_txn = entry.current_txn_first_offset
+                txn_first = open_txn if open_txn != NO_TXN else batch.base_offset
+            state[producer_id] = entry._replace(
+                epoch=batch.producer_epoch, last_sequence=batch.last_sequence, last_offset=batch.last_offset,
+                offset_delta=batch.last_offset - batch.base_offset, timestamp=batch.max_timestamp,
+                current_txn_first_offset=txn_first)
+    return state
+
+
+def _write_partition_ledger(item, output_dir, false_positive_rate):
+    from kmem.bloom import Shape
+    from kmem.errors import KmemError
+    from kmem.ledger import write_ledger_snapshot
+
+    (topic, partition), splits = item
+    directory = os.path.join(output_dir, f"{topic}-{partition}")
+    try:
+        state = rebuild_producer_state(batch for split in splits for batch in batches_of_split(split))
+    except KmemError as exc:
+        return {"topic": topic, "partition": partition, "error": str(exc)}
+    os.makedirs(directory, exist_ok=True)
+    shape = Shape.from_np(max(len(state), 1), false_positive_rate)
+    path = write_ledger_snapshot(directory, sorted(state.values()), shape=shape) if state else None
+    return {"topic": topic, "partition": partition, "producer_ids": len(state), "snapshot": path, "error": None}
+
+
+def ledger(spark, input_path, output_dir, false_positive_rate=0.01):
+    """Rebuild producer state per partition from its batches and write one kmem ledger per partition
+    (``<output>/<topic>-<partition>/``: a sorted Kafka snapshot plus its ``.bloom`` sidecar) that
+    ``PidLedger`` opens. A partition with a corrupt segment is reported, not written."""
+    work = partition_splits(input_path)
+    if not work:
+        return {"partitions": []}
+    output_dir = os.path.abspath(output_dir)
+    results = (spark.sparkContext.parallelize(work, len(work))
+               .map(lambda item: _write_partition_ledger(item, output_dir, false_positive_rate)).collect())
+    return {"partitions": sorted(results, key=lambda r: (r["topic"], r["partition"]))}
+
