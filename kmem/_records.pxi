@@ -548,10 +548,11 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, int to_ma
     out = PyBytes_FromStringAndSize(NULL, size)
     cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
     cdef Py_ssize_t size2 = 0
+    cdef int reason2     # the second pass ends at `stop`, so its reason is always STOP_END
     records = source_bytes = uncompressed = 0
     c = Cursor(start + pos, start + stop, start, OK, 0)
     with nogil:
-        rc = run_entries(&c, to_magic, first_offset, o, &size2, &records, &source_bytes, &uncompressed, &reason)
+        rc = run_entries(&c, to_magic, first_offset, o, &size2, &records, &source_bytes, &uncompressed, &reason2)
     if rc < 0 or size2 != size:
         raise _corrupt(c.error if rc < 0 else ERR_RECORD_SIZE, c.error_at, base)   # data changed underneath
     return out, stop, reason, records, source_bytes, uncompressed

@@ -24,6 +24,13 @@ NO_SEQUENCE = -1
 INT32_MAX = 0x7FFFFFFF
 
 
+def legacy_absolute_base(wrapper_offset, last_inner_offset):
+    """Absolute base of v1 inner offsets (relative to the first, gaps kept): the wrapper carries the
+    absolute offset of the last inner message. A wrapper that was never assigned offsets (offset 0, as
+    a producer writes it) leaves the inner offsets as they are, as the Python clients read it."""
+    return max(wrapper_offset - last_inner_offset, 0)
+
+
 class TimestampType(enum.IntEnum):
     NO_TIMESTAMP_TYPE = -1
     CREATE_TIME = 0
@@ -221,9 +228,7 @@ class RecordBatch:
             codecs.decompress(self.compression, value, magic, limit, self.position), self.position)
         if not inner:
             raise CorruptRecordError("compressed legacy entry with no inner messages", self.position)
-        base = 0
-        if magic == 1 and offset != 0:
-            base = offset - inner[-1][0]     # inner offsets are relative to the first (gaps kept)
+        base = legacy_absolute_base(offset, inner[-1][0]) if magic == 1 else 0
         records = []
         for inner_offset, _, _, inner_attributes, inner_timestamp, inner_key, inner_value in inner:
             if inner_attributes & ATTR_CODEC_MASK:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from kmem import _core
 from kmem.errors import InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import codecs
-from kmem.records.batches import ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, as_byte_view
+from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, as_byte_view,
+                                  legacy_absolute_base)
 
 ZSTD_DOWN_CONVERSION = "Down-conversion of zstandard-compressed batches is not supported"
 LEGACY_OVERHEAD = (14, 22)     # bytes of a v0/v1 message after the log overhead, key and value excluded
@@ -109,7 +110,7 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         log_append_time = -1
         payload = codecs.decompress(codec, value or b"", magic, limit, pos)
         last_relative = _core.convert_records(payload, 1, 0, 0, -1, -1, 0, False, pos)[3]
-        base = wrapper_offset - last_relative if wrapper_offset else 0
+        base = legacy_absolute_base(wrapper_offset, last_relative)
         entries, n, _, last, max_written = _core.convert_records(payload, 1, 0, base, -1, -1, 0, False, pos)
     if n == 0:
         return None

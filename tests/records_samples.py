@@ -1,0 +1,54 @@
+"""Shared record fixtures for the records tests: Kafka's scenarios and readers from the Python clients."""
+from aiokafka.record.memory_records import MemoryRecords as AioMemoryRecords
+from kafka.record import MemoryRecords as KafkaPythonMemoryRecords
+
+from kmem.records import MemoryRecords, RecordsBuilder
+
+# Kafka's down-conversion scenario: ten records at these offsets in three v2 batches (3, 3 and 4 records).
+SCENARIO_OFFSETS = [0, 2, 3, 9, 11, 15, 16, 17, 22, 24]
+SCENARIO_VALUES = [b"hello", b"goodbye", b"hello again", b"goodbye for now", b"hello again",
+                   b"I sense indecision", b"what now", b"running out", b"ok, almost done", b"finally"]
+SCENARIO_HEADERS = [("headerKey1", b"headerValue1"), ("headerKey2", b"headerValue2"), ("headerKey3", None)]
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+def scenario_records():
+    """(offset, timestamp, key, value, headers) of the ten records."""
+    return [(offset, 1000 + i, b"k%d" % (i + 1), SCENARIO_VALUES[i], SCENARIO_HEADERS if i in (7, 9) else [])
+            for i, offset in enumerate(SCENARIO_OFFSETS)]
+
+
+def scenario_batches(codec, magic=2):
+    data = b""
+    records = scenario_records()
+    for chunk in (records[0:3], records[3:6], records[6:10]):
+        builder = RecordsBuilder(magic, codec, base_offset=chunk[0][0])
+        for offset, timestamp, key, value, headers in chunk:
+            builder.append(value, key=key, timestamp=timestamp, headers=headers if magic == 2 else (),
+                           offset=offset)
+        data += builder.build()
+    return data
+
+
+def _client_rows(reader):
+    rows = []
+    while reader.has_next():
+        batch = reader.next_batch()
+        if batch is None:
+            break
+        for r in batch:
+            rows.append((r.offset, r.timestamp if r.timestamp is not None else -1, r.key, r.value,
+                         [(k, v) for k, v in (r.headers or [])]))
+    return rows
+
+
+def read_kafka_python(data):
+    return _client_rows(KafkaPythonMemoryRecords(bytes(data)))
+
+
+def read_aiokafka(data):
+    return _client_rows(AioMemoryRecords(bytes(data)))
+
+
+def read_kmem(data):
+    return [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in MemoryRecords(data).records()]

@@ -1,0 +1,272 @@
+"""Reading and building v0/v1/v2 record data, codecs, checksums and bad input."""
+import os
+import struct
+import zlib
+
+import pytest
+import xxhash
+from records_samples import CODECS, read_kmem, scenario_batches, scenario_records
+
+from kmem import _core
+from kmem.errors import CorruptRecordError, InvalidArgumentError
+from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
+                          build_records)
+from kmem.records import codecs
+
+
+def test_crc32c_known_vectors():
+    assert _core.crc32c(b"123456789") == 0xE3069283
+    assert _core.crc32c(b"") == 0
+    data = os.urandom(100_003)
+    assert _core.crc32c(data[50_000:], _core.crc32c(data[:50_000])) == _core.crc32c(data)
+    # the iSCSI test vector: 32 bytes of zeros
+    assert _core.crc32c(bytes(32)) == 0x8A9136AA
+
+
+def test_xxh32_matches_reference():
+    for data in (b"", b"\x60\x40", b"\x04\x22\x4d\x18\x60\x40", os.urandom(15)):
+        assert _core.xxh32_short(data) == xxhash.xxh32(data).intdigest()
+    with pytest.raises(ValueError):
+        _core.xxh32_short(bytes(16))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_v2_round_trip_all_fields(codec):
+    builder = RecordsBuilder(2, codec, base_offset=100, producer_id=42, producer_epoch=3, base_sequence=7,
+                             transactional=True, partition_leader_epoch=9)
+    builder.append(b"v0", key=b"k0", timestamp=5000, headers=[("a", b"1"), ("b", None)])
+    builder.append(None, key=None, timestamp=4000, offset=103)
+    builder.append(b"", key=b"", timestamp=6000)
+    (batch,) = MemoryRecords(builder.build())
+    assert batch.magic == 2 and batch.is_valid()
+    assert (batch.base_offset, batch.last_offset, batch.records_count) == (100, 104, 3)
+    assert batch.compression == codecs.codec_id(codec)
+    assert (batch.producer_id, batch.producer_epoch, batch.base_sequence, batch.last_sequence) == (42, 3, 7, 11)
+    assert batch.is_transactional and not batch.is_control_batch
+    assert batch.partition_leader_epoch == 9
+    assert (batch.base_timestamp, batch.max_timestamp) == (5000, 6000)
+    assert batch.timestamp_type == TimestampType.CREATE_TIME
+    assert [tuple(r) for r in batch.records()] == [
+        (100, 5000, b"k0", b"v0", [("a", b"1"), ("b", None)]),
+        (103, 4000, None, None, []),
+        (104, 6000, b"", b"", []),
+    ]
+
+
+@pytest.mark.parametrize("magic", [0, 1])
+@pytest.mark.parametrize("codec", CODECS[:4])
+def test_legacy_round_trip(magic, codec):
+    builder = RecordsBuilder(magic, codec, base_offset=10)
+    builder.append(b"a", key=b"x", timestamp=11)
+    builder.append(None, timestamp=12, offset=15)
+    builder.append(b"c" * 1000, key=None, timestamp=13)
+    data = builder.build()
+    batches = list(MemoryRecords(data))
+    assert len(batches) == (3 if codec == "none" else 1)
+    assert all(b.is_valid() and b.magic == magic for b in batches)
+    ts = (lambda t: t) if magic == 1 else (lambda t: -1)
+    assert read_kmem(data) == [(10, ts(11), b"x", b"a", []), (15, ts(12), None, None, []),
+                               (16, ts(13), None, b"c" * 1000, [])]
+    assert batches[-1].last_offset == 16 and batches[0].base_offset == 10
+    expected_type = TimestampType.CREATE_TIME if magic else TimestampType.NO_TIMESTAMP_TYPE
+    assert batches[0].timestamp_type == expected_type
+
+
+@pytest.mark.parametrize("magic", [1, 2])
+@pytest.mark.parametrize("codec", ["none", "gzip"])
+def test_log_append_time_reads_as_append_time(magic, codec):
+    builder = RecordsBuilder(magic, codec, TimestampType.LOG_APPEND_TIME, log_append_time=777)
+    builder.append(b"a", timestamp=1)
+    builder.append(b"b", timestamp=2)
+    data = builder.build()
+    assert [r[1] for r in read_kmem(data)] == [777, 777]
+    assert all(b.timestamp_type == TimestampType.LOG_APPEND_TIME for b in MemoryRecords(data))
+
+
+def test_control_batch():
+    data = build_control_batch(ControlRecordType.COMMIT, offset=50, producer_id=8, producer_epoch=2, timestamp=99)
+    (batch,) = MemoryRecords(data)
+    assert batch.is_control_batch and batch.is_transactional
+    assert batch.control_type == ControlRecordType.COMMIT
+    assert (batch.base_offset, batch.producer_id, batch.producer_epoch) == (50, 8, 2)
+
+
+def test_mixed_magics_and_truncated_tail():
+    v0 = build_records([b"a", b"b"], magic=0)
+    v1 = build_records([{"value": b"c", "timestamp": 5}], magic=1, base_offset=2)
+    v2 = build_records([b"d", b"e"], magic=2, base_offset=3)
+    data = v0 + v2 + v1 + v2[:-1]
+    records = MemoryRecords(data)
+    assert [b.magic for b in records] == [0, 0, 2, 1]
+    assert [r.value for r in records.records()] == [b"a", b"b", b"d", b"e", b"c"]
+    assert records.valid_bytes == len(data) - len(v2) + 1
+    assert list(MemoryRecords(b"")) == [] and list(MemoryRecords(bytes(11))) == []
+
+
+def test_batches_are_views_not_copies():
+    data = bytearray(scenario_batches("none"))
+    records = MemoryRecords(data)
+    first = next(iter(records))
+    data[first.position + 61 + 5] ^= 0xFF      # change a byte of the first record in place
+    assert not first.is_valid()
+    assert first.buffer.obj is data or bytes(first.buffer) == bytes(data[:first.size_in_bytes])
+
+
+def test_crc_verification_on_request():
+    data = bytearray(scenario_batches("gzip"))
+    data[-3] ^= 1
+    records = MemoryRecords(bytes(data))
+    assert [b.is_valid() for b in records] == [True, True, False]
+    with pytest.raises(CorruptRecordError, match="crc") as info:
+        records.ensure_valid()
+    assert info.value.offset == list(records)[2].position
+    legacy = bytearray(build_records([b"abc"], magic=1))
+    legacy[-1] ^= 1
+    assert not next(iter(MemoryRecords(bytes(legacy)))).is_valid()
+    assert zlib.crc32(bytes(legacy[16:])) != struct.unpack_from(">I", legacy, 12)[0]
+
+
+def test_builder_rejects_bad_arguments():
+    with pytest.raises(InvalidArgumentError):
+        RecordsBuilder(1, "zstd")
+    with pytest.raises(InvalidArgumentError):
+        RecordsBuilder(3)
+    with pytest.raises(InvalidArgumentError):
+        RecordsBuilder(2, "brotli")
+    with pytest.raises(InvalidArgumentError):
+        RecordsBuilder(1).append(b"x", headers=[("h", b"v")])
+    builder = RecordsBuilder(2, base_offset=5)
+    builder.append(b"x")
+    with pytest.raises(InvalidArgumentError):
+        builder.append(b"y", offset=5)
+    with pytest.raises(InvalidArgumentError):
+        RecordsBuilder(2, timestamp_type=TimestampType.LOG_APPEND_TIME)
+    assert RecordsBuilder(2).build() == b""
+
+
+# --- bad input ---------------------------------------------------------------------------------------
+
+def _v2_one_record(record_section, count=1):
+    """A v2 batch around a hand-made records section (CRC made valid)."""
+    header = bytearray(struct.pack(">qiiBIhiqqqhii", 0, 49 + len(record_section), 0, 2, 0, 0, 0, 0, 0, -1, -1, -1,
+                                   count))
+    body = bytes(header) + record_section
+    crc = _core.crc32c(body[21:])
+    return body[:17] + struct.pack(">I", crc) + body[21:]
+
+
+@pytest.mark.parametrize("section, message", [
+    (b"\x80\x80\x80\x80\x80\x01", "varint is too long"),
+    (b"\x01", "record length"),                                   # length -1
+    (b"\x7e" + bytes(10), "record data ends"),                     # length 63 > available
+    (b"\x0c\x00\x00\x00\x03" + bytes(7), "invalid key length"),    # key length -2
+    (b"\x0c\x00\x00\x00\x01\x03" + bytes(6), "invalid value length"),
+    (b"\x0c\x00\x00\x00\x01\x01\x01" + bytes(5), "invalid header count"),
+    (b"\x0e\x00\x00\x00\x01\x01\x00" + bytes(7), "record length does not match"),
+])
+def test_bad_v2_records_raise_with_position(section, message):
+    data = _v2_one_record(section)
+    (batch,) = MemoryRecords(data)
+    with pytest.raises(CorruptRecordError, match=message) as info:
+        batch.records()
+    assert info.value.offset is not None and 61 <= info.value.offset <= len(data)
+
+
+def test_bad_counts_and_sizes():
+    good = build_records([b"a", b"b"])
+    wrong_count = bytearray(good)
+    struct.pack_into(">i", wrong_count, 57, 3)
+    with pytest.raises(CorruptRecordError, match="count"):
+        next(iter(MemoryRecords(bytes(wrong_count)))).records()
+    struct.pack_into(">i", wrong_count, 57, -1)
+    with pytest.raises(CorruptRecordError, match="negative record count"):
+        list(MemoryRecords(bytes(wrong_count)))
+    struct.pack_into(">i", wrong_count, 57, 2**31 - 1)
+    with pytest.raises(CorruptRecordError):
+        next(iter(MemoryRecords(bytes(wrong_count)))).records()
+    tiny = bytearray(good)
+    struct.pack_into(">i", tiny, 8, 13)
+    with pytest.raises(CorruptRecordError, match="minimum record overhead") as info:
+        list(MemoryRecords(bytes(tiny)))
+    assert info.value.offset == 0
+    bad_magic = bytearray(good)
+    bad_magic[16] = 3
+    with pytest.raises(CorruptRecordError, match="magic"):
+        list(MemoryRecords(bytes(bad_magic)))
+    short_v2 = bytearray(good[:40])
+    struct.pack_into(">i", short_v2, 8, 28)
+    with pytest.raises(CorruptRecordError, match="61-byte header"):
+        list(MemoryRecords(bytes(short_v2)))
+
+
+def test_bad_legacy_entries():
+    good = build_records([{"value": b"abc", "key": b"k"}], magic=1)
+    for pos, value, message in [(26, 1000, "invalid key length"), (26, -2, "invalid key length"),
+                                (31, 1000, "invalid value length")]:
+        bad = bytearray(good)
+        struct.pack_into(">i", bad, pos, value)
+        with pytest.raises(CorruptRecordError, match=message):
+            next(iter(MemoryRecords(bytes(bad)))).records()
+    negative_ts = bytearray(good)
+    struct.pack_into(">q", negative_ts, 18, -5)
+    with pytest.raises(CorruptRecordError, match="timestamp"):
+        next(iter(MemoryRecords(bytes(negative_ts)))).records()
+
+
+def test_nested_compression_is_rejected():
+    inner = build_records([b"a"], magic=1, compression="gzip")
+    wrapper = _core.encode_legacy_entries(1, codecs.GZIP, [(0, 0, None, codecs.compress(codecs.GZIP, inner, 1))])
+    with pytest.raises(CorruptRecordError, match="nested"):
+        next(iter(MemoryRecords(wrapper))).records()
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_decompression_bomb_is_refused(codec):
+    builder = RecordsBuilder(2, codec)
+    builder.append(bytes(3 << 20))
+    data = builder.build()
+    assert len(data) < (3 << 20) // 15
+    (batch,) = MemoryRecords(data)
+    with pytest.raises(CorruptRecordError, match="exceeds the limit") as info:
+        batch.records(max_decompressed_bytes=1 << 20)
+    assert info.value.offset == 0
+    assert batch.records(max_decompressed_bytes=4 << 20)[0].value == bytes(3 << 20)
+
+
+def test_zstd_bomb_of_a_gigabyte_is_refused_quickly():
+    # A 1 GiB zstd frame of zeros is ~40 KB; the default limit stops it without allocating a gigabyte.
+    frame = bytes(__import__("cramjam").zstd.compress(bytes(1 << 30)))
+    with pytest.raises(CorruptRecordError, match="exceeds the limit"):
+        codecs.decompress(codecs.ZSTD, frame, 2)
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_garbage_payload_is_corrupt(codec):
+    garbage = [b"", os.urandom(64), codecs.compress(codec, b"hello" * 100, 2)[:-3]]
+    if codec != codecs.SNAPPY:
+        garbage.append(b"\x00")       # for snappy that is a valid raw block of nothing
+    for payload in garbage:
+        with pytest.raises(CorruptRecordError):
+            bytes(codecs.decompress(codec, payload, 2))
+
+
+def test_raw_snappy_and_foreign_lz4_frames_are_read():
+    import cramjam
+
+    data = os.urandom(5000) + bytes(70_000)
+    assert bytes(codecs.decompress(codecs.SNAPPY, bytes(cramjam.snappy.compress_raw(data)), 1)) == data
+    assert bytes(codecs.decompress(codecs.LZ4, bytes(cramjam.lz4.compress(data)), 2)) == data
+
+
+def test_lz4_magic0_uses_kafka_3160_checksum():
+    frame = codecs.compress(codecs.LZ4, b"x" * 100, 0)
+    assert frame[6] == (xxhash.xxh32(frame[0:6]).intdigest() >> 8) & 0xFF
+    frame1 = codecs.compress(codecs.LZ4, b"x" * 100, 1)
+    assert frame1[6] == (xxhash.xxh32(frame1[4:6]).intdigest() >> 8) & 0xFF
+    assert bytes(codecs.decompress(codecs.LZ4, frame, 0)) == b"x" * 100
+    with pytest.raises(CorruptRecordError):      # magic 1 readers check the header checksum
+        codecs.decompress(codecs.LZ4, frame, 1)
+
+
+def test_scenario_reads_back():
+    assert read_kmem(scenario_batches("none")) == scenario_records()
