@@ -121,40 +121,56 @@ def test_release_wakes_a_blocked_poll(listener):
 
 def test_explicit_mute_survives_memory_recovery(listener):
     pool = SimpleMemoryPool(900, 900)
-    senders = start_senders(listener, [frame(os.urandom(900)), frame(os.urandom(900)), frame(b"z" * 10)])
+    clients = {}
     with Selector(pool) as selector:
-        accept(listener, selector, ["a", "b", "c"])
-        names = {"a", "b", "c"}
-        # Which accepted socket carries the small frame is not known: mute each as its size shows up.
-        muted = None
+        for name in ("muted", "a", "b"):
+            clients[name] = socket.create_connection(listener.getsockname())
+            accept(listener, selector, [name])
+        selector.mute("muted")
+        clients["muted"].sendall(frame(b"m" * 10))
+        clients["a"].sendall(frame(os.urandom(900)))
+        clients["b"].sendall(frame(os.urandom(900)))
         first = poll_until(selector, lambda r: r)
-        assert len(first) == 1
-        if len(first[0].payload) == 10:
-            pytest.skip("the small frame won the race; the scenario needs a large one first")
-        selector.poll(0.05)
-        small = [n for n in names - {first[0].source}
-                 if selector.channel(n).receive is not None and selector.channel(n).receive.size == 10]
-        large = [n for n in names - {first[0].source} if n not in small]
-        # Nothing is in flight on the other channels yet (the pool is empty); mute the large one.
-        muted = large[0]
-        selector.mute(muted)
+        assert len(first) == 1 and first[0].source in ("a", "b")
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
         first[0].close()
-        got = poll_until(selector, lambda r: len(r) >= 1, timeout=2)
-        # Recovery unmutes memory-muted channels, never the explicitly muted one.
-        assert [r.source for r in got] != [muted]
-        assert selector.channel(muted).mute_state is ChannelMuteState.MUTED
-        for r in got:
-            r.close()
-        more = poll_until(selector, lambda r: False, timeout=0.3, poll_timeout=0.05)
-        assert all(r.source != muted for r in more)
-        for r in more:
-            r.close()
-        selector.unmute(muted)
+        second = poll_until(selector, lambda r: r)
+        assert [r.source for r in second] == [{"a": "b", "b": "a"}[first[0].source]]
+        second[0].close()
+        # Memory recovery lifted the memory mute only: the explicitly muted channel stayed silent.
+        assert poll_until(selector, lambda r: r, timeout=0.3, poll_timeout=0.05) == []
+        assert selector.channel("muted").mute_state is ChannelMuteState.MUTED
+        selector.unmute("muted")
         last = poll_until(selector, lambda r: r)
-        assert [r.source for r in last] == [muted]
+        assert [(r.source, bytes(r.payload)) for r in last] == [("muted", b"m" * 10)]
         last[0].close()
     assert pool.available_memory == 900
-    stop(senders)
+    for sock in clients.values():
+        sock.close()
+
+
+def test_explicit_mute_of_a_memory_muted_channel_is_kept(listener):
+    pool = SimpleMemoryPool(900, 900)
+    clients = {}
+    with Selector(pool) as selector:
+        for name in ("a", "b"):
+            clients[name] = socket.create_connection(listener.getsockname())
+            accept(listener, selector, [name])
+            clients[name].sendall(frame(os.urandom(900)))
+        first = poll_until(selector, lambda r: r)
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        waiting = {"a": "b", "b": "a"}[first[0].source]
+        assert selector.channel(waiting).is_in_mutable_state()
+        selector.mute(waiting)
+        first[0].close()
+        assert poll_until(selector, lambda r: r, timeout=0.3, poll_timeout=0.05) == []
+        assert selector.channel(waiting).muted and not selector.is_out_of_memory
+        selector.unmute(waiting)
+        last = poll_until(selector, lambda r: r)
+        assert [r.source for r in last] == [waiting]
+        last[0].close()
+    for sock in clients.values():
+        sock.close()
 
 
 def test_tls_decrypted_bytes_are_never_stranded(listener, tls_contexts):
