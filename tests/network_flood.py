@@ -2,7 +2,7 @@
 RSS is its own) and many client threads sending 1 MiB requests.
 
 Run as a script it is the server: ``python network_flood.py <queued_max_request_bytes> <max_request>
-<handler_delay_s>``; it prints ``READY <port>`` and, on the ``stats`` line from stdin, one JSON line with
+<handler_delay_s> <crc|echo>``; it prints ``READY <port>`` and, on the ``stats`` line from stdin, one JSON line with
 the pool's peak use seen by the handlers and the process's RSS before and at its peak (VmHWM).
 """
 import json
@@ -14,6 +14,8 @@ import sys
 import threading
 import time
 import zlib
+
+from network_helpers import recv_frame
 
 HEADER = struct.Struct(">iii")      # client id, sequence number, padding; the response echoes id, seq + crc
 RESPONSE = struct.Struct(">iiI")
@@ -27,7 +29,7 @@ def _status_kib(field):
     raise KeyError(field)
 
 
-def serve(queued_max_request_bytes, max_request, handler_delay):
+def serve(queued_max_request_bytes, max_request, handler_delay, mode):
     from kmem.network import SocketServer
 
     peak_used = [0]
@@ -36,7 +38,10 @@ def serve(queued_max_request_bytes, max_request, handler_delay):
         pool = server.pool
         if server.bounded:
             peak_used[0] = max(peak_used[0], pool.size - pool.available_memory)
-        time.sleep(handler_delay)
+        if handler_delay:
+            time.sleep(handler_delay)
+        if mode == "echo":
+            return bytes(req.payload)
         client, seq, _ = HEADER.unpack_from(req.payload)
         return RESPONSE.pack(client, seq, zlib.crc32(req.payload))
 
@@ -57,10 +62,10 @@ def serve(queued_max_request_bytes, max_request, handler_delay):
 class FloodServer:
     """The server child process."""
 
-    def __init__(self, queued_max_request_bytes, max_request, handler_delay=0.002):
+    def __init__(self, queued_max_request_bytes, max_request, handler_delay=0.002, mode="crc"):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen(
-            [sys.executable, __file__, str(queued_max_request_bytes), str(max_request), str(handler_delay)],
+            [sys.executable, __file__, str(queued_max_request_bytes), str(max_request), str(handler_delay), mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         words = self.process.stdout.readline().split()
         if not words or words[0] != "READY":
@@ -106,7 +111,7 @@ def flood(address, clients, requests_per_client, request_size):
                     header = HEADER.pack(client_id, seq, 0)
                     sock.sendall(struct.pack(">i", request_size) + header)
                     sock.sendall(body)
-                    answer = _recv_frame(sock)
+                    answer = recv_frame(sock)
                     expected = RESPONSE.pack(client_id, seq, zlib.crc32(body, zlib.crc32(header)))
                     if answer != expected:
                         failures.append((client_id, seq, answer))
@@ -121,20 +126,5 @@ def flood(address, clients, requests_per_client, request_size):
     return failures
 
 
-def _recv_frame(sock):
-    size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-    return _recv_exactly(sock, size)
-
-
-def _recv_exactly(sock, n):
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError("server closed the connection")
-        data += chunk
-    return data
-
-
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))
+    serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
