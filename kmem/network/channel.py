@@ -1,0 +1,157 @@
+"""``KafkaChannel``: one connection's transport, its receive and send in progress, and its mute state.
+
+Two kinds of mute share Kafka's state machine: the *explicit* mute that keeps one request in flight per
+connection (the selector remembers those), and the *memory* mute a channel applies to itself when the
+pool refuses its receive. The selector lifts memory mutes when the pool recovers; explicit ones stay.
+"""
+import enum
+import selectors
+
+from kmem.errors import IllegalStateError
+from kmem.network.receive import UNLIMITED, NetworkReceive
+from kmem.pool import NONE
+
+
+class ChannelMuteState(enum.Enum):
+    NOT_MUTED = "NOT_MUTED"
+    MUTED = "MUTED"
+    MUTED_AND_RESPONSE_PENDING = "MUTED_AND_RESPONSE_PENDING"
+    MUTED_AND_THROTTLED = "MUTED_AND_THROTTLED"
+    MUTED_AND_THROTTLED_AND_RESPONSE_PENDING = "MUTED_AND_THROTTLED_AND_RESPONSE_PENDING"
+
+
+class ChannelMuteEvent(enum.Enum):
+    REQUEST_RECEIVED = "REQUEST_RECEIVED"
+    RESPONSE_SENT = "RESPONSE_SENT"
+    THROTTLE_STARTED = "THROTTLE_STARTED"
+    THROTTLE_ENDED = "THROTTLE_ENDED"
+
+
+_S = ChannelMuteState
+_E = ChannelMuteEvent
+# Kafka's transitions; every other (state, event) pair is an error.
+_TRANSITIONS = {
+    (_S.MUTED, _E.REQUEST_RECEIVED): _S.MUTED_AND_RESPONSE_PENDING,
+    (_S.MUTED_AND_RESPONSE_PENDING, _E.RESPONSE_SENT): _S.MUTED,
+    (_S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING, _E.RESPONSE_SENT): _S.MUTED_AND_THROTTLED,
+    (_S.MUTED_AND_RESPONSE_PENDING, _E.THROTTLE_STARTED): _S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING,
+    (_S.MUTED_AND_THROTTLED, _E.THROTTLE_ENDED): _S.MUTED,
+    (_S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING, _E.THROTTLE_ENDED): _S.MUTED_AND_RESPONSE_PENDING,
+}
+
+
+class KafkaChannel:
+    """A connection as the selector sees it.
+
+    A *priority* channel (KIP-81) reads its frames into memory outside the pool, so it is never refused
+    memory and never memory-muted: a coordinator or heartbeat connection keeps working when the pool is
+    exhausted by bulk data.
+    """
+
+    def __init__(self, channel_id, transport, pool=NONE, max_receive_size=UNLIMITED, priority=False):
+        self.id = channel_id
+        self.transport = transport
+        self.priority = priority
+        self.pool = NONE if priority else pool
+        self.max_receive_size = max_receive_size
+        self.mute_state = ChannelMuteState.NOT_MUTED
+        self.receive = None
+        self.send = None
+        self.closed = False
+
+    @property
+    def ready(self):
+        return self.transport.ready
+
+    @property
+    def muted(self):
+        return self.mute_state is not ChannelMuteState.NOT_MUTED
+
+    @property
+    def has_bytes_buffered(self):
+        return self.transport.has_bytes_buffered
+
+    def is_in_mutable_state(self):
+        """True when a memory mute may be applied or lifted: a receive has begun, has no memory yet, and
+        the transport is ready (a TLS handshake cannot be paused)."""
+        return self.receive is not None and not self.receive.memory_allocated and self.transport.ready
+
+    def mute(self):
+        if self.mute_state is ChannelMuteState.NOT_MUTED:
+            self.mute_state = ChannelMuteState.MUTED
+
+    def maybe_unmute(self):
+        """Unmute unless a response or a throttle is pending; returns whether the channel is unmuted."""
+        if self.mute_state is ChannelMuteState.MUTED:
+            self.mute_state = ChannelMuteState.NOT_MUTED
+        return self.mute_state is ChannelMuteState.NOT_MUTED
+
+    def handle_mute_event(self, event):
+        try:
+            self.mute_state = _TRANSITIONS[self.mute_state, event]
+        except KeyError:
+            raise IllegalStateError(
+                f"channel {self.id}: cannot handle {event.name} in mute state {self.mute_state.name}") from None
+
+    @property
+    def events(self):
+        """What the selector should wait for on this channel's socket."""
+        if not self.transport.ready:
+            return self.transport.events
+        events = 0 if self.muted else selectors.EVENT_READ
+        if self.send is not None:
+            events |= selectors.EVENT_WRITE
+        return events
+
+    def prepare(self):
+        """Advance the handshake; returns True when the channel became ready by this call."""
+        if self.transport.ready:
+            return False
+        self.transport.handshake()
+        return self.transport.ready
+
+    def read(self):
+        """Read towards the current receive; mutes the channel when the pool refuses memory."""
+        if self.receive is None:
+            self.receive = NetworkReceive(self.id, self.max_receive_size, self.pool)
+        n = self.receive.read_from(self.transport)
+        if self.receive.waiting_for_memory and self.is_in_mutable_state():
+            self.mute()
+        return n
+
+    def maybe_complete_receive(self):
+        """The finished receive (ownership passes to the caller), or None."""
+        if self.receive is not None and self.receive.complete:
+            receive, self.receive = self.receive, None
+            return receive
+        return None
+
+    def set_send(self, send):
+        if self.send is not None:
+            raise IllegalStateError(f"channel {self.id}: a send is already in progress")
+        self.send = send
+
+    def write(self):
+        """Write towards the current send; returns it once completed, else None."""
+        send = self.send
+        if send is None:
+            return None
+        send.write_to(self.transport)
+        if send.completed:
+            self.send = None
+            return send
+        return None
+
+    def close(self):
+        """Close the socket and release the memory of a partial receive (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.receive is not None:
+            self.receive.close()
+            self.receive = None
+        self.send = None
+        self.transport.close()
+
+    def __repr__(self):
+        return f"<KafkaChannel {self.id} {self.mute_state.name}{' priority' if self.priority else ''}>"

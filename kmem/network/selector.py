@@ -1,0 +1,333 @@
+"""``Selector``: many non-blocking channels in one thread, with Kafka's memory-pressure behaviour.
+
+Each ``poll`` first lifts memory mutes if the pool has recovered, waits for socket readiness, then reads
+at most one complete frame per channel and writes pending sends. Results of the poll are in
+``completed_receives`` (the caller must ``close()`` each to free its memory), ``completed_sends``,
+``connected`` and ``disconnected`` until the next poll.
+
+Beyond Kafka: the selector listens to its pool, so a release that ends an out-of-memory period wakes a
+blocked ``poll`` at once instead of after its timeout; idle connections are closed (a client that sends a
+size prefix and stalls cannot pin memory forever), except those that wait for a response of ours.
+"""
+import collections
+import errno
+import random
+import selectors
+import socket
+import ssl
+import time
+
+from kmem.errors import IllegalStateError, InvalidArgumentError, InvalidReceiveError
+from kmem.network.channel import KafkaChannel
+from kmem.network.receive import UNLIMITED
+from kmem.network.transport import PlaintextTransport, TlsTransport
+from kmem.pool import NONE
+
+# Below this share of the pool, ready channels are handled in random order so the same sockets do not
+# always win the remaining memory (Kafka's lowMemThreshold).
+LOW_MEMORY_FRACTION = 0.1
+_CONNECTION_ERRORS = (OSError, EOFError, ssl.SSLError, InvalidReceiveError)
+
+
+class Selector:
+    """Kafka's network selector over Python's ``selectors``.
+
+    Not thread-safe, except ``wakeup()`` which any thread may call. Timeouts are in seconds.
+    ``connections_max_idle_ms`` (Kafka's name and unit) closes channels with no socket progress for that
+    long; ``None`` or a negative value disables it.
+    """
+
+    def __init__(self, pool=NONE, *, max_receive_size=UNLIMITED, connections_max_idle_ms=None,
+                 clock=time.monotonic, rng=None):
+        self.pool = pool
+        self.max_receive_size = max_receive_size
+        self._idle_seconds = (connections_max_idle_ms / 1000.0
+                              if connections_max_idle_ms is not None and connections_max_idle_ms >= 0 else None)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._low_memory_threshold = LOW_MEMORY_FRACTION * pool.size
+        self._selector = selectors.DefaultSelector()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._wake_writer.setblocking(False)
+        self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
+        self._channels = {}
+        self._registered_events = {}          # channel id -> events the OS selector waits for (absent: none)
+        self._explicitly_muted = set()
+        self._buffered_read = set()           # ids whose transport holds bytes the socket will not announce
+        self._idle = collections.OrderedDict()  # id -> last activity, oldest first; explicit mutes excluded
+        self._out_of_memory = False
+        self._made_read_progress_last_poll = False
+        self._closed = False
+        self.completed_receives = []
+        self.completed_sends = []
+        self.connected = []
+        self.disconnected = {}
+        self.wakeups = 0
+        # One bound method kept, so that remove_listener finds the very object add_listener got.
+        self._pool_listener = self._memory_returned
+        pool.add_listener(self._pool_listener)
+
+    # -- channels --------------------------------------------------------------------------------------
+
+    def register(self, channel_id, sock, *, ssl_context=None, server_side=True, server_hostname=None,
+                 priority=False):
+        """Adopt a connected socket as channel ``channel_id`` (TLS when ``ssl_context`` is given)."""
+        self._check_open()
+        if channel_id in self._channels:
+            raise IllegalStateError(f"channel {channel_id} is already registered")
+        sock.setblocking(False)
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        transport = (PlaintextTransport(sock) if ssl_context is None
+                     else TlsTransport(sock, ssl_context, server_side, server_hostname))
+        channel = KafkaChannel(channel_id, transport, self.pool, self.max_receive_size, priority)
+        self._channels[channel_id] = channel
+        if transport.ready:
+            self.connected.append(channel_id)
+        self._touch(channel_id)
+        self._sync_events(channel)
+        return channel
+
+    def connect(self, channel_id, address, *, ssl_context=None, server_hostname=None, priority=False,
+                timeout=10.0):
+        """Connect to ``address`` (a blocking TCP connect, then non-blocking I/O) and register the socket."""
+        sock = socket.create_connection(address, timeout=timeout)
+        try:
+            return self.register(channel_id, sock, ssl_context=ssl_context, server_side=False,
+                                 server_hostname=server_hostname, priority=priority)
+        except BaseException:
+            sock.close()
+            raise
+
+    def channel(self, channel_id):
+        return self._channels.get(channel_id)
+
+    @property
+    def channels(self):
+        return list(self._channels.values())
+
+    @property
+    def is_out_of_memory(self):
+        """True while some channel is memory-muted and the selector has not yet seen the pool recover."""
+        return self._out_of_memory
+
+    def send(self, send):
+        """Queue a ``NetworkSend`` on its destination channel (one send at a time per channel)."""
+        channel = self._existing(send.destination)
+        channel.set_send(send)
+        self._sync_events(channel)
+
+    def mute(self, channel_id):
+        """Stop reading from a channel until ``unmute`` (memory recovery does not lift this mute)."""
+        channel = self._existing(channel_id)
+        self._explicitly_muted.add(channel_id)
+        self._idle.pop(channel_id, None)    # waiting on us, not on the client
+        channel.mute()
+        self._sync_events(channel)
+
+    def unmute(self, channel_id):
+        channel = self._existing(channel_id)
+        if self._unmute(channel):
+            self._explicitly_muted.discard(channel_id)
+            self._touch(channel_id)
+
+    def close(self, channel_id=None):
+        """Close one channel, or (no argument) every channel and the selector itself."""
+        if channel_id is not None:
+            channel = self._channels.get(channel_id)
+            if channel is not None:
+                self._close_channel(channel, None)
+            return
+        if self._closed:
+            return
+        self._closed = True
+        self.pool.remove_listener(self._pool_listener)
+        for channel in list(self._channels.values()):
+            self._close_channel(channel, None)
+        for receive in self.completed_receives:
+            receive.close()
+        self.completed_receives = []
+        self._selector.close()
+        self._wake_reader.close()
+        self._wake_writer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- wakeups ---------------------------------------------------------------------------------------
+
+    def wakeup(self):
+        """Make a blocked (or the next) ``poll`` return at once. Safe from any thread."""
+        try:
+            self._wake_writer.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass        # a wakeup is already pending
+        except OSError as exc:
+            if exc.errno != errno.EBADF:    # closed meanwhile: nobody left to wake
+                raise
+
+    def _memory_returned(self, pool):
+        # Unconditional: checking our out-of-memory flag from this (releasing) thread could race with
+        # the poll thread that is about to set it.
+        self.wakeup()
+
+    # -- polling ---------------------------------------------------------------------------------------
+
+    def poll(self, timeout):
+        """Do the I/O that is possible within ``timeout`` seconds (0: none waiting, None: no limit)."""
+        self._check_open()
+        self.completed_receives = []
+        self.completed_sends = []
+        self.connected = []
+        self.disconnected = {}
+        if self._buffered_read and self._made_read_progress_last_poll:
+            timeout = 0
+        if self._out_of_memory and not self.pool.is_out_of_memory:
+            self._lift_memory_mutes()
+        timeout = self._limit_by_idle_expiry(timeout)
+        self._made_read_progress_last_poll = False
+        ready = {}
+        for key, mask in self._selector.select(timeout):
+            if key.data is None:
+                self._drain_wakeups()
+            else:
+                ready[key.data] = mask
+        buffered = [channel_id for channel_id in self._buffered_read if channel_id not in ready]
+        self._buffered_read = set()
+        self._handle(buffered, {})
+        self._handle(list(ready), ready)
+        self._close_idle()
+
+    def _lift_memory_mutes(self):
+        for channel in list(self._channels.values()):
+            if channel.is_in_mutable_state() and channel.id not in self._explicitly_muted:
+                if self._unmute(channel):
+                    self._touch(channel.id)     # its wait for memory was not the client's idleness
+        self._out_of_memory = False
+
+    def _unmute(self, channel):
+        unmuted = channel.maybe_unmute()
+        if unmuted:
+            self._sync_events(channel)
+            if channel.has_bytes_buffered:
+                # The socket will not announce these bytes again: read them on the next poll, promptly.
+                self._buffered_read.add(channel.id)
+                self._made_read_progress_last_poll = True
+        return unmuted
+
+    def _handle(self, channel_ids, masks):
+        if not self._out_of_memory and self.pool.available_memory < self._low_memory_threshold:
+            self._rng.shuffle(channel_ids)
+        for channel_id in channel_ids:
+            channel = self._channels.get(channel_id)
+            if channel is None:
+                continue
+            mask = masks.get(channel_id, 0)
+            try:
+                self._handle_channel(channel, mask)
+            except _CONNECTION_ERRORS as exc:
+                self._close_channel(channel, exc)
+
+    def _handle_channel(self, channel, mask):
+        if not channel.ready:
+            if channel.prepare():
+                self.connected.append(channel.id)
+                self._touch(channel.id)
+        explicitly_muted = channel.id in self._explicitly_muted
+        if (channel.ready and (mask & selectors.EVENT_READ or channel.has_bytes_buffered)
+                and not explicitly_muted):
+            self._attempt_read(channel)
+        if channel.has_bytes_buffered and not explicitly_muted:
+            self._buffered_read.add(channel.id)
+        if channel.ready and mask & selectors.EVENT_WRITE and channel.send is not None:
+            send = channel.write()
+            self._touch(channel.id)
+            if send is not None:
+                self.completed_sends.append(send.destination)
+        self._sync_events(channel)
+
+    def _attempt_read(self, channel):
+        if channel.read():
+            self._touch(channel.id)
+            self._made_read_progress_last_poll = True
+            receive = channel.maybe_complete_receive()
+            if receive is not None:
+                self.completed_receives.append(receive)
+        if channel.muted:
+            self._out_of_memory = True      # the channel muted itself: the pool refused its receive
+
+    def _drain_wakeups(self):
+        self.wakeups += 1
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # -- bookkeeping -----------------------------------------------------------------------------------
+
+    def _sync_events(self, channel):
+        """Make the OS selector wait for what the channel needs now (unregistered when nothing)."""
+        events = 0 if channel.closed else channel.events
+        current = self._registered_events.get(channel.id, 0)
+        if events == current:
+            return
+        sock = channel.transport.sock
+        if not current:
+            self._selector.register(sock, events, channel.id)
+            self._registered_events[channel.id] = events
+        elif events:
+            self._selector.modify(sock, events, channel.id)
+            self._registered_events[channel.id] = events
+        else:
+            self._selector.unregister(sock)
+            del self._registered_events[channel.id]
+
+    def _touch(self, channel_id):
+        if self._idle_seconds is not None and channel_id not in self._explicitly_muted:
+            self._idle[channel_id] = self._clock()
+            self._idle.move_to_end(channel_id)
+
+    def _limit_by_idle_expiry(self, timeout):
+        if not self._idle:
+            return timeout
+        until_expiry = max(0.0, next(iter(self._idle.values())) + self._idle_seconds - self._clock())
+        return until_expiry if timeout is None else min(timeout, until_expiry)
+
+    def _close_idle(self):
+        if not self._idle:
+            return
+        deadline = self._clock() - self._idle_seconds
+        while self._idle:
+            channel_id, last_active = next(iter(self._idle.items()))
+            if last_active > deadline:
+                break
+            self._close_channel(self._channels[channel_id], TimeoutError("connection idle for too long"))
+
+    def _close_channel(self, channel, reason):
+        channel_id = channel.id
+        if self._registered_events.pop(channel_id, 0):
+            self._selector.unregister(channel.transport.sock)
+        channel.close()
+        del self._channels[channel_id]
+        self._explicitly_muted.discard(channel_id)
+        self._buffered_read.discard(channel_id)
+        self._idle.pop(channel_id, None)
+        self.disconnected[channel_id] = reason
+
+    def _existing(self, channel_id):
+        channel = self._channels.get(channel_id)
+        if channel is None:
+            raise InvalidArgumentError(f"no channel {channel_id!r} in this selector")
+        return channel
+
+    def _check_open(self):
+        if self._closed:
+            raise IllegalStateError("selector is closed")
+
+    def __repr__(self):
+        return f"<Selector channels={len(self._channels)} out_of_memory={self._out_of_memory}>"

@@ -1,0 +1,357 @@
+"""``SocketServer``: Kafka's broker network architecture for a user-supplied request handler.
+
+An acceptor thread hands new connections round-robin to N processor threads, each with its own
+``Selector``; all share one memory pool (``queued_max_request_bytes``) into which requests are read.
+Complete requests go through one bounded queue (``queued_max_requests``) to handler threads that call
+``handler(request)``; the returned bytes are sent back as a size-prefixed frame. A connection has one
+request in flight: it is muted from the moment its request is complete until the response is sent.
+
+A request's memory goes back to the pool when the handler returns or raises (not when the response is
+sent), and when its connection closes before that.
+"""
+import dataclasses
+import itertools
+import logging
+import queue
+import selectors
+import socket
+import ssl
+import threading
+
+from kmem.errors import ConfigError, IllegalStateError
+from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
+from kmem.network.receive import NetworkSend
+from kmem.network.selector import Selector
+from kmem.pool import NONE, SimpleMemoryPool
+
+log = logging.getLogger(__name__)
+
+# How long a processor or acceptor waits in select before rechecking for shutdown, new connections and
+# responses (all of which also wake it at once), as Kafka's processors poll every 300 ms.
+POLL_SECONDS = 0.3
+
+
+@dataclasses.dataclass(frozen=True)
+class SocketServerConfig:
+    """Server settings with Kafka's defaults; ``from_properties`` accepts Kafka's dotted names."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    num_network_threads: int = 3
+    num_io_threads: int = 8
+    queued_max_requests: int = 500
+    queued_max_request_bytes: int = -1              # -1: no byte bound (an unbounded pool)
+    socket_request_max_bytes: int = 100 * 1024 * 1024
+    connections_max_idle_ms: int = 10 * 60 * 1000   # -1: never close idle connections
+    socket_listen_backlog_size: int = 50
+    ssl_context: ssl.SSLContext | None = None
+
+    def __post_init__(self):
+        for name in ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
+                     "socket_listen_backlog_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{_dotted(name)} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port!r}")
+        if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
+            raise ConfigError(
+                f"queued.max.request.bytes must be -1 (unbounded) or larger or equal to socket.request.max.bytes "
+                f"({self.socket_request_max_bytes}), got {self.queued_max_request_bytes}")
+        if self.connections_max_idle_ms != -1 and self.connections_max_idle_ms < 1:
+            raise ConfigError(f"connections.max.idle.ms must be -1 (never) or >= 1, "
+                              f"got {self.connections_max_idle_ms}")
+
+    @classmethod
+    def from_properties(cls, properties, **overrides):
+        """Build from Kafka-style properties (``{"queued.max.request.bytes": "16777216", ...}``).
+
+        Values may be strings, as in a properties file; keyword ``overrides`` use the snake_case names.
+        """
+        known = {_dotted(f.name): f for f in dataclasses.fields(cls) if f.name != "ssl_context"}
+        values = {}
+        for key, raw in properties.items():
+            field = known.get(key)
+            if field is None:
+                raise ConfigError(f"unknown socket server property {key!r}; known: {', '.join(sorted(known))}")
+            if field.type in (int, "int"):
+                try:
+                    values[field.name] = int(raw)
+                except (TypeError, ValueError):
+                    raise ConfigError(f"{key} must be an integer, got {raw!r}") from None
+            else:
+                values[field.name] = str(raw)
+        values.update(overrides)
+        return cls(**values)
+
+
+def _dotted(name):
+    return name.replace("_", ".")
+
+
+class Request:
+    """A complete request handed to the handler: ``payload`` is its bytes (without the size prefix).
+
+    The payload's memory returns to the pool when the handler returns; a handler that needs the bytes
+    longer must copy them (``bytes(request.payload)``).
+    """
+
+    __slots__ = ("connection_id", "processor", "_receive")
+
+    def __init__(self, connection_id, processor, receive):
+        self.connection_id = connection_id
+        self.processor = processor
+        self._receive = receive
+
+    @property
+    def payload(self):
+        return self._receive.payload
+
+    def release(self):
+        self._receive.close()
+
+    def __repr__(self):
+        return f"<Request from {self.connection_id} {self._receive.size} bytes>"
+
+
+_CLOSE = object()       # the response that tells a processor to close the connection
+
+
+class _Processor(threading.Thread):
+    """Runs one selector: new connections, responses, reads; complete requests go to the request queue."""
+
+    def __init__(self, server, index):
+        super().__init__(name=f"kmem-network-processor-{index}", daemon=True)
+        self.server = server
+        config = server.config
+        self.selector = Selector(server.pool, max_receive_size=config.socket_request_max_bytes,
+                                 connections_max_idle_ms=config.connections_max_idle_ms)
+        self._index = index
+        self._new_connections = queue.SimpleQueue()
+        self._responses = queue.SimpleQueue()
+        self._ids = itertools.count()
+
+    def accept(self, sock):
+        self._new_connections.put(sock)
+        self.selector.wakeup()
+
+    def respond(self, connection_id, send):
+        """From a handler thread: ``send`` is a ``NetworkSend``, None (no response) or ``_CLOSE``."""
+        self._responses.put((connection_id, send))
+        self.selector.wakeup()
+
+    def run(self):
+        try:
+            while self.server.running:
+                self._configure_new_connections()
+                self._process_responses()
+                self.selector.poll(POLL_SECONDS)
+                self._process_completed_receives()
+                self._process_completed_sends()
+        except Exception:
+            log.exception("network processor %d failed", self._index)
+        finally:
+            self.selector.close()
+            while not self._new_connections.empty():
+                self._new_connections.get().close()
+
+    def _configure_new_connections(self):
+        while not self._new_connections.empty():
+            sock = self._new_connections.get()
+            connection_id = f"{self._index}-{next(self._ids)}"
+            try:
+                self.selector.register(connection_id, sock, ssl_context=self.server.config.ssl_context)
+            except (OSError, ssl.SSLError):
+                log.info("could not register connection %s", connection_id, exc_info=True)
+                sock.close()
+
+    def _process_responses(self):
+        while not self._responses.empty():
+            connection_id, send = self._responses.get()
+            channel = self.selector.channel(connection_id)
+            if channel is None:
+                continue        # the client left while its request was handled
+            if send is _CLOSE:
+                self.selector.close(connection_id)
+            elif send is None:
+                self._response_sent(connection_id)
+            else:
+                self.selector.send(send)
+
+    def _process_completed_receives(self):
+        for receive in self.selector.completed_receives:
+            connection_id = receive.source
+            channel = self.selector.channel(connection_id)
+            if channel is None:         # closed in the same poll (e.g. EOF right after the request)
+                receive.close()
+                continue
+            self.selector.mute(connection_id)
+            channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
+            if not self.server.enqueue(Request(connection_id, self, receive)):
+                receive.close()
+        self.selector.completed_receives = []     # ownership passed on: the selector must not close them
+
+    def _process_completed_sends(self):
+        for connection_id in self.selector.completed_sends:
+            self._response_sent(connection_id)
+
+    def _response_sent(self, connection_id):
+        channel = self.selector.channel(connection_id)
+        if channel is None:
+            return
+        channel.handle_mute_event(ChannelMuteEvent.RESPONSE_SENT)
+        if channel.mute_state is ChannelMuteState.MUTED:
+            self.selector.unmute(connection_id)
+
+
+class _Acceptor(threading.Thread):
+    def __init__(self, server, listen_socket):
+        super().__init__(name="kmem-network-acceptor", daemon=True)
+        self.server = server
+        self._listen_socket = listen_socket
+        self._selector = selectors.DefaultSelector()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._selector.register(listen_socket, selectors.EVENT_READ)
+        self._selector.register(self._wake_reader, selectors.EVENT_READ)
+
+    def wakeup(self):
+        self._wake_writer.send(b"\0")
+
+    def run(self):
+        processors = itertools.cycle(self.server.processors)
+        try:
+            while self.server.running:
+                for key, _ in self._selector.select(POLL_SECONDS):
+                    if key.fileobj is self._listen_socket:
+                        self._accept_all(processors)
+        except Exception:
+            log.exception("network acceptor failed")
+        finally:
+            self._selector.close()
+            self._listen_socket.close()
+            self._wake_reader.close()
+            self._wake_writer.close()
+
+    def _accept_all(self, processors):
+        while self.server.running:
+            try:
+                sock, _ = self._listen_socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:      # e.g. out of file descriptors: keep serving the connections we have
+                log.warning("accept failed: %s", exc)
+                return
+            next(processors).accept(sock)
+
+
+class SocketServer:
+    """A threaded TCP (or TLS) server for size-prefixed requests, with bounded request memory.
+
+    ``handler(request)`` runs in a handler thread and returns the response payload (any bytes-like
+    object), or None to send nothing. A handler that raises gets its connection closed.
+
+    Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
+    """
+
+    def __init__(self, handler, config=None, **settings):
+        if config is not None and settings:
+            raise ConfigError("pass either a SocketServerConfig or keyword settings, not both")
+        self.config = config if config is not None else SocketServerConfig(**settings)
+        self.handler = handler
+        bound = self.config.queued_max_request_bytes
+        self.pool = NONE if bound == -1 else SimpleMemoryPool(bound, self.config.socket_request_max_bytes)
+        self.requests = queue.Queue(self.config.queued_max_requests)
+        self.processors = []
+        self.running = False
+        self._acceptor = None
+        self._handlers = []
+        self.address = None
+
+    @property
+    def bounded(self):
+        return self.pool is not NONE
+
+    def start(self):
+        if self.running or self._acceptor is not None:
+            raise IllegalStateError("the server was already started")
+        listen_socket = socket.create_server((self.config.host, self.config.port),
+                                             backlog=self.config.socket_listen_backlog_size)
+        listen_socket.setblocking(False)
+        self.address = listen_socket.getsockname()[:2]
+        self.running = True
+        self.processors = [_Processor(self, i) for i in range(self.config.num_network_threads)]
+        self._acceptor = _Acceptor(self, listen_socket)
+        self._handlers = [threading.Thread(target=self._handle_requests, name=f"kmem-request-handler-{i}",
+                                           daemon=True) for i in range(self.config.num_io_threads)]
+        for thread in self._handlers + self.processors + [self._acceptor]:
+            thread.start()
+        return self
+
+    def enqueue(self, request):
+        """From a processor: queue a request, waiting while the queue is full (Kafka's back-pressure)."""
+        while self.running:
+            try:
+                self.requests.put(request, timeout=POLL_SECONDS)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _handle_requests(self):
+        while True:
+            request = self.requests.get()
+            if request is None:
+                return
+            if not self.running:
+                request.release()
+                continue
+            try:
+                response = self.handler(request)
+                # Framed before the payload is released, so a response that views the request's memory
+                # keeps that memory alive until it is sent.
+                send = None if response is None else NetworkSend(request.connection_id, response)
+            except Exception:
+                log.exception("request handler failed for %r; closing the connection", request)
+                send = _CLOSE
+            finally:
+                request.release()
+            request.processor.respond(request.connection_id, send)
+
+    def metrics(self):
+        """The pool's sensors under Kafka's names, plus the request queue's length (empty if unbounded)."""
+        values = self.pool.metrics() if self.bounded else {}
+        values["RequestQueueSize"] = self.requests.qsize()
+        return values
+
+    def register_metrics(self, name="socket_server", registry=None):
+        """Export the pool's sensors to Prometheus (see ``kmem.metrics``); None for an unbounded server."""
+        if not self.bounded:
+            return None
+        from kmem.metrics import register_pool
+        return register_pool(self.pool, name, registry)
+
+    def close(self):
+        """Stop accepting, close every connection, drop queued requests (their memory released), join."""
+        if not self.running:
+            return
+        self.running = False
+        self._acceptor.wakeup()
+        self._acceptor.join()
+        for processor in self.processors:
+            processor.selector.wakeup()
+        for processor in self.processors:
+            processor.join()
+        for _ in self._handlers:
+            self.requests.put(None)
+        for thread in self._handlers:
+            thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = f"listening on {self.address[0]}:{self.address[1]}" if self.running else "stopped"
+        return f"<SocketServer {state} pool={self.pool!r}>"

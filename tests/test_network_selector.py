@@ -1,0 +1,413 @@
+"""Selector, channel and receive behaviour over real sockets on 127.0.0.1 (Kafka's SelectorTest cases)."""
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kmem.errors import IllegalStateError, InvalidReceiveError
+from kmem.network import (ChannelMuteEvent, ChannelMuteState, KafkaChannel, NetworkReceive, NetworkSend,
+                          PlaintextTransport, Selector)
+from kmem.pool import NONE, SimpleMemoryPool
+
+from network_helpers import Sender, closed_by_peer, frame, make_tls_contexts, recv_frame, tls_contexts  # noqa: F401
+
+
+@pytest.fixture
+def listener():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        yield server
+
+
+def start_senders(listener, payloads, client_context=None):
+    senders = [Sender(listener.getsockname(), data, client_context) for data in payloads]
+    for sender in senders:
+        sender.start()
+    return senders
+
+
+def accept(listener, selector, names, server_context=None, **kwargs):
+    listener.settimeout(10)
+    for name in names:
+        sock, _ = listener.accept()
+        selector.register(name, sock, ssl_context=server_context, **kwargs)
+
+
+def poll_until(selector, condition, timeout=10.0, poll_timeout=0.2):
+    """Poll until ``condition(receives)`` holds; returns every receive completed meanwhile."""
+    receives = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not condition(receives):
+        selector.poll(poll_timeout)
+        receives.extend(selector.completed_receives)
+    return receives
+
+
+def stop(senders):
+    for sender in senders:
+        sender.stop.set()
+    for sender in senders:
+        sender.join(10)
+        assert sender.error is None, sender.error
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_mute_on_oom(listener, tls, tls_contexts):
+    server_context, client_context = tls_contexts if tls else (None, None)
+    pool = SimpleMemoryPool(900, 900, strict=False)
+    payloads = [os.urandom(900), os.urandom(900)]
+    senders = start_senders(listener, [frame(p) for p in payloads], client_context)
+    with Selector(pool) as selector:
+        accept(listener, selector, ["x", "y"], server_context)
+        first = poll_until(selector, lambda r: r)
+        assert len(first) == 1
+        assert pool.available_memory == 0
+        # The other channel has read its size prefix by now (or does so within a few polls): refused.
+        later = poll_until(selector, lambda r: selector.is_out_of_memory or r, timeout=5, poll_timeout=0.01)
+        assert later == []
+        assert selector.is_out_of_memory
+        selector.poll(0.01)
+        assert selector.completed_receives == []
+        assert bytes(first[0].payload) in payloads
+        first[0].close()
+        assert pool.available_memory == 900
+        second = poll_until(selector, lambda r: r)
+        assert len(second) == 1
+        assert {bytes(first_payload) for first_payload in payloads} == {bytes(p) for p in payloads}
+        assert bytes(second[0].payload) in payloads and second[0].source != first[0].source
+        assert pool.available_memory == 0
+        assert not selector.is_out_of_memory
+        second[0].close()
+    assert pool.available_memory == 900
+    stop(senders)
+
+
+def test_release_wakes_a_blocked_poll(listener):
+    """Beyond Kafka: the release that ends the memory drought wakes poll at once (Kafka waits ≤ 300 ms)."""
+    pool = SimpleMemoryPool(900, 900)
+    senders = start_senders(listener, [frame(os.urandom(900)), frame(os.urandom(900))])
+    with Selector(pool) as selector:
+        accept(listener, selector, ["x", "y"])
+        first = poll_until(selector, lambda r: r)
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        released_at = []
+
+        def release_later():
+            time.sleep(0.2)     # let the main thread block in poll first
+            released_at.append(time.monotonic())
+            first[0].close()
+
+        releaser = threading.Thread(target=release_later)
+        releaser.start()
+        polls = 0
+        completed = []
+        while not completed and polls < 10:
+            selector.poll(5.0)      # without the wakeup, each of these would sit out its 5 s
+            polls += 1
+            completed = selector.completed_receives
+        done_at = time.monotonic()
+        releaser.join()
+        assert len(completed) == 1
+        assert done_at - released_at[0] < 0.05, f"recovery took {done_at - released_at[0]:.3f} s"
+        assert polls <= 3      # the blocked poll plus the one that unmutes and reads
+        assert selector.wakeups >= 1
+        completed[0].close()
+    stop(senders)
+
+
+def test_explicit_mute_survives_memory_recovery(listener):
+    pool = SimpleMemoryPool(900, 900)
+    clients = {}
+    with Selector(pool) as selector:
+        for name in ("muted", "a", "b"):
+            clients[name] = socket.create_connection(listener.getsockname())
+            accept(listener, selector, [name])
+        selector.mute("muted")
+        clients["muted"].sendall(frame(b"m" * 10))
+        clients["a"].sendall(frame(os.urandom(900)))
+        clients["b"].sendall(frame(os.urandom(900)))
+        first = poll_until(selector, lambda r: r)
+        assert len(first) == 1 and first[0].source in ("a", "b")
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        first[0].close()
+        second = poll_until(selector, lambda r: r)
+        assert [r.source for r in second] == [{"a": "b", "b": "a"}[first[0].source]]
+        second[0].close()
+        # Memory recovery lifted the memory mute only: the explicitly muted channel stayed silent.
+        assert poll_until(selector, lambda r: r, timeout=0.3, poll_timeout=0.05) == []
+        assert selector.channel("muted").mute_state is ChannelMuteState.MUTED
+        selector.unmute("muted")
+        last = poll_until(selector, lambda r: r)
+        assert [(r.source, bytes(r.payload)) for r in last] == [("muted", b"m" * 10)]
+        last[0].close()
+    assert pool.available_memory == 900
+    for sock in clients.values():
+        sock.close()
+
+
+def test_explicit_mute_of_a_memory_muted_channel_is_kept(listener):
+    pool = SimpleMemoryPool(900, 900)
+    clients = {}
+    with Selector(pool) as selector:
+        for name in ("a", "b"):
+            clients[name] = socket.create_connection(listener.getsockname())
+            accept(listener, selector, [name])
+            clients[name].sendall(frame(os.urandom(900)))
+        first = poll_until(selector, lambda r: r)
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        waiting = {"a": "b", "b": "a"}[first[0].source]
+        assert selector.channel(waiting).is_in_mutable_state()
+        selector.mute(waiting)
+        first[0].close()
+        assert poll_until(selector, lambda r: r, timeout=0.3, poll_timeout=0.05) == []
+        assert selector.channel(waiting).muted and not selector.is_out_of_memory
+        selector.unmute(waiting)
+        last = poll_until(selector, lambda r: r)
+        assert [r.source for r in last] == [waiting]
+        last[0].close()
+    for sock in clients.values():
+        sock.close()
+
+
+def test_tls_decrypted_bytes_are_never_stranded(listener, tls_contexts):
+    """Two frames in one TLS record: the second sits decrypted in OpenSSL once the socket is drained."""
+    server_context, client_context = tls_contexts
+    senders = start_senders(listener, [frame(b"one" * 100) + frame(b"two" * 100)], client_context)
+    with Selector(SimpleMemoryPool(10_000, 10_000)) as selector:
+        accept(listener, selector, ["t"], server_context)
+        first = poll_until(selector, lambda r: r)
+        assert [bytes(r.payload) for r in first] == [b"one" * 100]
+        selector.mute("t")                  # as a server does until its response is sent
+        assert selector.channel("t").has_bytes_buffered
+        selector.poll(0.05)
+        assert selector.completed_receives == []
+        selector.unmute("t")
+        started = time.monotonic()
+        selector.poll(5.0)                  # no socket readiness will come: the buffered set must serve it
+        assert time.monotonic() - started < 1.0
+        assert [bytes(r.payload) for r in selector.completed_receives] == [b"two" * 100]
+        for r in first + selector.completed_receives:
+            r.close()
+    stop(senders)
+
+
+def test_tls_buffered_and_memory_muted_then_closed(listener, tls_contexts):
+    """Kafka's testDisconnectWithIntermediateBufferedBytes: closing such a channel leaves nothing behind."""
+    server_context, client_context = tls_contexts
+    pool = SimpleMemoryPool(1000, 1000)
+    senders = start_senders(listener, [frame(b"a" * 1000) + frame(b"b" * 500)], client_context)
+    with Selector(pool) as selector:
+        accept(listener, selector, ["t"], server_context)
+        first = poll_until(selector, lambda r: r)
+        assert pool.available_memory == 0
+        # The second frame's prefix is read, memory is refused, its payload stays decrypted in OpenSSL.
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        channel = selector.channel("t")
+        assert channel.muted and channel.has_bytes_buffered and channel.receive.waiting_for_memory
+        # No busy loop: once a poll made no progress, the next ones honour their timeout.
+        selector.poll(0.1)
+        started = time.monotonic()
+        selector.poll(0.1)
+        assert time.monotonic() - started >= 0.09 and selector.completed_receives == []
+        selector.close("t")
+        assert selector.channels == [] and not selector._buffered_read
+        first[0].close()
+        assert pool.available_memory == 1000 and pool.outstanding_count == 0
+    stop(senders)
+
+
+def test_peer_disconnect_mid_receive_releases_memory(listener):
+    pool = SimpleMemoryPool(10_000, 10_000)
+    with Selector(pool) as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["half"])
+        client.sendall(struct.pack(">i", 5000) + b"x" * 100)
+        assert poll_until(selector, lambda r: pool.available_memory == 5000, timeout=5) == []
+        client.close()
+        poll_until(selector, lambda r: "half" in selector.disconnected, timeout=5)
+        assert "half" in selector.disconnected
+        assert pool.available_memory == 10_000 and selector.channels == []
+
+
+@pytest.mark.parametrize("prefix", [-1, -(2 ** 31), 1001, 2 ** 31 - 1], ids=["-1", "min", "max+1", "huge"])
+def test_invalid_size_prefix_closes_without_allocating(listener, prefix):
+    pool = SimpleMemoryPool(10_000, 1000)
+    with Selector(pool, max_receive_size=1000) as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["bad"])
+        client.sendall(struct.pack(">i", prefix) + b"x" * 100)
+        poll_until(selector, lambda r: selector.disconnected, timeout=5)
+        assert isinstance(selector.disconnected.get("bad"), InvalidReceiveError)
+        assert pool.available_memory == 10_000 and pool.outstanding_count == 0
+        assert closed_by_peer(client)
+        client.close()
+
+
+def test_priority_channel_reads_while_pool_is_empty(listener):
+    """KIP-81: a coordinator connection is never starved by bulk data holding the pool."""
+    pool = SimpleMemoryPool(900, 900)
+    bulk = start_senders(listener, [frame(os.urandom(900)), frame(os.urandom(900))])
+    with Selector(pool) as selector:
+        accept(listener, selector, ["bulk1", "bulk2"])
+        held = poll_until(selector, lambda r: r)
+        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        heartbeat = start_senders(listener, [frame(b"heartbeat" * 50)])
+        accept(listener, selector, ["coordinator"], priority=True)
+        got = poll_until(selector, lambda r: r, timeout=5)
+        assert [(r.source, bytes(r.payload)) for r in got] == [("coordinator", b"heartbeat" * 50)]
+        assert isinstance(got[0].payload, bytearray)        # outside the pool
+        assert pool.available_memory == 0
+        got[0].close()
+        held[0].close()
+        rest = poll_until(selector, lambda r: r)
+        rest[0].close()
+    stop(bulk + heartbeat)
+
+
+def test_sends_are_framed_and_completed(listener, tls_contexts):
+    server_context, client_context = tls_contexts
+    with Selector() as selector:
+        accepted = []
+        t = threading.Thread(target=lambda: accepted.append(listener.accept()[0]))
+        t.start()
+        selector.connect("server", listener.getsockname(), ssl_context=client_context,
+                         server_hostname="localhost")
+        t.join()
+        peer = server_context.wrap_socket(accepted[0], server_side=True, do_handshake_on_connect=False)
+        handshake = threading.Thread(target=peer.do_handshake)
+        handshake.start()
+        poll_until(selector, lambda r: selector.channel("server").ready, poll_timeout=0.05)
+        handshake.join()
+        payload = os.urandom(3 << 20)       # larger than the socket buffers: many partial writes
+        selector.send(NetworkSend("server", payload))
+        with pytest.raises(IllegalStateError):
+            selector.send(NetworkSend("server", b"second"))
+        received = []
+        reader = threading.Thread(target=lambda: received.append(recv_frame(peer)))
+        reader.start()
+        sends = []
+        deadline = time.monotonic() + 10
+        while not sends and time.monotonic() < deadline:
+            selector.poll(0.2)
+            sends.extend(selector.completed_sends)
+        reader.join()
+        assert sends == ["server"] and received == [payload]
+        peer.close()
+
+
+class ScriptedTransport:
+    """Hands out a byte stream in given chunk sizes, like a socket that has that much ready per call."""
+
+    ready = True
+
+    def __init__(self, data, chunks):
+        self.data, self.chunks, self.pos = data, list(chunks), 0
+
+    def read_into(self, view):
+        limit = self.chunks.pop(0) if self.chunks else len(view)
+        n = min(len(view), limit, len(self.data) - self.pos)
+        view[:n] = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+
+def test_receive_retries_allocation_on_later_reads():
+    pool = SimpleMemoryPool(100, 100)
+    hog = pool.try_allocate(100)
+    receive = NetworkReceive("r", pool=pool)
+    transport = ScriptedTransport(frame(b"p" * 60), [])
+    receive.read_from(transport)
+    assert receive.size == 60 and receive.waiting_for_memory and not receive.complete
+    receive.read_from(transport)
+    assert receive.waiting_for_memory
+    pool.release(hog)
+    receive.read_from(transport)
+    assert receive.complete and bytes(receive.payload) == b"p" * 60
+    assert pool.available_memory == 40
+    receive.close()
+    receive.close()
+    assert pool.available_memory == 100
+
+
+def test_empty_frame_uses_no_pool_memory():
+    pool = SimpleMemoryPool(100, 100)
+    receive = NetworkReceive("r", pool=pool)
+    receive.read_from(ScriptedTransport(frame(b""), []))
+    assert receive.complete and receive.payload == b"" and pool.available_memory == 100
+    receive.close()
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=st.binary(max_size=300), chunks=st.lists(st.integers(0, 50), max_size=40),
+       mutate=st.one_of(st.none(), st.tuples(st.integers(0, 303), st.integers(0, 255))))
+def test_receive_fuzz(payload, chunks, mutate):
+    """Mutated real frames read in arbitrary pieces: the right bytes or InvalidReceiveError, no leak."""
+    data = bytearray(frame(payload))
+    if mutate is not None and mutate[0] < len(data):
+        data[mutate[0]] = mutate[1]
+    pool = SimpleMemoryPool(1000, 400)
+    receive = NetworkReceive("fuzz", max_size=400, pool=pool)
+    transport = ScriptedTransport(bytes(data), chunks)
+    try:
+        for _ in range(len(chunks) + 3):
+            receive.read_from(transport)
+            if receive.complete:
+                break
+    except InvalidReceiveError:
+        size = struct.unpack(">i", data[:4])[0]
+        assert size < 0 or size > 400
+        assert pool.outstanding_count == 0
+        return
+    size = struct.unpack(">i", data[:4])[0]
+    if receive.complete:
+        assert bytes(receive.payload) == bytes(data[4:4 + size])
+    else:
+        assert size > len(data) - 4
+    receive.close()
+    assert pool.available_memory == 1000 and pool.outstanding_count == 0
+
+
+_KAFKA_TRANSITIONS = {
+    ("MUTED", "REQUEST_RECEIVED"): "MUTED_AND_RESPONSE_PENDING",
+    ("MUTED_AND_RESPONSE_PENDING", "RESPONSE_SENT"): "MUTED",
+    ("MUTED_AND_THROTTLED_AND_RESPONSE_PENDING", "RESPONSE_SENT"): "MUTED_AND_THROTTLED",
+    ("MUTED_AND_RESPONSE_PENDING", "THROTTLE_STARTED"): "MUTED_AND_THROTTLED_AND_RESPONSE_PENDING",
+    ("MUTED_AND_THROTTLED", "THROTTLE_ENDED"): "MUTED",
+    ("MUTED_AND_THROTTLED_AND_RESPONSE_PENDING", "THROTTLE_ENDED"): "MUTED_AND_RESPONSE_PENDING",
+}
+
+
+@pytest.mark.parametrize("state", list(ChannelMuteState))
+@pytest.mark.parametrize("event", list(ChannelMuteEvent))
+def test_mute_state_machine(state, event):
+    a, b = socket.socketpair()
+    channel = KafkaChannel("c", PlaintextTransport(a))
+    channel.mute_state = state
+    expected = _KAFKA_TRANSITIONS.get((state.name, event.name))
+    if expected is None:
+        with pytest.raises(IllegalStateError):
+            channel.handle_mute_event(event)
+        assert channel.mute_state is state
+    else:
+        channel.handle_mute_event(event)
+        assert channel.mute_state.name == expected
+    # Only a plain MUTED channel may be unmuted; pending responses and throttles keep it muted.
+    assert channel.maybe_unmute() == (channel.mute_state is ChannelMuteState.NOT_MUTED)
+    channel.close()
+    b.close()
+
+
+def test_one_request_in_flight_cycle():
+    a, b = socket.socketpair()
+    channel = KafkaChannel("c", PlaintextTransport(a))
+    channel.mute()
+    channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
+    assert not channel.maybe_unmute()
+    channel.handle_mute_event(ChannelMuteEvent.RESPONSE_SENT)
+    assert channel.maybe_unmute() and not channel.muted
+    channel.close()
+    b.close()

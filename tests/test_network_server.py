@@ -1,0 +1,227 @@
+"""SocketServer over real sockets and threads: echo, configuration, failures, bad input, slowloris."""
+import os
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+from kmem.errors import ConfigError
+from kmem.network import SocketServer, SocketServerConfig
+
+from network_helpers import closed_by_peer, connect, frame, recv_frame, request, tls_contexts, wait_until  # noqa: F401
+
+
+def echo(req):
+    return bytes(req.payload)
+
+
+def threads_named(prefix):
+    return [t for t in threading.enumerate() if t.name.startswith(prefix) and t.is_alive()]
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_echo_and_clean_shutdown(tls, tls_contexts):
+    server_context, client_context = tls_contexts if tls else (None, None)
+    fds_before = open_fds()
+    with SocketServer(echo, queued_max_request_bytes=1 << 20, socket_request_max_bytes=1 << 20,
+                      ssl_context=server_context) as server:
+        assert request(server.address, b"hello", client_context) == b"hello"
+        assert request(server.address, b"", client_context) == b""
+        big = os.urandom(1 << 20)
+        with connect(server.address, client_context) as sock:
+            for _ in range(3):          # several requests on one connection, one in flight at a time
+                sock.sendall(frame(big))
+                assert recv_frame(sock) == big
+        assert wait_until(lambda: server.pool.available_memory == 1 << 20)
+    assert threads_named("kmem-") == []
+    assert open_fds() == fds_before
+
+
+def test_pipelined_requests_are_answered_in_order():
+    """One request in flight per connection: frames sent back to back are handled one after another."""
+    active = []
+    overlaps = []
+
+    def handler(req):
+        active.append(req.connection_id)
+        overlaps.append(active.count(req.connection_id) > 1)
+        time.sleep(0.01)
+        active.remove(req.connection_id)
+        return bytes(req.payload)
+
+    with SocketServer(handler, num_io_threads=4) as server:
+        with connect(server.address) as sock:
+            sock.sendall(b"".join(frame(b"%d" % i) for i in range(20)))
+            assert [recv_frame(sock) for _ in range(20)] == [b"%d" % i for i in range(20)]
+    assert not any(overlaps)
+
+
+def test_config_defaults_and_validation():
+    config = SocketServerConfig()
+    assert (config.queued_max_request_bytes, config.socket_request_max_bytes, config.queued_max_requests,
+            config.num_network_threads, config.num_io_threads, config.connections_max_idle_ms) == (
+        -1, 104857600, 500, 3, 8, 600000)
+    config = SocketServerConfig.from_properties({"queued.max.request.bytes": "16777216",
+                                                 "socket.request.max.bytes": 1048576,
+                                                 "queued.max.requests": "10"})
+    assert (config.queued_max_request_bytes, config.socket_request_max_bytes, config.queued_max_requests) == (
+        16 << 20, 1 << 20, 10)
+    with pytest.raises(ConfigError, match="larger or equal to socket.request.max.bytes"):
+        SocketServerConfig(queued_max_request_bytes=1000, socket_request_max_bytes=1001)
+    SocketServerConfig(queued_max_request_bytes=1001, socket_request_max_bytes=1001)
+    for bad in ({"queued.max.request.bytes": 0}, {"queued.max.requests": 0}, {"socket.request.max.bytes": 0},
+                {"num.network.threads": 0}, {"connections.max.idle.ms": 0}, {"queued.max.requests": "many"},
+                {"no.such.setting": 1}):
+        with pytest.raises(ConfigError):
+            SocketServerConfig.from_properties(bad)
+    with pytest.raises(ConfigError):
+        SocketServer(echo, SocketServerConfig(), port=1)
+
+
+def test_handler_failure_releases_memory_and_closes_connection():
+    def handler(req):
+        if bytes(req.payload) == b"boom":
+            raise RuntimeError("handler failed")
+        return b"ok"
+
+    with SocketServer(handler, queued_max_request_bytes=1 << 16, socket_request_max_bytes=1 << 16) as server:
+        with connect(server.address) as sock:
+            sock.sendall(frame(b"boom"))
+            assert closed_by_peer(sock)
+        assert request(server.address, b"fine") == b"ok"
+        assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+
+
+def test_memory_is_released_when_handling_ends_not_when_sent():
+    seen = []
+    gate = threading.Event()
+
+    def handler(req):
+        gate.wait(10)
+        return b"r" * 100
+
+    with SocketServer(handler, queued_max_request_bytes=1 << 16, socket_request_max_bytes=1 << 16) as server:
+        with connect(server.address) as sock:
+            sock.sendall(frame(b"x" * 1000))
+            assert wait_until(lambda: server.pool.available_memory == (1 << 16) - 1000)
+            # The client does not read yet; the release happens as the handler returns.
+            gate.set()
+            assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+            seen.append(recv_frame(sock))
+    assert seen == [b"r" * 100]
+
+
+def test_client_disconnect_mid_request_and_mid_handling():
+    gate = threading.Event()
+
+    def handler(req):
+        gate.wait(10)
+        return bytes(req.payload)
+
+    with SocketServer(handler, queued_max_request_bytes=1 << 20, socket_request_max_bytes=1 << 20) as server:
+        size = 1 << 20
+        with connect(server.address) as sock:          # half a frame, then gone
+            sock.sendall(struct.pack(">i", 4096) + b"x" * 100)
+            assert wait_until(lambda: server.pool.available_memory == size - 4096)
+        assert wait_until(lambda: server.pool.available_memory == size)
+        with connect(server.address) as sock:          # a whole frame, gone while it is being handled
+            sock.sendall(frame(b"y" * 5000))
+            assert wait_until(lambda: server.pool.available_memory == size - 5000)
+        time.sleep(0.05)
+        gate.set()
+        assert wait_until(lambda: server.pool.available_memory == size)
+        assert request(server.address, b"still serving") == b"still serving"
+
+
+def test_bad_input_keeps_serving_and_pool_recovers():
+    limit = 1 << 16
+    # A backlog above Kafka's 50: the test opens connections faster than any acceptor takes them, and
+    # overflowing SYNs are retried only after a second.
+    with SocketServer(echo, queued_max_request_bytes=4 * limit, socket_request_max_bytes=limit,
+                      socket_listen_backlog_size=1024) as server:
+        for prefix in (-1, -(2 ** 31), limit + 1, 2 ** 31 - 1):
+            with connect(server.address) as sock:
+                sock.sendall(struct.pack(">i", prefix) + b"garbage")
+                assert closed_by_peer(sock)
+        with connect(server.address) as sock:          # random garbage: a prefix and whatever follows
+            sock.sendall(os.urandom(3000))
+        # A thousand connections opened and abandoned: silent ones and ones cut mid-prefix stay open while
+        # a well-behaved client is served; ones cut mid-payload are dropped (some with a reset).
+        lingering = []
+        for i in range(1000):
+            sock = socket.create_connection(server.address)
+            if i % 2:
+                sock.sendall(b"\0\0"[:i % 3])
+                lingering.append(sock)
+                continue
+            sock.sendall(struct.pack(">i", 2000) + b"z" * (i % 50))
+            if i % 4 == 0:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        assert request(server.address, b"well behaved") == b"well behaved"
+        for sock in lingering:
+            sock.close()
+        assert request(server.address, b"still fine") == b"still fine"
+        assert wait_until(lambda: server.pool.available_memory == 4 * limit and server.pool.outstanding_count == 0)
+        assert wait_until(lambda: sum(len(p.selector.channels) for p in server.processors) == 0)
+
+
+def test_slowloris_is_cut_off_by_the_idle_timeout():
+    """Connections that send a size prefix and stall pin memory only until the idle timeout."""
+    limit = 1 << 20
+    idle_ms = 1000
+    with SocketServer(echo, queued_max_request_bytes=4 * limit, socket_request_max_bytes=limit,
+                      connections_max_idle_ms=idle_ms, num_network_threads=2) as server:
+        stallers = []
+        for _ in range(20):
+            sock = socket.create_connection(server.address)
+            sock.sendall(struct.pack(">i", limit))
+            stallers.append(sock)
+        assert wait_until(lambda: server.pool.is_out_of_memory, timeout=5)
+        started = time.monotonic()
+        assert request(server.address, b"x" * 1000, timeout=10) == b"x" * 1000
+        waited = time.monotonic() - started
+        assert waited < idle_ms / 1000 * 1.5, f"served after {waited:.2f} s"
+        assert all(closed_by_peer(sock, timeout=idle_ms / 1000 * 3) for sock in stallers)
+        assert wait_until(lambda: server.pool.available_memory == 4 * limit)
+        for sock in stallers:
+            sock.close()
+
+
+def test_request_queue_bounds_the_count():
+    gate = threading.Event()
+    depth = []
+
+    def handler(req):
+        gate.wait(10)
+        return b"ok"
+
+    with SocketServer(handler, queued_max_requests=2, num_io_threads=1, num_network_threads=1) as server:
+        socks = [connect(server.address) for _ in range(6)]
+        for sock in socks:
+            sock.sendall(frame(b"q"))
+        time.sleep(0.3)
+        depth.append(server.requests.qsize())
+        gate.set()
+        assert [recv_frame(sock) for sock in socks] == [b"ok"] * 6
+        for sock in socks:
+            sock.close()
+    assert depth == [2]
+
+
+def test_metrics_exported():
+    prometheus_client = pytest.importorskip("prometheus_client")
+    registry = prometheus_client.CollectorRegistry()
+    with SocketServer(echo, queued_max_request_bytes=1 << 20, socket_request_max_bytes=1 << 20) as server:
+        server.register_metrics("broker", registry)
+        assert request(server.address, b"m") == b"m"
+        assert registry.get_sample_value("kmem_memory_pool_available_bytes", {"pool": "broker"}) == 1 << 20
+        assert server.metrics()["MemoryPoolUsed"] == 0
+    with SocketServer(echo) as unbounded:
+        assert unbounded.register_metrics() is None and "MemoryPoolUsed" not in unbounded.metrics()
