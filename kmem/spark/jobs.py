@@ -166,3 +166,70 @@ def ledger(spark, input_path, output_dir, false_positive_rate=0.01):
                .map(lambda item: _write_partition_ledger(item, output_dir, false_positive_rate)).collect())
     return {"partitions": sorted(results, key=lambda r: (r["topic"], r["partition"]))}
 
+
+
+# --------------------------------------------------------------------------------------------- convert
+
+def _converted_chunks(records, to_magic, chunk_size):
+    """Conversions of consecutive runs of whole batches, each run at most ``chunk_size`` bytes of input
+    (or one batch, when a batch alone is larger)."""
+    from kmem.records import down_convert
+
+    view, start, end = records.buffer, 0, 0
+    for batch in records.batches():
+        batch_end = batch.position + batch.size_in_bytes
+        if end > start and batch_end - start > chunk_size:
+            yield down_convert(view[start:end], to_magic)
+            start = end
+        end = batch_end
+    if end > start:
+        yield down_convert(view[start:end], to_magic)
+
+
+def _convert_segment(split, output_dir, to_magic, chunk_size):
+    from kmem.errors import KmemError
+    from kmem.records import RecordConversionStats
+    from kmem.spark.segments import open_split
+
+    directory = os.path.join(output_dir, f"{split.topic}-{split.partition}")
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, split.name)
+    partial = target + ".partial"       # a failed conversion leaves no half-written segment behind
+    stats, written = RecordConversionStats(), 0
+    result = {"topic": split.topic, "partition": split.partition, "segment": split.name,
+              "input_bytes": split.end - split.start}
+    try:
+        records, _ = open_split(split)
+        with open(partial, "wb") as out:
+            for converted in _converted_chunks(records, to_magic, chunk_size):
+                written += out.write(converted.records.buffer)
+                stats.add(converted.stats)
+        os.replace(partial, target)
+    except KmemError as exc:
+        os.unlink(partial)
+        return dict(result, error=f"{split.uri}: {exc}")
+    return dict(result, error=None, output_bytes=written, records_converted=stats.num_records_converted,
+                temporary_memory_bytes=stats.temporary_memory_bytes,
+                conversion_time_ms=stats.conversion_time_nanos / 1e6)
+
+
+def convert(spark, input_path, output_dir, to_magic=1, chunk_size=128 << 10):
+    """Down-convert every segment to ``to_magic`` (0 or 1) into ``<output>/<topic>-<partition>/`` under
+    the same file names, one task per segment, at most ``chunk_size`` bytes of input converted at a
+    time. Segments that cannot be converted (corrupt, or zstd below magic 2) are listed in ``errors``
+    and leave no output file. Conversion stats are summed over the cluster."""
+    if to_magic not in (0, 1):
+        from kmem.errors import InvalidArgumentError
+        raise InvalidArgumentError(f"convert targets magic 0 or 1, not {to_magic}")
+    segments = list_segments(input_path, split_bytes=float("inf"))
+    output_dir = os.path.abspath(output_dir)
+    results = []
+    if segments:
+        results = (spark.sparkContext.parallelize(segments, len(segments))
+                   .map(lambda split: _convert_segment(split, output_dir, to_magic, chunk_size)).collect())
+    done = [r for r in results if r["error"] is None]
+    totals = {name: sum(r[name] for r in done)
+              for name in ("input_bytes", "output_bytes", "records_converted", "temporary_memory_bytes",
+                           "conversion_time_ms")}
+    return {"to_magic": to_magic, "segments": len(done), "totals": totals,
+            "errors": [{k: r[k] for k in ("topic", "partition", "segment", "error")} for r in results if r["error"]]}
