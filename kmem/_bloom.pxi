@@ -86,22 +86,31 @@ cdef inline void pid_indices(uint64_t pid, int64_t m, int k, int64_t* out) noexc
     hasher_indices(h1, h2, m, k, out)
 
 
-cdef inline void set_pid(uint8_t* bits, uint64_t pid, int64_t m, int k) noexcept nogil:
+cdef inline int set_pid(uint8_t* bits, uint64_t pid, int64_t m, int k) noexcept nogil:
+    """Set the bits of ``pid``; returns how many were clear before (so callers can track cardinality)."""
     cdef int64_t idx[MAX_HASHES]
     pid_indices(pid, m, k, idx)
-    cdef int j
+    cdef int j, newly = 0
+    cdef uint8_t mask
     for j in range(k):
-        bits[bit_byte(idx[j])] |= <uint8_t>(1 << (idx[j] & 7))
+        mask = <uint8_t>(1 << (idx[j] & 7))
+        newly += (bits[bit_byte(idx[j])] & mask) == 0
+        bits[bit_byte(idx[j])] |= mask
+    return newly
 
 
-cdef inline bint test_pid(const uint8_t* bits, uint64_t pid, int64_t m, int k) noexcept nogil:
-    cdef int64_t idx[MAX_HASHES]
-    pid_indices(pid, m, k, idx)
+cdef inline bint test_indices(const uint8_t* bits, const int64_t* idx, int k) noexcept nogil:
     cdef int j
     for j in range(k):
         if not (bits[bit_byte(idx[j])] >> (idx[j] & 7)) & 1:
             return False
     return True
+
+
+cdef inline bint test_pid(const uint8_t* bits, uint64_t pid, int64_t m, int k) noexcept nogil:
+    cdef int64_t idx[MAX_HASHES]
+    pid_indices(pid, m, k, idx)
+    return test_indices(bits, idx, k)
 
 
 # Batch adds work in groups: all indices of a group are computed and their cache lines prefetched
@@ -200,10 +209,10 @@ cdef class BloomBits:
         return 0
 
     def add(self, pid):
-        """Set the k bits of ``pid``."""
+        """Set the k bits of ``pid``; returns the number of bits that were clear (0: maybe present)."""
         cdef uint64_t key = pid_key(pid)
         self.check(True)
-        set_pid(self.writable, key, self.m, self.k)
+        return set_pid(self.writable, key, self.m, self.k)
 
     def __contains__(self, pid):
         cdef uint64_t key = pid_key(pid)
@@ -253,3 +262,27 @@ cdef class BloomBits:
         with nogil:
             for i in range(n):
                 dst[i] |= src[i]
+
+
+def bloom_scan(list filters, Py_ssize_t start, pid):
+    """The position of the first filter in ``filters[start:]`` that may hold ``pid``, or -1.
+
+    The ledger's read path: one call tests an id against every snapshot's filter, hashing it once per
+    distinct shape.
+    """
+    cdef uint64_t key = pid_key(pid)
+    cdef int64_t idx[MAX_HASHES]
+    cdef int64_t m = 0
+    cdef int k = 0
+    cdef BloomBits f
+    cdef Py_ssize_t i
+    for i in range(max(start, 0), len(filters)):
+        f = <BloomBits?>filters[i]
+        f.check(False)
+        if f.m != m or f.k != k:
+            m = f.m
+            k = f.k
+            pid_indices(key, m, k, idx)
+        if test_indices(&f.view[0], idx, k):
+            return i
+    return -1

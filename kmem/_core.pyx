@@ -8,3 +8,4 @@ One extension module built from included parts (as msgpack and pyroaring do); th
 include "_pool.pxi"
 include "_bloom.pxi"
 include "_records.pxi"
+include "_search.pxi"

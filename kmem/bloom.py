@@ -263,7 +263,7 @@ class BloomFilter(_core.BloomBits):
                 os.fsync(f.fileno())
         os.replace(tmp, path)
         if fsync:
-            _fsync_directory(os.path.dirname(path) or ".")
+            fsync_directory(os.path.dirname(path) or ".")
 
     @classmethod
     def from_bytes(cls, data, path="<bytes>"):
@@ -340,7 +340,7 @@ def _sidecar_shape(data, path):
     return shape
 
 
-def _fsync_directory(directory):
+def fsync_directory(directory):
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)

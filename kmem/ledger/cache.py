@@ -1,0 +1,60 @@
+"""PidCache: KIP-1044's write-through cache in front of a PidLedger.
+
+Bounded (least recently used entries go first), thread-safe, and it remembers misses too, so a
+producer id asked for again and again costs the ledger one read. Writes go to the ledger first and
+then to the cache, so the cache never holds what the ledger does not.
+"""
+import threading
+from collections import OrderedDict
+
+from kmem.errors import InvalidArgumentError
+
+_MISSING = object()
+
+
+class PidCache:
+    def __init__(self, ledger, max_entries):
+        if max_entries < 1:
+            raise InvalidArgumentError(f"max_entries must be at least 1: {max_entries}")
+        self.ledger = ledger
+        self.max_entries = max_entries
+        self._entries = OrderedDict()      # pid -> ProducerEntry, or None for a known miss
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, pid):
+        """The producer's entry (from the cache, else the ledger), or None."""
+        with self._lock:
+            entry = self._entries.get(pid, _MISSING)
+            if entry is not _MISSING:
+                self._entries.move_to_end(pid)
+                self.hits += 1
+                return entry
+            self.misses += 1
+        entry = self.ledger.read(pid)
+        with self._lock:
+            # An update that raced with this read already stored the newer entry: keep it.
+            if pid not in self._entries:
+                self._store(pid, entry)
+        return entry
+
+    def put(self, entry):
+        """Write through: the ledger first, then the cache. Returns the entry.
+
+        Puts for one producer id must not race each other (Kafka serialises a partition's appends);
+        the cache lock is not held across the ledger write, so a flush never stalls cache readers.
+        """
+        self.ledger.update(entry)
+        with self._lock:
+            self._store(entry.producer_id, entry)
+        return entry
+
+    def _store(self, pid, entry):
+        self._entries[pid] = entry
+        self._entries.move_to_end(pid)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self):
+        return len(self._entries)

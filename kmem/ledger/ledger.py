@@ -1,0 +1,321 @@
+"""PidLedger (KIP-1044): producer state on disk, found through Bloom filters, memory bounded.
+
+The directory holds Kafka snapshot files (``<offset>.snapshot``), one Bloom sidecar per snapshot
+(``<offset>.snapshot.bloom``), row orders for unsorted Kafka files (``.order``) and the active file
+(``ledger-<n>.active``). The heap holds only the active file's row table and filter; snapshots and
+their sidecars are memory-mapped, so memory does not grow with the number of producer ids.
+
+``read(pid)`` checks the active file, then a file being flushed, then each snapshot whose filter may
+hold the id, newest snapshot first, continuing past false positives. The newest entry found decides:
+an expired one reads as absent. ``update(entry)`` writes to the active file; ``flush()`` turns the
+active file into a sorted snapshot and its sidecar (see ``flush``).
+
+Durability: everything ``update`` returned for survives a crash of the process (the mapping's writes are
+in the page cache; a reopened ledger finds them, finishing any flush that was cut short). Surviving
+power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
+and ``sync()`` msyncs the active file; without it, recent updates can be lost with the machine.
+"""
+import logging
+import os
+import threading
+import time
+from typing import NamedTuple
+
+from kmem import _core
+from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
+from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from kmem.ledger.active import ActiveFile, active_name, active_sequence
+from kmem.ledger.snapshot import (
+    NO_TXN, ORDER_SUFFIX, Snapshot, entries_array, fsync_directory, id_order, snapshot_name, snapshot_offset,
+    snapshot_stats, write_entries,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHAPE = Shape.from_np(1_000_000, 0.01)
+DEFAULT_EXPIRATION_MS = 86_400_000       # producer.id.expiration.ms
+TRIM_EVERY = 1024                        # snapshot searches between handing mapped pages back
+
+
+def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=False):
+    """Write ``entries`` as one sorted snapshot plus its Bloom sidecar, ready for ``PidLedger``.
+
+    For batch jobs (e.g. one ledger per partition from a Spark stage). ``entries``: ProducerEntry
+    tuples or an array with ENTRY_DTYPE's fields. ``offset`` names the file (default: the largest
+    ``last_offset`` + 1); ``shape`` defaults to 1% false positives at the number of entries. The sidecar
+    is written first, so a snapshot file never appears without it. Returns the snapshot's path.
+    """
+    array = entries_array(entries)
+    if offset is None:
+        offset = int(array["last_offset"].max()) + 1 if len(array) else 0
+    shape = shape or Shape.from_np(max(len(array), 1), 0.01)
+    path = os.path.join(os.fspath(directory), snapshot_name(offset))
+    order = id_order(array)             # rejects duplicates before anything is written
+    bloom = BloomFilter(shape)
+    bloom.add_many(array["producer_id"])
+    bloom.write(path + SIDECAR_SUFFIX, fsync=fsync)
+    write_entries(path, array, order, fsync=fsync)
+    return path
+
+
+class _ReadPath(NamedTuple):
+    """What readers search after the active file; replaced whole, never changed in place."""
+
+    sealing: tuple          # active files being flushed, newest first
+    filters: list           # one BloomFilter per snapshot, newest first
+    snapshots: list         # the Snapshot for each filter
+
+
+class PidLedger:
+    """The producer-id ledger of one partition directory. Thread-safe."""
+
+    def __init__(self, directory, shape=DEFAULT_SHAPE, *, producer_id_expiration_ms=DEFAULT_EXPIRATION_MS,
+                 flush_interval_ms=None, fsync=False, clock_ms=None):
+        if producer_id_expiration_ms <= 0:
+            raise InvalidArgumentError(f"producer_id_expiration_ms must be positive: {producer_id_expiration_ms}")
+        if flush_interval_ms is not None and flush_interval_ms <= 0:
+            raise InvalidArgumentError(f"flush_interval_ms must be positive: {flush_interval_ms}")
+        self.directory = os.fspath(directory)
+        self.shape = shape
+        self.expiration_ms = producer_id_expiration_ms
+        self.flush_interval_ms = flush_interval_ms
+        self.fsync = fsync
+        self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
+        # Room for the rows the filter takes before saturating, with margin for its randomness.
+        self.capacity = int(shape.estimate_max_n() * 1.25) + 64
+        self._lock = threading.Lock()          # the active file: update and read
+        self._flush_lock = threading.Lock()    # one flush at a time
+        self._searches = 0
+        os.makedirs(self.directory, exist_ok=True)
+        self._open()
+        self._stop = threading.Event()
+        self._timer = None
+        if flush_interval_ms is not None:
+            self._timer = threading.Thread(target=self._flush_on_timer, name="kmem-ledger-flush", daemon=True)
+            self._timer.start()
+
+    # --- opening: adopt what is in the directory ----------------------------------------------------
+
+    def _open(self):
+        names = sorted(os.listdir(self.directory))
+        for name in names:
+            if name.endswith(".tmp"):            # a write cut short; its target was never replaced
+                os.unlink(os.path.join(self.directory, name))
+        names = set(os.listdir(self.directory))
+        filters, snapshots = [], []
+        for name in sorted((n for n in names if snapshot_offset(n) is not None), key=snapshot_offset):
+            loaded = self._load_snapshot(os.path.join(self.directory, name))
+            if loaded is not None:
+                filters.insert(0, loaded[0])
+                snapshots.insert(0, loaded[1])
+        for name in names:
+            base = name.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
+            if base != name and snapshot_offset(base) is not None and base not in names:
+                os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
+            elif base == name and snapshot_offset(name) is None and active_sequence(name) is None:
+                log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
+        self._view = _ReadPath((), filters, snapshots)
+        actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
+        self._sequence = active_sequence(actives[-1]) if actives else 0
+        for name in actives[:-1]:               # flushes a crash interrupted: finish them
+            self._seal(self._open_active(name))
+        self._active = self._open_active(actives[-1]) if actives else None
+        if self._active is None:
+            self._active = self._new_active()
+        self._apply_retention()
+
+    def _load_snapshot(self, path):
+        try:
+            snapshot = Snapshot(path)
+        except CorruptSnapshotError as e:
+            log.warning("ledger: skipping snapshot: %s", e)
+            return None
+        sidecar = path + SIDECAR_SUFFIX
+        try:
+            bloom = BloomFilter.open(sidecar)
+        except FileNotFoundError:
+            bloom = None
+        except CorruptSnapshotError as e:
+            log.warning("ledger: rebuilding Bloom sidecar: %s", e)
+            bloom = None
+        if bloom is None:
+            built = BloomFilter(Shape.from_np(max(snapshot.count, 1), 0.01))
+            built.add_many(snapshot.entries()["producer_id"])
+            built.write(sidecar, fsync=self.fsync)
+            bloom = BloomFilter.open(sidecar)
+        return bloom, snapshot
+
+    def _open_active(self, name):
+        path = os.path.join(self.directory, name)
+        try:
+            return ActiveFile(path, self.shape)
+        except CorruptSnapshotError as e:
+            log.warning("ledger: setting aside an unreadable active file: %s", e)
+            os.replace(path, path + ".corrupt")
+            return None
+
+    def _new_active(self):
+        self._sequence += 1
+        return ActiveFile(os.path.join(self.directory, active_name(self._sequence)), self.shape, self.capacity)
+
+    # --- the API ------------------------------------------------------------------------------------
+
+    def read(self, pid):
+        """The newest entry of producer ``pid``, or None if unknown or expired."""
+        with self._lock:
+            entry = self._active.find(pid)
+        if entry is None:
+            entry = self._read_sealed(self._view, pid)
+        if entry is None or self._expired(entry):
+            return None
+        return entry
+
+    def _read_sealed(self, view, pid):
+        for old in view.sealing:
+            entry = old.find(pid)
+            if entry is not None:
+                return entry
+        i = _core.bloom_scan(view.filters, 0, pid)
+        while i >= 0:
+            entry = view.snapshots[i].find(pid)
+            self._searched()
+            if entry is not None:
+                return entry
+            i = _core.bloom_scan(view.filters, i + 1, pid)
+        return None
+
+    def _searched(self):
+        # Binary searches touch pages of the mappings; hand them back now and then so the resident
+        # set stays bounded (they remain in the page cache, and a later search maps them again).
+        self._searches += 1
+        if self._searches % TRIM_EVERY == 0:
+            for snapshot in self._view.snapshots:
+                snapshot.trim()
+
+    def _expired(self, entry):
+        return (entry.current_txn_first_offset == NO_TXN
+                and self._clock_ms() - entry.timestamp >= self.expiration_ms)
+
+    def update(self, entry):
+        """Insert or update the producer's entry in the active file; returns it.
+
+        Flushes first when the active file is full (its filter saturated) or the flush interval passed.
+        """
+        while True:
+            with self._lock:
+                if not self._active.full:
+                    self._active.put(entry)
+                    return entry
+            self.flush()
+
+    def flush(self):
+        """Turn the active file into a snapshot, KIP-1044's eight steps; returns its path (None if empty).
+
+        1-3. A new active file takes the writes; the old one stays on the read path, read-only.
+        4-5. The old file's filter is written as the sidecar, then its entries as a sorted snapshot with
+             its CRC (fsynced when the ledger syncs).
+        6-7. The (filter, snapshot) pair joins the index and the old file leaves the read path, in one
+             swap, so no reader can miss an id in between.
+        8.   The old file is deleted; its mapping goes when the last reader holding it is done.
+        """
+        with self._flush_lock:
+            with self._lock:
+                old = self._active
+                if old.count == 0:
+                    return None
+                self._active = self._new_active()
+                view = self._view
+                self._view = view._replace(sealing=(old,) + view.sealing)
+            path = self._seal(old)
+            self._apply_retention()
+            return path
+
+    def _seal(self, old):
+        """Steps 4-8 for a filled active file (also used at open for a flush a crash cut short)."""
+        if old is None:
+            return None
+        array = old.entries()
+        order = id_order(array)
+        newest = self._view.snapshots[0] if self._view.snapshots else None
+        if newest is not None and newest.stats == snapshot_stats(array, order):
+            path = newest.path                   # sealed before a crash; only the deletion was missed
+        else:
+            offset = int(array["last_offset"].max()) + 1 if len(array) else 0
+            if newest is not None:
+                offset = max(offset, newest.offset + 1)
+            path = os.path.join(self.directory, snapshot_name(offset))
+            old.bloom.write(path + SIDECAR_SUFFIX, fsync=self.fsync)                 # step 4
+            stats = write_entries(path, array, order, fsync=self.fsync)                # step 5
+            snapshot = Snapshot(path, stats)
+            bloom = BloomFilter.open(path + SIDECAR_SUFFIX)
+            with self._lock:                                                            # steps 6-7
+                view = self._view
+                self._view = _ReadPath(tuple(a for a in view.sealing if a is not old),
+                                       [bloom] + view.filters, [snapshot] + view.snapshots)
+        os.unlink(old.path)                                                             # step 8
+        if self.fsync:
+            fsync_directory(self.directory)
+        return path
+
+    def _apply_retention(self):
+        """Delete the oldest snapshots while every producer in them has expired (none in a transaction).
+
+        Oldest first, stopping at the first that must stay: an older file's entries are shadowed by
+        newer ones, so deleting a newer file before an older one could bring a stale entry back.
+        """
+        now = self._clock_ms()
+        with self._lock:
+            view = self._view
+            keep = len(view.snapshots)
+            while keep > 0:
+                stats = view.snapshots[keep - 1].stats
+                if stats.open_transactions or now - stats.max_timestamp < self.expiration_ms:
+                    break
+                keep -= 1
+            if keep == len(view.snapshots):
+                return
+            gone = view.snapshots[keep:]
+            self._view = view._replace(filters=view.filters[:keep], snapshots=view.snapshots[:keep])
+        for snapshot in gone:
+            for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
+                try:
+                    os.unlink(snapshot.path + suffix)
+                except FileNotFoundError:
+                    pass
+
+    def _flush_on_timer(self):
+        interval = self.flush_interval_ms / 1000
+        while not self._stop.wait(interval):
+            try:
+                self.flush()
+            except Exception:        # keep the timer alive; the next update reports a lasting problem
+                log.exception("ledger %s: timed flush failed", self.directory)
+
+    def sync(self):
+        """Make the active file's rows durable against power loss (msync)."""
+        with self._lock:
+            self._active.sync()
+
+    def close(self):
+        """Stop the flush timer. The active file stays as it is and is reopened next time."""
+        self._stop.set()
+        if self._timer is not None:
+            self._timer.join()
+        if self.fsync:
+            self.sync()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @property
+    def snapshot_paths(self):
+        """The indexed snapshot files, newest first."""
+        return [s.path for s in self._view.snapshots]
+
+    def __len__(self):
+        """Entries across the active file and the snapshots (an id updated since a snapshot counts twice)."""
+        view = self._view
+        return self._active.count + sum(a.count for a in view.sealing) + sum(s.count for s in view.snapshots)

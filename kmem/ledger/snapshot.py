@@ -1,0 +1,294 @@
+"""Kafka producer-state snapshot files: read, write, and search them memory-mapped.
+
+Layout (big-endian): ``version i16 (= 1) | crc u32 | count i32`` then ``count`` entries of 46 bytes
+``producerId i64 | epoch i16 | lastSequence i32 | lastOffset i64 | offsetDelta i32 | timestamp i64 |
+coordinatorEpoch i32 | currentTxnFirstOffset i64``. The CRC-32C covers bytes [6, end). Files are named by
+the offset they end at, zero-padded to 20 digits, plus ``.snapshot``.
+
+Kafka writes entries in hash-map order; kmem writes them sorted by producer id, which is still a valid
+Kafka snapshot and lets ``Snapshot.find`` binary-search the mapped file in the compiled core. For an
+unsorted (Kafka-written) file kmem builds a sorted row order beside it (``<name>.order``: little-endian
+u32 row numbers) rather than changing Kafka's file.
+"""
+import mmap
+import os
+import re
+import struct
+from typing import NamedTuple
+
+import numpy as np
+
+from kmem import _core
+from kmem.bloom import fsync_directory
+from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+
+VERSION = 1
+HEADER = struct.Struct(">hIi")          # version, crc, count
+ENTRY = struct.Struct(">qhiqiqiq")
+ENTRY_SIZE = ENTRY.size                 # 46
+CRC_START = 6                           # the CRC covers everything after itself
+SUFFIX = ".snapshot"
+ORDER_SUFFIX = ".order"
+NO_TXN = -1
+MIN_TIMESTAMP = -(2**63)
+_NAME = re.compile(r"^(\d{20})\.snapshot$")
+_READ_CHUNK = ENTRY_SIZE * 100_000      # entries per read while verifying a file (4.6 MB)
+
+# The entry layout as a numpy record: arrays of entries are files' bytes and back without packing.
+ENTRY_DTYPE = np.dtype([
+    ("producer_id", ">i8"), ("epoch", ">i2"), ("last_sequence", ">i4"), ("last_offset", ">i8"),
+    ("offset_delta", ">i4"), ("timestamp", ">i8"), ("coordinator_epoch", ">i4"),
+    ("current_txn_first_offset", ">i8"),
+])
+assert ENTRY_DTYPE.itemsize == ENTRY_SIZE
+
+
+class ProducerEntry(NamedTuple):
+    """One producer's state, as a snapshot entry holds it."""
+
+    producer_id: int
+    epoch: int
+    last_sequence: int
+    last_offset: int
+    offset_delta: int
+    timestamp: int
+    coordinator_epoch: int
+    current_txn_first_offset: int = NO_TXN
+
+    def pack(self):
+        try:
+            return ENTRY.pack(*self)
+        except struct.error as e:
+            raise InvalidArgumentError(f"producer entry out of range ({e}): {self!r}") from None
+
+
+class SnapshotStats(NamedTuple):
+    """What one pass over a snapshot learns: enough for the read path and for retention."""
+
+    count: int
+    crc: int
+    max_timestamp: int
+    open_transactions: bool
+
+
+def snapshot_name(offset):
+    """``00000000000000001234.snapshot`` for offset 1234."""
+    if offset < 0 or offset >= 10**20:
+        raise InvalidArgumentError(f"snapshot offset out of range: {offset}")
+    return f"{offset:020d}{SUFFIX}"
+
+
+def snapshot_offset(name):
+    """The offset in a snapshot file name, or None if the name is not one."""
+    match = _NAME.match(os.path.basename(name))
+    return int(match.group(1)) if match else None
+
+
+def entries_array(entries):
+    """Entries as an ENTRY_DTYPE array: as given if already one, else converted (array or tuples)."""
+    if isinstance(entries, np.ndarray) and entries.dtype == ENTRY_DTYPE:
+        return entries
+    if isinstance(entries, np.ndarray) and entries.dtype.names:
+        missing = set(ENTRY_DTYPE.names) - set(entries.dtype.names)
+        if missing:
+            raise InvalidArgumentError(f"entry array lacks fields {sorted(missing)}")
+        out = np.empty(len(entries), ENTRY_DTYPE)
+        for name in ENTRY_DTYPE.names:
+            out[name] = entries[name]
+        return out
+    rows = [tuple(e) for e in entries]
+    try:
+        return np.array(rows, ENTRY_DTYPE) if rows else np.empty(0, ENTRY_DTYPE)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise InvalidArgumentError(f"bad producer entries: {e}") from None
+
+
+def id_order(array):
+    """Row numbers of an ENTRY_DTYPE array in producer-id order; an id present twice is rejected."""
+    ids = array["producer_id"]
+    order = np.argsort(ids, kind="stable")
+    ordered = ids[order]
+    if len(ordered) > 1:
+        dup = np.flatnonzero(ordered[1:] == ordered[:-1])
+        if len(dup):
+            raise InvalidArgumentError(f"producer id {ordered[dup[0]]} appears twice in one snapshot")
+    return order
+
+
+def _body_chunks(array, order):
+    """The bytes after the CRC: count, then the entries (through ``order`` if given), in bounded pieces."""
+    yield struct.pack(">i", len(array))
+    step = _READ_CHUNK // ENTRY_SIZE
+    for start in range(0, len(array), step):
+        rows = array[start:start + step] if order is None else array[order[start:start + step]]
+        yield rows.tobytes()
+
+
+def snapshot_stats(array, order=None):
+    """The SnapshotStats of the file ``write_snapshot`` would write, without writing it."""
+    crc = 0
+    for chunk in _body_chunks(array, order):
+        crc = _core.crc32c(chunk, crc)
+    return _stats(array, crc)
+
+
+def _stats(array, crc):
+    return SnapshotStats(
+        len(array), crc, int(array["timestamp"].max()) if len(array) else MIN_TIMESTAMP,
+        bool((array["current_txn_first_offset"] != NO_TXN).any()))
+
+
+def write_snapshot(path, entries, *, sort=True, fsync=False):
+    """Write a snapshot file atomically (temporary file, then rename), sorted by producer id by default.
+
+    Returns its SnapshotStats.
+    """
+    array = entries_array(entries)
+    return write_entries(path, array, id_order(array) if sort else None, fsync=fsync)
+
+
+def write_entries(path, array, order, *, fsync=False):
+    """``write_snapshot`` for an ENTRY_DTYPE array and its row order (None: as they are).
+
+    Streams the rows in pieces, so no second copy of a large array is made.
+    """
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    crc = 0
+    with open(tmp, "wb") as f:
+        f.write(struct.pack(">hI", VERSION, 0))        # the CRC is filled in once computed
+        for chunk in _body_chunks(array, order):
+            crc = _core.crc32c(chunk, crc)
+            f.write(chunk)
+        f.seek(2)
+        f.write(struct.pack(">I", crc))
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fsync_directory(os.path.dirname(path) or ".")
+    return _stats(array, crc)
+
+
+def read_snapshot(path):
+    """All entries of a snapshot file as ProducerEntry tuples, in file order (verifies version and CRC)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read()
+    count = _check_header(data, len(data), path)
+    if _core.crc32c(memoryview(data)[CRC_START:]) != HEADER.unpack_from(data)[1]:
+        raise CorruptSnapshotError(f"{path}: snapshot failed CRC check: the CRC is no longer valid")
+    return [ProducerEntry(*ENTRY.unpack_from(data, HEADER.size + i * ENTRY_SIZE)) for i in range(count)]
+
+
+def _check_header(head, size, path):
+    if size < HEADER.size:
+        raise CorruptSnapshotError(f"{path}: snapshot truncated ({size} bytes, the header needs {HEADER.size})")
+    version, _, count = HEADER.unpack_from(head)
+    if version != VERSION:
+        raise CorruptSnapshotError(f"{path}: snapshot file has an unknown file version {version}")
+    if count < 0 or size != HEADER.size + count * ENTRY_SIZE:
+        raise CorruptSnapshotError(
+            f"{path}: snapshot of {size} bytes cannot hold its {count} entries (truncated or torn)")
+    return count
+
+
+def verify_snapshot(path):
+    """Check version, size and CRC, reading the file in chunks (nothing stays mapped or in the heap)."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(HEADER.size)
+        count = _check_header(head, size, path)
+        crc = _core.crc32c(head[CRC_START:])
+        max_timestamp = MIN_TIMESTAMP
+        open_txn = False
+        while chunk := f.read(_READ_CHUNK):
+            crc = _core.crc32c(chunk, crc)
+            if len(chunk) % ENTRY_SIZE:
+                raise CorruptSnapshotError(f"{path}: snapshot changed size while being read")
+            rows = np.frombuffer(chunk, ENTRY_DTYPE)
+            if len(rows):
+                max_timestamp = max(max_timestamp, int(rows["timestamp"].max()))
+                open_txn = open_txn or bool((rows["current_txn_first_offset"] != NO_TXN).any())
+    expected = HEADER.unpack_from(head)[1]
+    if crc != expected:
+        raise CorruptSnapshotError(
+            f"{path}: snapshot failed CRC check (stored {expected:#010x}, computed {crc:#010x}): "
+            "the CRC is no longer valid")
+    return SnapshotStats(count, crc, max_timestamp, open_txn)
+
+
+class Snapshot:
+    """A verified snapshot file mapped read-only and searchable by producer id.
+
+    Unsorted files get a row order (``<name>.order``) built once and mapped beside them. Pages of the
+    mapping that searches touched can be handed back with ``trim()``; they stay in the page cache.
+    """
+
+    def __init__(self, path, stats=None):
+        self.path = os.fspath(path)
+        self.offset = snapshot_offset(self.path)
+        self.stats = stats or verify_snapshot(self.path)
+        self.count = self.stats.count
+        self._map = None
+        self._order_map = None
+        self._order = None
+        with open(self.path, "rb") as f:
+            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        _advise_random(self._map)
+        self._data = memoryview(self._map)
+        if not _core.snapshot_sorted(self._data, self.count):
+            self._order = self._load_order()
+
+    def _load_order(self):
+        order_path = self.path + ORDER_SUFFIX
+        try:
+            with open(order_path, "rb") as f:
+                self._order_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            order = np.frombuffer(self._order_map, "<u4")
+            if _core.snapshot_sorted(self._data, self.count, order):
+                return order
+        except (OSError, ValueError):
+            pass
+        self._order_map = None
+        ids = np.frombuffer(self._data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)["producer_id"]
+        order = np.argsort(ids, kind="stable").astype("<u4")
+        if not _core.snapshot_sorted(self._data, self.count, order):
+            raise CorruptSnapshotError(f"{self.path}: a producer id appears twice in the snapshot")
+        tmp = order_path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(order.tobytes())
+        os.replace(tmp, order_path)
+        return order
+
+    @property
+    def sorted(self):
+        return self._order is None
+
+    def find(self, pid):
+        """The entry of producer ``pid``, or None."""
+        row = _core.snapshot_search(self._data, self.count, pid, self._order)
+        if row < 0:
+            return None
+        return ProducerEntry(*ENTRY.unpack_from(self._data, HEADER.size + row * ENTRY_SIZE))
+
+    def entries(self):
+        """All entries, as a read-only ENTRY_DTYPE array over the mapping (sorted files: in id order)."""
+        return np.frombuffer(self._data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
+
+    def trim(self):
+        """Drop this process's mapping of pages already read (they remain in the page cache)."""
+        for m in (self._map, self._order_map):
+            if m is not None and hasattr(mmap, "MADV_DONTNEED"):
+                m.madvise(mmap.MADV_DONTNEED)
+
+    def __repr__(self):
+        return f"Snapshot({self.path!r}, {self.count} entries{'' if self.sorted else ', unsorted'})"
+
+
+def _advise_random(mapping):
+    # Lookups jump around the file: no read-ahead into pages they will not use.
+    if hasattr(mmap, "MADV_RANDOM"):
+        mapping.madvise(mmap.MADV_RANDOM)

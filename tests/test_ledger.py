@@ -1,0 +1,325 @@
+"""PidLedger and PidCache: the KIP-1044 read/update/flush behaviour, adoption, expiry, retention, faults."""
+import logging
+import os
+import struct
+import threading
+
+import numpy as np
+import pytest
+from snapshot_files import kafka_snapshot, random_entries
+
+from kmem.bloom import BloomFilter, Shape
+from kmem.errors import InvalidArgumentError
+from kmem.ledger import (
+    ENTRY_DTYPE, PidCache, PidLedger, ProducerEntry, Snapshot, read_snapshot, snapshot_name, write_ledger_snapshot,
+)
+
+SMALL = Shape.from_np(200, 0.01)        # saturates after ~190 ids: many flushes in small tests
+NOW = 1_700_000_000_000
+DAY = 86_400_000
+
+
+class Clock:
+    def __init__(self, now=NOW):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def entry(pid, offset=None, timestamp=NOW, txn=-1, epoch=0):
+    return ProducerEntry(pid, epoch, 0, pid * 10 if offset is None else offset, 0, timestamp, 0, txn)
+
+
+def files(directory, suffix):
+    return sorted(n for n in os.listdir(directory) if n.endswith(suffix))
+
+
+def test_update_read_in_place_and_flush(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(100):
+            ledger.update(entry(pid))
+        assert files(tmp_path, ".snapshot") == []
+        ledger.update(entry(5, offset=99_999, epoch=3))              # in place: still 100 rows
+        assert len(ledger) == 100
+        assert ledger.read(5) == entry(5, offset=99_999, epoch=3)
+        path = ledger.flush()
+        assert os.path.basename(path) == snapshot_name(99_999 + 1)   # named by the end offset, as Kafka
+        assert files(tmp_path, ".snapshot") == [snapshot_name(100_000)]
+        assert files(tmp_path, ".bloom") == [snapshot_name(100_000) + ".bloom"]
+        assert len(files(tmp_path, ".active")) == 1
+        assert read_snapshot(path) == sorted([entry(p) for p in range(100) if p != 5] + [ledger.read(5)])
+        assert all(ledger.read(pid) is not None for pid in range(100))
+        assert ledger.read(1000) is None
+        ledger.update(entry(5, offset=200_000, epoch=4))             # newer than the snapshot's
+        assert ledger.read(5).epoch == 4
+        assert ledger.flush() is not None
+        assert ledger.flush() is None                               # nothing new
+        assert ledger.read(5).epoch == 4                             # the newest snapshot wins
+
+
+def test_sidecar_is_the_active_filter_and_opens_in_java_layout(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(50):
+            ledger.update(entry(pid))
+        path = ledger.flush()
+    sidecar = BloomFilter.read(path + ".bloom")
+    assert sidecar.shape == SMALL
+    expected = BloomFilter(SMALL)
+    expected.add_many(np.arange(50))
+    assert np.array_equal(sidecar.as_bitmap_array(), expected.as_bitmap_array())
+
+
+def test_automatic_flush_when_the_filter_saturates(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(1000):
+            ledger.update(entry(pid))
+        snaps = [Snapshot(os.path.join(tmp_path, n)) for n in files(tmp_path, ".snapshot")]
+        assert len(snaps) >= 4
+        for snap in snaps:      # each flushed near estimate_max_n, never past its capacity
+            assert SMALL.estimate_max_n() * 0.8 < snap.count <= ledger.capacity
+        assert all(ledger.read(pid) == entry(pid) for pid in range(1000))
+
+
+def test_flush_on_timer(tmp_path):
+    with PidLedger(tmp_path, SMALL, flush_interval_ms=20) as ledger:
+        ledger.update(entry(1, timestamp=ledger._clock_ms()))
+        for _ in range(200):
+            if files(tmp_path, ".snapshot"):
+                break
+            threading.Event().wait(0.01)
+        assert len(files(tmp_path, ".snapshot")) == 1
+        assert ledger.read(1) is not None
+
+
+def test_reopen_keeps_active_rows_and_snapshots(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(500):
+            ledger.update(entry(pid))
+        active_rows = ledger._active.count
+    assert active_rows > 0
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as again:
+        assert len(again) == 500
+        assert all(again.read(pid) == entry(pid) for pid in range(500))
+        again.update(entry(3, epoch=9))
+        assert again.read(3).epoch == 9
+
+
+def test_readers_never_miss_a_known_id_during_flushes(tmp_path):
+    ledger = PidLedger(tmp_path, Shape.from_np(2000, 0.01), clock_ms=Clock())
+    known = list(range(0, 3000, 3))
+    for pid in known:
+        ledger.update(entry(pid))
+    stop = threading.Event()
+    misses = []
+    reads = [0]
+
+    def reader(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            for pid in rng.choice(known, 200).tolist():
+                if ledger.read(pid) is None:
+                    misses.append(pid)
+            reads[0] += 200
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for round_ in range(12):                       # flush while readers run, with writes between
+            for pid in range(round_ * 10_000 + 1, round_ * 10_000 + 200):
+                ledger.update(entry(pid))
+            ledger.flush()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert reads[0] > 1000
+    assert misses == []
+
+
+def test_adopts_a_kafka_directory(tmp_path):
+    first, second = random_entries(300, seed=11), random_entries(300, seed=12)
+    (tmp_path / snapshot_name(1000)).write_bytes(kafka_snapshot(first))
+    (tmp_path / snapshot_name(2000)).write_bytes(kafka_snapshot(second))
+    with PidLedger(tmp_path, SMALL, producer_id_expiration_ms=2**62) as ledger:
+        assert files(tmp_path, ".bloom") == [snapshot_name(1000) + ".bloom", snapshot_name(2000) + ".bloom"]
+        assert files(tmp_path, ".order") == [snapshot_name(1000) + ".order", snapshot_name(2000) + ".order"]
+        assert ledger.snapshot_paths == [str(tmp_path / snapshot_name(2000)), str(tmp_path / snapshot_name(1000))]
+        for e in first + second:
+            assert ledger.read(e.producer_id) in (e, *[x for x in second if x.producer_id == e.producer_id])
+        assert (tmp_path / snapshot_name(1000)).read_bytes() == kafka_snapshot(first)   # left as Kafka wrote it
+
+
+def test_write_ledger_snapshot_for_batch_jobs(tmp_path):
+    array = np.zeros(1000, ENTRY_DTYPE)
+    array["producer_id"] = np.random.default_rng(1).permutation(1000) * 7 - 3000
+    array["last_offset"] = np.arange(1000)
+    array["timestamp"] = NOW
+    array["current_txn_first_offset"] = -1
+    path = write_ledger_snapshot(tmp_path, array)
+    assert os.path.basename(path) == snapshot_name(1000)
+    assert Snapshot(path).sorted
+    assert BloomFilter.read(path + ".bloom").contains_many(array["producer_id"]).all()
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        row = array[17]
+        assert ledger.read(int(row["producer_id"])).last_offset == int(row["last_offset"])
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        write_ledger_snapshot(tmp_path, [entry(1), entry(1)], offset=5)
+    assert not os.path.exists(tmp_path / (snapshot_name(5) + ".bloom"))
+
+
+def test_expiry_and_open_transactions(tmp_path):
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock) as ledger:
+        ledger.update(entry(1, timestamp=NOW))
+        ledger.update(entry(2, timestamp=NOW, txn=500))
+        clock.now = NOW + DAY - 1
+        assert ledger.read(1) is not None
+        clock.now = NOW + DAY                       # Kafka: expired once now - last timestamp >= expiration
+        assert ledger.read(1) is None
+        assert ledger.read(2) is not None           # an open transaction never expires
+        ledger.update(entry(1, timestamp=clock.now))
+        assert ledger.read(1) is not None
+
+
+def test_retention_deletes_expired_snapshots_oldest_first(tmp_path):
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock) as ledger:
+        for pid in range(10):
+            ledger.update(entry(pid, timestamp=NOW))
+        oldest = ledger.flush()
+        ledger.update(entry(100, timestamp=NOW, txn=7))
+        with_txn = ledger.flush()
+        ledger.update(entry(200, timestamp=NOW + DAY))
+        newest = ledger.flush()
+        clock.now = NOW + DAY + 1
+        ledger.update(entry(300, timestamp=clock.now))
+        ledger.flush()                              # retention runs after each flush
+        assert not os.path.exists(oldest) and not os.path.exists(oldest + ".bloom")
+        assert os.path.exists(with_txn) and os.path.exists(newest)
+        assert ledger.read(100) is not None and ledger.read(3) is None
+    clock.now = NOW + 10 * DAY
+    with PidLedger(tmp_path, SMALL, clock_ms=clock) as ledger:     # also at open; the txn file stays
+        assert os.path.exists(with_txn)
+        assert ledger.read(100) is not None
+
+
+def test_corrupt_truncated_and_foreign_files_are_skipped_with_a_warning(tmp_path, caplog):
+    good = random_entries(50, seed=21)
+    (tmp_path / snapshot_name(10)).write_bytes(kafka_snapshot(random_entries(50, seed=20))[:-3])  # truncated
+    bad_crc = bytearray(kafka_snapshot(random_entries(50, seed=22)))
+    bad_crc[40] ^= 1
+    (tmp_path / snapshot_name(20)).write_bytes(bytes(bad_crc))
+    (tmp_path / snapshot_name(30)).write_bytes(kafka_snapshot(good))
+    (tmp_path / (snapshot_name(30) + ".bloom")).write_bytes(b"\x00\x00\x00\x40\x00\x00")   # torn sidecar
+    (tmp_path / "README.txt").write_text("not ours")
+    (tmp_path / "ledger-00000000000000000007.active").write_bytes(b"\x00\x02garbage")
+    (tmp_path / (snapshot_name(5) + ".bloom")).write_bytes(b"orphan")
+    with caplog.at_level(logging.WARNING, logger="kmem.ledger"):
+        with PidLedger(tmp_path, SMALL, producer_id_expiration_ms=2**62) as ledger:
+            assert all(ledger.read(e.producer_id) == e for e in good)
+            ledger.update(entry(1))
+            assert ledger.read(1) == entry(1)
+    text = caplog.text
+    assert snapshot_name(10) in text and "truncated" in text
+    assert snapshot_name(20) in text and "CRC" in text
+    assert "rebuilding Bloom sidecar" in text and "README.txt" in text and ".active" in text
+    assert not os.path.exists(tmp_path / (snapshot_name(5) + ".bloom"))      # orphan sidecar removed
+    assert BloomFilter.read(tmp_path / (snapshot_name(30) + ".bloom")).shape.number_of_bits > 64
+
+
+def test_finishes_a_flush_cut_short(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(50):
+            ledger.update(entry(pid))
+        active = ledger._active.path
+    copy = open(active, "rb").read()
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        ledger.flush()
+    # Crash after the snapshot was written but before the old active file was deleted:
+    with open(active, "wb") as f:
+        f.write(copy)
+    os.replace(active, str(tmp_path / "ledger-00000000000000000000.active"))
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert len(files(tmp_path, ".snapshot")) == 1        # recognised as sealed: no duplicate
+        assert all(ledger.read(pid) == entry(pid) for pid in range(50))
+        assert len(ledger) == 50
+
+
+def test_bad_configuration(tmp_path):
+    with pytest.raises(InvalidArgumentError):
+        PidLedger(tmp_path, SMALL, producer_id_expiration_ms=0)
+    with pytest.raises(InvalidArgumentError):
+        PidLedger(tmp_path, SMALL, flush_interval_ms=-5)
+    with PidLedger(tmp_path, SMALL) as ledger:
+        with pytest.raises(InvalidArgumentError):
+            ledger.update(entry(2**63))
+        with pytest.raises(InvalidArgumentError):
+            ledger.read("x")
+
+
+# --- PidCache ------------------------------------------------------------------------------------------
+
+class CountingLedger:
+    def __init__(self, ledger):
+        self.ledger = ledger
+        self.reads = 0
+
+    def read(self, pid):
+        self.reads += 1
+        return self.ledger.read(pid)
+
+    def update(self, e):
+        return self.ledger.update(e)
+
+
+def test_cache_write_through_hits_misses_and_bound(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        counting = CountingLedger(ledger)
+        cache = PidCache(counting, max_entries=10)
+        cache.put(entry(1))
+        assert ledger.read(1) == entry(1)               # written through
+        assert cache.get(1) == entry(1) and counting.reads == 0
+        assert cache.get(2) is None and cache.get(2) is None
+        assert counting.reads == 1                      # the miss is remembered
+        cache.put(entry(2))                             # and replaced by a write
+        assert cache.get(2) == entry(2)
+        for pid in range(100, 120):
+            cache.get(pid)
+        assert len(cache) == 10
+        reads = counting.reads
+        cache.get(1)                                    # evicted: back to the ledger
+        assert counting.reads == reads + 1
+        with pytest.raises(InvalidArgumentError):
+            PidCache(ledger, 0)
+
+
+def test_cache_is_thread_safe(tmp_path):
+    with PidLedger(tmp_path, Shape.from_np(5000, 0.01), clock_ms=Clock()) as ledger:
+        cache = PidCache(ledger, max_entries=300)
+        errors = []
+
+        def worker(base):
+            try:
+                for i in range(2000):
+                    pid = base + i % 700
+                    if i % 3 == 0:
+                        cache.put(entry(pid, offset=i))
+                    got = cache.get(pid)
+                    if i % 3 == 0 and got is None:
+                        errors.append(pid)
+            except Exception as e:     # noqa: BLE001 - surface any error from the thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(n * 10_000,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert len(cache) <= 300
+
+
+def test_entry_struct_is_kafkas():
+    assert struct.calcsize(">qhiqiqiq") == 46 == ENTRY_DTYPE.itemsize

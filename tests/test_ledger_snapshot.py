@@ -1,0 +1,158 @@
+"""Kafka producer-state snapshot files: byte layout, Kafka's error cases, searching mapped entries."""
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kmem import _core
+from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from snapshot_files import crc32c_reference, kafka_snapshot, random_entries
+
+from kmem.ledger import (
+    ENTRY_DTYPE, ProducerEntry, Snapshot, read_snapshot, snapshot_name, snapshot_offset, verify_snapshot,
+    write_snapshot,
+)
+
+
+def test_crc_reference_check_value():
+    assert crc32c_reference(b"123456789") == 0xE3069283
+
+
+def test_names():
+    assert snapshot_name(1234) == "00000000000000001234.snapshot"
+    assert snapshot_offset("/x/00000000000000001234.snapshot") == 1234
+    assert snapshot_offset("00000000000000001234.snapshot.bloom") is None
+    assert snapshot_offset("1234.snapshot") is None
+    with pytest.raises(InvalidArgumentError):
+        snapshot_name(-1)
+
+
+def test_written_file_layout_field_by_field(tmp_path):
+    entries = random_entries(50, seed=1)
+    path = tmp_path / snapshot_name(99)
+    stats = write_snapshot(path, entries)
+    data = path.read_bytes()
+    assert len(data) == 10 + 46 * 50
+    version, crc, count = struct.unpack_from(">hIi", data)
+    assert (version, count) == (1, 50)
+    assert crc == crc32c_reference(data[6:]) == stats.crc
+    rows = [ProducerEntry(*struct.unpack_from(">qhiqiqiq", data, 10 + 46 * i)) for i in range(50)]
+    assert rows == sorted(entries)           # kmem's files are sorted by producer id
+    assert stats.max_timestamp == max(e.timestamp for e in entries)
+    assert stats.open_transactions == any(e.current_txn_first_offset != -1 for e in entries)
+
+
+def test_reads_kafka_written_unsorted_file(tmp_path):
+    entries = random_entries(300, seed=2)
+    path = tmp_path / snapshot_name(7)
+    path.write_bytes(kafka_snapshot(entries))
+    assert read_snapshot(path) == entries                # file order kept
+    snap = Snapshot(path)
+    assert not snap.sorted
+    assert os.path.exists(str(path) + ".order")          # the sorted row order kmem built beside it
+    assert path.read_bytes() == kafka_snapshot(entries)  # Kafka's file is not changed
+    for e in entries:
+        assert snap.find(e.producer_id) == e
+    assert snap.find(2**50) is None
+    again = Snapshot(path)                               # reuses the order file
+    assert all(again.find(e.producer_id) == e for e in entries[:20])
+
+
+def test_damaged_order_file_is_rebuilt(tmp_path):
+    entries = random_entries(100, seed=3)
+    path = tmp_path / snapshot_name(7)
+    path.write_bytes(kafka_snapshot(entries))
+    Snapshot(path)
+    order = str(path) + ".order"
+    with open(order, "r+b") as f:
+        f.write(struct.pack("<I", 10_000))               # a row outside the file
+    snap = Snapshot(path)
+    assert all(snap.find(e.producer_id) == e for e in entries)
+
+
+def test_kafka_error_cases_name_the_file(tmp_path):
+    entries = random_entries(5)
+    path = tmp_path / snapshot_name(3)
+    path.write_bytes(kafka_snapshot(entries, version=2))
+    for load in (read_snapshot, verify_snapshot, Snapshot):
+        with pytest.raises(CorruptSnapshotError, match="unknown file version") as info:
+            load(path)
+        assert str(path) in str(info.value)
+    data = bytearray(kafka_snapshot(entries))
+    data[20] ^= 0x40
+    path.write_bytes(bytes(data))
+    for load in (read_snapshot, verify_snapshot, Snapshot):
+        with pytest.raises(CorruptSnapshotError, match="CRC is no longer valid") as info:
+            load(path)
+        assert str(path) in str(info.value)
+    for cut in (0, 5, 10 + 46 * 2 + 7):
+        path.write_bytes(kafka_snapshot(entries)[:cut])
+        with pytest.raises(CorruptSnapshotError, match="truncated"):
+            verify_snapshot(path)
+
+
+def test_empty_snapshot(tmp_path):
+    path = tmp_path / snapshot_name(0)
+    write_snapshot(path, [])
+    assert path.read_bytes() == kafka_snapshot([])
+    assert Snapshot(path).find(1) is None
+
+
+def test_duplicate_ids_and_bad_values_are_rejected(tmp_path):
+    e = random_entries(2)
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        write_snapshot(tmp_path / "a", [e[0], e[1], e[0]])
+    with pytest.raises(InvalidArgumentError):
+        write_snapshot(tmp_path / "b", [e[0]._replace(epoch=2**15)])
+    with pytest.raises(InvalidArgumentError):
+        ProducerEntry(1, 2**16, 0, 0, 0, 0, 0).pack()
+
+
+def test_numpy_entries_in_any_byte_order(tmp_path):
+    entries = random_entries(20, seed=5)
+    native = np.array([tuple(e) for e in entries], ENTRY_DTYPE.newbyteorder("="))
+    write_snapshot(tmp_path / "n", native)
+    write_snapshot(tmp_path / "t", entries)
+    assert (tmp_path / "n").read_bytes() == (tmp_path / "t").read_bytes()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_fuzz_snapshot_reader(tmp_path_factory, data):
+    entries = random_entries(data.draw(st.integers(0, 6)), seed=data.draw(st.integers(0, 99)))
+    raw = bytearray(kafka_snapshot(entries))
+    for _ in range(data.draw(st.integers(0, 3))):
+        if raw:
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    blob = bytes(raw[:data.draw(st.integers(0, len(raw)))]) + data.draw(st.binary(max_size=50))
+    path = tmp_path_factory.mktemp("fuzz") / snapshot_name(1)
+    path.write_bytes(blob)
+    try:
+        got = read_snapshot(path)
+        snap = Snapshot(path)
+    except (CorruptSnapshotError, InvalidArgumentError):
+        return
+    assert blob == kafka_snapshot(got)
+    for e in got:
+        assert snap.find(e.producer_id) == e
+
+
+def test_core_search_finds_present_and_absent_ids():
+    rng = np.random.default_rng(9)
+    ids = np.unique(rng.integers(-(2**63), 2**63 - 1, 5000, dtype=np.int64))
+    array = np.zeros(len(ids), ENTRY_DTYPE)
+    array["producer_id"] = ids
+    data = np.frombuffer(b"\0" * 10 + array.tobytes(), np.uint8)
+    assert _core.snapshot_sorted(data, len(ids))
+    for row in rng.integers(0, len(ids), 500):
+        assert _core.snapshot_search(data, len(ids), int(ids[row])) == row
+    for pid in rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64):
+        if pid not in ids:
+            assert _core.snapshot_search(data, len(ids), int(pid)) == -1
+    with pytest.raises(ValueError):
+        _core.snapshot_search(data, len(ids) + 1, 5)            # more entries than bytes
+    with pytest.raises(ValueError):
+        _core.snapshot_search(data, 3, 5, np.array([0, 1, 99], np.uint32))
