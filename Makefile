@@ -34,8 +34,11 @@ bench: $(PY)
 	$(PIP) install ".[test,bench]"
 	$(VENV)/bin/pytest bench --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
 
+# The main job: a generated Kafka log directory through every Spark job on embedded local Spark.
 run: $(PY)
-	@echo "The main job (the Spark pipeline demo) arrives with the pipeline issue; nothing to run yet."
+	$(PIP) install --force-reinstall --no-deps .
+	$(PIP) install ".[spark]"
+	$(VENV)/bin/kmem pipeline demo --output out/demo
 
 wheel: $(PY)
 	$(PIP) wheel --no-deps -w dist .

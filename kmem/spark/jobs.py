@@ -81,9 +81,10 @@ def plot_report(result, path):
         left.bar(labels, counts, bottom=bottom, label=name)
         bottom = [b + c for b, c in zip(bottom, counts)]
     left.set_title("batches by format")
-    left.legend(fontsize="small")
+    left.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     right.bar(labels, [p["producer_ids"] for p in rows], color="tab:purple")
     right.set_title("producer ids (cardinality)")
+    right.yaxis.get_major_locator().set_params(integer=True)
     for axis in (left, right):
         axis.tick_params(axis="x", rotation=60, labelsize="small")
     figure.tight_layout()

@@ -12,6 +12,7 @@ import dataclasses
 import os
 import random
 
+from kmem.ledger import NO_TXN, ProducerEntry
 from kmem.records import ControlRecordType, RecordsBuilder, TimestampType, build_control_batch
 
 SEGMENT_NAME_DIGITS = 20
@@ -23,19 +24,6 @@ def segment_file_name(base_offset):
 
 
 @dataclasses.dataclass
-class ProducerState:
-    """What Kafka's log recovery keeps per producer id (one producer-state snapshot entry)."""
-    producer_id: int
-    epoch: int
-    last_sequence: int
-    last_offset: int
-    offset_delta: int
-    timestamp: int
-    coordinator_epoch: int = -1
-    current_txn_first_offset: int = -1
-
-
-@dataclasses.dataclass
 class PartitionManifest:
     topic: str
     partition: int
@@ -44,7 +32,7 @@ class PartitionManifest:
     control_batches: int = 0
     size_bytes: int = 0
     batches_by_format: dict = dataclasses.field(default_factory=dict)   # (magic, codec) -> count
-    producers: dict = dataclasses.field(default_factory=dict)            # producer id -> ProducerState
+    producers: dict = dataclasses.field(default_factory=dict)            # producer id -> ProducerEntry
     segments: list = dataclasses.field(default_factory=list)             # file paths
 
 
@@ -79,9 +67,9 @@ def generate_sample(directory, topics=None, partitions=2, batches_per_partition=
             part = PartitionManifest(topic, partition)
             manifest.partitions[(topic, partition)] = part
             writer = _PartitionWriter(os.path.join(directory, f"{topic}-{partition}"), part, batches_per_segment)
-            idempotent = list(range(next_producer_id, next_producer_id + 3))
-            transactional = next_producer_id + 3
-            next_producer_id += 4
+            idempotent = list(range(next_producer_id, next_producer_id + rng.randint(1, 8)))
+            transactional = idempotent[-1] + 1
+            next_producer_id = transactional + 1
             sequences = dict.fromkeys(idempotent + [transactional], 0)
             open_txn = False
             for index in range(batches_per_partition):
@@ -162,9 +150,10 @@ class _PartitionWriter:
         if producer_id >= 0:
             max_timestamp = timestamp + 5_000 if log_append_time else timestamp + count - 1
             state = self.manifest.producers.get(producer_id)
-            txn_first = (state.current_txn_first_offset if state and state.current_txn_first_offset >= 0
-                         else base) if transactional else -1
-            self.manifest.producers[producer_id] = ProducerState(
+            txn_first = NO_TXN
+            if transactional:
+                txn_first = state.current_txn_first_offset if state and state.current_txn_first_offset != NO_TXN else base
+            self.manifest.producers[producer_id] = ProducerEntry(
                 producer_id, 0, base_sequence + count - 1, base + count - 1, count - 1, max_timestamp,
                 state.coordinator_epoch if state else -1, txn_first)
 
@@ -175,12 +164,10 @@ class _PartitionWriter:
         self.manifest.batches += 1
         self.manifest.control_batches += 1
         self.next_offset = offset + 1
-        state = self.manifest.producers[producer_id]
         # as Kafka's log recovery: a marker ends the transaction and sets the coordinator epoch and the
         # timestamp; the last offset and sequence stay those of the producer's last data batch
-        state.coordinator_epoch = coordinator_epoch
-        state.current_txn_first_offset = -1
-        state.timestamp = timestamp
+        self.manifest.producers[producer_id] = self.manifest.producers[producer_id]._replace(
+            coordinator_epoch=coordinator_epoch, current_txn_first_offset=NO_TXN, timestamp=timestamp)
 
     def close(self):
         if self.file is not None:
