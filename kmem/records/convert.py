@@ -101,7 +101,7 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         codec = attributes & 0x07
         log_append_time = max_timestamp if attributes & ATTR_LOG_APPEND_TIME else -1
         payload = codecs.decompress(codec, view[pos + V2_HEADER.size:pos + size], 2, limit, pos)
-        entries, n, _, last, max_written = _core.convert_records(
+        entries, n, last, max_written = _core.convert_records(
             payload, 2, count, base_offset, base_timestamp, log_append_time, to_magic, to_magic == 1, pos)
     else:
         # A v1 wrapper converted to v0: inner offsets become absolute (SPEC.md §4).
@@ -109,9 +109,9 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         codec = attributes & 0x07
         log_append_time = -1
         payload = codecs.decompress(codec, value or b"", magic, limit, pos)
-        last_relative = _core.convert_records(payload, 1, 0, 0, -1, -1, 0, False, pos)[3]
+        last_relative = _core.convert_records(payload, 1, 0, 0, -1, -1, 0, False, pos)[2]
         base = legacy_absolute_base(wrapper_offset, last_relative)
-        entries, n, _, last, max_written = _core.convert_records(payload, 1, 0, base, -1, -1, 0, False, pos)
+        entries, n, last, max_written = _core.convert_records(payload, 1, 0, base, -1, -1, 0, False, pos)
     if n == 0:
         return None
     wrapper_attributes = codec
