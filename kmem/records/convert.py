@@ -47,13 +47,17 @@ class ConvertedRecords:
 
 
 def source_view(records):
-    """The bytes behind ``records``: a MemoryRecords or any bytes-like object."""
-    return records.buffer if isinstance(records, MemoryRecords) else as_byte_view(records)
+    """The bytes behind ``records``: MemoryRecords, FileRecords (read whole) or any bytes-like object."""
+    if isinstance(records, MemoryRecords):
+        return records.buffer
+    if hasattr(records, "read_all"):
+        return records.read_all().buffer
+    return as_byte_view(records)
 
 
 def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
                  max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
-    """Convert ``records`` (MemoryRecords or bytes-like) for a client that reads magic ``to_magic``.
+    """Convert ``records`` (MemoryRecords, FileRecords or bytes-like) for a client reading ``to_magic``.
 
     Returns ``ConvertedRecords(records, stats)``. ``first_offset`` is the fetch offset: records of
     uncompressed batches below it are dropped. ``verify_crc`` checks every batch's CRC first. A truncated
