@@ -74,7 +74,10 @@ class LazyDownConvertRecords:
         converted, stats, next_position = self._first_chunk
         self._first_chunk = None     # handed over: the send owns it from now on
         yield converted, stats
-        yield from ((c, s) for c, s, _ in self._converted_chunks(next_position, self.chunk_size))
+        del converted
+        for converted, stats, _ in self._converted_chunks(next_position, self.chunk_size):
+            yield converted, stats
+            del converted            # not held while the next chunk is converted
 
     def to_send(self):
         return LazyDownConvertRecordsSend(self)
@@ -98,13 +101,18 @@ class LazyDownConvertRecords:
         return window[:end], position + end
 
     def _converted_chunks(self, position, max_read):
+        # Each step holds one input window and its output at most: names are dropped as soon as unused.
         while (span := self._next_batch_span(position, max_read)) is not None:
             window, position = span
+            del span
             converted = down_convert(window, self.to_magic, self.first_offset,
                                      max_decompressed_bytes=self.max_decompressed_bytes)
-            del window, span       # hold only the output while it is being sent
-            if converted.records.size_in_bytes:
-                yield converted.records.buffer, converted.stats, position
+            del window
+            output, stats = converted.records, converted.stats
+            del converted
+            if output.size_in_bytes:
+                yield output.buffer, stats, position
+            del output
 
 
 def overflow_batch(remaining):
