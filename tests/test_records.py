@@ -16,11 +16,22 @@ from kmem.records import codecs
 
 def test_crc32c_known_vectors():
     assert _core.crc32c(b"123456789") == 0xE3069283
+    assert _core.crc32c(b"123456789", software=True) == 0xE3069283
     assert _core.crc32c(b"") == 0
     data = os.urandom(100_003)
     assert _core.crc32c(data[50_000:], _core.crc32c(data[:50_000])) == _core.crc32c(data)
     # the iSCSI test vector: 32 bytes of zeros
     assert _core.crc32c(bytes(32)) == 0x8A9136AA
+
+
+def test_crc32_every_path_matches_zlib():
+    rng = __import__("random").Random(7)
+    for n in list(range(0, 200)) + [rng.randint(200, 70_000) for _ in range(50)]:
+        data, seed = os.urandom(n), rng.getrandbits(32)
+        assert _core.crc32(data, seed) == zlib.crc32(data, seed) == _core.crc32(data, seed, software=True), n
+    for n in list(range(0, 40)) + [1000, 65_537]:
+        data = os.urandom(n)
+        assert _core.crc32c(data, 5) == _core.crc32c(data, 5, software=True)
 
 
 def test_xxh32_matches_reference():

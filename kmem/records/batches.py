@@ -67,13 +67,15 @@ class RecordBatch:
     Kafka does: no producer (-1), no sequence, not transactional, not a control batch.
     """
 
-    __slots__ = ("_view", "position", "size_in_bytes", "magic", "attributes", "crc", "partition_leader_epoch",
+    __slots__ = ("_view", "position", "file_position", "size_in_bytes", "magic", "attributes", "crc",
+                 "partition_leader_epoch",
                  "_base_offset", "_last_offset", "base_timestamp", "max_timestamp", "producer_id",
                  "producer_epoch", "base_sequence", "_count", "_records")
 
-    def __init__(self, view, position, size, magic):
+    def __init__(self, view, position, size, magic, file_position=None):
         self._view = view
-        self.position = position
+        self.position = position        # in ``view``
+        self.file_position = position if file_position is None else file_position   # in the file or source
         self.size_in_bytes = size
         self.magic = magic
         self._records = None
@@ -83,7 +85,7 @@ class RecordBatch:
              self.base_sequence, self._count) = V2_HEADER.unpack_from(view, position)
             self._last_offset = self._base_offset + last_delta
             if self._count < 0:
-                raise CorruptRecordError(f"negative record count {self._count}", position)
+                raise CorruptRecordError(f"negative record count {self._count}", self.file_position)
         else:
             offset, _, self.crc, _, self.attributes = LEGACY_HEADER.unpack_from(view, position)
             self._last_offset = offset
@@ -96,7 +98,7 @@ class RecordBatch:
 
     def __repr__(self):
         return (f"<RecordBatch magic={self.magic} offsets={self.base_offset}..{self.last_offset} "
-                f"codec={codecs.CODEC_NAMES[self.compression]} at byte {self.position}>")
+                f"codec={codecs.CODEC_NAMES[self.compression]} at byte {self.file_position}>")
 
     @property
     def buffer(self):
@@ -181,7 +183,7 @@ class RecordBatch:
         computed = self.compute_checksum()
         if computed != self.crc:
             raise CorruptRecordError(f"record is corrupt (stored crc = {self.crc}, computed crc = {computed})",
-                                     self.position)
+                                     self.file_position)
 
     def records(self, max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
         """The batch's records as a list of ``Record`` (decompressing, with output bounded)."""
@@ -197,7 +199,7 @@ class RecordBatch:
             return None
         records = self._decoded()
         if not records or records[0].key is None or len(records[0].key) < 4:
-            raise CorruptRecordError("control record without a valid key", self.position)
+            raise CorruptRecordError("control record without a valid key", self.file_position)
         kind = struct.unpack_from(">h", records[0].key, 2)[0]
         return ControlRecordType(kind) if kind in ControlRecordType._value2member_map_ else kind
 
@@ -208,10 +210,10 @@ class RecordBatch:
 
     def _decode_v2(self, limit):
         body = self._view[self.position + 61:self.position + self.size_in_bytes]
-        base = self.position + 61
-        if self.is_compressed:
-            body = codecs.decompress(self.compression, body, 2, limit, self.position)
-            base = self.position
+        base = self.file_position + 61
+        if self.is_compressed:       # errors inside the payload name the batch
+            body = codecs.decompress(self.compression, body, 2, limit, self.file_position)
+            base = self.file_position
         records = _core.decode_v2_records(body, self._count, self._base_offset, self.base_timestamp, base)
         if self.timestamp_type == TimestampType.LOG_APPEND_TIME:
             return [Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records]
@@ -219,20 +221,20 @@ class RecordBatch:
 
     def _decode_legacy(self, limit):
         ((offset, _, magic, attributes, timestamp, key, value),) = _core.decode_legacy_entries(
-            self.buffer, self.position)
+            self.buffer, self.file_position)
         if not self.is_compressed:
             return [Record(offset, timestamp, key, value, [])]
         if value is None:
-            raise CorruptRecordError("compressed legacy entry without a value", self.position)
+            raise CorruptRecordError("compressed legacy entry without a value", self.file_position)
         inner = _core.decode_legacy_entries(
-            codecs.decompress(self.compression, value, magic, limit, self.position), self.position)
+            codecs.decompress(self.compression, value, magic, limit, self.file_position), self.file_position)
         if not inner:
-            raise CorruptRecordError("compressed legacy entry with no inner messages", self.position)
+            raise CorruptRecordError("compressed legacy entry with no inner messages", self.file_position)
         base = legacy_absolute_base(offset, inner[-1][0]) if magic == 1 else 0
         records = []
         for inner_offset, _, _, inner_attributes, inner_timestamp, inner_key, inner_value in inner:
             if inner_attributes & ATTR_CODEC_MASK:
-                raise CorruptRecordError("compressed entry nested inside a compressed entry", self.position)
+                raise CorruptRecordError("compressed entry nested inside a compressed entry", self.file_position)
             if attributes & ATTR_LOG_APPEND_TIME:
                 inner_timestamp = timestamp
             records.append(Record(base + inner_offset, inner_timestamp, inner_key, inner_value, []))
@@ -263,6 +265,10 @@ class MemoryRecords:
 
     def __bytes__(self):
         return bytes(self._view)
+
+    def read(self, position, size):
+        """A view of ``size`` bytes from ``position`` (fewer at the end), without copying."""
+        return self._view[position:position + size]
 
     def __iter__(self):
         return self.batches()

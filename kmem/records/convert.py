@@ -47,13 +47,17 @@ class ConvertedRecords:
 
 
 def source_view(records):
-    """The bytes behind ``records``: a MemoryRecords or any bytes-like object."""
-    return records.buffer if isinstance(records, MemoryRecords) else as_byte_view(records)
+    """The bytes behind ``records``: MemoryRecords, FileRecords (read whole) or any bytes-like object."""
+    if isinstance(records, MemoryRecords):
+        return records.buffer
+    if hasattr(records, "read_all"):
+        return records.read_all().buffer
+    return as_byte_view(records)
 
 
 def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
                  max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
-    """Convert ``records`` (MemoryRecords or bytes-like) for a client that reads magic ``to_magic``.
+    """Convert ``records`` (MemoryRecords, FileRecords or bytes-like) for a client reading ``to_magic``.
 
     Returns ``ConvertedRecords(records, stats)``. ``first_offset`` is the fetch offset: records of
     uncompressed batches below it are dropped. ``verify_crc`` checks every batch's CRC first. A truncated
@@ -101,7 +105,7 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         codec = attributes & 0x07
         log_append_time = max_timestamp if attributes & ATTR_LOG_APPEND_TIME else -1
         payload = codecs.decompress(codec, view[pos + V2_HEADER.size:pos + size], 2, limit, pos)
-        entries, n, _, last, max_written = _core.convert_records(
+        entries, n, last, max_written = _core.convert_records(
             payload, 2, count, base_offset, base_timestamp, log_append_time, to_magic, to_magic == 1, pos)
     else:
         # A v1 wrapper converted to v0: inner offsets become absolute (SPEC.md §4).
@@ -109,9 +113,9 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         codec = attributes & 0x07
         log_append_time = -1
         payload = codecs.decompress(codec, value or b"", magic, limit, pos)
-        last_relative = _core.convert_records(payload, 1, 0, 0, -1, -1, 0, False, pos)[3]
+        last_relative = _core.convert_records(payload, 1, 0, 0, -1, -1, 0, False, pos)[2]
         base = legacy_absolute_base(wrapper_offset, last_relative)
-        entries, n, _, last, max_written = _core.convert_records(payload, 1, 0, base, -1, -1, 0, False, pos)
+        entries, n, last, max_written = _core.convert_records(payload, 1, 0, base, -1, -1, 0, False, pos)
     if n == 0:
         return None
     wrapper_attributes = codec

@@ -1,0 +1,153 @@
+"""Kafka log segment files: ``FileRecords`` reads a slice of a ``<20-digit base offset>.log`` file
+without loading it, and sends it to a socket zero-copy when no conversion is needed.
+"""
+import os
+import re
+import struct
+from typing import NamedTuple
+
+from kmem import _core
+from kmem.errors import InvalidArgumentError
+from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, RecordBatch
+
+SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
+READ_SIZE = 1 << 20     # bytes read per system call while iterating batches
+
+
+def segment_file_name(base_offset):
+    """Kafka's log segment name: the base offset zero-padded to 20 digits, then ``.log``."""
+    return f"{base_offset:020d}.log"
+
+
+def log_segments(directory):
+    """``(base offset, path)`` of every segment in a partition directory (``<topic>-<partition>``),
+    in offset order."""
+    found = []
+    for name in os.listdir(directory):
+        match = SEGMENT_NAME.match(name)
+        if match:
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    return sorted(found)
+
+
+class LogOffsetPosition(NamedTuple):
+    """Where ``FileRecords.search_for_offset`` found a batch: its last offset, position and size."""
+    offset: int
+    position: int
+    size: int
+
+
+class FileRecords:
+    """The bytes ``[start, end)`` of a log segment file, opened read-only.
+
+    Iterating yields ``RecordBatch`` views (``position`` is the byte position in the file) without
+    reading more than ``READ_SIZE`` (or one batch, if larger) at a time; a truncated trailing batch is
+    ignored as Kafka does. ``slice`` shares the open file. Use as a context manager or call ``close``.
+    """
+
+    def __init__(self, path, start=0, end=None, *, _fd=None):
+        self.path = os.fspath(path)
+        self._owner = _fd is None
+        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if _fd is None else _fd
+        file_size = os.fstat(self._fd).st_size
+        end = file_size if end is None else min(end, file_size)
+        if not 0 <= start <= end:
+            self.close()
+            raise InvalidArgumentError(f"invalid slice [{start}, {end}) of {self.path} ({file_size} bytes)")
+        self.start, self.end = start, end
+
+    @classmethod
+    def open_segment(cls, directory, base_offset):
+        return cls(os.path.join(directory, segment_file_name(base_offset)))
+
+    def close(self):
+        if self._owner and self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        self.close()
+
+    def __repr__(self):
+        return f"<FileRecords {self.path} [{self.start}, {self.end})>"
+
+    @property
+    def size_in_bytes(self):
+        return self.end - self.start
+
+    def __len__(self):
+        return self.size_in_bytes
+
+    def fileno(self):
+        return self._fd
+
+    def slice(self, position, size=None):
+        """The records ``[position, position + size)`` of this slice (positions relative to it)."""
+        if position < 0 or position > self.size_in_bytes or (size is not None and size < 0):
+            raise InvalidArgumentError(f"invalid slice position {position} / size {size} of {self!r}")
+        end = self.end if size is None else min(self.end, self.start + position + size)
+        return FileRecords(self.path, self.start + position, end, _fd=self._fd)
+
+    def read(self, position, size):
+        """Up to ``size`` bytes from ``position`` (relative to the slice), never past its end."""
+        size = max(0, min(size, self.size_in_bytes - position))
+        return os.pread(self._fd, size, self.start + position) if size else b""
+
+    def read_all(self):
+        """The whole slice in memory, as ``MemoryRecords``."""
+        return MemoryRecords(self.read(0, self.size_in_bytes))
+
+    def __iter__(self):
+        return self.batches()
+
+    def batches(self, position=0):
+        """``RecordBatch`` views from ``position`` (relative to the slice) on."""
+        while True:
+            window = memoryview(self.read(position, READ_SIZE))
+            pos = 0
+            while (entry := _core.entry_at(window, pos)) is not None:
+                size, magic = entry
+                yield RecordBatch(window, pos, size, magic, self.start + position + pos)
+                pos += size
+            if pos == 0:      # the first entry is larger than the window: read it whole, if present
+                if len(window) < LOG_OVERHEAD:
+                    return
+                total = LOG_OVERHEAD + struct.unpack_from(">i", window, 8)[0]
+                window = memoryview(self.read(position, total))
+                if _core.entry_at(window, 0) is None:
+                    return    # truncated trailing batch
+                yield RecordBatch(window, 0, total, window[16], self.start + position)
+                pos = total
+            position += pos
+
+    def records(self):
+        for batch in self.batches():
+            yield from batch
+
+    def search_for_offset(self, target_offset, starting_position=0):
+        """The first batch at or after ``starting_position`` whose last offset is at least
+        ``target_offset`` (Kafka's searchForOffsetWithSize), or None."""
+        for batch in self.batches(starting_position):
+            if batch.last_offset >= target_offset:
+                return LogOffsetPosition(batch.last_offset, batch.file_position - self.start, batch.size_in_bytes)
+        return None
+
+    def write_to(self, channel, position, length):
+        """Send up to ``length`` bytes from ``position`` (relative to the slice); one write, returns the
+        bytes written (0 when a non-blocking channel is full). Sockets get ``os.sendfile`` (zero-copy);
+        any other object with ``write`` gets a ``pread`` copy."""
+        length = max(0, min(length, self.size_in_bytes - position))
+        if length == 0:
+            return 0
+        try:
+            if hasattr(channel, "send") and hasattr(channel, "fileno"):
+                return os.sendfile(channel.fileno(), self._fd, self.start + position, length)
+            return channel.write(self.read(position, length)) or 0
+        except (BlockingIOError, InterruptedError):
+            return 0
