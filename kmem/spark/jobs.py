@@ -171,25 +171,9 @@ def ledger(spark, input_path, output_dir, false_positive_rate=0.01):
 
 # --------------------------------------------------------------------------------------------- convert
 
-def _converted_chunks(records, to_magic, chunk_size):
-    """Conversions of consecutive runs of whole batches, each run at most ``chunk_size`` bytes of input
-    (or one batch, when a batch alone is larger)."""
-    from kmem.records import down_convert
-
-    view, start, end = records.buffer, 0, 0
-    for batch in records.batches():
-        batch_end = batch.position + batch.size_in_bytes
-        if end > start and batch_end - start > chunk_size:
-            yield down_convert(view[start:end], to_magic)
-            start = end
-        end = batch_end
-    if end > start:
-        yield down_convert(view[start:end], to_magic)
-
-
 def _convert_segment(split, output_dir, to_magic, chunk_size):
     from kmem.errors import KmemError
-    from kmem.records import RecordConversionStats
+    from kmem.records import LazyDownConvertRecords, RecordConversionStats
     from kmem.spark.segments import open_split
 
     directory = os.path.join(output_dir, f"{split.topic}-{split.partition}")
@@ -200,11 +184,11 @@ def _convert_segment(split, output_dir, to_magic, chunk_size):
     result = {"topic": split.topic, "partition": split.partition, "segment": split.name,
               "input_bytes": split.end - split.start}
     try:
-        records, _ = open_split(split)
         with open(partial, "wb") as out:
-            for converted in _converted_chunks(records, to_magic, chunk_size):
-                written += out.write(converted.records.buffer)
-                stats.add(converted.stats)
+            lazy = LazyDownConvertRecords(open_split(split), to_magic, 0, chunk_size)
+            for converted, chunk_stats in lazy.chunks():
+                written += out.write(converted)
+                stats.add(chunk_stats)
         os.replace(partial, target)
     except KmemError as exc:
         os.unlink(partial)

@@ -14,13 +14,9 @@ import random
 
 from kmem.ledger import NO_TXN, ProducerEntry
 from kmem.records import ControlRecordType, RecordsBuilder, TimestampType, build_control_batch
+from kmem.records.files import segment_file_name
 
-SEGMENT_NAME_DIGITS = 20
 BASE_TIMESTAMP = 1_700_000_000_000
-
-
-def segment_file_name(base_offset):
-    return f"{base_offset:0{SEGMENT_NAME_DIGITS}d}.log"
 
 
 @dataclasses.dataclass

@@ -1,8 +1,7 @@
 """Finding and opening Kafka log segments: ``<topic>-<partition>/<20-digit base offset>.log``.
 
-Local paths (and ``file://`` URIs) are memory-mapped, so reading a segment costs no heap beyond the
-batch being decoded. Any other URI that ``pyarrow.fs`` understands (``hdfs://``, ``s3://``, ``gs://``)
-is read through it, one split at a time.
+Local paths (and ``file://`` URIs) are read as ``FileRecords``, a window at a time. Any other URI that
+``pyarrow.fs`` understands (``hdfs://``, ``s3://``, ``gs://``) is read through it, one split at a time.
 """
 import dataclasses
 import mmap
@@ -10,8 +9,8 @@ import os
 import re
 
 from kmem.records import MemoryRecords
+from kmem.records.files import SEGMENT_NAME, FileRecords
 
-SEGMENT_FILE = re.compile(r"^(\d{20})\.log$")
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
 LOG_OVERHEAD = 12       # offset i64 | size i32 in front of every entry
 DEFAULT_SPLIT_BYTES = 128 << 20
@@ -60,7 +59,7 @@ def list_segments(root, split_bytes=DEFAULT_SPLIT_BYTES):
         if info.type != fs.FileType.File:
             continue
         directory, file_name = info.path.rsplit("/", 1)
-        segment, partition_dir = SEGMENT_FILE.match(file_name), PARTITION_DIR.match(directory.rsplit("/", 1)[-1])
+        segment, partition_dir = SEGMENT_NAME.match(file_name), PARTITION_DIR.match(directory.rsplit("/", 1)[-1])
         if not segment or not partition_dir:
             continue
         uri = scheme + info.path
@@ -92,26 +91,21 @@ def _batch_aligned_bounds(path, size, split_bytes):
 
 
 def open_split(split):
-    """``(MemoryRecords, position of the split's first byte in it)``; local data is mapped, not read.
-
-    The mapping lives as long as any batch view of it: nothing needs closing.
-    """
+    """The split's records: a ``FileRecords`` slice of a local file (read in bounded windows, never
+    whole), or the split's bytes read through ``pyarrow.fs``. Split bounds are batch boundaries."""
     if _is_local(split.uri):
-        with open(split.uri.removeprefix("file://"), "rb") as file:
-            if os.fstat(file.fileno()).st_size == 0:
-                return MemoryRecords(b""), 0
-            return MemoryRecords(mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)), split.start
+        return FileRecords(split.uri.removeprefix("file://"), split.start, split.end)
     filesystem, path = _filesystem(split.uri)
     with filesystem.open_input_file(path) as file:
         file.seek(split.start)
-        return MemoryRecords(file.read(split.end - split.start)), 0
+        return MemoryRecords(file.read(split.end - split.start))
 
 
 def batches_of_split(split):
-    """Yield ``RecordBatch`` views of the batches starting inside the split; raises KmemError on corruption."""
-    records, start = open_split(split)
-    limit = start + split.end - split.start
-    for batch in records.batches(start):
-        if batch.position >= limit:
-            return
-        yield batch
+    """Yield ``RecordBatch`` views of the split's batches; raises KmemError on corruption."""
+    records = open_split(split)
+    try:
+        yield from records.batches()
+    finally:
+        if isinstance(records, FileRecords):
+            records.close()

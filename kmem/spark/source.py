@@ -78,7 +78,7 @@ class KafkaLogReader(DataSourceReader):
                                      producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
                                      is_transactional=batch.is_transactional, is_control=batch.is_control_batch)
                 if self.level == "batches":
-                    rows.append(batch_columns, position=batch.position, size_bytes=batch.size_in_bytes,
+                    rows.append(batch_columns, position=batch.file_position, size_bytes=batch.size_in_bytes,
                                 base_offset=batch.base_offset, last_offset=batch.last_offset,
                                 records_count=batch.records_count, base_sequence=batch.base_sequence,
                                 max_timestamp=batch.max_timestamp)
