@@ -145,9 +145,6 @@ class Selector:
         self.pool.remove_listener(self._pool_listener)
         for channel in list(self._channels.values()):
             self._close_channel(channel, None)
-        for receive in self.completed_receives:
-            receive.close()
-        self.completed_receives = []
         self._selector.close()
         self._wake_reader.close()
         self._wake_writer.close()
