@@ -181,10 +181,10 @@ class Selector:
         self.completed_sends = []
         self.connected = []
         self.disconnected = {}
-        if self._buffered_read and self._made_read_progress_last_poll:
-            timeout = 0
         if self._out_of_memory and not self.pool.is_out_of_memory:
             self._lift_memory_mutes()
+        if self._buffered_read and self._made_read_progress_last_poll:
+            timeout = 0     # buffered bytes can progress without the socket: do not wait for it
         timeout = self._limit_by_idle_expiry(timeout)
         self._made_read_progress_last_poll = False
         ready = {}
