@@ -7,7 +7,8 @@ at most one complete frame per channel and writes pending sends. Results of the 
 
 Beyond Kafka: the selector listens to its pool, so a release that ends an out-of-memory period wakes a
 blocked ``poll`` at once instead of after its timeout; idle connections are closed (a client that sends a
-size prefix and stalls cannot pin memory forever), except those that wait for a response of ours.
+size prefix and stalls cannot pin memory forever), except those that wait for us: for a response, or
+for pool memory.
 """
 import collections
 import errno
@@ -256,6 +257,9 @@ class Selector:
                 self.completed_receives.append(receive)
         if channel.muted:
             self._out_of_memory = True      # the channel muted itself: the pool refused its receive
+            # Waiting for our memory is not the client's idleness (and pins nothing): its idle clock
+            # restarts when the mute is lifted.
+            self._idle.pop(channel.id, None)
 
     def _drain_wakeups(self):
         self.wakeups += 1
