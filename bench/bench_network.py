@@ -2,10 +2,17 @@
 
 1. Echo: request/response throughput and p99 latency with 1, 16 and 128 concurrent clients, 1 KiB and
    1 MiB requests, the same server with a bounded pool (``queued_max_request_bytes``) and unbounded
-   (``-1``, Kafka's default); ``extra_info["ratio"]`` = bounded / unbounded throughput.
+   (``-1``, Kafka's default); ``extra_info["ratio"]`` = bounded / unbounded throughput, best of
+   ``KMEM_BENCH_ECHO_ROUNDS`` alternating runs of ``KMEM_BENCH_ECHO_SECONDS`` each.
 2. Flood: clients each send one large request to a server whose handler is slow; the server's peak RSS
    bounded vs unbounded. The default flood needs 1 GiB unbounded; ``KMEM_BENCH_FLOOD_GIB=4`` runs the
    4 GiB scenario (peak RSS ~4 GiB for the unbounded server: a long run, needs that much free memory).
+
+glibc note: a bounded pool keeps its large blocks for reuse instead of freeing them, so glibc's dynamic
+mmap threshold stays at 128 KiB and the echo handler's own 1 MiB response copies are mmap'ed (and
+page-faulted) afresh each time; an unbounded server frees its request buffers, which raises the
+threshold. Run with ``MALLOC_MMAP_THRESHOLD_=4194304`` (inherited by the servers) to compare the pools
+without that allocator effect.
 
 Servers run in a child process (``tests/network_flood.py``) so that clients and server do not share a GIL
 and the RSS is the server's own. Run: ``.venv/bin/pytest bench/bench_network.py -s``.
@@ -24,7 +31,10 @@ from network_flood import FloodServer, flood  # noqa: E402
 from network_helpers import recv_frame  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
-ECHO_SECONDS = float(os.environ.get("KMEM_BENCH_ECHO_SECONDS", "2"))
+ECHO_SECONDS = float(os.environ.get("KMEM_BENCH_ECHO_SECONDS", "1"))
+# Bounded and unbounded runs alternate this many times and the best of each is kept: the machine is
+# shared, and the best run is the one least disturbed by other load.
+ECHO_ROUNDS = int(os.environ.get("KMEM_BENCH_ECHO_ROUNDS", "3"))
 ECHO_BOUND = 32 * MIB
 FLOOD_GIB = int(os.environ.get("KMEM_BENCH_FLOOD_GIB", "1"))
 FLOOD_REQUEST = 64 * MIB
@@ -85,8 +95,11 @@ def test_echo_bounded_vs_unbounded(benchmark, clients, size):
     measured = {}
 
     def run():
-        measured["unbounded"] = run_echo(-1, clients, size)
-        measured["bounded"] = run_echo(ECHO_BOUND, clients, size)
+        for _ in range(ECHO_ROUNDS):
+            for name, bound in (("unbounded", -1), ("bounded", ECHO_BOUND)):
+                result = run_echo(bound, clients, size)
+                if name not in measured or result["requests_per_s"] > measured[name]["requests_per_s"]:
+                    measured[name] = result
 
     benchmark.pedantic(run, rounds=1, iterations=1)
     bounded, unbounded = measured["bounded"], measured["unbounded"]

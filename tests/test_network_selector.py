@@ -411,3 +411,47 @@ def test_one_request_in_flight_cycle():
     assert channel.maybe_unmute() and not channel.muted
     channel.close()
     b.close()
+
+
+def test_one_completed_receive_per_channel_per_poll(listener):
+    with Selector(SimpleMemoryPool(10_000, 1000)) as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["c"])
+        client.sendall(frame(b"1" * 10) + frame(b"2" * 10) + frame(b"3" * 10))
+        per_poll = []
+        deadline = time.monotonic() + 5
+        while sum(per_poll) < 3 and time.monotonic() < deadline:
+            selector.poll(0.2)
+            per_poll.append(len(selector.completed_receives))
+            for r in selector.completed_receives:
+                r.close()
+        assert sum(per_poll) == 3 and max(per_poll) == 1
+        client.close()
+
+
+class RecordingRandom:
+    def __init__(self):
+        self.shuffles = 0
+
+    def shuffle(self, items):
+        self.shuffles += 1
+        items.reverse()
+
+
+def test_ready_channels_are_shuffled_only_when_memory_is_low(listener):
+    pool = SimpleMemoryPool(1000, 1000)
+    rng = RecordingRandom()
+    with Selector(pool, rng=rng) as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["c"])
+        client.sendall(frame(b"x" * 10))
+        got = poll_until(selector, lambda r: r)
+        assert rng.shuffles == 0                # 990 of 1000 bytes free: iteration order kept
+        hog = pool.try_allocate(950)            # 40 bytes left, below 10% of the pool
+        client.sendall(frame(b"y" * 10))
+        got += poll_until(selector, lambda r: len(r) >= 1)
+        assert rng.shuffles > 0
+        for r in got:
+            r.close()
+        pool.release(hog)
+        client.close()

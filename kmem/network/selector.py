@@ -7,7 +7,8 @@ at most one complete frame per channel and writes pending sends. Results of the 
 
 Beyond Kafka: the selector listens to its pool, so a release that ends an out-of-memory period wakes a
 blocked ``poll`` at once instead of after its timeout; idle connections are closed (a client that sends a
-size prefix and stalls cannot pin memory forever), except those that wait for a response of ours.
+size prefix and stalls cannot pin memory forever), except those that wait for us: for a response, or
+for pool memory.
 """
 import collections
 import errno
@@ -145,9 +146,6 @@ class Selector:
         self.pool.remove_listener(self._pool_listener)
         for channel in list(self._channels.values()):
             self._close_channel(channel, None)
-        for receive in self.completed_receives:
-            receive.close()
-        self.completed_receives = []
         self._selector.close()
         self._wake_reader.close()
         self._wake_writer.close()
@@ -184,10 +182,10 @@ class Selector:
         self.completed_sends = []
         self.connected = []
         self.disconnected = {}
-        if self._buffered_read and self._made_read_progress_last_poll:
-            timeout = 0
         if self._out_of_memory and not self.pool.is_out_of_memory:
             self._lift_memory_mutes()
+        if self._buffered_read and self._made_read_progress_last_poll:
+            timeout = 0     # buffered bytes can progress without the socket: do not wait for it
         timeout = self._limit_by_idle_expiry(timeout)
         self._made_read_progress_last_poll = False
         ready = {}
@@ -259,6 +257,9 @@ class Selector:
                 self.completed_receives.append(receive)
         if channel.muted:
             self._out_of_memory = True      # the channel muted itself: the pool refused its receive
+            # Waiting for our memory is not the client's idleness (and pins nothing): its idle clock
+            # restarts when the mute is lifted.
+            self._idle.pop(channel.id, None)
 
     def _drain_wakeups(self):
         self.wakeups += 1

@@ -189,7 +189,6 @@ class _Processor(threading.Thread):
             channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
             if not self.server.enqueue(Request(connection_id, self, receive)):
                 receive.close()
-        self.selector.completed_receives = []     # ownership passed on: the selector must not close them
 
     def _process_completed_sends(self):
         for connection_id in self.selector.completed_sends:
