@@ -1,7 +1,13 @@
 """Shared test setup. The first thing checked: the compiled core is the one under test."""
 import importlib.machinery
+import os
 
 import pytest
+
+# Child interpreters (crash tests, servers in subprocesses, Spark's Python workers) started with -c or -m
+# would put the working directory first on sys.path; run from a checkout, that is the uncompiled source
+# tree instead of the kmem under test.
+os.environ["PYTHONSAFEPATH"] = "1"
 
 
 def pytest_sessionstart(session):

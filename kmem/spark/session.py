@@ -23,6 +23,9 @@ def get_session(master=None, app_name="kmem", conf=None):
     # packed virtual environment and set spark.pyspark.python to its interpreter (see README).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Workers start as `python -m pyspark.daemon` in the driver's directory; without this, a driver run
+    # from a kmem checkout would have them import the uncompiled source tree instead of the install.
+    os.environ.setdefault("PYTHONSAFEPATH", "1")
     builder = SparkSession.builder.appName(app_name)
     submitted = SparkConf().contains("spark.master")
     if master or not submitted:
