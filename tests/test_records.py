@@ -281,3 +281,28 @@ def test_lz4_magic0_uses_kafka_3160_checksum():
 
 def test_scenario_reads_back():
     assert read_kmem(scenario_batches("none")) == scenario_records()
+
+
+def test_unknown_codec_is_corrupt():
+    from kmem.records import down_convert
+
+    v2 = bytearray(build_records([b"a"], compression="gzip"))
+    struct.pack_into(">h", v2, 21, 5)
+    with pytest.raises(CorruptRecordError, match="unknown compression codec 5"):
+        next(iter(MemoryRecords(bytes(v2)))).records()
+    with pytest.raises(CorruptRecordError, match="unknown compression codec 5"):
+        down_convert(bytes(v2), 1)
+    legacy = bytearray(build_records([b"a"], magic=1, compression="gzip"))
+    legacy[17] = 4      # zstd is not a legacy codec
+    with pytest.raises(CorruptRecordError, match="zstd is not a valid codec"):
+        next(iter(MemoryRecords(bytes(legacy)))).records()
+    with pytest.raises(CorruptRecordError, match="zstd is not a valid codec"):
+        down_convert(bytes(legacy), 0)
+
+
+def test_memory_records_read_is_a_view():
+    data = bytearray(build_records([b"abc"]))
+    records = MemoryRecords(data)
+    view = records.read(3, 10)
+    data[5] = 0x7F
+    assert view[2] == 0x7F and len(records.read(len(data) - 2, 10)) == 2

@@ -42,7 +42,8 @@ class FileRecords:
 
     Iterating yields ``RecordBatch`` views (``position`` is the byte position in the file) without
     reading more than ``READ_SIZE`` (or one batch, if larger) at a time; a truncated trailing batch is
-    ignored as Kafka does. ``slice`` shares the open file. Use as a context manager or call ``close``.
+    ignored as Kafka does. ``slice`` shares the open file (close the original last). Use as a context
+    manager or call ``close``.
     """
 
     def __init__(self, path, start=0, end=None, *, _fd=None):
