@@ -168,3 +168,24 @@ def test_the_demo_command_runs_every_job_and_its_checks_pass(spark, tmp_path, ca
     out = capsys.readouterr().out
     assert "FAILED" not in out and out.count("[ok]") == 5
     assert os.path.exists(tmp_path / "demo" / "report.png")
+
+
+def write_segment(path, batch, copies):
+    """A segment of ``copies`` times the same batch (conversion does not need increasing offsets)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as file:
+        for _ in range(copies):
+            file.write(batch)
+
+
+def test_convert_task_memory_is_bounded_by_the_chunk_not_the_segment(spark, tmp_path):
+    from kmem.records import build_records
+
+    batch = build_records([bytes([i % 251]) * 1024 for i in range(100)], magic=2)     # ~100 KiB
+    write_segment(tmp_path / "logs" / "big-0" / "00000000000000000000.log", batch, 160)   # ~16 MiB
+    chunk = 64 << 10
+    result = jobs.convert(spark, str(tmp_path / "logs"), str(tmp_path / "out"), 1, chunk, trace_memory=True)
+    assert result["errors"] == [] and result["totals"]["records_converted"] == 16_000
+    peak = result["totals"]["max_task_peak_memory_bytes"]
+    # at most one source batch (100 KiB here) and its conversion are alive at a time
+    assert 0 < peak < 4 * max(chunk, len(batch)) + (256 << 10), peak

@@ -171,7 +171,12 @@ def ledger(spark, input_path, output_dir, false_positive_rate=0.01):
 
 # --------------------------------------------------------------------------------------------- convert
 
-def _convert_segment(split, output_dir, to_magic, chunk_size):
+def convert_segment(split, output_dir, to_magic, chunk_size, trace_memory=False):
+    """Convert one segment (a ``SegmentSplit`` covering the whole file) into ``output_dir``: the work of
+    one ``convert`` task, callable without Spark. With ``trace_memory`` the result also holds the peak of
+    Python-allocated memory during the conversion (tracemalloc, which slows it down)."""
+    import tracemalloc
+
     from kmem.errors import KmemError
     from kmem.records import LazyDownConvertRecords, RecordConversionStats
     from kmem.spark.segments import open_split
@@ -183,6 +188,8 @@ def _convert_segment(split, output_dir, to_magic, chunk_size):
     stats, written = RecordConversionStats(), 0
     result = {"topic": split.topic, "partition": split.partition, "segment": split.name,
               "input_bytes": split.end - split.start}
+    if trace_memory:
+        tracemalloc.start()
     try:
         with open(partial, "wb") as out:
             lazy = LazyDownConvertRecords(open_split(split), to_magic, 0, chunk_size)
@@ -193,16 +200,23 @@ def _convert_segment(split, output_dir, to_magic, chunk_size):
     except KmemError as exc:
         os.unlink(partial)
         return dict(result, error=f"{split.uri}: {exc}")
+    finally:
+        if trace_memory:
+            result["peak_memory_bytes"] = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
     return dict(result, error=None, output_bytes=written, records_converted=stats.num_records_converted,
                 temporary_memory_bytes=stats.temporary_memory_bytes,
                 conversion_time_ms=stats.conversion_time_nanos / 1e6)
 
 
-def convert(spark, input_path, output_dir, to_magic=1, chunk_size=128 << 10):
+def convert(spark, input_path, output_dir, to_magic=1, chunk_size=128 << 10, trace_memory=False):
     """Down-convert every segment to ``to_magic`` (0 or 1) into ``<output>/<topic>-<partition>/`` under
     the same file names, one task per segment, at most ``chunk_size`` bytes of input converted at a
     time. Segments that cannot be converted (corrupt, or zstd below magic 2) are listed in ``errors``
-    and leave no output file. Conversion stats are summed over the cluster."""
+    and leave no output file. Conversion stats are summed over the cluster; with ``trace_memory`` the
+    largest per-task peak of Python memory is reported too.
+
+    ``output_dir`` must be a directory every executor can write (local, or a shared mount)."""
     if to_magic not in (0, 1):
         from kmem.errors import InvalidArgumentError
         raise InvalidArgumentError(f"convert targets magic 0 or 1, not {to_magic}")
@@ -211,10 +225,13 @@ def convert(spark, input_path, output_dir, to_magic=1, chunk_size=128 << 10):
     results = []
     if segments:
         results = (spark.sparkContext.parallelize(segments, len(segments))
-                   .map(lambda split: _convert_segment(split, output_dir, to_magic, chunk_size)).collect())
+                   .map(lambda split: convert_segment(split, output_dir, to_magic, chunk_size, trace_memory))
+                   .collect())
     done = [r for r in results if r["error"] is None]
     totals = {name: sum(r[name] for r in done)
               for name in ("input_bytes", "output_bytes", "records_converted", "temporary_memory_bytes",
                            "conversion_time_ms")}
+    if trace_memory:
+        totals["max_task_peak_memory_bytes"] = max((r["peak_memory_bytes"] for r in results), default=0)
     return {"to_magic": to_magic, "segments": len(done), "totals": totals,
             "errors": [{k: r[k] for k in ("topic", "partition", "segment", "error")} for r in results if r["error"]]}
