@@ -24,16 +24,37 @@ cdef int check_entries(const uint8_t[::1] data, Py_ssize_t count) except -1:
     return 0
 
 
-def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, const uint32_t[::1] order=None):
-    """The row of ``pid`` among ``count`` entries sorted by id (directly, or through ``order``), or -1."""
+def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, const uint32_t[::1] order=None,
+                    const int64_t[::1] fences=None, Py_ssize_t stride=0):
+    """The row of ``pid`` among ``count`` entries sorted by id (directly, or through ``order``), or -1.
+
+    ``fences`` (in the heap) hold the id at every ``stride``-th sorted position: searching them first
+    narrows the search of the mapped file to one stride of entries, a page or two, so few pages of the
+    mapping are touched.
+    """
     check_entries(data, count)
     if order is not None and order.shape[0] != count:
         raise ValueError("order does not have one row per entry")
+    if fences is not None and (stride < 1 or fences.shape[0] != (count + stride - 1) // stride):
+        raise ValueError("fences do not match the entries")
     cdef const uint8_t* base = &data[0]
     cdef bint direct = order is None
     cdef Py_ssize_t lo = 0, hi = count, mid, row, result = -1
     cdef int64_t found
     with nogil:
+        if fences is not None:
+            hi = fences.shape[0]
+            while lo < hi:              # the last fence <= pid
+                mid = lo + ((hi - lo) >> 1)
+                if fences[mid] <= pid:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if lo == 0:
+                hi = 0                  # below the first id
+            else:
+                lo = (lo - 1) * stride
+                hi = min(lo + stride, count)
         while lo < hi:
             mid = lo + ((hi - lo) >> 1)
             row = mid if direct else order[mid]
@@ -74,6 +95,23 @@ def snapshot_sorted(const uint8_t[::1] data, Py_ssize_t count, const uint32_t[::
                 break
             previous = current
     return ok
+
+
+def snapshot_fences(const uint8_t[::1] data, Py_ssize_t count, Py_ssize_t stride, const uint32_t[::1] order=None):
+    """The ids at sorted positions 0, stride, 2 stride, ... (for ``snapshot_search``), as an int64 array."""
+    check_entries(data, count)
+    if stride < 1 or (order is not None and order.shape[0] != count):
+        raise ValueError("bad stride or order")
+    import numpy
+    out = numpy.empty((count + stride - 1) // stride, numpy.int64)
+    cdef int64_t[::1] fences = out
+    cdef Py_ssize_t b, row
+    for b in range(fences.shape[0]):
+        row = b * stride if order is None else order[b * stride]
+        if row >= count:
+            raise ValueError(f"the order points outside the {count} entries")
+        fences[b] = row_pid(&data[0], row)
+    return out
 
 
 @cython.final

@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHAPE = Shape.from_np(1_000_000, 0.01)
 DEFAULT_EXPIRATION_MS = 86_400_000       # producer.id.expiration.ms
-TRIM_EVERY = 1024                        # snapshot searches between handing mapped pages back
 
 
 def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=False):
@@ -85,7 +84,6 @@ class PidLedger:
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
         self._lock = threading.Lock()          # the active file: update and read
         self._flush_lock = threading.Lock()    # one flush at a time
-        self._searches = 0
         os.makedirs(self.directory, exist_ok=True)
         self._open()
         self._stop = threading.Event()
@@ -178,19 +176,10 @@ class PidLedger:
         i = _core.bloom_scan(view.filters, 0, pid)
         while i >= 0:
             entry = view.snapshots[i].find(pid)
-            self._searched()
             if entry is not None:
                 return entry
             i = _core.bloom_scan(view.filters, i + 1, pid)
         return None
-
-    def _searched(self):
-        # Binary searches touch pages of the mappings; hand them back now and then so the resident
-        # set stays bounded (they remain in the page cache, and a later search maps them again).
-        self._searches += 1
-        if self._searches % TRIM_EVERY == 0:
-            for snapshot in self._view.snapshots:
-                snapshot.trim()
 
     def _expired(self, entry):
         return (entry.current_txn_first_offset == NO_TXN
