@@ -90,6 +90,7 @@ def main():
     parser.add_argument("--ids", type=int, default=1_000_000)
     parser.add_argument("--samples", type=int, default=20_000, help="reads timed per kind (after as many warm-up)")
     parser.add_argument("--dir", help="ledger directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--reuse", action="store_true", help="measure a --dir built by an earlier run")
     parser.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
@@ -99,8 +100,9 @@ def main():
     directory = args.dir or tempfile.mkdtemp(prefix="kmem-ledger-bench-")
     try:
         started = time.perf_counter()
-        subprocess.run([sys.executable, __file__, "--build-only", "--dir", directory, "--ids", str(args.ids)],
-                       check=True)
+        if not args.reuse:
+            subprocess.run([sys.executable, __file__, "--build-only", "--dir", directory, "--ids", str(args.ids)],
+                           check=True)
         build_seconds = time.perf_counter() - started
         result = measure(directory, args.ids, args.samples, args.seed)
         result["build_seconds"] = round(build_seconds, 1)

@@ -173,12 +173,10 @@ class PidLedger:
             entry = old.find(pid)
             if entry is not None:
                 return entry
-        i = _core.bloom_scan(view.filters, 0, pid)
-        while i >= 0:
+        for i in _core.bloom_candidates(view.filters, pid):     # newest first; false positives skipped
             entry = view.snapshots[i].find(pid)
             if entry is not None:
                 return entry
-            i = _core.bloom_scan(view.filters, i + 1, pid)
         return None
 
     def _expired(self, entry):
