@@ -26,8 +26,8 @@ from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
 from kmem.errors import CorruptSnapshotError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
-    NO_TXN, ORDER_SUFFIX, Snapshot, entries_array, fsync_directory, id_order, snapshot_name, snapshot_offset,
-    snapshot_stats, write_entries,
+    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, fsync_directory, id_order, snapshot_name,
+    snapshot_offset, snapshot_stats, write_entries,
 )
 
 log = logging.getLogger(__name__)
@@ -186,8 +186,11 @@ class PidLedger:
     def update(self, entry):
         """Insert or update the producer's entry in the active file; returns it.
 
-        Flushes first when the active file is full (its filter saturated) or the flush interval passed.
+        Flushes first when the active file is full (its filter saturated or its rows used up).
+        ``entry`` is a ProducerEntry or a tuple of its eight fields.
         """
+        if not isinstance(entry, ProducerEntry):
+            entry = ProducerEntry(*entry)
         while True:
             with self._lock:
                 if not self._active.full:
