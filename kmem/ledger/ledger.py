@@ -2,8 +2,9 @@
 
 The directory holds Kafka snapshot files (``<offset>.snapshot``), one Bloom sidecar per snapshot
 (``<offset>.snapshot.bloom``), row orders for unsorted Kafka files (``.order``) and the active file
-(``ledger-<n>.active``). The heap holds only the active file's row table and filter; snapshots and
-their sidecars are memory-mapped, so memory does not grow with the number of producer ids.
+(``ledger-<n>.active``). The heap holds the active file's row table and filter and every 128th id of
+each snapshot; sidecars are memory-mapped and snapshots are read a 128-entry stride at a time, so memory
+barely grows with the number of producer ids (1/16 byte per id).
 
 ``read(pid)`` checks the active file, then a file being flushed, then each snapshot whose filter may
 hold the id, newest snapshot first, continuing past false positives. The newest entry found decides:
