@@ -94,8 +94,9 @@ def print_table(write):
                 ratio = "" if name.startswith("kmem") or not kmem else f"  kmem x{kmem[0] / speed:.1f}"
                 write(f"  {case:13} {name:30} {speed / 1e6:7.1f} M/s{ratio}")
     # The yardstick: kmem's batch calls against rbloom's per-item loop with Python's hash.
-    for batch, kmem_name, loop, peer in [("batch add", "kmem add_many", "per-item add", "rbloom add (python hash)"),
-                                         ("batch query", "kmem contains_many", "per-item in", "rbloom in (python hash)")]:
+    yardsticks = [("batch add", "kmem add_many", "per-item add", "rbloom add (python hash)"),
+                  ("batch query", "kmem contains_many", "per-item in", "rbloom in (python hash)")]
+    for batch, kmem_name, loop, peer in yardsticks:
         if (batch, kmem_name) in RESULTS and (loop, peer) in RESULTS:
             write(f"  {kmem_name} / {peer} loop: x{RESULTS[batch, kmem_name] / RESULTS[loop, peer]:.1f}")
 

@@ -10,6 +10,7 @@
 
 from libc.stdint cimport int64_t, uint8_t, uint64_t
 from cpython.number cimport PyNumber_Index
+from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
 cdef extern from *:
@@ -264,25 +265,60 @@ cdef class BloomBits:
                 dst[i] |= src[i]
 
 
-def bloom_scan(list filters, Py_ssize_t start, pid):
-    """The position of the first filter in ``filters[start:]`` that may hold ``pid``, or -1.
+def bloom_candidates(list filters, pid):
+    """The positions of the filters in ``filters`` that may hold ``pid``, in order.
 
-    The ledger's read path: one call tests an id against every snapshot's filter, hashing it once per
-    distinct shape.
+    The ledger's read path: one call tests an id against every snapshot's filter. The sidecars are far
+    larger than the CPU cache, so each bit tested is a cache miss; testing breadth-first (bit j of every
+    filter still in the running, fetched together, then bit j + 1 of the survivors) lets those misses
+    overlap instead of queueing one filter after another.
     """
     cdef uint64_t key = pid_key(pid)
-    cdef int64_t idx[MAX_HASHES]
-    cdef int64_t m = 0
-    cdef int k = 0
+    cdef Py_ssize_t n = len(filters), i, a, alive = 0, kept
+    cdef int kmax = 1, j
     cdef BloomBits f
-    cdef Py_ssize_t i
-    for i in range(max(start, 0), len(filters)):
+    for i in range(n):
         f = <BloomBits?>filters[i]
         f.check(False)
-        if f.m != m or f.k != k:
+        kmax = max(kmax, f.k)
+    cdef int64_t* idx = <int64_t*>malloc(max(n, 1) * kmax * sizeof(int64_t))
+    cdef const uint8_t** bits = <const uint8_t**>malloc(max(n, 1) * sizeof(uint8_t*))
+    cdef int* ks = <int*>malloc(max(n, 1) * sizeof(int))
+    cdef Py_ssize_t* running = <Py_ssize_t*>malloc(max(n, 1) * sizeof(Py_ssize_t))
+    if idx == NULL or bits == NULL or ks == NULL or running == NULL:
+        free(idx); free(bits); free(ks); free(running)
+        raise MemoryError()
+    cdef int64_t m = 0
+    cdef int k = 0
+    cdef Py_ssize_t hashed = -1
+    for i in range(n):
+        f = <BloomBits>filters[i]
+        bits[i] = &f.view[0]
+        ks[i] = f.k
+        if f.m == m and f.k == k:       # same shape as the last one hashed: same indices
+            memcpy(idx + i * kmax, idx + hashed * kmax, k * sizeof(int64_t))
+        else:
             m = f.m
             k = f.k
-            pid_indices(key, m, k, idx)
-        if test_indices(&f.view[0], idx, k):
-            return i
-    return -1
+            pid_indices(key, m, k, idx + i * kmax)
+            hashed = i
+        running[i] = i
+    alive = n
+    with nogil:
+        for j in range(kmax):
+            for a in range(alive):
+                i = running[a]
+                if j < ks[i]:
+                    kmem_prefetch_w(bits[i] + bit_byte(idx[i * kmax + j]), 0)
+            kept = 0
+            for a in range(alive):
+                i = running[a]
+                if j >= ks[i] or (bits[i][bit_byte(idx[i * kmax + j])] >> (idx[i * kmax + j] & 7)) & 1:
+                    running[kept] = i
+                    kept += 1
+            alive = kept
+            if alive == 0:
+                break
+    result = [running[a] for a in range(alive)]
+    free(idx); free(bits); free(ks); free(running)
+    return result

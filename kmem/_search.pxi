@@ -1,7 +1,8 @@
 # Lookups in producer-state snapshot entries (Kafka layout, KIP-1044 ledger).
 #
 # A snapshot is `version i16 | crc u32 | count i32` then `count` entries of 46 bytes, each starting with
-# the big-endian producer id. Sorted files (kmem writes them so) are binary-searched in place; files
+# the big-endian producer id. Sorted files (kmem writes them so) are searched in two steps: `fences`
+# (every stride-th id, in the heap) pick the stride, then `block_search` the stride's entries. Files
 # in Kafka's hash-map order are searched through `order`, a permutation of rows sorted by id. The
 # active ledger file is unsorted and found through `RowTable`, an open-addressing table of row numbers
 # keyed by the id (the id itself is read back from the entry, so a slot costs 4 bytes).
@@ -12,10 +13,23 @@ DEF SNAPSHOT_HEADER = 10
 DEF ENTRY_SIZE = 46
 
 
-cdef inline int64_t row_pid(const uint8_t* data, Py_ssize_t row) noexcept nogil:
+cdef inline int64_t row_pid(const uint8_t* entries, Py_ssize_t row) noexcept nogil:
+    """The producer id of entry ``row``; ``entries`` points at the first entry (after any header)."""
     cdef uint64_t raw
-    memcpy(&raw, data + SNAPSHOT_HEADER + row * ENTRY_SIZE, 8)
+    memcpy(&raw, entries + row * ENTRY_SIZE, 8)
     return <int64_t>kmem_bswap64(raw)
+
+
+cdef inline Py_ssize_t last_fence_at_most(const int64_t* fences, Py_ssize_t n, int64_t pid) noexcept nogil:
+    """The position of the last fence <= pid, or -1 when pid is below them all."""
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        if fences[mid] <= pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
 
 
 cdef int check_entries(const uint8_t[::1] data, Py_ssize_t count) except -1:
@@ -24,16 +38,31 @@ cdef int check_entries(const uint8_t[::1] data, Py_ssize_t count) except -1:
     return 0
 
 
-def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, const uint32_t[::1] order=None):
-    """The row of ``pid`` among ``count`` entries sorted by id (directly, or through ``order``), or -1."""
+def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, const uint32_t[::1] order=None,
+                    const int64_t[::1] fences=None, Py_ssize_t stride=0):
+    """The row of ``pid`` among ``count`` entries sorted by id (directly, or through ``order``), or -1.
+
+    ``fences`` (in the heap) hold the id at every ``stride``-th sorted position: searching them first
+    narrows the search of the mapped file to one stride of entries, a page or two, so few pages of the
+    mapping are touched.
+    """
     check_entries(data, count)
     if order is not None and order.shape[0] != count:
         raise ValueError("order does not have one row per entry")
-    cdef const uint8_t* base = &data[0]
+    if fences is not None and (stride < 1 or fences.shape[0] != (count + stride - 1) // stride):
+        raise ValueError("fences do not match the entries")
+    cdef const uint8_t* base = &data[0] + SNAPSHOT_HEADER
     cdef bint direct = order is None
     cdef Py_ssize_t lo = 0, hi = count, mid, row, result = -1
     cdef int64_t found
     with nogil:
+        if fences is not None:
+            lo = last_fence_at_most(&fences[0], fences.shape[0], pid) if fences.shape[0] else -1
+            if lo < 0:
+                hi = 0                  # below the first id
+            else:
+                lo = lo * stride
+                hi = min(lo + stride, count)
         while lo < hi:
             mid = lo + ((hi - lo) >> 1)
             row = mid if direct else order[mid]
@@ -53,12 +82,38 @@ def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, co
     return result
 
 
+def fence_block(const int64_t[::1] fences, long long pid):
+    """Which stride of a sorted snapshot may hold ``pid``: the last fence <= pid, or -1."""
+    if fences.shape[0] == 0:
+        return -1
+    return last_fence_at_most(&fences[0], fences.shape[0], pid)
+
+
+def block_search(const uint8_t[::1] block, long long pid):
+    """The position of ``pid`` among whole sorted entries in ``block`` (no header), or -1."""
+    cdef Py_ssize_t lo = 0, hi = block.shape[0] // ENTRY_SIZE, mid
+    cdef int64_t found
+    if hi == 0:
+        return -1
+    cdef const uint8_t* entries = &block[0]
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        found = row_pid(entries, mid)
+        if found == pid:
+            return mid
+        if found < pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return -1
+
+
 def snapshot_sorted(const uint8_t[::1] data, Py_ssize_t count, const uint32_t[::1] order=None):
     """Whether the ids are strictly increasing (directly, or through ``order``)."""
     check_entries(data, count)
     if order is not None and order.shape[0] != count:
         return False
-    cdef const uint8_t* base = &data[0]
+    cdef const uint8_t* base = &data[0] + SNAPSHOT_HEADER
     cdef bint direct = order is None, ok = True
     cdef Py_ssize_t i, row
     cdef int64_t previous = 0, current
@@ -74,6 +129,23 @@ def snapshot_sorted(const uint8_t[::1] data, Py_ssize_t count, const uint32_t[::
                 break
             previous = current
     return ok
+
+
+def snapshot_fences(const uint8_t[::1] data, Py_ssize_t count, Py_ssize_t stride, const uint32_t[::1] order=None):
+    """The ids at sorted positions 0, stride, 2 stride, ... (for ``snapshot_search``), as an int64 array."""
+    check_entries(data, count)
+    if stride < 1 or (order is not None and order.shape[0] != count):
+        raise ValueError("bad stride or order")
+    import numpy
+    out = numpy.empty((count + stride - 1) // stride, numpy.int64)
+    cdef int64_t[::1] fences = out
+    cdef Py_ssize_t b, row
+    for b in range(fences.shape[0]):
+        row = b * stride if order is None else order[b * stride]
+        if row >= count:
+            raise ValueError(f"the order points outside the {count} entries")
+        fences[b] = row_pid(&data[0] + SNAPSHOT_HEADER, row)
+    return out
 
 
 @cython.final
@@ -112,7 +184,7 @@ cdef class RowTable:
                 return -1
             if v - 1 >= limit:
                 raise ValueError(f"row {v - 1} is outside the entries")
-            if row_pid(&data[0], v - 1) == pid:
+            if row_pid(&data[0] + SNAPSHOT_HEADER, v - 1) == pid:
                 return v - 1
             s = (s + 1) & self.mask
 

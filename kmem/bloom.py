@@ -326,7 +326,8 @@ def _sidecar_shape(data, path):
     if m < 1 or k < 1:
         raise CorruptSnapshotError(f"{path}: Bloom sidecar has an impossible shape m={m} k={k}")
     if k > MAX_HASH_FUNCTIONS:
-        raise CorruptSnapshotError(f"{path}: Bloom sidecar uses k={k} hash functions, kmem supports {MAX_HASH_FUNCTIONS}")
+        raise CorruptSnapshotError(
+            f"{path}: Bloom sidecar uses k={k} hash functions, kmem supports {MAX_HASH_FUNCTIONS}")
     shape = Shape(m, k)
     expected = _HEADER.size + shape.bitmap_bytes
     if len(data) != expected:

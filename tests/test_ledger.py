@@ -1,11 +1,16 @@
 """PidLedger and PidCache: the KIP-1044 read/update/flush behaviour, adoption, expiry, retention, faults."""
 import logging
 import os
+import shutil
 import struct
+import tempfile
 import threading
 
 import numpy as np
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from snapshot_files import kafka_snapshot, random_entries
 
 from kmem.bloom import BloomFilter, Shape
@@ -323,3 +328,48 @@ def test_cache_is_thread_safe(tmp_path):
 
 def test_entry_struct_is_kafkas():
     assert struct.calcsize(">qhiqiqiq") == 46 == ENTRY_DTYPE.itemsize
+
+
+# --- a model check: the ledger behaves as a dict of newest entries through updates, flushes, reopens ---
+
+
+class LedgerModel(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.directory = tempfile.mkdtemp(prefix="kmem-ledger-model-")
+        self.ledger = PidLedger(self.directory, Shape.from_np(20, 0.01), clock_ms=Clock())
+        self.model = {}
+        self.offset = 0
+
+    @rule(pid=st.integers(-50, 50), epoch=st.integers(0, 5))
+    def update(self, pid, epoch):
+        self.offset += 1
+        e = entry(pid, offset=self.offset, epoch=epoch)
+        self.ledger.update(e)
+        self.model[pid] = e
+
+    @rule()
+    def flush(self):
+        self.ledger.flush()
+
+    @rule()
+    def reopen(self):
+        self.ledger.close()
+        self.ledger = PidLedger(self.directory, Shape.from_np(20, 0.01), clock_ms=Clock())
+
+    @rule(pid=st.integers(-60, 60))
+    def read(self, pid):
+        assert self.ledger.read(pid) == self.model.get(pid)
+
+    @invariant()
+    def snapshots_are_valid_kafka_files(self):
+        for path in self.ledger.snapshot_paths:
+            assert read_snapshot(path)
+
+    def teardown(self):
+        self.ledger.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+TestLedgerModel = LedgerModel.TestCase
+TestLedgerModel.settings = settings(max_examples=25, stateful_step_count=40, deadline=None)

@@ -156,3 +156,37 @@ def test_core_search_finds_present_and_absent_ids():
         _core.snapshot_search(data, len(ids) + 1, 5)            # more entries than bytes
     with pytest.raises(ValueError):
         _core.snapshot_search(data, 3, 5, np.array([0, 1, 99], np.uint32))
+
+
+@pytest.mark.parametrize("n", [1, 127, 128, 129, 1000])
+def test_sorted_snapshot_lookups_across_stride_edges(tmp_path, n):
+    entries = random_entries(n, seed=n)
+    path = tmp_path / snapshot_name(n)
+    write_snapshot(path, entries)
+    snap = Snapshot(path)
+    assert snap.sorted
+    for e in entries:
+        assert snap.find(e.producer_id) == e
+    ids = sorted(e.producer_id for e in entries)
+    for pid in (ids[0] - 1, ids[-1] + 1, -(2**63), 2**63 - 1):
+        assert snap.find(pid) is None
+    gaps = [a + 1 for a, b in zip(ids, ids[1:]) if b - a > 1][:50]
+    assert all(snap.find(pid) is None for pid in gaps)
+
+
+def test_core_fence_and_block_search():
+    ids = np.arange(0, 3000, 3, dtype=np.int64)
+    array = np.zeros(len(ids), ENTRY_DTYPE)
+    array["producer_id"] = ids
+    data = np.frombuffer(b"\0" * 10 + array.tobytes(), np.uint8)
+    fences = _core.snapshot_fences(data, len(ids), 128)
+    assert fences.tolist() == ids[::128].tolist()
+    assert _core.fence_block(fences, -1) == -1
+    assert _core.fence_block(fences, 0) == 0
+    assert _core.fence_block(fences, int(ids[128])) == 1
+    assert _core.fence_block(fences, int(ids[128]) - 1) == 0
+    assert _core.fence_block(np.empty(0, np.int64), 5) == -1
+    block = array[128:256].tobytes()
+    assert _core.block_search(block, int(ids[130])) == 2
+    assert _core.block_search(block, int(ids[130]) + 1) == -1
+    assert _core.block_search(block[:45], int(ids[128])) == -1          # no whole entry: nothing read

@@ -2,8 +2,9 @@
 
 The directory holds Kafka snapshot files (``<offset>.snapshot``), one Bloom sidecar per snapshot
 (``<offset>.snapshot.bloom``), row orders for unsorted Kafka files (``.order``) and the active file
-(``ledger-<n>.active``). The heap holds only the active file's row table and filter; snapshots and
-their sidecars are memory-mapped, so memory does not grow with the number of producer ids.
+(``ledger-<n>.active``). The heap holds the active file's row table and filter and every 128th id of
+each snapshot; sidecars are memory-mapped and snapshots are read a 128-entry stride at a time, so memory
+barely grows with the number of producer ids (1/16 byte per id).
 
 ``read(pid)`` checks the active file, then a file being flushed, then each snapshot whose filter may
 hold the id, newest snapshot first, continuing past false positives. The newest entry found decides:
@@ -26,15 +27,14 @@ from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
 from kmem.errors import CorruptSnapshotError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
-    NO_TXN, ORDER_SUFFIX, Snapshot, entries_array, fsync_directory, id_order, snapshot_name, snapshot_offset,
-    snapshot_stats, write_entries,
+    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, fsync_directory, id_order, snapshot_name,
+    snapshot_offset, snapshot_stats, write_entries,
 )
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SHAPE = Shape.from_np(1_000_000, 0.01)
 DEFAULT_EXPIRATION_MS = 86_400_000       # producer.id.expiration.ms
-TRIM_EVERY = 1024                        # snapshot searches between handing mapped pages back
 
 
 def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=False):
@@ -85,7 +85,6 @@ class PidLedger:
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
         self._lock = threading.Lock()          # the active file: update and read
         self._flush_lock = threading.Lock()    # one flush at a time
-        self._searches = 0
         os.makedirs(self.directory, exist_ok=True)
         self._open()
         self._stop = threading.Event()
@@ -175,22 +174,11 @@ class PidLedger:
             entry = old.find(pid)
             if entry is not None:
                 return entry
-        i = _core.bloom_scan(view.filters, 0, pid)
-        while i >= 0:
+        for i in _core.bloom_candidates(view.filters, pid):     # newest first; false positives skipped
             entry = view.snapshots[i].find(pid)
-            self._searched()
             if entry is not None:
                 return entry
-            i = _core.bloom_scan(view.filters, i + 1, pid)
         return None
-
-    def _searched(self):
-        # Binary searches touch pages of the mappings; hand them back now and then so the resident
-        # set stays bounded (they remain in the page cache, and a later search maps them again).
-        self._searches += 1
-        if self._searches % TRIM_EVERY == 0:
-            for snapshot in self._view.snapshots:
-                snapshot.trim()
 
     def _expired(self, entry):
         return (entry.current_txn_first_offset == NO_TXN
@@ -199,8 +187,11 @@ class PidLedger:
     def update(self, entry):
         """Insert or update the producer's entry in the active file; returns it.
 
-        Flushes first when the active file is full (its filter saturated) or the flush interval passed.
+        Flushes first when the active file is full (its filter saturated or its rows used up).
+        ``entry`` is a ProducerEntry or a tuple of its eight fields.
         """
+        if not isinstance(entry, ProducerEntry):
+            entry = ProducerEntry(*entry)
         while True:
             with self._lock:
                 if not self._active.full:
