@@ -63,10 +63,10 @@ class FloodServer:
     """The server child process."""
 
     def __init__(self, queued_max_request_bytes, max_request, handler_delay=0.002, mode="crc"):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+        # the child inherits the environment, so it imports the same kmem as the tests
         self.process = subprocess.Popen(
             [sys.executable, __file__, str(queued_max_request_bytes), str(max_request), str(handler_delay), mode],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         words = self.process.stdout.readline().split()
         if not words or words[0] != "READY":
             self.close()

@@ -1,5 +1,6 @@
 """The package as built: compiled core loaded, packaging files consistent with each other."""
 import importlib.machinery
+import os
 import pathlib
 import subprocess
 import sys
@@ -25,8 +26,9 @@ def test_fallback_is_impossible_core_missing_fails_import(tmp_path):
     pkg.mkdir()
     for source in pathlib.Path(kmem.__file__).parent.glob("*.py"):
         (pkg / source.name).write_text(source.read_text())
-    # -S: no site-packages, so the only kmem to be found is the copy in the current directory
-    result = subprocess.run([sys.executable, "-S", "-c", "import kmem"], cwd=tmp_path, capture_output=True, text=True)
+    # -S: no site-packages, so the only kmem to be found is the copy on PYTHONPATH
+    result = subprocess.run([sys.executable, "-S", "-c", "import kmem"], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert result.returncode != 0
     assert "_core" in result.stderr
 
