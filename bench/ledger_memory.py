@@ -11,7 +11,6 @@ Prints one JSON object.
 """
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys

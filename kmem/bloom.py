@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kmem import _core
+from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 
 LN_2 = math.log(2.0)
@@ -253,17 +254,9 @@ class BloomFilter(_core.BloomBits):
         With ``fsync`` the file and its directory are synced before returning, so it survives power loss.
         """
         self._check_open()
-        path = os.fspath(path)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
+        with replaced_atomically(path, fsync) as f:
             f.write(_HEADER.pack(self.shape.number_of_bits, self.shape.number_of_hash_functions))
             f.write(memoryview(self._bitmap))
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-        if fsync:
-            fsync_directory(os.path.dirname(path) or ".")
 
     @classmethod
     def from_bytes(cls, data, path="<bytes>"):
@@ -341,9 +334,3 @@ def _sidecar_shape(data, path):
     return shape
 
 
-def fsync_directory(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

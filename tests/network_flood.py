@@ -63,10 +63,13 @@ class FloodServer:
     """The server child process."""
 
     def __init__(self, queued_max_request_bytes, max_request, handler_delay=0.002, mode="crc"):
-        # the child inherits the environment, so it imports the same kmem as the tests
+        # the child imports the same kmem as the tests (PYTHONSAFEPATH keeps the checkout off its path),
+        # and the helpers beside this file
+        here = os.path.dirname(os.path.abspath(__file__))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
         self.process = subprocess.Popen(
             [sys.executable, __file__, str(queued_max_request_bytes), str(max_request), str(handler_delay), mode],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         words = self.process.stdout.readline().split()
         if not words or words[0] != "READY":
             self.close()

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from kmem.errors import IllegalStateError, InvalidReceiveError
 from kmem.network import (ChannelMuteEvent, ChannelMuteState, KafkaChannel, NetworkReceive, NetworkSend,
                           PlaintextTransport, Selector)
-from kmem.pool import NONE, SimpleMemoryPool
+from kmem.pool import SimpleMemoryPool
 
-from network_helpers import Sender, closed_by_peer, frame, make_tls_contexts, recv_frame, tls_contexts  # noqa: F401
+from network_helpers import Sender, closed_by_peer, frame, recv_frame, tls_contexts  # noqa: F401
 
 
 @pytest.fixture

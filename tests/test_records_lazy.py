@@ -7,7 +7,7 @@ import struct
 import threading
 
 import pytest
-from records_samples import read_aiokafka, read_kafka_python, read_kmem, scenario_batches
+from records_samples import read_aiokafka, read_kafka_python, read_kmem
 
 from kmem.errors import ConfigError, CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import (ControlRecordType, FetchError, FileRecords, LazyDownConvertRecords, MemoryRecords,

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from kmem.ledger import PidLedger
-from kmem.records import MemoryRecords, down_convert
+from kmem.records import down_convert
 from kmem.spark import jobs
 from kmem.spark.demo import NEVER_EXPIRE_MS
 from kmem.spark.sample import generate_sample

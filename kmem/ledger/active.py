@@ -18,6 +18,7 @@ import numpy as np
 
 from kmem import _core
 from kmem.bloom import BloomFilter
+from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError
 from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry
 
@@ -46,10 +47,9 @@ class ActiveFile:
         self.path = os.fspath(path)
         self.sequence = active_sequence(self.path)
         if capacity is not None and not os.path.exists(self.path):
-            with open(self.path + ".tmp", "wb") as f:
+            with replaced_atomically(self.path) as f:
                 f.write(HEADER.pack(VERSION, 0, 0))
                 f.truncate(HEADER.size + capacity * ENTRY_SIZE)
-            os.replace(self.path + ".tmp", self.path)
         with open(self.path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             if size < HEADER.size or (size - HEADER.size) % ENTRY_SIZE:

@@ -24,10 +24,11 @@ from typing import NamedTuple
 
 from kmem import _core
 from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
+from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
-    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, fsync_directory, id_order, snapshot_name,
+    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, snapshot_name,
     snapshot_offset, snapshot_stats, write_entries,
 )
 

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kmem import _core
-from kmem.bloom import fsync_directory
+from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError, InvalidArgumentError
 
 VERSION = 1
@@ -155,22 +155,14 @@ def write_entries(path, array, order, *, fsync=False):
 
     Streams the rows in pieces, so no second copy of a large array is made.
     """
-    path = os.fspath(path)
-    tmp = path + ".tmp"
     crc = 0
-    with open(tmp, "wb") as f:
+    with replaced_atomically(path, fsync) as f:
         f.write(struct.pack(">hI", VERSION, 0))        # the CRC is filled in once computed
         for chunk in _body_chunks(array, order):
             crc = _core.crc32c(chunk, crc)
             f.write(chunk)
         f.seek(2)
         f.write(struct.pack(">I", crc))
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-    if fsync:
-        fsync_directory(os.path.dirname(path) or ".")
     return _stats(array, crc)
 
 
@@ -267,10 +259,8 @@ class Snapshot:
         order = np.argsort(ids, kind="stable").astype("<u4")
         if not _core.snapshot_sorted(self._data, self.count, order):
             raise CorruptSnapshotError(f"{self.path}: a producer id appears twice in the snapshot")
-        tmp = order_path + ".tmp"
-        with open(tmp, "wb") as f:
+        with replaced_atomically(order_path) as f:
             f.write(order.tobytes())
-        os.replace(tmp, order_path)
         return order
 
     @property

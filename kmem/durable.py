@@ -1,0 +1,31 @@
+"""Writing files so that readers see the old version or the new one, never half of it."""
+import contextlib
+import os
+
+
+def fsync_directory(directory):
+    """Make a rename or a new file in ``directory`` survive power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def replaced_atomically(path, fsync=False):
+    """Write ``path`` through a temporary file that replaces it once the block completes.
+
+    A crash or an exception leaves ``path`` as it was (and a ``.tmp`` file). With ``fsync`` the data
+    and the rename are on disk before the block's caller continues.
+    """
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as file:
+        yield file
+        if fsync:
+            file.flush()
+            os.fsync(file.fileno())
+    os.replace(tmp, path)
+    if fsync:
+        fsync_directory(os.path.dirname(path) or ".")
