@@ -565,6 +565,8 @@ cdef int convert_v2_records(Cursor* c, int64_t count, int64_t base_offset, int64
             f.timestamp = log_append_time
         if cv.to_magic == 0:
             f.timestamp = -1
+        elif f.timestamp < -1:
+            return fail(c, ERR_TIMESTAMP, begin)     # v1 has no negative timestamps but -1 (none)
         if emit(c, cv, attributes, &f) < 0:
             return -1
     if c.p != c.end:

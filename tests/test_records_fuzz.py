@@ -2,13 +2,15 @@
 never a crash, a hang or another exception type."""
 import struct
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from records_samples import scenario_batches
 
-from kmem.errors import KmemError
+from kmem import _core
+from kmem.errors import CorruptRecordError, KmemError
 from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
-                          down_convert)
+                          build_records, down_convert)
 from kmem.records import codecs
 
 
@@ -105,3 +107,17 @@ def test_build_read_convert_round_trip(rows, codec, magic, to_magic):
     assert read == [(k, v) for k, v, _ in rows]
     converted = down_convert(data, to_magic, 0)
     assert [(r.key, r.value) for r in converted.records.records()] == read
+
+
+def test_v2_timestamp_that_v1_cannot_hold_is_rejected_not_written():
+    # found by the fuzzer: a base timestamp far below zero made down_convert write a v1 message
+    # that v1 readers (kmem's and Kafka's) reject
+    batch = bytearray(build_records([b"a", b"b"], magic=2, base_offset=0))
+    struct.pack_into(">q", batch, 27, -(1 << 40))                 # baseTimestamp
+    struct.pack_into(">I", batch, 17, _core.crc32c(bytes(batch[21:])))
+    source = bytes(batch)
+    MemoryRecords(source).ensure_valid()                          # a valid v2 batch, CRC and all
+    assert [r.timestamp for r in MemoryRecords(source).records()] == [-(1 << 40)] * 2
+    with pytest.raises(CorruptRecordError, match="invalid timestamp"):
+        down_convert(source, 1)
+    assert [r.value for r in down_convert(source, 0).records.records()] == [b"a", b"b"]   # v0: no timestamps
