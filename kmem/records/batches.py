@@ -155,9 +155,13 @@ class RecordBatch:
     @property
     def last_sequence(self):
         """Sequence number of the last record (wrapping at 2**31 - 1 as Kafka), or -1 without one."""
+        return self.sequence_of(self._last_offset)
+
+    def sequence_of(self, offset):
+        """Sequence number of the record at ``offset`` in this batch, or -1 when the batch has none."""
         if self.base_sequence == NO_SEQUENCE:
             return NO_SEQUENCE
-        return (self.base_sequence + self._last_offset - self._base_offset) % (INT32_MAX + 1)
+        return (self.base_sequence + offset - self._base_offset) % (INT32_MAX + 1)
 
     @property
     def records_count(self):

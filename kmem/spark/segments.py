@@ -9,10 +9,10 @@ import os
 import re
 
 from kmem.records import MemoryRecords
+from kmem.records.batches import LOG_OVERHEAD
 from kmem.records.files import SEGMENT_NAME, FileRecords
 
 PARTITION_DIR = re.compile(r"^(?P<topic>.+)-(?P<partition>\d+)$")
-LOG_OVERHEAD = 12       # offset i64 | size i32 in front of every entry
 DEFAULT_SPLIT_BYTES = 128 << 20
 
 
@@ -34,7 +34,7 @@ class SegmentSplit:
 def _filesystem(uri):
     from pyarrow import fs
 
-    if "://" not in uri or uri.startswith("file://"):
+    if _is_local(uri):
         return fs.LocalFileSystem(), os.path.abspath(uri.removeprefix("file://"))
     return fs.FileSystem.from_uri(uri)
 

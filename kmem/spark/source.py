@@ -17,7 +17,6 @@ from kmem.records import CODEC_NAMES
 from kmem.spark.segments import DEFAULT_SPLIT_BYTES, batches_of_split, list_segments
 
 ROWS_PER_ARROW_BATCH = 8192
-TIMESTAMP_TYPES = {-1: "NO_TIMESTAMP_TYPE", 0: "CREATE_TIME", 1: "LOG_APPEND_TIME"}
 
 COMMON = "topic string, partition int, segment string, magic int, codec string, timestamp_type string, " \
          "producer_id long, producer_epoch int, is_transactional boolean, is_control boolean"
@@ -74,7 +73,7 @@ class KafkaLogReader(DataSourceReader):
         try:
             for batch in batches_of_split(split):
                 batch_columns = dict(common, magic=batch.magic, codec=CODEC_NAMES[batch.compression],
-                                     timestamp_type=TIMESTAMP_TYPES[int(batch.timestamp_type)],
+                                     timestamp_type=batch.timestamp_type.name,
                                      producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
                                      is_transactional=batch.is_transactional, is_control=batch.is_control_batch)
                 if self.level == "batches":
@@ -84,12 +83,10 @@ class KafkaLogReader(DataSourceReader):
                                 max_timestamp=batch.max_timestamp)
                 else:
                     for record in batch:
-                        sequence = (-1 if batch.base_sequence < 0
-                                    else (batch.base_sequence + record.offset - batch.base_offset) % (1 << 31))
                         rows.append(batch_columns, offset=record.offset, timestamp=record.timestamp,
                                     key=record.key, value=record.value,
                                     headers=[{"key": k, "value": v} for k, v in record.headers],
-                                    sequence=sequence)
+                                    sequence=batch.sequence_of(record.offset))
                 if rows.full:
                     yield rows.flush()
         except KmemError as exc:
