@@ -189,3 +189,37 @@ def test_convert_task_memory_is_bounded_by_the_chunk_not_the_segment(spark, tmp_
     peak = result["totals"]["max_task_peak_memory_bytes"]
     # at most one source batch (100 KiB here) and its conversion are alive at a time
     assert 0 < peak < 4 * max(chunk, len(batch)) + (256 << 10), peak
+
+
+def test_splitting_a_segment_with_a_corrupt_size_still_covers_the_file_and_reports_it(tmp_path):
+    from kmem.errors import KmemError
+    from kmem.records import build_records
+    from kmem.spark.segments import batches_of_split
+
+    batch = build_records([b"x" * 100] * 10, magic=2)
+    path = tmp_path / "t-0" / "00000000000000000000.log"
+    path.parent.mkdir()
+    data = bytearray(batch * 40)
+    data[len(batch) * 20 + 8:len(batch) * 20 + 12] = (-7).to_bytes(4, "big", signed=True)  # 21st batch size
+    path.write_bytes(bytes(data))
+
+    splits = list_segments(str(tmp_path), split_bytes=len(batch) * 5)
+    assert splits[0].start == 0 and splits[-1].end == len(data) and len(splits) > 1
+    assert all(a.end == b.start for a, b in zip(splits, splits[1:]))     # contiguous, nothing skipped
+    read, failures = 0, 0
+    for split in splits:
+        try:
+            read += sum(1 for _ in batches_of_split(split))
+        except KmemError:
+            failures += 1
+    assert read == 20 and failures == 1
+
+
+def test_a_transaction_marker_too_short_to_hold_its_coordinator_epoch_is_corrupt():
+    from kmem.errors import CorruptRecordError
+    from kmem.records import MemoryRecords, RecordsBuilder
+
+    builder = RecordsBuilder(2, base_offset=5, producer_id=9, producer_epoch=0, transactional=True, control=True)
+    builder.append(b"\x00\x00", key=b"\x00\x00\x00\x01", timestamp=1)       # version only, no epoch
+    with pytest.raises(CorruptRecordError, match="coordinator epoch"):
+        jobs.rebuild_producer_state(MemoryRecords(builder.build()))
