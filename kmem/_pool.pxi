@@ -190,6 +190,10 @@ cdef class PoolCore:
         if b.released:
             raise _invalid_argument("buffer was already released")
         self.give_back(b)
+        self.announce_return()
+
+    cdef inline announce_return(self):
+        # Memory came back: it ends a depletion period and wakes whoever was refused since the last return.
         cdef bint waiters = self.refused_since_release
         self.refused_since_release = False
         if self.depleted:
@@ -232,8 +236,7 @@ cdef class PoolCore:
         self.give_back(b)
         try:
             self._buffer_leaked(length, b.origin)
-            self.refused_since_release = False
-            self._memory_returned()
+            self.announce_return()
         except BaseException:
             pass    # nothing can propagate out of a deallocation
 

@@ -381,3 +381,20 @@ def test_process_memory_stays_within_the_pool_bound_under_churn(tmp_path):
     bound = (16 << 20) + (1 << 20) - 1
     # outstanding buffers are rounded up to their size class (at most 25%); a few MiB for the interpreter
     assert growth <= bound * 1.25 + (8 << 20), growth
+
+
+def test_a_reclaimed_leak_returns_memory_like_a_release():
+    clock = FakeClock()
+    pool = SimpleMemoryPool(100, 100, clock=clock)
+    calls = []
+    pool.add_listener(calls.append)
+    pool.try_allocate(10)                   # leaked at once, nobody waiting: no call
+    gc.collect()
+    assert calls == []
+    held = pool.try_allocate(100)
+    assert pool.try_allocate(1) is None    # a refusal starts a dry spell
+    clock.now += 2.0
+    del held                                # reclaimed: ends the spell and wakes the refused
+    gc.collect()
+    assert calls == [pool]
+    assert pool.metrics()["MemoryPoolDepletedTimeTotal"] == pytest.approx(2000.0)
