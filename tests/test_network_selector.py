@@ -455,3 +455,25 @@ def test_ready_channels_are_shuffled_only_when_memory_is_low(listener):
             r.close()
         pool.release(hog)
         client.close()
+
+
+def test_wakeup_from_another_thread_while_closing_is_silent():
+    # A server's shutdown wakes processors whose poll thread may be closing the selector at that moment.
+    errors = []
+    for _ in range(300):
+        selector = Selector()
+        stop_waking = threading.Event()
+
+        def wake_until_stopped(selector=selector, stop_waking=stop_waking):
+            try:
+                while not stop_waking.is_set():
+                    selector.wakeup()
+            except Exception as exc:        # noqa: BLE001 - reported by the main thread
+                errors.append(exc)
+
+        waker = threading.Thread(target=wake_until_stopped)
+        waker.start()
+        selector.close()
+        stop_waking.set()
+        waker.join()
+    assert errors == []

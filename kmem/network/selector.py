@@ -11,7 +11,6 @@ size prefix and stalls cannot pin memory forever), except those that wait for us
 for pool memory.
 """
 import collections
-import errno
 import random
 import selectors
 import socket
@@ -160,12 +159,16 @@ class Selector:
 
     def wakeup(self):
         """Make a blocked (or the next) ``poll`` return at once. Safe from any thread."""
+        if self._closed:
+            return
         try:
             self._wake_writer.send(b"\0")
         except (BlockingIOError, InterruptedError):
             pass        # a wakeup is already pending
-        except OSError as exc:
-            if exc.errno != errno.EBADF:    # closed meanwhile: nobody left to wake
+        except OSError:
+            # Closed by the poll thread meanwhile (EBADF, or EPIPE once the reader end is gone):
+            # nobody is left to wake.
+            if not self._closed:
                 raise
 
     def _memory_returned(self, pool):
