@@ -8,11 +8,10 @@
    bounded vs unbounded. The default flood needs 1 GiB unbounded; ``KMEM_BENCH_FLOOD_GIB=4`` runs the
    4 GiB scenario (peak RSS ~4 GiB for the unbounded server: a long run, needs that much free memory).
 
-glibc note: a bounded pool keeps its large blocks for reuse instead of freeing them, so glibc's dynamic
-mmap threshold stays at 128 KiB and the echo handler's own 1 MiB response copies are mmap'ed (and
-page-faulted) afresh each time; an unbounded server frees its request buffers, which raises the
-threshold. Run with ``MALLOC_MMAP_THRESHOLD_=4194304`` (inherited by the servers) to compare the pools
-without that allocator effect.
+glibc note: a pool keeps its large blocks instead of freeing them, and glibc raises its mmap threshold
+only when it sees a large chunk freed; the pool therefore frees one block of each new largest size at
+once (``kmem/_pool.pxi``), otherwise the handler's own 1 MiB copies would be mmap'ed and page-faulted
+afresh each time and the bounded server would lose ~30% at 1 client x 1 MiB.
 
 Servers run in a child process (``tests/network_flood.py``) so that clients and server do not share a GIL
 and the RSS is the server's own. Run: ``.venv/bin/pytest bench/bench_network.py -s``.

@@ -6,7 +6,7 @@
 
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport free
 
 cdef extern from *:
     """
@@ -15,6 +15,29 @@ cdef extern from *:
     }
     """
     int kmem_bit_length(unsigned long long x) nogil
+
+cdef extern from *:
+    """
+    #include <stdlib.h>
+    /* glibc serves large allocations with fresh mappings (page faults, zeroing) until it sees a mapped
+       chunk freed; then it raises its mmap threshold to that size and serves them from the heap. A
+       pool that keeps its large blocks never frees one, which would leave every large allocation in
+       the process (a request handler's copies, say) on fresh mappings. So, once per new largest block
+       size, free one block of that size straight away, as the process would without the pool. glibc
+       stops adapting above 32 MiB (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit). Called with the GIL held. */
+    static size_t kmem_largest_block_shown = 0;
+    static void* kmem_malloc_block(size_t size) {
+    #if defined(__GLIBC__)
+        if (size > kmem_largest_block_shown && size <= ((size_t)32 << 20)) {
+            void* volatile shown = malloc(size);    /* volatile: the pair must not be optimised away */
+            free(shown);
+            kmem_largest_block_shown = size;
+        }
+    #endif
+        return malloc(size);
+    }
+    """
+    void* kmem_malloc_block(size_t size) nogil
 
 # Free blocks are kept in size classes: 64 bytes, then four classes per power of two, so a reused
 # block is at most 25% larger than the request.
@@ -154,7 +177,7 @@ cdef class PoolCore:
             self.cached_bytes -= capacity
         else:
             self.evict_for(capacity)
-            data = <char*>malloc(capacity)
+            data = <char*>kmem_malloc_block(capacity)
             if data == NULL:
                 raise MemoryError(f"cannot allocate {capacity} bytes")
         self.available -= size_bytes

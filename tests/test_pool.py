@@ -398,3 +398,34 @@ def test_a_reclaimed_leak_returns_memory_like_a_release():
     gc.collect()
     assert calls == [pool]
     assert pool.metrics()["MemoryPoolDepletedTimeTotal"] == pytest.approx(2000.0)
+
+
+MALLOC_SCRIPT = r"""
+import ctypes
+from kmem.pool import SimpleMemoryPool
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+                 "fordblks", "keepcost")]
+
+libc = ctypes.CDLL(None)
+libc.mallinfo2.restype = MallInfo2
+pool = SimpleMemoryPool(64 << 20, 4 << 20)
+held = [pool.try_allocate(3 << 20) for _ in range(4)]     # kept by the pool: glibc never sees them freed
+mapped_before = libc.mallinfo2().hblks
+copies = [bytes(memoryview(buf)) for buf in held]         # what a request handler does with a payload
+print(libc.mallinfo2().hblks - mapped_before)
+"""
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+def test_pool_keeps_large_allocations_elsewhere_off_fresh_mappings(tmp_path):
+    # glibc serves large allocations with fresh (page-faulted, zeroed) mappings until it sees a large
+    # chunk freed; a pool that caches its blocks must not keep the rest of the process in that state.
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", MALLOC_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == 0
