@@ -21,6 +21,7 @@ from kmem.errors import IllegalStateError, InvalidArgumentError, InvalidReceiveE
 from kmem.network.channel import KafkaChannel
 from kmem.network.receive import UNLIMITED
 from kmem.network.transport import PlaintextTransport, TlsTransport
+from kmem.network.waker import Waker
 from kmem.pool import NONE
 
 # Below this share of the pool, ready channels are handled in random order so the same sockets do not
@@ -47,10 +48,7 @@ class Selector:
         self._rng = rng or random.Random()
         self._low_memory_threshold = LOW_MEMORY_FRACTION * pool.size
         self._selector = selectors.DefaultSelector()
-        self._wake_reader, self._wake_writer = socket.socketpair()
-        self._wake_reader.setblocking(False)
-        self._wake_writer.setblocking(False)
-        self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
+        self._waker = Waker(self._selector)
         self._channels = {}
         self._registered_events = {}          # channel id -> events the OS selector waits for (absent: none)
         self._explicitly_muted = set()
@@ -63,7 +61,6 @@ class Selector:
         self.completed_sends = []
         self.connected = []
         self.disconnected = {}
-        self.wakeups = 0
         # One bound method kept, so that remove_listener finds the very object add_listener got.
         self._pool_listener = self._memory_returned
         pool.add_listener(self._pool_listener)
@@ -146,8 +143,7 @@ class Selector:
         for channel in list(self._channels.values()):
             self._close_channel(channel, None)
         self._selector.close()
-        self._wake_reader.close()
-        self._wake_writer.close()
+        self._waker.close()
 
     def __enter__(self):
         return self
@@ -159,17 +155,12 @@ class Selector:
 
     def wakeup(self):
         """Make a blocked (or the next) ``poll`` return at once. Safe from any thread."""
-        if self._closed:
-            return
-        try:
-            self._wake_writer.send(b"\0")
-        except (BlockingIOError, InterruptedError):
-            pass        # a wakeup is already pending
-        except OSError:
-            # Closed by the poll thread meanwhile (EBADF, or EPIPE once the reader end is gone):
-            # nobody is left to wake.
-            if not self._closed:
-                raise
+        self._waker.wakeup()
+
+    @property
+    def wakeups(self):
+        """How many polls a wakeup interrupted (or shortened)."""
+        return self._waker.count
 
     def _memory_returned(self, pool):
         # Unconditional: checking our out-of-memory flag from this (releasing) thread could race with
@@ -193,8 +184,8 @@ class Selector:
         self._made_read_progress_last_poll = False
         ready = {}
         for key, mask in self._selector.select(timeout):
-            if key.data is None:
-                self._drain_wakeups()
+            if self._waker.owns(key):
+                self._waker.drain()
             else:
                 ready[key.data] = mask
         buffered = [channel_id for channel_id in self._buffered_read if channel_id not in ready]
@@ -263,14 +254,6 @@ class Selector:
             # Waiting for our memory is not the client's idleness (and pins nothing): its idle clock
             # restarts when the mute is lifted.
             self._idle.pop(channel.id, None)
-
-    def _drain_wakeups(self):
-        self.wakeups += 1
-        try:
-            while self._wake_reader.recv(4096):
-                pass
-        except (BlockingIOError, InterruptedError):
-            pass
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from kmem.errors import ConfigError, IllegalStateError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.receive import NetworkSend
 from kmem.network.selector import Selector
+from kmem.network.waker import Waker
 from kmem.pool import NONE, SimpleMemoryPool
 
 log = logging.getLogger(__name__)
@@ -209,27 +210,27 @@ class _Acceptor(threading.Thread):
         self.server = server
         self._listen_socket = listen_socket
         self._selector = selectors.DefaultSelector()
-        self._wake_reader, self._wake_writer = socket.socketpair()
         self._selector.register(listen_socket, selectors.EVENT_READ)
-        self._selector.register(self._wake_reader, selectors.EVENT_READ)
+        self._waker = Waker(self._selector)
 
     def wakeup(self):
-        self._wake_writer.send(b"\0")
+        self._waker.wakeup()
 
     def run(self):
         processors = itertools.cycle(self.server.processors)
         try:
             while self.server.running:
                 for key, _ in self._selector.select(POLL_SECONDS):
-                    if key.fileobj is self._listen_socket:
+                    if self._waker.owns(key):
+                        self._waker.drain()
+                    else:
                         self._accept_all(processors)
         except Exception:
             log.exception("network acceptor failed")
         finally:
             self._selector.close()
             self._listen_socket.close()
-            self._wake_reader.close()
-            self._wake_writer.close()
+            self._waker.close()
 
     def _accept_all(self, processors):
         while self.server.running:

@@ -1,0 +1,47 @@
+"""``Waker``: lets any thread interrupt a ``selectors`` wait in the thread that owns it."""
+import selectors
+import socket
+
+
+class Waker:
+    """A socket pair registered with a selector; ``wakeup()`` makes its ``select`` return.
+
+    ``wakeup`` is safe from any thread, also while (or after) the owning thread closes the waker: at
+    shutdown the owner may close it between another thread's decision to wake it and the wakeup itself.
+    """
+
+    def __init__(self, selector):
+        self._reader, self._writer = socket.socketpair()
+        self._reader.setblocking(False)
+        self._writer.setblocking(False)
+        self._closed = False
+        selector.register(self._reader, selectors.EVENT_READ, None)
+        self.count = 0      # wakeups drained, for tests and diagnostics
+
+    def owns(self, key):
+        return key.fileobj is self._reader
+
+    def wakeup(self):
+        if self._closed:
+            return
+        try:
+            self._writer.send(b"\0")
+        except (BlockingIOError, InterruptedError):
+            pass        # a wakeup is already pending
+        except OSError:
+            # Closed by the owner meanwhile (EBADF, or EPIPE once the reader is gone): nobody to wake.
+            if not self._closed:
+                raise
+
+    def drain(self):
+        self.count += 1
+        try:
+            while self._reader.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    def close(self):
+        self._closed = True
+        self._reader.close()
+        self._writer.close()
