@@ -1,4 +1,5 @@
 """The package as built: compiled core loaded, packaging files consistent with each other."""
+import ast
 import importlib.machinery
 import os
 import pathlib
@@ -64,3 +65,37 @@ def test_cibuildwheel_build_identifiers_offline():
         for arch in ("x86_64", "aarch64"):
             assert f"{version}-manylinux_{arch}" in identifiers
     assert not any("musllinux" in i for i in identifiers)
+
+
+def _stub_parameters(function):
+    arguments = function.args
+    return [a.arg for a in arguments.posonlyargs + arguments.args + arguments.kwonlyargs if a.arg != "self"]
+
+
+def _runtime_parameters(function):
+    import inspect
+    return [name for name in inspect.signature(function).parameters if name != "self"]
+
+
+def _stubbed_names(body):
+    functions = {node.name: node for node in body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    attributes = {node.target.id for node in body if isinstance(node, ast.AnnAssign)}
+    return functions, attributes
+
+
+def test_core_stubs_describe_the_compiled_surface():
+    stubbed, constants = _stubbed_names(ast.parse((ROOT / "kmem" / "_core.pyi").read_text()).body)
+    assert set(stubbed) | constants == {name for name in dir(kmem._core) if not name.startswith("__")}
+    for name, node in stubbed.items():
+        runtime = getattr(kmem._core, name)
+        if isinstance(node, ast.FunctionDef):
+            assert _stub_parameters(node) == _runtime_parameters(runtime), name
+            continue
+        members, attributes = _stubbed_names(node.body)
+        public = {member for member in vars(runtime) if not member.startswith("__")}
+        assert public <= set(members) | attributes, f"{name} lacks stubs for {public - set(members) - attributes}"
+        for member_name in public & set(members):
+            member = getattr(runtime, member_name)
+            if callable(member):        # not a property or attribute
+                assert _stub_parameters(members[member_name]) == _runtime_parameters(member), \
+                    f"{name}.{member_name}"
