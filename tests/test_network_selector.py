@@ -112,7 +112,9 @@ def test_release_wakes_a_blocked_poll(listener):
         done_at = time.monotonic()
         releaser.join()
         assert len(completed) == 1
-        assert done_at - released_at[0] < 0.05, f"recovery took {done_at - released_at[0]:.3f} s"
+        # Well under 50 ms on an idle machine; the bound leaves room for a loaded CI machine while staying under
+        # Kafka's 300 ms poll interval and far under this poll's 5 s timeout.
+        assert done_at - released_at[0] < 0.25, f"recovery took {done_at - released_at[0]:.3f} s"
         assert polls <= 3      # the blocked poll plus the one that unmutes and reads
         assert selector.wakeups >= 1
         completed[0].close()

@@ -206,7 +206,8 @@ def test_request_queue_bounds_the_count():
         socks = [connect(server.address) for _ in range(6)]
         for sock in socks:
             sock.sendall(frame(b"q"))
-        time.sleep(0.3)
+        assert wait_until(lambda: server.requests.qsize() == 2)
+        time.sleep(0.1)     # the other requests wait for room instead of growing the queue
         depth.append(server.requests.qsize())
         gate.set()
         assert [recv_frame(sock) for sock in socks] == [b"ok"] * 6
