@@ -188,6 +188,32 @@ cdef class RowTable:
                 return v - 1
             s = (s + 1) & self.mask
 
+    def insert_rows(self, const uint8_t[::1] data, Py_ssize_t count):
+        """Index rows 0 .. count - 1 of an empty table; returns None, or the first id found twice."""
+        check_entries(data, count)
+        if self.size:
+            raise ValueError("row table is not empty")
+        if <uint64_t>(2 * count) > self.mask + 1:
+            raise ValueError("row table is full")
+        cdef const uint8_t* entries = &data[0] + SNAPSHOT_HEADER
+        cdef Py_ssize_t row
+        cdef int64_t pid
+        cdef uint64_t s
+        cdef uint32_t v
+        for row in range(count):
+            pid = row_pid(entries, row)
+            s = self.probe_start(pid)
+            while True:
+                v = self.slots[s]
+                if v == 0:
+                    break
+                if row_pid(entries, v - 1) == pid:
+                    return pid
+                s = (s + 1) & self.mask
+            self.slots[s] = <uint32_t>(row + 1)
+            self.size += 1
+        return None
+
     def insert(self, long long pid, uint32_t row):
         """Record that ``row`` holds ``pid`` (not present yet)."""
         if <uint64_t>(2 * (self.size + 1)) > self.mask + 1:

@@ -14,7 +14,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from snapshot_files import kafka_snapshot, random_entries
 
 from kmem.bloom import BloomFilter, Shape
-from kmem.errors import InvalidArgumentError
+from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from kmem.ledger.active import ActiveFile, active_name
+from kmem.ledger.snapshot import ENTRY_SIZE, HEADER
 from kmem.ledger import (
     ENTRY_DTYPE, PidCache, PidLedger, ProducerEntry, Snapshot, read_snapshot, snapshot_name, write_ledger_snapshot,
 )
@@ -208,6 +210,20 @@ def test_retention_deletes_expired_snapshots_oldest_first(tmp_path):
     with PidLedger(tmp_path, SMALL, clock_ms=clock) as ledger:     # also at open; the txn file stays
         assert os.path.exists(with_txn)
         assert ledger.read(100) is not None
+
+
+def test_active_file_holding_an_id_twice_is_refused(tmp_path):
+    path = tmp_path / active_name(7)
+    active = ActiveFile(path, SMALL, capacity=8)
+    for pid in (5, 6, 7):
+        active.put(entry(pid))
+    assert ActiveFile(path, SMALL).find(7) == entry(7)
+    del active
+    data = bytearray(path.read_bytes())
+    struct.pack_into(">q", data, HEADER.size + 2 * ENTRY_SIZE, 5)     # row 2 now claims producer 5 too
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptSnapshotError, match="producer id 5 appears twice"):
+        ActiveFile(path, SMALL)
 
 
 def test_corrupt_truncated_and_foreign_files_are_skipped_with_a_warning(tmp_path, caplog):

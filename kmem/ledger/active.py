@@ -65,12 +65,11 @@ class ActiveFile:
         self.count = count
         self._table = _core.RowTable(self.capacity)
         self.bloom = BloomFilter(shape)
-        ids = self.entries()["producer_id"]
-        for row, pid in enumerate(ids.tolist()):
-            if self._table.find(self._map, pid) >= 0:
-                raise CorruptSnapshotError(f"{self.path}: producer id {pid} appears twice")
-            self._table.insert(pid, row)
-        self.bloom.add_many(ids)
+        duplicate = self._table.insert_rows(self._map, count)
+        if duplicate is not None:
+            self._map.close()
+            raise CorruptSnapshotError(f"{self.path}: producer id {duplicate} appears twice")
+        self.bloom.add_many(self.entries()["producer_id"])
         self.cardinality = self.bloom.cardinality()
 
     def find(self, pid):
