@@ -222,6 +222,44 @@ def test_tls_buffered_and_memory_muted_then_closed(listener, tls_contexts):
     stop(senders)
 
 
+def test_tls_buffered_retry_that_gets_memory_lifts_the_memory_mute(listener, tls_contexts):
+    """Memory returns while poll waits in select: the buffered retry gets it before any lift check."""
+    server_context, client_context = tls_contexts
+    pool = SimpleMemoryPool(100_000, 100_000)
+    blocker = pool.try_allocate(100_000)
+    payload = os.urandom(50_000)
+    box = {}
+    client_thread = threading.Thread(target=lambda: box.setdefault("sock", client_context.wrap_socket(
+        socket.create_connection(listener.getsockname(), timeout=10), server_hostname="localhost")))
+    client_thread.start()
+    with Selector(pool) as selector:
+        accept(listener, selector, ["t"], server_context)
+        poll_until(selector, lambda r: selector.channel("t").ready, poll_timeout=0.01)
+        client_thread.join(10)
+        client = box["sock"]
+        client.sendall(frame(payload)[:1004])   # one TLS record: the prefix and the first 1000 bytes
+        assert poll_until(selector, lambda r: selector.is_out_of_memory, poll_timeout=0.01) == []
+        channel = selector.channel("t")
+        assert channel.muted and channel.has_bytes_buffered
+        selector.poll(0.01)                     # no progress, so the next poll waits in select
+        real_select = selector._selector.select
+
+        def select_while_memory_returns(timeout):
+            if not blocker.released:
+                pool.release(blocker)
+            return real_select(timeout)
+
+        selector._selector.select = select_while_memory_returns
+        selector.poll(1.0)
+        assert channel.receive.memory_allocated and not channel.muted
+        client.sendall(payload[1000:])
+        done = poll_until(selector, lambda r: r)
+        assert [bytes(r.payload) for r in done] == [payload]
+        done[0].close()
+        assert pool.available_memory == 100_000
+        client.close()
+
+
 def test_peer_disconnect_mid_receive_releases_memory(listener):
     pool = SimpleMemoryPool(10_000, 10_000)
     with Selector(pool) as selector:

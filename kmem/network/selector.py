@@ -249,11 +249,18 @@ class Selector:
             receive = channel.maybe_complete_receive()
             if receive is not None:
                 self.completed_receives.append(receive)
-        if channel.muted:
+        if not channel.muted:
+            return
+        # Not explicitly muted, so this is a memory mute.
+        if channel.is_in_mutable_state():
             self._out_of_memory = True      # the channel muted itself: the pool refused its receive
             # Waiting for our memory is not the client's idleness (and pins nothing): its idle clock
             # restarts when the mute is lifted.
             self._idle.pop(channel.id, None)
+        elif self._unmute(channel):
+            # A retry of bytes buffered in the transport (TLS) got the memory: _lift_memory_mutes would
+            # no longer see this channel as memory-muted, so its mute ends here.
+            self._touch(channel.id)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 
