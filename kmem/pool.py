@@ -92,6 +92,9 @@ class SimpleMemoryPool(_core.PoolCore):
             raise InvalidArgumentError(
                 f"max single allocation {max_single_allocation_bytes} exceeds pool size {size_bytes}")
         self._clock = clock
+        # The core flips its depletion flag atomically, but the hooks below run in whichever threads
+        # allocate and release, and may overlap: their state is guarded by this lock.
+        self._depletion_lock = threading.Lock()
         self._depleted_at = None
         self._depleted_seconds = 0.0
         self._depleted_rate = SampledRate(window_seconds, samples, clock)
@@ -113,9 +116,10 @@ class SimpleMemoryPool(_core.PoolCore):
 
     def metrics(self):
         """Current sensor values under Kafka's names (time in milliseconds, as Kafka reports it)."""
-        depleted = self._depleted_seconds
-        if self._depleted_at is not None:
-            depleted += self._clock() - self._depleted_at
+        with self._depletion_lock:
+            depleted = self._depleted_seconds
+            if self._depleted_at is not None:
+                depleted += self._clock() - self._depleted_at
         return {
             "MemoryPoolAvailable": self.available,
             "MemoryPoolUsed": self.size - self.available,
@@ -128,15 +132,20 @@ class SimpleMemoryPool(_core.PoolCore):
                 f"outstanding={self.outstanding_count} strict={self.strict}>")
 
     # Hooks called by the compiled core on state transitions only.
+    # Another thread's hook may run between the core's transition and ours (a new period may start
+    # before the previous one's end is recorded): overlapping periods merge instead of failing.
     def _depletion_started(self):
-        self._depleted_at = self._clock()
+        with self._depletion_lock:
+            if self._depleted_at is None:
+                self._depleted_at = self._clock()
 
     def _depletion_ended(self):
-        if self._depleted_at is not None:
-            duration = self._clock() - self._depleted_at
-            self._depleted_at = None
-            self._depleted_seconds += duration
-            self._depleted_rate.record(duration)
+        with self._depletion_lock:
+            if self._depleted_at is not None:
+                duration = self._clock() - self._depleted_at
+                self._depleted_at = None
+                self._depleted_seconds += duration
+                self._depleted_rate.record(duration)
 
     def _memory_returned(self):
         for callback in self._listeners:

@@ -98,6 +98,26 @@ def test_handler_failure_releases_memory_and_closes_connection():
         assert wait_until(lambda: server.pool.available_memory == 1 << 16)
 
 
+class FailingRelease:
+    size = 0
+
+    def close(self):
+        raise TypeError("release failed")
+
+
+def test_failing_release_still_answers_and_keeps_the_handler_thread(caplog):
+    def handler(req):
+        payload = bytes(req.payload)
+        req._receive.close()
+        req._receive = FailingRelease()     # what the handler thread releases after this returns
+        return payload
+
+    with SocketServer(handler, num_io_threads=1) as server:
+        assert request(server.address, b"first") == b"first"
+        assert request(server.address, b"second") == b"second"     # the only handler thread is alive
+    assert "release failed" in caplog.text
+
+
 def test_memory_is_released_when_handling_ends_not_when_sent():
     seen = []
     gate = threading.Event()

@@ -2,7 +2,9 @@
 import gc
 import logging
 import random
+import sys
 import threading
+import time
 
 import pytest
 from hypothesis import settings
@@ -297,6 +299,43 @@ def test_threads_lose_or_double_count_nothing():
     assert errors == []
     assert pool.available_memory == 1 << 20
     assert pool.outstanding_count == 0 and pool.outstanding_capacity == 0
+
+
+def test_depletion_bookkeeping_survives_racing_threads():
+    """Depletion periods end and start in whichever threads release and allocate; metrics read them."""
+    pool = SimpleMemoryPool(100, 100, window_seconds=0.001, samples=2)
+    deadline = time.monotonic() + 1.5
+    errors = []
+
+    def churn():
+        try:
+            while time.monotonic() < deadline:
+                buf = pool.try_allocate(100)
+                if buf is not None:
+                    pool.try_allocate(1)        # refused: a depletion period starts
+                    pool.release(buf)           # and ends
+        except Exception as exc:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(exc)
+
+    def scrape():
+        try:
+            while time.monotonic() < deadline:
+                pool.metrics()
+        except Exception as exc:
+            errors.append(exc)
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)     # switch threads inside the hooks, where the races are
+    try:
+        threads = [threading.Thread(target=target) for target in (churn, churn, scrape, scrape)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert errors == []
+    assert pool.available_memory == 100 and pool.metrics()["MemoryPoolDepletedTimeTotal"] > 0
 
 
 class PoolMachine(RuleBasedStateMachine):

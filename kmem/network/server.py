@@ -303,7 +303,7 @@ class SocketServer:
             if request is None:
                 return
             if not self.running:
-                request.release()
+                self._release(request)
                 continue
             try:
                 response = self.handler(request)
@@ -314,8 +314,17 @@ class SocketServer:
                 log.exception("request handler failed for %r; closing the connection", request)
                 send = _CLOSE
             finally:
-                request.release()
+                self._release(request)
             request.processor.respond(request.connection_id, send)
+
+    @staticmethod
+    def _release(request):
+        # A failed release must neither kill the handler thread nor leave the connection without its
+        # response (it would stay muted, and muted connections are not idle-expired).
+        try:
+            request.release()
+        except Exception:
+            log.exception("releasing the memory of %r failed", request)
 
     def metrics(self):
         """The pool's sensors under Kafka's names, plus the request queue's length (empty if unbounded)."""
