@@ -131,7 +131,9 @@ cdef class PoolCore:
     cdef readonly long long outstanding_capacity
     cdef readonly long long outstanding_count
     cdef bint depleted              # refused since the last success or release (Kafka's sensor period)
-    cdef bint refused_since_release  # someone is waiting for memory to come back
+    # What refused callers need available to succeed (their size when strict, else 1); 0: nobody waits.
+    cdef long long smallest_waiting
+    cdef long long largest_waiting
     cdef FreeBlock* free_lists[NUM_CLASSES]
 
     def __cinit__(self, long long size, long long max_single_allocation, bint strict=False, *args, **kwargs):
@@ -193,14 +195,16 @@ cdef class PoolCore:
         return buf
 
     cdef inline bint has_room(self, Py_ssize_t size_bytes):
-        if self.available >= (size_bytes if self.strict else 1):
+        cdef long long needed = size_bytes if self.strict else 1
+        if self.available >= needed:
             return True
+        if self.smallest_waiting == 0 or needed < self.smallest_waiting:
+            self.smallest_waiting = needed
+        if needed > self.largest_waiting:
+            self.largest_waiting = needed
         if not self.depleted:
             self.depleted = True
-            self.refused_since_release = True
             self._depletion_started()
-        else:
-            self.refused_since_release = True
         return False
 
     def release(self, buf):
@@ -216,13 +220,15 @@ cdef class PoolCore:
         self.announce_return()
 
     cdef inline announce_return(self):
-        # Memory came back: it ends a depletion period and wakes whoever was refused since the last return.
-        cdef bint waiters = self.refused_since_release
-        self.refused_since_release = False
+        # Memory came back: it ends a depletion period, and wakes refused callers once one of them can
+        # succeed. Waiters are forgotten only when all of them can, so a later release that ends the
+        # shortage for the rest still wakes them (they do not retry on their own).
         if self.depleted:
             self.depleted = False
             self._depletion_ended()
-        if waiters:
+        if self.largest_waiting and self.available >= self.smallest_waiting:
+            if self.available >= self.largest_waiting:
+                self.smallest_waiting = self.largest_waiting = 0
             self._memory_returned()
 
     cdef void give_back(self, PooledBuffer b) noexcept:

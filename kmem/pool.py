@@ -106,7 +106,7 @@ class SimpleMemoryPool(_core.PoolCore):
         return self.available
 
     def add_listener(self, callback):
-        """Call ``callback(pool)`` whenever memory is released after an allocation was refused."""
+        """Call ``callback(pool)`` when a release lets an allocation refused earlier succeed."""
         with self._listeners_lock:
             self._listeners = self._listeners + (callback,)
 

@@ -209,6 +209,34 @@ def test_listeners_hear_when_memory_returns_after_a_refusal():
     assert calls == [pool]
 
 
+def test_listeners_hear_the_release_that_ends_a_shortage_even_if_not_the_first():
+    pool = SimpleMemoryPool(100, 100)
+    calls = []
+    pool.add_listener(calls.append)
+    held = [pool.try_allocate(10), pool.try_allocate(89), pool.try_allocate(30)]    # available -29
+    assert pool.try_allocate(1) is None
+    pool.release(held[0])           # available -19: nobody can succeed yet
+    assert calls == []
+    pool.release(held[2])           # available 11: the shortage ends
+    assert calls == [pool]
+    pool.release(held[1])           # nobody was refused since
+    assert calls == [pool]
+
+
+def test_strict_pool_listeners_hear_when_each_refused_size_fits():
+    pool = SimpleMemoryPool(100, 100, strict=True)
+    calls = []
+    pool.add_listener(calls.append)
+    held = [pool.try_allocate(30) for _ in range(3)]     # available 10
+    assert pool.try_allocate(20) is None and pool.try_allocate(50) is None
+    pool.release(held[0])           # available 40: the 20 fits, the 50 still waits
+    assert calls == [pool]
+    pool.release(held[1])           # available 70: the 50 fits too
+    assert calls == [pool, pool]
+    pool.release(held[2])           # every refused caller could already succeed
+    assert calls == [pool, pool]
+
+
 def test_failing_listener_does_not_break_release(caplog):
     pool = SimpleMemoryPool(10, 10)
 
