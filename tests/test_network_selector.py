@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmem.errors import IllegalStateError, InvalidReceiveError
+from kmem.errors import ConfigError, IllegalStateError, InvalidReceiveError
 from kmem.network import (ChannelMuteEvent, ChannelMuteState, KafkaChannel, NetworkReceive, NetworkSend,
                           PlaintextTransport, Selector)
 from kmem.pool import SimpleMemoryPool
@@ -285,6 +285,28 @@ def test_invalid_size_prefix_closes_without_allocating(listener, prefix):
         assert pool.available_memory == 10_000 and pool.outstanding_count == 0
         assert closed_by_peer(client)
         client.close()
+
+
+def test_receive_limit_defaults_to_what_the_pool_can_hand_out(listener):
+    pool = SimpleMemoryPool(10_000, 1000)
+    with pytest.raises(ConfigError, match="max single allocation"):
+        Selector(pool, max_receive_size=1001)
+    with Selector(pool) as selector:
+        assert selector.max_receive_size == 1000
+        bad = socket.create_connection(listener.getsockname())
+        good = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["bad", "good"])
+        bad.sendall(struct.pack(">i", 5000) + b"x" * 100)     # more than the pool can ever grant
+        good.sendall(frame(b"fine"))
+        disconnected = {}       # over every poll: each poll reports only its own
+        receives = poll_until(
+            selector, lambda r: disconnected.update(selector.disconnected) or (r and "bad" in disconnected))
+        assert [bytes(r.payload) for r in receives] == [b"fine"]
+        assert isinstance(disconnected.get("bad"), InvalidReceiveError)
+        receives[0].close()
+        assert pool.available_memory == 10_000
+        bad.close()
+        good.close()
 
 
 def test_priority_channel_reads_while_pool_is_empty(listener):

@@ -17,7 +17,7 @@ import socket
 import ssl
 import time
 
-from kmem.errors import IllegalStateError, InvalidArgumentError, InvalidReceiveError
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError, InvalidReceiveError
 from kmem.network.channel import KafkaChannel
 from kmem.network.receive import UNLIMITED
 from kmem.network.transport import PlaintextTransport, TlsTransport
@@ -36,11 +36,22 @@ class Selector:
     Not thread-safe, except ``wakeup()`` which any thread may call. Timeouts are in seconds.
     ``connections_max_idle_ms`` (Kafka's name and unit) closes channels with no socket progress for that
     long; ``None`` or a negative value disables it.
+
+    ``max_receive_size`` defaults to the pool's ``max_single_allocation`` (a larger frame could never get
+    memory, so its channel is closed as invalid) and may not exceed it. With the unbounded default pool it
+    stays ``UNLIMITED``: a peer's size prefix may then allocate up to 2 GiB, so set it for untrusted peers.
     """
 
     def __init__(self, pool=NONE, *, max_receive_size=UNLIMITED, connections_max_idle_ms=None,
                  clock=time.monotonic, rng=None):
         self.pool = pool
+        pool_limit = getattr(pool, "max_single_allocation", None)
+        if pool_limit is not None:
+            if max_receive_size == UNLIMITED:
+                max_receive_size = pool_limit
+            elif max_receive_size > pool_limit:
+                raise ConfigError(f"max_receive_size {max_receive_size} exceeds the pool's max single "
+                                  f"allocation {pool_limit}")
         self.max_receive_size = max_receive_size
         self._idle_seconds = (connections_max_idle_ms / 1000.0
                               if connections_max_idle_ms is not None and connections_max_idle_ms >= 0 else None)
