@@ -121,6 +121,26 @@ def test_release_wakes_a_blocked_poll(listener):
     stop(senders)
 
 
+def test_strict_pool_refusal_does_not_spin(listener):
+    """A strict pool refuses while some memory is left: the mute holds until the receive fits."""
+    pool = SimpleMemoryPool(1000, 1000, strict=True)
+    hog = pool.try_allocate(600)
+    with Selector(pool) as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["c"])
+        client.sendall(frame(b"x" * 500))
+        assert poll_until(selector, lambda r: selector.is_out_of_memory, poll_timeout=0.01) == []
+        selector.poll(0.1)
+        started = time.monotonic()
+        selector.poll(0.1)
+        assert time.monotonic() - started >= 0.09 and selector.completed_receives == []
+        pool.release(hog)
+        done = poll_until(selector, lambda r: r)
+        assert [bytes(r.payload) for r in done] == [b"x" * 500]
+        done[0].close()
+        client.close()
+
+
 def test_explicit_mute_survives_memory_recovery(listener):
     pool = SimpleMemoryPool(900, 900)
     clients = {}

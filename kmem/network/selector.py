@@ -66,6 +66,8 @@ class Selector:
         self._buffered_read = set()           # ids whose transport holds bytes the socket will not announce
         self._idle = collections.OrderedDict()  # id -> last activity, oldest first; explicit mutes excluded
         self._out_of_memory = False
+        self._memory_needed = 0     # while out of memory: what the least demanding refused receive needs
+        self._strict_pool = getattr(pool, "strict", False)
         self._made_read_progress_last_poll = False
         self._closed = False
         self.completed_receives = []
@@ -187,8 +189,8 @@ class Selector:
         self.completed_sends = []
         self.connected = []
         self.disconnected = {}
-        if self._out_of_memory and not self.pool.is_out_of_memory:
-            self._lift_memory_mutes()
+        if self._out_of_memory and self.pool.available_memory >= self._memory_needed:
+            self._lift_memory_mutes()       # only once a retry can succeed, or refusals would spin
         if self._buffered_read and self._made_read_progress_last_poll:
             timeout = 0     # buffered bytes can progress without the socket: do not wait for it
         timeout = self._limit_by_idle_expiry(timeout)
@@ -264,7 +266,11 @@ class Selector:
             return
         # Not explicitly muted, so this is a memory mute.
         if channel.is_in_mutable_state():
-            self._out_of_memory = True      # the channel muted itself: the pool refused its receive
+            # The channel muted itself: the pool refused its receive. A strict pool refuses sizes above
+            # what is available, others only an empty pool.
+            needed = channel.receive.size if self._strict_pool else 1
+            self._memory_needed = min(self._memory_needed, needed) if self._out_of_memory else needed
+            self._out_of_memory = True
             # Waiting for our memory is not the client's idleness (and pins nothing): its idle clock
             # restarts when the mute is lifted.
             self._idle.pop(channel.id, None)
