@@ -329,6 +329,27 @@ def test_receive_limit_defaults_to_what_the_pool_can_hand_out(listener):
         good.close()
 
 
+def test_unexpected_channel_error_closes_only_that_channel(listener, caplog):
+    with Selector() as selector:
+        bad = socket.create_connection(listener.getsockname())
+        good = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["bad", "good"])
+
+        def broken_read():
+            raise RuntimeError("channel bug")
+
+        selector.channel("bad").read = broken_read
+        bad.sendall(frame(b"x"))
+        good.sendall(frame(b"fine"))
+        disconnected = {}       # over every poll: each poll reports only its own
+        receives = poll_until(
+            selector, lambda r: disconnected.update(selector.disconnected) or (r and "bad" in disconnected))
+        assert [bytes(r.payload) for r in receives] == [b"fine"]
+        assert isinstance(disconnected["bad"], RuntimeError) and "channel bug" in caplog.text
+        bad.close()
+        good.close()
+
+
 def test_priority_channel_reads_while_pool_is_empty(listener):
     """KIP-81: a coordinator connection is never starved by bulk data holding the pool."""
     pool = SimpleMemoryPool(900, 900)

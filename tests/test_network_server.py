@@ -118,6 +118,25 @@ def test_failing_release_still_answers_and_keeps_the_handler_thread(caplog):
     assert "release failed" in caplog.text
 
 
+def test_processor_survives_an_unexpected_error(caplog):
+    with SocketServer(echo, num_network_threads=1) as server:
+        processor = server.processors[0]
+        real_poll = processor.selector.poll
+        raised = threading.Event()
+
+        def poll_failing_once(timeout):
+            if not raised.is_set():
+                raised.set()
+                raise RuntimeError("injected processor fault")
+            return real_poll(timeout)
+
+        processor.selector.poll = poll_failing_once
+        assert raised.wait(10)
+        assert request(server.address, b"still served") == b"still served"
+        assert processor.is_alive()
+    assert "injected processor fault" in caplog.text
+
+
 def test_memory_is_released_when_handling_ends_not_when_sent():
     seen = []
     gate = threading.Event()

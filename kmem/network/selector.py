@@ -11,6 +11,7 @@ size prefix and stalls cannot pin memory forever), except those that wait for us
 for pool memory.
 """
 import collections
+import logging
 import random
 import selectors
 import socket
@@ -28,6 +29,8 @@ from kmem.pool import NONE
 # always win the remaining memory (Kafka's lowMemThreshold).
 LOW_MEMORY_FRACTION = 0.1
 _CONNECTION_ERRORS = (OSError, EOFError, ssl.SSLError, InvalidReceiveError)
+
+log = logging.getLogger(__name__)
 
 
 class Selector:
@@ -235,6 +238,10 @@ class Selector:
             try:
                 self._handle_channel(channel, mask)
             except _CONNECTION_ERRORS as exc:
+                self._close_channel(channel, exc)
+            except Exception as exc:
+                # A bug or a failed malloc: it ends this channel, not the poll (and the other channels').
+                log.exception("closing channel %s after an unexpected error", channel_id)
                 self._close_channel(channel, exc)
 
     def _handle_channel(self, channel, mask):

@@ -144,13 +144,15 @@ class _Processor(threading.Thread):
     def run(self):
         try:
             while self.server.running:
-                self._configure_new_connections()
-                self._process_responses()
-                self.selector.poll(POLL_SECONDS)
-                self._process_completed_receives()
-                self._process_completed_sends()
-        except Exception:
-            log.exception("network processor %d failed", self._index)
+                try:
+                    self._configure_new_connections()
+                    self._process_responses()
+                    self.selector.poll(POLL_SECONDS)
+                    self._process_completed_receives()
+                    self._process_completed_sends()
+                except Exception:
+                    # Keep serving: the acceptor keeps dealing connections to this thread.
+                    log.exception("network processor %d failed; continuing", self._index)
         finally:
             self.selector.close()
             while not self._new_connections.empty():
