@@ -1,4 +1,5 @@
 """SocketServer over real sockets and threads: echo, configuration, failures, bad input, slowloris."""
+import errno
 import os
 import socket
 import struct
@@ -135,6 +136,37 @@ def test_processor_survives_an_unexpected_error(caplog):
         assert request(server.address, b"still served") == b"still served"
         assert processor.is_alive()
     assert "injected processor fault" in caplog.text
+
+
+class OutOfDescriptors:
+    """The listening socket, its first ``failures`` accepts failing with EMFILE."""
+
+    def __init__(self, sock, failures):
+        self.sock, self.failures, self.calls = sock, failures, 0
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def accept(self):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.sock.accept()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_acceptor_backs_off_while_out_of_descriptors(caplog):
+    with SocketServer(echo, num_network_threads=1) as server:
+        acceptor = server._acceptor
+        listener = acceptor._listen_socket = OutOfDescriptors(acceptor._listen_socket, failures=5)
+        started = time.monotonic()
+        assert request(server.address, b"after the shortage") == b"after the shortage"
+        # Pauses of 10, 20, 40 and 80 ms at least between the five failures, not a busy loop; then the
+        # accept, and one that finds the backlog empty.
+        assert time.monotonic() - started >= 0.15 and listener.calls <= 7
+    assert caplog.text.count("accept failed") == 1
 
 
 def test_memory_is_released_when_handling_ends_not_when_sent():

@@ -10,6 +10,7 @@ A request's memory goes back to the pool when the handler returns or raises (not
 sent), and when its connection closes before that.
 """
 import dataclasses
+import errno
 import itertools
 import logging
 import queue
@@ -17,6 +18,7 @@ import selectors
 import socket
 import ssl
 import threading
+import time
 
 from kmem.errors import ConfigError, IllegalStateError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
@@ -30,6 +32,11 @@ log = logging.getLogger(__name__)
 # How long a processor or acceptor waits in select before rechecking for shutdown, new connections and
 # responses (all of which also wake it at once), as Kafka's processors poll every 300 ms.
 POLL_SECONDS = 0.3
+# Out of descriptors (or kernel memory), accept() fails while the listener stays readable: the acceptor
+# stops listening for a pause that doubles, within these bounds, until an accept succeeds.
+ACCEPT_BACKOFF_MIN_SECONDS = 0.01
+ACCEPT_BACKOFF_MAX_SECONDS = 1.0
+_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,6 +221,8 @@ class _Acceptor(threading.Thread):
         self._selector = selectors.DefaultSelector()
         self._selector.register(listen_socket, selectors.EVENT_READ)
         self._waker = Waker(self._selector)
+        self._backoff = 0.0
+        self._resume_at = None      # while paused: when to listen again
 
     def wakeup(self):
         self._waker.wakeup()
@@ -222,7 +231,14 @@ class _Acceptor(threading.Thread):
         processors = itertools.cycle(self.server.processors)
         try:
             while self.server.running:
-                for key, _ in self._selector.select(POLL_SECONDS):
+                timeout = POLL_SECONDS
+                if self._resume_at is not None:
+                    timeout = self._resume_at - time.monotonic()
+                    if timeout <= 0:
+                        self._selector.register(self._listen_socket, selectors.EVENT_READ)
+                        self._resume_at = None
+                        timeout = POLL_SECONDS
+                for key, _ in self._selector.select(timeout):
                     if self._waker.owns(key):
                         self._waker.drain()
                     else:
@@ -240,10 +256,22 @@ class _Acceptor(threading.Thread):
                 sock, _ = self._listen_socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:      # e.g. out of file descriptors: keep serving the connections we have
-                log.warning("accept failed: %s", exc)
+            except OSError as exc:
+                if exc.errno in _RESOURCE_ERRNOS:
+                    self._pause(exc)
+                else:
+                    log.warning("accept failed: %s", exc)
                 return
+            self._backoff = 0.0
             next(processors).accept(sock)
+
+    def _pause(self, exc):
+        # Keep serving the connections we have; warn once per shortage, not once per pause.
+        if not self._backoff:
+            log.warning("accept failed: %s; pausing accepts until it succeeds again", exc)
+        self._backoff = min(max(2 * self._backoff, ACCEPT_BACKOFF_MIN_SECONDS), ACCEPT_BACKOFF_MAX_SECONDS)
+        self._selector.unregister(self._listen_socket)
+        self._resume_at = time.monotonic() + self._backoff
 
 
 class SocketServer:
