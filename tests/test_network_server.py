@@ -265,6 +265,32 @@ def test_slowloris_is_cut_off_by_the_idle_timeout():
             sock.close()
 
 
+def test_client_that_stops_reading_its_response_is_cut_off_by_the_idle_timeout():
+    gate = threading.Event()
+    big = b"r" * (16 << 20)
+
+    def handler(req):
+        if bytes(req.payload) == b"slow":
+            gate.wait(10)       # waiting for us: never idle
+            return b"done"
+        return big
+
+    with SocketServer(handler, connections_max_idle_ms=300, num_network_threads=1) as server:
+        selector = server.processors[0].selector
+        with connect(server.address) as slow, socket.socket() as stalled:
+            slow.sendall(frame(b"slow"))
+            assert wait_until(lambda: len(selector.channels) == 1)
+            slow_id = selector.channels[0].id
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.settimeout(10)
+            stalled.connect(server.address)
+            stalled.sendall(frame(b"big"))
+            assert stalled.recv(4, socket.MSG_PEEK)     # the response has begun; it is never read
+            assert wait_until(lambda: [c.id for c in selector.channels] == [slow_id])
+            gate.set()
+            assert recv_frame(slow) == b"done"
+
+
 def test_request_queue_bounds_the_count():
     gate = threading.Event()
     depth = []

@@ -7,8 +7,8 @@ at most one complete frame per channel and writes pending sends. Results of the 
 
 Beyond Kafka: the selector listens to its pool, so a release that ends an out-of-memory period wakes a
 blocked ``poll`` at once instead of after its timeout; idle connections are closed (a client that sends a
-size prefix and stalls cannot pin memory forever), except those that wait for us: for a response, or
-for pool memory.
+size prefix and stalls, or stops reading its response, cannot pin memory forever), except those that
+wait for us: for a response to be produced, or for pool memory.
 """
 import collections
 import logging
@@ -129,13 +129,15 @@ class Selector:
         """Queue a ``NetworkSend`` on its destination channel (one send at a time per channel)."""
         channel = self._existing(send.destination)
         channel.set_send(send)
+        self._touch(channel.id)     # now the client must read it: its idle clock runs
         self._sync_events(channel)
 
     def mute(self, channel_id):
         """Stop reading from a channel until ``unmute`` (memory recovery does not lift this mute)."""
         channel = self._existing(channel_id)
         self._explicitly_muted.add(channel_id)
-        self._idle.pop(channel_id, None)    # waiting on us, not on the client
+        if channel.send is None:
+            self._idle.pop(channel_id, None)    # waiting on us, not on the client
         channel.mute()
         self._sync_events(channel)
 
@@ -256,10 +258,12 @@ class Selector:
         if channel.has_bytes_buffered and not explicitly_muted:
             self._buffered_read.add(channel.id)
         if channel.ready and mask & selectors.EVENT_WRITE and channel.send is not None:
-            send = channel.write()
-            self._touch(channel.id)
-            if send is not None:
+            send = channel.send
+            remaining = send.remaining
+            if channel.write() is not None:
                 self.completed_sends.append(send.destination)
+            if send.remaining < remaining:
+                self._touch(channel.id)     # the client reads its response: progress
         self._sync_events(channel)
 
     def _attempt_read(self, channel):
@@ -306,7 +310,12 @@ class Selector:
             del self._registered_events[channel.id]
 
     def _touch(self, channel_id):
-        if self._idle_seconds is not None and channel_id not in self._explicitly_muted:
+        if self._idle_seconds is None:
+            return
+        # Idleness is the client's: exempt only channels that wait for us (explicitly muted, no send).
+        if channel_id in self._explicitly_muted and self._channels[channel_id].send is None:
+            self._idle.pop(channel_id, None)
+        else:
             self._idle[channel_id] = self._clock()
             self._idle.move_to_end(channel_id)
 
