@@ -136,14 +136,14 @@ cdef class PoolCore:
     cdef long long largest_waiting
     cdef FreeBlock* free_lists[NUM_CLASSES]
 
-    def __cinit__(self, long long size, long long max_single_allocation, bint strict=False, *args, **kwargs):
+    def __init__(self, long long size, long long max_single_allocation, bint strict=False):
+        # Arguments are checked by the Python subclass first. Until this runs, every request is out of
+        # range (and the free lists are empty: a new object's fields are zeroed).
         self.size = size
         self.max_single_allocation = max_single_allocation
         self.strict = strict
         self.available = size
         self.cache_limit = size if strict else size + max_single_allocation - 1
-        for c in range(NUM_CLASSES):
-            self.free_lists[c] = NULL
 
     def __dealloc__(self):
         self.free_cached()
@@ -161,17 +161,22 @@ cdef class PoolCore:
     def is_out_of_memory(self):
         return self.available <= 0
 
-    def try_allocate(self, Py_ssize_t size_bytes):
+    def try_allocate(self, object size_bytes):
         """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now."""
-        if size_bytes < 1 or size_bytes > self.max_single_allocation:
-            raise _invalid_argument(
-                f"requested size {size_bytes} is outside [1, {self.max_single_allocation}]")
-        if not self.has_room(size_bytes):
+        cdef Py_ssize_t n = 0       # stays 0, out of range, for a non-integer
+        if isinstance(size_bytes, int):
+            try:
+                n = size_bytes
+            except OverflowError:
+                pass                # beyond any pool: out of range too
+        if n < 1 or n > self.max_single_allocation:
+            raise _invalid_argument(f"requested size {size_bytes!r} is outside [1, {self.max_single_allocation}]")
+        if not self.has_room(n):
             return None
         cdef PooledBuffer buf = PooledBuffer.__new__(PooledBuffer)    # may run the cyclic GC, hence the re-check
-        if not self.has_room(size_bytes):
+        if not self.has_room(n):
             return None
-        cdef int c = size_class(size_bytes)
+        cdef int c = size_class(n)
         cdef long long capacity = class_capacity(c)
         cdef char* data = <char*>self.free_lists[c]
         if data != NULL:
@@ -182,11 +187,11 @@ cdef class PoolCore:
             data = <char*>kmem_malloc_block(capacity)
             if data == NULL:
                 raise MemoryError(f"cannot allocate {capacity} bytes")
-        self.available -= size_bytes
+        self.available -= n
         self.outstanding_capacity += capacity
         self.outstanding_count += 1
         buf.data = data
-        buf.length = size_bytes
+        buf.length = n
         buf.capacity = capacity
         buf.pool = self
         if self.depleted:

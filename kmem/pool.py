@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 PooledBuffer = _core.PooledBuffer
 
+# The core counts in signed 64 bits, and a non-strict pool may hand out nearly twice its size.
+MAX_POOL_BYTES = sys.maxsize // 2
+
 
 @runtime_checkable
 class MemoryPool(Protocol):
@@ -83,14 +86,15 @@ class SimpleMemoryPool(_core.PoolCore):
 
     def __init__(self, size_bytes, max_single_allocation_bytes, strict=False, *,
                  window_seconds=DEFAULT_WINDOW_SECONDS, samples=DEFAULT_SAMPLES, clock=time.monotonic):
-        if size_bytes <= 0:
-            raise InvalidArgumentError(f"pool size must be positive, got {size_bytes}")
-        if max_single_allocation_bytes <= 0:
+        if not isinstance(size_bytes, int) or not 0 < size_bytes <= MAX_POOL_BYTES:
+            raise InvalidArgumentError(f"pool size must be an integer in [1, {MAX_POOL_BYTES}], got {size_bytes!r}")
+        if not isinstance(max_single_allocation_bytes, int) or max_single_allocation_bytes <= 0:
             raise InvalidArgumentError(
-                f"max single allocation must be positive, got {max_single_allocation_bytes}")
+                f"max single allocation must be a positive integer, got {max_single_allocation_bytes!r}")
         if max_single_allocation_bytes > size_bytes:
             raise InvalidArgumentError(
                 f"max single allocation {max_single_allocation_bytes} exceeds pool size {size_bytes}")
+        super().__init__(size_bytes, max_single_allocation_bytes, strict)
         self._clock = clock
         # The core flips its depletion flag atomically, but the hooks below run in whichever threads
         # allocate and release, and may overlap: their state is guarded by this lock.

@@ -81,6 +81,10 @@ def test_config_defaults_and_validation():
                 {"no.such.setting": 1}):
         with pytest.raises(ConfigError):
             SocketServerConfig.from_properties(bad)
+    for bad in ({"queued_max_request_bytes": "200000000"}, {"queued_max_request_bytes": 2 ** 64},
+                {"connections_max_idle_ms": None}, {"connections_max_idle_ms": 0.5}, {"queued_max_requests": 1.5}):
+        with pytest.raises(ConfigError):
+            SocketServer(echo, **bad)
     with pytest.raises(ConfigError):
         SocketServer(echo, SocketServerConfig(), port=1)
 

@@ -26,7 +26,8 @@ class FakeClock:
 
 
 @pytest.mark.parametrize("pool_type", POOL_TYPES)
-@pytest.mark.parametrize("size, max_single", [(0, 7), (-1, 7), (100, 0), (100, -1), (100, 101)])
+@pytest.mark.parametrize("size, max_single", [(0, 7), (-1, 7), (100, 0), (100, -1), (100, 101), (2 ** 64, 10),
+                                              (100.5, 10), (100, 10.5), ("100", 10)])
 def test_constructor_rejects_bad_sizes(pool_type, size, max_single):
     with pytest.raises(InvalidArgumentError):
         pool_type(size, max_single)
@@ -37,7 +38,7 @@ def test_max_single_equal_to_size_is_allowed():
 
 
 @pytest.mark.parametrize("pool_type", POOL_TYPES)
-@pytest.mark.parametrize("request_size", [11, 0, -1])
+@pytest.mark.parametrize("request_size", [11, 0, -1, 2 ** 64, -(2 ** 64), 1.0, "5", None])
 def test_allocation_size_out_of_range_rejected(pool_type, request_size):
     pool = pool_type(1000, 10)
     with pytest.raises(InvalidArgumentError):

@@ -25,7 +25,7 @@ from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.receive import NetworkSend
 from kmem.network.selector import Selector
 from kmem.network.waker import Waker
-from kmem.pool import NONE, SimpleMemoryPool
+from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
 
 log = logging.getLogger(__name__)
 
@@ -55,20 +55,21 @@ class SocketServerConfig:
     ssl_context: ssl.SSLContext | None = None
 
     def __post_init__(self):
-        for name in ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
-                     "socket_listen_backlog_size"):
+        positive = ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
+                    "socket_listen_backlog_size")
+        for name in positive + ("queued_max_request_bytes", "connections_max_idle_ms"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{_dotted(name)} must be an integer >= 1, got {value!r}")
+            unset_allowed = name not in positive    # -1: unbounded, or never
+            # The upper bound is what a pool can hold.
+            if not isinstance(value, int) or not (1 <= value <= MAX_POOL_BYTES or unset_allowed and value == -1):
+                raise ConfigError(f"{_dotted(name)} must be an integer in [1, {MAX_POOL_BYTES}]"
+                                  f"{' or -1' if unset_allowed else ''}, got {value!r}")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port!r}")
         if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise ConfigError(
                 f"queued.max.request.bytes must be -1 (unbounded) or larger or equal to socket.request.max.bytes "
                 f"({self.socket_request_max_bytes}), got {self.queued_max_request_bytes}")
-        if self.connections_max_idle_ms != -1 and self.connections_max_idle_ms < 1:
-            raise ConfigError(f"connections.max.idle.ms must be -1 (never) or >= 1, "
-                              f"got {self.connections_max_idle_ms}")
 
     @classmethod
     def from_properties(cls, properties, **overrides):
