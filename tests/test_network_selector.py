@@ -350,6 +350,24 @@ def test_unexpected_channel_error_closes_only_that_channel(listener, caplog):
         good.close()
 
 
+def test_connected_reports_channels_registered_before_the_poll(listener, tls_contexts):
+    server_context, client_context = tls_contexts
+    with Selector() as selector:
+        plain = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["plain"])
+        selector.poll(0)
+        assert selector.connected == ["plain"]
+        selector.poll(0)
+        assert selector.connected == []
+        senders = start_senders(listener, [b""], client_context)
+        accept(listener, selector, ["tls"], server_context)
+        connected = []
+        poll_until(selector, lambda r: connected.extend(selector.connected) or connected, poll_timeout=0.01)
+        assert connected == ["tls"]         # once the handshake completes
+        plain.close()
+        stop(senders)
+
+
 def test_priority_channel_reads_while_pool_is_empty(listener):
     """KIP-81: a coordinator connection is never starved by bulk data holding the pool."""
     pool = SimpleMemoryPool(900, 900)

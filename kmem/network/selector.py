@@ -77,6 +77,7 @@ class Selector:
         self.completed_sends = []
         self.connected = []
         self.disconnected = {}
+        self._connected_since_poll = []     # ready at register(): reported by the next poll, as Kafka does
         # One bound method kept, so that remove_listener finds the very object add_listener got.
         self._pool_listener = self._memory_returned
         pool.add_listener(self._pool_listener)
@@ -97,7 +98,7 @@ class Selector:
         channel = KafkaChannel(channel_id, transport, self.pool, self.max_receive_size, priority)
         self._channels[channel_id] = channel
         if transport.ready:
-            self.connected.append(channel_id)
+            self._connected_since_poll.append(channel_id)
         self._touch(channel_id)
         self._sync_events(channel)
         return channel
@@ -192,7 +193,8 @@ class Selector:
         self._check_open()
         self.completed_receives = []
         self.completed_sends = []
-        self.connected = []
+        self.connected = [c for c in self._connected_since_poll if c in self._channels]
+        self._connected_since_poll = []
         self.disconnected = {}
         if self._out_of_memory and self.pool.available_memory >= self._memory_needed:
             self._lift_memory_mutes()       # only once a retry can succeed, or refusals would spin
