@@ -159,8 +159,10 @@ class _Processor(threading.Thread):
                     self._process_completed_receives()
                     self._process_completed_sends()
                 except Exception:
-                    # Keep serving: the acceptor keeps dealing connections to this thread.
+                    # Keep serving: the acceptor keeps dealing connections to this thread. A failure that
+                    # repeats must not spin (nor flood the log): at most one per poll interval.
                     log.exception("network processor %d failed; continuing", self._index)
+                    time.sleep(POLL_SECONDS)
         finally:
             self.selector.close()
             while not self._new_connections.empty():
