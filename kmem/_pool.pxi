@@ -131,17 +131,19 @@ cdef class PoolCore:
     cdef readonly long long outstanding_capacity
     cdef readonly long long outstanding_count
     cdef bint depleted              # refused since the last success or release (Kafka's sensor period)
-    cdef bint refused_since_release  # someone is waiting for memory to come back
+    # What refused callers need available to succeed (their size when strict, else 1); 0: nobody waits.
+    cdef long long smallest_waiting
+    cdef long long largest_waiting
     cdef FreeBlock* free_lists[NUM_CLASSES]
 
-    def __cinit__(self, long long size, long long max_single_allocation, bint strict=False, *args, **kwargs):
+    def __init__(self, long long size, long long max_single_allocation, bint strict=False):
+        # Arguments are checked by the Python subclass first. Until this runs, every request is out of
+        # range (and the free lists are empty: a new object's fields are zeroed).
         self.size = size
         self.max_single_allocation = max_single_allocation
         self.strict = strict
         self.available = size
         self.cache_limit = size if strict else size + max_single_allocation - 1
-        for c in range(NUM_CLASSES):
-            self.free_lists[c] = NULL
 
     def __dealloc__(self):
         self.free_cached()
@@ -159,17 +161,22 @@ cdef class PoolCore:
     def is_out_of_memory(self):
         return self.available <= 0
 
-    def try_allocate(self, Py_ssize_t size_bytes):
+    def try_allocate(self, object size_bytes):
         """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now."""
-        if size_bytes < 1 or size_bytes > self.max_single_allocation:
-            raise _invalid_argument(
-                f"requested size {size_bytes} is outside [1, {self.max_single_allocation}]")
-        if not self.has_room(size_bytes):
+        cdef Py_ssize_t n = 0       # stays 0, out of range, for a non-integer
+        if isinstance(size_bytes, int):
+            try:
+                n = size_bytes
+            except OverflowError:
+                pass                # beyond any pool: out of range too
+        if n < 1 or n > self.max_single_allocation:
+            raise _invalid_argument(f"requested size {size_bytes!r} is outside [1, {self.max_single_allocation}]")
+        if not self.has_room(n):
             return None
         cdef PooledBuffer buf = PooledBuffer.__new__(PooledBuffer)    # may run the cyclic GC, hence the re-check
-        if not self.has_room(size_bytes):
+        if not self.has_room(n):
             return None
-        cdef int c = size_class(size_bytes)
+        cdef int c = size_class(n)
         cdef long long capacity = class_capacity(c)
         cdef char* data = <char*>self.free_lists[c]
         if data != NULL:
@@ -180,11 +187,11 @@ cdef class PoolCore:
             data = <char*>kmem_malloc_block(capacity)
             if data == NULL:
                 raise MemoryError(f"cannot allocate {capacity} bytes")
-        self.available -= size_bytes
+        self.available -= n
         self.outstanding_capacity += capacity
         self.outstanding_count += 1
         buf.data = data
-        buf.length = size_bytes
+        buf.length = n
         buf.capacity = capacity
         buf.pool = self
         if self.depleted:
@@ -193,14 +200,16 @@ cdef class PoolCore:
         return buf
 
     cdef inline bint has_room(self, Py_ssize_t size_bytes):
-        if self.available >= (size_bytes if self.strict else 1):
+        cdef long long needed = size_bytes if self.strict else 1
+        if self.available >= needed:
             return True
+        if self.smallest_waiting == 0 or needed < self.smallest_waiting:
+            self.smallest_waiting = needed
+        if needed > self.largest_waiting:
+            self.largest_waiting = needed
         if not self.depleted:
             self.depleted = True
-            self.refused_since_release = True
             self._depletion_started()
-        else:
-            self.refused_since_release = True
         return False
 
     def release(self, buf):
@@ -216,13 +225,15 @@ cdef class PoolCore:
         self.announce_return()
 
     cdef inline announce_return(self):
-        # Memory came back: it ends a depletion period and wakes whoever was refused since the last return.
-        cdef bint waiters = self.refused_since_release
-        self.refused_since_release = False
+        # Memory came back: it ends a depletion period, and wakes refused callers once one of them can
+        # succeed. Waiters are forgotten only when all of them can, so a later release that ends the
+        # shortage for the rest still wakes them (they do not retry on their own).
         if self.depleted:
             self.depleted = False
             self._depletion_ended()
-        if waiters:
+        if self.largest_waiting and self.available >= self.smallest_waiting:
+            if self.available >= self.largest_waiting:
+                self.smallest_waiting = self.largest_waiting = 0
             self._memory_returned()
 
     cdef void give_back(self, PooledBuffer b) noexcept:

@@ -4,6 +4,7 @@ Kafka names are kept because they are what operators search for; the Prometheus 
 them to Prometheus conventions (base units, ``_total`` for counters).
 """
 import collections
+import threading
 import time
 
 # Kafka's defaults: metrics.sample.window.ms = 30000, metrics.num.samples = 2.
@@ -15,7 +16,7 @@ class SampledRate:
     """Sum of recorded values per second over a sliding set of time windows (Kafka's ``Rate``).
 
     Recording durations in seconds makes the measure a ratio of time, which is what Kafka's
-    ``MemoryPoolAvgDepletedPercent`` reports despite its name.
+    ``MemoryPoolAvgDepletedPercent`` reports despite its name. Thread-safe.
     """
 
     def __init__(self, window_seconds=DEFAULT_WINDOW_SECONDS, samples=DEFAULT_SAMPLES, clock=time.monotonic):
@@ -27,6 +28,7 @@ class SampledRate:
         self._clock = clock
         self._started = clock()
         self._windows = collections.deque()     # [window start, total recorded in it]
+        self._lock = threading.Lock()
 
     def _purge(self, now):
         horizon = now - self._window * self._samples
@@ -35,19 +37,22 @@ class SampledRate:
 
     def record(self, value, now=None):
         now = self._clock() if now is None else now
-        self._purge(now)
-        if not self._windows or now - self._windows[-1][0] >= self._window:
-            self._windows.append([now, 0.0])
-        self._windows[-1][1] += value
+        with self._lock:
+            self._purge(now)
+            if not self._windows or now - self._windows[-1][0] >= self._window:
+                self._windows.append([now, 0.0])
+            self._windows[-1][1] += value
 
     def measure(self, now=None):
         now = self._clock() if now is None else now
-        self._purge(now)
-        oldest = self._windows[0][0] if self._windows else now
+        with self._lock:
+            self._purge(now)
+            oldest = self._windows[0][0] if self._windows else now
+            recorded = sum(total for _, total in self._windows)
         # As Kafka: elapsed time counts at least samples-1 full windows, so that a rate measured just
         # after start or after a quiet spell is not inflated by a tiny denominator.
         elapsed = max(now - max(oldest, self._started - self._window), (self._samples - 1) * self._window)
-        return sum(total for _, total in self._windows) / elapsed if elapsed > 0 else 0.0
+        return recorded / elapsed if elapsed > 0 else 0.0
 
 
 # Kafka sensor name -> (Prometheus name, kind, help, scale to base units)

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 PooledBuffer = _core.PooledBuffer
 
+# The core counts in signed 64 bits, and a non-strict pool may hand out nearly twice its size.
+MAX_POOL_BYTES = sys.maxsize // 2
+
 
 @runtime_checkable
 class MemoryPool(Protocol):
@@ -83,15 +86,19 @@ class SimpleMemoryPool(_core.PoolCore):
 
     def __init__(self, size_bytes, max_single_allocation_bytes, strict=False, *,
                  window_seconds=DEFAULT_WINDOW_SECONDS, samples=DEFAULT_SAMPLES, clock=time.monotonic):
-        if size_bytes <= 0:
-            raise InvalidArgumentError(f"pool size must be positive, got {size_bytes}")
-        if max_single_allocation_bytes <= 0:
+        if not isinstance(size_bytes, int) or not 0 < size_bytes <= MAX_POOL_BYTES:
+            raise InvalidArgumentError(f"pool size must be an integer in [1, {MAX_POOL_BYTES}], got {size_bytes!r}")
+        if not isinstance(max_single_allocation_bytes, int) or max_single_allocation_bytes <= 0:
             raise InvalidArgumentError(
-                f"max single allocation must be positive, got {max_single_allocation_bytes}")
+                f"max single allocation must be a positive integer, got {max_single_allocation_bytes!r}")
         if max_single_allocation_bytes > size_bytes:
             raise InvalidArgumentError(
                 f"max single allocation {max_single_allocation_bytes} exceeds pool size {size_bytes}")
+        super().__init__(size_bytes, max_single_allocation_bytes, strict)
         self._clock = clock
+        # The core flips its depletion flag atomically, but the hooks below run in whichever threads
+        # allocate and release, and may overlap: their state is guarded by this lock.
+        self._depletion_lock = threading.Lock()
         self._depleted_at = None
         self._depleted_seconds = 0.0
         self._depleted_rate = SampledRate(window_seconds, samples, clock)
@@ -103,7 +110,7 @@ class SimpleMemoryPool(_core.PoolCore):
         return self.available
 
     def add_listener(self, callback):
-        """Call ``callback(pool)`` whenever memory is released after an allocation was refused."""
+        """Call ``callback(pool)`` when a release lets an allocation refused earlier succeed."""
         with self._listeners_lock:
             self._listeners = self._listeners + (callback,)
 
@@ -113,9 +120,10 @@ class SimpleMemoryPool(_core.PoolCore):
 
     def metrics(self):
         """Current sensor values under Kafka's names (time in milliseconds, as Kafka reports it)."""
-        depleted = self._depleted_seconds
-        if self._depleted_at is not None:
-            depleted += self._clock() - self._depleted_at
+        with self._depletion_lock:
+            depleted = self._depleted_seconds
+            if self._depleted_at is not None:
+                depleted += self._clock() - self._depleted_at
         return {
             "MemoryPoolAvailable": self.available,
             "MemoryPoolUsed": self.size - self.available,
@@ -128,15 +136,20 @@ class SimpleMemoryPool(_core.PoolCore):
                 f"outstanding={self.outstanding_count} strict={self.strict}>")
 
     # Hooks called by the compiled core on state transitions only.
+    # Another thread's hook may run between the core's transition and ours (a new period may start
+    # before the previous one's end is recorded): overlapping periods merge instead of failing.
     def _depletion_started(self):
-        self._depleted_at = self._clock()
+        with self._depletion_lock:
+            if self._depleted_at is None:
+                self._depleted_at = self._clock()
 
     def _depletion_ended(self):
-        if self._depleted_at is not None:
-            duration = self._clock() - self._depleted_at
-            self._depleted_at = None
-            self._depleted_seconds += duration
-            self._depleted_rate.record(duration)
+        with self._depletion_lock:
+            if self._depleted_at is not None:
+                duration = self._clock() - self._depleted_at
+                self._depleted_at = None
+                self._depleted_seconds += duration
+                self._depleted_rate.record(duration)
 
     def _memory_returned(self):
         for callback in self._listeners:

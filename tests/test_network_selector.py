@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmem.errors import IllegalStateError, InvalidReceiveError
+from kmem.errors import ConfigError, IllegalStateError, InvalidReceiveError
 from kmem.network import (ChannelMuteEvent, ChannelMuteState, KafkaChannel, NetworkReceive, NetworkSend,
                           PlaintextTransport, Selector)
 from kmem.pool import SimpleMemoryPool
@@ -121,6 +121,26 @@ def test_release_wakes_a_blocked_poll(listener):
     stop(senders)
 
 
+def test_strict_pool_refusal_does_not_spin(listener):
+    """A strict pool refuses while some memory is left: the mute holds until the receive fits."""
+    pool = SimpleMemoryPool(1000, 1000, strict=True)
+    hog = pool.try_allocate(600)
+    with Selector(pool) as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["c"])
+        client.sendall(frame(b"x" * 500))
+        assert poll_until(selector, lambda r: selector.is_out_of_memory, poll_timeout=0.01) == []
+        selector.poll(0.1)
+        started = time.monotonic()
+        selector.poll(0.1)
+        assert time.monotonic() - started >= 0.09 and selector.completed_receives == []
+        pool.release(hog)
+        done = poll_until(selector, lambda r: r)
+        assert [bytes(r.payload) for r in done] == [b"x" * 500]
+        done[0].close()
+        client.close()
+
+
 def test_explicit_mute_survives_memory_recovery(listener):
     pool = SimpleMemoryPool(900, 900)
     clients = {}
@@ -222,6 +242,44 @@ def test_tls_buffered_and_memory_muted_then_closed(listener, tls_contexts):
     stop(senders)
 
 
+def test_tls_buffered_retry_that_gets_memory_lifts_the_memory_mute(listener, tls_contexts):
+    """Memory returns while poll waits in select: the buffered retry gets it before any lift check."""
+    server_context, client_context = tls_contexts
+    pool = SimpleMemoryPool(100_000, 100_000)
+    blocker = pool.try_allocate(100_000)
+    payload = os.urandom(50_000)
+    box = {}
+    client_thread = threading.Thread(target=lambda: box.setdefault("sock", client_context.wrap_socket(
+        socket.create_connection(listener.getsockname(), timeout=10), server_hostname="localhost")))
+    client_thread.start()
+    with Selector(pool) as selector:
+        accept(listener, selector, ["t"], server_context)
+        poll_until(selector, lambda r: selector.channel("t").ready, poll_timeout=0.01)
+        client_thread.join(10)
+        client = box["sock"]
+        client.sendall(frame(payload)[:1004])   # one TLS record: the prefix and the first 1000 bytes
+        assert poll_until(selector, lambda r: selector.is_out_of_memory, poll_timeout=0.01) == []
+        channel = selector.channel("t")
+        assert channel.muted and channel.has_bytes_buffered
+        selector.poll(0.01)                     # no progress, so the next poll waits in select
+        real_select = selector._selector.select
+
+        def select_while_memory_returns(timeout):
+            if not blocker.released:
+                pool.release(blocker)
+            return real_select(timeout)
+
+        selector._selector.select = select_while_memory_returns
+        selector.poll(1.0)
+        assert channel.receive.memory_allocated and not channel.muted
+        client.sendall(payload[1000:])
+        done = poll_until(selector, lambda r: r)
+        assert [bytes(r.payload) for r in done] == [payload]
+        done[0].close()
+        assert pool.available_memory == 100_000
+        client.close()
+
+
 def test_peer_disconnect_mid_receive_releases_memory(listener):
     pool = SimpleMemoryPool(10_000, 10_000)
     with Selector(pool) as selector:
@@ -247,6 +305,67 @@ def test_invalid_size_prefix_closes_without_allocating(listener, prefix):
         assert pool.available_memory == 10_000 and pool.outstanding_count == 0
         assert closed_by_peer(client)
         client.close()
+
+
+def test_receive_limit_defaults_to_what_the_pool_can_hand_out(listener):
+    pool = SimpleMemoryPool(10_000, 1000)
+    with pytest.raises(ConfigError, match="max single allocation"):
+        Selector(pool, max_receive_size=1001)
+    with Selector(pool) as selector:
+        assert selector.max_receive_size == 1000
+        bad = socket.create_connection(listener.getsockname())
+        good = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["bad", "good"])
+        bad.sendall(struct.pack(">i", 5000) + b"x" * 100)     # more than the pool can ever grant
+        good.sendall(frame(b"fine"))
+        disconnected = {}       # over every poll: each poll reports only its own
+        receives = poll_until(
+            selector, lambda r: disconnected.update(selector.disconnected) or (r and "bad" in disconnected))
+        assert [bytes(r.payload) for r in receives] == [b"fine"]
+        assert isinstance(disconnected.get("bad"), InvalidReceiveError)
+        receives[0].close()
+        assert pool.available_memory == 10_000
+        bad.close()
+        good.close()
+
+
+def test_unexpected_channel_error_closes_only_that_channel(listener, caplog):
+    with Selector() as selector:
+        bad = socket.create_connection(listener.getsockname())
+        good = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["bad", "good"])
+
+        def broken_read():
+            raise RuntimeError("channel bug")
+
+        selector.channel("bad").read = broken_read
+        bad.sendall(frame(b"x"))
+        good.sendall(frame(b"fine"))
+        disconnected = {}       # over every poll: each poll reports only its own
+        receives = poll_until(
+            selector, lambda r: disconnected.update(selector.disconnected) or (r and "bad" in disconnected))
+        assert [bytes(r.payload) for r in receives] == [b"fine"]
+        assert isinstance(disconnected["bad"], RuntimeError) and "channel bug" in caplog.text
+        bad.close()
+        good.close()
+
+
+def test_connected_reports_channels_registered_before_the_poll(listener, tls_contexts):
+    server_context, client_context = tls_contexts
+    with Selector() as selector:
+        plain = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["plain"])
+        selector.poll(0)
+        assert selector.connected == ["plain"]
+        selector.poll(0)
+        assert selector.connected == []
+        senders = start_senders(listener, [b""], client_context)
+        accept(listener, selector, ["tls"], server_context)
+        connected = []
+        poll_until(selector, lambda r: connected.extend(selector.connected) or connected, poll_timeout=0.01)
+        assert connected == ["tls"]         # once the handshake completes
+        plain.close()
+        stop(senders)
 
 
 def test_priority_channel_reads_while_pool_is_empty(listener):

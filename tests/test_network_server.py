@@ -1,4 +1,5 @@
 """SocketServer over real sockets and threads: echo, configuration, failures, bad input, slowloris."""
+import errno
 import os
 import socket
 import struct
@@ -80,6 +81,10 @@ def test_config_defaults_and_validation():
                 {"no.such.setting": 1}):
         with pytest.raises(ConfigError):
             SocketServerConfig.from_properties(bad)
+    for bad in ({"queued_max_request_bytes": "200000000"}, {"queued_max_request_bytes": 2 ** 64},
+                {"connections_max_idle_ms": None}, {"connections_max_idle_ms": 0.5}, {"queued_max_requests": 1.5}):
+        with pytest.raises(ConfigError):
+            SocketServer(echo, **bad)
     with pytest.raises(ConfigError):
         SocketServer(echo, SocketServerConfig(), port=1)
 
@@ -96,6 +101,76 @@ def test_handler_failure_releases_memory_and_closes_connection():
             assert closed_by_peer(sock)
         assert request(server.address, b"fine") == b"ok"
         assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+
+
+class FailingRelease:
+    size = 0
+
+    def close(self):
+        raise TypeError("release failed")
+
+
+def test_failing_release_still_answers_and_keeps_the_handler_thread(caplog):
+    def handler(req):
+        payload = bytes(req.payload)
+        req._receive.close()
+        req._receive = FailingRelease()     # what the handler thread releases after this returns
+        return payload
+
+    with SocketServer(handler, num_io_threads=1) as server:
+        assert request(server.address, b"first") == b"first"
+        assert request(server.address, b"second") == b"second"     # the only handler thread is alive
+    assert "release failed" in caplog.text
+
+
+def test_processor_survives_an_unexpected_error(caplog):
+    with SocketServer(echo, num_network_threads=1) as server:
+        processor = server.processors[0]
+        real_poll = processor.selector.poll
+        raised = threading.Event()
+
+        def poll_failing_once(timeout):
+            if not raised.is_set():
+                raised.set()
+                raise RuntimeError("injected processor fault")
+            return real_poll(timeout)
+
+        processor.selector.poll = poll_failing_once
+        assert raised.wait(10)
+        assert request(server.address, b"still served") == b"still served"
+        assert processor.is_alive()
+    assert "injected processor fault" in caplog.text
+
+
+class OutOfDescriptors:
+    """The listening socket, its first ``failures`` accepts failing with EMFILE."""
+
+    def __init__(self, sock, failures):
+        self.sock, self.failures, self.calls = sock, failures, 0
+
+    def fileno(self):
+        return self.sock.fileno()
+
+    def accept(self):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return self.sock.accept()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_acceptor_backs_off_while_out_of_descriptors(caplog):
+    with SocketServer(echo, num_network_threads=1) as server:
+        acceptor = server._acceptor
+        listener = acceptor._listen_socket = OutOfDescriptors(acceptor._listen_socket, failures=5)
+        started = time.monotonic()
+        assert request(server.address, b"after the shortage") == b"after the shortage"
+        # Pauses of 10, 20, 40 and 80 ms at least between the five failures, not a busy loop; then the
+        # accept, and one that finds the backlog empty.
+        assert time.monotonic() - started >= 0.15 and listener.calls <= 7
+    assert caplog.text.count("accept failed") == 1
 
 
 def test_memory_is_released_when_handling_ends_not_when_sent():
@@ -192,6 +267,32 @@ def test_slowloris_is_cut_off_by_the_idle_timeout():
         assert wait_until(lambda: server.pool.available_memory == 4 * limit)
         for sock in stallers:
             sock.close()
+
+
+def test_client_that_stops_reading_its_response_is_cut_off_by_the_idle_timeout():
+    gate = threading.Event()
+    big = b"r" * (16 << 20)
+
+    def handler(req):
+        if bytes(req.payload) == b"slow":
+            gate.wait(10)       # waiting for us: never idle
+            return b"done"
+        return big
+
+    with SocketServer(handler, connections_max_idle_ms=300, num_network_threads=1) as server:
+        selector = server.processors[0].selector
+        with connect(server.address) as slow, socket.socket() as stalled:
+            slow.sendall(frame(b"slow"))
+            assert wait_until(lambda: len(selector.channels) == 1)
+            slow_id = selector.channels[0].id
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.settimeout(10)
+            stalled.connect(server.address)
+            stalled.sendall(frame(b"big"))
+            assert stalled.recv(4, socket.MSG_PEEK)     # the response has begun; it is never read
+            assert wait_until(lambda: [c.id for c in selector.channels] == [slow_id])
+            gate.set()
+            assert recv_frame(slow) == b"done"
 
 
 def test_request_queue_bounds_the_count():

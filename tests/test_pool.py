@@ -2,7 +2,9 @@
 import gc
 import logging
 import random
+import sys
 import threading
+import time
 
 import pytest
 from hypothesis import settings
@@ -24,7 +26,8 @@ class FakeClock:
 
 
 @pytest.mark.parametrize("pool_type", POOL_TYPES)
-@pytest.mark.parametrize("size, max_single", [(0, 7), (-1, 7), (100, 0), (100, -1), (100, 101)])
+@pytest.mark.parametrize("size, max_single", [(0, 7), (-1, 7), (100, 0), (100, -1), (100, 101), (2 ** 64, 10),
+                                              (100.5, 10), (100, 10.5), ("100", 10)])
 def test_constructor_rejects_bad_sizes(pool_type, size, max_single):
     with pytest.raises(InvalidArgumentError):
         pool_type(size, max_single)
@@ -35,7 +38,7 @@ def test_max_single_equal_to_size_is_allowed():
 
 
 @pytest.mark.parametrize("pool_type", POOL_TYPES)
-@pytest.mark.parametrize("request_size", [11, 0, -1])
+@pytest.mark.parametrize("request_size", [11, 0, -1, 2 ** 64, -(2 ** 64), 1.0, "5", None])
 def test_allocation_size_out_of_range_rejected(pool_type, request_size):
     pool = pool_type(1000, 10)
     with pytest.raises(InvalidArgumentError):
@@ -207,6 +210,34 @@ def test_listeners_hear_when_memory_returns_after_a_refusal():
     assert calls == [pool]
 
 
+def test_listeners_hear_the_release_that_ends_a_shortage_even_if_not_the_first():
+    pool = SimpleMemoryPool(100, 100)
+    calls = []
+    pool.add_listener(calls.append)
+    held = [pool.try_allocate(10), pool.try_allocate(89), pool.try_allocate(30)]    # available -29
+    assert pool.try_allocate(1) is None
+    pool.release(held[0])           # available -19: nobody can succeed yet
+    assert calls == []
+    pool.release(held[2])           # available 11: the shortage ends
+    assert calls == [pool]
+    pool.release(held[1])           # nobody was refused since
+    assert calls == [pool]
+
+
+def test_strict_pool_listeners_hear_when_each_refused_size_fits():
+    pool = SimpleMemoryPool(100, 100, strict=True)
+    calls = []
+    pool.add_listener(calls.append)
+    held = [pool.try_allocate(30) for _ in range(3)]     # available 10
+    assert pool.try_allocate(20) is None and pool.try_allocate(50) is None
+    pool.release(held[0])           # available 40: the 20 fits, the 50 still waits
+    assert calls == [pool]
+    pool.release(held[1])           # available 70: the 50 fits too
+    assert calls == [pool, pool]
+    pool.release(held[2])           # every refused caller could already succeed
+    assert calls == [pool, pool]
+
+
 def test_failing_listener_does_not_break_release(caplog):
     pool = SimpleMemoryPool(10, 10)
 
@@ -297,6 +328,43 @@ def test_threads_lose_or_double_count_nothing():
     assert errors == []
     assert pool.available_memory == 1 << 20
     assert pool.outstanding_count == 0 and pool.outstanding_capacity == 0
+
+
+def test_depletion_bookkeeping_survives_racing_threads():
+    """Depletion periods end and start in whichever threads release and allocate; metrics read them."""
+    pool = SimpleMemoryPool(100, 100, window_seconds=0.001, samples=2)
+    deadline = time.monotonic() + 1.5
+    errors = []
+
+    def churn():
+        try:
+            while time.monotonic() < deadline:
+                buf = pool.try_allocate(100)
+                if buf is not None:
+                    pool.try_allocate(1)        # refused: a depletion period starts
+                    pool.release(buf)           # and ends
+        except Exception as exc:  # surfaced below: a thread's exception would otherwise vanish
+            errors.append(exc)
+
+    def scrape():
+        try:
+            while time.monotonic() < deadline:
+                pool.metrics()
+        except Exception as exc:
+            errors.append(exc)
+
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)     # switch threads inside the hooks, where the races are
+    try:
+        threads = [threading.Thread(target=target) for target in (churn, churn, scrape, scrape)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switch_interval)
+    assert errors == []
+    assert pool.available_memory == 100 and pool.metrics()["MemoryPoolDepletedTimeTotal"] > 0
 
 
 class PoolMachine(RuleBasedStateMachine):

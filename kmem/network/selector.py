@@ -7,17 +7,18 @@ at most one complete frame per channel and writes pending sends. Results of the 
 
 Beyond Kafka: the selector listens to its pool, so a release that ends an out-of-memory period wakes a
 blocked ``poll`` at once instead of after its timeout; idle connections are closed (a client that sends a
-size prefix and stalls cannot pin memory forever), except those that wait for us: for a response, or
-for pool memory.
+size prefix and stalls, or stops reading its response, cannot pin memory forever), except those that
+wait for us: for a response to be produced, or for pool memory.
 """
 import collections
+import logging
 import random
 import selectors
 import socket
 import ssl
 import time
 
-from kmem.errors import IllegalStateError, InvalidArgumentError, InvalidReceiveError
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError, InvalidReceiveError
 from kmem.network.channel import KafkaChannel
 from kmem.network.receive import UNLIMITED
 from kmem.network.transport import PlaintextTransport, TlsTransport
@@ -29,6 +30,8 @@ from kmem.pool import NONE
 LOW_MEMORY_FRACTION = 0.1
 _CONNECTION_ERRORS = (OSError, EOFError, ssl.SSLError, InvalidReceiveError)
 
+log = logging.getLogger(__name__)
+
 
 class Selector:
     """Kafka's network selector over Python's ``selectors``.
@@ -36,11 +39,22 @@ class Selector:
     Not thread-safe, except ``wakeup()`` which any thread may call. Timeouts are in seconds.
     ``connections_max_idle_ms`` (Kafka's name and unit) closes channels with no socket progress for that
     long; ``None`` or a negative value disables it.
+
+    ``max_receive_size`` defaults to the pool's ``max_single_allocation`` (a larger frame could never get
+    memory, so its channel is closed as invalid) and may not exceed it. With the unbounded default pool it
+    stays ``UNLIMITED``: a peer's size prefix may then allocate up to 2 GiB, so set it for untrusted peers.
     """
 
     def __init__(self, pool=NONE, *, max_receive_size=UNLIMITED, connections_max_idle_ms=None,
                  clock=time.monotonic, rng=None):
         self.pool = pool
+        pool_limit = getattr(pool, "max_single_allocation", None)
+        if pool_limit is not None:
+            if max_receive_size == UNLIMITED:
+                max_receive_size = pool_limit
+            elif max_receive_size > pool_limit:
+                raise ConfigError(f"max_receive_size {max_receive_size} exceeds the pool's max single "
+                                  f"allocation {pool_limit}")
         self.max_receive_size = max_receive_size
         self._idle_seconds = (connections_max_idle_ms / 1000.0
                               if connections_max_idle_ms is not None and connections_max_idle_ms >= 0 else None)
@@ -55,12 +69,15 @@ class Selector:
         self._buffered_read = set()           # ids whose transport holds bytes the socket will not announce
         self._idle = collections.OrderedDict()  # id -> last activity, oldest first; explicit mutes excluded
         self._out_of_memory = False
+        self._memory_needed = 0     # while out of memory: what the least demanding refused receive needs
+        self._strict_pool = getattr(pool, "strict", False)
         self._made_read_progress_last_poll = False
         self._closed = False
         self.completed_receives = []
         self.completed_sends = []
         self.connected = []
         self.disconnected = {}
+        self._connected_since_poll = []     # ready at register(): reported by the next poll, as Kafka does
         # One bound method kept, so that remove_listener finds the very object add_listener got.
         self._pool_listener = self._memory_returned
         pool.add_listener(self._pool_listener)
@@ -81,7 +98,7 @@ class Selector:
         channel = KafkaChannel(channel_id, transport, self.pool, self.max_receive_size, priority)
         self._channels[channel_id] = channel
         if transport.ready:
-            self.connected.append(channel_id)
+            self._connected_since_poll.append(channel_id)
         self._touch(channel_id)
         self._sync_events(channel)
         return channel
@@ -113,13 +130,15 @@ class Selector:
         """Queue a ``NetworkSend`` on its destination channel (one send at a time per channel)."""
         channel = self._existing(send.destination)
         channel.set_send(send)
+        self._touch(channel.id)     # now the client must read it: its idle clock runs
         self._sync_events(channel)
 
     def mute(self, channel_id):
         """Stop reading from a channel until ``unmute`` (memory recovery does not lift this mute)."""
         channel = self._existing(channel_id)
         self._explicitly_muted.add(channel_id)
-        self._idle.pop(channel_id, None)    # waiting on us, not on the client
+        if channel.send is None:
+            self._idle.pop(channel_id, None)    # waiting on us, not on the client
         channel.mute()
         self._sync_events(channel)
 
@@ -174,10 +193,11 @@ class Selector:
         self._check_open()
         self.completed_receives = []
         self.completed_sends = []
-        self.connected = []
+        self.connected = [c for c in self._connected_since_poll if c in self._channels]
+        self._connected_since_poll = []
         self.disconnected = {}
-        if self._out_of_memory and not self.pool.is_out_of_memory:
-            self._lift_memory_mutes()
+        if self._out_of_memory and self.pool.available_memory >= self._memory_needed:
+            self._lift_memory_mutes()       # only once a retry can succeed, or refusals would spin
         if self._buffered_read and self._made_read_progress_last_poll:
             timeout = 0     # buffered bytes can progress without the socket: do not wait for it
         timeout = self._limit_by_idle_expiry(timeout)
@@ -223,6 +243,10 @@ class Selector:
                 self._handle_channel(channel, mask)
             except _CONNECTION_ERRORS as exc:
                 self._close_channel(channel, exc)
+            except Exception as exc:
+                # A bug or a failed malloc: it ends this channel, not the poll (and the other channels').
+                log.exception("closing channel %s after an unexpected error", channel_id)
+                self._close_channel(channel, exc)
 
     def _handle_channel(self, channel, mask):
         if not channel.ready:
@@ -236,10 +260,12 @@ class Selector:
         if channel.has_bytes_buffered and not explicitly_muted:
             self._buffered_read.add(channel.id)
         if channel.ready and mask & selectors.EVENT_WRITE and channel.send is not None:
-            send = channel.write()
-            self._touch(channel.id)
-            if send is not None:
+            send = channel.send
+            remaining = send.remaining
+            if channel.write() is not None:
                 self.completed_sends.append(send.destination)
+            if send.remaining < remaining:
+                self._touch(channel.id)     # the client reads its response: progress
         self._sync_events(channel)
 
     def _attempt_read(self, channel):
@@ -249,11 +275,22 @@ class Selector:
             receive = channel.maybe_complete_receive()
             if receive is not None:
                 self.completed_receives.append(receive)
-        if channel.muted:
-            self._out_of_memory = True      # the channel muted itself: the pool refused its receive
+        if not channel.muted:
+            return
+        # Not explicitly muted, so this is a memory mute.
+        if channel.is_in_mutable_state():
+            # The channel muted itself: the pool refused its receive. A strict pool refuses sizes above
+            # what is available, others only an empty pool.
+            needed = channel.receive.size if self._strict_pool else 1
+            self._memory_needed = min(self._memory_needed, needed) if self._out_of_memory else needed
+            self._out_of_memory = True
             # Waiting for our memory is not the client's idleness (and pins nothing): its idle clock
             # restarts when the mute is lifted.
             self._idle.pop(channel.id, None)
+        elif self._unmute(channel):
+            # A retry of bytes buffered in the transport (TLS) got the memory: _lift_memory_mutes would
+            # no longer see this channel as memory-muted, so its mute ends here.
+            self._touch(channel.id)
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 
@@ -275,7 +312,12 @@ class Selector:
             del self._registered_events[channel.id]
 
     def _touch(self, channel_id):
-        if self._idle_seconds is not None and channel_id not in self._explicitly_muted:
+        if self._idle_seconds is None:
+            return
+        # Idleness is the client's: exempt only channels that wait for us (explicitly muted, no send).
+        if channel_id in self._explicitly_muted and self._channels[channel_id].send is None:
+            self._idle.pop(channel_id, None)
+        else:
             self._idle[channel_id] = self._clock()
             self._idle.move_to_end(channel_id)
 

@@ -10,6 +10,7 @@ A request's memory goes back to the pool when the handler returns or raises (not
 sent), and when its connection closes before that.
 """
 import dataclasses
+import errno
 import itertools
 import logging
 import queue
@@ -17,19 +18,25 @@ import selectors
 import socket
 import ssl
 import threading
+import time
 
 from kmem.errors import ConfigError, IllegalStateError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.receive import NetworkSend
 from kmem.network.selector import Selector
 from kmem.network.waker import Waker
-from kmem.pool import NONE, SimpleMemoryPool
+from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
 
 log = logging.getLogger(__name__)
 
 # How long a processor or acceptor waits in select before rechecking for shutdown, new connections and
 # responses (all of which also wake it at once), as Kafka's processors poll every 300 ms.
 POLL_SECONDS = 0.3
+# Out of descriptors (or kernel memory), accept() fails while the listener stays readable: the acceptor
+# stops listening for a pause that doubles, within these bounds, until an accept succeeds.
+ACCEPT_BACKOFF_MIN_SECONDS = 0.01
+ACCEPT_BACKOFF_MAX_SECONDS = 1.0
+_RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +55,21 @@ class SocketServerConfig:
     ssl_context: ssl.SSLContext | None = None
 
     def __post_init__(self):
-        for name in ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
-                     "socket_listen_backlog_size"):
+        positive = ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
+                    "socket_listen_backlog_size")
+        for name in positive + ("queued_max_request_bytes", "connections_max_idle_ms"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{_dotted(name)} must be an integer >= 1, got {value!r}")
+            unset_allowed = name not in positive    # -1: unbounded, or never
+            # The upper bound is what a pool can hold.
+            if not isinstance(value, int) or not (1 <= value <= MAX_POOL_BYTES or unset_allowed and value == -1):
+                raise ConfigError(f"{_dotted(name)} must be an integer in [1, {MAX_POOL_BYTES}]"
+                                  f"{' or -1' if unset_allowed else ''}, got {value!r}")
         if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
             raise ConfigError(f"port must be in [0, 65535], got {self.port!r}")
         if self.queued_max_request_bytes != -1 and self.queued_max_request_bytes < self.socket_request_max_bytes:
             raise ConfigError(
                 f"queued.max.request.bytes must be -1 (unbounded) or larger or equal to socket.request.max.bytes "
                 f"({self.socket_request_max_bytes}), got {self.queued_max_request_bytes}")
-        if self.connections_max_idle_ms != -1 and self.connections_max_idle_ms < 1:
-            raise ConfigError(f"connections.max.idle.ms must be -1 (never) or >= 1, "
-                              f"got {self.connections_max_idle_ms}")
 
     @classmethod
     def from_properties(cls, properties, **overrides):
@@ -144,13 +152,17 @@ class _Processor(threading.Thread):
     def run(self):
         try:
             while self.server.running:
-                self._configure_new_connections()
-                self._process_responses()
-                self.selector.poll(POLL_SECONDS)
-                self._process_completed_receives()
-                self._process_completed_sends()
-        except Exception:
-            log.exception("network processor %d failed", self._index)
+                try:
+                    self._configure_new_connections()
+                    self._process_responses()
+                    self.selector.poll(POLL_SECONDS)
+                    self._process_completed_receives()
+                    self._process_completed_sends()
+                except Exception:
+                    # Keep serving: the acceptor keeps dealing connections to this thread. A failure that
+                    # repeats must not spin (nor flood the log): at most one per poll interval.
+                    log.exception("network processor %d failed; continuing", self._index)
+                    time.sleep(POLL_SECONDS)
         finally:
             self.selector.close()
             while not self._new_connections.empty():
@@ -212,6 +224,8 @@ class _Acceptor(threading.Thread):
         self._selector = selectors.DefaultSelector()
         self._selector.register(listen_socket, selectors.EVENT_READ)
         self._waker = Waker(self._selector)
+        self._backoff = 0.0
+        self._resume_at = None      # while paused: when to listen again
 
     def wakeup(self):
         self._waker.wakeup()
@@ -220,7 +234,14 @@ class _Acceptor(threading.Thread):
         processors = itertools.cycle(self.server.processors)
         try:
             while self.server.running:
-                for key, _ in self._selector.select(POLL_SECONDS):
+                timeout = POLL_SECONDS
+                if self._resume_at is not None:
+                    timeout = self._resume_at - time.monotonic()
+                    if timeout <= 0:
+                        self._selector.register(self._listen_socket, selectors.EVENT_READ)
+                        self._resume_at = None
+                        timeout = POLL_SECONDS
+                for key, _ in self._selector.select(timeout):
                     if self._waker.owns(key):
                         self._waker.drain()
                     else:
@@ -238,10 +259,22 @@ class _Acceptor(threading.Thread):
                 sock, _ = self._listen_socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:      # e.g. out of file descriptors: keep serving the connections we have
-                log.warning("accept failed: %s", exc)
+            except OSError as exc:
+                if exc.errno in _RESOURCE_ERRNOS:
+                    self._pause(exc)
+                else:
+                    log.warning("accept failed: %s", exc)
                 return
+            self._backoff = 0.0
             next(processors).accept(sock)
+
+    def _pause(self, exc):
+        # Keep serving the connections we have; warn once per shortage, not once per pause.
+        if not self._backoff:
+            log.warning("accept failed: %s; pausing accepts until it succeeds again", exc)
+        self._backoff = min(max(2 * self._backoff, ACCEPT_BACKOFF_MIN_SECONDS), ACCEPT_BACKOFF_MAX_SECONDS)
+        self._selector.unregister(self._listen_socket)
+        self._resume_at = time.monotonic() + self._backoff
 
 
 class SocketServer:
@@ -303,7 +336,7 @@ class SocketServer:
             if request is None:
                 return
             if not self.running:
-                request.release()
+                self._release(request)
                 continue
             try:
                 response = self.handler(request)
@@ -314,8 +347,17 @@ class SocketServer:
                 log.exception("request handler failed for %r; closing the connection", request)
                 send = _CLOSE
             finally:
-                request.release()
+                self._release(request)
             request.processor.respond(request.connection_id, send)
+
+    @staticmethod
+    def _release(request):
+        # A failed release must neither kill the handler thread nor leave the connection without its
+        # response (it would stay muted, and muted connections are not idle-expired).
+        try:
+            request.release()
+        except Exception:
+            log.exception("releasing the memory of %r failed", request)
 
     def metrics(self):
         """The pool's sensors under Kafka's names, plus the request queue's length (empty if unbounded)."""
