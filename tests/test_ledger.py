@@ -268,6 +268,66 @@ def test_finishes_a_flush_cut_short(tmp_path):
         assert len(ledger) == 50
 
 
+def fail_with(error):
+    def fail(*args, **kwargs):
+        raise error
+    return fail
+
+
+@pytest.mark.parametrize("step", ["write_entries", "Snapshot"])
+def test_a_failed_flush_stays_pending_and_is_sealed_first(tmp_path, monkeypatch, step):
+    import kmem.ledger.ledger as ledger_module
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    ledger.update(entry(7, offset=100))
+    with monkeypatch.context() as m:                       # a full disk, or no file descriptors left
+        m.setattr(ledger_module, step, fail_with(OSError(28, "No space left on device")))
+        with pytest.raises(OSError):
+            ledger.flush()
+        ledger.update(entry(7, offset=200, epoch=5))
+        assert ledger.read(7).epoch == 5
+        with pytest.raises(OSError):                       # the pending file goes first: nothing newer is sealed
+            ledger.flush()
+        assert ledger.snapshot_paths == [] and ledger.read(7).epoch == 5
+    ledger.close()
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())  # reopened with space again
+    assert ledger.read(7).epoch == 5
+    ledger.update(entry(8, offset=300))
+    ledger.flush()
+    assert ledger.read(7).epoch == 5 and ledger._view.sealing == ()
+    assert [e.epoch for e in read_snapshot(ledger.snapshot_paths[0]) if e.producer_id == 7] == [5]
+    ledger.close()
+    assert PidLedger(tmp_path, SMALL, clock_ms=Clock()).read(7).epoch == 5
+
+
+def test_a_failed_flush_is_retried_by_the_next_one(tmp_path, monkeypatch):
+    import kmem.ledger.ledger as ledger_module
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        ledger.update(entry(7, offset=100))
+        with monkeypatch.context() as m:
+            m.setattr(ledger_module, "write_entries", fail_with(OSError(24, "Too many open files")))
+            with pytest.raises(OSError):
+                ledger.flush()
+        ledger.update(entry(7, offset=200, epoch=5))
+        ledger.flush()
+        assert ledger._view.sealing == () and len(ledger.snapshot_paths) == 2
+        assert ledger.read(7).epoch == 5
+        with monkeypatch.context() as m:                   # a new active file that cannot be made changes nothing
+            m.setattr(ledger_module, "ActiveFile", fail_with(OSError(28, "No space left on device")))
+            ledger.update(entry(9, offset=300))
+            with pytest.raises(OSError):
+                ledger.flush()
+            assert ledger._view.sealing == () and ledger.read(9) == entry(9, offset=300)
+    assert PidLedger(tmp_path, SMALL, clock_ms=Clock()).read(7).epoch == 5
+
+
+def test_negative_last_offset_is_refused(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        with pytest.raises(InvalidArgumentError):
+            ledger.update(entry(1, offset=-2))
+        ledger.update(entry(2, offset=-1))                 # Kafka's "no offset yet"
+        assert os.path.basename(ledger.flush()) == snapshot_name(0)
+
+
 def test_bad_configuration(tmp_path):
     with pytest.raises(InvalidArgumentError):
         PidLedger(tmp_path, SMALL, producer_id_expiration_ms=0)

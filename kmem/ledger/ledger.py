@@ -114,14 +114,16 @@ class PidLedger:
                 os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
             elif base == name and snapshot_offset(name) is None and active_sequence(name) is None:
                 log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
-        self._view = _ReadPath((), filters, snapshots)
         actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
         self._sequence = active_sequence(actives[-1]) if actives else 0
-        for name in actives[:-1]:               # flushes a crash interrupted: finish them
-            self._seal(self._open_active(name))
+        # Flushes a crash or an error cut short: older than the newest active file and, since a flush
+        # seals pending files first, newer than every snapshot. Sealed oldest first, in that place.
+        pending = [a for a in map(self._open_active, actives[:-1]) if a is not None]
+        self._view = _ReadPath(tuple(reversed(pending)), filters, snapshots)
         self._active = self._open_active(actives[-1]) if actives else None
         if self._active is None:
             self._active = self._new_active()
+        self._seal_pending()
         self._apply_retention()
 
     def _load_snapshot(self, path):
@@ -155,8 +157,9 @@ class PidLedger:
             return None
 
     def _new_active(self):
+        active = ActiveFile(os.path.join(self.directory, active_name(self._sequence + 1)), self.shape, self.capacity)
         self._sequence += 1
-        return ActiveFile(os.path.join(self.directory, active_name(self._sequence)), self.shape, self.capacity)
+        return active
 
     # --- the API ------------------------------------------------------------------------------------
 
@@ -193,6 +196,8 @@ class PidLedger:
         """
         if not isinstance(entry, ProducerEntry):
             entry = ProducerEntry(*entry)
+        if entry.last_offset < -1:      # -1: no offset yet (Kafka); below that no snapshot name fits
+            raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
         while True:
             with self._lock:
                 if not self._active.full:
@@ -209,41 +214,48 @@ class PidLedger:
         6-7. The (filter, snapshot) pair joins the index and the old file leaves the read path, in one
              swap, so no reader can miss an id in between.
         8.   The old file is deleted; its mapping goes when the last reader holding it is done.
+
+        If sealing fails (a full disk, no file descriptors), the old file stays on the read path, pending,
+        and the next flush seals it before anything newer, so snapshots keep the order of their data.
         """
         with self._flush_lock:
+            self._seal_pending()
             with self._lock:
                 old = self._active
                 if old.count == 0:
                     return None
-                self._active = self._new_active()
+                self._active = self._new_active()          # may fail: then nothing has changed
                 view = self._view
                 self._view = view._replace(sealing=(old,) + view.sealing)
             path = self._seal(old)
             self._apply_retention()
-            return path
+        return path
+
+    def _seal_pending(self):
+        """Seal the active files an earlier flush failed to seal (or a crash left), oldest first."""
+        for old in reversed(self._view.sealing):
+            self._seal(old)
 
     def _seal(self, old):
-        """Steps 4-8 for a filled active file (also used at open for a flush a crash cut short)."""
-        if old is None:
-            return None
+        """Steps 4-8 for a filled active file on the sealing list; on failure it stays there."""
         array = old.entries()
         order = id_order(array)
         newest = self._view.snapshots[0] if self._view.snapshots else None
+        added = []
         if newest is not None and newest.stats == snapshot_stats(array, order):
             path = newest.path                   # sealed before a crash; only the deletion was missed
         else:
-            offset = int(array["last_offset"].max()) + 1 if len(array) else 0
-            if newest is not None:
-                offset = max(offset, newest.offset + 1)
+            # Named by the offset it ends at, but never below a snapshot it is newer than.
+            offset = max(int(array["last_offset"].max()) + 1 if len(array) else 0,
+                         newest.offset + 1 if newest is not None else 0)
             path = os.path.join(self.directory, snapshot_name(offset))
             old.bloom.write(path + SIDECAR_SUFFIX, fsync=self.fsync)                 # step 4
             stats = write_entries(path, array, order, fsync=self.fsync)                # step 5
-            snapshot = Snapshot(path, stats)
-            bloom = BloomFilter.open(path + SIDECAR_SUFFIX)
-            with self._lock:                                                            # steps 6-7
-                view = self._view
-                self._view = _ReadPath(tuple(a for a in view.sealing if a is not old),
-                                       [bloom] + view.filters, [snapshot] + view.snapshots)
+            added = [(BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats))]
+        with self._lock:                                                                # steps 6-7
+            view = self._view
+            self._view = _ReadPath(tuple(a for a in view.sealing if a is not old),
+                                   [f for f, _ in added] + view.filters, [s for _, s in added] + view.snapshots)
         os.unlink(old.path)                                                             # step 8
         if self.fsync:
             fsync_directory(self.directory)
