@@ -320,6 +320,30 @@ def test_a_failed_flush_is_retried_by_the_next_one(tmp_path, monkeypatch):
     assert PidLedger(tmp_path, SMALL, clock_ms=Clock()).read(7).epoch == 5
 
 
+def test_active_file_blocks_are_reserved_and_a_full_disk_is_an_error(tmp_path, monkeypatch):
+    with PidLedger(tmp_path / "a", SMALL, clock_ms=Clock()) as ledger:
+        st = os.stat(ledger._active.path)
+        assert st.st_blocks * 512 >= st.st_size          # not sparse: no SIGBUS when the disk fills later
+    monkeypatch.setattr(os, "posix_fallocate", fail_with(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        PidLedger(tmp_path / "b", SMALL, clock_ms=Clock())
+    assert os.listdir(tmp_path / "b") == []               # the reserved temporary file is gone too
+
+
+def test_fsync_makes_the_first_active_file_durable(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def recording(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", recording)
+    with PidLedger(tmp_path / "new", SMALL, fsync=True, clock_ms=Clock()) as ledger:
+        active = ledger._active.path
+    assert str(tmp_path) in synced                        # the new directory's entry
+    assert active + ".tmp" in synced and str(tmp_path / "new") in synced     # the file, then its rename
+
+
 def test_negative_last_offset_is_refused(tmp_path):
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
         with pytest.raises(InvalidArgumentError):

@@ -86,7 +86,10 @@ class PidLedger:
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
         self._lock = threading.Lock()          # the active file: update and read
         self._flush_lock = threading.Lock()    # one flush at a time
-        os.makedirs(self.directory, exist_ok=True)
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            if fsync:                       # the new directory's name, so its files can be found
+                fsync_directory(os.path.dirname(os.path.abspath(self.directory)))
         self._open()
         self._stop = threading.Event()
         self._timer = None
@@ -157,7 +160,8 @@ class PidLedger:
             return None
 
     def _new_active(self):
-        active = ActiveFile(os.path.join(self.directory, active_name(self._sequence + 1)), self.shape, self.capacity)
+        active = ActiveFile(os.path.join(self.directory, active_name(self._sequence + 1)),
+                            self.shape, self.capacity, self.fsync)
         self._sequence += 1
         return active
 
