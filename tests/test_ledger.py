@@ -19,6 +19,7 @@ from kmem.ledger.active import ActiveFile, active_name
 from kmem.ledger.snapshot import ENTRY_SIZE, HEADER
 from kmem.ledger import (
     ENTRY_DTYPE, PidCache, PidLedger, ProducerEntry, Snapshot, read_snapshot, snapshot_name, write_ledger_snapshot,
+    write_snapshot,
 )
 
 SMALL = Shape.from_np(200, 0.01)        # saturates after ~190 ids: many flushes in small tests
@@ -342,6 +343,22 @@ def test_fsync_makes_the_first_active_file_durable(tmp_path, monkeypatch):
         active = ledger._active.path
     assert str(tmp_path) in synced                        # the new directory's entry
     assert active + ".tmp" in synced and str(tmp_path / "new") in synced     # the file, then its rename
+
+
+def test_a_sidecar_of_other_content_is_rebuilt(tmp_path, monkeypatch, caplog):
+    import kmem.ledger.ledger as ledger_module
+    write_ledger_snapshot(tmp_path, [entry(pid) for pid in range(100)], offset=5000)
+    with monkeypatch.context() as m:          # a rewrite killed between its sidecar and its snapshot
+        m.setattr(ledger_module, "write_entries", fail_with(OSError(4, "killed")))
+        with pytest.raises(OSError):
+            write_ledger_snapshot(tmp_path, [entry(pid) for pid in range(1000, 1100)], offset=5000)
+    with caplog.at_level(logging.WARNING), PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(100))
+    assert "does not match" in caplog.text
+    path = str(tmp_path / snapshot_name(5000))
+    write_snapshot(path, [entry(pid) for pid in range(2000, 2100)])      # Kafka rewrote the snapshot
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(2000, 2100))
 
 
 def test_negative_last_offset_is_refused(tmp_path):

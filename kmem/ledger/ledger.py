@@ -143,11 +143,19 @@ class PidLedger:
         except CorruptSnapshotError as e:
             log.warning("ledger: rebuilding Bloom sidecar: %s", e)
             bloom = None
+        ids = snapshot.entries()["producer_id"]
+        # A sidecar of another snapshot under the same name (Kafka rewrote the file, or a rewrite was cut
+        # short between sidecar and snapshot) would give false negatives: it must hold every id.
+        if bloom is not None and not bloom.contains_many(ids).all():
+            log.warning("ledger: rebuilding Bloom sidecar %s: it does not match its snapshot", sidecar)
+            bloom.close()
+            bloom = None
         if bloom is None:
             built = BloomFilter(Shape.from_np(max(snapshot.count, 1), 0.01))
-            built.add_many(snapshot.entries()["producer_id"])
+            built.add_many(ids)
             built.write(sidecar, fsync=self.fsync)
             bloom = BloomFilter.open(sidecar)
+        snapshot.trim()
         return bloom, snapshot
 
     def _open_active(self, name):
