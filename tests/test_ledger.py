@@ -395,6 +395,9 @@ class CountingLedger:
     def update(self, e):
         return self.ledger.update(e)
 
+    def expired(self, e):
+        return self.ledger.expired(e)
+
 
 def test_cache_write_through_hits_misses_and_bound(tmp_path):
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
@@ -415,6 +418,41 @@ def test_cache_write_through_hits_misses_and_bound(tmp_path):
         assert counting.reads == reads + 1
         with pytest.raises(InvalidArgumentError):
             PidCache(ledger, 0)
+
+
+def test_cache_does_not_store_a_read_a_put_overtook(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        cache = PidCache(ledger, max_entries=2)
+        reading, release = threading.Event(), threading.Event()
+        real = ledger.read
+
+        def slow_read(pid):
+            found = real(pid)
+            reading.set()
+            release.wait()
+            return found
+        ledger.read = slow_read
+        reader = threading.Thread(target=cache.get, args=(1,))
+        reader.start()
+        reading.wait()                          # the read found nothing; now a put lands and is evicted
+        ledger.read = real
+        cache.put(entry(1))
+        cache.get(2)
+        cache.get(3)
+        release.set()
+        reader.join()
+        assert cache.get(1) == entry(1)
+
+
+def test_cache_put_of_a_tuple_and_expiry(tmp_path):
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock) as ledger:
+        cache = PidCache(ledger, max_entries=10)
+        assert cache.get(1) is None
+        assert cache.put(tuple(entry(1))) == entry(1)          # converted by the ledger, cached as such
+        assert cache.get(1) == entry(1)
+        clock.now += DAY
+        assert ledger.read(1) is None and cache.get(1) is None  # expired in the cache as in the ledger
 
 
 def test_cache_is_thread_safe(tmp_path):

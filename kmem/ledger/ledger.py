@@ -181,7 +181,7 @@ class PidLedger:
             entry = self._active.find(pid)
         if entry is None:
             entry = self._read_sealed(self._view, pid)
-        if entry is None or self._expired(entry):
+        if entry is None or self.expired(entry):
             return None
         return entry
 
@@ -196,7 +196,8 @@ class PidLedger:
                 return entry
         return None
 
-    def _expired(self, entry):
+    def expired(self, entry):
+        """Whether ``entry`` is past producer_id_expiration_ms (and in no transaction): read as absent."""
         return (entry.current_txn_first_offset == NO_TXN
                 and self._clock_ms() - entry.timestamp >= self.expiration_ms)
 
