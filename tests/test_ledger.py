@@ -14,7 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from snapshot_files import kafka_snapshot, random_entries
 
 from kmem.bloom import BloomFilter, Shape
-from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name
 from kmem.ledger.snapshot import ENTRY_SIZE, HEADER
 from kmem.ledger import (
@@ -328,7 +328,7 @@ def test_active_file_blocks_are_reserved_and_a_full_disk_is_an_error(tmp_path, m
     monkeypatch.setattr(os, "posix_fallocate", fail_with(OSError(28, "No space left on device")))
     with pytest.raises(OSError):
         PidLedger(tmp_path / "b", SMALL, clock_ms=Clock())
-    assert os.listdir(tmp_path / "b") == []               # the reserved temporary file is gone too
+    assert os.listdir(tmp_path / "b") == ["ledger.lock"]  # the reserved temporary file is gone too
 
 
 def test_fsync_makes_the_first_active_file_durable(tmp_path, monkeypatch):
@@ -359,6 +359,35 @@ def test_a_sidecar_of_other_content_is_rebuilt(tmp_path, monkeypatch, caplog):
     write_snapshot(path, [entry(pid) for pid in range(2000, 2100)])      # Kafka rewrote the snapshot
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
         assert all(ledger.read(pid) == entry(pid) for pid in range(2000, 2100))
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_close_releases_files_and_refuses_use(tmp_path):
+    before = open_fds()
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    for pid in range(500):                                 # several snapshots
+        ledger.update(entry(pid))
+    assert len(ledger.snapshot_paths) >= 2
+    ledger.close()
+    assert open_fds() == before
+    for call in (lambda: ledger.read(1), lambda: ledger.update(entry(1)), ledger.flush, ledger.sync):
+        with pytest.raises(IllegalStateError):
+            call()
+    ledger.close()                                         # closing twice is harmless
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(500))
+
+
+def test_a_second_ledger_on_one_directory_is_refused(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING), PidLedger(tmp_path, SMALL, clock_ms=Clock()):
+        with pytest.raises(IllegalStateError, match="ledger.lock"):
+            PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()):     # free again once closed
+        pass
+    assert "foreign" not in caplog.text
 
 
 def test_negative_last_offset_is_refused(tmp_path):

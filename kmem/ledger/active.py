@@ -20,7 +20,7 @@ from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError
-from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry
+from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
@@ -116,6 +116,9 @@ class ActiveFile:
     def sync(self):
         """msync: make the rows durable against power loss."""
         self._map.flush()
+
+    def close(self):
+        unmap(self._map)
 
     def __repr__(self):
         return f"ActiveFile({self.path!r}, {self.count}/{self.capacity} entries)"

@@ -16,6 +16,7 @@ in the page cache; a reopened ledger finds them, finishing any flush that was cu
 power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
 and ``sync()`` msyncs the active file; without it, recent updates can be lost with the machine.
 """
+import fcntl
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ from typing import NamedTuple
 from kmem import _core
 from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
 from kmem.durable import fsync_directory
-from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
     NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, snapshot_name,
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHAPE = Shape.from_np(1_000_000, 0.01)
 DEFAULT_EXPIRATION_MS = 86_400_000       # producer.id.expiration.ms
+LOCK_NAME = "ledger.lock"                # flock()ed while a PidLedger has the directory open
 
 
 def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=False):
@@ -90,7 +92,12 @@ class PidLedger:
             os.makedirs(self.directory, exist_ok=True)
             if fsync:                       # the new directory's name, so its files can be found
                 fsync_directory(os.path.dirname(os.path.abspath(self.directory)))
-        self._open()
+        self._lock_file = self._take_directory_lock()
+        try:
+            self._open()
+        except BaseException:
+            self._lock_file.close()
+            raise
         self._stop = threading.Event()
         self._timer = None
         if flush_interval_ms is not None:
@@ -98,6 +105,17 @@ class PidLedger:
             self._timer.start()
 
     # --- opening: adopt what is in the directory ----------------------------------------------------
+
+    def _take_directory_lock(self):
+        # Two ledgers on one directory would append to one active file at their own counts and lose
+        # acknowledged updates; the kernel drops the lock when the process dies.
+        lock_file = open(os.path.join(self.directory, LOCK_NAME), "ab")
+        try:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.close()
+            raise IllegalStateError(f"ledger {self.directory} is open in another PidLedger (it holds {LOCK_NAME})") from None
+        return lock_file
 
     def _open(self):
         names = sorted(os.listdir(self.directory))
@@ -115,7 +133,8 @@ class PidLedger:
             base = name.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
             if base != name and snapshot_offset(base) is not None and base not in names:
                 os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
-            elif base == name and snapshot_offset(name) is None and active_sequence(name) is None:
+            elif base == name and snapshot_offset(name) is None and active_sequence(name) is None \
+                    and name != LOCK_NAME:
                 log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
         actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
         self._sequence = active_sequence(actives[-1]) if actives else 0
@@ -178,7 +197,7 @@ class PidLedger:
     def read(self, pid):
         """The newest entry of producer ``pid``, or None if unknown or expired."""
         with self._lock:
-            entry = self._active.find(pid)
+            entry = self._current().find(pid)
         if entry is None:
             entry = self._read_sealed(self._view, pid)
         if entry is None or self.expired(entry):
@@ -213,7 +232,7 @@ class PidLedger:
             raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
         while True:
             with self._lock:
-                if not self._active.full:
+                if not self._current().full:
                     self._active.put(entry)
                     return entry
             self.flush()
@@ -234,7 +253,7 @@ class PidLedger:
         with self._flush_lock:
             self._seal_pending()
             with self._lock:
-                old = self._active
+                old = self._current()
                 if old.count == 0:
                     return None
                 self._active = self._new_active()          # may fail: then nothing has changed
@@ -311,15 +330,32 @@ class PidLedger:
     def sync(self):
         """Make the active file's rows durable against power loss (msync)."""
         with self._lock:
-            self._active.sync()
+            self._current().sync()
+
+    def _current(self):
+        """The active file (the caller holds ``_lock``); IllegalStateError once the ledger is closed."""
+        if self._active is None:
+            raise IllegalStateError(f"ledger {self.directory} is closed")
+        return self._active
 
     def close(self):
-        """Stop the flush timer. The active file stays as it is and is reopened next time."""
+        """Stop the flush timer, release the files and the directory lock; later calls raise.
+
+        The active file stays as it is and is reopened next time. Call it once readers are done.
+        """
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
-        if self.fsync:
-            self.sync()
+        with self._flush_lock, self._lock:
+            active, self._active = self._active, None
+            if active is None:
+                return
+            if self.fsync:
+                active.sync()
+            view, self._view = self._view, _ReadPath((), [], [])
+        for opened in (active, *view.sealing, *view.filters, *view.snapshots):
+            opened.close()
+        self._lock_file.close()
 
     def __enter__(self):
         return self
@@ -335,4 +371,4 @@ class PidLedger:
     def __len__(self):
         """Entries across the active file and the snapshots (an id updated since a snapshot counts twice)."""
         view = self._view
-        return self._active.count + sum(a.count for a in view.sealing) + sum(s.count for s in view.snapshots)
+        return self._current().count + sum(a.count for a in view.sealing) + sum(s.count for s in view.snapshots)

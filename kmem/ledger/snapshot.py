@@ -295,8 +295,25 @@ class Snapshot:
             if m is not None and hasattr(mmap, "MADV_DONTNEED"):
                 m.madvise(mmap.MADV_DONTNEED)
 
+    def close(self):
+        """Close the file and unmap it and the row order (see ``unmap``)."""
+        self._data = self._order = None
+        for m in (self._map, self._order_map):
+            if m is not None:
+                unmap(m)
+        self._file.close()
+
     def __repr__(self):
         return f"Snapshot({self.path!r}, {self.count} entries{'' if self.sorted else ', unsorted'})"
+
+
+def unmap(mapping):
+    """Close ``mapping`` now, or, while arrays over it are still alive (a reader's rows, a traceback's
+    frame), leave it to go with the last of them."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass
 
 
 def _advise_random(mapping):
