@@ -390,6 +390,28 @@ def test_a_second_ledger_on_one_directory_is_refused(tmp_path, caplog):
     assert "foreign" not in caplog.text
 
 
+def test_only_the_ledgers_own_temporary_files_are_deleted(tmp_path):
+    foreign = ["leader-epoch-checkpoint.tmp", "partition.metadata.tmp"]      # Kafka's, mid-rename
+    own = [snapshot_name(10) + ".tmp", snapshot_name(10) + ".bloom.tmp", snapshot_name(10) + ".order.tmp",
+           active_name(3) + ".tmp"]
+    for name in foreign + own:
+        (tmp_path / name).write_bytes(b"x")
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()):
+        pass
+    names = os.listdir(tmp_path)
+    assert all(name in names for name in foreign) and not any(name in names for name in own)
+
+
+def test_an_active_file_without_room_for_a_row_is_set_aside(tmp_path):
+    (tmp_path / active_name(1)).write_bytes(HEADER.pack(1, 0, 0))       # cut back to its header
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        updating = threading.Thread(target=ledger.update, args=(entry(1),), daemon=True)
+        updating.start()
+        updating.join(10)
+        assert not updating.is_alive() and ledger.read(1) == entry(1)    # it used to spin forever
+    assert os.path.exists(tmp_path / (active_name(1) + ".corrupt"))
+
+
 def test_negative_last_offset_is_refused(tmp_path):
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
         with pytest.raises(InvalidArgumentError):

@@ -61,7 +61,8 @@ class ActiveFile:
                     f.truncate(size)
         with open(self.path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            if size < HEADER.size or (size - HEADER.size) % ENTRY_SIZE:
+            # No room for a row would leave update() flushing an empty file forever.
+            if size < HEADER.size + ENTRY_SIZE or (size - HEADER.size) % ENTRY_SIZE:
                 raise CorruptSnapshotError(f"{self.path}: active ledger file of {size} bytes is truncated or foreign")
             self._map = mmap.mmap(f.fileno(), 0)
         version, _, count = HEADER.unpack_from(self._map)

@@ -61,6 +61,13 @@ def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=
     return path
 
 
+def _own_temporary(name):
+    """A ledger write's temporary file; others (Kafka's in a partition directory) are not ours to delete."""
+    target = name.removesuffix(".tmp")
+    snapshot = target.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
+    return target != name and (snapshot_offset(snapshot) is not None or active_sequence(target) is not None)
+
+
 class _ReadPath(NamedTuple):
     """What readers search after the active file; replaced whole, never changed in place."""
 
@@ -114,13 +121,13 @@ class PidLedger:
             fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock_file.close()
-            raise IllegalStateError(f"ledger {self.directory} is open in another PidLedger (it holds {LOCK_NAME})") from None
+            raise IllegalStateError(
+                f"ledger {self.directory} is open in another PidLedger (it holds {LOCK_NAME})") from None
         return lock_file
 
     def _open(self):
-        names = sorted(os.listdir(self.directory))
-        for name in names:
-            if name.endswith(".tmp"):            # a write cut short; its target was never replaced
+        for name in os.listdir(self.directory):
+            if _own_temporary(name):            # a write cut short; its target was never replaced
                 os.unlink(os.path.join(self.directory, name))
         names = set(os.listdir(self.directory))
         filters, snapshots = [], []

@@ -97,7 +97,13 @@ def entries_array(entries):
             raise InvalidArgumentError(f"entry array lacks fields {sorted(missing)}")
         out = np.empty(len(entries), ENTRY_DTYPE)
         for name in ENTRY_DTYPE.names:
-            out[name] = entries[name]
+            # numpy's assignment would wrap or truncate; tuples out of range are refused, so are these.
+            column, limits = entries[name], np.iinfo(ENTRY_DTYPE[name])
+            if column.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"entry field {name} is {column.dtype}, not an integer")
+            if len(column) and not limits.min <= int(column.min()) <= int(column.max()) <= limits.max:
+                raise InvalidArgumentError(f"entry field {name} has values outside {ENTRY_DTYPE[name]}")
+            out[name] = column
         return out
     rows = [tuple(e) for e in entries]
     try:
