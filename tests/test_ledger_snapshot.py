@@ -125,6 +125,18 @@ def test_foreign_arrays_out_of_range_are_refused_not_wrapped():
             entries_array(array)
 
 
+def test_a_sorted_snapshot_holds_one_fd_and_closes_it(tmp_path):
+    entries = random_entries(300, seed=9)
+    write_snapshot(tmp_path / "s", entries)
+    before = len(os.listdir("/proc/self/fd"))
+    snapshot = Snapshot(tmp_path / "s")
+    assert len(os.listdir("/proc/self/fd")) == before + 1        # searched with pread: no mapping kept
+    assert all(snapshot.find(e.producer_id) == e for e in entries)
+    assert [ProducerEntry(*row) for row in snapshot.entries().tolist()] == sorted(entries)
+    snapshot.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_numpy_entries_in_any_byte_order(tmp_path):
     entries = random_entries(20, seed=5)
     native = np.array([tuple(e) for e in entries], ENTRY_DTYPE.newbyteorder("="))

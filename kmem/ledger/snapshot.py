@@ -248,6 +248,10 @@ class Snapshot:
         if not _core.snapshot_sorted(self._data, self.count):
             self._order = self._load_order()
         self._fences = _core.snapshot_fences(self._data, self.count, FENCE_STRIDE, self._order)
+        if self._order is None:     # searched with pread: the mapping, and the fd it holds, can go
+            self._data.release()
+            self._map.close()
+            self._data = self._map = None
         self.trim()         # the checks above read every page; none needs to stay mapped
 
     def _load_order(self):
@@ -292,8 +296,12 @@ class Snapshot:
         return entry
 
     def entries(self):
-        """All entries, as a read-only ENTRY_DTYPE array over the mapping (sorted files: in id order)."""
-        return np.frombuffer(self._data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
+        """All entries, as a read-only ENTRY_DTYPE array over a mapping (sorted files: in id order).
+
+        Sorted files are mapped for the call; the mapping goes with the array.
+        """
+        data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
 
     def trim(self):
         """Drop this process's mapping of pages already read (they remain in the page cache)."""
