@@ -172,13 +172,15 @@ cdef class BloomBits:
     The base of ``kmem.bloom.BloomFilter``, which checks the shape and the buffer and then calls
     ``_attach``: a bytes-like object of exactly ceil(m / 64) * 8 bytes (writable, or read-only for a
     memory-mapped sidecar). ``_detach`` drops the buffer view so a memory map can be closed; every
-    later call raises.
+    later call raises. ``queries`` counts the GIL-free loops running over the bits: ``_detach`` refuses
+    while any runs, since unmapping under one would crash the process.
     """
     cdef const uint8_t[::1] view
     cdef uint8_t* writable     # NULL for read-only buffers
     cdef int64_t m
     cdef int k
     cdef bint attached
+    cdef Py_ssize_t queries
 
     def __cinit__(self, *args, **kwargs):
         self.attached = False
@@ -196,6 +198,9 @@ cdef class BloomBits:
         self.attached = True
 
     def _detach(self):
+        if self.queries:
+            from kmem.errors import IllegalStateError
+            raise IllegalStateError("the filter is being queried by another thread; close it afterwards")
         self.attached = False
         self.writable = NULL
         self.view = None
@@ -224,8 +229,12 @@ cdef class BloomBits:
         """Set the bits of every id in ``keys`` (int64 ids viewed as uint64)."""
         self.check(True)
         cdef Py_ssize_t n = keys.shape[0]
-        with nogil:
-            add_keys(self.writable, &keys[0] if n else NULL, n, self.m, self.k)
+        self.queries += 1
+        try:
+            with nogil:
+                add_keys(self.writable, &keys[0] if n else NULL, n, self.m, self.k)
+        finally:
+            self.queries -= 1
 
     def _contains_keys(self, const uint64_t[::1] keys, uint8_t[::1] out):
         """out[i] = 1 if keys[i] may be in the filter, else 0."""
@@ -234,9 +243,13 @@ cdef class BloomBits:
             raise ValueError("output length differs from the number of keys")
         cdef Py_ssize_t n = keys.shape[0], i
         cdef const uint8_t* bits = &self.view[0]
-        with nogil:
-            for i in range(n):
-                out[i] = test_pid(bits, keys[i], self.m, self.k)
+        self.queries += 1
+        try:
+            with nogil:
+                for i in range(n):
+                    out[i] = test_pid(bits, keys[i], self.m, self.k)
+        finally:
+            self.queries -= 1
 
     def cardinality(self):
         """The number of set bits."""
@@ -245,10 +258,14 @@ cdef class BloomBits:
         cdef const uint8_t* bits = &self.view[0]
         cdef uint64_t word
         cdef long long total = 0
-        with nogil:
-            for w in range(words):
-                memcpy(&word, bits + (w << 3), 8)
-                total += kmem_popcount64(word)
+        self.queries += 1
+        try:
+            with nogil:
+                for w in range(words):
+                    memcpy(&word, bits + (w << 3), 8)
+                    total += kmem_popcount64(word)
+        finally:
+            self.queries -= 1
         return total
 
     def _merge_bits(self, BloomBits other):
@@ -260,9 +277,15 @@ cdef class BloomBits:
         cdef Py_ssize_t n = self.view.shape[0], i
         cdef uint8_t* dst = self.writable
         cdef const uint8_t* src = &other.view[0]
-        with nogil:
-            for i in range(n):
-                dst[i] |= src[i]
+        self.queries += 1
+        other.queries += 1
+        try:
+            with nogil:
+                for i in range(n):
+                    dst[i] |= src[i]
+        finally:
+            self.queries -= 1
+            other.queries -= 1
 
 
 def bloom_candidates(list filters, pid):
@@ -303,22 +326,27 @@ def bloom_candidates(list filters, pid):
             pid_indices(key, m, k, idx + i * kmax)
             hashed = i
         running[i] = i
+        f.queries += 1
     alive = n
-    with nogil:
-        for j in range(kmax):
-            for a in range(alive):
-                i = running[a]
-                if j < ks[i]:
-                    kmem_prefetch_w(bits[i] + bit_byte(idx[i * kmax + j]), 0)
-            kept = 0
-            for a in range(alive):
-                i = running[a]
-                if j >= ks[i] or (bits[i][bit_byte(idx[i * kmax + j])] >> (idx[i * kmax + j] & 7)) & 1:
-                    running[kept] = i
-                    kept += 1
-            alive = kept
-            if alive == 0:
-                break
+    try:
+        with nogil:
+            for j in range(kmax):
+                for a in range(alive):
+                    i = running[a]
+                    if j < ks[i]:
+                        kmem_prefetch_w(bits[i] + bit_byte(idx[i * kmax + j]), 0)
+                kept = 0
+                for a in range(alive):
+                    i = running[a]
+                    if j >= ks[i] or (bits[i][bit_byte(idx[i * kmax + j])] >> (idx[i * kmax + j] & 7)) & 1:
+                        running[kept] = i
+                        kept += 1
+                alive = kept
+                if alive == 0:
+                    break
+    finally:
+        for i in range(n):
+            (<BloomBits>filters[i]).queries -= 1
     result = [running[a] for a in range(alive)]
     free(idx); free(bits); free(ks); free(running)
     return result

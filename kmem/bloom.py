@@ -293,7 +293,10 @@ class BloomFilter(_core.BloomBits):
             raise
 
     def close(self):
-        """Release the memory map of an opened sidecar (a no-op for heap filters' memory)."""
+        """Release the memory map of an opened sidecar (a no-op for heap filters' memory).
+
+        IllegalStateError while another thread's query runs over the bits: close once it is done.
+        """
         self._detach()
         self._bitmap = None
         if self._mapping is not None:

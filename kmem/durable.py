@@ -16,16 +16,21 @@ def fsync_directory(directory):
 def replaced_atomically(path, fsync=False):
     """Write ``path`` through a temporary file that replaces it once the block completes.
 
-    A crash or an exception leaves ``path`` as it was (and a ``.tmp`` file). With ``fsync`` the data
+    A crash or an exception leaves ``path`` as it was (a crash also leaves a ``.tmp`` file). With ``fsync`` the data
     and the rename are on disk before the block's caller continues.
     """
     path = os.fspath(path)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as file:
-        yield file
-        if fsync:
-            file.flush()
-            os.fsync(file.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as file:
+            yield file
+            if fsync:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)          # a failed write (a full disk) does not keep its space
+        raise
     if fsync:
         fsync_directory(os.path.dirname(path) or ".")

@@ -286,6 +286,48 @@ def test_round_trip_read_and_mmap(tmp_path):
     assert 1 in heap
 
 
+CLOSE_DURING_QUERY = """
+import sys, threading
+import numpy as np
+from kmem.bloom import BloomFilter, Shape
+from kmem.errors import IllegalStateError
+BloomFilter(Shape.from_km(7, 1 << 20)).write(sys.argv[1])
+mapped = BloomFilter.open(sys.argv[1])
+keys = np.arange(2_000_000, dtype=np.int64)
+started, stop = threading.Event(), threading.Event()
+def query():
+    while not stop.is_set():
+        mapped.contains_many(keys)
+        started.set()
+thread = threading.Thread(target=query)
+thread.start()
+started.wait()
+refused = 0
+while True:
+    try:
+        mapped.close()
+        break
+    except IllegalStateError:
+        refused += 1
+        stop.set()
+thread.join()
+try:
+    mapped.contains_many(keys)
+except IllegalStateError:
+    print(refused, "closed")
+"""
+
+
+def test_close_during_a_query_is_refused_not_a_crash(tmp_path):
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", CLOSE_DURING_QUERY, str(tmp_path / "f.bloom")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]      # was SIGSEGV: the map went under a GIL-free loop
+    refused, state = done.stdout.split()
+    assert int(refused) >= 1 and state == "closed"        # refused while the query ran, closed after it
+
+
 def sidecar_bytes(m=100, k=3, pids=(1, 2)):
     bf = BloomFilter(Shape.from_km(k, m))
     for pid in pids:

@@ -14,11 +14,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from snapshot_files import kafka_snapshot, random_entries
 
 from kmem.bloom import BloomFilter, Shape
-from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name
 from kmem.ledger.snapshot import ENTRY_SIZE, HEADER
 from kmem.ledger import (
     ENTRY_DTYPE, PidCache, PidLedger, ProducerEntry, Snapshot, read_snapshot, snapshot_name, write_ledger_snapshot,
+    write_snapshot,
 )
 
 SMALL = Shape.from_np(200, 0.01)        # saturates after ~190 ids: many flushes in small tests
@@ -268,6 +269,157 @@ def test_finishes_a_flush_cut_short(tmp_path):
         assert len(ledger) == 50
 
 
+def fail_with(error):
+    def fail(*args, **kwargs):
+        raise error
+    return fail
+
+
+@pytest.mark.parametrize("step", ["write_entries", "Snapshot"])
+def test_a_failed_flush_stays_pending_and_is_sealed_first(tmp_path, monkeypatch, step):
+    import kmem.ledger.ledger as ledger_module
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    ledger.update(entry(7, offset=100))
+    with monkeypatch.context() as m:                       # a full disk, or no file descriptors left
+        m.setattr(ledger_module, step, fail_with(OSError(28, "No space left on device")))
+        with pytest.raises(OSError):
+            ledger.flush()
+        ledger.update(entry(7, offset=200, epoch=5))
+        assert ledger.read(7).epoch == 5
+        with pytest.raises(OSError):                       # the pending file goes first: nothing newer is sealed
+            ledger.flush()
+        assert ledger.snapshot_paths == [] and ledger.read(7).epoch == 5
+    ledger.close()
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())  # reopened with space again
+    assert ledger.read(7).epoch == 5
+    ledger.update(entry(8, offset=300))
+    ledger.flush()
+    assert ledger.read(7).epoch == 5 and ledger._view.sealing == ()
+    assert [e.epoch for e in read_snapshot(ledger.snapshot_paths[0]) if e.producer_id == 7] == [5]
+    ledger.close()
+    assert PidLedger(tmp_path, SMALL, clock_ms=Clock()).read(7).epoch == 5
+
+
+def test_a_failed_flush_is_retried_by_the_next_one(tmp_path, monkeypatch):
+    import kmem.ledger.ledger as ledger_module
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        ledger.update(entry(7, offset=100))
+        with monkeypatch.context() as m:
+            m.setattr(ledger_module, "write_entries", fail_with(OSError(24, "Too many open files")))
+            with pytest.raises(OSError):
+                ledger.flush()
+        ledger.update(entry(7, offset=200, epoch=5))
+        ledger.flush()
+        assert ledger._view.sealing == () and len(ledger.snapshot_paths) == 2
+        assert ledger.read(7).epoch == 5
+        with monkeypatch.context() as m:                   # a new active file that cannot be made changes nothing
+            m.setattr(ledger_module, "ActiveFile", fail_with(OSError(28, "No space left on device")))
+            ledger.update(entry(9, offset=300))
+            with pytest.raises(OSError):
+                ledger.flush()
+            assert ledger._view.sealing == () and ledger.read(9) == entry(9, offset=300)
+    assert PidLedger(tmp_path, SMALL, clock_ms=Clock()).read(7).epoch == 5
+
+
+def test_active_file_blocks_are_reserved_and_a_full_disk_is_an_error(tmp_path, monkeypatch):
+    with PidLedger(tmp_path / "a", SMALL, clock_ms=Clock()) as ledger:
+        st = os.stat(ledger._active.path)
+        assert st.st_blocks * 512 >= st.st_size          # not sparse: no SIGBUS when the disk fills later
+    monkeypatch.setattr(os, "posix_fallocate", fail_with(OSError(28, "No space left on device")))
+    with pytest.raises(OSError):
+        PidLedger(tmp_path / "b", SMALL, clock_ms=Clock())
+    assert os.listdir(tmp_path / "b") == ["ledger.lock"]  # the reserved temporary file is gone too
+
+
+def test_fsync_makes_the_first_active_file_durable(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def recording(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+    monkeypatch.setattr(os, "fsync", recording)
+    with PidLedger(tmp_path / "new", SMALL, fsync=True, clock_ms=Clock()) as ledger:
+        active = ledger._active.path
+    assert str(tmp_path) in synced                        # the new directory's entry
+    assert active + ".tmp" in synced and str(tmp_path / "new") in synced     # the file, then its rename
+
+
+def test_a_sidecar_of_other_content_is_rebuilt(tmp_path, monkeypatch, caplog):
+    import kmem.ledger.ledger as ledger_module
+    write_ledger_snapshot(tmp_path, [entry(pid) for pid in range(100)], offset=5000)
+    with monkeypatch.context() as m:          # a rewrite killed between its sidecar and its snapshot
+        m.setattr(ledger_module, "write_entries", fail_with(OSError(4, "killed")))
+        with pytest.raises(OSError):
+            write_ledger_snapshot(tmp_path, [entry(pid) for pid in range(1000, 1100)], offset=5000)
+    with caplog.at_level(logging.WARNING), PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(100))
+    assert "does not match" in caplog.text
+    path = str(tmp_path / snapshot_name(5000))
+    write_snapshot(path, [entry(pid) for pid in range(2000, 2100)])      # Kafka rewrote the snapshot
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(2000, 2100))
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_close_releases_files_and_refuses_use(tmp_path):
+    before = open_fds()
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    for pid in range(500):                                 # several snapshots
+        ledger.update(entry(pid))
+    assert len(ledger.snapshot_paths) >= 2
+    ledger.close()
+    assert open_fds() == before
+    for call in (lambda: ledger.read(1), lambda: ledger.update(entry(1)), ledger.flush, ledger.sync):
+        with pytest.raises(IllegalStateError):
+            call()
+    ledger.close()                                         # closing twice is harmless
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(500))
+
+
+def test_a_second_ledger_on_one_directory_is_refused(tmp_path, caplog):
+    with caplog.at_level(logging.WARNING), PidLedger(tmp_path, SMALL, clock_ms=Clock()):
+        with pytest.raises(IllegalStateError, match="ledger.lock"):
+            PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()):     # free again once closed
+        pass
+    assert "foreign" not in caplog.text
+
+
+def test_only_the_ledgers_own_temporary_files_are_deleted(tmp_path):
+    foreign = ["leader-epoch-checkpoint.tmp", "partition.metadata.tmp"]      # Kafka's, mid-rename
+    own = [snapshot_name(10) + ".tmp", snapshot_name(10) + ".bloom.tmp", snapshot_name(10) + ".order.tmp",
+           active_name(3) + ".tmp"]
+    for name in foreign + own:
+        (tmp_path / name).write_bytes(b"x")
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()):
+        pass
+    names = os.listdir(tmp_path)
+    assert all(name in names for name in foreign) and not any(name in names for name in own)
+
+
+def test_an_active_file_without_room_for_a_row_is_set_aside(tmp_path):
+    (tmp_path / active_name(1)).write_bytes(HEADER.pack(1, 0, 0))       # cut back to its header
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        updating = threading.Thread(target=ledger.update, args=(entry(1),), daemon=True)
+        updating.start()
+        updating.join(10)
+        assert not updating.is_alive() and ledger.read(1) == entry(1)    # it used to spin forever
+    assert os.path.exists(tmp_path / (active_name(1) + ".corrupt"))
+
+
+def test_negative_last_offset_is_refused(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        with pytest.raises(InvalidArgumentError):
+            ledger.update(entry(1, offset=-2))
+        ledger.update(entry(2, offset=-1))                 # Kafka's "no offset yet"
+        assert os.path.basename(ledger.flush()) == snapshot_name(0)
+
+
 def test_bad_configuration(tmp_path):
     with pytest.raises(InvalidArgumentError):
         PidLedger(tmp_path, SMALL, producer_id_expiration_ms=0)
@@ -294,6 +446,9 @@ class CountingLedger:
     def update(self, e):
         return self.ledger.update(e)
 
+    def expired(self, e):
+        return self.ledger.expired(e)
+
 
 def test_cache_write_through_hits_misses_and_bound(tmp_path):
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
@@ -314,6 +469,41 @@ def test_cache_write_through_hits_misses_and_bound(tmp_path):
         assert counting.reads == reads + 1
         with pytest.raises(InvalidArgumentError):
             PidCache(ledger, 0)
+
+
+def test_cache_does_not_store_a_read_a_put_overtook(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        cache = PidCache(ledger, max_entries=2)
+        reading, release = threading.Event(), threading.Event()
+        real = ledger.read
+
+        def slow_read(pid):
+            found = real(pid)
+            reading.set()
+            release.wait()
+            return found
+        ledger.read = slow_read
+        reader = threading.Thread(target=cache.get, args=(1,))
+        reader.start()
+        reading.wait()                          # the read found nothing; now a put lands and is evicted
+        ledger.read = real
+        cache.put(entry(1))
+        cache.get(2)
+        cache.get(3)
+        release.set()
+        reader.join()
+        assert cache.get(1) == entry(1)
+
+
+def test_cache_put_of_a_tuple_and_expiry(tmp_path):
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock) as ledger:
+        cache = PidCache(ledger, max_entries=10)
+        assert cache.get(1) is None
+        assert cache.put(tuple(entry(1))) == entry(1)          # converted by the ledger, cached as such
+        assert cache.get(1) == entry(1)
+        clock.now += DAY
+        assert ledger.read(1) is None and cache.get(1) is None  # expired in the cache as in the ledger
 
 
 def test_cache_is_thread_safe(tmp_path):

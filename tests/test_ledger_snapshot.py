@@ -15,6 +15,7 @@ from kmem.ledger import (
     ENTRY_DTYPE, ProducerEntry, Snapshot, read_snapshot, snapshot_name, snapshot_offset, verify_snapshot,
     write_snapshot,
 )
+from kmem.ledger.snapshot import entries_array
 
 
 def test_crc_reference_check_value():
@@ -109,6 +110,31 @@ def test_duplicate_ids_and_bad_values_are_rejected(tmp_path):
         write_snapshot(tmp_path / "b", [e[0]._replace(epoch=2**15)])
     with pytest.raises(InvalidArgumentError):
         ProducerEntry(1, 2**16, 0, 0, 0, 0, 0).pack()
+
+
+def test_foreign_arrays_out_of_range_are_refused_not_wrapped():
+    fields = [(name, "<i8") for name in ENTRY_DTYPE.names]
+    ok = np.zeros(2, [*fields[:1], ("epoch", "<i4"), *fields[2:]])
+    ok["epoch"] = [1, 32767]
+    assert list(entries_array(ok)["epoch"]) == [1, 32767]
+    for name, dtype, value in [("epoch", "<i4", 40000), ("last_sequence", "<u8", 2**32 + 5),
+                               ("offset_delta", "<i8", 2**31), ("last_offset", "<f8", 1.5)]:
+        array = np.zeros(1, [(n, dtype if n == name else t) for n, t in fields])
+        array[name] = value
+        with pytest.raises(InvalidArgumentError, match=name):
+            entries_array(array)
+
+
+def test_a_sorted_snapshot_holds_one_fd_and_closes_it(tmp_path):
+    entries = random_entries(300, seed=9)
+    write_snapshot(tmp_path / "s", entries)
+    before = len(os.listdir("/proc/self/fd"))
+    snapshot = Snapshot(tmp_path / "s")
+    assert len(os.listdir("/proc/self/fd")) == before + 1        # searched with pread: no mapping kept
+    assert all(snapshot.find(e.producer_id) == e for e in entries)
+    assert [ProducerEntry(*row) for row in snapshot.entries().tolist()] == sorted(entries)
+    snapshot.close()
+    assert len(os.listdir("/proc/self/fd")) == before
 
 
 def test_numpy_entries_in_any_byte_order(tmp_path):

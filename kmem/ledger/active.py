@@ -20,7 +20,7 @@ from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError
-from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry
+from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
@@ -42,17 +42,27 @@ def active_sequence(name):
 class ActiveFile:
     """One active ledger file. Not thread-safe: the ledger serialises ``put`` against ``find``."""
 
-    def __init__(self, path, shape, capacity=None):
-        """Open ``path``, creating it with room for ``capacity`` entries if it does not exist."""
+    def __init__(self, path, shape, capacity=None, fsync=False):
+        """Open ``path``, creating it with room for ``capacity`` entries if it does not exist.
+
+        The blocks are reserved on creation; ``fsync`` makes the new file and its name durable.
+        """
         self.path = os.fspath(path)
         self.sequence = active_sequence(self.path)
         if capacity is not None and not os.path.exists(self.path):
-            with replaced_atomically(self.path) as f:
+            with replaced_atomically(self.path, fsync) as f:
                 f.write(HEADER.pack(VERSION, 0, 0))
-                f.truncate(HEADER.size + capacity * ENTRY_SIZE)
+                f.flush()
+                size = HEADER.size + capacity * ENTRY_SIZE
+                if hasattr(os, "posix_fallocate"):
+                    # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
+                    os.posix_fallocate(f.fileno(), 0, size)
+                else:
+                    f.truncate(size)
         with open(self.path, "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            if size < HEADER.size or (size - HEADER.size) % ENTRY_SIZE:
+            # No room for a row would leave update() flushing an empty file forever.
+            if size < HEADER.size + ENTRY_SIZE or (size - HEADER.size) % ENTRY_SIZE:
                 raise CorruptSnapshotError(f"{self.path}: active ledger file of {size} bytes is truncated or foreign")
             self._map = mmap.mmap(f.fileno(), 0)
         version, _, count = HEADER.unpack_from(self._map)
@@ -107,6 +117,9 @@ class ActiveFile:
     def sync(self):
         """msync: make the rows durable against power loss."""
         self._map.flush()
+
+    def close(self):
+        unmap(self._map)
 
     def __repr__(self):
         return f"ActiveFile({self.path!r}, {self.count}/{self.capacity} entries)"

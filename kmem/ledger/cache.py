@@ -19,6 +19,7 @@ class PidCache:
         self.ledger = ledger
         self.max_entries = max_entries
         self._entries = OrderedDict()      # pid -> ProducerEntry, or None for a known miss
+        self._reading = {}                 # pid -> token of the ledger read in flight; a put removes it
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -28,25 +29,34 @@ class PidCache:
         with self._lock:
             entry = self._entries.get(pid, _MISSING)
             if entry is not _MISSING:
+                if entry is not None and self.ledger.expired(entry):
+                    entry = self._entries[pid] = None          # the ledger reads it as absent now
                 self._entries.move_to_end(pid)
                 self.hits += 1
                 return entry
             self.misses += 1
-        entry = self.ledger.read(pid)
-        with self._lock:
-            # An update that raced with this read already stored the newer entry: keep it.
-            if pid not in self._entries:
-                self._store(pid, entry)
+            token = self._reading[pid] = object()
+        entry = _MISSING
+        try:
+            entry = self.ledger.read(pid)
+        finally:
+            with self._lock:
+                # Store the result only if no put for this pid came in meanwhile (even one evicted since).
+                if self._reading.get(pid) is token:
+                    del self._reading[pid]
+                    if entry is not _MISSING:
+                        self._store(pid, entry)
         return entry
 
     def put(self, entry):
-        """Write through: the ledger first, then the cache. Returns the entry.
+        """Write through: the ledger first, then the cache. Returns the entry as the ledger stored it.
 
         Puts for one producer id must not race each other (Kafka serialises a partition's appends);
         the cache lock is not held across the ledger write, so a flush never stalls cache readers.
         """
-        self.ledger.update(entry)
+        entry = self.ledger.update(entry)
         with self._lock:
+            self._reading.pop(entry.producer_id, None)
             self._store(entry.producer_id, entry)
         return entry
 

@@ -16,6 +16,7 @@ in the page cache; a reopened ledger finds them, finishing any flush that was cu
 power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
 and ``sync()`` msyncs the active file; without it, recent updates can be lost with the machine.
 """
+import fcntl
 import logging
 import os
 import threading
@@ -25,7 +26,7 @@ from typing import NamedTuple
 from kmem import _core
 from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
 from kmem.durable import fsync_directory
-from kmem.errors import CorruptSnapshotError, InvalidArgumentError
+from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
     NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, snapshot_name,
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_SHAPE = Shape.from_np(1_000_000, 0.01)
 DEFAULT_EXPIRATION_MS = 86_400_000       # producer.id.expiration.ms
+LOCK_NAME = "ledger.lock"                # flock()ed while a PidLedger has the directory open
 
 
 def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=False):
@@ -57,6 +59,13 @@ def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=
     bloom.write(path + SIDECAR_SUFFIX, fsync=fsync)
     write_entries(path, array, order, fsync=fsync)
     return path
+
+
+def _own_temporary(name):
+    """A ledger write's temporary file; others (Kafka's in a partition directory) are not ours to delete."""
+    target = name.removesuffix(".tmp")
+    snapshot = target.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
+    return target != name and (snapshot_offset(snapshot) is not None or active_sequence(target) is not None)
 
 
 class _ReadPath(NamedTuple):
@@ -86,8 +95,16 @@ class PidLedger:
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
         self._lock = threading.Lock()          # the active file: update and read
         self._flush_lock = threading.Lock()    # one flush at a time
-        os.makedirs(self.directory, exist_ok=True)
-        self._open()
+        if not os.path.isdir(self.directory):
+            os.makedirs(self.directory, exist_ok=True)
+            if fsync:                       # the new directory's name, so its files can be found
+                fsync_directory(os.path.dirname(os.path.abspath(self.directory)))
+        self._lock_file = self._take_directory_lock()
+        try:
+            self._open()
+        except BaseException:
+            self._lock_file.close()
+            raise
         self._stop = threading.Event()
         self._timer = None
         if flush_interval_ms is not None:
@@ -96,10 +113,21 @@ class PidLedger:
 
     # --- opening: adopt what is in the directory ----------------------------------------------------
 
+    def _take_directory_lock(self):
+        # Two ledgers on one directory would append to one active file at their own counts and lose
+        # acknowledged updates; the kernel drops the lock when the process dies.
+        lock_file = open(os.path.join(self.directory, LOCK_NAME), "ab")
+        try:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.close()
+            raise IllegalStateError(
+                f"ledger {self.directory} is open in another PidLedger (it holds {LOCK_NAME})") from None
+        return lock_file
+
     def _open(self):
-        names = sorted(os.listdir(self.directory))
-        for name in names:
-            if name.endswith(".tmp"):            # a write cut short; its target was never replaced
+        for name in os.listdir(self.directory):
+            if _own_temporary(name):            # a write cut short; its target was never replaced
                 os.unlink(os.path.join(self.directory, name))
         names = set(os.listdir(self.directory))
         filters, snapshots = [], []
@@ -112,16 +140,19 @@ class PidLedger:
             base = name.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
             if base != name and snapshot_offset(base) is not None and base not in names:
                 os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
-            elif base == name and snapshot_offset(name) is None and active_sequence(name) is None:
+            elif base == name and snapshot_offset(name) is None and active_sequence(name) is None \
+                    and name != LOCK_NAME:
                 log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
-        self._view = _ReadPath((), filters, snapshots)
         actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
         self._sequence = active_sequence(actives[-1]) if actives else 0
-        for name in actives[:-1]:               # flushes a crash interrupted: finish them
-            self._seal(self._open_active(name))
+        # Flushes a crash or an error cut short: older than the newest active file and, since a flush
+        # seals pending files first, newer than every snapshot. Sealed oldest first, in that place.
+        pending = [a for a in map(self._open_active, actives[:-1]) if a is not None]
+        self._view = _ReadPath(tuple(reversed(pending)), filters, snapshots)
         self._active = self._open_active(actives[-1]) if actives else None
         if self._active is None:
             self._active = self._new_active()
+        self._seal_pending()
         self._apply_retention()
 
     def _load_snapshot(self, path):
@@ -138,11 +169,19 @@ class PidLedger:
         except CorruptSnapshotError as e:
             log.warning("ledger: rebuilding Bloom sidecar: %s", e)
             bloom = None
+        ids = snapshot.entries()["producer_id"]
+        # A sidecar of another snapshot under the same name (Kafka rewrote the file, or a rewrite was cut
+        # short between sidecar and snapshot) would give false negatives: it must hold every id.
+        if bloom is not None and not bloom.contains_many(ids).all():
+            log.warning("ledger: rebuilding Bloom sidecar %s: it does not match its snapshot", sidecar)
+            bloom.close()
+            bloom = None
         if bloom is None:
             built = BloomFilter(Shape.from_np(max(snapshot.count, 1), 0.01))
-            built.add_many(snapshot.entries()["producer_id"])
+            built.add_many(ids)
             built.write(sidecar, fsync=self.fsync)
             bloom = BloomFilter.open(sidecar)
+        snapshot.trim()
         return bloom, snapshot
 
     def _open_active(self, name):
@@ -155,18 +194,20 @@ class PidLedger:
             return None
 
     def _new_active(self):
+        active = ActiveFile(os.path.join(self.directory, active_name(self._sequence + 1)),
+                            self.shape, self.capacity, self.fsync)
         self._sequence += 1
-        return ActiveFile(os.path.join(self.directory, active_name(self._sequence)), self.shape, self.capacity)
+        return active
 
     # --- the API ------------------------------------------------------------------------------------
 
     def read(self, pid):
         """The newest entry of producer ``pid``, or None if unknown or expired."""
         with self._lock:
-            entry = self._active.find(pid)
+            entry = self._current().find(pid)
         if entry is None:
             entry = self._read_sealed(self._view, pid)
-        if entry is None or self._expired(entry):
+        if entry is None or self.expired(entry):
             return None
         return entry
 
@@ -181,7 +222,8 @@ class PidLedger:
                 return entry
         return None
 
-    def _expired(self, entry):
+    def expired(self, entry):
+        """Whether ``entry`` is past producer_id_expiration_ms (and in no transaction): read as absent."""
         return (entry.current_txn_first_offset == NO_TXN
                 and self._clock_ms() - entry.timestamp >= self.expiration_ms)
 
@@ -193,9 +235,11 @@ class PidLedger:
         """
         if not isinstance(entry, ProducerEntry):
             entry = ProducerEntry(*entry)
+        if entry.last_offset < -1:      # -1: no offset yet (Kafka); below that no snapshot name fits
+            raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
         while True:
             with self._lock:
-                if not self._active.full:
+                if not self._current().full:
                     self._active.put(entry)
                     return entry
             self.flush()
@@ -209,41 +253,48 @@ class PidLedger:
         6-7. The (filter, snapshot) pair joins the index and the old file leaves the read path, in one
              swap, so no reader can miss an id in between.
         8.   The old file is deleted; its mapping goes when the last reader holding it is done.
+
+        If sealing fails (a full disk, no file descriptors), the old file stays on the read path, pending,
+        and the next flush seals it before anything newer, so snapshots keep the order of their data.
         """
         with self._flush_lock:
+            self._seal_pending()
             with self._lock:
-                old = self._active
+                old = self._current()
                 if old.count == 0:
                     return None
-                self._active = self._new_active()
+                self._active = self._new_active()          # may fail: then nothing has changed
                 view = self._view
                 self._view = view._replace(sealing=(old,) + view.sealing)
             path = self._seal(old)
             self._apply_retention()
-            return path
+        return path
+
+    def _seal_pending(self):
+        """Seal the active files an earlier flush failed to seal (or a crash left), oldest first."""
+        for old in reversed(self._view.sealing):
+            self._seal(old)
 
     def _seal(self, old):
-        """Steps 4-8 for a filled active file (also used at open for a flush a crash cut short)."""
-        if old is None:
-            return None
+        """Steps 4-8 for a filled active file on the sealing list; on failure it stays there."""
         array = old.entries()
         order = id_order(array)
         newest = self._view.snapshots[0] if self._view.snapshots else None
+        added = []
         if newest is not None and newest.stats == snapshot_stats(array, order):
             path = newest.path                   # sealed before a crash; only the deletion was missed
         else:
-            offset = int(array["last_offset"].max()) + 1 if len(array) else 0
-            if newest is not None:
-                offset = max(offset, newest.offset + 1)
+            # Named by the offset it ends at, but never below a snapshot it is newer than.
+            offset = max(int(array["last_offset"].max()) + 1 if len(array) else 0,
+                         newest.offset + 1 if newest is not None else 0)
             path = os.path.join(self.directory, snapshot_name(offset))
             old.bloom.write(path + SIDECAR_SUFFIX, fsync=self.fsync)                 # step 4
             stats = write_entries(path, array, order, fsync=self.fsync)                # step 5
-            snapshot = Snapshot(path, stats)
-            bloom = BloomFilter.open(path + SIDECAR_SUFFIX)
-            with self._lock:                                                            # steps 6-7
-                view = self._view
-                self._view = _ReadPath(tuple(a for a in view.sealing if a is not old),
-                                       [bloom] + view.filters, [snapshot] + view.snapshots)
+            added = [(BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats))]
+        with self._lock:                                                                # steps 6-7
+            view = self._view
+            self._view = _ReadPath(tuple(a for a in view.sealing if a is not old),
+                                   [f for f, _ in added] + view.filters, [s for _, s in added] + view.snapshots)
         os.unlink(old.path)                                                             # step 8
         if self.fsync:
             fsync_directory(self.directory)
@@ -286,15 +337,32 @@ class PidLedger:
     def sync(self):
         """Make the active file's rows durable against power loss (msync)."""
         with self._lock:
-            self._active.sync()
+            self._current().sync()
+
+    def _current(self):
+        """The active file (the caller holds ``_lock``); IllegalStateError once the ledger is closed."""
+        if self._active is None:
+            raise IllegalStateError(f"ledger {self.directory} is closed")
+        return self._active
 
     def close(self):
-        """Stop the flush timer. The active file stays as it is and is reopened next time."""
+        """Stop the flush timer, release the files and the directory lock; later calls raise.
+
+        The active file stays as it is and is reopened next time. Call it once readers are done.
+        """
         self._stop.set()
         if self._timer is not None:
             self._timer.join()
-        if self.fsync:
-            self.sync()
+        with self._flush_lock, self._lock:
+            active, self._active = self._active, None
+            if active is None:
+                return
+            if self.fsync:
+                active.sync()
+            view, self._view = self._view, _ReadPath((), [], [])
+        for opened in (active, *view.sealing, *view.filters, *view.snapshots):
+            opened.close()
+        self._lock_file.close()
 
     def __enter__(self):
         return self
@@ -310,4 +378,4 @@ class PidLedger:
     def __len__(self):
         """Entries across the active file and the snapshots (an id updated since a snapshot counts twice)."""
         view = self._view
-        return self._active.count + sum(a.count for a in view.sealing) + sum(s.count for s in view.snapshots)
+        return self._current().count + sum(a.count for a in view.sealing) + sum(s.count for s in view.snapshots)

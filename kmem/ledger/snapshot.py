@@ -97,7 +97,13 @@ def entries_array(entries):
             raise InvalidArgumentError(f"entry array lacks fields {sorted(missing)}")
         out = np.empty(len(entries), ENTRY_DTYPE)
         for name in ENTRY_DTYPE.names:
-            out[name] = entries[name]
+            # numpy's assignment would wrap or truncate; tuples out of range are refused, so are these.
+            column, limits = entries[name], np.iinfo(ENTRY_DTYPE[name])
+            if column.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"entry field {name} is {column.dtype}, not an integer")
+            if len(column) and not limits.min <= int(column.min()) <= int(column.max()) <= limits.max:
+                raise InvalidArgumentError(f"entry field {name} has values outside {ENTRY_DTYPE[name]}")
+            out[name] = column
         return out
     rows = [tuple(e) for e in entries]
     try:
@@ -242,6 +248,10 @@ class Snapshot:
         if not _core.snapshot_sorted(self._data, self.count):
             self._order = self._load_order()
         self._fences = _core.snapshot_fences(self._data, self.count, FENCE_STRIDE, self._order)
+        if self._order is None:     # searched with pread: the mapping, and the fd it holds, can go
+            self._data.release()
+            self._map.close()
+            self._data = self._map = None
         self.trim()         # the checks above read every page; none needs to stay mapped
 
     def _load_order(self):
@@ -286,8 +296,12 @@ class Snapshot:
         return entry
 
     def entries(self):
-        """All entries, as a read-only ENTRY_DTYPE array over the mapping (sorted files: in id order)."""
-        return np.frombuffer(self._data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
+        """All entries, as a read-only ENTRY_DTYPE array over a mapping (sorted files: in id order).
+
+        Sorted files are mapped for the call; the mapping goes with the array.
+        """
+        data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
 
     def trim(self):
         """Drop this process's mapping of pages already read (they remain in the page cache)."""
@@ -295,8 +309,25 @@ class Snapshot:
             if m is not None and hasattr(mmap, "MADV_DONTNEED"):
                 m.madvise(mmap.MADV_DONTNEED)
 
+    def close(self):
+        """Close the file and unmap it and the row order (see ``unmap``)."""
+        self._data = self._order = None
+        for m in (self._map, self._order_map):
+            if m is not None:
+                unmap(m)
+        self._file.close()
+
     def __repr__(self):
         return f"Snapshot({self.path!r}, {self.count} entries{'' if self.sorted else ', unsorted'})"
+
+
+def unmap(mapping):
+    """Close ``mapping`` now, or, while arrays over it are still alive (a reader's rows, a traceback's
+    frame), leave it to go with the last of them."""
+    try:
+        mapping.close()
+    except BufferError:
+        pass
 
 
 def _advise_random(mapping):
