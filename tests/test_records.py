@@ -155,6 +155,35 @@ def test_builder_rejects_bad_arguments():
     assert RecordsBuilder(2).build() == b""
 
 
+@pytest.mark.parametrize("claimed", [0, 1 << 20])
+@pytest.mark.parametrize("magic, codec", [(0, "none"), (1, "none"), (1, "gzip"), (2, "none"), (2, "lz4")])
+def test_builder_encodes_the_buffer_whatever_len_says(magic, codec, claimed):
+    # sizing with len() and copying the buffer overflowed the output (or over-read the value)
+    lying = type("Lying", (bytes,), {"__len__": lambda self: claimed})
+    builder = RecordsBuilder(magic, codec)
+    builder.append(lying(b"v" * 5000), key=lying(b"key"), timestamp=7,
+                   headers=[("h", lying(b"hv"))] if magic == 2 else ())
+    builder.append(lying(b""), timestamp=8)
+    ts = (lambda t: t) if magic else (lambda t: -1)
+    assert read_kmem(builder.build()) == [(0, ts(7), b"key", b"v" * 5000, [("h", b"hv")] if magic == 2 else []),
+                                          (1, ts(8), None, b"", [])]
+
+
+def test_encoders_refuse_data_that_changes_between_sizing_and_writing():
+    value = bytearray(b"abc")
+
+    class Growing:      # iterated once to size the record and once to write it; each time the value grows
+        def __len__(self):
+            return 1
+
+        def __iter__(self):
+            value.extend(bytes(100))
+            return iter([(b"h", b"x")])
+
+    with pytest.raises(InvalidArgumentError, match="changed while being encoded"):
+        _core.encode_v2_records([(0, 0, None, value, Growing())])
+
+
 # --- bad input ---------------------------------------------------------------------------------------
 
 def _v2_one_record(record_section, count=1):
