@@ -545,13 +545,14 @@ cdef inline int emit(Cursor* c, Conversion* cv, int attributes, Fields* f) noexc
 
 
 cdef int convert_v2_records(Cursor* c, int64_t count, int64_t base_offset, int64_t base_timestamp,
-                            int64_t log_append_time, Conversion* cv) noexcept nogil:
+                            bint log_append, int64_t log_append_time, Conversion* cv) noexcept nogil:
     """The records of one v2 batch (c spans exactly its records) as legacy entries.
 
-    log_append_time >= 0 replaces every record's timestamp (LogAppendTime batches), -1 keeps them.
+    log_append (a LogAppendTime batch): every record's timestamp is log_append_time (its maxTimestamp, -1
+    included, as Kafka reads it) and v1 entries keep the LogAppendTime type.
     """
     cdef Fields f
-    cdef int attributes = ATTR_LOG_APPEND_TIME if (log_append_time >= 0 and cv.to_magic == 1) else 0
+    cdef int attributes = ATTR_LOG_APPEND_TIME if (log_append and cv.to_magic == 1) else 0
     cdef const unsigned char* begin = c.p
     cdef int64_t i
     for i in range(count):
@@ -561,7 +562,7 @@ cdef int convert_v2_records(Cursor* c, int64_t count, int64_t base_offset, int64
             return -1
         if f.offset < cv.first_offset:
             continue
-        if log_append_time >= 0:
+        if log_append:
             f.timestamp = log_append_time
         if cv.to_magic == 0:
             f.timestamp = -1
@@ -696,8 +697,8 @@ cdef int convert_run(Cursor* c, Conversion* cv, int64_t* source_bytes, int64_t* 
                 count = be32(p + 57)
                 if count < 0:
                     return fail(c, ERR_COUNT, p)
-                convert_v2_records(&inner, count, be64(p), be64(p + 27),
-                                   be64(p + 35) if be16(p + 21) & ATTR_LOG_APPEND_TIME else -1, cv)
+                convert_v2_records(&inner, count, be64(p), be64(p + 27), be16(p + 21) & ATTR_LOG_APPEND_TIME,
+                                   be64(p + 35), cv)
             else:
                 inner.p = p
                 convert_legacy_entries(&inner, 0, cv)
@@ -771,12 +772,13 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, int to_ma
 
 
 def convert_records(const unsigned char[::1] data, int source_magic, int64_t count, int64_t base_offset,
-                    int64_t base_timestamp, int64_t log_append_time, int to_magic, bint relative,
+                    int64_t base_timestamp, bint log_append, int64_t log_append_time, int to_magic, bint relative,
                     Py_ssize_t base=0):
     """The (decompressed) records of one batch as uncompressed ``to_magic`` entries.
 
-    ``source_magic`` 2: ``data`` is a v2 records section of ``count`` records. 0/1: ``data`` is legacy
-    inner entries and ``base_offset`` is the absolute base added to their offsets. ``relative``: write
+    ``source_magic`` 2: ``data`` is a v2 records section of ``count`` records (``log_append``: a
+    LogAppendTime batch, whose records all take ``log_append_time``). 0/1: ``data`` is legacy inner
+    entries and ``base_offset`` is the absolute base added to their offsets. ``relative``: write
     offsets relative to the first record (v1 compressed inner entries). Returns ``(entries bytearray,
     records, last offset, max timestamp)``.
     """
@@ -792,7 +794,7 @@ def convert_records(const unsigned char[::1] data, int source_magic, int64_t cou
     start_conversion(&cv, to_magic, -(1LL << 62), relative, <unsigned char*>PyByteArray_AS_STRING(<object>raw), bound)
     with nogil:
         if source_magic == 2:
-            rc = convert_v2_records(&c, count, base_offset, base_timestamp, log_append_time, &cv)
+            rc = convert_v2_records(&c, count, base_offset, base_timestamp, log_append, log_append_time, &cv)
         else:
             rc = convert_legacy_entries(&c, base_offset, &cv)
     if rc < 0:

@@ -1,9 +1,12 @@
 """down_convert against Kafka's RecordsUtil scenarios (SPEC.md §5), checked with three readers."""
+import struct
+
 import pytest
 from records_samples import (CODECS, read_aiokafka, read_kafka_python, read_kmem, scenario_batches,
                              scenario_records)
 
-from kmem.errors import UnsupportedCompressionTypeError
+from kmem import _core
+from kmem.errors import CorruptRecordError, UnsupportedCompressionTypeError
 from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
                           build_records, down_convert)
 from kmem.records import codecs
@@ -83,6 +86,25 @@ def test_markers_skipped_timestamp_types_kept(codec, to_magic):
     else:
         assert set(types.values()) == {TimestampType.NO_TIMESTAMP_TYPE}
     assert bytes(down_convert(source, 2, 0).records) == source     # markers stay for v2 readers
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip"])
+def test_log_append_time_of_minus_one_keeps_its_type(codec):
+    # The batch reads as LogAppendTime -1; -1 must not mean "no append time" (CreateTime with the create
+    # timestamps). Kafka writes LogAppendTime entries of timestamp -1 and refuses any other negative.
+    builder = RecordsBuilder(2, codec, TimestampType.LOG_APPEND_TIME, log_append_time=-1)
+    builder.append(b"a", timestamp=1000)
+    builder.append(b"b", timestamp=1005)
+    source = builder.build()
+    assert [r[1] for r in read_kmem(source)] == [-1, -1]
+    converted = down_convert(source, 1)
+    assert_all_readers(bytes(converted.records), [(0, -1, None, b"a", []), (1, -1, None, b"b", [])])
+    assert {b.timestamp_type for b in converted.records} == {TimestampType.LOG_APPEND_TIME}
+    invalid = bytearray(source)
+    struct.pack_into(">q", invalid, 35, -5)                        # maxTimestamp
+    struct.pack_into(">I", invalid, 17, _core.crc32c(bytes(invalid[21:])))
+    with pytest.raises(CorruptRecordError, match="invalid timestamp"):
+        down_convert(bytes(invalid), 1)
 
 
 def test_v0_mixed_with_v2_to_v1_first_offset_2():
