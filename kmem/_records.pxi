@@ -520,7 +520,7 @@ cdef inline void start_conversion(Conversion* cv, int to_magic, int64_t first_of
     cv.max_timestamp = -1
 
 
-cdef inline int64_t conversion_bound(int64_t section, int64_t count) noexcept nogil:
+cpdef int64_t conversion_bound(int64_t section, int64_t count) noexcept nogil:
     """Most bytes the legacy entries of a v2 records section can take: a v2 record has at least 7 bytes
     (length, attributes, timestamp, offset, key length, value length, header count) where a legacy
     entry has a 34-byte overhead, so each grows by at most 27 bytes; count is capped by the section."""
@@ -827,22 +827,36 @@ def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
     return LOG_OVERHEAD + size, magic
 
 
-def decode_v2_records(const unsigned char[::1] data, int64_t count, int64_t base_offset, int64_t base_timestamp,
-                      Py_ssize_t base=0):
-    """The ``count`` records of a v2 records section as ``(offset, timestamp, key, value, headers)``
-    tuples; headers as a list of ``(key str, value bytes or None)``."""
+def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, int64_t count, int64_t max_objects,
+                      int64_t base_offset, int64_t base_timestamp, Py_ssize_t base=0):
+    """Records from byte ``pos`` of a v2 records section with ``count`` records left, as ``(offset,
+    timestamp, key, value, headers)`` tuples (headers a list of ``(key str, value bytes or None)``).
+
+    One call makes at most ``max_objects`` records and headers (but always one record), so that a big
+    batch is decoded a slice at a time. Returns ``(records, end position)``; decoding the last record
+    checks that the section ends there.
+    """
     cdef Py_ssize_t n = data.shape[0]
+    if pos < 0 or pos > n:
+        raise IndexError("position outside the data")
     cdef const unsigned char* start = &data[0] if n else NULL
-    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef const unsigned char* begin
+    cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
     cdef Cursor h
     cdef Fields f
-    cdef int64_t klen = 0, vlen = 0
-    if count < 0 or count > n:      # every record takes at least one byte
-        raise _corrupt(ERR_COUNT, 0, base)
+    cdef int64_t klen = 0, vlen = 0, made = 0
+    if count < 0 or count > n - pos:      # every record takes at least one byte
+        raise _corrupt(ERR_COUNT, pos, base)
     result = []
-    for _ in range(count):
+    while count:
+        begin = c.p
         if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
             raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
+        if made and made + 1 + f.header_count > max_objects:
+            c.p = begin       # the next slice starts with this record
+            break
+        made += 1 + f.header_count
+        count -= 1
         headers = []
         h = Cursor(f.headers, f.headers_end, start, OK, 0)
         for _ in range(f.header_count):
@@ -857,26 +871,82 @@ def decode_v2_records(const unsigned char[::1] data, int64_t count, int64_t base
                        (<const char*>f.key)[:f.key_len] if f.key_len >= 0 else None,
                        (<const char*>f.value)[:f.value_len] if f.value_len >= 0 else None,
                        headers))
-    if c.p != c.end:
+    if not count and c.p != c.end:
         raise _corrupt(ERR_COUNT, c.p - start, base)
-    return result
+    return result, c.p - start
 
 
-def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
-    """Every complete legacy entry as ``(offset, size, magic, attributes, timestamp, key, value)``;
-    the entries must fill ``data`` exactly (inner entries of a compressed wrapper, or one entry)."""
+def count_v2_objects(const unsigned char[::1] data, int64_t count, Py_ssize_t base=0):
+    """Records plus headers of a v2 records section of ``count`` records (what decode_v2_records would
+    make), checked as it checks them but without making any object."""
     cdef Py_ssize_t n = data.shape[0]
     cdef const unsigned char* start = &data[0] if n else NULL
     cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef Fields f
+    cdef int64_t objects = 0, i
+    cdef int rc = 0
+    if count < 0 or count > n:
+        raise _corrupt(ERR_COUNT, 0, base)
+    with nogil:
+        for i in range(count):
+            if c.p >= c.end:
+                rc = fail(&c, ERR_COUNT, c.p)
+                break
+            rc = parse_v2_record(&c, 0, 0, &f)
+            if rc < 0:
+                break
+            objects += 1 + f.header_count
+        if rc == 0 and c.p != c.end:
+            rc = fail(&c, ERR_COUNT, c.p)
+    if rc < 0:
+        raise _corrupt(c.error, c.error_at, base)
+    return objects
+
+
+def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0, Py_ssize_t pos=0,
+                          Py_ssize_t max_entries=-1):
+    """The complete legacy entries from byte ``pos`` (at most ``max_entries``; all when negative) as
+    ``(offset, size, magic, attributes, timestamp, key, value)``; the entries must fill ``data`` exactly
+    (inner entries of a compressed wrapper, or one entry)."""
+    cdef Py_ssize_t n = data.shape[0]
+    if pos < 0 or pos > n:
+        raise IndexError("position outside the data")
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
     cdef LegacyEntry e
     result = []
-    while c.p < c.end:
+    while c.p < c.end and max_entries != 0:
         if parse_legacy_entry(&c, &e) < 0:
             raise _corrupt(c.error, c.error_at, base)
         result.append((e.offset, e.size, e.magic, e.attributes, e.fields.timestamp,
                        (<const char*>e.fields.key)[:e.fields.key_len] if e.fields.key_len >= 0 else None,
                        (<const char*>e.fields.value)[:e.fields.value_len] if e.fields.value_len >= 0 else None))
+        max_entries -= 1
     return result
+
+
+def scan_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
+    """``(count, first offset, last offset)`` of the legacy entries filling ``data`` (a wrapper's inner
+    entries), checked as decode_legacy_entries checks them but without making objects; offsets are -1
+    when there is none."""
+    cdef Py_ssize_t n = data.shape[0]
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef LegacyEntry e
+    cdef int64_t count = 0, first = -1, last = -1
+    cdef int rc = 0
+    with nogil:
+        while c.p < c.end:
+            rc = parse_legacy_entry(&c, &e)
+            if rc < 0:
+                break
+            if count == 0:
+                first = e.offset
+            last = e.offset
+            count += 1
+    if rc < 0:
+        raise _corrupt(c.error, c.error_at, base)
+    return count, first, last
 
 
 # --- writing -------------------------------------------------------------------------------------------

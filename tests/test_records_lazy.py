@@ -132,7 +132,8 @@ def test_file_records_write_to_tls_socket_goes_through_tls(tmp_path, tls_context
     reader = threading.Thread(target=client)
     reader.start()
     accepted, _ = listener.accept()
-    with server_context.wrap_socket(accepted, server_side=True) as tls, FileRecords(write_segment(tmp_path, 0, data)) as fr:
+    fr = FileRecords(write_segment(tmp_path, 0, data))
+    with server_context.wrap_socket(accepted, server_side=True) as tls, fr:
         position = 0
         while position < fr.size_in_bytes:
             position += fr.write_to(tls, position, fr.size_in_bytes - position)

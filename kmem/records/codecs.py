@@ -9,7 +9,8 @@
 - zstd: a standard zstd frame (v2 only).
 
 Decompression is bounded: output beyond ``limit`` bytes (default ``MAX_DECOMPRESSED_BYTES``) raises
-``CorruptRecordError`` before more memory is spent, so a small batch cannot expand into gigabytes.
+``CorruptRecordError`` before more memory is spent, so a small batch cannot expand into gigabytes (the
+records decoded from it and its down-converted form are bounded too: see batches.py and convert.py).
 """
 import struct
 import zlib
