@@ -154,6 +154,12 @@ def test_builder_rejects_bad_arguments():
     with pytest.raises(InvalidArgumentError):
         RecordsBuilder(2, timestamp_type=TimestampType.LOG_APPEND_TIME)
     assert RecordsBuilder(2).build() == b""
+    wide = RecordsBuilder(2, base_offset=10)
+    wide.append(b"a")
+    with pytest.raises(InvalidArgumentError, match=r"2\*\*31 - 1 past"):
+        wide.append(b"b", offset=10 + 2**31)      # the batch's int32 offset delta cannot hold it
+    wide.append(b"c", offset=9 + 2**31)
+    assert [r[0] for r in read_kmem(wide.build())] == [10, 9 + 2**31]
 
 
 @pytest.mark.parametrize("claimed", [0, 1 << 20])
@@ -349,6 +355,7 @@ def test_unknown_codec_is_corrupt():
 
     v2 = bytearray(build_records([b"a"], compression="gzip"))
     struct.pack_into(">h", v2, 21, 5)
+    assert "codec=5" in repr(next(iter(MemoryRecords(bytes(v2)))))
     with pytest.raises(CorruptRecordError, match="unknown compression codec 5"):
         next(iter(MemoryRecords(bytes(v2)))).records()
     with pytest.raises(CorruptRecordError, match="unknown compression codec 5"):

@@ -106,7 +106,7 @@ class RecordBatch:
 
     def __repr__(self):
         return (f"<RecordBatch magic={self.magic} offsets={self.base_offset}..{self.last_offset} "
-                f"codec={codecs.CODEC_NAMES[self.compression]} at byte {self.file_position}>")
+                f"codec={codecs.codec_name(self.compression)} at byte {self.file_position}>")
 
     @property
     def buffer(self):

@@ -45,6 +45,11 @@ def codec_id(codec):
     raise InvalidArgumentError(f"unknown compression codec {codec!r}; expected one of {CODEC_NAMES}")
 
 
+def codec_name(codec):
+    """The name of a codec id; an id that names no codec (5-7 fit in the attribute bits) as itself."""
+    return CODEC_NAMES[codec] if 0 <= codec < len(CODEC_NAMES) else str(codec)
+
+
 def compress(codec, data, magic):
     """``data`` compressed with ``codec`` (an id) in Kafka's framing for ``magic``."""
     if codec == GZIP:
