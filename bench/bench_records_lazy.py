@@ -16,7 +16,7 @@ import tracemalloc
 import pytest
 
 from kmem.records import FileRecords, LazyDownConvertRecords, RecordsBuilder, down_convert, segment_file_name
-from kmem.records.lazy import write_once
+from kmem.records.files import write_once
 
 LOG_BYTES = 64 << 20
 CHUNK_SIZES = [16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20]

@@ -520,7 +520,7 @@ cdef inline void start_conversion(Conversion* cv, int to_magic, int64_t first_of
     cv.max_timestamp = -1
 
 
-cdef inline int64_t conversion_bound(int64_t section, int64_t count) noexcept nogil:
+cpdef int64_t conversion_bound(int64_t section, int64_t count) noexcept nogil:
     """Most bytes the legacy entries of a v2 records section can take: a v2 record has at least 7 bytes
     (length, attributes, timestamp, offset, key length, value length, header count) where a legacy
     entry has a 34-byte overhead, so each grows by at most 27 bytes; count is capped by the section."""
@@ -545,13 +545,14 @@ cdef inline int emit(Cursor* c, Conversion* cv, int attributes, Fields* f) noexc
 
 
 cdef int convert_v2_records(Cursor* c, int64_t count, int64_t base_offset, int64_t base_timestamp,
-                            int64_t log_append_time, Conversion* cv) noexcept nogil:
+                            bint log_append, int64_t log_append_time, Conversion* cv) noexcept nogil:
     """The records of one v2 batch (c spans exactly its records) as legacy entries.
 
-    log_append_time >= 0 replaces every record's timestamp (LogAppendTime batches), -1 keeps them.
+    log_append (a LogAppendTime batch): every record's timestamp is log_append_time (its maxTimestamp, -1
+    included, as Kafka reads it) and v1 entries keep the LogAppendTime type.
     """
     cdef Fields f
-    cdef int attributes = ATTR_LOG_APPEND_TIME if (log_append_time >= 0 and cv.to_magic == 1) else 0
+    cdef int attributes = ATTR_LOG_APPEND_TIME if (log_append and cv.to_magic == 1) else 0
     cdef const unsigned char* begin = c.p
     cdef int64_t i
     for i in range(count):
@@ -561,7 +562,7 @@ cdef int convert_v2_records(Cursor* c, int64_t count, int64_t base_offset, int64
             return -1
         if f.offset < cv.first_offset:
             continue
-        if log_append_time >= 0:
+        if log_append:
             f.timestamp = log_append_time
         if cv.to_magic == 0:
             f.timestamp = -1
@@ -696,8 +697,8 @@ cdef int convert_run(Cursor* c, Conversion* cv, int64_t* source_bytes, int64_t* 
                 count = be32(p + 57)
                 if count < 0:
                     return fail(c, ERR_COUNT, p)
-                convert_v2_records(&inner, count, be64(p), be64(p + 27),
-                                   be64(p + 35) if be16(p + 21) & ATTR_LOG_APPEND_TIME else -1, cv)
+                convert_v2_records(&inner, count, be64(p), be64(p + 27), be16(p + 21) & ATTR_LOG_APPEND_TIME,
+                                   be64(p + 35), cv)
             else:
                 inner.p = p
                 convert_legacy_entries(&inner, 0, cv)
@@ -771,12 +772,13 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, int to_ma
 
 
 def convert_records(const unsigned char[::1] data, int source_magic, int64_t count, int64_t base_offset,
-                    int64_t base_timestamp, int64_t log_append_time, int to_magic, bint relative,
+                    int64_t base_timestamp, bint log_append, int64_t log_append_time, int to_magic, bint relative,
                     Py_ssize_t base=0):
     """The (decompressed) records of one batch as uncompressed ``to_magic`` entries.
 
-    ``source_magic`` 2: ``data`` is a v2 records section of ``count`` records. 0/1: ``data`` is legacy
-    inner entries and ``base_offset`` is the absolute base added to their offsets. ``relative``: write
+    ``source_magic`` 2: ``data`` is a v2 records section of ``count`` records (``log_append``: a
+    LogAppendTime batch, whose records all take ``log_append_time``). 0/1: ``data`` is legacy inner
+    entries and ``base_offset`` is the absolute base added to their offsets. ``relative``: write
     offsets relative to the first record (v1 compressed inner entries). Returns ``(entries bytearray,
     records, last offset, max timestamp)``.
     """
@@ -792,7 +794,7 @@ def convert_records(const unsigned char[::1] data, int source_magic, int64_t cou
     start_conversion(&cv, to_magic, -(1LL << 62), relative, <unsigned char*>PyByteArray_AS_STRING(<object>raw), bound)
     with nogil:
         if source_magic == 2:
-            rc = convert_v2_records(&c, count, base_offset, base_timestamp, log_append_time, &cv)
+            rc = convert_v2_records(&c, count, base_offset, base_timestamp, log_append, log_append_time, &cv)
         else:
             rc = convert_legacy_entries(&c, base_offset, &cv)
     if rc < 0:
@@ -825,22 +827,36 @@ def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
     return LOG_OVERHEAD + size, magic
 
 
-def decode_v2_records(const unsigned char[::1] data, int64_t count, int64_t base_offset, int64_t base_timestamp,
-                      Py_ssize_t base=0):
-    """The ``count`` records of a v2 records section as ``(offset, timestamp, key, value, headers)``
-    tuples; headers as a list of ``(key str, value bytes or None)``."""
+def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, int64_t count, int64_t max_objects,
+                      int64_t base_offset, int64_t base_timestamp, Py_ssize_t base=0):
+    """Records from byte ``pos`` of a v2 records section with ``count`` records left, as ``(offset,
+    timestamp, key, value, headers)`` tuples (headers a list of ``(key str, value bytes or None)``).
+
+    One call makes at most ``max_objects`` records and headers (but always one record), so that a big
+    batch is decoded a slice at a time. Returns ``(records, end position)``; decoding the last record
+    checks that the section ends there.
+    """
     cdef Py_ssize_t n = data.shape[0]
+    if pos < 0 or pos > n:
+        raise IndexError("position outside the data")
     cdef const unsigned char* start = &data[0] if n else NULL
-    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef const unsigned char* begin
+    cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
     cdef Cursor h
     cdef Fields f
-    cdef int64_t klen = 0, vlen = 0
-    if count < 0 or count > n:      # every record takes at least one byte
-        raise _corrupt(ERR_COUNT, 0, base)
+    cdef int64_t klen = 0, vlen = 0, made = 0
+    if count < 0 or count > n - pos:      # every record takes at least one byte
+        raise _corrupt(ERR_COUNT, pos, base)
     result = []
-    for _ in range(count):
+    while count:
+        begin = c.p
         if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
             raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
+        if made and made + 1 + f.header_count > max_objects:
+            c.p = begin       # the next slice starts with this record
+            break
+        made += 1 + f.header_count
+        count -= 1
         headers = []
         h = Cursor(f.headers, f.headers_end, start, OK, 0)
         for _ in range(f.header_count):
@@ -855,26 +871,82 @@ def decode_v2_records(const unsigned char[::1] data, int64_t count, int64_t base
                        (<const char*>f.key)[:f.key_len] if f.key_len >= 0 else None,
                        (<const char*>f.value)[:f.value_len] if f.value_len >= 0 else None,
                        headers))
-    if c.p != c.end:
+    if not count and c.p != c.end:
         raise _corrupt(ERR_COUNT, c.p - start, base)
-    return result
+    return result, c.p - start
 
 
-def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
-    """Every complete legacy entry as ``(offset, size, magic, attributes, timestamp, key, value)``;
-    the entries must fill ``data`` exactly (inner entries of a compressed wrapper, or one entry)."""
+def count_v2_objects(const unsigned char[::1] data, int64_t count, Py_ssize_t base=0):
+    """Records plus headers of a v2 records section of ``count`` records (what decode_v2_records would
+    make), checked as it checks them but without making any object."""
     cdef Py_ssize_t n = data.shape[0]
     cdef const unsigned char* start = &data[0] if n else NULL
     cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef Fields f
+    cdef int64_t objects = 0, i
+    cdef int rc = 0
+    if count < 0 or count > n:
+        raise _corrupt(ERR_COUNT, 0, base)
+    with nogil:
+        for i in range(count):
+            if c.p >= c.end:
+                rc = fail(&c, ERR_COUNT, c.p)
+                break
+            rc = parse_v2_record(&c, 0, 0, &f)
+            if rc < 0:
+                break
+            objects += 1 + f.header_count
+        if rc == 0 and c.p != c.end:
+            rc = fail(&c, ERR_COUNT, c.p)
+    if rc < 0:
+        raise _corrupt(c.error, c.error_at, base)
+    return objects
+
+
+def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0, Py_ssize_t pos=0,
+                          Py_ssize_t max_entries=-1):
+    """The complete legacy entries from byte ``pos`` (at most ``max_entries``; all when negative) as
+    ``(offset, size, magic, attributes, timestamp, key, value)``; the entries must fill ``data`` exactly
+    (inner entries of a compressed wrapper, or one entry)."""
+    cdef Py_ssize_t n = data.shape[0]
+    if pos < 0 or pos > n:
+        raise IndexError("position outside the data")
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
     cdef LegacyEntry e
     result = []
-    while c.p < c.end:
+    while c.p < c.end and max_entries != 0:
         if parse_legacy_entry(&c, &e) < 0:
             raise _corrupt(c.error, c.error_at, base)
         result.append((e.offset, e.size, e.magic, e.attributes, e.fields.timestamp,
                        (<const char*>e.fields.key)[:e.fields.key_len] if e.fields.key_len >= 0 else None,
                        (<const char*>e.fields.value)[:e.fields.value_len] if e.fields.value_len >= 0 else None))
+        max_entries -= 1
     return result
+
+
+def scan_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
+    """``(count, first offset, last offset)`` of the legacy entries filling ``data`` (a wrapper's inner
+    entries), checked as decode_legacy_entries checks them but without making objects; offsets are -1
+    when there is none."""
+    cdef Py_ssize_t n = data.shape[0]
+    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef LegacyEntry e
+    cdef int64_t count = 0, first = -1, last = -1
+    cdef int rc = 0
+    with nogil:
+        while c.p < c.end:
+            rc = parse_legacy_entry(&c, &e)
+            if rc < 0:
+                break
+            if count == 0:
+                first = e.offset
+            last = e.offset
+            count += 1
+    if rc < 0:
+        raise _corrupt(c.error, c.error_at, base)
+    return count, first, last
 
 
 # --- writing -------------------------------------------------------------------------------------------
@@ -898,49 +970,84 @@ cdef inline unsigned char* put_varint(unsigned char* p, int64_t v) noexcept nogi
     return p + 1
 
 
-cdef inline Py_ssize_t opt_len(object b) except? -2:
-    return -1 if b is None else len(b)
+cdef inline int64_t buffer_len(object b) except? -2:
+    """Size of ``b``'s buffer, -1 for None: never len(), which a subclass can make lie."""
+    cdef const unsigned char[::1] view
+    if b is None:
+        return -1
+    view = b
+    return view.shape[0]
 
 
-cdef inline unsigned char* put_bytes(unsigned char* p, const unsigned char[::1] b) except NULL:
-    if b.shape[0]:
-        memcpy(p, &b[0], b.shape[0])
-    return p + b.shape[0]
+cdef inline Py_ssize_t field_size(int64_t length) noexcept nogil:
+    return varint_size(length) + (length if length > 0 else 0)
+
+
+# The writers size their output in a first pass and fill it in a second. Every write of the second pass
+# is bounded by the output's end: data that changed in between (a buffer resized, a headers iterable
+# that yields something else) raises instead of writing past it.
+cdef _changed():
+    from kmem.errors import InvalidArgumentError
+    return InvalidArgumentError("record data changed while being encoded")
+
+
+cdef unsigned char* put_varint_within(unsigned char* p, const unsigned char* end, int64_t v) except NULL:
+    if varint_size(v) > end - p:
+        raise _changed()
+    return put_varint(p, v)
+
+
+cdef unsigned char* put_field(unsigned char* p, const unsigned char* end, object b) except NULL:
+    """A v2 field, never past ``end``: varint length (-1 for None), then the bytes."""
+    cdef const unsigned char[::1] view
+    if b is None:
+        return put_varint_within(p, end, -1)
+    view = b
+    p = put_varint_within(p, end, view.shape[0])
+    if view.shape[0] > end - p:
+        raise _changed()
+    if view.shape[0]:
+        memcpy(p, &view[0], view.shape[0])
+    return p + view.shape[0]
 
 
 def encode_v2_records(list records):
     """A v2 records section from ``(offset_delta, timestamp_delta, key, value, headers)`` tuples, where
-    key/value are bytes-like or None and headers a sequence of ``(key bytes, value bytes-like or None)``."""
-    cdef Py_ssize_t total = 0, body, klen, vlen
-    cdef int64_t off_delta, ts_delta
-    sizes = []
+    key/value are bytes-like or None and headers an iterable of ``(key bytes, value bytes-like or None)``."""
+    cdef Py_ssize_t total = 0, body
+    cdef int64_t off_delta, ts_delta, count
+    cdef unsigned char* record_end
+    bodies, counts = [], []
     for off_delta, ts_delta, key, value, headers in records:
-        klen = opt_len(key)
-        vlen = opt_len(value)
-        body = 1 + varint_size(ts_delta) + varint_size(off_delta) + varint_size(klen) + max(klen, 0) \
-            + varint_size(vlen) + max(vlen, 0) + varint_size(len(headers))
+        body = 1 + varint_size(ts_delta) + varint_size(off_delta) + field_size(buffer_len(key)) \
+            + field_size(buffer_len(value))
+        count = 0
         for hkey, hvalue in headers:
-            body += varint_size(len(hkey)) + len(hkey) + varint_size(opt_len(hvalue)) + max(opt_len(hvalue), 0)
-        sizes.append(body)
+            if hkey is None:
+                raise TypeError("a header key cannot be None")
+            body += field_size(buffer_len(hkey)) + field_size(buffer_len(hvalue))
+            count += 1
+        body += varint_size(count)
+        bodies.append(body)
+        counts.append(count)
         total += varint_size(body) + body
     out = PyBytes_FromStringAndSize(NULL, total)
     cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
-    for (off_delta, ts_delta, key, value, headers), body in zip(records, sizes):
-        p = put_varint(p, body)
+    cdef const unsigned char* end = p + total
+    for (off_delta, ts_delta, key, value, headers), body, count in zip(records, bodies, counts):
+        p = put_varint_within(p, end, body)
+        if body > end - p:
+            raise _changed()
+        record_end = p + body
         p[0] = 0
-        p = put_varint(put_varint(p + 1, ts_delta), off_delta)
-        p = put_varint(p, opt_len(key))
-        if key is not None:
-            p = put_bytes(p, key)
-        p = put_varint(p, opt_len(value))
-        if value is not None:
-            p = put_bytes(p, value)
-        p = put_varint(p, len(headers))
+        p = put_varint_within(put_varint_within(p + 1, record_end, ts_delta), record_end, off_delta)
+        p = put_field(put_field(p, record_end, key), record_end, value)
+        p = put_varint_within(p, record_end, count)
         for hkey, hvalue in headers:
-            p = put_bytes(put_varint(p, len(hkey)), hkey)
-            p = put_varint(p, opt_len(hvalue))
-            if hvalue is not None:
-                p = put_bytes(p, hvalue)
+            p = put_field(put_field(p, record_end, hkey), record_end, hvalue)
+            count -= 1
+        if p != record_end or count != 0:
+            raise _changed()
     return out
 
 
@@ -951,20 +1058,25 @@ def encode_legacy_entries(int magic, int attributes, list records):
     cdef const unsigned char[::1] kview, vview
     cdef bytes empty = b""
     for offset, timestamp, key, value in records:
-        f.key_len = opt_len(key)
-        f.value_len = opt_len(value)
+        f.key_len = buffer_len(key)
+        f.value_len = buffer_len(value)
         total += legacy_size(magic, &f)
     out = PyBytes_FromStringAndSize(NULL, total)
     cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    cdef const unsigned char* end = p + total
     for offset, timestamp, key, value in records:
         kview = empty if key is None else key
         vview = empty if value is None else value
-        f.key_len = opt_len(key)
-        f.value_len = opt_len(value)
+        f.key_len = -1 if key is None else kview.shape[0]
+        f.value_len = -1 if value is None else vview.shape[0]
         f.key = &kview[0] if kview.shape[0] else NULL
         f.value = &vview[0] if vview.shape[0] else NULL
         f.timestamp = timestamp
+        if legacy_size(magic, &f) > end - p:
+            raise _changed()
         p += write_legacy(p, magic, attributes, offset, &f)
+    if p != end:
+        raise _changed()
     return out
 
 

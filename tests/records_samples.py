@@ -1,8 +1,11 @@
 """Shared record fixtures for the records tests: Kafka's scenarios and readers from the Python clients."""
+import struct
+
 from aiokafka.record.memory_records import MemoryRecords as AioMemoryRecords
 from kafka.record import MemoryRecords as KafkaPythonMemoryRecords
 
-from kmem.records import MemoryRecords, RecordsBuilder
+from kmem import _core
+from kmem.records import MemoryRecords, RecordsBuilder, codecs
 
 # Kafka's down-conversion scenario: ten records at these offsets in three v2 batches (3, 3 and 4 records).
 SCENARIO_OFFSETS = [0, 2, 3, 9, 11, 15, 16, 17, 22, 24]
@@ -10,6 +13,8 @@ SCENARIO_VALUES = [b"hello", b"goodbye", b"hello again", b"goodbye for now", b"h
                    b"I sense indecision", b"what now", b"running out", b"ok, almost done", b"finally"]
 SCENARIO_HEADERS = [("headerKey1", b"headerValue1"), ("headerKey2", b"headerValue2"), ("headerKey3", None)]
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+# The smallest v2 record: length 6, attributes, timestamp and offset deltas 0, null key and value, no header.
+MINIMAL_RECORD = bytes([12, 0, 0, 0, 1, 1, 0])
 
 
 def scenario_records():
@@ -52,3 +57,14 @@ def read_aiokafka(data):
 
 def read_kmem(data):
     return [(r.offset, r.timestamp, r.key, r.value, r.headers) for r in MemoryRecords(data).records()]
+
+
+def v2_batch_of(section, count=1, codec=codecs.NONE):
+    """A v2 batch with a valid CRC around a hand-made records section of ``count`` records, compressed
+    with ``codec`` (an id)."""
+    if codec:
+        section = codecs.compress(codec, section, 2)
+    header = bytearray(struct.pack(">qiiBIhiqqqhii", 0, 49 + len(section), 0, 2, 0, codec, count - 1, 0, 0,
+                                   -1, -1, -1, count))
+    struct.pack_into(">I", header, 17, _core.crc32c(section, _core.crc32c(bytes(header[21:]))))
+    return bytes(header) + section

@@ -1,11 +1,12 @@
 """Reading and building v0/v1/v2 record data, codecs, checksums and bad input."""
 import os
 import struct
+import tracemalloc
 import zlib
 
 import pytest
 import xxhash
-from records_samples import CODECS, read_kmem, scenario_batches, scenario_records
+from records_samples import CODECS, MINIMAL_RECORD, read_kmem, scenario_batches, scenario_records, v2_batch_of
 
 from kmem import _core
 from kmem.errors import CorruptRecordError, InvalidArgumentError
@@ -153,18 +154,44 @@ def test_builder_rejects_bad_arguments():
     with pytest.raises(InvalidArgumentError):
         RecordsBuilder(2, timestamp_type=TimestampType.LOG_APPEND_TIME)
     assert RecordsBuilder(2).build() == b""
+    wide = RecordsBuilder(2, base_offset=10)
+    wide.append(b"a")
+    with pytest.raises(InvalidArgumentError, match=r"2\*\*31 - 1 past"):
+        wide.append(b"b", offset=10 + 2**31)      # the batch's int32 offset delta cannot hold it
+    wide.append(b"c", offset=9 + 2**31)
+    assert [r[0] for r in read_kmem(wide.build())] == [10, 9 + 2**31]
+
+
+@pytest.mark.parametrize("claimed", [0, 1 << 20])
+@pytest.mark.parametrize("magic, codec", [(0, "none"), (1, "none"), (1, "gzip"), (2, "none"), (2, "lz4")])
+def test_builder_encodes_the_buffer_whatever_len_says(magic, codec, claimed):
+    # sizing with len() and copying the buffer overflowed the output (or over-read the value)
+    lying = type("Lying", (bytes,), {"__len__": lambda self: claimed})
+    builder = RecordsBuilder(magic, codec)
+    builder.append(lying(b"v" * 5000), key=lying(b"key"), timestamp=7,
+                   headers=[("h", lying(b"hv"))] if magic == 2 else ())
+    builder.append(lying(b""), timestamp=8)
+    ts = (lambda t: t) if magic else (lambda t: -1)
+    assert read_kmem(builder.build()) == [(0, ts(7), b"key", b"v" * 5000, [("h", b"hv")] if magic == 2 else []),
+                                          (1, ts(8), None, b"", [])]
+
+
+def test_encoders_refuse_data_that_changes_between_sizing_and_writing():
+    value = bytearray(b"abc")
+
+    class Growing:      # iterated once to size the record and once to write it; each time the value grows
+        def __len__(self):
+            return 1
+
+        def __iter__(self):
+            value.extend(bytes(100))
+            return iter([(b"h", b"x")])
+
+    with pytest.raises(InvalidArgumentError, match="changed while being encoded"):
+        _core.encode_v2_records([(0, 0, None, value, Growing())])
 
 
 # --- bad input ---------------------------------------------------------------------------------------
-
-def _v2_one_record(record_section, count=1):
-    """A v2 batch around a hand-made records section (CRC made valid)."""
-    header = bytearray(struct.pack(">qiiBIhiqqqhii", 0, 49 + len(record_section), 0, 2, 0, 0, 0, 0, 0, -1, -1, -1,
-                                   count))
-    body = bytes(header) + record_section
-    crc = _core.crc32c(body[21:])
-    return body[:17] + struct.pack(">I", crc) + body[21:]
-
 
 @pytest.mark.parametrize("section, message", [
     (b"\x80\x80\x80\x80\x80\x01", "varint is too long"),
@@ -176,7 +203,7 @@ def _v2_one_record(record_section, count=1):
     (b"\x0e\x00\x00\x00\x01\x01\x00" + bytes(7), "record length does not match"),
 ])
 def test_bad_v2_records_raise_with_position(section, message):
-    data = _v2_one_record(section)
+    data = v2_batch_of(section)
     (batch,) = MemoryRecords(data)
     with pytest.raises(CorruptRecordError, match=message) as info:
         batch.records()
@@ -251,6 +278,46 @@ def test_zstd_bomb_of_a_gigabyte_is_refused_quickly():
         codecs.decompress(codecs.ZSTD, frame, 2)
 
 
+def _peak_counting(batch, n):
+    """tracemalloc's peak while iterating ``batch``, checked to hold ``n`` records without key or value."""
+    tracemalloc.start()
+    try:
+        assert sum(1 for record in batch if record.key is None and record.value is None) == n
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_tiny_compressed_batch_of_many_records_is_streamed_and_not_listed():
+    # 600,000 7-byte records gzip to ~6 KB; each decoded record costs ~200 bytes of Python objects
+    n = 600_000
+    (batch,) = MemoryRecords(v2_batch_of(MINIMAL_RECORD * n, n, codecs.GZIP))
+    assert batch.size_in_bytes < 10_000
+    with pytest.raises(CorruptRecordError, match="600000 records and headers exceed the limit"):
+        batch.records()
+    peak = _peak_counting(batch, n)
+    assert peak < 3 * len(MINIMAL_RECORD) * n, peak      # the payload while inflating it, then one slice
+    # v0 inner messages (26 bytes at least) in a gzip wrapper
+    inner = _core.encode_legacy_entries(0, 0, [(i, -1, None, None) for i in range(300_000)])
+    (wrapper,) = MemoryRecords(_core.encode_legacy_entries(0, codecs.GZIP, [
+        (299_999, -1, None, codecs.compress(codecs.GZIP, inner, 0))]))
+    with pytest.raises(CorruptRecordError, match="300000 records and headers exceed the limit"):
+        wrapper.records()
+    assert (wrapper.base_offset, wrapper.records_count) == (0, 300_000)
+    peak = _peak_counting(wrapper, 300_000)
+    assert peak < 3 * len(inner), peak
+
+
+def test_headers_count_toward_the_list_limit():
+    # a header is 2 bytes in v2 and about 70 bytes as a Python tuple
+    section = _core.encode_v2_records([(i, 0, None, None, [(b"", None)] * 100_000) for i in range(8)])
+    (batch,) = MemoryRecords(v2_batch_of(section, 8, codecs.GZIP))
+    with pytest.raises(CorruptRecordError, match="800008 records and headers exceed the limit"):
+        batch.records()
+    assert [len(record.headers) for record in batch] == [100_000] * 8
+    assert len(batch.records(max_decompressed_bytes=800_008 * 256)) == 8
+
+
 @pytest.mark.parametrize("codec", [1, 2, 3, 4])
 def test_garbage_payload_is_corrupt(codec):
     garbage = [b"", os.urandom(64), codecs.compress(codec, b"hello" * 100, 2)[:-3]]
@@ -288,6 +355,7 @@ def test_unknown_codec_is_corrupt():
 
     v2 = bytearray(build_records([b"a"], compression="gzip"))
     struct.pack_into(">h", v2, 21, 5)
+    assert "codec=5" in repr(next(iter(MemoryRecords(bytes(v2)))))
     with pytest.raises(CorruptRecordError, match="unknown compression codec 5"):
         next(iter(MemoryRecords(bytes(v2)))).records()
     with pytest.raises(CorruptRecordError, match="unknown compression codec 5"):

@@ -1,11 +1,15 @@
 """down_convert against Kafka's RecordsUtil scenarios (SPEC.md §5), checked with three readers."""
-import pytest
-from records_samples import (CODECS, read_aiokafka, read_kafka_python, read_kmem, scenario_batches,
-                             scenario_records)
+import struct
+import tracemalloc
 
-from kmem.errors import UnsupportedCompressionTypeError
-from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
-                          build_records, down_convert)
+import pytest
+from records_samples import (CODECS, MINIMAL_RECORD, read_aiokafka, read_kafka_python, read_kmem, scenario_batches,
+                             scenario_records, v2_batch_of)
+
+from kmem import _core
+from kmem.errors import CorruptRecordError, UnsupportedCompressionTypeError
+from kmem.records import (ControlRecordType, LazyDownConvertRecords, MemoryRecords, RecordsBuilder, TimestampType,
+                          build_control_batch, build_records, down_convert)
 from kmem.records import codecs
 
 
@@ -83,6 +87,45 @@ def test_markers_skipped_timestamp_types_kept(codec, to_magic):
     else:
         assert set(types.values()) == {TimestampType.NO_TIMESTAMP_TYPE}
     assert bytes(down_convert(source, 2, 0).records) == source     # markers stay for v2 readers
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip"])
+def test_log_append_time_of_minus_one_keeps_its_type(codec):
+    # The batch reads as LogAppendTime -1; -1 must not mean "no append time" (CreateTime with the create
+    # timestamps). Kafka writes LogAppendTime entries of timestamp -1 and refuses any other negative.
+    builder = RecordsBuilder(2, codec, TimestampType.LOG_APPEND_TIME, log_append_time=-1)
+    builder.append(b"a", timestamp=1000)
+    builder.append(b"b", timestamp=1005)
+    source = builder.build()
+    assert [r[1] for r in read_kmem(source)] == [-1, -1]
+    converted = down_convert(source, 1)
+    assert_all_readers(bytes(converted.records), [(0, -1, None, b"a", []), (1, -1, None, b"b", [])])
+    assert {b.timestamp_type for b in converted.records} == {TimestampType.LOG_APPEND_TIME}
+    invalid = bytearray(source)
+    struct.pack_into(">q", invalid, 35, -5)                        # maxTimestamp
+    struct.pack_into(">I", invalid, 17, _core.crc32c(bytes(invalid[21:])))
+    with pytest.raises(CorruptRecordError, match="invalid timestamp"):
+        down_convert(bytes(invalid), 1)
+
+
+def test_conversion_that_would_outgrow_the_limit_is_refused_before_it_is_written():
+    # 4.2 MB of 7-byte records (a ~4 KB gzip batch) would become 20 MB of 34-byte v1 entries
+    n, limit = 600_000, 8 << 20
+    source = v2_batch_of(MINIMAL_RECORD * n, n, codecs.GZIP)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError, match="could exceed the limit of 8388608 bytes"):
+            down_convert(source, 1, max_decompressed_bytes=limit)
+        with pytest.raises(CorruptRecordError, match="could exceed the limit"):
+            LazyDownConvertRecords(source, 0, chunk_size=16 << 10, max_decompressed_bytes=limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(MINIMAL_RECORD) * n, peak      # inflating the payload, not writing 5 times it
+    small = v2_batch_of(MINIMAL_RECORD * 10_000, 10_000, codecs.GZIP)     # 340,000 bytes of v1 entries
+    assert down_convert(small, 1, max_decompressed_bytes=340_000).stats.num_records_converted == 10_000
+    with pytest.raises(CorruptRecordError, match="could exceed the limit"):
+        down_convert(small, 1, max_decompressed_bytes=339_999)
 
 
 def test_v0_mixed_with_v2_to_v1_first_offset_2():

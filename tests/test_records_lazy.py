@@ -1,12 +1,16 @@
 """FileRecords, lazy chunked down-conversion (KIP-283) and its send, and the broker's fetch rules."""
+import gc
 import io
 import os
 import random
 import socket
 import struct
+import sys
 import threading
+import tracemalloc
 
 import pytest
+from network_helpers import tls_contexts  # noqa: F401  (fixture)
 from records_samples import read_aiokafka, read_kafka_python, read_kmem
 
 from kmem.errors import ConfigError, CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
@@ -112,6 +116,71 @@ def test_file_records_sendfile_to_nonblocking_socket(tmp_path):
     fr.close()
 
 
+def test_file_records_write_to_tls_socket_goes_through_tls(tmp_path, tls_contexts):
+    # sendfile would write the file's bytes in clear under the TLS session (the peer sees garbage)
+    server_context, client_context = tls_contexts
+    data = big_value_log("none", 8)
+    listener = socket.create_server(("127.0.0.1", 0))
+    received = bytearray()
+
+    def client():
+        with client_context.wrap_socket(socket.create_connection(listener.getsockname()),
+                                        server_hostname="localhost") as sock:
+            while len(received) < len(data) and (chunk := sock.recv(65536)):
+                received.extend(chunk)
+
+    reader = threading.Thread(target=client)
+    reader.start()
+    accepted, _ = listener.accept()
+    fr = FileRecords(write_segment(tmp_path, 0, data))
+    with server_context.wrap_socket(accepted, server_side=True) as tls, fr:
+        position = 0
+        while position < fr.size_in_bytes:
+            position += fr.write_to(tls, position, fr.size_in_bytes - position)
+        reader.join()
+    listener.close()
+    assert bytes(received) == data
+
+
+def test_file_records_truncated_huge_entry_is_not_read(tmp_path):
+    # a corrupt size near 2 GiB at the end of a 64 MiB segment: found truncated from its header alone
+    good = big_value_log("none", 2)
+    path = tmp_path / segment_file_name(0)
+    with open(path, "wb") as f:
+        f.write(good + struct.pack(">qiIB", 99, 0x7FFFFFF0, 0, 2))
+        f.truncate(len(good) + (64 << 20))
+    tracemalloc.start()
+    try:
+        with FileRecords(path) as fr:
+            assert [b.base_offset for b in fr] == [b.base_offset for b in MemoryRecords(good)]
+            assert [b.base_offset for b in fr.slice(len(good))] == []
+            lazy = LazyDownConvertRecords(fr, 1, 0, chunk_size=16 << 10)
+            converted = b"".join(bytes(chunk) for chunk, _ in lazy.chunks())
+            assert converted == bytes(down_convert(good, 1).records)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak
+
+
+def test_file_records_refuses_negative_positions(tmp_path):
+    with FileRecords(write_segment(tmp_path, 0, b"OUTSIDE-" + big_value_log("none", 1))) as whole:
+        part = whole.slice(8)
+        for call in (lambda: part.read(-8, 8), lambda: part.write_to(io.BytesIO(), -8, 8),
+                     lambda: list(part.batches(-8)), lambda: part.search_for_offset(0, -8)):
+            with pytest.raises(InvalidArgumentError, match="negative position"):
+                call()
+
+
+def test_file_records_missing_file_raises_cleanly(tmp_path, monkeypatch):
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    with pytest.raises(FileNotFoundError):
+        FileRecords(tmp_path / "missing.log")
+    gc.collect()
+    assert unraisable == []
+
+
 def test_log_segments_in_offset_order(tmp_path):
     for base in (200, 0, 31):
         write_segment(tmp_path, base, b"")
@@ -170,6 +239,42 @@ def test_commit_marker_at_fetch_offset_emits_every_batch_once():
 def test_zstd_first_batch_raises_like_kafka():
     with pytest.raises(UnsupportedCompressionTypeError, match="zstandard"):
         LazyDownConvertRecords(big_value_log("zstd", 1), 1, 0)
+
+
+def test_zstd_batch_after_first_chunk_pads_instead_of_raising(caplog):
+    # Kafka's send: S is committed, so the rest is an overflow batch and the client fetches again from
+    # the zstd batch (which then fails at construction)
+    before = big_value_log("none", 3)
+    log = before + big_value_log("zstd", 1, first_offset=100) + big_value_log("none", 1, first_offset=200)
+    eager = bytes(down_convert(before, 1).records)
+    for chunk_size in (1, len(before) // 2):
+        lazy = LazyDownConvertRecords(log, 1, 0, chunk_size=chunk_size)
+        with caplog.at_level("INFO", logger="kmem.records.lazy"):
+            data, send = send_all(lazy)
+        assert len(data) == lazy.size_in_bytes
+        got = read_kmem(data)
+        assert got and got == read_kmem(eager)[:len(got)] == read_kafka_python(data)
+        assert "zstd" in caplog.text
+    with pytest.raises(UnsupportedCompressionTypeError):
+        LazyDownConvertRecords(log[len(before):], 1, 0)
+
+
+def test_records_can_be_sent_again():
+    # Kafka's iterator converts again from the first batch once the cached first chunk is used
+    log = build_control_batch(ControlRecordType.COMMIT, 0, 1, 0, 5) + big_value_log("gzip", 3, first_offset=1)
+    lazy = LazyDownConvertRecords(log, 1, 0, chunk_size=1 << 10)
+    eager = bytes(down_convert(log, 1).records)
+    expected = read_kmem(eager[:lazy.size_in_bytes])        # output beyond S is cut
+    assert len(expected) > 10
+    early, late = lazy.to_send(), lazy.to_send()        # both made before anything is written
+    for _ in range(2):
+        assert read_kmem(send_all(lazy)[0]) == expected
+    assert b"".join(bytes(chunk) for chunk, _ in lazy.chunks()) == eager
+    for send in (late, early):
+        channel = io.BytesIO()
+        while not send.completed:
+            send.write_to(channel)
+        assert read_kmem(channel.getvalue()) == expected
 
 
 # --- Kafka's lazy-conversion matrix ----------------------------------------------------------------------

@@ -2,6 +2,12 @@
 
 Nothing is copied until records are decoded: a ``MemoryRecords`` holds one memoryview and each
 ``RecordBatch`` is a (position, size) window into it with its header fields parsed.
+
+Memory for records is bounded per batch. Decompression stops at ``max_decompressed_bytes``. Iterating
+a batch makes ``DECODE_SLICE`` records and headers at a time (one record at least), as Kafka's record
+iterator streams them. ``records()``, which makes them all, first counts them and refuses more than
+``max_decompressed_bytes // RECORD_OBJECT_BYTES``: a 7-byte record costs about 200 bytes of Python
+objects, so a 100 KB gzip batch of 9 M empty records would otherwise take 2 GB.
 """
 import enum
 import struct
@@ -22,6 +28,9 @@ ATTR_CONTROL = 0x20
 ATTR_DELETE_HORIZON = 0x40
 NO_SEQUENCE = -1
 INT32_MAX = 0x7FFFFFFF
+DECODE_SLICE = 1024             # records and headers made into Python objects at a time while iterating
+RECORD_OBJECT_BYTES = 256       # most memory of a record (Record, headers list, two ints) or of a header
+                                # (tuple, key str), keys and values aside
 
 
 def legacy_absolute_base(wrapper_offset, last_inner_offset):
@@ -70,7 +79,7 @@ class RecordBatch:
     __slots__ = ("_view", "position", "file_position", "size_in_bytes", "magic", "attributes", "crc",
                  "partition_leader_epoch",
                  "_base_offset", "_last_offset", "base_timestamp", "max_timestamp", "producer_id",
-                 "producer_epoch", "base_sequence", "_count", "_records")
+                 "producer_epoch", "base_sequence", "_count")
 
     def __init__(self, view, position, size, magic, file_position=None):
         self._view = view
@@ -78,7 +87,6 @@ class RecordBatch:
         self.file_position = position if file_position is None else file_position   # in the file or source
         self.size_in_bytes = size
         self.magic = magic
-        self._records = None
         if magic == 2:
             (self._base_offset, _, self.partition_leader_epoch, _, self.crc, self.attributes, last_delta,
              self.base_timestamp, self.max_timestamp, self.producer_id, self.producer_epoch,
@@ -98,7 +106,7 @@ class RecordBatch:
 
     def __repr__(self):
         return (f"<RecordBatch magic={self.magic} offsets={self.base_offset}..{self.last_offset} "
-                f"codec={codecs.CODEC_NAMES[self.compression]} at byte {self.file_position}>")
+                f"codec={codecs.codec_name(self.compression)} at byte {self.file_position}>")
 
     @property
     def buffer(self):
@@ -136,8 +144,7 @@ class RecordBatch:
     def base_offset(self):
         """First offset. For a compressed legacy entry this decompresses it (as Kafka does)."""
         if self._base_offset is None:
-            records = self._decoded()
-            self._base_offset = records[0].offset if records else self._last_offset
+            self._unwrap(codecs.MAX_DECOMPRESSED_BYTES)
         return self._base_offset
 
     @property
@@ -167,7 +174,7 @@ class RecordBatch:
     def records_count(self):
         """Declared count (v2); for a compressed legacy entry, the inner messages (decompressing it)."""
         if self._count is None:
-            self._count = len(self._decoded())
+            self._unwrap(codecs.MAX_DECOMPRESSED_BYTES)
         return self._count
 
     def __len__(self):
@@ -190,59 +197,90 @@ class RecordBatch:
                                      self.file_position)
 
     def records(self, max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
-        """The batch's records as a list of ``Record`` (decompressing, with output bounded)."""
-        return list(self._decoded(max_decompressed_bytes))
+        """The batch's records as a list of ``Record``, decompressing at most ``max_decompressed_bytes``.
+
+        A batch of more than ``max_decompressed_bytes // RECORD_OBJECT_BYTES`` records and headers
+        (262,144 by default) raises ``CorruptRecordError`` like an oversized payload: iterate it instead.
+        """
+        return list(self._records(max_decompressed_bytes, max_decompressed_bytes // RECORD_OBJECT_BYTES))
 
     def __iter__(self):
-        return iter(self._decoded())
+        """The records, made ``DECODE_SLICE`` records and headers at a time (decompression is bounded)."""
+        return self._records(codecs.MAX_DECOMPRESSED_BYTES, None)
 
     @property
     def control_type(self):
         """For a control batch, the ``ControlRecordType`` (or raw int) of its marker record; else None."""
         if not self.is_control_batch:
             return None
-        records = self._decoded()
-        if not records or records[0].key is None or len(records[0].key) < 4:
+        marker = next(iter(self), None)
+        if marker is None or marker.key is None or len(marker.key) < 4:
             raise CorruptRecordError("control record without a valid key", self.file_position)
-        kind = struct.unpack_from(">h", records[0].key, 2)[0]
+        kind = struct.unpack_from(">h", marker.key, 2)[0]
         return ControlRecordType(kind) if kind in ControlRecordType._value2member_map_ else kind
 
-    def _decoded(self, limit=codecs.MAX_DECOMPRESSED_BYTES):
-        if self._records is None:
-            self._records = self._decode_v2(limit) if self.magic == 2 else self._decode_legacy(limit)
-        return self._records
+    def _records(self, limit, max_objects):
+        if self.magic == 2:
+            return self._v2_records(limit, max_objects)
+        return self._legacy_records(limit, max_objects)
 
-    def _decode_v2(self, limit):
+    def _check_objects(self, objects, max_objects):
+        if max_objects is not None and objects > max_objects:
+            raise CorruptRecordError(f"{objects} records and headers exceed the limit of {max_objects} for a "
+                                     "list (iterate the batch instead)", self.file_position)
+
+    def _v2_records(self, limit, max_objects):
         body = self._view[self.position + 61:self.position + self.size_in_bytes]
         base = self.file_position + 61
         if self.is_compressed:       # errors inside the payload name the batch
             body = codecs.decompress(self.compression, body, 2, limit, self.file_position)
             base = self.file_position
-        records = _core.decode_v2_records(body, self._count, self._base_offset, self.base_timestamp, base)
-        if self.timestamp_type == TimestampType.LOG_APPEND_TIME:
-            return [Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records]
-        return [Record._make(r) for r in records]
+        if max_objects is not None:
+            self._check_objects(_core.count_v2_objects(body, self._count, base), max_objects)
+        log_append = self.timestamp_type == TimestampType.LOG_APPEND_TIME
+        pos, left = 0, self._count
+        while True:
+            records, pos = _core.decode_v2_records(body, pos, left, DECODE_SLICE, self._base_offset,
+                                                   self.base_timestamp, base)
+            left -= len(records)
+            if log_append:
+                yield from (Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records)
+            else:
+                yield from map(Record._make, records)
+            if not left:
+                return
 
-    def _decode_legacy(self, limit):
-        ((offset, _, magic, attributes, timestamp, key, value),) = _core.decode_legacy_entries(
-            self.buffer, self.file_position)
-        if not self.is_compressed:
-            return [Record(offset, timestamp, key, value, [])]
+    def _unwrap(self, limit):
+        """A compressed legacy entry's inner entries and the base added to their offsets; the record
+        count and base offset are set on the way (Kafka reads them too by decompressing)."""
+        ((offset, _, magic, _, _, _, value),) = _core.decode_legacy_entries(self.buffer, self.file_position)
         if value is None:
             raise CorruptRecordError("compressed legacy entry without a value", self.file_position)
-        inner = _core.decode_legacy_entries(
-            codecs.decompress(self.compression, value, magic, limit, self.file_position), self.file_position)
-        if not inner:
+        payload = codecs.decompress(self.compression, value, magic, limit, self.file_position)
+        count, first, last = _core.scan_legacy_entries(payload, self.file_position)
+        if not count:
             raise CorruptRecordError("compressed legacy entry with no inner messages", self.file_position)
-        base = legacy_absolute_base(offset, inner[-1][0]) if magic == 1 else 0
-        records = []
-        for inner_offset, _, _, inner_attributes, inner_timestamp, inner_key, inner_value in inner:
-            if inner_attributes & ATTR_CODEC_MASK:
-                raise CorruptRecordError("compressed entry nested inside a compressed entry", self.file_position)
-            if attributes & ATTR_LOG_APPEND_TIME:
-                inner_timestamp = timestamp
-            records.append(Record(base + inner_offset, inner_timestamp, inner_key, inner_value, []))
-        return records
+        base = legacy_absolute_base(offset, last) if magic == 1 else 0
+        self._count, self._base_offset = count, base + first
+        return payload, base
+
+    def _legacy_records(self, limit, max_objects):
+        if not self.is_compressed:
+            ((offset, _, _, _, timestamp, key, value),) = _core.decode_legacy_entries(self.buffer,
+                                                                                       self.file_position)
+            yield Record(offset, timestamp, key, value, [])
+            return
+        payload, base = self._unwrap(limit)
+        self._check_objects(self._count, max_objects)
+        log_append = self.attributes & ATTR_LOG_APPEND_TIME
+        pos = 0
+        while pos < len(payload):
+            for inner_offset, size, _, inner_attributes, timestamp, key, value in _core.decode_legacy_entries(
+                    payload, self.file_position, pos, DECODE_SLICE):
+                if inner_attributes & ATTR_CODEC_MASK:
+                    raise CorruptRecordError("compressed entry nested inside a compressed entry", self.file_position)
+                pos += size
+                yield Record(base + inner_offset, self.max_timestamp if log_append else timestamp, key, value, [])
 
 
 class MemoryRecords:

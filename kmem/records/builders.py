@@ -7,7 +7,7 @@ import struct
 from kmem import _core
 from kmem.errors import InvalidArgumentError
 from kmem.records import codecs
-from kmem.records.batches import (ATTR_CONTROL, ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, V2_HEADER,
+from kmem.records.batches import (ATTR_CONTROL, ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, V2_HEADER,
                                   ControlRecordType, TimestampType)
 
 
@@ -62,6 +62,10 @@ class RecordsBuilder:
             offset = self.next_offset
         elif offset < self.next_offset:
             raise InvalidArgumentError(f"offset {offset} is not above the previous offset {self.next_offset - 1}")
+        if self.magic == 2 and self._records and offset - self._records[0][0] > INT32_MAX:
+            # v2 offset deltas are int32
+            raise InvalidArgumentError(f"offset {offset} is more than 2**31 - 1 past the batch's first offset "
+                                       f"{self._records[0][0]}")
         if headers and self.magic < 2:
             raise InvalidArgumentError(f"magic {self.magic} does not support record headers")
         if self.magic > 0 and timestamp < -1:

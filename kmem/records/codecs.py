@@ -9,7 +9,8 @@
 - zstd: a standard zstd frame (v2 only).
 
 Decompression is bounded: output beyond ``limit`` bytes (default ``MAX_DECOMPRESSED_BYTES``) raises
-``CorruptRecordError`` before more memory is spent, so a small batch cannot expand into gigabytes.
+``CorruptRecordError`` before more memory is spent, so a small batch cannot expand into gigabytes (the
+records decoded from it and its down-converted form are bounded too: see batches.py and convert.py).
 """
 import struct
 import zlib
@@ -42,6 +43,11 @@ def codec_id(codec):
     if isinstance(codec, int) and 0 <= codec < len(CODEC_NAMES):
         return codec
     raise InvalidArgumentError(f"unknown compression codec {codec!r}; expected one of {CODEC_NAMES}")
+
+
+def codec_name(codec):
+    """The name of a codec id; an id that names no codec (5-7 fit in the attribute bits) as itself."""
+    return CODEC_NAMES[codec] if 0 <= codec < len(CODEC_NAMES) else str(codec)
 
 
 def compress(codec, data, magic):

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from kmem import _core
-from kmem.errors import InvalidArgumentError, UnsupportedCompressionTypeError
+from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import codecs
 from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, as_byte_view,
                                   legacy_absolute_base)
@@ -62,6 +62,8 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     Returns ``ConvertedRecords(records, stats)``. ``first_offset`` is the fetch offset: records of
     uncompressed batches below it are dropped. ``verify_crc`` checks every batch's CRC first. A truncated
     trailing batch is ignored; corrupt data raises ``CorruptRecordError`` naming its byte position.
+    A compressed batch is refused the same way when its payload exceeds ``max_decompressed_bytes`` or
+    its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
     """
     started = time.perf_counter_ns()
     if to_magic not in (0, 1, 2):
@@ -103,25 +105,27 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         (base_offset, _, _, _, _, attributes, _, base_timestamp, max_timestamp, _, _, _,
          count) = V2_HEADER.unpack_from(view, pos)
         codec = attributes & 0x07
-        log_append_time = max_timestamp if attributes & ATTR_LOG_APPEND_TIME else -1
+        log_append = bool(attributes & ATTR_LOG_APPEND_TIME)
         payload = codecs.decompress(codec, view[pos + V2_HEADER.size:pos + size], 2, limit, pos)
+        # A 7-byte record becomes a 34-byte entry: the converted form is bounded like the payload.
+        if _core.conversion_bound(len(payload), count) > limit:
+            raise CorruptRecordError(f"down-converted data could exceed the limit of {limit} bytes", pos)
         entries, n, last, max_written = _core.convert_records(
-            payload, 2, count, base_offset, base_timestamp, log_append_time, to_magic, to_magic == 1, pos)
+            payload, 2, count, base_offset, base_timestamp, log_append, max_timestamp, to_magic, to_magic == 1, pos)
     else:
         # A v1 wrapper converted to v0: inner offsets become absolute (SPEC.md §4).
         ((wrapper_offset, _, _, attributes, _, _, value),) = _core.decode_legacy_entries(view[pos:pos + size], pos)
         codec = attributes & 0x07
-        log_append_time = -1
+        log_append = False      # v0 has no timestamp type
         payload = codecs.decompress(codec, value or b"", magic, limit, pos)
-        last_relative = _core.convert_records(payload, 1, 0, 0, -1, -1, 0, False, pos)[2]
-        base = legacy_absolute_base(wrapper_offset, last_relative)
-        entries, n, last, max_written = _core.convert_records(payload, 1, 0, base, -1, -1, 0, False, pos)
+        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, pos)[2])
+        entries, n, last, max_written = _core.convert_records(payload, 1, 0, base, -1, False, -1, 0, False, pos)
     if n == 0:
         return None
     wrapper_attributes = codec
-    if to_magic == 1 and log_append_time >= 0:
+    if to_magic == 1 and log_append:
         wrapper_attributes |= ATTR_LOG_APPEND_TIME
-    timestamp = log_append_time if log_append_time >= 0 else max_written
+    timestamp = max_timestamp if log_append else max_written
     wrapper = _core.encode_legacy_entries(to_magic, wrapper_attributes, [
         (last, timestamp, None, codecs.compress(codec, entries, to_magic))])
     return wrapper, n, len(entries) + LOG_OVERHEAD + LEGACY_OVERHEAD[to_magic]

@@ -3,12 +3,14 @@ without loading it, and sends it to a socket zero-copy when no conversion is nee
 """
 import os
 import re
+import socket
+import ssl
 import struct
 from typing import NamedTuple
 
 from kmem import _core
 from kmem.errors import InvalidArgumentError
-from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, RecordBatch
+from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, RecordBatch, as_byte_view
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 READ_SIZE = 1 << 20     # bytes read per system call while iterating batches
@@ -30,6 +32,42 @@ def log_segments(directory):
     return sorted(found)
 
 
+def read_entries(source, position, max_read):
+    """``(view, end position)`` of the complete entries of ``source`` (anything with ``read`` and
+    ``size_in_bytes``) from ``position`` that fit in ``max_read`` bytes, or of the first entry alone when it
+    is larger; None when no complete entry is left (a truncated trailing entry is ignored, as Kafka does)."""
+    window = as_byte_view(source.read(position, max(max_read, LOG_OVERHEAD)))
+    end = 0
+    while (entry := _core.entry_at(window, end)) is not None:
+        end += entry[0]
+    if end == 0:        # the first entry is larger than the window, or truncated
+        if len(window) < LOG_OVERHEAD:
+            return None
+        total = LOG_OVERHEAD + struct.unpack_from(">i", window, 8)[0]
+        if total > source.size_in_bytes - position:
+            return None     # truncated: its declared size is not read (it may claim up to 2 GiB)
+        window = as_byte_view(source.read(position, total))
+        if _core.entry_at(window, 0) is None:
+            return None
+        end = total
+    return window[:end], position + end
+
+
+def write_once(channel, data):
+    """One write of ``data`` to a socket (``send``) or any object with ``write``; 0 when it would block."""
+    try:
+        if hasattr(channel, "send"):
+            return channel.send(data)
+        return channel.write(data) or 0
+    except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        return 0
+
+
+def _check_position(position, records):
+    if position < 0:
+        raise InvalidArgumentError(f"negative position {position} in {records!r}")
+
+
 class LogOffsetPosition(NamedTuple):
     """Where ``FileRecords.search_for_offset`` found a batch: its last offset, position and size."""
     offset: int
@@ -49,6 +87,7 @@ class FileRecords:
     def __init__(self, path, start=0, end=None, *, _fd=None):
         self.path = os.fspath(path)
         self._owner = _fd is None
+        self._fd = None     # so that __del__ has nothing to close when os.open fails
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if _fd is None else _fd
         file_size = os.fstat(self._fd).st_size
         end = file_size if end is None else min(end, file_size)
@@ -97,6 +136,7 @@ class FileRecords:
 
     def read(self, position, size):
         """Up to ``size`` bytes from ``position`` (relative to the slice), never past its end."""
+        _check_position(position, self)
         size = max(0, min(size, self.size_in_bytes - position))
         return os.pread(self._fd, size, self.start + position) if size else b""
 
@@ -109,23 +149,14 @@ class FileRecords:
 
     def batches(self, position=0):
         """``RecordBatch`` views from ``position`` (relative to the slice) on."""
-        while True:
-            window = memoryview(self.read(position, READ_SIZE))
+        while (span := read_entries(self, position, READ_SIZE)) is not None:
+            window, end = span
             pos = 0
-            while (entry := _core.entry_at(window, pos)) is not None:
-                size, magic = entry
+            while pos < len(window):
+                size, magic = _core.entry_at(window, pos)
                 yield RecordBatch(window, pos, size, magic, self.start + position + pos)
                 pos += size
-            if pos == 0:      # the first entry is larger than the window: read it whole, if present
-                if len(window) < LOG_OVERHEAD:
-                    return
-                total = LOG_OVERHEAD + struct.unpack_from(">i", window, 8)[0]
-                window = memoryview(self.read(position, total))
-                if _core.entry_at(window, 0) is None:
-                    return    # truncated trailing batch
-                yield RecordBatch(window, 0, total, window[16], self.start + position)
-                pos = total
-            position += pos
+            position = end
 
     def records(self):
         for batch in self.batches():
@@ -141,14 +172,18 @@ class FileRecords:
 
     def write_to(self, channel, position, length):
         """Send up to ``length`` bytes from ``position`` (relative to the slice); one write, returns the
-        bytes written (0 when a non-blocking channel is full). Sockets get ``os.sendfile`` (zero-copy);
-        any other object with ``write`` gets a ``pread`` copy."""
+        bytes written (0 when a non-blocking channel is full). A plain socket gets ``os.sendfile``
+        (zero-copy); anything else, TLS sockets included, gets a ``pread`` copy of at most ``READ_SIZE``
+        bytes through its ``send`` or ``write``."""
+        _check_position(position, self)
         length = max(0, min(length, self.size_in_bytes - position))
         if length == 0:
             return 0
-        try:
-            if hasattr(channel, "send") and hasattr(channel, "fileno"):
+        # sendfile writes to the descriptor itself: only a plain socket sends those bytes unchanged (an
+        # ssl.SSLSocket's descriptor is the TCP stream under the TLS session).
+        if type(channel) is socket.socket:
+            try:
                 return os.sendfile(channel.fileno(), self._fd, self.start + position, length)
-            return channel.write(self.read(position, length)) or 0
-        except (BlockingIOError, InterruptedError):
-            return 0
+            except (BlockingIOError, InterruptedError):
+                return 0
+        return write_once(channel, self.read(position, min(length, READ_SIZE)))

@@ -10,19 +10,25 @@ they are being sent, so the memory used is bounded by the chunk size rather than
 
 ``LazyDownConvertRecordsSend.write_to(channel)`` then writes exactly S bytes, one write per call and at
 most one chunk converted per call: converted output beyond S is cut (clients drop the partial batch);
-output short of S is padded with "overflow" batches that every client parses as a truncated batch.
+output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
+zstd batch met after the first chunk ends the conversion the same way (Kafka's
+LazyDownConversionRecordsSend): the client reads what it got and fetches again from that batch, which
+then fails at construction.
 """
+import logging
 import struct
 
-from kmem import _core
-from kmem.errors import InvalidArgumentError
+from kmem.errors import InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import codecs
 from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, as_byte_view
 from kmem.records.convert import RecordConversionStats, down_convert
+from kmem.records.files import read_entries, write_once
 
 DEFAULT_CHUNK_SIZE = 128 << 10       # Kafka's maximum read size for one chunk
 MAX_OVERFLOW_SIZE = 128 << 10
 MIN_V2_BATCH_SIZE = 61
+
+log = logging.getLogger(__name__)
 
 
 def _readable(records):
@@ -52,12 +58,13 @@ class LazyDownConvertRecords:
         self.first_offset = first_offset
         self.chunk_size = chunk_size
         self.max_decompressed_bytes = max_decompressed_bytes
-        # S: convert single batches until one gives output; that chunk is kept for the send.
+        # S: convert single batches until one gives output; that chunk is kept for the first send.
         self._first_chunk = next(self._converted_chunks(0, 0), None)
-        if self._first_chunk is not None:
+        self._converts = self._first_chunk is not None
+        if self._converts:
             self.size_in_bytes = max(self.records.size_in_bytes, len(self._first_chunk[0]))
         else:
-            has_batch = self._next_batch_span(0, 0) is not None
+            has_batch = read_entries(self.records, 0, 0) is not None
             self.size_in_bytes = LOG_OVERHEAD if has_batch else 0
 
     def __len__(self):
@@ -68,41 +75,27 @@ class LazyDownConvertRecords:
         otherwise at most ``chunk_size`` bytes of input; empty conversions are skipped. The chunk kept
         while computing S comes first and conversion resumes right after its source batch, so every
         batch is emitted exactly once (Kafka's iterator skips exactly one source batch instead, which
-        emits a data batch twice when leading batches convert to nothing)."""
-        if self._first_chunk is None:
+        emits a data batch twice when leading batches convert to nothing). Once that chunk is handed
+        over, iterating again converts again from the first batch, as Kafka's iterator does."""
+        if not self._converts:
             return
-        converted, stats, next_position = self._first_chunk
-        self._first_chunk = None     # handed over: the send owns it from now on
-        yield converted, stats
-        del converted
-        for converted, stats, _ in self._converted_chunks(next_position, self.chunk_size):
+        first, self._first_chunk = self._first_chunk, None     # handed over: the send owns it from now on
+        position = 0
+        if first is not None:
+            converted, stats, position = first
+            del first
+            yield converted, stats
+            del converted
+        for converted, stats, _ in self._converted_chunks(position, self.chunk_size):
             yield converted, stats
             del converted            # not held while the next chunk is converted
 
     def to_send(self):
         return LazyDownConvertRecordsSend(self)
 
-    def _next_batch_span(self, position, max_read):
-        """``(bytes, end position)`` of the complete batches from ``position`` that fit in ``max_read``
-        bytes (at least one), or None when no complete batch is left."""
-        source = self.records
-        window = as_byte_view(source.read(position, max(max_read, LOG_OVERHEAD)))
-        end = 0
-        while (entry := _core.entry_at(window, end)) is not None:
-            end += entry[0]
-        if end == 0:       # the first batch is larger than the window (or truncated)
-            if len(window) < LOG_OVERHEAD:
-                return None
-            total = LOG_OVERHEAD + struct.unpack_from(">i", window, 8)[0]
-            window = as_byte_view(source.read(position, total))
-            if _core.entry_at(window, 0) is None:
-                return None
-            end = total
-        return window[:end], position + end
-
     def _converted_chunks(self, position, max_read):
         # Each step holds one input window and its output at most: names are dropped as soon as unused.
-        while (span := self._next_batch_span(position, max_read)) is not None:
+        while (span := read_entries(self.records, position, max_read)) is not None:
             window, position = span
             del span
             converted = down_convert(window, self.to_magic, self.first_offset,
@@ -122,16 +115,6 @@ def overflow_batch(remaining):
     batch = bytearray(size)
     struct.pack_into(">qi", batch, 0, -1, max(remaining + 1, MIN_V2_BATCH_SIZE))
     return memoryview(batch)
-
-
-def write_once(channel, data):
-    """One write of ``data`` to a socket (``send``) or any object with ``write``; 0 when it would block."""
-    try:
-        if hasattr(channel, "send"):
-            return channel.send(data)
-        return channel.write(data) or 0
-    except (BlockingIOError, InterruptedError):
-        return 0
 
 
 class LazyDownConvertRecordsSend:
@@ -158,7 +141,14 @@ class LazyDownConvertRecordsSend:
             return 0
         if not self._pending:
             self._pending = None      # let the previous chunk go before converting the next
-            chunk = next(self._chunks, None)
+            try:
+                chunk = next(self._chunks, None)
+            except UnsupportedCompressionTypeError:
+                # S is committed and part of it may be out: pad the rest (the failed generator converts
+                # nothing more) and let the client fetch again from the zstd batch.
+                log.info("zstd batch cannot be down-converted: padding the last %d of %d bytes",
+                         self.remaining, self.size)
+                chunk = None
             if chunk is None:
                 self._pending = overflow_batch(self.remaining)
             else:
