@@ -13,7 +13,7 @@ are null). Filter ``error IS NOT NULL`` to list damaged segments.
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from kmem.errors import KmemError
-from kmem.records import CODEC_NAMES
+from kmem.records.codecs import codec_name
 from kmem.spark.segments import DEFAULT_SPLIT_BYTES, batches_of_split, list_segments
 
 ROWS_PER_ARROW_BATCH = 8192
@@ -72,7 +72,7 @@ class KafkaLogReader(DataSourceReader):
         common = {"topic": split.topic, "partition": split.partition, "segment": split.name}
         try:
             for batch in batches_of_split(split):
-                batch_columns = dict(common, magic=batch.magic, codec=CODEC_NAMES[batch.compression],
+                batch_columns = dict(common, magic=batch.magic, codec=codec_name(batch.compression),
                                      timestamp_type=batch.timestamp_type.name,
                                      producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
                                      is_transactional=batch.is_transactional, is_control=batch.is_control_batch)
