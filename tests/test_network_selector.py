@@ -47,6 +47,11 @@ def poll_until(selector, condition, timeout=10.0, poll_timeout=0.2):
     return receives
 
 
+def poll_until_out_of_memory(selector):
+    """Poll until the selector is out of memory; returns what completed meanwhile (expected: nothing)."""
+    return poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01)
+
+
 def stop(senders):
     for sender in senders:
         sender.stop.set()
@@ -93,7 +98,7 @@ def test_release_wakes_a_blocked_poll(listener):
     with Selector(pool) as selector:
         accept(listener, selector, ["x", "y"])
         first = poll_until(selector, lambda r: r)
-        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        assert poll_until_out_of_memory(selector) == []
         released_at = []
 
         def release_later():
@@ -154,7 +159,7 @@ def test_explicit_mute_survives_memory_recovery(listener):
         clients["b"].sendall(frame(os.urandom(900)))
         first = poll_until(selector, lambda r: r)
         assert len(first) == 1 and first[0].source in ("a", "b")
-        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        assert poll_until_out_of_memory(selector) == []
         first[0].close()
         second = poll_until(selector, lambda r: r)
         assert [r.source for r in second] == [{"a": "b", "b": "a"}[first[0].source]]
@@ -180,7 +185,7 @@ def test_explicit_mute_of_a_memory_muted_channel_is_kept(listener):
             accept(listener, selector, [name])
             clients[name].sendall(frame(os.urandom(900)))
         first = poll_until(selector, lambda r: r)
-        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        assert poll_until_out_of_memory(selector) == []
         waiting = {"a": "b", "b": "a"}[first[0].source]
         assert selector.channel(waiting).is_in_mutable_state()
         selector.mute(waiting)
@@ -227,7 +232,7 @@ def test_tls_buffered_and_memory_muted_then_closed(listener, tls_contexts):
         first = poll_until(selector, lambda r: r)
         assert pool.available_memory == 0
         # The second frame's prefix is read, memory is refused, its payload stays decrypted in OpenSSL.
-        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        assert poll_until_out_of_memory(selector) == []
         channel = selector.channel("t")
         assert channel.muted and channel.has_bytes_buffered and channel.receive.waiting_for_memory
         # No busy loop: once a poll made no progress, the next ones honour their timeout.
@@ -375,7 +380,7 @@ def test_priority_channel_reads_while_pool_is_empty(listener):
     with Selector(pool) as selector:
         accept(listener, selector, ["bulk1", "bulk2"])
         held = poll_until(selector, lambda r: r)
-        assert poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01) == []
+        assert poll_until_out_of_memory(selector) == []
         heartbeat = start_senders(listener, [frame(b"heartbeat" * 50)])
         accept(listener, selector, ["coordinator"], priority=True)
         got = poll_until(selector, lambda r: r, timeout=5)

@@ -73,28 +73,23 @@ def test_clients_read_producer_fields_and_control_batches():
         assert reader.next_batch().is_control_batch
 
 
-def kafka_python_build(magic, codec, rows):
-    if magic == 2:
-        builder = KpDefaultBuilder(2, codec, False, -1, -1, -1, 1 << 30)
-        for offset, timestamp, key, value, headers in rows:
-            builder.append(offset - rows[0][0], timestamp, key, value, headers)
-    else:
-        builder = KpLegacyBuilder(magic, codec, 1 << 30)
-        for offset, timestamp, key, value, _ in rows:
-            builder.append(offset - rows[0][0], None if magic == 0 else timestamp, key, value)
-    return bytes(builder.build())
+def _peer_builder(default_builder, legacy_builder):
+    """A function building one batch of ``rows`` with a peer's own builders (kafka-python, aiokafka)."""
+    def build(magic, codec, rows):
+        if magic == 2:
+            builder = default_builder(2, codec, 0, -1, -1, -1, 1 << 30)
+            for offset, timestamp, key, value, headers in rows:
+                builder.append(offset - rows[0][0], timestamp, key, value, headers)
+        else:
+            builder = legacy_builder(magic, codec, 1 << 30)
+            for offset, timestamp, key, value, _ in rows:
+                builder.append(offset - rows[0][0], None if magic == 0 else timestamp, key, value)
+        return bytes(builder.build())
+    return build
 
 
-def aiokafka_build(magic, codec, rows):
-    if magic == 2:
-        builder = AioDefaultBuilder(2, codec, 0, -1, -1, -1, 1 << 30)
-        for offset, timestamp, key, value, headers in rows:
-            builder.append(offset - rows[0][0], timestamp, key, value, headers)
-    else:
-        builder = AioLegacyBuilder(magic, codec, 1 << 30)
-        for offset, timestamp, key, value, _ in rows:
-            builder.append(offset - rows[0][0], None if magic == 0 else timestamp, key, value)
-    return bytes(builder.build())
+kafka_python_build = _peer_builder(KpDefaultBuilder, KpLegacyBuilder)
+aiokafka_build = _peer_builder(AioDefaultBuilder, AioLegacyBuilder)
 
 
 @pytest.mark.parametrize("build", [kafka_python_build, aiokafka_build])
