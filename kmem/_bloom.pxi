@@ -64,20 +64,24 @@ cdef inline Py_ssize_t bit_byte(int64_t i) noexcept nogil:
 @cython.cdivision(True)     # m >= 1: every caller checked the shape
 cdef inline void hasher_indices(uint64_t initial, uint64_t increment, int64_t m, int k,
                                 int64_t* out) noexcept nogil:
-    """EnhancedDoubleHasher: index_0 = initial mod m; then index -= inc, inc -= i, both wrapped into
-    [0, m). When k > m commons restarts the counter i every m indices; so does this loop."""
+    """commons-collections 4.5.0's EnhancedDoubleHasher: index = initial mod m, inc = increment mod m;
+    then for i = 1 .. k - 1: index -= inc, inc -= i, both wrapped into [0, m). When k >= m, commons
+    restarts i at 0 each time it reaches m. For m = 1 its counter starts at m and never restarts, which
+    sends indices out of range from the fourth on (Java throws); restarting once i >= m keeps every
+    index 0 there and changes nothing for m >= 2, where i never passes m."""
     cdef int64_t index = <int64_t>(initial % <uint64_t>m)
     cdef int64_t inc = <int64_t>(increment % <uint64_t>m)
-    cdef int64_t i = 0
+    cdef int64_t i = 1
     cdef int j
-    for j in range(k):
-        out[j] = index
+    out[0] = index
+    for j in range(1, k):
         index -= inc
         index += m & (index >> 63)      # wrap without a branch: these signs are random
+        out[j] = index
         inc -= i
         inc += m & (inc >> 63)
         i += 1
-        if i == m:
+        if i >= m:
             i = 0
 
 

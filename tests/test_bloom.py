@@ -18,20 +18,21 @@ INT64 = st.integers(-(2**63), 2**63 - 1)
 MASK64 = (1 << 64) - 1
 
 
-# --- an independent reference: mmh3 + commons' EnhancedDoubleHasher, structured as the Java loop ------
+# --- an independent reference: mmh3 + commons-collections 4.5.0's EnhancedDoubleHasher loop -----------
+# (tests/test_bloom_java.py checks kmem against the commons jar itself.)
 
 def reference_indices(m, k, pid):
     h1, h2 = (v & MASK64 for v in mmh3.hash64(struct.pack(">q", pid), seed=0, x64arch=True))
     index, inc = h1 % m, h2 % m
-    out = []
-    remaining = k
-    while remaining > 0:            # Java processes k > m in blocks of at most m, restarting i
-        block = min(remaining, m)
-        remaining -= block
-        for i in range(block):
-            out.append(index)
-            index = (index - inc) % m
-            inc = (inc - i) % m
+    out = [index]
+    i = 1
+    for _ in range(1, k):
+        index = (index - inc) % m
+        out.append(index)
+        inc = (inc - i) % m
+        i += 1
+        if k >= m and i == m:      # commons restarts the counter only when k >= m
+            i = 0
     return out
 
 
@@ -54,9 +55,21 @@ def test_indices_match_reference_for_random_ids(m, k):
 
 
 def test_enhanced_double_hasher_vector_from_commons():
-    # commons-collections' EnhancedDoubleHasherTest: EnhancedDoubleHasher(1, 1) over Shape.fromKM(17, 72).
+    # commons-collections 4.5.0's EnhancedDoubleHasherTest: EnhancedDoubleHasher(1, 1), Shape.fromKM(17, 72).
+    # (4.5.0-M1's loop, which kmem 0.1 ran, gave 1, 0, 71, 71, 1, 6, ...)
     assert bloom.hasher_indices(Shape.from_km(17, 72), 1, 1) == [
-        1, 0, 71, 71, 1, 6, 15, 29, 49, 4, 39, 11, 65, 58, 63, 9, 41]
+        1, 0, 0, 2, 7, 16, 30, 50, 5, 40, 12, 66, 59, 64, 10, 42, 17]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 64, 1024])
+def test_one_bit_filters_never_leave_the_bitmap(k):
+    # commons 4.5.0 sends m = 1 indices out of range from the fourth on; kmem keeps every index 0.
+    shape = Shape.from_km(k, 1)
+    ids = np.random.default_rng(k).integers(-(2**63), 2**63 - 1, 500, dtype=np.int64)
+    assert all(bloom.indices(shape, int(pid)) == [0] * k for pid in ids)
+    bf = BloomFilter(shape)
+    bf.add_many(ids)
+    assert bf.as_bitmap_array().tolist() == [1]
 
 
 def test_hasher_takes_java_longs_as_unsigned():
