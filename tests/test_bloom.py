@@ -4,44 +4,27 @@ import random
 import struct
 import threading
 
-import mmh3
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+# Index loops from mmh3 and the published algorithm, independent of kmem; tests/test_bloom_java.py
+# checks kmem against the commons-collections jar itself.
+from bloom_reference import MASK64, commons_indices
+from bloom_reference import pid_hash as reference_hash
 
 from kmem import bloom
 from kmem.bloom import BloomFilter, Shape
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
-MASK64 = (1 << 64) - 1
-
-
-# --- an independent reference: mmh3 + commons-collections 4.5.0's EnhancedDoubleHasher loop -----------
-# (tests/test_bloom_java.py checks kmem against the commons jar itself.)
-
-def reference_indices(m, k, pid):
-    h1, h2 = (v & MASK64 for v in mmh3.hash64(struct.pack(">q", pid), seed=0, x64arch=True))
-    index, inc = h1 % m, h2 % m
-    out = [index]
-    i = 1
-    for _ in range(1, k):
-        index = (index - inc) % m
-        out.append(index)
-        inc = (inc - i) % m
-        i += 1
-        if k >= m and i == m:      # commons restarts the counter only when k >= m
-            i = 0
-    return out
 
 
 def test_murmur_halves_match_mmh3_for_random_ids():
     rng = random.Random(5)
     ids = [0, 1, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(2**63), 2**63) for _ in range(3000)]
     for pid in ids:
-        expected = tuple(v & MASK64 for v in mmh3.hash64(struct.pack(">q", pid), seed=0, x64arch=True))
-        assert bloom.pid_hash(pid) == expected
+        assert bloom.pid_hash(pid) == reference_hash(pid)
 
 
 @pytest.mark.parametrize("m,k", [(9585059, 7), (1, 1), (1, 5), (2, 9), (3, 3), (3, 10), (7, 7), (7, 20),
@@ -51,7 +34,7 @@ def test_indices_match_reference_for_random_ids(m, k):
     rng = random.Random(m * 31 + k)
     for _ in range(2000):
         pid = rng.randrange(-(2**63), 2**63)
-        assert bloom.indices(shape, pid) == reference_indices(m, k, pid)
+        assert bloom.indices(shape, pid) == commons_indices(m, k, pid)
 
 
 def test_enhanced_double_hasher_vector_from_commons():
@@ -142,7 +125,7 @@ def test_bits_are_the_indices_in_commons_bitmap_layout():
         bf.add(pid)
     expected = np.zeros((shape.number_of_bits + 63) // 64, np.uint64)
     for pid in pids:
-        for i in reference_indices(shape.number_of_bits, shape.number_of_hash_functions, pid):
+        for i in commons_indices(shape.number_of_bits, shape.number_of_hash_functions, pid):
             expected[i >> 6] |= np.uint64(1) << np.uint64(i & 63)
     assert np.array_equal(bf.as_bitmap_array().view(np.uint64), expected)
     assert bf.cardinality() == sum(int(w).bit_count() for w in expected)
@@ -262,7 +245,7 @@ def test_sidecar_layout_field_by_field(tmp_path):
     longs = struct.unpack_from(">3q", data, 8)
     expected = [0, 0, 0]
     for pid in pids:
-        for i in reference_indices(130, 3, pid):
+        for i in commons_indices(130, 3, pid):
             expected[i >> 6] |= 1 << (i & 63)
     assert [v & MASK64 for v in longs] == expected
     assert bf.to_bytes() == data
