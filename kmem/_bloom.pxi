@@ -1,4 +1,4 @@
-# Bloom filters over producer ids (KIP-1044), bit-compatible with commons-collections 4.5.
+# Bloom filters over producer ids (KIP-1044), bit-compatible with commons-collections 4.5.0.
 #
 # Key: the producer id as 8 big-endian bytes. (h1, h2) = MurmurHash3_x64_128 of the key, seed 0
 # (commons-codec's hash128x64). Indices come from commons-collections' EnhancedDoubleHasher(h1, h2).

@@ -1,8 +1,11 @@
 """kmem.bloom: commons-collections shapes and hashing, filters, and the `.bloom` sidecar."""
 import math
+import os
 import random
 import struct
+import tempfile
 import threading
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -350,21 +353,42 @@ def test_corrupt_sidecars_raise_naming_the_file(tmp_path, data, message):
         assert str(path) in str(info.value)
 
 
+HEADER_INTS = st.one_of(st.sampled_from([0, 1, 63, 64, 65, 1024, 1025, 2**31 - 1, -1, -(2**31)]),
+                       st.integers(-(2**31), 2**31 - 1))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
-def test_fuzz_sidecar_parser(data):
-    raw = bytearray(sidecar_bytes(m=data.draw(st.integers(1, 300)), k=data.draw(st.integers(1, 8)),
-                                  pids=data.draw(st.lists(INT64, max_size=10))))
+def test_fuzz_sidecar_readers(data):
+    """Mutated sidecars, through all three readers: a filter or CorruptSnapshotError, memory bounded."""
+    pids = data.draw(st.lists(INT64, max_size=10))
+    raw = bytearray(sidecar_bytes(m=data.draw(st.integers(1, 300)), k=data.draw(st.integers(1, 8)), pids=pids))
+    if data.draw(st.booleans()):                     # a header field replaced, e.g. m claiming 2^31 bits
+        struct.pack_into(">i", raw, data.draw(st.sampled_from([0, 4])), data.draw(HEADER_INTS))
     for _ in range(data.draw(st.integers(0, 4))):
         pos = data.draw(st.integers(0, len(raw) - 1))
         raw[pos] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(raw)))
     blob = bytes(raw[:cut]) + data.draw(st.binary(max_size=4))
-    try:
-        bf = BloomFilter.from_bytes(blob, "fuzz.bloom")
-    except CorruptSnapshotError:
-        return
-    assert bf.to_bytes() == blob
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "00000000000000000009.snapshot.bloom")
+        with open(path, "wb") as f:
+            f.write(blob)
+        readers = [lambda: BloomFilter.from_bytes(blob, path), lambda: BloomFilter.read(path),
+                   lambda: BloomFilter.open(path)]
+        for load in readers:
+            tracemalloc.start()
+            try:
+                with load() as bf:
+                    assert bf.to_bytes() == blob
+                    bf.contains_many(np.array(pids + [0], np.int64))
+                    assert 0 <= bf.cardinality() <= bf.shape.number_of_bits
+            except CorruptSnapshotError as e:
+                assert path in str(e)
+            finally:
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+            assert peak < 64 * 1024 + 4 * len(blob)      # nothing sized by the header's claims
 
 
 @settings(max_examples=40, deadline=None)

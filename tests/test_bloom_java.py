@@ -7,12 +7,12 @@ import os
 
 import numpy as np
 import pytest
+from pyspark.errors import IllegalArgumentException
 from test_spark import spark  # noqa: F401  (the one Spark session of the test run)
 
 from kmem import bloom
 from kmem.bloom import BloomFilter, Shape
 
-pytest.importorskip("pyspark")
 
 PROBE_SOURCE = os.path.join(os.path.dirname(__file__), "java", "CommonsBloomProbe.java")
 COLLECTIONS_JAR = "commons-collections4-4.5.0.jar"
@@ -122,6 +122,8 @@ def test_one_bit_filters_stay_in_range_where_commons_does_not(probe):
     shape = Shape.from_km(6, 1)
     java, ours = java_indices(probe, shape), kmem_indices(shape)
     assert java.max() >= 1                       # commons' out-of-range indices
+    with pytest.raises(IllegalArgumentException, match="range"):       # and its filters refuse them
+        probe.bitmap(6, 1, KEYS[:8])
     assert np.array_equal(ours[:, :3], java[:, :3])
     assert not ours.any()
     bf = BloomFilter(shape)
