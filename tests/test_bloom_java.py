@@ -38,7 +38,9 @@ HUGE = Shape.from_km(13, 2**31 - 1)     # indices only: commons' bitmap would be
 
 
 def class_jar(jvm, name):
-    return jvm.java.lang.Class.forName(name).getProtectionDomain().getCodeSource().getLocation()
+    """The path of the jar the JVM loaded class ``name`` from."""
+    location = jvm.java.lang.Class.forName(name).getProtectionDomain().getCodeSource().getLocation()
+    return jvm.java.io.File(location.toURI()).getPath()
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +49,12 @@ def probe(spark, tmp_path_factory):  # noqa: F811
     gateway = spark.sparkContext._gateway
     collections = class_jar(jvm, "org.apache.commons.collections4.bloomfilter.EnhancedDoubleHasher")
     codec = class_jar(jvm, "org.apache.commons.codec.digest.MurmurHash3")
-    assert collections.getPath().endswith("/" + COLLECTIONS_JAR), collections.toString()
+    assert os.path.basename(collections) == COLLECTIONS_JAR, collections
     compiler = jvm.java.util.spi.ToolProvider.findFirst("javac")
     if not compiler.isPresent():
         pytest.skip("the Spark JVM is a JRE: no Java compiler for the commons probe")
     classes = tmp_path_factory.mktemp("probe")
-    args = ["-d", str(classes), "-cp", os.pathsep.join([collections.getPath(), codec.getPath()]), PROBE_SOURCE]
+    args = ["-d", str(classes), "-cp", os.pathsep.join([collections, codec]), PROBE_SOURCE]
     java_args = gateway.new_array(jvm.java.lang.String, len(args))
     for i, arg in enumerate(args):
         java_args[i] = arg
