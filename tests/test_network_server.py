@@ -1,4 +1,5 @@
 """SocketServer over real sockets and threads: echo, configuration, failures, bad input, slowloris."""
+import asyncio
 import errno
 import os
 import socket
@@ -101,6 +102,27 @@ def test_handler_failure_releases_memory_and_closes_connection():
             assert closed_by_peer(sock)
         assert request(server.address, b"fine") == b"ok"
         assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+
+
+@pytest.mark.parametrize("exception", [asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit])
+def test_handler_raising_a_base_exception_closes_only_its_connection(exception, caplog):
+    """Not an Exception (asyncio handlers raise CancelledError): the connection is closed, its memory
+    released, and the only handler thread keeps serving."""
+    def handler(req):
+        if bytes(req.payload) == b"boom":
+            raise exception()
+        return b"ok"
+
+    with SocketServer(handler, num_io_threads=1, queued_max_request_bytes=1 << 16,
+                      socket_request_max_bytes=1 << 16) as server:
+        for _ in range(2):
+            with connect(server.address) as sock:
+                sock.sendall(frame(b"boom"))
+                assert closed_by_peer(sock)
+        assert request(server.address, b"fine") == b"ok"
+        assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+        assert len(threads_named("kmem-request-handler-")) == 1
+    assert exception.__name__ in caplog.text
 
 
 class FailingRelease:

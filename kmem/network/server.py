@@ -281,7 +281,8 @@ class SocketServer:
     """A threaded TCP (or TLS) server for size-prefixed requests, with bounded request memory.
 
     ``handler(request)`` runs in a handler thread and returns the response payload (any bytes-like
-    object), or None to send nothing. A handler that raises gets its connection closed.
+    object), or None to send nothing. A handler that raises anything, ``BaseException`` included, gets its
+    connection closed; its thread keeps serving.
 
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
     """
@@ -343,7 +344,11 @@ class SocketServer:
                 # Framed before the payload is released, so a response that views the request's memory
                 # keeps that memory alive until it is sent.
                 send = None if response is None else NetworkSend(request.connection_id, response)
-            except Exception:
+            except BaseException:
+                # Whatever it is: an asyncio handler's CancelledError, even KeyboardInterrupt or SystemExit
+                # (signals go to the main thread, so here they come from the handler's own code). Letting
+                # it end this thread would leave the connection muted and, thread by thread, the server
+                # deaf; close() is how a server stops.
                 log.exception("request handler failed for %r; closing the connection", request)
                 send = _CLOSE
             finally:
