@@ -156,7 +156,10 @@ cdef class PoolCore:
         return self.available <= 0
 
     def try_allocate(self, object size_bytes):
-        """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now."""
+        """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now.
+
+        A size outside ``[1, max_single_allocation]`` raises ``InvalidArgumentError``, as Kafka raises
+        IllegalArgumentException."""
         cdef Py_ssize_t n = 0       # stays 0, out of range, for a non-integer
         if isinstance(size_bytes, int):
             try:

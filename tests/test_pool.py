@@ -1,4 +1,4 @@
-"""Memory pools: Kafka's pinning cases (SPEC §1) and what kmem adds."""
+"""Memory pools: the cases Kafka's SimpleMemoryPoolTest and GarbageCollectedMemoryPoolTest pin, and what kmem adds."""
 import gc
 import logging
 import random
@@ -328,8 +328,57 @@ def test_none_pool_is_unbounded_and_accepts_any_release():
     assert not NONE.is_out_of_memory and NONE.available_memory == NONE.size
 
 
-def test_simple_pool_satisfies_the_protocol():
-    assert isinstance(SimpleMemoryPool(10, 10), MemoryPool)
+class ProtocolOnlyPool:
+    """A user's pool with exactly the members of ``MemoryPool``, and nothing else of kmem's pools."""
+
+    def __init__(self, size):
+        self.size = self.available_memory = size
+        self.listeners = []
+
+    @property
+    def is_out_of_memory(self):
+        return self.available_memory <= 0
+
+    def try_allocate(self, size_bytes):
+        if self.available_memory < size_bytes:
+            return None
+        self.available_memory -= size_bytes
+        return bytearray(size_bytes)
+
+    def release(self, buf):
+        self.available_memory += len(buf)
+        for callback in self.listeners:
+            callback(self)
+
+    def add_listener(self, callback):
+        self.listeners.append(callback)
+
+    def remove_listener(self, callback):
+        self.listeners.remove(callback)
+
+
+def test_a_selector_needs_no_more_of_a_pool_than_the_protocol():
+    import socket
+
+    from kmem.network import Selector
+
+    pool = ProtocolOnlyPool(100)
+    assert isinstance(pool, MemoryPool)
+    client, server = socket.socketpair()
+    with Selector(pool) as selector:
+        selector.register("c", server)
+        client.sendall(b"\0\0\0\x05hello")
+        received = []
+        for _ in range(50):
+            selector.poll(0.1)
+            received += selector.completed_receives
+            if received:
+                break
+        assert bytes(received[0].payload) == b"hello" and pool.available_memory == 95
+        received[0].close()
+        assert pool.available_memory == 100
+    assert pool.listeners == []
+    client.close()
 
 
 def test_threads_lose_or_double_count_nothing():

@@ -371,9 +371,13 @@ class SocketServer:
         return values
 
     def register_metrics(self, name="socket_server", registry=None):
-        """Export the pool's sensors to Prometheus (see ``kmem.metrics``); None for an unbounded server."""
+        """Export the pool's sensors to Prometheus (see ``kmem.metrics``); returns the collector.
+
+        An unbounded server has no pool, hence no sensors: ``IllegalStateError``.
+        """
         if not self.bounded:
-            return None
+            raise IllegalStateError("an unbounded server (queued.max.request.bytes = -1) has no memory pool "
+                                    "sensors to export; set queued_max_request_bytes")
         from kmem.metrics import register_pool
         return register_pool(self.pool, name, registry)
 
