@@ -122,12 +122,13 @@ class FileRegionSend:
     (TLS); a region past the end of the file raises ``IllegalStateError`` when reached.
     """
 
+    _fd = None      # so that __del__ has nothing to close when __init__ fails
+
     def __init__(self, file, position, count):
         fd = file if isinstance(file, int) else file.fileno()
         for name, value in (("position", position), ("count", count)):
             if not isinstance(value, int) or value < 0:
                 raise InvalidArgumentError(f"file region {name} must be a non-negative integer, got {value!r}")
-        self._fd = None     # so that __del__ has nothing to close when dup fails
         self._fd = os.dup(fd)
         self._position = position
         self.size = self.remaining = count
