@@ -3,8 +3,9 @@
 An acceptor thread hands new connections round-robin to N processor threads, each with its own
 ``Selector``; all share one memory pool (``queued_max_request_bytes``) into which requests are read.
 Complete requests go through one bounded queue (``queued_max_requests``) to handler threads that call
-``handler(request)``; the returned bytes are sent back as a size-prefixed frame. A connection has one
-request in flight: it is muted from the moment its request is complete until the response is sent.
+``handler(request)``; the returned bytes, or ``kmem.send.Send``, are sent back as a size-prefixed frame
+whose prefix is their size. A connection has one request in flight: it is muted from the moment its
+request is complete until the last byte of its response is written.
 
 A request's memory goes back to the pool when the handler returns or raises (not when the response is
 sent), and when its connection closes before that.
@@ -145,7 +146,8 @@ class _Processor(threading.Thread):
         self.selector.wakeup()
 
     def respond(self, connection_id, send):
-        """From a handler thread: ``send`` is a ``NetworkSend``, None (no response) or ``_CLOSE``."""
+        """From a handler thread: ``send`` is a ``NetworkSend`` (a framed response), None (no response) or
+        ``_CLOSE``."""
         self._responses.put((connection_id, send))
         self.selector.wakeup()
 
@@ -280,8 +282,10 @@ class _Acceptor(threading.Thread):
 class SocketServer:
     """A threaded TCP (or TLS) server for size-prefixed requests, with bounded request memory.
 
-    ``handler(request)`` runs in a handler thread and returns the response payload (any bytes-like
-    object), or None to send nothing. A handler that raises anything, ``BaseException`` included, gets its
+    ``handler(request)`` runs in a handler thread and returns the response payload: any bytes-like
+    object, or a ``kmem.send.Send`` (a file region, a lazy down-conversion, a ``SequenceSend`` of a header
+    and records...) that the processor writes a non-blocking write at a time, prefixed with its ``size``;
+    or None to send nothing. A handler that raises anything, ``BaseException`` included, gets its
     connection closed; its thread keeps serving.
 
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
