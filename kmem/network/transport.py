@@ -10,7 +10,7 @@ holds that the socket will not announce again), ``events`` (what to wait for whi
 import selectors
 import ssl
 
-from kmem.send import copy_file_once, sendfile_once
+from kmem.send import COPY_CHUNK, copy_file_once, sendfile_once
 
 # OpenSSL refuses a retried write unless it is the same length: writing fixed-size chunks keeps a retry
 # after SSLWantWriteError identical. 16 KiB is one TLS record.
@@ -104,8 +104,16 @@ class TlsTransport:
         return written
 
     def send_file(self, fd, offset, count):
-        """A bounded copy: TLS encrypts in user space, so ``sendfile`` would bypass it."""
-        return copy_file_once(self, fd, offset, count)
+        """Copies of at most ``COPY_CHUNK`` bytes, one at a time, until the socket is full: TLS encrypts in
+        user space, so ``sendfile`` would bypass it."""
+        sent = 0
+        while sent < count:
+            wanted = min(count - sent, COPY_CHUNK)
+            n = copy_file_once(self, fd, offset + sent, wanted)
+            sent += n
+            if n < wanted:
+                break
+        return sent
 
     def close(self):
         self.sock.close()
