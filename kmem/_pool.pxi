@@ -250,7 +250,8 @@ cdef class PoolCore:
         if b.exports:
             return      # views exist: the memory stays with the buffer until they are gone
         cdef FreeBlock* block
-        if b.length >= <Py_ssize_t>sizeof(FreeBlock) and self.cached_bytes + self.outstanding_bytes + b.length <= self.cache_limit:
+        if (b.length >= <Py_ssize_t>sizeof(FreeBlock)
+                and self.cached_bytes + self.outstanding_bytes + b.length <= self.cache_limit):
             block = <FreeBlock*>b.data
             block.size = b.length
             block.next = self.free_lists[size_class(b.length)]

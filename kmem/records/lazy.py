@@ -8,9 +8,9 @@ they are being sent, so the memory used is bounded by the chunk size rather than
 - batches exist but none converts (e.g. only transaction markers): S = 12;
 - no complete batch: S = 0.
 
-``LazyDownConvertRecordsSend`` (a ``kmem.send.Send``) then writes exactly S bytes, one write per
-``write_to`` call and at most one chunk converted per call: converted output beyond S is cut (clients drop the partial batch);
-output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
+``LazyDownConvertRecordsSend`` (a ``kmem.send.Send``) then writes exactly S bytes, one write and at most
+one chunk converted per ``write_to`` call: converted output beyond S is cut (clients drop the partial
+batch); output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
 zstd batch met after the first chunk ends the conversion the same way (Kafka's
 LazyDownConversionRecordsSend): the client reads what it got and fetches again from that batch, which
 then fails at construction.
