@@ -20,7 +20,7 @@ from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError
-from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, unmap
+from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, kafka_view, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
@@ -88,7 +88,7 @@ class ActiveFile:
         row = self._table.find(self._map, pid)
         if row < 0:
             return None
-        return ProducerEntry(*ENTRY.unpack_from(self._map, HEADER.size + row * ENTRY_SIZE))
+        return kafka_view(ProducerEntry(*ENTRY.unpack_from(self._map, HEADER.size + row * ENTRY_SIZE)))
 
     def put(self, entry):
         """Insert or update ``entry`` in place. The caller checks ``full`` first."""

@@ -29,7 +29,7 @@ from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
-    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, snapshot_name,
+    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view, snapshot_name,
     snapshot_offset, snapshot_stats, write_entries,
 )
 
@@ -59,6 +59,21 @@ def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=
     bloom.write(path + SIDECAR_SUFFIX, fsync=fsync)
     write_entries(path, array, order, fsync=fsync)
     return path
+
+
+def _producer_entry(entry):
+    """``entry`` as a ProducerEntry whose offsets Kafka could have written, else InvalidArgumentError."""
+    if not isinstance(entry, ProducerEntry):
+        try:
+            entry = ProducerEntry(*entry)
+        except TypeError:
+            raise InvalidArgumentError(f"entry must be a ProducerEntry or a tuple of its 8 fields: {entry!r}") from None
+    # -1 is Kafka's "none" for both; below it no snapshot name fits, and Kafka never writes it.
+    if entry.last_offset < -1:
+        raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
+    if entry.current_txn_first_offset < NO_TXN:
+        raise InvalidArgumentError(f"current_txn_first_offset must be at least -1: {entry!r}")
+    return entry
 
 
 def _own_temporary(name):
@@ -224,19 +239,17 @@ class PidLedger:
 
     def expired(self, entry):
         """Whether ``entry`` is past producer_id_expiration_ms (and in no transaction): read as absent."""
-        return (entry.current_txn_first_offset == NO_TXN
+        return (entry.current_txn_first_offset < 0
                 and self._clock_ms() - entry.timestamp >= self.expiration_ms)
 
     def update(self, entry):
         """Insert or update the producer's entry in the active file; returns it.
 
         Flushes first when the active file is full (its filter saturated or its rows used up).
-        ``entry`` is a ProducerEntry or a tuple of its eight fields.
+        ``entry`` is a ProducerEntry or a tuple of its eight fields. It is stored as Kafka reads it back
+        (``kafka_view``: with ``last_offset`` -1 there is no batch, so sequence -1 and offset delta 0).
         """
-        if not isinstance(entry, ProducerEntry):
-            entry = ProducerEntry(*entry)
-        if entry.last_offset < -1:      # -1: no offset yet (Kafka); below that no snapshot name fits
-            raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
+        entry = kafka_view(_producer_entry(entry))
         while True:
             with self._lock:
                 if not self._current().full:

@@ -2,8 +2,14 @@
 
 Layout (big-endian): ``version i16 (= 1) | crc u32 | count i32`` then ``count`` entries of 46 bytes
 ``producerId i64 | epoch i16 | lastSequence i32 | lastOffset i64 | offsetDelta i32 | timestamp i64 |
-coordinatorEpoch i32 | currentTxnFirstOffset i64``. The CRC-32C covers bytes [6, end). Files are named by
-the offset they end at, zero-padded to 20 digits, plus ``.snapshot``.
+coordinatorEpoch i32 | currentTxnFirstOffset i64``. The CRC-32C covers bytes [6, end of file). Files are
+named by the offset they end at, zero-padded to 20 digits, plus ``.snapshot``.
+
+Reading follows Kafka 3.9's ``ProducerStateManager.readSnapshot``: it parses the header and ``count``
+entries from the start of the file and checks the CRC over everything after the CRC field, so bytes after
+the entries are accepted when the CRC covers them. An entry with ``lastOffset < 0`` has no batch: Kafka
+reads its sequence, offset and offset delta as -1, -1 and 0. A ``currentTxnFirstOffset`` below 0 is "no
+open transaction" (-1). ``kafka_view`` applies those two rules; every reader here returns entries so.
 
 Kafka writes entries in hash-map order; kmem writes them sorted by producer id, which is still a valid
 Kafka snapshot and lets ``Snapshot.find`` binary-search it in the compiled core. For an
@@ -72,6 +78,31 @@ class SnapshotStats(NamedTuple):
     crc: int
     max_timestamp: int
     open_transactions: bool
+
+
+def kafka_view(entry):
+    """``entry`` as Kafka 3.9's ``readSnapshot`` hands it on (see the module docstring)."""
+    if entry.last_offset >= 0 and entry.current_txn_first_offset >= NO_TXN:
+        return entry
+    if entry.last_offset < 0:
+        entry = entry._replace(last_sequence=-1, last_offset=-1, offset_delta=0)
+    if entry.current_txn_first_offset < NO_TXN:
+        entry = entry._replace(current_txn_first_offset=NO_TXN)
+    return entry
+
+
+def kafka_view_array(array):
+    """``kafka_view`` for an ENTRY_DTYPE array: the array itself when no entry changes, else a fixed copy."""
+    no_batch = array["last_offset"] < 0
+    no_txn = array["current_txn_first_offset"] < NO_TXN
+    if not (no_batch.any() or no_txn.any()):
+        return array
+    array = array.copy()
+    array["last_sequence"][no_batch] = -1
+    array["last_offset"][no_batch] = -1
+    array["offset_delta"][no_batch] = 0
+    array["current_txn_first_offset"][no_txn] = NO_TXN
+    return array
 
 
 def snapshot_name(offset):
@@ -144,7 +175,7 @@ def snapshot_stats(array, order=None):
 def _stats(array, crc):
     return SnapshotStats(
         len(array), crc, int(array["timestamp"].max()) if len(array) else MIN_TIMESTAMP,
-        bool((array["current_txn_first_offset"] != NO_TXN).any()))
+        bool((array["current_txn_first_offset"] >= 0).any()))
 
 
 def write_snapshot(path, entries, *, sort=True, fsync=False):
@@ -173,30 +204,50 @@ def write_entries(path, array, order, *, fsync=False):
 
 
 def read_snapshot(path):
-    """All entries of a snapshot file as ProducerEntry tuples, in file order (verifies version and CRC)."""
+    """All entries of a snapshot file as ProducerEntry tuples (``kafka_view``), in file order.
+
+    Verifies version, size and CRC as Kafka 3.9's ``readSnapshot`` does.
+    """
     path = os.fspath(path)
     with open(path, "rb") as f:
-        data = f.read()
-    count = _check_header(data, len(data), path)
-    if _core.crc32c(memoryview(data)[CRC_START:]) != HEADER.unpack_from(data)[1]:
-        raise CorruptSnapshotError(f"{path}: snapshot failed CRC check: the CRC is no longer valid")
-    return [ProducerEntry(*ENTRY.unpack_from(data, HEADER.size + i * ENTRY_SIZE)) for i in range(count)]
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(HEADER.size)
+        count = _check_header(head, size, path)
+        data = head + f.read(size - HEADER.size)       # the size is checked first: no huge read of a bad count
+    if len(data) != size:
+        raise CorruptSnapshotError(f"{path}: snapshot changed size while being read")
+    stored, computed = HEADER.unpack_from(data)[1], _core.crc32c(memoryview(data)[CRC_START:])
+    if computed != stored:
+        raise _crc_error(path, stored, computed)
+    return [kafka_view(ProducerEntry(*ENTRY.unpack_from(data, HEADER.size + i * ENTRY_SIZE))) for i in range(count)]
 
 
 def _check_header(head, size, path):
+    """The entry count, once version and size allow it; bytes after the entries are allowed (as Kafka does)."""
     if size < HEADER.size:
-        raise CorruptSnapshotError(f"{path}: snapshot truncated ({size} bytes, the header needs {HEADER.size})")
+        raise CorruptSnapshotError(
+            f"{path}: snapshot truncated ({size} bytes, the header needs {HEADER.size}, at byte 0)")
     version, _, count = HEADER.unpack_from(head)
     if version != VERSION:
         raise CorruptSnapshotError(f"{path}: snapshot file has an unknown file version {version}")
-    if count < 0 or size != HEADER.size + count * ENTRY_SIZE:
+    if count < 0:
+        raise CorruptSnapshotError(f"{path}: snapshot entry count {count} is negative (at byte 6)")
+    if size < HEADER.size + count * ENTRY_SIZE:
         raise CorruptSnapshotError(
-            f"{path}: snapshot of {size} bytes cannot hold its {count} entries (truncated or torn)")
+            f"{path}: snapshot truncated: {size} bytes cannot hold its {count} entries "
+            f"({HEADER.size + count * ENTRY_SIZE} bytes)")
     return count
 
 
+def _crc_error(path, stored, computed):
+    return CorruptSnapshotError(
+        f"{path}: snapshot failed CRC check (stored {stored:#010x}, computed {computed:#010x} over bytes "
+        f"{CRC_START} to the end): the CRC is no longer valid")
+
+
 def verify_snapshot(path):
-    """Check version, size and CRC, reading the file in chunks (nothing stays mapped or in the heap)."""
+    """Check version, size and CRC as ``read_snapshot`` does, reading the file in chunks (nothing stays
+    mapped or in the heap). Returns its SnapshotStats (over the entries, not bytes after them)."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -205,19 +256,22 @@ def verify_snapshot(path):
         crc = _core.crc32c(head[CRC_START:])
         max_timestamp = MIN_TIMESTAMP
         open_txn = False
-        while chunk := f.read(_READ_CHUNK):
-            crc = _core.crc32c(chunk, crc)
-            if len(chunk) % ENTRY_SIZE:
+        entry_bytes, left = count * ENTRY_SIZE, size - HEADER.size
+        while left:
+            # Whole entries while there are entries, then what follows them (only the CRC covers it).
+            chunk = f.read(min(entry_bytes or left, _READ_CHUNK))    # never more than the file holds
+            if not chunk or (entry_bytes and len(chunk) % ENTRY_SIZE):
                 raise CorruptSnapshotError(f"{path}: snapshot changed size while being read")
-            rows = np.frombuffer(chunk, ENTRY_DTYPE)
-            if len(rows):
+            left -= len(chunk)
+            crc = _core.crc32c(chunk, crc)
+            if entry_bytes:
+                entry_bytes -= len(chunk)
+                rows = np.frombuffer(chunk, ENTRY_DTYPE)
                 max_timestamp = max(max_timestamp, int(rows["timestamp"].max()))
-                open_txn = open_txn or bool((rows["current_txn_first_offset"] != NO_TXN).any())
+                open_txn = open_txn or bool((rows["current_txn_first_offset"] >= 0).any())
     expected = HEADER.unpack_from(head)[1]
     if crc != expected:
-        raise CorruptSnapshotError(
-            f"{path}: snapshot failed CRC check (stored {expected:#010x}, computed {crc:#010x}): "
-            "the CRC is no longer valid")
+        raise _crc_error(path, expected, crc)
     return SnapshotStats(count, crc, max_timestamp, open_txn)
 
 
@@ -289,19 +343,21 @@ class Snapshot:
             if len(block) != size:
                 raise CorruptSnapshotError(f"{self.path}: snapshot shrank while in use")
             i = _core.block_search(block, pid)
-            return None if i < 0 else ProducerEntry(*ENTRY.unpack_from(block, i * ENTRY_SIZE))
+            return None if i < 0 else kafka_view(ProducerEntry(*ENTRY.unpack_from(block, i * ENTRY_SIZE)))
         row = _core.snapshot_search(self._data, self.count, pid, self._order, self._fences, FENCE_STRIDE)
-        entry = None if row < 0 else ProducerEntry(*ENTRY.unpack_from(self._data, HEADER.size + row * ENTRY_SIZE))
+        entry = None if row < 0 else kafka_view(
+            ProducerEntry(*ENTRY.unpack_from(self._data, HEADER.size + row * ENTRY_SIZE)))
         self.trim()
         return entry
 
     def entries(self):
-        """All entries, as a read-only ENTRY_DTYPE array over a mapping (sorted files: in id order).
+        """All entries (``kafka_view``), as a read-only ENTRY_DTYPE array over a mapping (sorted files: in
+        id order), or a copy in the heap if some entry reads differently in Kafka than as stored.
 
         Sorted files are mapped for the call; the mapping goes with the array.
         """
         data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        return np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
+        return kafka_view_array(np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size))
 
     def trim(self):
         """Drop this process's mapping of pages already read (they remain in the page cache)."""
