@@ -579,3 +579,131 @@ class LedgerModel(RuleBasedStateMachine):
 
 TestLedgerModel = LedgerModel.TestCase
 TestLedgerModel.settings = settings(max_examples=25, stateful_step_count=40, deadline=None)
+
+
+# --- footprint: read-only opens, active files that grow, arguments checked at the boundary ------------
+
+def directory_state(directory):
+    """Every file's name, size and content: what a read-only open must leave as it was."""
+    state = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            state[name] = f.read()
+    return state
+
+
+def test_read_only_open_writes_nothing_and_refuses_writes(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(450):                                   # two snapshots and rows in the active file
+            ledger.update(entry(pid))
+    kafka = random_entries(50, seed=41)
+    (tmp_path / snapshot_name(10**12)).write_bytes(kafka_snapshot(kafka))     # no sidecar, no order yet
+    (tmp_path / (snapshot_name(5) + ".bloom")).write_bytes(b"orphan")
+    (tmp_path / (snapshot_name(7) + ".tmp")).write_bytes(b"cut short")
+    before = directory_state(tmp_path)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), producer_id_expiration_ms=2**62, read_only=True) as reader:
+        assert all(reader.read(pid) == entry(pid) for pid in range(450))
+        assert all(reader.read(e.producer_id) == e for e in kafka)
+        assert reader.read(10**15) is None and len(reader) == 500
+        for call in (lambda: reader.update(entry(1)), reader.flush, reader.sync):
+            with pytest.raises(IllegalStateError, match="read-only"):
+                call()
+    assert directory_state(tmp_path) == before
+
+
+def test_read_only_open_of_a_batch_jobs_directory_creates_no_file(tmp_path):
+    write_ledger_snapshot(tmp_path, [entry(pid) for pid in range(100)])
+    before = directory_state(tmp_path)
+    with PidLedger(tmp_path, read_only=True, clock_ms=Clock()) as reader:     # no lock file: no lock taken
+        assert reader.read(42) == entry(42)
+    assert directory_state(tmp_path) == before
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        PidLedger(tmp_path / "missing", read_only=True)
+    assert not os.path.exists(tmp_path / "missing")
+
+
+def test_readers_share_the_lock_and_exclude_a_writer(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as writer:
+        writer.update(entry(1))
+        with pytest.raises(IllegalStateError, match="ledger.lock"):
+            PidLedger(tmp_path, SMALL, read_only=True)
+    with PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as one, \
+            PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as two:
+        assert one.read(1) == two.read(1) == entry(1)
+        with pytest.raises(IllegalStateError, match="ledger.lock"):
+            PidLedger(tmp_path, SMALL)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as writer:         # free again
+        assert writer.read(1) == entry(1)
+
+
+def test_the_active_file_grows_with_use_and_reserves_each_step(tmp_path):
+    from kmem.ledger.active import INITIAL_ROWS
+    shape = Shape.from_np(100_000, 0.01)
+    with PidLedger(tmp_path, shape, clock_ms=Clock()) as ledger:
+        path = ledger._active.path
+        assert os.path.getsize(path) == HEADER.size + INITIAL_ROWS * ENTRY_SIZE      # 46 KB, not the capacity
+        assert ledger.capacity > 50 * INITIAL_ROWS
+        for pid in range(3 * INITIAL_ROWS):
+            ledger.update(entry(pid))
+        size = os.path.getsize(path)
+        assert size == HEADER.size + 4 * INITIAL_ROWS * ENTRY_SIZE
+        st = os.stat(path)
+        assert st.st_blocks * 512 >= st.st_size                 # each growth reserved its blocks
+        assert all(ledger.read(pid) == entry(pid) for pid in range(3 * INITIAL_ROWS))
+    with PidLedger(tmp_path, shape, clock_ms=Clock()) as ledger:
+        assert len(ledger) == 3 * INITIAL_ROWS
+        for pid in range(3 * INITIAL_ROWS, 5 * INITIAL_ROWS):   # reopened, it keeps growing
+            ledger.update(entry(pid))
+        assert os.path.getsize(path) == HEADER.size + 8 * INITIAL_ROWS * ENTRY_SIZE
+        assert all(ledger.read(pid) == entry(pid) for pid in range(0, 5 * INITIAL_ROWS, 7))
+
+
+def test_a_growth_on_a_full_disk_is_an_oserror_and_loses_nothing(tmp_path, monkeypatch):
+    from kmem.ledger.active import INITIAL_ROWS
+    with PidLedger(tmp_path, Shape.from_np(100_000, 0.01), clock_ms=Clock()) as ledger:
+        for pid in range(INITIAL_ROWS):
+            ledger.update(entry(pid))
+        size = os.path.getsize(ledger._active.path)
+        with monkeypatch.context() as m:
+            m.setattr(os, "posix_fallocate", fail_with(OSError(28, "No space left on device")))
+            with pytest.raises(OSError):
+                ledger.update(entry(INITIAL_ROWS))
+            ledger.update(entry(5, epoch=3))                     # rows in place need no new blocks
+        assert os.path.getsize(ledger._active.path) == size
+        assert ledger.read(INITIAL_ROWS) is None and ledger.read(5) == entry(5, epoch=3)
+        ledger.update(entry(INITIAL_ROWS))                       # space again
+        assert ledger.read(INITIAL_ROWS) == entry(INITIAL_ROWS) and len(ledger) == INITIAL_ROWS + 1
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"shape": 1_000_000}, "shape"),
+    ({"directory": 5}, "directory"),
+    ({"producer_id_expiration_ms": "86400000"}, "producer_id_expiration_ms"),
+    ({"producer_id_expiration_ms": 0}, "producer_id_expiration_ms"),
+    ({"flush_interval_ms": -5}, "flush_interval_ms"),
+    ({"flush_interval_ms": 2.5}, "flush_interval_ms"),
+    ({"fsync": "yes"}, "fsync"),
+    ({"read_only": 1}, "read_only"),
+    ({"clock_ms": 17}, "clock_ms"),
+    ({"read_only": True, "flush_interval_ms": 100}, "flush_interval_ms"),
+])
+def test_ledger_arguments_are_checked_and_named(tmp_path, kwargs, name):
+    kwargs = {"directory": tmp_path, **kwargs}
+    with pytest.raises(InvalidArgumentError, match=name):
+        PidLedger(**kwargs)
+
+
+def test_cache_and_batch_writer_arguments_are_checked_and_named(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for bad, name in [((ledger, "10"), "max_entries"), ((ledger, True), "max_entries"),
+                          ((ledger, 0), "max_entries"), ((object(), 10), "ledger")]:
+            with pytest.raises(InvalidArgumentError, match=name):
+                PidCache(*bad)
+        with pytest.raises(InvalidArgumentError, match="entry"):
+            ledger.update((1, 2))
+    for kwargs, name in [({"offset": "5"}, "offset"), ({"offset": -1}, "offset"), ({"shape": 5}, "shape"),
+                         ({"fsync": None}, "fsync")]:
+        with pytest.raises(InvalidArgumentError, match=name):
+            write_ledger_snapshot(tmp_path / "batch", [entry(1)], **kwargs)
+    with pytest.raises(InvalidArgumentError, match="directory"):
+        write_ledger_snapshot(None, [entry(1)])

@@ -1,9 +1,13 @@
-"""The ledger's active file: a memory-mapped, preallocated file in the snapshot layout, updated in place.
+"""The ledger's active file: a memory-mapped file in the snapshot layout, updated in place, that grows.
 
-``ledger-<sequence>.active`` holds the snapshot header (CRC left 0 while active) and room for
-``capacity`` entries; ``count`` in the header says how many rows are in use. Rows are appended in
-arrival order and updated in place; a ``RowTable`` (4 bytes a slot, in the heap) finds a producer's row
-and a Bloom filter answers "certainly not here" first, as KIP-1044 describes.
+``ledger-<sequence>.active`` holds the snapshot header (CRC left 0 while active) and room for some rows;
+``count`` in the header says how many rows are in use. Rows are appended in arrival order and updated in
+place; a ``RowTable`` (4 bytes a slot, in the heap) finds a producer's row and a Bloom filter answers
+"certainly not here" first, as KIP-1044 describes.
+
+The file starts with room for ``INITIAL_ROWS`` and doubles when the rows run out, up to ``capacity``.
+Each growth reserves the new blocks (``posix_fallocate``) before the mapping covers them, so a full disk
+is an ``OSError`` from ``put``, never SIGBUS at a store into the mapping.
 
 An entry is written before the count that makes it visible, so a process killed at any instant leaves
 every row whose ``put`` returned readable when the file is reopened (the page cache holds the mapping's
@@ -19,11 +23,12 @@ import numpy as np
 from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
-from kmem.errors import CorruptSnapshotError
+from kmem.errors import CorruptSnapshotError, IllegalStateError
 from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, kafka_view, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
+INITIAL_ROWS = 1024                 # 46 KB: a small ledger stays small
 _NAME = re.compile(r"^ledger-(\d{20})\.active$")
 _COUNT = struct.Struct(">i")
 _COUNT_AT = 6
@@ -39,46 +44,56 @@ def active_sequence(name):
     return int(match.group(1)) if match else None
 
 
+def _reserve(file, size):
+    """Give ``file`` ``size`` bytes with their blocks allocated (where the platform can)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(file.fileno(), 0, size)
+    else:
+        file.truncate(size)
+
+
 class ActiveFile:
     """One active ledger file. Not thread-safe: the ledger serialises ``put`` against ``find``."""
 
-    def __init__(self, path, shape, capacity=None, fsync=False):
-        """Open ``path``, creating it with room for ``capacity`` entries if it does not exist.
+    def __init__(self, path, shape, capacity=None, fsync=False, *, read_only=False):
+        """Open ``path``, creating it (room for ``min(INITIAL_ROWS, capacity)`` rows) if it does not exist.
 
-        The blocks are reserved on creation; ``fsync`` makes the new file and its name durable.
+        ``capacity``: the most rows the file may grow to (at least what it holds). The blocks are reserved
+        on creation; ``fsync`` makes the new file and its name durable. ``read_only`` maps it read-only
+        and never writes (no creation, no growth).
         """
         self.path = os.fspath(path)
         self.sequence = active_sequence(self.path)
-        if capacity is not None and not os.path.exists(self.path):
+        self.read_only = read_only
+        if capacity is not None and not read_only and not os.path.exists(self.path):
             with replaced_atomically(self.path, fsync) as f:
                 f.write(HEADER.pack(VERSION, 0, 0))
                 f.flush()
-                size = HEADER.size + capacity * ENTRY_SIZE
-                if hasattr(os, "posix_fallocate"):
-                    # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
-                    os.posix_fallocate(f.fileno(), 0, size)
-                else:
-                    f.truncate(size)
-        with open(self.path, "r+b") as f:
+                # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
+                _reserve(f, HEADER.size + min(INITIAL_ROWS, capacity) * ENTRY_SIZE)
+        with open(self.path, "rb" if read_only else "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            # No room for a row would leave update() flushing an empty file forever.
-            if size < HEADER.size + ENTRY_SIZE or (size - HEADER.size) % ENTRY_SIZE:
+            # No room for a row would leave update() flushing an empty file forever. Bytes past the last
+            # whole row (a growth cut short) are not used.
+            if size < HEADER.size + ENTRY_SIZE:
                 raise CorruptSnapshotError(f"{self.path}: active ledger file of {size} bytes is truncated or foreign")
-            self._map = mmap.mmap(f.fileno(), 0)
+            self.rows = (size - HEADER.size) // ENTRY_SIZE
+            self._map = mmap.mmap(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE,
+                                  access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
         version, _, count = HEADER.unpack_from(self._map)
-        self.capacity = (size - HEADER.size) // ENTRY_SIZE
-        if version != VERSION or not 0 <= count <= self.capacity:
+        if version != VERSION or not 0 <= count <= self.rows:
             self._map.close()
             raise CorruptSnapshotError(
                 f"{self.path}: active ledger file has version {version} and {count} entries for "
-                f"{self.capacity} rows (torn or foreign)")
+                f"{self.rows} rows (torn or foreign)")
+        self.capacity = self.rows if read_only else max(capacity or 0, self.rows)
         self.count = count
-        self._table = _core.RowTable(self.capacity)
-        self.bloom = BloomFilter(shape)
+        self._table = _core.RowTable(self.rows)
         duplicate = self._table.insert_rows(self._map, count)
         if duplicate is not None:
             self._map.close()
             raise CorruptSnapshotError(f"{self.path}: producer id {duplicate} appears twice")
+        self.bloom = BloomFilter(shape)
         self.bloom.add_many(self.entries()["producer_id"])
         self.cardinality = self.bloom.cardinality()
 
@@ -92,6 +107,8 @@ class ActiveFile:
 
     def put(self, entry):
         """Insert or update ``entry`` in place. The caller checks ``full`` first."""
+        if self.read_only:
+            raise IllegalStateError(f"{self.path} is open read-only")
         packed = entry.pack()
         pid = entry.producer_id
         row = self._table.find(self._map, pid) if pid in self.bloom else -1
@@ -99,11 +116,24 @@ class ActiveFile:
             self._map[HEADER.size + row * ENTRY_SIZE:HEADER.size + (row + 1) * ENTRY_SIZE] = packed
             return
         row = self.count
+        if row == self.rows:
+            self._grow()
         self._map[HEADER.size + row * ENTRY_SIZE:HEADER.size + (row + 1) * ENTRY_SIZE] = packed
         self._table.insert(pid, row)
         self.cardinality += self.bloom.add(pid)
         self.count = row + 1
         _COUNT.pack_into(self._map, _COUNT_AT, self.count)      # the row becomes visible only now
+
+    def _grow(self):
+        """Double the rows (up to ``capacity``): reserve the blocks, then map them. On failure nothing changed."""
+        rows = min(self.capacity, 2 * self.rows)
+        with open(self.path, "r+b") as f:
+            _reserve(f, HEADER.size + rows * ENTRY_SIZE)
+            mapping = mmap.mmap(f.fileno(), HEADER.size + rows * ENTRY_SIZE)
+        table = _core.RowTable(rows)
+        table.insert_rows(mapping, self.count)          # checked for duplicates when opened
+        self._map, self._table, self.rows, previous = mapping, table, rows, self._map
+        unmap(previous)
 
     @property
     def full(self):
@@ -122,4 +152,4 @@ class ActiveFile:
         unmap(self._map)
 
     def __repr__(self):
-        return f"ActiveFile({self.path!r}, {self.count}/{self.capacity} entries)"
+        return f"ActiveFile({self.path!r}, {self.count}/{self.rows} rows, up to {self.capacity})"

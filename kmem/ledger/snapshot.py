@@ -284,12 +284,15 @@ class Snapshot:
     to 2 MB) on a fault, so mapped lookups either grow the resident set by about a megabyte per search
     or pay a fault and an unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
 
-    Unsorted (Kafka-written) files get a row order (``<name>.order``) built once; they are searched
+    Unsorted (Kafka-written) files get a row order (``<name>.order``) built once (kept in the heap when
+    opened ``read_only``); they are searched
     through the read-only mapping and the order, unmapping what the search touched afterwards.
     """
 
-    def __init__(self, path, stats=None):
+    def __init__(self, path, stats=None, *, read_only=False):
+        """``read_only``: an unsorted file's row order is kept in the heap instead of written beside it."""
         self.path = os.fspath(path)
+        self.read_only = read_only
         self.offset = snapshot_offset(self.path)
         self.stats = stats or verify_snapshot(self.path)
         self.count = self.stats.count
@@ -323,8 +326,9 @@ class Snapshot:
         order = np.argsort(ids, kind="stable").astype("<u4")
         if not _core.snapshot_sorted(self._data, self.count, order):
             raise CorruptSnapshotError(f"{self.path}: a producer id appears twice in the snapshot")
-        with replaced_atomically(order_path) as f:
-            f.write(order.tobytes())
+        if not self.read_only:
+            with replaced_atomically(order_path) as f:
+                f.write(order.tobytes())
         return order
 
     @property
