@@ -8,6 +8,7 @@
 # keyed by the id (the id itself is read back from the entry, so a slot costs 4 bytes).
 
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 DEF SNAPSHOT_HEADER = 10
 DEF ENTRY_SIZE = 46
@@ -18,6 +19,54 @@ cdef inline int64_t row_pid(const uint8_t* entries, Py_ssize_t row) noexcept nog
     cdef uint64_t raw
     memcpy(&raw, entries + row * ENTRY_SIZE, 8)
     return <int64_t>kmem_bswap64(raw)
+
+
+# The entry's fields: byte offsets, sizes and the smallest value each may hold (last_offset and
+# current_txn_first_offset: -1 is Kafka's "none", lower values are refused by the ledger).
+cdef Py_ssize_t[8] FIELD_AT = [0, 8, 10, 14, 22, 26, 34, 38]
+cdef int[8] FIELD_SIZE = [8, 2, 4, 8, 4, 8, 4, 8]
+DEF LAST_SEQUENCE = 2
+DEF LAST_OFFSET = 3
+DEF OFFSET_DELTA = 4
+DEF TXN_FIRST_OFFSET = 7
+
+
+cdef inline void store_be(uint8_t* p, int64_t value, int size) noexcept nogil:
+    cdef int i
+    for i in range(size - 1, -1, -1):
+        p[i] = <uint8_t>(value & 0xFF)
+        value >>= 8
+
+
+cdef inline bint fits(int64_t value, int size) noexcept nogil:
+    if size == 8:
+        return True
+    cdef int64_t limit = (<int64_t>1) << (8 * size - 1)
+    return -limit <= value < limit
+
+
+cdef int entry_fields(object entry, int64_t* fields) except -1:
+    """The eight fields of a ProducerEntry (a tuple) as Kafka reads them back; 0, or 1 if the caller must
+    refuse it (not 8 integers, a value out of its field's range, an offset below -1)."""
+    if not isinstance(entry, tuple) or len(entry) != 8:
+        return 1
+    cdef int i
+    for i in range(8):
+        value = entry[i]
+        if not isinstance(value, int) or isinstance(value, bool):
+            return 1
+        try:
+            fields[i] = value
+        except OverflowError:
+            return 1
+        if not fits(fields[i], FIELD_SIZE[i]):
+            return 1
+    if fields[LAST_OFFSET] < -1 or fields[TXN_FIRST_OFFSET] < -1:
+        return 1
+    if fields[LAST_OFFSET] == -1:          # no batch: Kafka reads sequence -1 and offset delta 0
+        fields[LAST_SEQUENCE] = -1
+        fields[OFFSET_DELTA] = 0
+    return 0
 
 
 cdef inline Py_ssize_t last_fence_at_most(const int64_t* fences, Py_ssize_t n, int64_t pid) noexcept nogil:
@@ -223,3 +272,146 @@ cdef class RowTable:
             s = (s + 1) & self.mask
         self.slots[s] = row + 1
         self.size += 1
+
+    cdef Py_ssize_t upsert_row(self, uint8_t* entries, Py_ssize_t count, Py_ssize_t rows, int64_t pid) noexcept nogil:
+        """The row holding ``pid``, else ``count`` (now recorded as its row) if ``count < rows``, else -1."""
+        cdef uint64_t s = self.probe_start(pid)
+        cdef uint32_t v
+        while True:
+            v = self.slots[s]
+            if v == 0:
+                break
+            if row_pid(entries, v - 1) == pid:
+                return v - 1
+            s = (s + 1) & self.mask
+        if count >= rows:
+            return -1
+        self.slots[s] = <uint32_t>(count + 1)
+        self.size += 1
+        return count
+
+    cdef int check_rows(self, const uint8_t[::1] data, Py_ssize_t count) except -1:
+        check_entries(data, count)
+        if <uint64_t>(2 * ((data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE)) > self.mask + 1:
+            raise ValueError("the row table is smaller than the entries")
+        return 0
+
+    def put(self, uint8_t[::1] data, entry, Py_ssize_t count):
+        """Write ``entry`` (a ProducerEntry) into its row, or a new row ``count`` (then the header's count
+        becomes count + 1, after the row). Returns the row; -1 if a new row is needed but the buffer is
+        full; -2 if the entry must be refused (the caller says why)."""
+        self.check_rows(data, count)
+        cdef int64_t fields[8]
+        if entry_fields(entry, fields):
+            return -2
+        cdef uint8_t* entries = &data[0] + SNAPSHOT_HEADER
+        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
+        cdef Py_ssize_t row = self.upsert_row(entries, count, rows, fields[0])
+        if row < 0:
+            return -1
+        cdef int i
+        for i in range(8):
+            store_be(entries + row * ENTRY_SIZE + FIELD_AT[i], fields[i], FIELD_SIZE[i])
+        if row == count:
+            store_be(&data[6], count + 1, 4)          # the row becomes visible only now
+        return row
+
+    def put_many(self, uint8_t[::1] data, const uint8_t[::1] batch, Py_ssize_t count, Py_ssize_t max_count):
+        """``put`` for each entry of ``batch`` (entries in the file layout, checked by the caller), in
+        order, until one more would need a row past ``max_count`` (at most the buffer's rows).
+
+        Returns (entries consumed, new count); the header's count is written after each new row."""
+        self.check_rows(data, count)
+        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
+        if max_count > rows:
+            max_count = rows
+        cdef Py_ssize_t n = batch.shape[0] // ENTRY_SIZE, i = 0, row
+        cdef uint8_t* entries = &data[0] + SNAPSHOT_HEADER
+        cdef const uint8_t* source
+        if n == 0:
+            return 0, count
+        with nogil:
+            while i < n:
+                source = &batch[0] + i * ENTRY_SIZE
+                row = self.upsert_row(entries, count, max_count, row_pid(source, 0))
+                if row < 0:
+                    break
+                memcpy(entries + row * ENTRY_SIZE, source, ENTRY_SIZE)
+                if row == count:
+                    count += 1
+                    store_be(&data[6], count, 4)
+                i += 1
+        return i, count
+
+    def find_many(self, const uint8_t[::1] data, const int64_t[::1] pids, int64_t[::1] rows_out):
+        """``find`` for each id: rows_out[i] = its row, or -1."""
+        if rows_out.shape[0] != pids.shape[0]:
+            raise ValueError("one output row per id")
+        cdef Py_ssize_t limit = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE, i, found = 0
+        if limit < 0 or pids.shape[0] == 0:
+            rows_out[:] = -1
+            return 0
+        cdef const uint8_t* entries = &data[0] + SNAPSHOT_HEADER
+        cdef uint64_t s
+        cdef uint32_t v
+        cdef bint bad = False
+        with nogil:
+            for i in range(pids.shape[0]):
+                rows_out[i] = -1
+                s = self.probe_start(pids[i])
+                while True:
+                    v = self.slots[s]
+                    if v == 0:
+                        break
+                    if v - 1 >= limit:
+                        bad = True
+                        break
+                    if row_pid(entries, v - 1) == pids[i]:
+                        rows_out[i] = v - 1
+                        found += 1
+                        break
+                    s = (s + 1) & self.mask
+        if bad:
+            raise ValueError("a row is outside the entries")
+        return found
+
+
+def snapshot_search_many(const uint8_t[::1] data, Py_ssize_t count, const int64_t[::1] pids,
+                         int64_t[::1] rows_out, const uint32_t[::1] order=None):
+    """``snapshot_search`` for each id whose rows_out[i] is -1 (others are left): its row, or -1 still."""
+    check_entries(data, count)
+    if rows_out.shape[0] != pids.shape[0]:
+        raise ValueError("one output row per id")
+    if order is not None and order.shape[0] != count:
+        raise ValueError("order does not have one row per entry")
+    cdef const uint8_t* base = &data[0] + SNAPSHOT_HEADER
+    cdef bint direct = order is None, bad = False
+    cdef Py_ssize_t i, lo, hi, mid, row, found = 0
+    cdef int64_t at, pid
+    with nogil:
+        for i in range(pids.shape[0]):
+            if rows_out[i] != -1:
+                continue
+            pid = pids[i]
+            lo = 0
+            hi = count
+            while lo < hi:
+                mid = lo + ((hi - lo) >> 1)
+                row = mid if direct else order[mid]
+                if row >= count:
+                    bad = True
+                    break
+                at = row_pid(base, row)
+                if at == pid:
+                    rows_out[i] = row
+                    found += 1
+                    break
+                if at < pid:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            if bad:
+                break
+    if bad:
+        raise ValueError(f"the order points outside the {count} entries")
+    return found

@@ -707,3 +707,68 @@ def test_cache_and_batch_writer_arguments_are_checked_and_named(tmp_path):
             write_ledger_snapshot(tmp_path / "batch", [entry(1)], **kwargs)
     with pytest.raises(InvalidArgumentError, match="directory"):
         write_ledger_snapshot(None, [entry(1)])
+
+
+# --- batch API: update_many / read_many agree with update / read ----------------------------------------
+
+def entries_of(pids, offsets, epochs, timestamp=NOW):
+    array = np.zeros(len(pids), ENTRY_DTYPE)
+    array["producer_id"], array["last_offset"], array["epoch"] = pids, offsets, epochs
+    array["last_sequence"] = 7
+    array["timestamp"] = timestamp
+    array["current_txn_first_offset"] = -1
+    return array
+
+
+@pytest.mark.parametrize("shape", [SMALL, Shape.from_np(20_000, 0.01)])
+def test_update_many_is_update_in_order_across_flushes_and_growth(tmp_path, shape):
+    rng = np.random.default_rng(5)
+    pids = rng.integers(-3000, 3000, 6000)                     # repeats: a later entry of a producer wins
+    array = entries_of(pids, np.arange(6000), rng.integers(0, 100, 6000))
+    array["last_offset"][::97] = -1                            # no batch: stored as Kafka reads it
+    with PidLedger(tmp_path / "batch", shape, clock_ms=Clock()) as batch, \
+            PidLedger(tmp_path / "single", shape, clock_ms=Clock()) as single:
+        batch.update_many(array[:2500])
+        batch.update_many(array[2500:])
+        for row in array.tolist():
+            single.update(ProducerEntry(*row))
+        probe = np.concatenate([np.unique(pids), [5000, -5000]])
+        found, got = batch.read_many(probe)
+        expected = [single.read(int(pid)) for pid in probe]
+        assert found.tolist() == [e is not None for e in expected]
+        assert [ProducerEntry(*row) if hit else None for hit, row in zip(found, got.tolist())] == expected
+        assert all(batch.read(int(pid)) == e for pid, e in zip(probe, expected))
+        assert len(batch.snapshot_paths) == len(single.snapshot_paths)
+        if shape is SMALL:
+            assert len(batch.snapshot_paths) > 5               # many flushes inside the batches
+
+
+def test_read_many_applies_expiry_and_reads_unsorted_kafka_files(tmp_path):
+    kafka = random_entries(300, seed=51)
+    (tmp_path / snapshot_name(10**15)).write_bytes(kafka_snapshot(kafka))
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock, producer_id_expiration_ms=DAY) as ledger:
+        ledger.update(entry(1, timestamp=NOW))
+        ledger.update(entry(2, timestamp=NOW - DAY))           # expired
+        pids = [1, 2, 3] + [e.producer_id for e in kafka]
+        found, got = ledger.read_many(pids)
+        assert found.tolist() == [ledger.read(p) is not None for p in pids]
+        assert found[0] and not found[1] and not found[2] and got[1].tolist() == (0,) * 8
+        for hit, row, pid in zip(found, got.tolist(), pids):
+            if hit:
+                assert ProducerEntry(*row) == ledger.read(pid)
+        with pytest.raises(InvalidArgumentError, match="integer"):
+            ledger.read_many(["x"])
+
+
+def test_update_many_checks_the_whole_batch_first(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        array = entries_of([1, 2, 3], [5, -2, 7], [0, 0, 0])
+        with pytest.raises(InvalidArgumentError, match="last_offset must be at least -1: entry 1"):
+            ledger.update_many(array)
+        assert ledger.read(1) is None                          # nothing written
+        with pytest.raises(InvalidArgumentError):
+            ledger.update_many([(1, 2)])
+    with PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as reader:
+        with pytest.raises(IllegalStateError, match="read-only"):
+            reader.update_many(entries_of([1], [5], [0]))

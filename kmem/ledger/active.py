@@ -16,8 +16,6 @@ writes). Power loss is another matter: only ``sync()`` (msync) makes the rows du
 import mmap
 import os
 import re
-import struct
-
 import numpy as np
 
 from kmem import _core
@@ -30,8 +28,6 @@ PREFIX = "ledger-"
 SUFFIX = ".active"
 INITIAL_ROWS = 1024                 # 46 KB: a small ledger stays small
 _NAME = re.compile(r"^ledger-(\d{20})\.active$")
-_COUNT = struct.Struct(">i")
-_COUNT_AT = 6
 
 
 def active_name(sequence):
@@ -106,26 +102,50 @@ class ActiveFile:
         return kafka_view(ProducerEntry(*ENTRY.unpack_from(self._map, HEADER.size + row * ENTRY_SIZE)))
 
     def put(self, entry):
-        """Insert or update ``entry`` in place. The caller checks ``full`` first."""
+        """Insert or update ``entry`` in place, as Kafka reads it back (``kafka_view``); the caller checks
+        ``full`` first. False if the core refused it (not eight integers in their fields' ranges, or an
+        offset below -1): the caller says why."""
         if self.read_only:
             raise IllegalStateError(f"{self.path} is open read-only")
-        packed = entry.pack()
-        pid = entry.producer_id
-        row = self._table.find(self._map, pid) if pid in self.bloom else -1
-        if row >= 0:
-            self._map[HEADER.size + row * ENTRY_SIZE:HEADER.size + (row + 1) * ENTRY_SIZE] = packed
-            return
-        row = self.count
-        if row == self.rows:
+        row = self._table.put(self._map, entry, self.count)      # the count is written after the row
+        if row == -1:
             self._grow()
-        self._map[HEADER.size + row * ENTRY_SIZE:HEADER.size + (row + 1) * ENTRY_SIZE] = packed
-        self._table.insert(pid, row)
-        self.cardinality += self.bloom.add(pid)
-        self.count = row + 1
-        _COUNT.pack_into(self._map, _COUNT_AT, self.count)      # the row becomes visible only now
+            row = self._table.put(self._map, entry, self.count)
+        if row == -2:
+            return False
+        if row == self.count:
+            self.count += 1
+            self.cardinality += self.bloom.add(entry[0])
+        return True
+
+    def put_many(self, raw, max_new):
+        """``put`` for each entry of ``raw`` (checked entries in the file layout, as bytes), in order,
+        adding at most ``max_new`` new rows. Returns how many entries were written."""
+        if self.read_only:
+            raise IllegalStateError(f"{self.path} is open read-only")
+        limit, done, total = min(self.capacity, self.count + max_new), 0, len(raw) // ENTRY_SIZE
+        while True:
+            start = self.count
+            consumed, self.count = self._table.put_many(self._map, raw[done * ENTRY_SIZE:], start, limit)
+            done += consumed
+            if self.count > start:
+                self.bloom.add_many(self.entries()["producer_id"][start:])
+                self.cardinality = self.bloom.cardinality()
+            if done == total or self.count >= limit:
+                return done
+            self._grow()                                  # the rows ran out before the limit
+
+    def find_many(self, pids):
+        """(row found per id, their entries as stored) for an int64 array of ids."""
+        rows = np.empty(len(pids), np.int64)
+        self._table.find_many(self._map, pids, rows)
+        hits = rows >= 0
+        return hits, self.entries()[rows[hits]]
 
     def _grow(self):
         """Double the rows (up to ``capacity``): reserve the blocks, then map them. On failure nothing changed."""
+        if self.rows >= self.capacity:
+            raise IllegalStateError(f"{self.path} has no room left (the caller checks ``full``)")
         rows = min(self.capacity, 2 * self.rows)
         with open(self.path, "r+b") as f:
             _reserve(f, HEADER.size + rows * ENTRY_SIZE)

@@ -27,13 +27,16 @@ import threading
 import time
 from typing import NamedTuple
 
+import numpy as np
+
 from kmem import _core
 from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
 from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
-    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view, snapshot_name,
+    ENTRY_DTYPE, ENTRY_SIZE, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view,
+    kafka_view_array, snapshot_name,
     snapshot_offset, snapshot_stats, write_entries,
 )
 
@@ -111,6 +114,16 @@ def _producer_entry(entry):
     if entry.current_txn_first_offset < NO_TXN:
         raise InvalidArgumentError(f"current_txn_first_offset must be at least -1: {entry!r}")
     return entry
+
+
+def _producer_ids(pids):
+    """Producer ids as a contiguous int64 array, from any integer array-like."""
+    array = np.asarray(pids)
+    if array.dtype.kind not in "iu" and array.size:
+        raise InvalidArgumentError(f"pids must be an integer array, not {array.dtype}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) >= 2**63:
+        raise InvalidArgumentError("pids must be signed 64-bit producer ids")
+    return np.ascontiguousarray(array.reshape(-1), np.int64)
 
 
 def _own_temporary(name):
@@ -309,20 +322,80 @@ class PidLedger:
                 and self._clock_ms() - entry.timestamp >= self.expiration_ms)
 
     def update(self, entry):
-        """Insert or update the producer's entry in the active file; returns it.
+        """Insert or update the producer's entry in the active file; returns it as stored.
 
         Flushes first when the active file is full (its filter saturated or its rows used up).
         ``entry`` is a ProducerEntry or a tuple of its eight fields. It is stored as Kafka reads it back
         (``kafka_view``: with ``last_offset`` -1 there is no batch, so sequence -1 and offset delta 0).
+        The core checks and writes it; only a refused entry comes back here to be explained.
         """
-        entry = kafka_view(_producer_entry(entry))
-        self._check_writable()
         while True:
             with self._lock:
-                if not self._current().full:
-                    self._active.put(entry)
-                    return entry
+                active = self._current()
+                if not active.full:
+                    if not active.put(entry):
+                        _producer_entry(entry).pack()        # raises InvalidArgumentError saying why
+                        raise InvalidArgumentError(f"producer entry refused: {entry!r}")
+                    break
             self.flush()
+        if type(entry) is ProducerEntry and entry.last_offset >= 0:
+            return entry
+        return kafka_view(_producer_entry(entry))
+
+    def update_many(self, entries):
+        """``update`` for every entry of an array, in order (a later entry of one producer wins), in the core.
+
+        ``entries``: an ENTRY_DTYPE array (or one with its fields, or ProducerEntry tuples). The whole batch
+        is checked before anything is written. Flushes whenever the active file fills, as ``update`` does.
+        """
+        self._check_writable()
+        array = entries_array(entries)
+        for name in ("last_offset", "current_txn_first_offset"):
+            below = np.flatnonzero(array[name] < -1)
+            if len(below):
+                raise InvalidArgumentError(f"{name} must be at least -1: entry {below[0]} has {array[name][below[0]]}")
+        raw = np.ascontiguousarray(kafka_view_array(array)).view(np.uint8)
+        done = 0
+        while done < len(array):
+            with self._lock:
+                active = self._current()
+                if not active.full:
+                    # No more new rows than can set bits before the filter saturates: each sets at most k.
+                    room = (active.bloom.shape.number_of_bits // 2 - active.cardinality) \
+                        // active.bloom.shape.number_of_hash_functions
+                    done += active.put_many(raw[done * ENTRY_SIZE:], max(1, room))
+                    continue
+            self.flush()
+
+    def read_many(self, pids):
+        """``read`` for an array of producer ids: (a bool array, found and not expired; an ENTRY_DTYPE array
+        with each found id's newest entry, zeros elsewhere). One pass per file in the core."""
+        pids = _producer_ids(pids)
+        found = np.zeros(len(pids), np.bool_)
+        out = np.zeros(len(pids), ENTRY_DTYPE)
+
+        def take(where, finder):
+            hits, entries = finder(pids[where])
+            found[where[hits]] = True
+            out[where[hits]] = entries
+
+        with self._lock:
+            self._check_open()
+            if self._active is not None:
+                take(np.arange(len(pids)), self._active.find_many)
+        view = self._view
+        for old in view.sealing:
+            take(np.flatnonzero(~found), old.find_many)
+        for bloom, snapshot in zip(view.filters, view.snapshots):
+            missing = np.flatnonzero(~found)
+            if not len(missing):
+                break
+            take(missing[bloom.contains_many(pids[missing])], snapshot.find_many)
+        out = kafka_view_array(out)
+        expired = (out["current_txn_first_offset"] < 0) & (self._clock_ms() - out["timestamp"] >= self.expiration_ms)
+        found &= ~expired
+        out[~found] = 0
+        return found, out
 
     def flush(self):
         """Turn the active file into a snapshot, KIP-1044's eight steps; returns its path (None if empty).
