@@ -7,8 +7,16 @@
 # active ledger file is unsorted and found through `RowTable`, an open-addressing table of row numbers
 # keyed by the id (the id itself is read back from the entry, so a slot costs 4 bytes).
 
+from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
+from libc.errno cimport errno
+from posix.unistd cimport pread
+
+cdef extern from "Python.h":
+    PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)      # borrowed
+    bint PyLong_CheckExact(PyObject*)
+    long long PyLong_AsLongLongAndOverflow(PyObject*, int*) except? -1
 
 DEF SNAPSHOT_HEADER = 10
 DEF ENTRY_SIZE = 46
@@ -47,19 +55,17 @@ cdef inline bint fits(int64_t value, int size) noexcept nogil:
 
 cdef int entry_fields(object entry, int64_t* fields) except -1:
     """The eight fields of a ProducerEntry (a tuple) as Kafka reads them back; 0, or 1 if the caller must
-    refuse it (not 8 integers, a value out of its field's range, an offset below -1)."""
+    refuse it (not 8 ints, a value out of its field's range, an offset below -1)."""
     if not isinstance(entry, tuple) or len(entry) != 8:
         return 1
-    cdef int i
+    cdef int i, overflow
+    cdef PyObject* item
     for i in range(8):
-        value = entry[i]
-        if not isinstance(value, int) or isinstance(value, bool):
+        item = PyTuple_GET_ITEM(entry, i)
+        if not PyLong_CheckExact(item):                  # bool and other int subclasses too
             return 1
-        try:
-            fields[i] = value
-        except OverflowError:
-            return 1
-        if not fits(fields[i], FIELD_SIZE[i]):
+        fields[i] = PyLong_AsLongLongAndOverflow(item, &overflow)
+        if overflow or not fits(fields[i], FIELD_SIZE[i]):
             return 1
     if fields[LAST_OFFSET] < -1 or fields[TXN_FIRST_OFFSET] < -1:
         return 1
@@ -67,6 +73,72 @@ cdef int entry_fields(object entry, int64_t* fields) except -1:
         fields[LAST_SEQUENCE] = -1
         fields[OFFSET_DELTA] = 0
     return 0
+
+
+cdef inline int64_t load_be(const uint8_t* p, int size) noexcept nogil:
+    cdef uint64_t value = 0
+    cdef int i
+    for i in range(size):
+        value = (value << 8) | p[i]
+    if size < 8 and value >> (8 * size - 1):        # sign-extend
+        value |= (<uint64_t>-1) << (8 * size)
+    return <int64_t>value
+
+
+cdef object producer_entry_at(const uint8_t* p, object cls):
+    """The entry at ``p`` as a ``cls`` (ProducerEntry) tuple, as Kafka reads it back (``kafka_view``)."""
+    cdef int64_t fields[8]
+    cdef int i
+    for i in range(8):
+        fields[i] = load_be(p + FIELD_AT[i], FIELD_SIZE[i])
+    if fields[LAST_OFFSET] < 0:
+        fields[LAST_SEQUENCE] = -1
+        fields[LAST_OFFSET] = -1
+        fields[OFFSET_DELTA] = 0
+    if fields[TXN_FIRST_OFFSET] < -1:
+        fields[TXN_FIRST_OFFSET] = -1
+    return tuple.__new__(cls, (fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6],
+                               fields[7]))
+
+
+DEF MAX_STRIDE = 128
+
+
+def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, long long pid,
+                         cls):
+    """The entry of ``pid`` (a ``cls``, as ``producer_entry_at``) in a sorted snapshot file, or None: the fences
+    pick the stride, one ``pread`` of it, a binary search. False if the file is shorter than ``count``
+    entries (it shrank)."""
+    if stride < 1 or stride > MAX_STRIDE or fences.shape[0] != (count + stride - 1) // stride:
+        raise ValueError("fences do not match the entries")
+    if fences.shape[0] == 0:
+        return None
+    cdef uint8_t block[MAX_STRIDE * ENTRY_SIZE]
+    cdef Py_ssize_t first, size, got, lo, hi, mid
+    cdef int64_t found
+    with nogil:
+        first = last_fence_at_most(&fences[0], fences.shape[0], pid)
+        if first >= 0:
+            first *= stride
+            size = min(stride, count - first) * ENTRY_SIZE
+            got = pread(fd, block, size, SNAPSHOT_HEADER + first * ENTRY_SIZE)
+    if first < 0:
+        return None
+    if got < 0:
+        raise OSError(errno, "pread of a snapshot failed")
+    if got != size:
+        return False
+    lo, hi = 0, size // ENTRY_SIZE
+    while lo < hi:
+        mid = lo + ((hi - lo) >> 1)
+        found = row_pid(block, mid)
+        if found == pid:
+            return producer_entry_at(block + mid * ENTRY_SIZE, cls)
+        if found < pid:
+            lo = mid + 1
+        else:
+            hi = mid
+    return None
 
 
 cdef inline Py_ssize_t last_fence_at_most(const int64_t* fences, Py_ssize_t n, int64_t pid) noexcept nogil:
@@ -202,11 +274,15 @@ cdef class RowTable:
     """Rows of an unsorted entry buffer by producer id: linear probing over 2^b slots of row + 1.
 
     The table never grows: the caller sizes it at twice the most rows it will hold (the active file's
-    capacity), so probes stay short. Ids are read from the entries, which must outlive the calls.
+    rows; a file that grows gets a new table), so probes stay short. Ids are read from the entries: the
+    buffer is bound once (``bind``) and the per-entry calls work on it.
     """
     cdef uint32_t[::1] slots
     cdef uint64_t mask
-    cdef readonly Py_ssize_t size
+    cdef readonly Py_ssize_t size      # rows indexed: rows 0 .. size - 1
+    cdef const uint8_t[::1] bound      # the buffer put/put_many/find_many work on (see bind)
+    cdef bint writable
+    cdef Py_ssize_t rows               # whole rows in it
 
     def __cinit__(self, Py_ssize_t max_rows):
         cdef uint64_t n = 16
@@ -222,18 +298,22 @@ cdef class RowTable:
         kmem_murmur3_pid(<uint64_t>pid, &h1, &h2)
         return h1 & self.mask
 
-    def find(self, const uint8_t[::1] data, long long pid):
-        """The row holding ``pid``, or -1."""
+    def get(self, long long pid, cls):
+        """The entry of ``pid`` in the bound buffer (a ``cls``, as ``producer_entry_at``), or None."""
+        cdef Py_ssize_t row = self.find(pid)
+        return None if row < 0 else producer_entry_at(&self.bound[0] + SNAPSHOT_HEADER + row * ENTRY_SIZE, cls)
+
+    cpdef Py_ssize_t find(self, long long pid) except -2:
+        """The bound buffer's row holding ``pid``, or -1."""
+        self.check_bound()
         cdef uint64_t s = self.probe_start(pid)
         cdef uint32_t v
-        cdef Py_ssize_t limit = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
+        cdef const uint8_t* entries = &self.bound[0] + SNAPSHOT_HEADER
         while True:
             v = self.slots[s]
             if v == 0:
                 return -1
-            if v - 1 >= limit:
-                raise ValueError(f"row {v - 1} is outside the entries")
-            if row_pid(&data[0] + SNAPSHOT_HEADER, v - 1) == pid:
+            if row_pid(entries, v - 1) == pid:          # rows < size <= the bound rows
                 return v - 1
             s = (s + 1) & self.mask
 
@@ -263,20 +343,13 @@ cdef class RowTable:
             self.size += 1
         return None
 
-    def insert(self, long long pid, uint32_t row):
-        """Record that ``row`` holds ``pid`` (not present yet)."""
-        if <uint64_t>(2 * (self.size + 1)) > self.mask + 1:
-            raise ValueError("row table is full")
-        cdef uint64_t s = self.probe_start(pid)
-        while self.slots[s] != 0:
-            s = (s + 1) & self.mask
-        self.slots[s] = row + 1
-        self.size += 1
-
-    cdef Py_ssize_t upsert_row(self, uint8_t* entries, Py_ssize_t count, Py_ssize_t rows, int64_t pid) noexcept nogil:
-        """The row holding ``pid``, else ``count`` (now recorded as its row) if ``count < rows``, else -1."""
+    cdef Py_ssize_t upsert_row(self, int64_t pid, Py_ssize_t max_count) noexcept nogil:
+        """The bound buffer's row holding ``pid``, else a new row (recorded here) if fewer than
+        ``max_count`` are in use, else -1."""
+        cdef const uint8_t* entries = &self.bound[0] + SNAPSHOT_HEADER
         cdef uint64_t s = self.probe_start(pid)
         cdef uint32_t v
+        cdef Py_ssize_t row
         while True:
             v = self.slots[s]
             if v == 0:
@@ -284,77 +357,92 @@ cdef class RowTable:
             if row_pid(entries, v - 1) == pid:
                 return v - 1
             s = (s + 1) & self.mask
-        if count >= rows:
+        if self.size >= max_count:
             return -1
-        self.slots[s] = <uint32_t>(count + 1)
+        row = self.size
+        self.slots[s] = <uint32_t>(row + 1)
         self.size += 1
-        return count
+        return row
 
-    cdef int check_rows(self, const uint8_t[::1] data, Py_ssize_t count) except -1:
-        check_entries(data, count)
-        if <uint64_t>(2 * ((data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE)) > self.mask + 1:
+    def bind(self, buffer, bint writable):
+        """Keep ``data`` (the mapped file whose first ``size`` rows this table indexes) for ``find``,
+        ``get``, ``find_many`` and, if ``writable``, ``put`` and ``put_many``, so those calls do not take
+        the buffer each time. ``unbind`` lets the mapping close."""
+        cdef const uint8_t[::1] data = buffer
+        cdef uint8_t[::1] must_be_writable
+        if writable:
+            must_be_writable = buffer               # BufferError if it is not
+        check_entries(data, self.size)
+        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
+        if <uint64_t>(2 * rows) > self.mask + 1:
             raise ValueError("the row table is smaller than the entries")
+        self.bound = data
+        self.writable = writable
+        self.rows = rows
+
+    def unbind(self):
+        self.bound = None
+        self.rows = 0
+
+    cdef int check_bound(self, bint write=False) except -1:
+        if self.bound is None:
+            raise ValueError("no buffer bound")
+        if write and not self.writable:
+            raise ValueError("the bound buffer is read-only")
         return 0
 
-    def put(self, uint8_t[::1] data, entry, Py_ssize_t count):
-        """Write ``entry`` (a ProducerEntry) into its row, or a new row ``count`` (then the header's count
-        becomes count + 1, after the row). Returns the row; -1 if a new row is needed but the buffer is
-        full; -2 if the entry must be refused (the caller says why)."""
-        self.check_rows(data, count)
+    def put(self, entry):
+        """Write ``entry`` (a ProducerEntry) into its row of the bound buffer, or a new row ``size`` (then
+        the header's count becomes the new size, after the row is written). Returns the row; -1 if a new
+        row is needed but the buffer is full; -2 if the entry must be refused (the caller says why)."""
+        self.check_bound(True)
         cdef int64_t fields[8]
         if entry_fields(entry, fields):
             return -2
-        cdef uint8_t* entries = &data[0] + SNAPSHOT_HEADER
-        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
-        cdef Py_ssize_t row = self.upsert_row(entries, count, rows, fields[0])
+        cdef Py_ssize_t row = self.upsert_row(fields[0], self.rows)
         if row < 0:
             return -1
+        cdef uint8_t* at = <uint8_t*>&self.bound[0] + SNAPSHOT_HEADER + row * ENTRY_SIZE
         cdef int i
         for i in range(8):
-            store_be(entries + row * ENTRY_SIZE + FIELD_AT[i], fields[i], FIELD_SIZE[i])
-        if row == count:
-            store_be(&data[6], count + 1, 4)          # the row becomes visible only now
+            store_be(at + FIELD_AT[i], fields[i], FIELD_SIZE[i])
+        if row == self.size - 1:
+            store_be(<uint8_t*>&self.bound[6], self.size, 4)          # a new row becomes visible only now
         return row
 
-    def put_many(self, uint8_t[::1] data, const uint8_t[::1] batch, Py_ssize_t count, Py_ssize_t max_count):
+    def put_many(self, const uint8_t[::1] batch, Py_ssize_t max_count):
         """``put`` for each entry of ``batch`` (entries in the file layout, checked by the caller), in
-        order, until one more would need a row past ``max_count`` (at most the buffer's rows).
-
-        Returns (entries consumed, new count); the header's count is written after each new row."""
-        self.check_rows(data, count)
-        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
-        if max_count > rows:
-            max_count = rows
+        order, until one more would need a row past ``max_count`` (or the bound buffer's rows).
+        Returns how many entries were written; the header's count follows each new row."""
+        self.check_bound(True)
+        if max_count > self.rows:
+            max_count = self.rows
         cdef Py_ssize_t n = batch.shape[0] // ENTRY_SIZE, i = 0, row
-        cdef uint8_t* entries = &data[0] + SNAPSHOT_HEADER
-        cdef const uint8_t* source
         if n == 0:
-            return 0, count
+            return 0
+        cdef uint8_t* entries = <uint8_t*>&self.bound[0] + SNAPSHOT_HEADER
+        cdef const uint8_t* source
         with nogil:
             while i < n:
                 source = &batch[0] + i * ENTRY_SIZE
-                row = self.upsert_row(entries, count, max_count, row_pid(source, 0))
+                row = self.upsert_row(row_pid(source, 0), max_count)
                 if row < 0:
                     break
                 memcpy(entries + row * ENTRY_SIZE, source, ENTRY_SIZE)
-                if row == count:
-                    count += 1
-                    store_be(&data[6], count, 4)
+                if row == self.size - 1:
+                    store_be(<uint8_t*>&self.bound[6], self.size, 4)
                 i += 1
-        return i, count
+        return i
 
-    def find_many(self, const uint8_t[::1] data, const int64_t[::1] pids, int64_t[::1] rows_out):
-        """``find`` for each id: rows_out[i] = its row, or -1."""
+    def find_many(self, const int64_t[::1] pids, int64_t[::1] rows_out):
+        """The bound buffer's row of each id (or -1) into ``rows_out``; returns how many were found."""
+        self.check_bound()
         if rows_out.shape[0] != pids.shape[0]:
             raise ValueError("one output row per id")
-        cdef Py_ssize_t limit = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE, i, found = 0
-        if limit < 0 or pids.shape[0] == 0:
-            rows_out[:] = -1
-            return 0
-        cdef const uint8_t* entries = &data[0] + SNAPSHOT_HEADER
+        cdef Py_ssize_t i, found = 0
+        cdef const uint8_t* entries = &self.bound[0] + SNAPSHOT_HEADER
         cdef uint64_t s
         cdef uint32_t v
-        cdef bint bad = False
         with nogil:
             for i in range(pids.shape[0]):
                 rows_out[i] = -1
@@ -363,16 +451,11 @@ cdef class RowTable:
                     v = self.slots[s]
                     if v == 0:
                         break
-                    if v - 1 >= limit:
-                        bad = True
-                        break
-                    if row_pid(entries, v - 1) == pids[i]:
+                    if row_pid(entries, v - 1) == pids[i]:      # rows < size <= the bound rows
                         rows_out[i] = v - 1
                         found += 1
                         break
                     s = (s + 1) & self.mask
-        if bad:
-            raise ValueError("a row is outside the entries")
         return found
 
 

@@ -116,6 +116,13 @@ def _producer_entry(entry):
     return entry
 
 
+def _producer_id(pid):
+    """``pid`` as an int if it is a signed 64-bit integer, else InvalidArgumentError."""
+    if isinstance(pid, bool) or not isinstance(pid, (int, np.integer)) or not -2**63 <= int(pid) < 2**63:
+        raise InvalidArgumentError(f"a producer id is a signed 64-bit integer, not {pid!r}")
+    return int(pid)
+
+
 def _producer_ids(pids):
     """Producer ids as a contiguous int64 array, from any integer array-like."""
     array = np.asarray(pids)
@@ -223,7 +230,7 @@ class PidLedger:
                 if not self.read_only:
                     os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
             elif base == name and snapshot_offset(name) is None and active_sequence(name) is None \
-                    and name != LOCK_NAME:
+                    and name != LOCK_NAME and not _own_temporary(name):
                 log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
         actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
         self._sequence = active_sequence(actives[-1]) if actives else 0
@@ -296,8 +303,11 @@ class PidLedger:
 
     def read(self, pid):
         """The newest entry of producer ``pid``, or None if unknown or expired."""
+        if type(pid) is not int or not -2**63 <= pid < 2**63:
+            pid = _producer_id(pid)
         with self._lock:
-            self._check_open()
+            if self._closed:
+                raise IllegalStateError(f"ledger {self.directory} is closed")
             entry = self._active.find(pid) if self._active is not None else None
         if entry is None:
             entry = self._read_sealed(self._view, pid)

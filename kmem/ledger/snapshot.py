@@ -299,6 +299,7 @@ class Snapshot:
         self._order_map = None
         self._order = None
         self._file = open(self.path, "rb", buffering=0)
+        self._fd = self._file.fileno()
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         _advise_random(self._map)
         self._data = memoryview(self._map)
@@ -337,17 +338,11 @@ class Snapshot:
 
     def find(self, pid):
         """The entry of producer ``pid``, or None."""
-        if self._order is None:
-            stride = _core.fence_block(self._fences, pid)
-            if stride < 0:
-                return None
-            first = stride * FENCE_STRIDE
-            size = min(FENCE_STRIDE, self.count - first) * ENTRY_SIZE
-            block = os.pread(self._file.fileno(), size, HEADER.size + first * ENTRY_SIZE)
-            if len(block) != size:
+        if self._order is None:        # fences, one pread of the stride, its search: one call to the core
+            entry = _core.sorted_snapshot_find(self._fd, self.count, self._fences, FENCE_STRIDE, pid, ProducerEntry)
+            if entry is False:
                 raise CorruptSnapshotError(f"{self.path}: snapshot shrank while in use")
-            i = _core.block_search(block, pid)
-            return None if i < 0 else kafka_view(ProducerEntry(*ENTRY.unpack_from(block, i * ENTRY_SIZE)))
+            return entry
         row = _core.snapshot_search(self._data, self.count, pid, self._order, self._fences, FENCE_STRIDE)
         entry = None if row < 0 else kafka_view(
             ProducerEntry(*ENTRY.unpack_from(self._data, HEADER.size + row * ENTRY_SIZE)))
