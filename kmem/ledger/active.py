@@ -23,7 +23,7 @@ from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError, IllegalStateError
-from kmem.ledger.snapshot import ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, unmap
+from kmem.ledger.snapshot import ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, gather, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
@@ -92,7 +92,12 @@ class ActiveFile:
         self._table.bind(self._map, not read_only)
         self.bloom = BloomFilter(shape)
         self.bloom.add_many(self.entries()["producer_id"])
-        self.cardinality = self.bloom.cardinality()
+        self._half_the_bits = shape.number_of_bits // 2
+        self._set_cardinality(self.bloom.cardinality())
+
+    def _set_cardinality(self, cardinality):
+        self.cardinality = cardinality
+        self._saturated = cardinality >= self._half_the_bits
 
     @property
     def count(self):
@@ -105,34 +110,33 @@ class ActiveFile:
         return self._table.get(pid, ProducerEntry)
 
     def put(self, entry):
-        """Insert or update ``entry`` in place, as Kafka reads it back (``kafka_view``); the caller checks
-        ``full`` first. False if the core refused it (not eight integers in their fields' ranges, or an
-        offset below -1): the caller says why."""
-        if self.read_only:
-            raise IllegalStateError(f"{self.path} is open read-only")
-        count = self._table.size
-        row = self._table.put(entry)                    # the header's count is written after the row
-        if row == -1:
-            self._grow()
-            row = self._table.put(entry)
-        if row == -2:
-            return False
+        """Insert or update ``entry`` in place, as Kafka reads it back (``kafka_view``).
+
+        True once written; None if the file is ``full`` (nothing written: flush first); False if the
+        core refused it (not eight ints in their fields' ranges, or an offset below -1): the caller
+        says why."""
+        table = self._table
+        count = table.size
+        if count >= self.capacity or self._saturated:
+            return None
+        row = table.put(entry)                          # the header's count is written after the row
         if row == count:
-            self.cardinality += self.bloom.add(entry[0])
-        return True
+            self._set_cardinality(self.cardinality + self.bloom.add(entry[0]))
+        elif row == -1:
+            self._grow()
+            return self.put(entry)
+        return row != -2
 
     def put_many(self, raw, max_new):
         """``put`` for each entry of ``raw`` (checked entries in the file layout, as bytes), in order,
         adding at most ``max_new`` new rows. Returns how many entries were written."""
-        if self.read_only:
-            raise IllegalStateError(f"{self.path} is open read-only")
         limit, done, total = min(self.capacity, self.count + max_new), 0, len(raw) // ENTRY_SIZE
         while True:
             start = self.count
             done += self._table.put_many(raw[done * ENTRY_SIZE:], limit)
             if self.count > start:
                 self.bloom.add_many(self.entries()["producer_id"][start:])
-                self.cardinality = self.bloom.cardinality()
+                self._set_cardinality(self.bloom.cardinality())
             if done == total or self.count >= limit:
                 return done
             self._grow()                                  # the rows ran out before the limit
@@ -142,7 +146,7 @@ class ActiveFile:
         rows = np.empty(len(pids), np.int64)
         self._table.find_many(pids, rows)
         hits = rows >= 0
-        return hits, self.entries()[rows[hits]]
+        return hits, gather(self.entries(), rows[hits])
 
     def _grow(self):
         """Double the rows (up to ``capacity``): reserve the blocks, then map them. On failure nothing changed."""
@@ -162,7 +166,7 @@ class ActiveFile:
     @property
     def full(self):
         """No room left, or the filter reached the shape's false-positive rate (half its bits set)."""
-        return self.count >= self.capacity or 2 * self.cardinality >= self.bloom.shape.number_of_bits
+        return self.count >= self.capacity or self._saturated
 
     def entries(self):
         """The rows in use, as an ENTRY_DTYPE array over the mapping."""

@@ -36,7 +36,7 @@ from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgument
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
     ENTRY_DTYPE, ENTRY_SIZE, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view,
-    kafka_view_array, snapshot_name,
+    kafka_view_array, scatter, snapshot_name,
     snapshot_offset, snapshot_stats, write_entries,
 )
 
@@ -311,7 +311,10 @@ class PidLedger:
             entry = self._active.find(pid) if self._active is not None else None
         if entry is None:
             entry = self._read_sealed(self._view, pid)
-        if entry is None or self.expired(entry):
+            if entry is None:
+                return None
+        # expired(), inline: this is the hot path
+        if entry.current_txn_first_offset < 0 and self._clock_ms() - entry.timestamp >= self.expiration_ms:
             return None
         return entry
 
@@ -341,13 +344,16 @@ class PidLedger:
         """
         while True:
             with self._lock:
-                active = self._current()
-                if not active.full:
-                    if not active.put(entry):
-                        _producer_entry(entry).pack()        # raises InvalidArgumentError saying why
-                        raise InvalidArgumentError(f"producer entry refused: {entry!r}")
-                    break
-            self.flush()
+                active = self._active
+                if active is None or self.read_only:
+                    self._check_writable()                  # raises: closed or read-only
+                written = active.put(entry)
+            if written:
+                break
+            if written is False:
+                _producer_entry(entry).pack()               # raises InvalidArgumentError saying why
+                raise InvalidArgumentError(f"producer entry refused: {entry!r}")
+            self.flush()                                    # full
         if type(entry) is ProducerEntry and entry.last_offset >= 0:
             return entry
         return kafka_view(_producer_entry(entry))
@@ -387,7 +393,7 @@ class PidLedger:
         def take(where, finder):
             hits, entries = finder(pids[where])
             found[where[hits]] = True
-            out[where[hits]] = entries
+            scatter(out, where[hits], entries)
 
         with self._lock:
             self._check_open()

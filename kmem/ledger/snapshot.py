@@ -105,6 +105,20 @@ def kafka_view_array(array):
     return array
 
 
+_ROW = np.dtype((np.void, ENTRY_SIZE))
+
+
+def gather(array, rows):
+    """``array[rows]`` for an ENTRY_DTYPE array, copied as whole 46-byte rows (numpy copies structured
+    rows field by field, several times slower)."""
+    return array.view(_ROW)[rows].view(ENTRY_DTYPE)
+
+
+def scatter(array, where, rows):
+    """``array[where] = rows`` for ENTRY_DTYPE arrays, as whole rows (see ``gather``)."""
+    array.view(_ROW)[where] = rows.view(_ROW)
+
+
 def snapshot_name(offset):
     """``00000000000000001234.snapshot`` for offset 1234."""
     if offset < 0 or offset >= 10**20:
@@ -160,7 +174,7 @@ def _body_chunks(array, order):
     yield struct.pack(">i", len(array))
     step = _READ_CHUNK // ENTRY_SIZE
     for start in range(0, len(array), step):
-        rows = array[start:start + step] if order is None else array[order[start:start + step]]
+        rows = array[start:start + step] if order is None else gather(array, order[start:start + step])
         yield rows.tobytes()
 
 
@@ -357,9 +371,9 @@ class Snapshot:
         data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             rows = np.full(len(pids), -1, np.int64)
-            _core.snapshot_search_many(data, self.count, pids, rows, self._order)
+            _core.snapshot_search_many(data, self.count, pids, rows, self._order, self._fences, FENCE_STRIDE)
             hits = rows >= 0
-            found = np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)[rows[hits]]
+            found = gather(np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size), rows[hits])
         finally:
             if data is not self._data:
                 data.close()
