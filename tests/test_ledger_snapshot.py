@@ -326,8 +326,9 @@ def mutate(data, mutations, fix_crc):
 
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 40), seed=st.integers(0, 99), mutations=st.lists(MUTATIONS, max_size=4),
-       fix_crc=st.booleans(), sort=st.booleans())
-def test_fuzz_mutated_snapshots_give_kmem_errors_in_bounded_memory(tmp_path_factory, n, seed, mutations, fix_crc, sort):
+       fix_crc=st.booleans(), sort=st.booleans(), read_only=st.booleans())
+def test_fuzz_mutated_snapshots_give_kmem_errors_in_bounded_memory(tmp_path_factory, n, seed, mutations, fix_crc, sort,
+                                                                   read_only):
     import logging
     import tracemalloc
 
@@ -358,9 +359,13 @@ def test_fuzz_mutated_snapshots_give_kmem_errors_in_bounded_memory(tmp_path_fact
             if isinstance(opened, Snapshot):
                 assert all(opened.find(e.producer_id) == e for e in got)
                 opened.close()
-        with PidLedger(directory, Shape.from_np(200, 0.01), producer_id_expiration_ms=2**62) as ledger:
+        with PidLedger(directory, Shape.from_np(200, 0.01), producer_id_expiration_ms=2**62,
+                       read_only=read_only) as ledger:
             if got is not None and len({e.producer_id for e in got}) == len(got):
                 assert all(ledger.read(e.producer_id) == (None if ledger.expired(e) else e) for e in got)
+                found, rows = ledger.read_many([e.producer_id for e in got])
+                assert [ProducerEntry(*r) if hit else None for hit, r in zip(found, rows.tolist())] \
+                    == [None if ledger.expired(e) else e for e in got]
             else:
                 assert any(snapshot_name(77) in w for w in warnings)      # skipped, with the reason
         _, peak = tracemalloc.get_traced_memory()
@@ -369,3 +374,15 @@ def test_fuzz_mutated_snapshots_give_kmem_errors_in_bounded_memory(tmp_path_fact
         logging.getLogger("kmem.ledger").removeHandler(handler)
     # The file is at most a few KB; a count field claiming 2^31 entries must not be believed.
     assert peak < 4 * 2**20, peak
+
+
+def test_a_snapshot_that_shrinks_while_open_is_reported(tmp_path):
+    entries = random_entries(300, seed=61)
+    path = tmp_path / snapshot_name(5)
+    write_snapshot(path, entries)
+    snap = Snapshot(path)
+    os.truncate(path, 10 + 46 * 100)
+    last = max(entries)
+    with pytest.raises(CorruptSnapshotError, match="shrank"):
+        snap.find(last.producer_id)
+    snap.close()
