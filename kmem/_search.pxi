@@ -285,6 +285,7 @@ cdef class RowTable:
     cdef const uint8_t[::1] bound      # the buffer put/put_many/find_many work on (see bind)
     cdef bint writable
     cdef Py_ssize_t rows               # whole rows in it
+    cdef Py_ssize_t limit              # put adds no row at or past this count (see set_limit)
 
     def __cinit__(self, Py_ssize_t max_rows):
         cdef uint64_t n = 16
@@ -381,10 +382,16 @@ cdef class RowTable:
         self.bound = data
         self.writable = writable
         self.rows = rows
+        self.limit = rows
 
     def unbind(self):
         self.bound = None
-        self.rows = 0
+        self.rows = self.limit = 0
+
+    def set_limit(self, Py_ssize_t limit):
+        """``put`` returns -1 rather than add a row at or past ``limit`` (at most the bound rows): the
+        caller's decisions (its filter, growing the file, flushing) come before that row."""
+        self.limit = max(0, min(limit, self.rows))
 
     cdef int check_bound(self, bint write=False) except -1:
         if self.bound is None:
@@ -396,12 +403,12 @@ cdef class RowTable:
     def put(self, entry):
         """Write ``entry`` (a ProducerEntry) into its row of the bound buffer, or a new row ``size`` (then
         the header's count becomes the new size, after the row is written). Returns the row; -1 if a new
-        row is needed but the buffer is full; -2 if the entry must be refused (the caller says why)."""
+        row is needed at the limit (``set_limit``); -2 if the entry must be refused (the caller says why)."""
         self.check_bound(True)
         cdef int64_t fields[8]
         if entry_fields(entry, fields):
             return -2
-        cdef Py_ssize_t row = self.upsert_row(fields[0], self.rows)
+        cdef Py_ssize_t row = self.upsert_row(fields[0], self.limit)
         if row < 0:
             return -1
         cdef uint8_t* at = <uint8_t*>&self.bound[0] + SNAPSHOT_HEADER + row * ENTRY_SIZE

@@ -90,14 +90,43 @@ class ActiveFile:
             self._map.close()
             raise CorruptSnapshotError(f"{self.path}: producer id {duplicate} appears twice")
         self._table.bind(self._map, not read_only)
-        self.bloom = BloomFilter(shape)
-        self.bloom.add_many(self.entries()["producer_id"])
+        self.put_row = self._table.put
+        self._filter = BloomFilter(shape)
         self._half_the_bits = shape.number_of_bits // 2
-        self._set_cardinality(self.bloom.cardinality())
+        self._filtered = 0                  # rows 0 .. _filtered - 1 are in the filter
+        self.cardinality = 0
+        self._catch_up()
 
-    def _set_cardinality(self, cardinality):
+    def _catch_up(self):
+        """Add the rows not yet in the filter, then recount its set bits.
+
+        New ids go into the filter in batches rather than one call per ``put``: ``room`` says how many
+        may wait, the most that cannot saturate it (each sets at most k bits), so ``full`` still turns
+        true exactly when the filter reaches half its bits set.
+        """
+        start, self._filtered = self._filtered, self.count
+        ids = self.entries()["producer_id"][start:]
+        if len(ids) <= 16:              # near saturation, one at a time: no recount of every bit
+            cardinality = self.cardinality + sum(self._filter.add(pid) for pid in ids.tolist())
+        else:
+            self._filter.add_many(ids)
+            cardinality = self._filter.cardinality()
         self.cardinality = cardinality
         self._saturated = cardinality >= self._half_the_bits
+        self.room = (self._half_the_bits - cardinality) // self._filter.shape.number_of_hash_functions
+        self._set_limit()
+
+    def _set_limit(self):
+        # New rows the core may add before put() must come back here: filter, capacity, growth. Near
+        # saturation one at a time, each checked before the next.
+        self._table.set_limit(min(self.capacity, self._filtered + max(1, self.room)))
+
+    @property
+    def bloom(self):
+        """The filter of every id in the file (KIP-1044's active filter; the sidecar at flush)."""
+        if self._filtered < self.count:
+            self._catch_up()
+        return self._filter
 
     @property
     def count(self):
@@ -114,32 +143,27 @@ class ActiveFile:
 
         True once written; None if the file is ``full`` (nothing written: flush first); False if the
         core refused it (not eight ints in their fields' ranges, or an offset below -1): the caller
-        says why."""
-        table = self._table
-        count = table.size
-        if count >= self.capacity or self._saturated:
-            return None
-        row = table.put(entry)                          # the header's count is written after the row
-        if row == count:
-            self._set_cardinality(self.cardinality + self.bloom.add(entry[0]))
-        elif row == -1:
-            self._grow()
-            return self.put(entry)
+        says why. ``put_row`` is the core's part alone (-1: a new row needs this method)."""
+        row = self.put_row(entry)                       # the header's count is written after the row
+        if row == -1:                                   # a new row at the limit
+            self._catch_up()
+            if self.full:
+                return None
+            if self.count == self.rows:
+                self._grow()
+            row = self.put_row(entry)
         return row != -2
 
-    def put_many(self, raw, max_new):
+    def put_many(self, raw):
         """``put`` for each entry of ``raw`` (checked entries in the file layout, as bytes), in order,
-        adding at most ``max_new`` new rows. Returns how many entries were written."""
-        limit, done, total = min(self.capacity, self.count + max_new), 0, len(raw) // ENTRY_SIZE
-        while True:
-            start = self.count
-            done += self._table.put_many(raw[done * ENTRY_SIZE:], limit)
-            if self.count > start:
-                self.bloom.add_many(self.entries()["producer_id"][start:])
-                self._set_cardinality(self.bloom.cardinality())
-            if done == total or self.count >= limit:
-                return done
-            self._grow()                                  # the rows ran out before the limit
+        until the file is ``full``. Returns how many entries were written."""
+        done, total = 0, len(raw) // ENTRY_SIZE
+        while done < total and not self.full:
+            if self.count == self.rows:
+                self._grow()
+            # At most ``room`` new rows, so the filter cannot saturate unnoticed.
+            done += self._table.put_many(raw[done * ENTRY_SIZE:], min(self.capacity, self._filtered + max(1, self.room)))
+        return done
 
     def find_many(self, pids):
         """(row found per id, their entries as stored) for an int64 array of ids."""
@@ -161,11 +185,15 @@ class ActiveFile:
         table.bind(mapping, True)
         self._table.unbind()
         self._map, self._table, self.rows, previous = mapping, table, rows, self._map
+        self.put_row = table.put
+        self._set_limit()
         unmap(previous)
 
     @property
     def full(self):
         """No room left, or the filter reached the shape's false-positive rate (half its bits set)."""
+        if self.count - self._filtered >= self.room:
+            self._catch_up()
         return self.count >= self.capacity or self._saturated
 
     def entries(self):

@@ -347,7 +347,8 @@ class PidLedger:
                 active = self._active
                 if active is None or self.read_only:
                     self._check_writable()                  # raises: closed or read-only
-                written = active.put(entry)
+                row = active.put_row(entry)                 # the core alone, unless a new row needs more
+                written = active.put(entry) if row == -1 else row != -2
             if written:
                 break
             if written is False:
@@ -376,10 +377,7 @@ class PidLedger:
             with self._lock:
                 active = self._current()
                 if not active.full:
-                    # No more new rows than can set bits before the filter saturates: each sets at most k.
-                    room = (active.bloom.shape.number_of_bits // 2 - active.cardinality) \
-                        // active.bloom.shape.number_of_hash_functions
-                    done += active.put_many(raw[done * ENTRY_SIZE:], max(1, room))
+                    done += active.put_many(raw[done * ENTRY_SIZE:])
                     continue
             self.flush()
 
