@@ -342,21 +342,28 @@ class PidLedger:
         (``kafka_view``: with ``last_offset`` -1 there is no batch, so sequence -1 and offset delta 0).
         The core checks and writes it; only a refused entry comes back here to be explained.
         """
-        while True:
-            with self._lock:
-                active = self._active
-                if active is None or self.read_only:
-                    self._check_writable()                  # raises: closed or read-only
-                row = active.put_row(entry)                 # the core alone, unless a new row needs more
-                written = active.put(entry) if row == -1 else row != -2
-            if written:
-                break
-            if written is False:
-                _producer_entry(entry).pack()               # raises InvalidArgumentError saying why
-                raise InvalidArgumentError(f"producer entry refused: {entry!r}")
-            self.flush()                                    # full
-        if type(entry) is ProducerEntry and entry.last_offset >= 0:
+        with self._lock:
+            active = self._active
+            if active is None or self.read_only:
+                self._check_writable()                      # raises: closed or read-only
+            row = active.put_row(entry)                     # the core alone, unless a new row needs more
+        if row >= 0 and type(entry) is ProducerEntry and entry.last_offset >= 0:
             return entry
+        return self._update_decided(entry, row)
+
+    def _update_decided(self, entry, row):
+        """``update`` past the core's part: a new row for ``ActiveFile.put`` to decide on (the filter,
+        growth; flush first when full), an entry the core refused, or one stored changed."""
+        while row == -1:
+            with self._lock:
+                written = self._current().put(entry)
+            if written is None:
+                self.flush()                                # full
+            else:
+                row = 0 if written else -2
+        if row == -2:
+            _producer_entry(entry).pack()                   # raises InvalidArgumentError saying why
+            raise InvalidArgumentError(f"producer entry refused: {entry!r}")
         return kafka_view(_producer_entry(entry))
 
     def update_many(self, entries):
