@@ -2,7 +2,7 @@
 #
 # A snapshot is `version i16 | crc u32 | count i32` then `count` entries of 46 bytes, each starting with
 # the big-endian producer id. Sorted files (kmem writes them so) are searched in two steps: `fences`
-# (every stride-th id, in the heap) pick the stride, then `block_search` the stride's entries. Files
+# (every stride-th id, in the heap) pick the stride, then `sorted_snapshot_find` reads and searches it. Files
 # in Kafka's hash-map order are searched through `order`, a permutation of rows sorted by id. The
 # active ledger file is unsorted and found through `RowTable`, an open-addressing table of row numbers
 # keyed by the id (the id itself is read back from the entry, so a slot costs 4 bytes).
@@ -203,32 +203,6 @@ def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, co
     if result == -2:
         raise ValueError(f"the order points outside the {count} entries")
     return result
-
-
-def fence_block(const int64_t[::1] fences, long long pid):
-    """Which stride of a sorted snapshot may hold ``pid``: the last fence <= pid, or -1."""
-    if fences.shape[0] == 0:
-        return -1
-    return last_fence_at_most(&fences[0], fences.shape[0], pid)
-
-
-def block_search(const uint8_t[::1] block, long long pid):
-    """The position of ``pid`` among whole sorted entries in ``block`` (no header), or -1."""
-    cdef Py_ssize_t lo = 0, hi = block.shape[0] // ENTRY_SIZE, mid
-    cdef int64_t found
-    if hi == 0:
-        return -1
-    cdef const uint8_t* entries = &block[0]
-    while lo < hi:
-        mid = lo + ((hi - lo) >> 1)
-        found = row_pid(entries, mid)
-        if found == pid:
-            return mid
-        if found < pid:
-            lo = mid + 1
-        else:
-            hi = mid
-    return -1
 
 
 def snapshot_sorted(const uint8_t[::1] data, Py_ssize_t count, const uint32_t[::1] order=None):

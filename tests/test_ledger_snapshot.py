@@ -200,22 +200,34 @@ def test_sorted_snapshot_lookups_across_stride_edges(tmp_path, n):
     assert all(snap.find(pid) is None for pid in gaps)
 
 
-def test_core_fence_and_block_search():
+def test_core_sorted_snapshot_find_reads_one_stride(tmp_path):
     ids = np.arange(0, 3000, 3, dtype=np.int64)
     array = np.zeros(len(ids), ENTRY_DTYPE)
     array["producer_id"] = ids
-    data = np.frombuffer(b"\0" * 10 + array.tobytes(), np.uint8)
+    array["last_offset"] = ids
+    array["last_offset"][5] = -7                          # no batch: built as Kafka reads it
+    array["last_sequence"] = 4
+    array["current_txn_first_offset"] = -1
+    array["current_txn_first_offset"][6] = -3
+    path = tmp_path / "s"
+    write_snapshot(path, array)
+    data = np.frombuffer(path.read_bytes(), np.uint8)
     fences = _core.snapshot_fences(data, len(ids), 128)
     assert fences.tolist() == ids[::128].tolist()
-    assert _core.fence_block(fences, -1) == -1
-    assert _core.fence_block(fences, 0) == 0
-    assert _core.fence_block(fences, int(ids[128])) == 1
-    assert _core.fence_block(fences, int(ids[128]) - 1) == 0
-    assert _core.fence_block(np.empty(0, np.int64), 5) == -1
-    block = array[128:256].tobytes()
-    assert _core.block_search(block, int(ids[130])) == 2
-    assert _core.block_search(block, int(ids[130]) + 1) == -1
-    assert _core.block_search(block[:45], int(ids[128])) == -1          # no whole entry: nothing read
+    with open(path, "rb") as f:
+        def find(pid):
+            return _core.sorted_snapshot_find(f.fileno(), len(ids), fences, 128, pid, ProducerEntry)
+        assert find(int(ids[130])) == ProducerEntry(int(ids[130]), 0, 4, int(ids[130]), 0, 0, 0, -1)
+        assert find(int(ids[5])) == ProducerEntry(int(ids[5]), 0, -1, -1, 0, 0, 0, -1)
+        assert find(int(ids[6])).current_txn_first_offset == -1
+        assert [find(p) for p in (-1, int(ids[128]) - 1, int(ids[-1]) + 1)] == [None, None, None]
+        assert _core.sorted_snapshot_find(f.fileno(), len(ids) + 200, _core.snapshot_fences(
+            np.concatenate([data, np.zeros(200 * 46, np.uint8)]), len(ids) + 200, 128), 128, 2**62, ProducerEntry) \
+            is False                                      # the file is shorter than its stride: reported
+        with pytest.raises(ValueError):
+            _core.sorted_snapshot_find(f.fileno(), len(ids), fences[:-1], 128, 5, ProducerEntry)
+        with pytest.raises(ValueError):
+            _core.sorted_snapshot_find(f.fileno(), len(ids), fences, 129, 5, ProducerEntry)
 
 
 # --- reading as Kafka 3.9's ProducerStateManager.readSnapshot does ---------------------------------------
