@@ -371,6 +371,8 @@ class PidLedger:
 
         ``entries``: an ENTRY_DTYPE array (or one with its fields, or ProducerEntry tuples). The whole batch
         is checked before anything is written. Flushes whenever the active file fills, as ``update`` does.
+        An ``OSError`` on the way (a full disk when the active file grows or a flush writes) leaves the
+        entries before it written, as that many ``update`` calls would have.
         """
         self._check_writable()
         array = entries_array(entries)
