@@ -772,3 +772,15 @@ def test_update_many_checks_the_whole_batch_first(tmp_path):
     with PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as reader:
         with pytest.raises(IllegalStateError, match="read-only"):
             reader.update_many(entries_of([1], [5], [0]))
+
+
+def test_entries_of_numpy_integers_are_taken_as_ints(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        fields = [np.int64(7), np.int16(1), np.int32(3), np.int64(70), np.int32(0), np.int64(NOW), np.int32(0),
+                  np.int64(-1)]
+        assert ledger.update(ProducerEntry(*fields)) == entry(7, offset=70, epoch=1)._replace(last_sequence=3)
+        assert ledger.read(np.int64(7)) == entry(7, offset=70, epoch=1)._replace(last_sequence=3)
+        with pytest.raises(InvalidArgumentError):
+            ledger.update(ProducerEntry(*fields[:1], np.int64(2**20), *fields[2:]))   # epoch beyond int16
+        found, rows = ledger.read_many(np.empty(0, np.int64))
+        assert len(found) == len(rows) == 0

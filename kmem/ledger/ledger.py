@@ -22,6 +22,7 @@ and ``sync()`` msyncs the active file; without it, recent updates can be lost wi
 """
 import fcntl
 import logging
+import operator
 import os
 import threading
 import time
@@ -362,8 +363,10 @@ class PidLedger:
             else:
                 row = 0 if written else -2
         if row == -2:
-            _producer_entry(entry).pack()                   # raises InvalidArgumentError saying why
-            raise InvalidArgumentError(f"producer entry refused: {entry!r}")
+            checked = _producer_entry(entry)                # raises InvalidArgumentError saying why
+            checked.pack()                                  # so does a value out of its field's range
+            # In range, but not plain ints (numpy integers, say): the core takes them as ints.
+            return self.update(ProducerEntry(*map(operator.index, checked)))
         return kafka_view(_producer_entry(entry))
 
     def update_many(self, entries):
