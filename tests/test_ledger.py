@@ -707,6 +707,9 @@ def test_cache_and_batch_writer_arguments_are_checked_and_named(tmp_path):
             write_ledger_snapshot(tmp_path / "batch", [entry(1)], **kwargs)
     with pytest.raises(InvalidArgumentError, match="directory"):
         write_ledger_snapshot(None, [entry(1)])
+    for bad in (5, [5], [(1, 2, 3)]):
+        with pytest.raises(InvalidArgumentError, match="entries"):
+            write_ledger_snapshot(tmp_path / "batch", bad)
 
 
 # --- batch API: update_many / read_many agree with update / read ----------------------------------------

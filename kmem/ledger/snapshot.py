@@ -150,7 +150,11 @@ def entries_array(entries):
                 raise InvalidArgumentError(f"entry field {name} has values outside {ENTRY_DTYPE[name]}")
             out[name] = column
         return out
-    rows = [tuple(e) for e in entries]
+    try:
+        rows = [tuple(e) for e in entries]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"entries must be ProducerEntry tuples or an array with ENTRY_DTYPE's fields, not {entries!r:.80}") from None
     try:
         return np.array(rows, ENTRY_DTYPE) if rows else np.empty(0, ENTRY_DTYPE)
     except (OverflowError, ValueError, TypeError) as e:
