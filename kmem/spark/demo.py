@@ -55,7 +55,8 @@ def _ledgers_match(ledgers, manifest, ledger_dir):
     if any(p["error"] for p in ledgers["partitions"]):
         return False
     for (topic, partition), part in manifest.partitions.items():
-        ledger = PidLedger(os.path.join(ledger_dir, f"{topic}-{partition}"), producer_id_expiration_ms=NEVER_EXPIRE_MS)
+        ledger = PidLedger(os.path.join(ledger_dir, f"{topic}-{partition}"), producer_id_expiration_ms=NEVER_EXPIRE_MS,
+                           read_only=True)
         try:
             if any(ledger.read(pid) != entry for pid, entry in part.producers.items()):
                 return False
