@@ -209,9 +209,9 @@ def print_report(result, stream=None):
     for p in result["partitions"]:
         shape = p["bloom_shape"]
         formats = ", ".join(f"{name}:{count}" for name, count in sorted(p["batches_by_format"].items()))
+        bloom = f"{shape['bits']}/{shape['hash_functions']}"
         print(f"{p['topic'] + '-' + str(p['partition']):<16}{p['records']:>9}{p['batches']:>9}{p['bytes']:>11}"
-              f"{p['unread_bytes']:>8}{p['producer_ids']:>6}{str(shape['bits']) + '/' + str(shape['hash_functions']):>14}"
-              f"  {formats}", file=stream)
+              f"{p['unread_bytes']:>8}{p['producer_ids']:>6}{bloom:>14}  {formats}", file=stream)
     totals = result["totals"]
     print(f"{'total':<16}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}{totals['unread_bytes']:>8}"
           f"{totals['producer_ids']:>6}", file=stream)
