@@ -1,5 +1,5 @@
-"""down_convert against the scenarios of Kafka's RecordsUtil.downConvert and its tests (LazyDownConversionRecordsTest,
-RecordsUtilTest), checked with three readers."""
+"""down_convert against the scenarios Kafka tests RecordsUtil.downConvert with (MemoryRecordsBuilderTest,
+LazyDownConversionRecordsTest), checked with three readers."""
 import struct
 import tracemalloc
 
