@@ -381,16 +381,12 @@ def test_the_report_figure_labels_its_axes_with_what_the_bars_count():
     result = {"input": "/var/kafka", "partitions": [
         {"topic": "t", "partition": 0, "producer_ids": 3, "batches_by_format": {"v2/none": 4, "v1/gzip": 2}}]}
     figure = report_figure(result)
-    try:
-        batches, producers = figure.axes[:2]
-        assert batches.get_ylabel() == "batches" and "batches" in batches.get_title()
-        assert [bar.get_height() for bar in batches.patches] == [2, 4]
-        assert "producer ids" in producers.get_ylabel() and producers.patches[0].get_height() == 3
-        assert all(axis.get_xlabel() == "topic-partition" for axis in (batches, producers))
-        assert "/var/kafka" in figure._suptitle.get_text()
-    finally:
-        import matplotlib.pyplot as plt
-        plt.close(figure)
+    batches, producers = figure.axes
+    assert batches.get_ylabel() == "batches" and "batches" in batches.get_title()
+    assert [bar.get_height() for bar in batches.patches] == [2, 4]
+    assert "producer ids" in producers.get_ylabel() and producers.patches[0].get_height() == 3
+    assert all(axis.get_xlabel() == "topic-partition" for axis in (batches, producers))
+    assert "/var/kafka" in figure.get_suptitle()
 
 
 def test_convert_on_the_demo_sample_reads_as_a_partial_success(spark, sample, tmp_path, capsys):

@@ -108,24 +108,18 @@ def _report_rows(spark, input_path, false_positive_rate):
 def plot_report(result, path):
     """The report as one PNG: batches per partition stacked by format (magic/codec), and producer ids
     per partition."""
-    import matplotlib.pyplot as plt
-
-    figure = report_figure(result)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    report_figure(result).savefig(path, dpi=100)
 
 
 def report_figure(result):
-    """The matplotlib figure ``plot_report`` saves (Agg backend); close it when done."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The matplotlib ``Figure`` ``plot_report`` saves (not registered with pyplot: no GUI, no close)."""
+    from matplotlib.figure import Figure
 
     rows = result["partitions"]
     labels = [f"{p['topic']}-{p['partition']}" for p in rows]
     formats = sorted({f for p in rows for f in p["batches_by_format"]})
-    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    figure = Figure(figsize=(12, 4.5))
+    left, right = figure.subplots(1, 2)
     figure.suptitle(f"kmem report of {result['input']}")
     bottom = [0] * len(rows)
     for name in formats:
