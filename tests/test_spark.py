@@ -248,7 +248,7 @@ def test_an_empty_log_directory_gives_empty_results_and_one_warning(spark, tmp_p
     converted = jobs.convert(spark, empty, tmp_path / "out")
     assert converted["segments_found"] == 0 and converted["errors"] == []
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 3 and all(f"no Kafka log segments" in w and str(empty) in w for w in warnings)
+    assert len(warnings) == 3 and all("no Kafka log segments" in w and str(empty) in w for w in warnings)
 
 
 def test_a_first_size_field_past_the_end_keeps_the_partition_and_reports_the_unread_bytes(spark, tmp_path):
@@ -410,3 +410,16 @@ def test_the_ledger_command_lists_every_partition_and_exits_0(spark, sample, tmp
     assert f"wrote {len(sample.partitions)} of {len(sample.partitions)} ledgers" in out
     for (topic, partition), part in sample.partitions.items():
         assert f"{topic}-{partition}" in out
+
+
+def test_listing_ignores_directories_that_cannot_be_kafka_partitions_and_refuses_a_missing_root(tmp_path):
+    from kmem.errors import InvalidArgumentError
+    from kmem.records import build_records
+
+    for name in ("t-0", f"t-{1 << 31}", "no_partition_number"):       # partition ids are int32
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "00000000000000000000.log").write_bytes(build_records([b"v"], magic=2))
+    assert [(s.topic, s.partition) for s in list_segments(tmp_path)] == [("t", 0)]
+    for missing in (tmp_path / "missing", tmp_path / "t-0" / "00000000000000000000.log"):
+        with pytest.raises(InvalidArgumentError, match="does not exist or is not a directory"):
+            list_segments(missing)
