@@ -71,7 +71,7 @@ def _parser(version):
     convert = job("convert", "down-convert every segment to an older message format")
     convert.add_argument("input", help="Kafka log directory")
     convert.add_argument("output", help="directory for the converted segments")
-    convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1)
+    convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1, help="message format to write")
     convert.add_argument("--chunk-size", type=_positive, default=128 << 10, help="bytes converted at a time per task")
     convert.add_argument("--json", action="store_true", help="print the result as JSON")
     return parser
