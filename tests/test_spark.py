@@ -353,6 +353,7 @@ def test_convert_leaves_nothing_behind_when_a_conversion_raises(tmp_path, monkey
     (lambda logs, out: jobs.convert(None, logs, out, chunk_size="4096"), "chunk_size"),
     (lambda logs, out: jobs.convert(None, logs, out, chunk_size=True), "chunk_size"),
     (lambda logs, out: jobs.convert(None, logs, out, to_magic=2), "to_magic"),
+    (lambda logs, out: jobs.convert_segment(list_segments(logs)[0], out, 1, 0), "chunk_size"),
     (lambda logs, out: jobs.convert(None, None, out), "input_path"),
     (lambda logs, out: jobs.convert(None, logs, 5), "output_dir"),
     (lambda logs, out: jobs.ledger(None, logs, out, false_positive_rate=0), "false_positive_rate"),

@@ -220,6 +220,13 @@ def ledger(spark, input_path, output_dir, false_positive_rate=0.01):
 
 # --------------------------------------------------------------------------------------------- convert
 
+def _check_conversion(to_magic, chunk_size):
+    if to_magic not in (0, 1) or isinstance(to_magic, bool):
+        raise InvalidArgumentError(f"to_magic must be 0 or 1, not {to_magic!r}")
+    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
+        raise InvalidArgumentError(f"chunk_size must be a positive number of bytes, not {chunk_size!r}")
+
+
 def convert_segment(split, output_dir, to_magic, chunk_size, trace_memory=False):
     """Convert one segment (a ``SegmentSplit`` covering the whole file) into ``output_dir``: the work of
     one ``convert`` task, callable without Spark. A segment that cannot be converted gives a result with
@@ -230,6 +237,7 @@ def convert_segment(split, output_dir, to_magic, chunk_size, trace_memory=False)
     from kmem.records import LazyDownConvertRecords, RecordConversionStats
     from kmem.spark.segments import check_complete, open_split
 
+    _check_conversion(to_magic, chunk_size)
     directory = os.path.join(output_dir, f"{split.topic}-{split.partition}")
     os.makedirs(directory, exist_ok=True)
     target = os.path.join(directory, split.name)
@@ -268,10 +276,7 @@ def convert(spark, input_path, output_dir, to_magic=1, chunk_size=128 << 10, tra
     largest per-task peak of Python memory is reported too.
 
     ``output_dir`` must be a directory every executor can write (local, or a shared mount)."""
-    if to_magic not in (0, 1) or isinstance(to_magic, bool):
-        raise InvalidArgumentError(f"to_magic must be 0 or 1, not {to_magic!r}")
-    if not isinstance(chunk_size, int) or isinstance(chunk_size, bool) or chunk_size < 1:
-        raise InvalidArgumentError(f"chunk_size must be a positive number of bytes, not {chunk_size!r}")
+    _check_conversion(to_magic, chunk_size)
     input_path, output_dir = _path("input_path", input_path), os.path.abspath(_path("output_dir", output_dir))
     segments = list_segments(input_path, split_bytes=float("inf"))
     results = []
