@@ -66,10 +66,9 @@ class _Index:
         self.resize(self.entries * self.ENTRY.size)
 
     def reset(self):
-        """Drop every entry (the file keeps its preallocated length)."""
-        length = os.fstat(self._fd).st_size
+        """Drop every entry; the file is preallocated again (Kafka's reset)."""
         os.ftruncate(self._fd, 0)
-        os.ftruncate(self._fd, length)
+        os.ftruncate(self._fd, self.max_index_size)
         self.entries, self._last = 0, None
 
     def _search(self, key):
@@ -127,9 +126,13 @@ class OffsetIndex(_Index):
         if length % self.ENTRY.size:
             raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
         entries = self._entries_array([("offset", ">i4"), ("position", ">i4")])
-        if len(entries) and ((entries["offset"][0] < 0) | (np.diff(entries["offset"]) <= 0).any()
-                             | (np.diff(entries["position"]) <= 0).any() | (entries["position"] >= segment_size).any()):
-            raise CorruptIndexError(f"{self.path}: entries are not increasing or point past the segment")
+        if not len(entries):
+            return
+        if entries["offset"][0] < 0 or (np.diff(entries["offset"]) <= 0).any():
+            raise CorruptIndexError(f"{self.path}: offsets are not increasing from the base offset")
+        if (np.diff(entries["position"]) <= 0).any() or entries["position"][-1] >= segment_size:
+            raise CorruptIndexError(f"{self.path}: positions are not increasing inside the segment "
+                                    f"of {segment_size} bytes")
 
 
 class TimeIndex(_Index):
@@ -167,7 +170,10 @@ class TimeIndex(_Index):
         if length % self.ENTRY.size:
             raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
         entries = self._entries_array([("timestamp", ">i8"), ("offset", ">i4")])
-        if len(entries) and ((entries["offset"][0] < 0) | (np.diff(entries["timestamp"]) <= 0).any()
-                             | (np.diff(entries["offset"]) < 0).any()
-                             | (entries["offset"] + self.base_offset >= max(next_offset, self.base_offset + 1)).any()):
-            raise CorruptIndexError(f"{self.path}: entries are not increasing or point past the segment")
+        if not len(entries):
+            return
+        if (np.diff(entries["timestamp"]) <= 0).any():
+            raise CorruptIndexError(f"{self.path}: timestamps are not increasing")
+        if entries["offset"][0] < 0 or (np.diff(entries["offset"]) < 0).any() \
+                or self.base_offset + int(entries["offset"][-1]) >= max(next_offset, self.base_offset + 1):
+            raise CorruptIndexError(f"{self.path}: offsets are decreasing or past the segment's end {next_offset}")

@@ -168,6 +168,8 @@ class PartitionLog:
                     log.warning("%s: deleted: it follows a truncated segment", path)
                     delete_segment_files(self.directory, later)
                 break
+        if recovered:
+            self.producers.finish_replay()
         if not self.segments:
             self.segments.append(self._new_segment(log_start_offset, active=True))
         self.active.make_active()

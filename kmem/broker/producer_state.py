@@ -238,6 +238,17 @@ class ProducerStateManager:
             self.ledger.update(state.to_entry())
         self._remember(state)
 
+    def finish_replay(self):
+        """After recovery: forget remembered states a replay left behind the ledger (it replayed a segment
+        that is not the last, e.g. to rebuild its index)."""
+        with self._lock:
+            remembered = list(self._cache.values())
+        for state in remembered:
+            entry = self.ledger.read(state.producer_id)
+            if entry is not None and entry.last_offset > state.last_offset:
+                with self._lock:
+                    self._cache.pop(state.producer_id, None)
+
     @property
     def first_unstable_offset(self):
         """The first offset of the oldest open transaction, or None."""

@@ -206,6 +206,8 @@ class LogSegment:
         self.next_offset = previous_last + 1
         self.bytes_since_last_index_entry = valid_bytes - last_index_entry
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
         self.rolling_based_timestamp = None
         return truncated
 
