@@ -16,7 +16,7 @@ from kmem.broker import (
 )
 from kmem import _core
 from kmem.broker import checkpoints
-from kmem.errors import ConfigError, IllegalStateError
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
 
 NOW = 1_700_000_000_000
@@ -294,6 +294,44 @@ def test_append_errors_carry_kafkas_codes(manager):
             assert result.base_offset == -1 and result.error_message
     assert partition_log.log_end_offset == 0 and read_all(partition_log) == []
     assert partition_log.append(good + good[:-3]).last_offset == 0, "a truncated trailing batch is dropped"
+
+
+def test_records_that_do_not_parse_are_invalid(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    for codec in ("none", "gzip"):
+        # One record declared (count and last offset delta agree), two in the body, a valid CRC.
+        data = bytearray(batch([b"a", b"b"], codec=codec))
+        struct.pack_into(">i", data, 23, 0)
+        struct.pack_into(">i", data, 57, 1)
+        struct.pack_into(">I", data, 17, _core.crc32c(memoryview(data)[21:]))
+        result = partition_log.append(bytes(data))
+        assert result.error_code == ErrorCode.INVALID_RECORD and "record structure" in result.error_message
+    assert partition_log.log_end_offset == 0
+
+
+def test_bad_arguments_raise_kmem_errors(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    with pytest.raises(InvalidArgumentError, match="bytes-like"):
+        partition_log.append(12)
+    with pytest.raises(InvalidArgumentError, match="fetch_offset"):
+        partition_log.read("0", 100)
+    with pytest.raises(InvalidArgumentError, match="isolation"):
+        partition_log.read(0, 100, isolation=7)
+    with pytest.raises(InvalidArgumentError, match="timestamp"):
+        partition_log.offset_for_timestamp(None)
+
+
+def test_topic_ids_and_interrupted_deletions(tmp_path):
+    with open_manager(tmp_path) as manager:
+        topic_id = manager.create_topic("t")
+        assert manager.topic_name(topic_id) == "t" and manager.topic_name("AAAAAAAAAAAAAAAAAAAAAA") is None
+    leftover = tmp_path / "gone-0.0123456789abcdef0123456789abcdef-delete"
+    leftover.mkdir()
+    (leftover / "00000000000000000000.log").write_bytes(b"x")
+    with open_manager(tmp_path) as manager:
+        assert not leftover.exists() and sorted(manager.topics()) == ["t"]
 
 
 def test_record_list_too_large(tmp_path):

@@ -55,7 +55,7 @@ from kmem.broker.producer_state import ProducerStateManager
 from kmem.broker.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files
 from kmem.broker.validator import CLIENT, validate_and_assign
 from kmem.durable import fsync_directory, replaced_atomically
-from kmem.errors import ConfigError, IllegalStateError
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import FileRecords, log_segments
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,11 @@ class FetchData(NamedTuple):
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
+
+
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer, not {value!r}")
 
 
 def _wall_clock_ms():
@@ -284,6 +289,10 @@ class PartitionLog:
 
     def read(self, fetch_offset, max_bytes, *, min_one_message=True, isolation=READ_UNCOMMITTED):
         """The records from ``fetch_offset`` on (see the module docstring)."""
+        _check_int("fetch_offset", fetch_offset)
+        _check_int("max_bytes", max_bytes)
+        if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
+            raise InvalidArgumentError(f"isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1): {isolation!r}")
         with self._lock:
             self._check_open()
             hw, lso, start = self.high_watermark, self.last_stable_offset, self.log_start_offset
@@ -311,6 +320,7 @@ class PartitionLog:
 
     def offset_for_timestamp(self, timestamp):
         """ListOffsets for one partition: an ``OffsetAndTimestamp``, or None when no record qualifies."""
+        _check_int("timestamp", timestamp)
         with self._lock:
             self._check_open()
             if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
@@ -443,6 +453,9 @@ class LogManager:
         self._closed = False
         try:
             for name in sorted(os.listdir(self.log_dir)):
+                if name.endswith("-delete") and os.path.isdir(self._path(name)):
+                    shutil.rmtree(self._path(name))        # a topic deletion cut short
+                    continue
                 match = PARTITION_DIR.match(name)
                 if not match or not os.path.isdir(self._path(name)):
                     continue
@@ -531,6 +544,11 @@ class LogManager:
                 info[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
                                         dict(self._topic_configs.get(topic, {})))
             return info
+
+    def topic_name(self, topic_id):
+        """The name of the topic with ``topic_id`` (Fetch v13+ and Metadata v10+ name topics by id), or None."""
+        with self._lock:
+            return next((p.topic for p in self._logs.values() if p.topic_id == topic_id), None)
 
     def get_partition(self, topic, partition):
         """The ``PartitionLog``, or None when the topic or partition does not exist."""

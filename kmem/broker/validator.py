@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.errors import CorruptRecordError
-from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
+from kmem.errors import CorruptRecordError, InvalidArgumentError
+from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
 from kmem.records.batches import ATTR_LOG_APPEND_TIME, V2_HEADER, as_byte_view
 
 V2_HEADER_SIZE = V2_HEADER.size
@@ -75,6 +75,7 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total):
         raise LogError(ErrorCode.INVALID_RECORD, f"batch magic {batch.magic} is not the same as the first batch's "
                                                  f"magic {first.magic}")
     if batch.magic == 2:
+        _check_records(batch)
         if batch.is_compressed and batches_total > 1:
             raise LogError(ErrorCode.INVALID_RECORD, "compressed outer record has more than one batch")
         if origin == CLIENT:
@@ -94,10 +95,25 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total):
                                                          f"batch with producer id {batch.producer_id}")
 
 
+def _check_records(batch):
+    """Every record of a v2 batch must parse, exactly filling the batch (Kafka iterates them too)."""
+    body = batch.buffer[V2_HEADER_SIZE:]
+    try:
+        if batch.is_compressed:
+            body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
+        _core.count_v2_objects(body, batch.records_count, batch.position + V2_HEADER_SIZE)
+    except CorruptRecordError as e:
+        raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
+
+
 def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CLIENT, now_ms=None):
     """Validate ``records`` (a bytes-like object or ``MemoryRecords``) for an append at ``next_offset``
     to a log with ``config`` (a ``LogConfig``); returns ``ValidatedRecords`` or raises ``LogError``."""
-    view = records.buffer if isinstance(records, MemoryRecords) else as_byte_view(records)
+    try:
+        view = records.buffer if isinstance(records, MemoryRecords) else as_byte_view(records)
+    except TypeError:
+        raise InvalidArgumentError(f"records must be bytes-like or MemoryRecords, not {type(records).__name__}") \
+            from None
     try:
         batches = list(MemoryRecords(view).batches())
     except CorruptRecordError as e:
