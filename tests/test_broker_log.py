@@ -2,7 +2,9 @@
 retention, ListOffsets and topics."""
 import os
 import struct
+import threading
 import time
+import tracemalloc
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder as AioDefaultBuilder
@@ -115,7 +117,7 @@ def test_log_directory_files_are_kafkas(tmp_path):
     assert (path / "recovery-point-offset-checkpoint").read_bytes() == b"0\n2\norders 0 2\norders 1 0\n"
     assert (path / "log-start-offset-checkpoint").read_bytes() == b"0\n2\norders 0 0\norders 1 0\n"
     assert (path / "replication-offset-checkpoint").read_bytes() == b"0\n2\norders 0 2\norders 1 0\n"
-    assert (path / ".kafka_cleanshutdown").exists()
+    assert (path / ".kafka_cleanshutdown").read_bytes() == b'{"version":0,"brokerEpoch":-1}'
     lines = (path / "meta.properties").read_text().splitlines()
     assert lines[0] == "#" and lines[1].startswith("#")
     properties = dict(line.split("=", 1) for line in lines[2:])
@@ -510,3 +512,57 @@ def test_offset_for_timestamp(tmp_path):
             expected = next(i for i, s in enumerate(stamps) if s >= target)
             assert partition_log.offset_for_timestamp(target) == (expected, stamps[expected])
         assert partition_log.offset_for_timestamp(NOW + 10_001) is None
+
+
+def test_large_batches_are_written_without_a_copy(manager):
+    manager.create_topic("t", 1, {"max.message.bytes": 32 << 20})
+    partition_log = manager.get_partition("t", 0)
+    builder = RecordsBuilder(2, "none")
+    for i in range(8):
+        builder.append(bytes(1 << 20), timestamp=now_ms())
+    data = bytearray(builder.build())
+    partition_log.append(batch([b"warm-up"]))
+    tracemalloc.start()
+    try:
+        result = partition_log.append(memoryview(data))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.error_code == ErrorCode.NONE
+    assert peak < 256 << 10, peak                   # the 8 MiB batch went from the buffer to the file
+    with partition_log.read(1, 64).records as records:
+        assert records.size_in_bytes == len(data)
+
+
+def test_concurrent_appends_and_reads(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    errors = []
+
+    def producer(n):
+        try:
+            for i in range(100):
+                assert partition_log.append(batch([b"%d-%d" % (n, i)] * 2)).error_code == ErrorCode.NONE
+        except Exception as e:          # reported to the main thread
+            errors.append(e)
+
+    def consumer():
+        try:
+            offset = 0
+            while offset < 800:
+                fetched = partition_log.read(offset, 1 << 16)
+                if fetched.records is not None:
+                    with fetched.records as records:
+                        offset = max(b.last_offset for b in records) + 1
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)] + [threading.Thread(target=consumer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    stored = read_all(partition_log)
+    assert [r[0] for r in stored] == list(range(800))
+    assert sorted(r[3] for r in stored[::2]) == sorted(b"%d-%d" % (n, i) for n in range(4) for i in range(100))

@@ -8,7 +8,8 @@
   prints it (URL-safe base64 of 16 bytes, no padding).
 - ``meta.properties``: a ``java.util.Properties`` file of ``version=1``, ``cluster.id``, ``node.id`` and
   ``directory.id`` (KRaft's layout).
-- ``.kafka_cleanshutdown``: present only after a clean shutdown (written last by ``close``).
+- ``.kafka_cleanshutdown``: present only after a clean shutdown (written last by ``close``, holding
+  ``{"version":0,"brokerEpoch":N}`` as Kafka 3.9 writes it).
 - ``kmem-producer-id-block``: ``0\\n<first id not yet reserved>\\n``, kmem's own file (Kafka keeps the
   allocated blocks in its metadata log). Ids are handed out from a block of 1000 (Kafka's
   ``ProducerIdsBlock`` size) whose end is written, fsynced, before its first id is issued, so a restart

@@ -588,16 +588,17 @@ class LogManager:
         if self._closed:
             raise IllegalStateError(f"log manager of {self.log_dir} is closed")
 
-    def close(self):
-        """Flush and close every partition, write the checkpoints, then the clean-shutdown marker."""
+    def close(self, broker_epoch=-1):
+        """Flush and close every partition, write the checkpoints, then the clean-shutdown marker
+        (``{"version":0,"brokerEpoch":<broker_epoch>}``, as Kafka's ``CleanShutdownFileHandler``)."""
         with self._lock:
             if self._closed:
                 return
             for partition_log in self._logs.values():
                 partition_log.close()
             self.checkpoint()
-            with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True):
-                pass
+            with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True) as marker:
+                marker.write(json.dumps({"version": 0, "brokerEpoch": broker_epoch}, separators=(",", ":")).encode())
             self._closed = True
 
     def __enter__(self):
