@@ -518,7 +518,8 @@ class LogManager:
                 raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             topic_id = checkpoints.random_uuid()
             if configs:
-                self._topic_configs[name] = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items()}
+                self._topic_configs[name] = {k: str(v).lower() if isinstance(v, bool) else v
+                                             for k, v in configs.items()}
                 self._write_topics_file()
             for p in range(partitions):
                 self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
