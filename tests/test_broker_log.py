@@ -17,6 +17,7 @@ from kmem.broker import (
     OffsetAndTimestamp,
 )
 from kmem import _core
+from records_samples import read_aiokafka, read_kafka_python
 from kmem.broker import checkpoints
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
@@ -236,6 +237,10 @@ def test_round_trip_every_magic_and_codec(manager, builder, magic, codec):
         assert (result.base_offset, result.last_offset) == (4 * round_, 4 * round_ + 3)
         expected += [(4 * round_ + i, stamp + i if magic else -1, b"k%d" % i, v) for i, v in enumerate(values)]
     assert read_all(partition_log) == expected
+    with partition_log.read(0, 1 << 20).records as records:     # what the clients' own readers see
+        stored_bytes = records.read(0, records.size_in_bytes)
+    for reader in (read_kafka_python, read_aiokafka):
+        assert [(o, t, k, v) for o, t, k, v, _ in reader(stored_bytes)] == expected, reader
     fetched = partition_log.read(5, 1 << 20)
     with fetched.records as records:
         stored = list(records)
