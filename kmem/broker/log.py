@@ -33,7 +33,8 @@ Threads: one re-entrant lock per partition serialises appends, reads' index look
 ``close``), ``kmem-topics.json`` (each topic's configuration overrides: Kafka keeps them in its metadata
 log), ``kmem-producer-id-block`` (``allocate_producer_id()`` never reissues an id) and the partitions.
 ``maintain(now)`` applies retention and writes the checkpoints; call it periodically (Kafka's
-``log.retention.check.interval.ms`` is 5 minutes).
+``log.retention.check.interval.ms`` is 5 minutes). Segments roll only when an append arrives, as in
+Kafka; an idle partition's active segment still expires, retention rolling it first.
 """
 import bisect
 import json
