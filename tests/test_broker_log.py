@@ -135,6 +135,13 @@ def test_log_directory_files_are_kafkas(tmp_path):
         assert manager.cluster_id == properties["cluster.id"]
 
 
+def test_one_manager_per_log_directory(tmp_path):
+    with open_manager(tmp_path):
+        with pytest.raises(IllegalStateError, match="in use"):
+            open_manager(tmp_path)
+    open_manager(tmp_path).close()
+
+
 def test_checkpoints_refuse_malformed_files(tmp_path):
     path = tmp_path / "recovery-point-offset-checkpoint"
     path.write_bytes(b"0\n2\nt 0 5\n")
