@@ -447,6 +447,19 @@ def test_roll_by_size(tmp_path):
         assert [r[0] for r in read_all(partition_log, 2)] == list(range(2, 12))
 
 
+def test_older_segments_hold_no_file_descriptors(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=600) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        partition_log.append(batch([b"x" * 200]))
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(60):
+            partition_log.append(batch([b"x" * 200]))
+        assert len(partition_log.segments) == 31
+        assert len(os.listdir("/proc/self/fd")) <= before + 1
+        assert len(read_all(partition_log)) == 61
+
+
 def test_roll_by_time_follows_the_first_batch_timestamp(tmp_path):
     with open_manager(tmp_path) as manager:
         manager.create_topic("t", 1, {"segment.ms": 1000})

@@ -280,10 +280,9 @@ class PartitionLog:
             old = self.active
             if old.size == 0:
                 return old
-            old.on_become_inactive()
+            old.on_become_inactive()          # also fsyncs it
             self.segments.append(self._new_segment(self.log_end_offset, active=True))
             self.producers.take_snapshot()
-            old.flush()
             self.recovery_point = self.log_end_offset
             return self.active
 
@@ -407,7 +406,6 @@ class PartitionLog:
             if self._closed:
                 return
             self.active.on_become_inactive()
-            self.active.flush()
             self.recovery_point = self.log_end_offset
             for segment in self.segments:
                 segment.close()
