@@ -9,7 +9,7 @@
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_XDECREF
-from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 
 # CRC-32 (legacy entries) and CRC-32C (v2 batches) are written here in C: zlib's CRC-32 runs at ~4 GB/s
@@ -239,6 +239,7 @@ cdef enum:
     ERR_NESTED = 13
     ERR_BATCH_SIZE = 14
     ERR_CHANGED = 15
+    ERR_OFFSET = 16
 
 _ERRORS = {
     ERR_TRUNCATED: "record data ends before the lengths it declares",
@@ -256,6 +257,7 @@ _ERRORS = {
     ERR_NESTED: "compressed entry nested inside a compressed entry",
     ERR_BATCH_SIZE: "v2 batch is smaller than its 61-byte header",
     ERR_CHANGED: "record data changed while being converted",
+    ERR_OFFSET: "record offset is outside the int64 range",
 }
 
 
@@ -356,6 +358,11 @@ cdef int parse_v2_record(Cursor* c, int64_t base_offset, int64_t base_timestamp,
     r.p += 1    # attributes: unused by Kafka
     if read_varlong(&r, 10, &ts_delta) < 0 or read_varlong(&r, 5, &off_delta) < 0:
         return fail(c, r.error, r.start + r.error_at)
+    # A sum outside int64 is refused rather than wrapped (Kafka's Java longs would wrap silently).
+    if (off_delta > 0 and base_offset > INT64_MAX - off_delta) or (off_delta < 0 and base_offset < INT64_MIN - off_delta):
+        return fail(c, ERR_OFFSET, begin)
+    if (ts_delta > 0 and base_timestamp > INT64_MAX - ts_delta) or (ts_delta < 0 and base_timestamp < INT64_MIN - ts_delta):
+        return fail(c, ERR_TIMESTAMP, begin)
     f.offset = base_offset + off_delta
     f.timestamp = base_timestamp + ts_delta
     if read_varlong(&r, 5, &f.key_len) < 0:
@@ -587,6 +594,8 @@ cdef int convert_legacy_entries(Cursor* c, int64_t absolute_base, Conversion* cv
             return -1
         if e.attributes & ATTR_CODEC_MASK:
             return fail(c, ERR_NESTED, c.p - e.size)
+        if (e.offset > 0 and absolute_base > INT64_MAX - e.offset) or (e.offset < 0 and absolute_base < INT64_MIN - e.offset):
+            return fail(c, ERR_OFFSET, c.p - e.size)
         e.fields.offset = absolute_base + e.offset
         if e.fields.offset < cv.first_offset:
             continue
@@ -828,13 +837,14 @@ def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
 
 
 def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, int64_t count, int64_t max_objects,
-                      int64_t base_offset, int64_t base_timestamp, Py_ssize_t base=0):
+                      int64_t max_record_objects, int64_t base_offset, int64_t base_timestamp, Py_ssize_t base=0):
     """Records from byte ``pos`` of a v2 records section with ``count`` records left, as ``(offset,
     timestamp, key, value, headers)`` tuples (headers a list of ``(key str, value bytes or None)``).
 
     One call makes at most ``max_objects`` records and headers (but always one record), so that a big
-    batch is decoded a slice at a time. Returns ``(records, end position)``; decoding the last record
-    checks that the section ends there.
+    batch is decoded a slice at a time; a record with more than ``max_record_objects`` (itself plus its
+    headers) raises CorruptRecordError before any of them is made. Returns ``(records, end position)``;
+    decoding the last record checks that the section ends there.
     """
     cdef Py_ssize_t n = data.shape[0]
     if pos < 0 or pos > n:
@@ -852,6 +862,10 @@ def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, int64_t cou
         begin = c.p
         if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
             raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
+        if 1 + f.header_count > max_record_objects:
+            from kmem.errors import CorruptRecordError
+            raise CorruptRecordError(f"record has {f.header_count} headers, more than the limit of "
+                                     f"{max_record_objects - 1}", base + (begin - start))
         if made and made + 1 + f.header_count > max_objects:
             c.p = begin       # the next slice starts with this record
             break
@@ -926,14 +940,14 @@ def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0, Py_s
 
 
 def scan_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
-    """``(count, first offset, last offset)`` of the legacy entries filling ``data`` (a wrapper's inner
-    entries), checked as decode_legacy_entries checks them but without making objects; offsets are -1
-    when there is none."""
+    """``(count, first offset, last offset, lowest offset, highest offset)`` of the legacy entries
+    filling ``data`` (a wrapper's inner entries), checked as decode_legacy_entries checks them but
+    without making objects; offsets are -1 when there is none."""
     cdef Py_ssize_t n = data.shape[0]
     cdef const unsigned char* start = &data[0] if n else NULL
     cdef Cursor c = Cursor(start, start + n, start, OK, 0)
     cdef LegacyEntry e
-    cdef int64_t count = 0, first = -1, last = -1
+    cdef int64_t count = 0, first = -1, last = -1, lowest = -1, highest = -1
     cdef int rc = 0
     with nogil:
         while c.p < c.end:
@@ -941,12 +955,14 @@ def scan_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
             if rc < 0:
                 break
             if count == 0:
-                first = e.offset
+                first = lowest = highest = e.offset
             last = e.offset
+            lowest = min(lowest, e.offset)
+            highest = max(highest, e.offset)
             count += 1
     if rc < 0:
         raise _corrupt(c.error, c.error_at, base)
-    return count, first, last
+    return count, first, last, lowest, highest
 
 
 # --- writing -------------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Nothing is copied until records are decoded: a ``MemoryRecords`` holds one memor
 
 Memory for records is bounded per batch. Decompression stops at ``max_decompressed_bytes``. Iterating
 a batch makes ``DECODE_SLICE`` records and headers at a time (one record at least), as Kafka's record
-iterator streams them. ``records()``, which makes them all, first counts them and refuses more than
+iterator streams them; a single record with more than ``max_decompressed_bytes // RECORD_OBJECT_BYTES``
+headers is refused, so that one record costs at most about ``max_decompressed_bytes``. ``records()``, which makes them all, first counts them and refuses more than
 ``max_decompressed_bytes // RECORD_OBJECT_BYTES``: a 7-byte record costs about 200 bytes of Python
 objects, so a 100 KB gzip batch of 9 M empty records would otherwise take 2 GB.
 """
@@ -28,16 +29,26 @@ ATTR_CONTROL = 0x20
 ATTR_DELETE_HORIZON = 0x40
 NO_SEQUENCE = -1
 INT32_MAX = 0x7FFFFFFF
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 DECODE_SLICE = 1024             # records and headers made into Python objects at a time while iterating
 RECORD_OBJECT_BYTES = 256       # most memory of a record (Record, headers list, two ints) or of a header
                                 # (tuple, key str), keys and values aside
 
 
-def legacy_absolute_base(wrapper_offset, last_inner_offset):
+def legacy_absolute_base(wrapper_offset, inner, position):
     """Absolute base of v1 inner offsets (relative to the first, gaps kept): the wrapper carries the
     absolute offset of the last inner message. A wrapper that was never assigned offsets (offset 0, as
-    a producer writes it) leaves the inner offsets as they are, as the Python clients read it."""
-    return max(wrapper_offset - last_inner_offset, 0)
+    a producer writes it) leaves the inner offsets as they are, as the Python clients read it.
+
+    ``inner`` is ``_core.scan_legacy_entries``' result. A base or an absolute offset outside int64 (which
+    Kafka's longs would wrap) raises CorruptRecordError naming ``position``, the wrapper's byte position.
+    """
+    _, _, last, lowest, highest = inner
+    base = max(wrapper_offset - last, 0)
+    if not (INT64_MIN <= base <= INT64_MAX and base + lowest >= INT64_MIN and base + highest <= INT64_MAX):
+        raise CorruptRecordError(f"v1 wrapper offset {wrapper_offset} with inner offsets {lowest}..{highest} "
+                                 "gives absolute offsets outside the int64 range", position)
+    return base
 
 
 class TimestampType(enum.IntEnum):
@@ -149,15 +160,19 @@ class RecordBatch:
 
     @property
     def last_offset(self):
+        """Base offset plus lastOffsetDelta; a sum outside int64 raises CorruptRecordError."""
+        if not INT64_MIN <= self._last_offset <= INT64_MAX:
+            raise CorruptRecordError(f"last offset {self._last_offset} (base offset {self._base_offset} + "
+                                     f"lastOffsetDelta) is outside the int64 range", self.file_position)
         return self._last_offset
 
     @property
     def next_offset(self):
-        return self._last_offset + 1
+        return self.last_offset + 1
 
     @property
     def last_offset_delta(self):
-        return self._last_offset - self.base_offset
+        return self.last_offset - self.base_offset
 
     @property
     def last_sequence(self):
@@ -240,8 +255,8 @@ class RecordBatch:
         log_append = self.timestamp_type == TimestampType.LOG_APPEND_TIME
         pos, left = 0, self._count
         while True:
-            records, pos = _core.decode_v2_records(body, pos, left, DECODE_SLICE, self._base_offset,
-                                                   self.base_timestamp, base)
+            records, pos = _core.decode_v2_records(body, pos, left, DECODE_SLICE, limit // RECORD_OBJECT_BYTES,
+                                                   self._base_offset, self.base_timestamp, base)
             left -= len(records)
             if log_append:
                 yield from (Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records)
@@ -257,10 +272,11 @@ class RecordBatch:
         if value is None:
             raise CorruptRecordError("compressed legacy entry without a value", self.file_position)
         payload = codecs.decompress(self.compression, value, magic, limit, self.file_position)
-        count, first, last = _core.scan_legacy_entries(payload, self.file_position)
+        inner = _core.scan_legacy_entries(payload, self.file_position)
+        count, first = inner[:2]
         if not count:
             raise CorruptRecordError("compressed legacy entry with no inner messages", self.file_position)
-        base = legacy_absolute_base(offset, last) if magic == 1 else 0
+        base = legacy_absolute_base(offset, inner, self.file_position) if magic == 1 else 0
         self._count, self._base_offset = count, base + first
         return payload, base
 

@@ -118,7 +118,7 @@ def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
         codec = attributes & 0x07
         log_append = False      # v0 has no timestamp type
         payload = codecs.decompress(codec, value or b"", magic, limit, pos)
-        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, pos)[2])
+        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, pos), pos)
         entries, n, last, max_written = _core.convert_records(payload, 1, 0, base, -1, False, -1, 0, False, pos)
     if n == 0:
         return None
