@@ -11,14 +11,14 @@
 """
 from kmem.records.batches import ControlRecordType, MemoryRecords, Record, RecordBatch, TimestampType
 from kmem.records.builders import RecordsBuilder, build_control_batch, build_records
-from kmem.records.codecs import CODEC_NAMES, MAX_DECOMPRESSED_BYTES
+from kmem.records.codecs import CODEC_NAMES, MAX_DECOMPRESSED_BYTES, CompressionType
 from kmem.records.convert import ConvertedRecords, RecordConversionStats, down_convert
 from kmem.records.fetch import FetchError, FetchPlan, fetch_magic, plan_fetch
 from kmem.records.files import FileRecords, LogOffsetPosition, log_segments, segment_file_name
 from kmem.records.lazy import LazyDownConvertRecords, LazyDownConvertRecordsSend
 
 __all__ = [
-    "CODEC_NAMES", "MAX_DECOMPRESSED_BYTES", "ControlRecordType", "ConvertedRecords", "FetchError", "FetchPlan",
+    "CODEC_NAMES", "MAX_DECOMPRESSED_BYTES", "CompressionType", "ControlRecordType", "ConvertedRecords", "FetchError", "FetchPlan",
     "FileRecords", "LazyDownConvertRecords", "LazyDownConvertRecordsSend", "LogOffsetPosition", "MemoryRecords",
     "Record", "RecordBatch", "RecordConversionStats", "RecordsBuilder", "TimestampType", "build_control_batch",
     "build_records", "down_convert", "fetch_magic", "log_segments", "plan_fetch", "segment_file_name",

@@ -18,6 +18,7 @@ from typing import NamedTuple
 from kmem import _core
 from kmem.errors import CorruptRecordError
 from kmem.records import codecs
+from kmem.records.arguments import byte_view, check_int, check_limit
 
 V2_HEADER = struct.Struct(">qiiBIhiqqqhii")     # the 61-byte v2 batch header
 LEGACY_HEADER = struct.Struct(">qiIBb")         # offset, size, crc, magic, attributes
@@ -31,6 +32,7 @@ NO_SEQUENCE = -1
 INT32_MAX = 0x7FFFFFFF
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 DECODE_SLICE = 1024             # records and headers made into Python objects at a time while iterating
+REPR_BATCHES = 1000             # batches counted by repr()
 RECORD_OBJECT_BYTES = 256       # most memory of a record (Record, headers list, two ints) or of a header
                                 # (tuple, key str), keys and values aside
 
@@ -69,14 +71,6 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list
-
-
-def as_byte_view(data):
-    """A flat read-only unsigned-byte memoryview of a bytes-like object, without copying."""
-    view = data if isinstance(data, memoryview) else memoryview(data)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view.toreadonly()
 
 
 class RecordBatch:
@@ -126,8 +120,9 @@ class RecordBatch:
 
     @property
     def compression(self):
-        """Codec id: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd (``codecs.CODEC_NAMES`` has the names)."""
-        return self.attributes & ATTR_CODEC_MASK
+        """The ``CompressionType`` (an IntEnum: ``CompressionType.GZIP == 1``); an id that names no codec
+        (5-7 fit in the attribute bits) as a bare int."""
+        return codecs.BY_ATTRIBUTE[self.attributes & ATTR_CODEC_MASK]
 
     @property
     def is_compressed(self):
@@ -217,6 +212,7 @@ class RecordBatch:
         A batch of more than ``max_decompressed_bytes // RECORD_OBJECT_BYTES`` records and headers
         (262,144 by default) raises ``CorruptRecordError`` like an oversized payload: iterate it instead.
         """
+        check_limit("max_decompressed_bytes", max_decompressed_bytes)
         return list(self._records(max_decompressed_bytes, max_decompressed_bytes // RECORD_OBJECT_BYTES))
 
     def __iter__(self):
@@ -308,7 +304,23 @@ class MemoryRecords:
     """
 
     def __init__(self, data):
-        self._view = as_byte_view(data)
+        self._view = byte_view("data", data)
+
+    def __repr__(self):
+        """Size, batch count (up to ``REPR_BATCHES``) and first offset, read from batch headers only."""
+        count, first, pos = 0, "", 0
+        try:
+            while count < REPR_BATCHES and (entry := _core.entry_at(self._view, pos)) is not None:
+                if count == 0:
+                    batch = RecordBatch(self._view, pos, *entry)
+                    if batch._base_offset is not None:     # known without decompressing
+                        first = f", first offset {batch._base_offset}"
+                count += 1
+                pos += entry[0]
+            batches = f"{count}{'+' if count == REPR_BATCHES else ''} batches"
+        except CorruptRecordError as e:
+            batches = f"{count} batches, then corrupt data at byte {e.offset}"
+        return f"<MemoryRecords {len(self._view)} bytes{first}, {batches}>"
 
     @property
     def buffer(self):
@@ -326,6 +338,8 @@ class MemoryRecords:
 
     def read(self, position, size):
         """A view of ``size`` bytes from ``position`` (fewer at the end), without copying."""
+        check_int("position", position, 0, INT64_MAX)
+        check_int("size", size, 0, INT64_MAX)
         return self._view[position:position + size]
 
     def __iter__(self):
@@ -333,7 +347,10 @@ class MemoryRecords:
 
     def batches(self, start=0):
         """Iterate batches from byte ``start``."""
-        view, pos = self._view, start
+        return self._batches(check_int("start", start, 0, len(self._view)))
+
+    def _batches(self, pos):
+        view = self._view
         while True:
             entry = _core.entry_at(view, pos)
             if entry is None:

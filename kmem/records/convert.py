@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 
 from kmem import _core
-from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
+from kmem.errors import CorruptRecordError, UnsupportedCompressionTypeError
 from kmem.records import codecs
-from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, as_byte_view,
-                                  legacy_absolute_base)
+from kmem.records.arguments import byte_view, check_bool, check_choice, check_limit, check_long
+from kmem.records.batches import ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, legacy_absolute_base
 
 ZSTD_DOWN_CONVERSION = "Down-conversion of zstandard-compressed batches is not supported"
 LEGACY_OVERHEAD = (14, 22)     # bytes of a v0/v1 message after the log overhead, key and value excluded
@@ -52,7 +52,7 @@ def source_view(records):
         return records.buffer
     if hasattr(records, "read_all"):
         return records.read_all().buffer
-    return as_byte_view(records)
+    return byte_view("records", records)
 
 
 def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
@@ -66,8 +66,10 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
     """
     started = time.perf_counter_ns()
-    if to_magic not in (0, 1, 2):
-        raise InvalidArgumentError(f"cannot convert to magic {to_magic}")
+    check_choice("to_magic", to_magic, (0, 1, 2))
+    check_long("first_offset", first_offset)
+    check_bool("verify_crc", verify_crc)
+    check_limit("max_decompressed_bytes", max_decompressed_bytes)
     view = source_view(records)
     if verify_crc:
         MemoryRecords(view).ensure_valid()

@@ -18,9 +18,10 @@ then fails at construction.
 import logging
 import struct
 
-from kmem.errors import InvalidArgumentError, UnsupportedCompressionTypeError
+from kmem.errors import UnsupportedCompressionTypeError
 from kmem.records import codecs
-from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, as_byte_view
+from kmem.records.arguments import byte_view, check_choice, check_int, check_limit, check_long
+from kmem.records.batches import LOG_OVERHEAD, MemoryRecords
 from kmem.records.convert import RecordConversionStats, down_convert
 from kmem.records.files import read_entries, write_once
 
@@ -35,7 +36,7 @@ def _readable(records):
     """``records`` as an object with ``size_in_bytes`` and ``read(position, size)``."""
     if hasattr(records, "read") and hasattr(records, "size_in_bytes"):
         return records
-    return MemoryRecords(records if isinstance(records, MemoryRecords) else as_byte_view(records))
+    return MemoryRecords(records if isinstance(records, MemoryRecords) else byte_view("records", records))
 
 
 class LazyDownConvertRecords:
@@ -49,15 +50,11 @@ class LazyDownConvertRecords:
 
     def __init__(self, records, to_magic, first_offset=0, chunk_size=DEFAULT_CHUNK_SIZE, *,
                  max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
-        if to_magic not in (0, 1):
-            raise InvalidArgumentError(f"lazy down-conversion targets magic 0 or 1, not {to_magic}")
-        if chunk_size < 1:
-            raise InvalidArgumentError(f"chunk size must be positive, not {chunk_size}")
+        self.to_magic = check_choice("to_magic", to_magic, (0, 1))
+        self.first_offset = check_long("first_offset", first_offset)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1, (1 << 31) - 1)
+        self.max_decompressed_bytes = check_limit("max_decompressed_bytes", max_decompressed_bytes)
         self.records = _readable(records)
-        self.to_magic = to_magic
-        self.first_offset = first_offset
-        self.chunk_size = chunk_size
-        self.max_decompressed_bytes = max_decompressed_bytes
         # S: convert single batches until one gives output; that chunk is kept for the first send.
         self._first_chunk = next(self._converted_chunks(0, 0), None)
         self._converts = self._first_chunk is not None
