@@ -45,8 +45,8 @@ def legacy_absolute_base(wrapper_offset, inner, position):
     ``inner`` is ``_core.scan_legacy_entries``' result. A base or an absolute offset outside int64 (which
     Kafka's longs would wrap) raises CorruptRecordError naming ``position``, the wrapper's byte position.
     """
-    _, _, last, lowest, highest = inner
-    base = max(wrapper_offset - last, 0)
+    lowest, highest = inner.lowest, inner.highest
+    base = max(wrapper_offset - inner.last, 0)
     if not (INT64_MIN <= base <= INT64_MAX and base + lowest >= INT64_MIN and base + highest <= INT64_MAX):
         raise CorruptRecordError(f"v1 wrapper offset {wrapper_offset} with inner offsets {lowest}..{highest} "
                                  "gives absolute offsets outside the int64 range", position)
@@ -269,11 +269,10 @@ class RecordBatch:
             raise CorruptRecordError("compressed legacy entry without a value", self.file_position)
         payload = codecs.decompress(self.compression, value, magic, limit, self.file_position)
         inner = _core.scan_legacy_entries(payload, self.file_position)
-        count, first = inner[:2]
-        if not count:
+        if not inner.count:
             raise CorruptRecordError("compressed legacy entry with no inner messages", self.file_position)
         base = legacy_absolute_base(offset, inner, self.file_position) if magic == 1 else 0
-        self._count, self._base_offset = count, base + first
+        self._count, self._base_offset = inner.count, base + inner.first
         return payload, base
 
     def _legacy_records(self, limit, max_objects):
