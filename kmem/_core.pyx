@@ -16,8 +16,6 @@ from libc.stdint cimport INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from collections import namedtuple
-
 include "_pool.pxi"
 include "_bloom.pxi"
 include "_search.pxi"

@@ -202,8 +202,35 @@ cdef object fit_bytearray(PyObject* raw, Py_ssize_t size):
     return result
 
 
-ConversionRun = namedtuple("ConversionRun", "output stop records source_bytes written_bytes")
-ConvertedEntries = namedtuple("ConvertedEntries", "entries records last_offset max_timestamp")
+cdef class ConversionRun:
+    """What run_down_conversion did: its output, the position it stopped at, records converted, source
+    bytes kept and uncompressed bytes written."""
+    cdef readonly object output
+    cdef readonly Py_ssize_t stop
+    cdef readonly int64_t records, source_bytes, written_bytes
+
+    def __repr__(self):
+        return (f"ConversionRun({len(self.output)} bytes, stop={self.stop}, records={self.records}, "
+                f"source_bytes={self.source_bytes}, written_bytes={self.written_bytes})")
+
+
+cdef ConversionRun conversion_run(object output, Py_ssize_t stop, int64_t records, int64_t source_bytes,
+                                  int64_t written_bytes):
+    cdef ConversionRun run = ConversionRun.__new__(ConversionRun)
+    run.output, run.stop, run.records, run.source_bytes, run.written_bytes = (output, stop, records, source_bytes,
+                                                                              written_bytes)
+    return run
+
+
+cdef class ConvertedEntries:
+    """Entries written by convert_v2_section or convert_legacy_section: the bytes, records, the last
+    offset and the highest timestamp written."""
+    cdef readonly object entries
+    cdef readonly int64_t records, last_offset, max_timestamp
+
+    def __repr__(self):
+        return (f"ConvertedEntries({len(self.entries)} bytes, records={self.records}, "
+                f"last_offset={self.last_offset}, max_timestamp={self.max_timestamp})")
 
 ACTION_TABLE_SIZE = 3 * 8 * 2      # magic, codec, control flag
 ENTRY_ACTIONS = {"skip": ENTRY_SKIP, "copy": ENTRY_COPY, "convert": ENTRY_CONVERT, "stop": ENTRY_STOP}
@@ -226,7 +253,7 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, const uns
     if actions.shape[0] != ACTION_TABLE_SIZE:
         raise ValueError(f"actions must hold {ACTION_TABLE_SIZE} entries")
     if n == pos:
-        return ConversionRun(b"", pos, 0, 0, 0)
+        return conversion_run(b"", pos, 0, 0, 0)
     cdef const unsigned char* start = &data[0]
     cdef const unsigned char* table = &actions[0]
     cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
@@ -249,14 +276,17 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, const uns
     if rc < 0:
         Py_XDECREF(raw)
         raise _corrupt(c.error, c.error_at)
-    return ConversionRun(fit_bytearray(raw, cv.written), stop, cv.records, source_bytes, uncompressed)
+    return conversion_run(fit_bytearray(raw, cv.written), stop, cv.records, source_bytes, uncompressed)
 
 
 cdef _converted_entries(Cursor* c, Conversion* cv, PyObject* raw, int rc, Py_ssize_t base):
     if rc < 0:
         Py_XDECREF(raw)
         raise _corrupt(c.error, c.error_at, base)
-    return ConvertedEntries(fit_bytearray(raw, cv.written), cv.records, cv.last_written_offset, cv.max_timestamp)
+    cdef ConvertedEntries result = ConvertedEntries.__new__(ConvertedEntries)
+    result.entries = fit_bytearray(raw, cv.written)
+    result.records, result.last_offset, result.max_timestamp = cv.records, cv.last_written_offset, cv.max_timestamp
+    return result
 
 
 def convert_v2_section(const unsigned char[::1] data, *, int64_t count, int64_t base_offset, int64_t base_timestamp,

@@ -1,6 +1,13 @@
 # Decoding records into Python objects, and scanning them without making any.
 
-LegacyScan = namedtuple("LegacyScan", "count first last lowest highest")
+cdef class LegacyScan:
+    """What scan_legacy_entries found: the count of entries, the first and last offsets, and the lowest
+    and highest (-1 when there is none)."""
+    cdef readonly int64_t count, first, last, lowest, highest
+
+    def __repr__(self):
+        return (f"LegacyScan(count={self.count}, first={self.first}, last={self.last}, lowest={self.lowest}, "
+                f"highest={self.highest})")
 
 def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
     """``(size, magic)`` of the top-level entry at ``pos``, or None when no complete entry is left.
@@ -150,4 +157,6 @@ def scan_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
             count += 1
     if rc < 0:
         raise _corrupt(c.error, c.error_at, base)
-    return LegacyScan(count, first, last, lowest, highest)
+    cdef LegacyScan scan = LegacyScan.__new__(LegacyScan)
+    scan.count, scan.first, scan.last, scan.lowest, scan.highest = count, first, last, lowest, highest
+    return scan

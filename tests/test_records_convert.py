@@ -1,4 +1,4 @@
-"""down_convert against Kafka's RecordsUtil scenarios (SPEC.md §5), checked with three readers."""
+"""down_convert against Kafka's RecordsUtil scenarios (RecordsUtilTest), checked with three readers."""
 import struct
 import tracemalloc
 

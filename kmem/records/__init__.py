@@ -1,9 +1,10 @@
-"""Kafka record formats v0/v1/v2, down-conversion and lazy down-conversion (SPEC.md §4-§6).
+"""Kafka record formats v0/v1/v2 (KIP-32, KIP-98), down-conversion (Kafka's RecordsUtil.downConvert) and
+lazy down-conversion (KIP-283, Kafka's LazyDownConversionRecords).
 
 - ``MemoryRecords(data)`` / ``FileRecords(path)``: batches of a bytes-like object or a log segment file,
-  without copying; ``RecordBatch`` views expose Kafka's batch fields (offsets, magic, codec, timestamps,
-  producer id/epoch/sequence, flags, counts) and decode their ``Record``s (offset, timestamp, key,
-  value, headers).
+  without copying; ``RecordBatch`` views expose Kafka's batch fields (offsets, magic, codec as a
+  ``CompressionType``, timestamps, producer id/epoch/sequence, flags, counts) and decode their
+  ``Record``s (offset, timestamp, key, value, headers).
 - ``RecordsBuilder`` / ``build_records`` / ``build_control_batch``: write v0/v1/v2 data with any codec.
 - ``down_convert(records, to_magic, first_offset)`` -> ``ConvertedRecords(records, stats)``.
 - ``LazyDownConvertRecords(records, to_magic, first_offset, chunk_size)`` and its ``to_send()``: KIP-283.

@@ -27,7 +27,6 @@ ATTR_CODEC_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
-ATTR_DELETE_HORIZON = 0x40
 NO_SEQUENCE = -1
 INT32_MAX = 0x7FFFFFFF
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -142,9 +141,6 @@ class RecordBatch:
     def is_control_batch(self):
         return self.magic == 2 and bool(self.attributes & ATTR_CONTROL)
 
-    @property
-    def has_delete_horizon(self):
-        return self.magic == 2 and bool(self.attributes & ATTR_DELETE_HORIZON)
 
     @property
     def base_offset(self):
@@ -375,10 +371,3 @@ class MemoryRecords:
         """Check the CRC of every batch; raises CorruptRecordError at the first bad one."""
         for batch in self.batches():
             batch.ensure_valid()
-
-    def has_match_magic(self, magic):
-        return all(batch.magic == magic for batch in self.batches())
-
-    def has_compatible_magic(self, magic):
-        """True when no batch needs down-conversion to be read by a client of ``magic``."""
-        return all(batch.magic <= magic for batch in self.batches())

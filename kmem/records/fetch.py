@@ -1,4 +1,5 @@
-"""The broker's rules for serving a fetch to an older client (SPEC.md §5), as one decision.
+"""The broker's rules for serving a fetch to an older client (Kafka's KafkaApis fetch handling, KIP-283's
+down-conversion switch and KIP-110's zstd rule), as one decision.
 
 >>> plan_fetch(fetch_version=3, log_magic=2)
 FetchPlan(error=<FetchError.NONE: 0>, to_magic=1)

@@ -1,7 +1,8 @@
 """Lazy chunked down-conversion (KIP-283): convert a fetch response's records a chunk at a time while
 they are being sent, so the memory used is bounded by the chunk size rather than the fetch size.
 
-``LazyDownConvertRecords`` fixes the number of bytes it will send, S, up front (SPEC.md §6):
+``LazyDownConvertRecords`` fixes the number of bytes it will send, S, up front (as Kafka's
+LazyDownConversionRecords does):
 
 - convert the first source batch whose conversion is not empty; S = max(source size, its size), and that
   chunk is kept for the send;
