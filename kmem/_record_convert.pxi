@@ -84,9 +84,8 @@ cdef int convert_legacy_entries(Cursor* c, int64_t absolute_base, Conversion* cv
             return -1
         if e.attributes & ATTR_CODEC_MASK:
             return fail(c, ERR_NESTED, c.p - e.size)
-        if (e.offset > 0 and absolute_base > INT64_MAX - e.offset) or (e.offset < 0 and absolute_base < INT64_MIN - e.offset):
+        if kmem_add_overflows(absolute_base, e.offset, &e.fields.offset):
             return fail(c, ERR_OFFSET, c.p - e.size)
-        e.fields.offset = absolute_base + e.offset
         if e.fields.offset < cv.first_offset:
             continue
         e.fields.timestamp = -1

@@ -6,6 +6,24 @@
 # functions turn those into CorruptRecordError. The layouts' constants, error codes and structs are
 # declared in _core.pxd.
 
+# An int64 sum outside int64 is refused rather than wrapped (Kafka's Java longs would wrap silently);
+# the compilers' checked add costs one flag test per record.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #if defined(__GNUC__) || defined(__clang__)
+    #define kmem_add_overflows(a, b, out) __builtin_add_overflow((a), (b), (out))
+    #else
+    static int kmem_add_overflows(int64_t a, int64_t b, int64_t* out) {
+        if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)) return 1;
+        *out = a + b;
+        return 0;
+    }
+    #endif
+    """
+    bint kmem_add_overflows(int64_t a, int64_t b, int64_t* out) noexcept nogil
+
+
 # Error codes of the nogil parsers; messages in _ERRORS.
 _ERRORS = {
     ERR_TRUNCATED: "record data ends before the lengths it declares",
@@ -104,13 +122,10 @@ cdef int parse_v2_record(Cursor* c, int64_t base_offset, int64_t base_timestamp,
     r.p += 1    # attributes: unused by Kafka
     if read_varlong(&r, 10, &ts_delta) < 0 or read_varlong(&r, 5, &off_delta) < 0:
         return fail(c, r.error, r.start + r.error_at)
-    # A sum outside int64 is refused rather than wrapped (Kafka's Java longs would wrap silently).
-    if (off_delta > 0 and base_offset > INT64_MAX - off_delta) or (off_delta < 0 and base_offset < INT64_MIN - off_delta):
+    if kmem_add_overflows(base_offset, off_delta, &f.offset):
         return fail(c, ERR_OFFSET, begin)
-    if (ts_delta > 0 and base_timestamp > INT64_MAX - ts_delta) or (ts_delta < 0 and base_timestamp < INT64_MIN - ts_delta):
+    if kmem_add_overflows(base_timestamp, ts_delta, &f.timestamp):
         return fail(c, ERR_TIMESTAMP, begin)
-    f.offset = base_offset + off_delta
-    f.timestamp = base_timestamp + ts_delta
     if read_varlong(&r, 5, &f.key_len) < 0:
         return fail(c, r.error, r.start + r.error_at)
     if f.key_len < -1 or f.key_len > r.end - r.p:
