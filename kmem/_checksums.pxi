@@ -24,16 +24,80 @@ cdef extern from *:
     #define KMEM_X86 1
     #include <cpuid.h>
     #include <immintrin.h>
-    static int kmem_has_pclmul = 0, kmem_has_sse42 = 0;
+    static int kmem_has_pclmul = 0, kmem_has_sse42 = 0, kmem_has_vpclmul = 0;
+
+    /* Fold constants (reflected, shifted left by one) are x^(D+32) and x^(D-32) mod P for a folding
+       distance of D bits, low and high 64 bits; k5 is x^64 mod P. */
+    #define KMEM_K128 _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL)
+
+    /* The last step of every fold: x1 (the CRC state of the bytes before buf) folded over the len bytes
+       at buf (a multiple of 16), then reduced to 32 bits (Barrett). */
+    __attribute__((target("pclmul,sse4.1")))
+    static inline uint32_t kmem_crc32_reduce(__m128i x1, const unsigned char* buf, size_t len) {
+        const __m128i k3k4 = KMEM_K128;
+        const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+        const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+        const __m128i mask32 = _mm_setr_epi32(~0, 0, ~0, 0);
+        __m128i x2, x5;
+        while (len >= 16) {
+            x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
+            x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11),
+                                             _mm_loadu_si128((const __m128i*)buf)), x5);
+            buf += 16;
+            len -= 16;
+        }
+        /* 128 -> 64 bits, then Barrett reduction to 32 */
+        x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10);
+        x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
+        x2 = _mm_srli_si128(x1, 4);
+        x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5k0, 0x00), x2);
+        x2 = _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), poly, 0x10);
+        x2 = _mm_clmulepi64_si128(_mm_and_si128(x2, mask32), poly, 0x00);
+        return (uint32_t)_mm_extract_epi32(_mm_xor_si128(x1, x2), 1);
+    }
+
+    /* The same with 256-bit VPCLMULQDQ (AVX2): eight 128-bit lanes folded by 1024 bits per 128 bytes,
+       about twice the 128-bit loop's speed. len >= 256, a multiple of 16. */
+    __attribute__((target("vpclmulqdq,avx2,pclmul,sse4.1")))
+    static uint32_t kmem_crc32_fold_wide(uint32_t crc, const unsigned char* buf, size_t len) {
+        const __m256i k1024 = _mm256_set_epi64x(0x014a7fe880LL, 0x01e88ef372LL, 0x014a7fe880LL, 0x01e88ef372LL);
+        const __m256i k256 = _mm256_set_epi64x(0x015a546366LL, 0x00f1da05aaLL, 0x015a546366LL, 0x00f1da05aaLL);
+        const __m128i k3k4 = KMEM_K128;
+        __m256i y1 = _mm256_loadu_si256((const __m256i*)(buf + 0x00));
+        __m256i y2 = _mm256_loadu_si256((const __m256i*)(buf + 0x20));
+        __m256i y3 = _mm256_loadu_si256((const __m256i*)(buf + 0x40));
+        __m256i y4 = _mm256_loadu_si256((const __m256i*)(buf + 0x60));
+        __m128i lo, hi;
+        y1 = _mm256_xor_si256(y1, _mm256_setr_epi32((int)crc, 0, 0, 0, 0, 0, 0, 0));
+        buf += 128;
+        len -= 128;
+    #define KMEM_FOLD256(y, k, next) _mm256_xor_si256(_mm256_xor_si256(_mm256_clmulepi64_epi128((y), (k), 0x00), \
+                                                                         _mm256_clmulepi64_epi128((y), (k), 0x11)), (next))
+        while (len >= 128) {
+            y1 = KMEM_FOLD256(y1, k1024, _mm256_loadu_si256((const __m256i*)(buf + 0x00)));
+            y2 = KMEM_FOLD256(y2, k1024, _mm256_loadu_si256((const __m256i*)(buf + 0x20)));
+            y3 = KMEM_FOLD256(y3, k1024, _mm256_loadu_si256((const __m256i*)(buf + 0x40)));
+            y4 = KMEM_FOLD256(y4, k1024, _mm256_loadu_si256((const __m256i*)(buf + 0x60)));
+            buf += 128;
+            len -= 128;
+        }
+        /* four registers into one (each 256 bits ahead of the last), then its two lanes into one */
+        y2 = KMEM_FOLD256(y1, k256, y2);
+        y3 = KMEM_FOLD256(y2, k256, y3);
+        y4 = KMEM_FOLD256(y3, k256, y4);
+    #undef KMEM_FOLD256
+        lo = _mm256_castsi256_si128(y4);
+        hi = _mm256_extracti128_si256(y4, 1);
+        lo = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(lo, k3k4, 0x00), _mm_clmulepi64_si128(lo, k3k4, 0x11)),
+                           hi);
+        return kmem_crc32_reduce(lo, buf, len);
+    }
 
     /* CRC-32 of len bytes (len >= 64, a multiple of 16); crc and result are in zlib's inverted form. */
     __attribute__((target("pclmul,sse4.1")))
     static uint32_t kmem_crc32_fold(uint32_t crc, const unsigned char* buf, size_t len) {
         const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
-        const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
-        const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
-        const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
-        const __m128i mask32 = _mm_setr_epi32(~0, 0, ~0, 0);
+        const __m128i k3k4 = KMEM_K128;
         __m128i x1 = _mm_loadu_si128((const __m128i*)(buf + 0x00));
         __m128i x2 = _mm_loadu_si128((const __m128i*)(buf + 0x10));
         __m128i x3 = _mm_loadu_si128((const __m128i*)(buf + 0x20));
@@ -65,21 +129,7 @@ cdef extern from *:
         x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x3), x5);
         x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
         x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11), x4), x5);
-        while (len >= 16) {
-            x5 = _mm_clmulepi64_si128(x1, k3k4, 0x00);
-            x1 = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x1, k3k4, 0x11),
-                                             _mm_loadu_si128((const __m128i*)buf)), x5);
-            buf += 16;
-            len -= 16;
-        }
-        /* 128 -> 64 bits, then Barrett reduction to 32 */
-        x2 = _mm_clmulepi64_si128(x1, k3k4, 0x10);
-        x1 = _mm_xor_si128(_mm_srli_si128(x1, 8), x2);
-        x2 = _mm_srli_si128(x1, 4);
-        x1 = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x1, mask32), k5k0, 0x00), x2);
-        x2 = _mm_clmulepi64_si128(_mm_and_si128(x1, mask32), poly, 0x10);
-        x2 = _mm_clmulepi64_si128(_mm_and_si128(x2, mask32), poly, 0x00);
-        return (uint32_t)_mm_extract_epi32(_mm_xor_si128(x1, x2), 1);
+        return kmem_crc32_reduce(x1, buf, len);
     }
 
     __attribute__((target("sse4.2")))
@@ -131,6 +181,13 @@ cdef extern from *:
         if (__get_cpuid(1, &a, &b, &c, &d)) {
             kmem_has_pclmul = (c & bit_PCLMUL) && (c & bit_SSE4_1);
             kmem_has_sse42 = (c & bit_SSE4_2) != 0;
+            /* 256-bit registers need the OS to save them (OSXSAVE, and XCR0's SSE and AVX state bits) */
+            if (kmem_has_pclmul && (c & bit_OSXSAVE)) {
+                unsigned int xcr0_lo, xcr0_hi;
+                __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+                if ((xcr0_lo & 6) == 6 && __get_cpuid_count(7, 0, &a, &b, &c, &d))
+                    kmem_has_vpclmul = (b & (1u << 5)) && (c & (1u << 10));     /* AVX2, VPCLMULQDQ */
+            }
         }
     #endif
     }
@@ -166,7 +223,7 @@ cdef extern from *:
     #ifdef KMEM_X86
         if (n >= 64 && kmem_has_pclmul && !software) {
             size_t bulk = n & ~(size_t)15;
-            crc = ~kmem_crc32_fold(~crc, p, bulk);
+            crc = ~(n >= 256 && kmem_has_vpclmul ? kmem_crc32_fold_wide(~crc, p, bulk) : kmem_crc32_fold(~crc, p, bulk));
             p += bulk;
             n -= bulk;
         }

@@ -235,7 +235,7 @@ ACTION_TABLE_SIZE = 3 * 8 * 2      # magic, codec, control flag
 ENTRY_ACTIONS = {"skip": ENTRY_SKIP, "copy": ENTRY_COPY, "convert": ENTRY_CONVERT, "stop": ENTRY_STOP}
 
 
-def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, const unsigned char[::1] actions,
+def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, *, const unsigned char[::1] actions,
                         int to_magic, int64_t first_offset):
     """Convert entries from ``pos`` to ``to_magic`` until the first one ``actions`` says to stop at.
 

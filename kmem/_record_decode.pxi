@@ -31,7 +31,7 @@ def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
     return LOG_OVERHEAD + size, magic
 
 
-def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, int64_t count, int64_t max_objects,
+def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, *, int64_t count, int64_t max_objects,
                       int64_t max_record_objects, int64_t base_offset, int64_t base_timestamp, Py_ssize_t base=0):
     """Records from byte ``pos`` of a v2 records section with ``count`` records left, as ``(offset,
     timestamp, key, value, headers)`` tuples (headers a list of ``(key str, value bytes or None)``).
@@ -85,7 +85,7 @@ def decode_v2_records(const unsigned char[::1] data, Py_ssize_t pos, int64_t cou
     return result, c.p - start
 
 
-def count_v2_objects(const unsigned char[::1] data, int64_t count, Py_ssize_t base=0):
+def count_v2_objects(const unsigned char[::1] data, *, int64_t count, Py_ssize_t base=0):
     """Records plus headers of a v2 records section of ``count`` records (what decode_v2_records would
     make), checked as it checks them but without making any object."""
     cdef Py_ssize_t n = data.shape[0]
@@ -112,7 +112,7 @@ def count_v2_objects(const unsigned char[::1] data, int64_t count, Py_ssize_t ba
     return objects
 
 
-def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0, Py_ssize_t pos=0,
+def decode_legacy_entries(const unsigned char[::1] data, *, Py_ssize_t base=0, Py_ssize_t pos=0,
                           Py_ssize_t max_entries=-1):
     """The complete legacy entries from byte ``pos`` (at most ``max_entries``; all when negative) as
     ``(offset, size, magic, attributes, timestamp, key, value)``; the entries must fill ``data`` exactly
@@ -134,7 +134,7 @@ def decode_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0, Py_s
     return result
 
 
-def scan_legacy_entries(const unsigned char[::1] data, Py_ssize_t base=0):
+def scan_legacy_entries(const unsigned char[::1] data, *, Py_ssize_t base=0):
     """LegacyScan(count, first offset, last offset, lowest offset, highest offset) of the legacy entries
     filling ``data`` (a wrapper's inner entries), checked as decode_legacy_entries checks them but
     without making objects; offsets are -1 when there is none."""

@@ -30,17 +30,17 @@ def test_down_conversion_rules_are_a_python_table():
 def test_core_run_follows_the_table_it_is_given():
     data = scenario_batches("none") + build_control_batch(1, 30, 7, 0, 5)
     every = {name: bytes([code]) * _core.ACTION_TABLE_SIZE for name, code in _core.ENTRY_ACTIONS.items()}
-    copied = _core.run_down_conversion(data, 0, every["copy"], 1, 0)
+    copied = _core.run_down_conversion(data, 0, actions=every["copy"], to_magic=1, first_offset=0)
     assert bytes(copied.output) == data and copied.stop == len(data) and copied.records == 0
-    skipped = _core.run_down_conversion(data, 0, every["skip"], 1, 0)
+    skipped = _core.run_down_conversion(data, 0, actions=every["skip"], to_magic=1, first_offset=0)
     assert skipped.output == b"" and skipped.stop == len(data)
-    stopped = _core.run_down_conversion(data, 0, every["stop"], 1, 0)
+    stopped = _core.run_down_conversion(data, 0, actions=every["stop"], to_magic=1, first_offset=0)
     assert stopped.output == b"" and stopped.stop == 0
-    converted = _core.run_down_conversion(data, 0, every["convert"], 1, 11)
+    converted = _core.run_down_conversion(data, 0, actions=every["convert"], to_magic=1, first_offset=11)
     assert (converted.stop, converted.records) == (len(data), 6 + 1)    # offsets 11.. and the marker
     assert [row[0] for row in read_kmem(converted.output)] == [11, 15, 16, 17, 22, 24, 30]
     with pytest.raises(ValueError, match="actions must hold"):
-        _core.run_down_conversion(data, 0, b"\1", 1, 0)
+        _core.run_down_conversion(data, 0, actions=b"\1", to_magic=1, first_offset=0)
 
 
 def test_core_results_are_named():

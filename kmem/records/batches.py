@@ -6,7 +6,8 @@ Nothing is copied until records are decoded: a ``MemoryRecords`` holds one memor
 Memory for records is bounded per batch. Decompression stops at ``max_decompressed_bytes``. Iterating
 a batch makes ``DECODE_SLICE`` records and headers at a time (one record at least), as Kafka's record
 iterator streams them; a single record with more than ``max_decompressed_bytes // RECORD_OBJECT_BYTES``
-headers is refused, so that one record costs at most about ``max_decompressed_bytes``. ``records()``, which makes them all, first counts them and refuses more than
+headers is refused, so that one record costs at most about ``max_decompressed_bytes``. ``records()``,
+which makes them all, first counts them and refuses more than
 ``max_decompressed_bytes // RECORD_OBJECT_BYTES``: a 7-byte record costs about 200 bytes of Python
 objects, so a 100 KB gzip batch of 9 M empty records would otherwise take 2 GB.
 """
@@ -243,12 +244,13 @@ class RecordBatch:
             body = codecs.decompress(self.compression, body, 2, limit, self.file_position)
             base = self.file_position
         if max_objects is not None:
-            self._check_objects(_core.count_v2_objects(body, self._count, base), max_objects)
+            self._check_objects(_core.count_v2_objects(body, count=self._count, base=base), max_objects)
         log_append = self.timestamp_type == TimestampType.LOG_APPEND_TIME
         pos, left = 0, self._count
         while True:
-            records, pos = _core.decode_v2_records(body, pos, left, DECODE_SLICE, limit // RECORD_OBJECT_BYTES,
-                                                   self._base_offset, self.base_timestamp, base)
+            records, pos = _core.decode_v2_records(
+                body, pos, count=left, max_objects=DECODE_SLICE, max_record_objects=limit // RECORD_OBJECT_BYTES,
+                base_offset=self._base_offset, base_timestamp=self.base_timestamp, base=base)
             left -= len(records)
             if log_append:
                 yield from (Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records)
@@ -260,11 +262,11 @@ class RecordBatch:
     def _unwrap(self, limit):
         """A compressed legacy entry's inner entries and the base added to their offsets; the record
         count and base offset are set on the way (Kafka reads them too by decompressing)."""
-        ((offset, _, magic, _, _, _, value),) = _core.decode_legacy_entries(self.buffer, self.file_position)
+        ((offset, _, magic, _, _, _, value),) = _core.decode_legacy_entries(self.buffer, base=self.file_position)
         if value is None:
             raise CorruptRecordError("compressed legacy entry without a value", self.file_position)
         payload = codecs.decompress(self.compression, value, magic, limit, self.file_position)
-        inner = _core.scan_legacy_entries(payload, self.file_position)
+        inner = _core.scan_legacy_entries(payload, base=self.file_position)
         if not inner.count:
             raise CorruptRecordError("compressed legacy entry with no inner messages", self.file_position)
         base = legacy_absolute_base(offset, inner, self.file_position) if magic == 1 else 0
@@ -274,7 +276,7 @@ class RecordBatch:
     def _legacy_records(self, limit, max_objects):
         if not self.is_compressed:
             ((offset, _, _, _, timestamp, key, value),) = _core.decode_legacy_entries(self.buffer,
-                                                                                       self.file_position)
+                                                                                       base=self.file_position)
             yield Record(offset, timestamp, key, value, [])
             return
         payload, base = self._unwrap(limit)
@@ -283,7 +285,7 @@ class RecordBatch:
         pos = 0
         while pos < len(payload):
             for inner_offset, size, _, inner_attributes, timestamp, key, value in _core.decode_legacy_entries(
-                    payload, self.file_position, pos, DECODE_SLICE):
+                    payload, base=self.file_position, pos=pos, max_entries=DECODE_SLICE):
                 if inner_attributes & ATTR_CODEC_MASK:
                     raise CorruptRecordError("compressed entry nested inside a compressed entry", self.file_position)
                 pos += size

@@ -9,8 +9,8 @@ from kmem.errors import InvalidArgumentError
 from kmem.records import codecs
 from kmem.records.arguments import (INT16, INT32, check_bool, check_choice, check_int, check_long,
                                     check_optional_bytes)
-from kmem.records.batches import (ATTR_CONTROL, ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX, V2_HEADER,
-                                  ControlRecordType, TimestampType)
+from kmem.records.batches import (ATTR_CONTROL, ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX,
+                                  V2_HEADER, ControlRecordType, TimestampType)
 
 
 RECORD_FIELDS = frozenset(("value", "key", "timestamp", "headers", "offset"))
@@ -95,7 +95,8 @@ class RecordsBuilder:
                     raise InvalidArgumentError("a header key cannot be None")
                 if not isinstance(k, str):
                     check_optional_bytes("header key", k)
-                encoded.append((k.encode() if isinstance(k, str) else bytes(k), check_optional_bytes("header value", v)))
+                encoded.append((k.encode() if isinstance(k, str) else bytes(k),
+                                check_optional_bytes("header value", v)))
         except (TypeError, ValueError) as e:
             raise InvalidArgumentError(f"headers must be (str or bytes key, bytes or None value) pairs: {e}") from None
         if offset > INT64_MAX:

@@ -100,7 +100,8 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     pieces, stats = [], RecordConversionStats()
     pos = 0
     while True:
-        run = _core.run_down_conversion(view, pos, actions, to_magic, first_offset)
+        run = _core.run_down_conversion(view, pos, actions=actions, to_magic=to_magic,
+                                        first_offset=first_offset)
         if run.output:
             pieces.append(run.output)
         stats.num_records_converted += run.records
@@ -143,9 +144,9 @@ def convert_compressed_batch(batch, to_magic, limit):
             log_append_time=batch.max_timestamp, to_magic=to_magic, relative=to_magic == 1, base=pos)
     else:
         # A v1 wrapper converted to v0: inner offsets become absolute (Kafka's AbstractLegacyRecordBatch).
-        ((wrapper_offset, _, _, _, _, _, value),) = _core.decode_legacy_entries(batch.buffer, pos)
+        ((wrapper_offset, _, _, _, _, _, value),) = _core.decode_legacy_entries(batch.buffer, base=pos)
         payload = codecs.decompress(codec, value or b"", batch.magic, limit, pos)
-        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, pos), pos)
+        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, base=pos), pos)
         converted = _core.convert_legacy_section(payload, absolute_base=base, to_magic=0, base=pos)
     if converted.records == 0:
         return None
