@@ -112,3 +112,12 @@ def test_memory_records_repr():
     corrupt = DATA + bytes(20)
     assert repr(MemoryRecords(corrupt)) == (f"<MemoryRecords {len(corrupt)} bytes, first offset 0, 3 batches, then "
                                             f"corrupt data at byte {len(DATA)}>")
+
+
+@pytest.mark.parametrize("call", [lambda: RecordsBuilder(2, "gzip", gzip_level=0),
+                                  lambda: RecordsBuilder(2, "gzip", gzip_level="9"),
+                                  lambda: down_convert(DATA, 1, gzip_level=10),
+                                  lambda: LazyDownConvertRecords(DATA, 1, gzip_level=None)])
+def test_gzip_level_must_be_one_to_nine(call):
+    with pytest.raises(InvalidArgumentError, match="gzip_level"):
+        call()

@@ -25,6 +25,7 @@ class RecordsBuilder:
     100
     >>> data = b.build()      # bytes; MemoryRecords(data) reads it back
 
+    ``gzip_level`` is KIP-390's ``compression.gzip.level`` (1-9, Kafka's default 6), used with gzip.
     Offsets default to consecutive numbers from ``base_offset``; explicit offsets may leave gaps but must
     increase. ``timestamp_type=LOG_APPEND_TIME`` requires ``log_append_time`` (the broker's clock):
     every record then reads with that timestamp. Headers exist only in v2.
@@ -32,7 +33,8 @@ class RecordsBuilder:
 
     def __init__(self, magic=2, compression="none", timestamp_type=TimestampType.CREATE_TIME, base_offset=0, *,
                  log_append_time=None, producer_id=-1, producer_epoch=-1, base_sequence=-1,
-                 transactional=False, control=False, partition_leader_epoch=-1):
+                 transactional=False, control=False, partition_leader_epoch=-1,
+                 gzip_level=codecs.GZIP_DEFAULT_LEVEL):
         self.magic = check_choice("magic", magic, (0, 1, 2))
         self.compression = codecs.codec_id(compression)
         if self.compression == codecs.ZSTD and magic < 2:
@@ -52,6 +54,7 @@ class RecordsBuilder:
         check_bool("transactional", transactional)
         check_bool("control", control)
         check_int("partition_leader_epoch", partition_leader_epoch, *INT32)
+        self.gzip_level = check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
         if magic < 2 and (transactional or control or producer_id != -1):
             raise InvalidArgumentError(f"magic {magic} has no producer, transactional or control fields")
         self.log_append_time = log_append_time
@@ -120,7 +123,7 @@ class RecordsBuilder:
         section = _core.encode_v2_records([(o - first_offset, t - base_timestamp, k, v, h)
                                            for o, t, k, v, h in self._records])
         if self.compression:
-            section = codecs.compress(self.compression, section, 2)
+            section = codecs.compress(self.compression, section, 2, self.gzip_level)
         attributes = self.compression
         if self.timestamp_type == TimestampType.LOG_APPEND_TIME:
             attributes |= ATTR_LOG_APPEND_TIME
@@ -149,7 +152,8 @@ class RecordsBuilder:
             (o - relative, t, k, v) for (o, t, k, v, _) in self._records])
         wrapper_timestamp = self.log_append_time if log_append else max(timestamps)
         return _core.encode_legacy_entries(self.magic, attributes | self.compression, [
-            (self._records[-1][0], wrapper_timestamp, None, codecs.compress(self.compression, inner, self.magic))])
+            (self._records[-1][0], wrapper_timestamp, None, codecs.compress(self.compression, inner, self.magic,
+                                                                          self.gzip_level))])
 
 
 def build_records(records, magic=2, compression="none", base_offset=0, **batch_fields):

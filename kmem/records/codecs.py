@@ -35,6 +35,10 @@ CODEC_NAMES = ("none", "gzip", "snappy", "lz4", "zstd")
 # a batch's codec bits (0-7) as read: the CompressionType, or the bare int for ids that name no codec
 BY_ATTRIBUTE = (*CompressionType, 5, 6, 7)
 
+#: KIP-390's compression.gzip.level: 1 (fastest) to 9 (smallest); Kafka's default is zlib's, 6.
+GZIP_LEVELS = range(1, 10)
+GZIP_DEFAULT_LEVEL = 6
+
 #: Largest decompressed size of one batch (Kafka batches are at most a few MiB uncompressed in practice).
 MAX_DECOMPRESSED_BYTES = 64 << 20
 
@@ -62,10 +66,10 @@ def codec_name(codec):
     return CODEC_NAMES[codec] if 0 <= codec < len(CODEC_NAMES) else str(codec)
 
 
-def compress(codec, data, magic):
-    """``data`` compressed with ``codec`` (an id) in Kafka's framing for ``magic``."""
+def compress(codec, data, magic, gzip_level=GZIP_DEFAULT_LEVEL):
+    """``data`` compressed with ``codec`` (an id) in Kafka's framing for ``magic``; gzip at ``gzip_level``."""
     if codec == GZIP:
-        c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        c = zlib.compressobj(gzip_level, zlib.DEFLATED, 31)
         return c.compress(data) + c.flush()
     if codec == SNAPPY:
         view = memoryview(data)

@@ -79,7 +79,7 @@ def source_view(records):
 
 
 def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
-                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
+                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES, gzip_level=codecs.GZIP_DEFAULT_LEVEL):
     """Convert ``records`` (MemoryRecords, FileRecords or bytes-like) for a client reading ``to_magic``.
 
     Returns ``ConvertedRecords(records, stats)``. ``first_offset`` is the fetch offset: records of
@@ -87,12 +87,14 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     trailing batch is ignored; corrupt data raises ``CorruptRecordError`` naming its byte position.
     A compressed batch is refused the same way when its payload exceeds ``max_decompressed_bytes`` or
     its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
+    Converted gzip batches are recompressed at ``gzip_level`` (KIP-390's ``compression.gzip.level``).
     """
     started = time.perf_counter_ns()
     check_choice("to_magic", to_magic, (0, 1, 2))
     check_long("first_offset", first_offset)
     check_bool("verify_crc", verify_crc)
     check_limit("max_decompressed_bytes", max_decompressed_bytes)
+    check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
     view = source_view(records)
     if verify_crc:
         MemoryRecords(view).ensure_valid()
@@ -113,7 +115,7 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
         batch = RecordBatch(view, pos, *entry)
         if batch.magic == 2 and batch.compression == codecs.ZSTD:
             raise UnsupportedCompressionTypeError(ZSTD_DOWN_CONVERSION)
-        converted = convert_compressed_batch(batch, to_magic, max_decompressed_bytes)
+        converted = convert_compressed_batch(batch, to_magic, max_decompressed_bytes, gzip_level)
         if converted is not None:
             out, count, uncompressed = converted
             pieces.append(out)
@@ -125,7 +127,7 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     return ConvertedRecords(MemoryRecords(data), stats)
 
 
-def convert_compressed_batch(batch, to_magic, limit):
+def convert_compressed_batch(batch, to_magic, limit, gzip_level):
     """One compressed ``batch`` above ``to_magic`` rewritten as a single ``to_magic`` wrapper.
 
     Returns ``(bytes, records, uncompressed bytes written)``, or None when it holds no record.
@@ -153,5 +155,5 @@ def convert_compressed_batch(batch, to_magic, limit):
     wrapper_attributes = codec | (ATTR_LOG_APPEND_TIME if log_append else 0)
     timestamp = batch.max_timestamp if log_append else converted.max_timestamp
     wrapper = _core.encode_legacy_entries(to_magic, wrapper_attributes, [
-        (converted.last_offset, timestamp, None, codecs.compress(codec, converted.entries, to_magic))])
+        (converted.last_offset, timestamp, None, codecs.compress(codec, converted.entries, to_magic, gzip_level))])
     return wrapper, converted.records, len(converted.entries) + LOG_OVERHEAD + LEGACY_OVERHEAD[to_magic]

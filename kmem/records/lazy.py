@@ -50,11 +50,12 @@ class LazyDownConvertRecords:
     """
 
     def __init__(self, records, to_magic, first_offset=0, chunk_size=DEFAULT_CHUNK_SIZE, *,
-                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
+                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES, gzip_level=codecs.GZIP_DEFAULT_LEVEL):
         self.to_magic = check_choice("to_magic", to_magic, (0, 1))
         self.first_offset = check_long("first_offset", first_offset)
         self.chunk_size = check_int("chunk_size", chunk_size, 1, (1 << 31) - 1)
         self.max_decompressed_bytes = check_limit("max_decompressed_bytes", max_decompressed_bytes)
+        self.gzip_level = check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
         self.records = _readable(records)
         # S: convert single batches until one gives output; that chunk is kept for the first send.
         self._first_chunk = next(self._converted_chunks(0, 0), None)
@@ -97,7 +98,7 @@ class LazyDownConvertRecords:
             window, position = span
             del span
             converted = down_convert(window, self.to_magic, self.first_offset,
-                                     max_decompressed_bytes=self.max_decompressed_bytes)
+                                     max_decompressed_bytes=self.max_decompressed_bytes, gzip_level=self.gzip_level)
             del window
             output, stats = converted.records, converted.stats
             del converted
