@@ -44,7 +44,8 @@ class LazyDownConvertRecords:
     """Records to be down-converted to ``to_magic`` only as they are sent.
 
     ``records``: ``FileRecords``, ``MemoryRecords`` or bytes-like. ``first_offset`` is the fetch offset
-    (records of uncompressed batches below it are dropped). ``size_in_bytes`` is S. Raises
+    (records of uncompressed batches below it are dropped); converted gzip batches are recompressed at
+    ``gzip_level`` (KIP-390). ``size_in_bytes`` is S. Raises
     ``UnsupportedCompressionTypeError`` at construction when the first batch is zstd (a broker answers
     UNSUPPORTED_COMPRESSION_TYPE).
     """
