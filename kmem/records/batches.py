@@ -142,7 +142,6 @@ class RecordBatch:
     def is_control_batch(self):
         return self.magic == 2 and bool(self.attributes & ATTR_CONTROL)
 
-
     @property
     def base_offset(self):
         """First offset. For a compressed legacy entry this decompresses it (as Kafka does)."""
