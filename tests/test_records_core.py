@@ -22,7 +22,7 @@ def test_down_conversion_rules_are_a_python_table():
     assert action(1, codecs.GZIP, False, 1) == "copy"        # at or below the target: copied unread
     assert action(2, codecs.LZ4, False, 1) == "stop"         # needs a codec: converted in Python
     assert action(2, codecs.NONE, False, 0) == "convert"
-    table = convert.ENTRY_ACTIONS[1]
+    table = convert.ACTION_TABLES[1]
     assert len(table) == _core.ACTION_TABLE_SIZE
     assert table[(2 * 8 + codecs.NONE) * 2 + 1] == _core.ENTRY_ACTIONS["skip"]
 

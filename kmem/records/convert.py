@@ -11,7 +11,7 @@ Per source batch, in order:
 
 Runs of batches that need no codec are converted by one call into the compiled core, which measures the
 exact output, allocates it once and writes it with the GIL released. The rules above are decided here
-and handed to the core as a table (``entry_actions``); the core stops its run at each batch the table
+and handed to the core as a table (``ACTION_TABLES``); the core stops its run at each batch the table
 says to stop at, and this module converts it: compressed batches are decompressed (bounded), converted
 by the core, and recompressed here; zstd is refused.
 """
@@ -46,7 +46,7 @@ def entry_actions(to_magic):
                  for magic in range(3) for codec in range(8) for control in (False, True))
 
 
-ENTRY_ACTIONS = {to_magic: entry_actions(to_magic) for to_magic in (0, 1, 2)}
+ACTION_TABLES = {to_magic: entry_actions(to_magic) for to_magic in (0, 1, 2)}
 
 
 @dataclass
@@ -98,7 +98,7 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     view = source_view(records)
     if verify_crc:
         MemoryRecords(view).ensure_valid()
-    actions = ENTRY_ACTIONS[to_magic]
+    actions = ACTION_TABLES[to_magic]
     pieces, stats = [], RecordConversionStats()
     pos = 0
     while True:
