@@ -90,6 +90,11 @@ cdef inline int read_varlong(Cursor* c, int max_bytes, int64_t* out) noexcept no
     cdef int shift = 0
     cdef const unsigned char* begin = c.p
     cdef unsigned char b
+    if c.p < c.end and c.p[0] < 0x80:     # one byte: most lengths and deltas of a record
+        b = c.p[0]
+        c.p += 1
+        out[0] = (b >> 1) ^ -(<int64_t>(b & 1))
+        return 0
     while True:
         if c.p >= c.end:
             return fail(c, ERR_TRUNCATED, begin)
