@@ -65,33 +65,50 @@ class BloomBits:
     def cardinality(self) -> int: ...
     def _merge_bits(self, other: BloomBits) -> None: ...
 
-# -- record formats (_records.pxi) ---------------------------------------------------------------------
+# -- record formats (_checksums.pxi, _record_format.pxi, _record_encode.pxi, _record_convert.pxi,
+#    _record_decode.pxi) ---------------------------------------------------------------------------------
 
-RUN_END: Final[int]
-RUN_COMPRESSED: Final[int]
-RUN_ZSTD: Final[int]
 _ERRORS: dict[int, str]
+ACTION_TABLE_SIZE: Final[int]
+ENTRY_ACTIONS: dict[str, int]
 
-# (output, stop position, RUN_* reason, records converted, source bytes kept, uncompressed bytes written)
-def run_down_conversion(data: Buffer, pos: int, to_magic: int,
-                        first_offset: int) -> tuple[bytearray | bytes, int, int, int, int, int]: ...
-# (entries, records, last offset, max timestamp)
-def convert_records(data: Buffer, source_magic: int, count: int, base_offset: int, base_timestamp: int,
-                    log_append: bool, log_append_time: int, to_magic: int, relative: bool,
-                    base: int = ...) -> tuple[bytearray, int, int, int]: ...
+class ConversionRun:
+    output: bytearray | bytes
+    stop: int
+    records: int
+    source_bytes: int
+    written_bytes: int
+
+class ConvertedEntries:
+    entries: bytearray
+    records: int
+    last_offset: int
+    max_timestamp: int
+
+class LegacyScan:
+    count: int
+    first: int
+    last: int
+    lowest: int
+    highest: int
+
+def run_down_conversion(data: Buffer, pos: int, *, actions: Buffer, to_magic: int,
+                        first_offset: int) -> ConversionRun: ...
+def convert_v2_section(data: Buffer, *, count: int, base_offset: int, base_timestamp: int, log_append: bool,
+                       log_append_time: int, to_magic: int, relative: bool, base: int = ...) -> ConvertedEntries: ...
+def convert_legacy_section(data: Buffer, *, absolute_base: int, to_magic: int, base: int = ...) -> ConvertedEntries: ...
 def conversion_bound(section: int, count: int) -> int: ...
 def entry_at(data: Buffer, pos: int) -> tuple[int, int] | None: ...
 # ([(offset, timestamp, key, value, [(header key, header value)])], end position)
-def decode_v2_records(data: Buffer, pos: int, count: int, max_objects: int, base_offset: int, base_timestamp: int,
-                      base: int = ...
+def decode_v2_records(data: Buffer, pos: int, *, count: int, max_objects: int, max_record_objects: int,
+                      base_offset: int, base_timestamp: int, base: int = ...
                       ) -> tuple[list[tuple[int, int, bytes | None, bytes | None, list[tuple[str, bytes | None]]]],
                                  int]: ...
-def count_v2_objects(data: Buffer, count: int, base: int = ...) -> int: ...
+def count_v2_objects(data: Buffer, *, count: int, base: int = ...) -> int: ...
 # (offset, size, magic, attributes, timestamp, key, value)
-def decode_legacy_entries(data: Buffer, base: int = ..., pos: int = ..., max_entries: int = ...
+def decode_legacy_entries(data: Buffer, *, base: int = ..., pos: int = ..., max_entries: int = ...
                           ) -> list[tuple[int, int, int, int, int, bytes | None, bytes | None]]: ...
-# (count, first offset, last offset)
-def scan_legacy_entries(data: Buffer, base: int = ...) -> tuple[int, int, int]: ...
+def scan_legacy_entries(data: Buffer, *, base: int = ...) -> LegacyScan: ...
 def encode_v2_records(records: list[tuple[int, int, Buffer | None, Buffer | None,
                                           Sequence[tuple[bytes, Buffer | None]]]]) -> bytes: ...
 def encode_legacy_entries(magic: int, attributes: int,
