@@ -3,7 +3,6 @@ import enum
 import functools
 import struct
 
-from ..send import SequenceSend
 from . import codegen, schema
 from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
 
@@ -213,17 +212,58 @@ def decode_response(buf, api_key, api_version):
     return ResponseHeader(correlation_id, tags), body
 
 
-def _finish(buf, parts):
-    if not parts:
-        return bytes(buf)
-    if buf:
-        parts.append(bytes(buf))
-    return SequenceSend(parts)
+class SplicedSend:
+    """An encoded message with record Sends spliced in at byte offsets: a ``kmem.send.Send`` whose
+    ``size`` counts both. One object whatever the number of partitions (a ``SequenceSend`` would need
+    a part per gap between records)."""
+
+    def __init__(self, data, splices):
+        self._data = memoryview(data)
+        self._splices = splices                      # [(offset in data, send)], offsets ascending
+        self.size = self.remaining = len(data) + sum(send.size for _, send in splices)
+        self._position = 0                           # next byte of data to write
+        self._next = 0                               # next splice
+
+    @property
+    def completed(self):
+        return self.remaining == 0
+
+    def write_to(self, transport):
+        written = 0
+        while self.remaining:
+            if self._next < len(self._splices):
+                offset, send = self._splices[self._next]
+            else:
+                offset, send = len(self._data), None
+            if self._position < offset:
+                n = transport.write([self._data[self._position:offset]])
+                self._position += n
+                written += n
+                self.remaining -= n
+                if self._position < offset:
+                    break
+            if send is None:
+                break
+            n = send.write_to(transport)
+            written += n
+            self.remaining -= n
+            if not send.completed:
+                break
+            self._splices[self._next] = None         # let a written send's memory go
+            self._next += 1
+        return written
+
+    def __repr__(self):
+        return f"<SplicedSend {self.size - self.remaining}/{self.size} bytes, {len(self._splices)} sends>"
+
+
+def _finish(buf, splices):
+    return SplicedSend(bytes(buf), splices) if splices else bytes(buf)
 
 
 def _api_key_of(body, kind):
     api_key = getattr(body, "API_KEY", None)
-    if api_key is None or type(body) is not message_class(api_key, kind):
+    if api_key is None or getattr(body, "KIND", None) != kind:
         raise InvalidMessageError(type(body).__name__, None, "(message)",
                                   f"a kmem.protocol {kind.lower()} object is needed")
     return ApiKey(api_key)
@@ -231,8 +271,8 @@ def _api_key_of(body, kind):
 
 def encode_request(body, api_version, correlation_id, client_id=None, unknown_tags=None):
     """The payload (no size prefix) of ``body`` at ``api_version`` with its request header: ``bytes``,
-    or a ``kmem.send.SequenceSend`` when records larger than 16 KiB or Sends are inside (``.size`` is
-    then the payload's length, to write the size prefix)."""
+    or a ``SplicedSend`` (a ``kmem.send.Send``) when records are Sends or larger than 16 KiB; its
+    ``size`` is then the payload's length, to write the size prefix."""
     api_key = _api_key_of(body, "Request")
     _check_version(api_key, api_version)
     buf = bytearray(_REQUEST_HEADER.pack(api_key, api_version, correlation_id, -1))
@@ -242,16 +282,17 @@ def encode_request(body, api_version, correlation_id, client_id=None, unknown_ta
         buf += raw
     if request_header_version(api_key, api_version) == 2:
         buf += codegen.tagged_section(unknown_tags or {})
-    parts = []
-    buf = _codec(api_key, api_version, "Request", "encode")(body, buf, parts)
-    return _finish(buf, parts)
+    splices = []
+    _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
+    return _finish(buf, splices)
 
 
 def encode_response(request_header, body, unknown_tags=None):
     """The payload (no size prefix) of the response ``body`` to the request whose header is given:
-    its version and correlation id are the request's. Returns ``bytes`` when the body holds no Send,
-    otherwise a ``kmem.send.SequenceSend`` (header and fields, then each record Send in place), whose
-    ``size`` is the payload's length: write ``size`` as the frame prefix, then the send."""
+    its version and correlation id are the request's. Returns ``bytes`` when the body holds no Send
+    (and no records above 16 KiB), otherwise a ``SplicedSend`` (a ``kmem.send.Send``: the encoded
+    fields with each record Send in place, nothing copied) whose ``size`` is the payload's length:
+    write ``size`` as the frame prefix, then the send."""
     api_key = _api_key_of(body, "Response")
     if api_key != request_header.api_key:
         raise InvalidMessageError(type(body).__name__, request_header.api_version, "(message)",
@@ -261,9 +302,9 @@ def encode_response(request_header, body, unknown_tags=None):
     buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
     if response_header_version(api_key, version) == 1:
         buf += codegen.tagged_section(unknown_tags or {})
-    parts = []
-    buf = _codec(api_key, version, "Response", "encode")(body, buf, parts)
-    return _finish(buf, parts)
+    splices = []
+    _codec(api_key, version, "Response", "encode")(body, buf, splices)
+    return _finish(buf, splices)
 
 
 def api_versions_fallback_response(request_header):

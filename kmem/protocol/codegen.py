@@ -4,13 +4,14 @@ version's layout, compiled once and cached.
 The generated code is straight-line Python: runs of fixed-size fields are read and written by one
 precompiled ``struct.Struct``; nested structs are inlined; every field sets ``f`` (its path) first, so a
 failure names it. Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
-encoding appends to a ``bytearray`` and hands record ``Send``s over as separate parts.
+encoding appends to a ``bytearray`` and notes where record ``Send``s go instead of copying them.
 """
 import functools
 import struct
 import uuid
 
 from .errors import CorruptMessageError, InvalidMessageError
+from ..send import BytesSend
 from .schema import FIXED_FORMATS, ZERO_UUID, Struct
 
 _MISSING = object()
@@ -57,27 +58,28 @@ def tagged_section(tags):
     return out
 
 
-def put_records(buf, parts, records, compact):
-    """Write a records field's length; small bytes-like records inline, others as a part of their own.
-    Returns the buffer to continue with."""
+def put_records(buf, splices, records, compact):
+    """Write a records field: its length, then small bytes-like records inline; a Send, or bytes-like
+    records larger than INLINE_RECORDS_MAX, is noted in ``splices`` as (offset in ``buf``, send)."""
     if isinstance(records, _BYTES_LIKE):
-        view = memoryview(records).cast("B") if isinstance(records, memoryview) else records
-        size, send = len(view), None
-    elif hasattr(records, "write_to"):
-        size, send = records.size, records
-    else:
+        view = memoryview(records).cast("B") if type(records) is memoryview else records
+        size = len(view)
+        buf += uvarint(size + 1) if compact else _I32.pack(size)
+        if size <= INLINE_RECORDS_MAX:
+            buf += view
+        else:
+            splices.append((len(buf), BytesSend(view)))
+        return
+    if getattr(records, "write_to", None) is None:
         try:
             view = memoryview(records).cast("B")
         except TypeError:
             raise _Bad(f"records must be bytes-like, None or a Send, not {type(records).__name__}") from None
-        size, send = view.nbytes, None
+        put_records(buf, splices, view, compact)
+        return
+    size = records.size
     buf += uvarint(size + 1) if compact else _I32.pack(size)
-    if send is None and size <= INLINE_RECORDS_MAX:
-        buf += view
-        return buf
-    parts.append(bytes(buf))
-    parts.append(send if send is not None else view)
-    return bytearray()
+    splices.append((len(buf), records))
 
 
 _I32 = struct.Struct(">i")
@@ -414,7 +416,7 @@ class _Encoder:
             return
         body = self._null(field, value, buf, indent)
         if kind == "records":
-            src.emit(body, f"{buf} = _put_records({buf}, parts, {value}, {field.compact(self.flexible)})")
+            src.emit(body, f"_put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
             return
         raw = src.var("b")
         if kind == "string":
@@ -454,6 +456,7 @@ def define_class(struct, api_key=None):
                             "``unknown_tags`` maps tagged fields this schema does not know to their raw bytes."}
     if api_key is not None:
         namespace["API_KEY"] = api_key
+        namespace["KIND"] = "Request" if struct.kind == "request" else "Response"
     struct.cls = type(struct.name, (), namespace)
     return struct.cls
 
@@ -496,18 +499,17 @@ def decoder(message, version):
 
 
 def encoder(message, version):
-    """``encode(obj, buf, parts) -> buf``: appends the body to ``buf``; record Sends (and large records)
-    end the current buffer, which goes to ``parts`` followed by the records."""
+    """``encode(obj, buf, splices)``: appends the body to ``buf``; record Sends (and large records) are
+    appended to ``splices`` as (offset in ``buf``, send) instead."""
     build_classes(message)
     src = _Source(message.name, version)
-    src.emit(0, "def encode(obj, buf, parts):")
+    src.emit(0, "def encode(obj, buf, splices):")
     src.emit(1, "f = None")
     src.emit(1, "try:")
     _Encoder(src, version, message.is_flexible(version)).struct(message, "obj", "buf", 2, "")
     src.emit(2, "pass")
     src.emit(1, "except _CAUGHT as e:")
     src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
-    src.emit(1, "return buf")
     src.globals["_CAUGHT"] = (_Bad, struct.error, TypeError, AttributeError, ValueError, OverflowError)
     src.globals["_invalid"] = _invalid
     return src.compile("encode")
