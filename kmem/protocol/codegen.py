@@ -2,8 +2,9 @@
 version's layout, compiled once and cached.
 
 The generated code is straight-line Python: runs of fixed-size fields are read and written by one
-precompiled ``struct.Struct``; nested structs are inlined; every field sets ``f`` (its path) first, so a
-failure names it. Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
+precompiled ``struct.Struct``; nested structs are inlined. Decoders set ``f`` (the field's path) before
+each field so a failure names it; encoders leave that to a second, tracking copy run after a failure.
+Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
 encoding appends to a ``bytearray`` and notes where record ``Send``s go instead of copying them.
 """
 import functools
@@ -11,10 +12,10 @@ import struct
 import threading
 import uuid
 
-from .errors import CorruptMessageError, InvalidMessageError
 from ..errors import InvalidArgumentError
 from ..send import BytesSend
-from .schema import FIXED_FORMATS, ZERO_UUID, Struct
+from .errors import CorruptMessageError, InvalidMessageError
+from .schema import FIXED_FORMATS, ZERO_UUID
 
 _MISSING = object()
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -53,7 +54,7 @@ def uvarint(value):
 
 def tagged_section(tags):
     """The tagged-fields section of ``{tag: encoded value}``, in ascending tag order."""
-    out = uvarint(len(tags))
+    out = bytearray(uvarint(len(tags)))
     for tag in sorted(tags):
         value = tags[tag]
         out += uvarint(tag)
@@ -95,7 +96,8 @@ class _Source:
         self.globals = {"_Bad": _Bad, "_uvarint": read_uvarint, "_enc_uvarint": uvarint,
                         "_tagged_section": tagged_section, "_put_records": put_records,
                         "_BYTES_LIKE": _BYTES_LIKE, "_UUID": uuid.UUID, "_unpack_from": struct.unpack_from,
-                        "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack, "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
+                        "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack,
+                        "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
         self.counter = 0
         self.name = f"{name}_v{version}"
 
@@ -190,7 +192,8 @@ class _Decoder:
             self._uvarint(tag, indent + 1)
             self._uvarint(size, indent + 1)
             src.emit(indent + 1, f"{stop} = pos + {size}")
-            src.emit(indent + 1, f"if {stop} > end: raise _Bad('tagged field of ' + str({size}) + ' bytes past the end')")
+            src.emit(indent + 1,
+                     f"if {stop} > end: raise _Bad('tagged field of ' + str({size}) + ' bytes past the end')")
             keyword = "if"
             for field in tagged:
                 src.emit(indent + 1, f"{keyword} {tag} == {field.tag}:")
@@ -251,11 +254,14 @@ class _Decoder:
             count = src.var("n")
             self._length(field, count, indent, wide=True)
             body = self._null_check(field, count, target, indent)
-            src.emit(body, f"if {count} > end - pos: raise _Bad(str({count}) + ' elements cannot fit in ' + str(end - pos) + ' bytes')")
+            # every element takes a byte at least: a count beyond the bytes left is refused unallocated
+            src.emit(body, f"if {count} > end - pos: "
+                           f"raise _Bad(str({count}) + ' elements cannot fit in ' + str(end - pos) + ' bytes')")
             element = field.element
             if element in FIXED_FORMATS and element != "uuid" and element != "bool":
                 size = _struct_of(">" + FIXED_FORMATS[element]).size
-                src.emit(body, f"{target} = list(_unpack_from('>' + str({count}) + {FIXED_FORMATS[element]!r}, data, pos))")
+                fmt = FIXED_FORMATS[element]
+                src.emit(body, f"{target} = list(_unpack_from('>' + str({count}) + {fmt!r}, data, pos))")
                 src.emit(body, f"pos += {count} * {size}")
             else:
                 items = src.var("items")
@@ -460,7 +466,8 @@ class _Encoder:
         raw = src.var("b")
         if kind == "string":
             src.emit(body, f"{raw} = {value}.encode('utf-8')")
-            src.emit(body, f"if len({raw}) > 32767: raise _Bad('string of ' + str(len({raw})) + ' UTF-8 bytes (at most 32767)')")
+            src.emit(body, f"if len({raw}) > 32767: "
+                           f"raise _Bad('string of ' + str(len({raw})) + ' UTF-8 bytes (at most 32767)')")
         else:
             src.emit(body, f"if not isinstance({value}, _BYTES_LIKE): raise _Bad('bytes-like value expected')")
             src.emit(body, f"{raw} = memoryview({value}).cast('B')")
@@ -480,9 +487,10 @@ def define_class(struct, api_key=None):
     params, body = [], []
     for field in struct.fields:
         default = field.default()
-        if isinstance(default, (list, Struct)) or (field.struct is not None and default is not None):
+        if isinstance(default, list) or (field.struct is not None and default is not None):
             params.append(f"{field.name}=_MISSING")
-            body.append(f"    self.{field.name} = {_default_expr(src, field)} if {field.name} is _MISSING else {field.name}")
+            body.append(f"    self.{field.name} = {_default_expr(src, field)} "
+                        f"if {field.name} is _MISSING else {field.name}")
         else:
             params.append(f"{field.name}={_literal(src, default)}")
             body.append(f"    self.{field.name} = {field.name}")
@@ -611,4 +619,5 @@ def _corrupt(name, version, field, pos, error):
 
 
 def _invalid(name, version, field, error):
-    return InvalidMessageError(name, version, field, f"{type(error).__name__}: {error}" if not isinstance(error, _Bad) else str(error))
+    reason = str(error) if isinstance(error, _Bad) else f"{type(error).__name__}: {error}"
+    return InvalidMessageError(name, version, field, reason)
