@@ -243,3 +243,18 @@ def _drain(send, step=None):
     while not send.completed:
         send.write_to(transport)
     return transport.chunks
+
+
+def test_produce_records_are_views_of_a_pooled_buffer():
+    from kmem.pool import SimpleMemoryPool
+    request = ProduceRequest(acks=1, timeout_ms=5, topic_data=[ProduceRequest.TopicProduceData(
+        name="t", partition_data=[ProduceRequest.PartitionProduceData(index=0, records=b"abc" * 100)])])
+    payload = encode_request(request, 9, 1, client_id="x")
+    pool = SimpleMemoryPool(size_bytes=1 << 20, max_single_allocation_bytes=1 << 16)
+    buf = pool.try_allocate(len(payload))
+    memoryview(buf)[:] = payload
+    _, body = decode_request(buf)
+    records = body.topic_data[0].partition_data[0].records
+    assert records.obj is buf and records == b"abc" * 100
+    del records, body
+    pool.release(buf)
