@@ -258,3 +258,26 @@ def test_produce_records_are_views_of_a_pooled_buffer():
     assert records.obj is buf and records == b"abc" * 100
     del records, body
     pool.release(buf)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"correlation_id": 2**31}, "RequestHeader v3: field correlation_id..client_id"),
+    ({"correlation_id": 1, "client_id": "x" * 40000}, "RequestHeader v3"),
+    ({"correlation_id": 1, "client_id": 5}, "RequestHeader v3"),
+    ({"correlation_id": 1, "unknown_tags": {-1: b""}}, "RequestHeader v3"),
+])
+def test_bad_request_headers_raise_invalid_message_error(kwargs, match):
+    with pytest.raises(InvalidMessageError, match=match):
+        encode_request(ApiVersionsRequest(), 3, **kwargs)
+
+
+def test_bad_response_header_raises_invalid_message_error():
+    with pytest.raises(InvalidMessageError, match="ResponseHeader v12: field correlation_id"):
+        encode_response(RequestHeader(ApiKey.FETCH, 12, 2**40), FetchResponse())
+
+
+def test_decode_response_of_an_unknown_api_or_version():
+    with pytest.raises(UnknownApiKeyError):
+        decode_response(b"\x00\x00\x00\x01", 999, 0)
+    with pytest.raises(UnsupportedVersionError):
+        decode_response(b"\x00\x00\x00\x01", ApiKey.FETCH, 18)

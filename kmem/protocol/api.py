@@ -197,7 +197,10 @@ def decode_response(buf, api_key, api_version):
     """``(ResponseHeader, response body)`` of a response payload to a request of ``api_key`` at
     ``api_version``. An ApiVersions response with UNSUPPORTED_VERSION is read in the v0 layout, the
     broker's fallback."""
-    api_key = ApiKey(api_key)
+    try:
+        api_key = ApiKey(api_key)
+    except ValueError:
+        raise UnknownApiKeyError(api_key, api_version) from None
     _check_version(api_key, api_version)
     view = _view(buf)
     if len(view) < 4:
@@ -275,13 +278,14 @@ def encode_request(body, api_version, correlation_id, client_id=None, unknown_ta
     ``size`` is then the payload's length, to write the size prefix."""
     api_key = _api_key_of(body, "Request")
     _check_version(api_key, api_version)
-    buf = bytearray(_REQUEST_HEADER.pack(api_key, api_version, correlation_id, -1))
-    if client_id is not None:
-        raw = client_id.encode("utf-8")
-        buf[8:10] = struct.pack(">h", len(raw))
-        buf += raw
-    if request_header_version(api_key, api_version) == 2:
-        buf += codegen.tagged_section(unknown_tags or {})
+    try:
+        raw = None if client_id is None else client_id.encode("utf-8")
+        buf = bytearray(_REQUEST_HEADER.pack(api_key, api_version, correlation_id, -1 if raw is None else len(raw)))
+        buf += raw or b""
+        if request_header_version(api_key, api_version) == 2:
+            buf += codegen.tagged_section(unknown_tags or {})
+    except (struct.error, AttributeError, TypeError, codegen._Bad) as e:
+        raise InvalidMessageError("RequestHeader", api_version, "correlation_id..client_id", str(e)) from None
     splices = []
     _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
     return _finish(buf, splices)
@@ -299,9 +303,12 @@ def encode_response(request_header, body, unknown_tags=None):
                                   f"the request was {ApiKey(request_header.api_key).name}")
     version = request_header.api_version
     _check_version(api_key, version)
-    buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
-    if response_header_version(api_key, version) == 1:
-        buf += codegen.tagged_section(unknown_tags or {})
+    try:
+        buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
+        if response_header_version(api_key, version) == 1:
+            buf += codegen.tagged_section(unknown_tags or {})
+    except (struct.error, TypeError, codegen._Bad) as e:
+        raise InvalidMessageError("ResponseHeader", version, "correlation_id", str(e)) from None
     splices = []
     _codec(api_key, version, "Response", "encode")(body, buf, splices)
     return _finish(buf, splices)
