@@ -104,11 +104,13 @@ def _codec(api_key, version, kind, direction):
     return codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
 
 
+@functools.lru_cache(maxsize=None)
 def request_header_version(api_key, api_version):
     """2 from the API's first flexible version on, else 1 (Kafka's ``ApiKeys.requestHeaderVersion``)."""
     return 2 if message(api_key, "Request").is_flexible(api_version) else 1
 
 
+@functools.lru_cache(maxsize=None)
 def response_header_version(api_key, api_version):
     """1 from the API's first flexible version on, else 0; ApiVersions always 0 (clients read it before
     they know the broker's versions)."""
@@ -140,30 +142,40 @@ def _read_tags(view, pos, what):
         raise CorruptMessageError(what, 0, "<tagged fields>", pos, str(e) or "message ends early") from None
 
 
+_API_KEYS = {int(key): key for key in ApiKey}
+_HEADER = struct.Struct(">hhih")
+
+
 def decode_request_header(buf):
     """``(RequestHeader, body offset)`` of a request payload (the bytes after the size prefix).
 
     Raises ``UnknownApiKeyError`` for an API this codec does not know (before reading further), and
     ``CorruptMessageError`` when the header itself is cut short. Versions are not checked here.
     """
-    view = _view(buf)
-    if len(view) < 8:
+    return _decode_request_header(_view(buf))
+
+
+def _decode_request_header(view):
+    size = len(view)
+    if size < 8:
         raise CorruptMessageError("RequestHeader", 1, "api_key..correlation_id", 0,
-                                  f"{len(view)} bytes, a request header needs at least 10")
-    api_key, api_version, correlation_id = struct.unpack_from(">hhi", view, 0)
-    try:
-        key = ApiKey(api_key)
-    except ValueError:
-        raise UnknownApiKeyError(api_key, api_version, correlation_id) from None
-    if len(view) < 10:
+                                  f"{size} bytes, a request header needs at least 10")
+    if size < 10:
+        api_key, api_version, correlation_id = struct.unpack_from(">hhi", view, 0)
+        length = None
+    else:
+        api_key, api_version, correlation_id, length = _HEADER.unpack_from(view, 0)
+    key = _API_KEYS.get(api_key)
+    if key is None:
+        raise UnknownApiKeyError(api_key, api_version, correlation_id)
+    if length is None:
         raise CorruptMessageError("RequestHeader", 1, "client_id", 8, "message ends early")
-    length, = struct.unpack_from(">h", view, 8)
     pos = 10
     client_id = None
     if length >= 0:
-        if pos + length > len(view):
+        if pos + length > size:
             raise CorruptMessageError("RequestHeader", 1, "client_id", pos,
-                                      f"{length} bytes announced, {len(view) - pos} left")
+                                      f"{length} bytes announced, {size - pos} left")
         try:
             client_id = str(view[pos:pos + length], "utf-8")
         except UnicodeDecodeError as e:
@@ -173,7 +185,10 @@ def decode_request_header(buf):
         raise CorruptMessageError("RequestHeader", 1, "client_id", 8, f"negative length {length}")
     tags = None
     if request_header_version(key, api_version) == 2:
-        tags, pos = _read_tags(view, pos, "RequestHeader")
+        if view[pos:pos + 1] == b"\x00":
+            pos += 1
+        else:
+            tags, pos = _read_tags(view, pos, "RequestHeader")
     return RequestHeader(key, api_version, correlation_id, client_id, tags), pos
 
 
@@ -187,9 +202,10 @@ def decode_request(buf):
     """``(RequestHeader, request body)`` of a request payload; the body's record fields are views of
     ``buf`` (valid as long as ``buf`` is). Raises ``UnknownApiKeyError``, ``UnsupportedVersionError``
     (with ``.header``) or ``CorruptMessageError``."""
-    header, pos = decode_request_header(buf)
+    view = _view(buf)
+    header, pos = _decode_request_header(view)
     _check_version(header.api_key, header.api_version, header)
-    body, _ = _codec(header.api_key, header.api_version, "Request", "decode")(_view(buf), pos)
+    body, _ = _codec(header.api_key, header.api_version, "Request", "decode")(view, pos)
     return header, body
 
 

@@ -97,6 +97,7 @@ class _Source:
                         "_tagged_section": tagged_section, "_put_records": put_records,
                         "_BYTES_LIKE": _BYTES_LIKE, "_UUID": uuid.UUID, "_unpack_from": struct.unpack_from,
                         "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack,
+                        "_pack_varint3": struct.Struct(">BBB").pack,
                         "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
         self.counter = 0
         self.name = f"{name}_v{version}"
@@ -381,6 +382,8 @@ class _Encoder:
             src.emit(indent, f"{size} = {length} + 1")
             src.emit(indent, f"if {size} < 128: {buf}.append({size})")
             src.emit(indent, f"elif {size} < 16384: {buf} += _pack_varint2({size} & 127 | 128, {size} >> 7)")
+            src.emit(indent, f"elif {size} < 2097152: "
+                             f"{buf} += _pack_varint3({size} & 127 | 128, {size} >> 7 & 127 | 128, {size} >> 14)")
             src.emit(indent, f"else: {buf} += _enc_uvarint({size})")
         else:
             src.emit(indent, f"{buf} += {src.constant('pack', _struct_of('>i' if wide else '>h').pack)}({length})")
