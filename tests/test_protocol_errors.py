@@ -17,7 +17,7 @@ from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, Inva
                            encode_response, message_class)
 from kmem.protocol.api import message
 from kmem.protocol.messages import ApiVersionsRequest, FetchResponse, ProduceRequest
-from kmem.send import BytesSend
+from kmem.send import BytesSend, Send
 
 CASES = [(key, version, kind) for key, (low, high) in SUPPORTED_VERSIONS.items()
          for version in range(low, high + 1) for kind in ("Request", "Response")]
@@ -195,6 +195,7 @@ def test_fetch_response_with_record_sends_is_one_send_the_peer_reads():
                                                   records=BytesSend(r) if i % 2 else r) for i, r in enumerate(records)]
         body = FetchResponse(responses=[FetchResponse.FetchableTopicResponse(topic="t", partitions=partitions)])
         send = encode_response(RequestHeader(ApiKey.FETCH, version, 3), body)
+        assert isinstance(send, Send)
         payload = b"".join(_drain(send, step=1000))
         assert len(payload) == send.size and send.remaining == 0
         peer = PeerFetchResponse.decode(payload, version=version, header=True)
