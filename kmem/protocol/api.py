@@ -3,6 +3,8 @@ import enum
 import functools
 import struct
 
+from kmem.send import as_transport
+
 from . import codegen, schema
 from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
 
@@ -248,6 +250,7 @@ class SplicedSend:
         return self.remaining == 0
 
     def write_to(self, transport):
+        transport = as_transport(transport)
         written = 0
         while self.remaining:
             if self._next < len(self._splices):
