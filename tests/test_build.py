@@ -102,8 +102,8 @@ def test_core_stubs_describe_the_compiled_surface():
 
 
 def _imported_distributions(paths):
-    """Distributions (normalized names) that the files at ``paths`` import, outside the stdlib, kmem and
-    the files' sibling modules."""
+    """Distributions (normalized names) that the files at ``paths`` import (or locate for their data with
+    ``find_spec``), outside the stdlib, kmem and the files' sibling modules."""
     import importlib.metadata
     import re
 
@@ -116,6 +116,8 @@ def _imported_distributions(paths):
                      for alias in node.names]
             names += [node.module for node in ast.walk(ast.parse(text))
                       if isinstance(node, ast.ImportFrom) and node.level == 0]
+            # packages used for their data files, located with importlib.util.find_spec
+            names += re.findall(r"find_spec\(\s*[\"']([\w.]+)[\"']", text)
         else:       # Cython: plain imports only (cimports are compile time)
             names = [a or b for a, b in re.findall(r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\b)", text,
                                                    re.MULTILINE)]
