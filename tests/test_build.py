@@ -34,6 +34,18 @@ def test_fallback_is_impossible_core_missing_fails_import(tmp_path):
     assert "_core" in result.stderr
 
 
+def test_a_bench_runs_with_benchmarks_disabled():
+    """`pytest bench --benchmark-disable` is the quick check that every bench runs: reading timings that
+    pytest-benchmark did not take must not fail (bench_pool goes through the shared comparison table)."""
+    pytest.importorskip("pytest_benchmark")
+    bench = ROOT / "bench" / "bench_pool.py"
+    if not bench.exists():
+        pytest.skip("no bench/ beside these tests")
+    result = subprocess.run([sys.executable, "-m", "pytest", str(bench), "-q", "-x", "--benchmark-disable",
+                             "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
 def test_version_matches_project_metadata():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert kmem.__version__ == project["version"]
