@@ -168,7 +168,8 @@ cdef class PoolCore:
             except OverflowError:
                 pass                # beyond any pool: out of range too
         if n < 1 or n > self.max_single_allocation:
-            raise _invalid_argument(f"requested size {size_bytes!r} is outside [1, {self.max_single_allocation}]")
+            raise _invalid_argument(
+                f"size_bytes must be an integer in [1, {self.max_single_allocation}], not {size_bytes!r}")
         if not self.has_room(n):
             return None
         cdef PooledBuffer buf = PooledBuffer.__new__(PooledBuffer)    # may run the cyclic GC, hence the re-check
