@@ -1,6 +1,9 @@
-"""Kafka's four batch codecs with Kafka's framing, built on cramjam's raw codecs and zlib.
+"""Kafka's four batch codecs with Kafka's framing, built on cramjam's raw codecs, libdeflate and zlib-ng.
 
-- gzip: a standard gzip stream (concatenated members accepted on read).
+- gzip: a standard gzip stream (concatenated members accepted on read). Deflated by libdeflate at
+  KIP-390's level (its levels 1-9 follow zlib's scale; about twice zlib's speed, sizes at or below
+  zlib's, also on highly repetitive data where zlib-ng's levels 4-6 are 3x larger); inflated by zlib-ng
+  (~2.7x zlib), whose streaming inflate stops at the limit.
 - snappy: xerial framing (``82 'SNAPPY' 00``, version 1, compat 1, then ``[i32 BE length][raw block]``
   for 32 KiB input blocks); raw snappy (no framing) is accepted on read.
 - lz4: Kafka's LZ4 frame (FLG 0x60: independent blocks, no checksums; BD 0x40: 64 KiB blocks). For
@@ -14,9 +17,10 @@ records decoded from it and its down-converted form are bounded too: see batches
 """
 import enum
 import struct
-import zlib
 
 import cramjam
+import deflate
+from zlib_ng import zlib_ng
 
 from kmem import _core
 from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
@@ -69,8 +73,7 @@ def codec_name(codec):
 def compress(codec, data, magic, gzip_level=GZIP_DEFAULT_LEVEL):
     """``data`` compressed with ``codec`` (an id) in Kafka's framing for ``magic``; gzip at ``gzip_level``."""
     if codec == GZIP:
-        c = zlib.compressobj(gzip_level, zlib.DEFLATED, 31)
-        return c.compress(data) + c.flush()
+        return deflate.gzip_compress(data, gzip_level)
     if codec == SNAPPY:
         view = memoryview(data)
         parts = [XERIAL_HEADER]
@@ -104,7 +107,7 @@ def decompress(codec, data, magic, limit=MAX_DECOMPRESSED_BYTES, position=None):
             if magic < 2:
                 raise CorruptRecordError(f"zstd is not a valid codec for magic {magic}", position)
             return _bounded_into(cramjam.zstd.decompress_into, data, max(64 << 10, 8 * len(data)), limit, position)
-    except (cramjam.DecompressionError, zlib.error) as e:
+    except (cramjam.DecompressionError, zlib_ng.error) as e:
         raise CorruptRecordError(f"cannot decompress {CODEC_NAMES[codec]} data: {e}", position) from None
     raise CorruptRecordError(f"unknown compression codec {codec}", position)
 
@@ -134,7 +137,7 @@ def _bounded_into(decompress_into, data, size, limit, position):
 def _gunzip(data, limit, position):
     parts, total, rest = [], 0, bytes(data)
     while rest:
-        d = zlib.decompressobj(wbits=31)
+        d = zlib_ng.decompressobj(wbits=31)
         chunk = d.decompress(rest, limit + 1 - total)
         total += len(chunk)
         parts.append(chunk)
