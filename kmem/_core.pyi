@@ -73,7 +73,7 @@ ACTION_TABLE_SIZE: Final[int]
 ENTRY_ACTIONS: dict[str, int]
 
 class ConversionRun:
-    output: bytearray | bytes
+    output: bytearray | bytes | int | None
     stop: int
     records: int
     source_bytes: int
@@ -93,7 +93,7 @@ class LegacyScan:
     highest: int
 
 def run_down_conversion(data: Buffer, pos: int, *, actions: Buffer, to_magic: int,
-                        first_offset: int) -> ConversionRun: ...
+                        first_offset: int, out: Buffer | None = ...) -> ConversionRun: ...
 def convert_v2_section(data: Buffer, *, count: int, base_offset: int, base_timestamp: int, log_append: bool,
                        log_append_time: int, to_magic: int, relative: bool, base: int = ...) -> ConvertedEntries: ...
 def convert_legacy_section(data: Buffer, *, absolute_base: int, to_magic: int, base: int = ...) -> ConvertedEntries: ...
