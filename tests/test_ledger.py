@@ -746,6 +746,15 @@ def test_update_many_is_update_in_order_across_flushes_and_growth(tmp_path, shap
             assert len(batch.snapshot_paths) > 5               # many flushes inside the batches
 
 
+def test_update_many_grows_the_active_file_once_for_its_batch(tmp_path):
+    # Doubling from 1024 rows would rebuild the row table four times (and leave 8192 rows) for 5000 ids.
+    with PidLedger(tmp_path, Shape.from_np(20_000, 0.01), clock_ms=Clock()) as ledger:
+        ledger.update_many(entries_of(np.arange(5000), np.arange(5000), np.zeros(5000, np.int64)))
+        (active,) = [n for n in os.listdir(tmp_path) if n.endswith(".active")]
+        assert os.path.getsize(tmp_path / active) == HEADER.size + 5000 * ENTRY_SIZE
+        assert ledger.read(4999).last_offset == 4999 and len(ledger) == 5000
+
+
 def test_read_many_applies_expiry_and_reads_unsorted_kafka_files(tmp_path):
     kafka = random_entries(300, seed=51)
     (tmp_path / snapshot_name(10**15)).write_bytes(kafka_snapshot(kafka))
