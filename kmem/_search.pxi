@@ -521,3 +521,29 @@ def snapshot_search_many(const uint8_t[::1] data, Py_ssize_t count, const int64_
     if bad:
         raise ValueError(f"the order points outside the {count} entries")
     return found
+
+
+cdef class LockedUpdate:
+    """``PidLedger.update`` in one call: under ``lock``, ``owner._active.put_row(entry)`` (``-3`` when
+    ``owner._active`` is None); an entry stored as given (a ``cls`` with a batch: ``last_offset`` >= 0)
+    comes back as it is, anything else goes to ``decided(entry, row)``. A Python method would spend more
+    on its ``with`` block and frame than the core spends on the put."""
+    cdef object acquire, release, owner, cls, decided
+
+    def __init__(self, lock, owner, cls, decided):
+        self.acquire, self.release = lock.acquire, lock.release
+        self.owner, self.cls, self.decided = owner, cls, decided
+
+    def __call__(self, entry):
+        cdef Py_ssize_t row
+        cdef int overflow
+        self.acquire()
+        try:
+            active = self.owner._active
+            row = -3 if active is None else active.put_row(entry)
+        finally:
+            self.release()
+        if row >= 0 and type(entry) is self.cls and \
+                PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, LAST_OFFSET), &overflow) >= 0:
+            return entry
+        return self.decided(entry, row)

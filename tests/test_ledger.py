@@ -3,6 +3,7 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import threading
 
@@ -530,6 +531,45 @@ def test_cache_is_thread_safe(tmp_path):
             t.join()
         assert errors == []
         assert len(cache) <= 300
+
+
+def test_updates_from_threads_survive_concurrent_flushes_and_growth(tmp_path):
+    # update is one core call under the ledger's lock: a flush swapping the active file or a growth
+    # swapping its row table in between must lose no entry.
+    with PidLedger(tmp_path, Shape.from_np(3000, 0.01), clock_ms=Clock()) as ledger:
+        errors, done = [], threading.Event()
+
+        def writer(base):
+            try:
+                for i in range(3000):
+                    stored = ledger.update(entry(base + i % 1000, offset=i))
+                    assert stored.last_offset == i
+            except Exception as e:     # noqa: BLE001 - surface any error from the thread
+                errors.append(e)
+
+        def flusher():
+            while not done.is_set():
+                ledger.flush()
+                ledger.update_many(entries_of(np.arange(10**6, 10**6 + 50), np.arange(50), np.zeros(50, np.int64)))
+
+        threads = [threading.Thread(target=writer, args=(n * 10_000,)) for n in range(3)]
+        background = threading.Thread(target=flusher)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-5)          # switch threads often, inside the update calls' Python parts too
+        try:
+            background.start()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            done.set()
+            background.join()
+            sys.setswitchinterval(interval)
+        assert errors == []
+        assert len(ledger.snapshot_paths) > 1
+        for n in range(3):
+            assert [ledger.read(n * 10_000 + pid).last_offset for pid in range(1000)] == list(range(2000, 3000))
 
 
 def test_entry_struct_is_kafkas():
