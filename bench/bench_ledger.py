@@ -4,7 +4,9 @@ Run: .venv/bin/pytest bench/bench_ledger.py
 The peer is what a Python service would write without kmem: a dict of ProducerEntry tuples in the heap
 (Kafka's own design, with ~88 B per id before map overhead in the JVM). Single calls (``update``, ``read``)
 and batches (``update_many``, ``read_many`` over numpy arrays, as the Spark ``ledger`` job and a
-broker's produce path have them) are timed beside the dict doing the same; the table ends with ratios. The 100 M run is long (about
+broker's produce path have them) are timed beside the dict doing the same, at 1 M ids (46 MB of rows, out of the
+CPU cache; the update rows include the flush the millionth id triggers) and at 100k / 10k ids (in cache, no
+flush); the table ends with issue 18's rows and their ratios. The 100 M run is long (about
 4.7 GB of snapshots): `python bench/ledger_memory.py --ids 100000000`.
 """
 import json
@@ -80,6 +82,43 @@ def test_update_many_kmem_ledger(benchmark, timing, tmp_path_factory):
     RESULTS["update_many kmem PidLedger (incl. flushes)"] = UPDATES / timing()
 
 
+SMALL = 100_000     # ids that fit one active file (4.6 MB of rows, its row table in the CPU cache): no flush
+
+
+def test_update_kmem_ledger_no_flush(benchmark, timing, tmp_path_factory):
+    batch = entries(SMALL)
+    benchmark.group = "ledger update 100k ids"
+
+    def run(ledger):
+        update = ledger.update
+        for e in batch:
+            update(e)
+
+    benchmark.pedantic(run, setup=lambda: ((PidLedger(tmp_path_factory.mktemp("ledger")),), {}), rounds=5,
+                       iterations=1)
+    RESULTS["update kmem PidLedger, 100k (no flush)"] = SMALL / timing()
+
+
+def test_update_many_kmem_ledger_no_flush(benchmark, timing, tmp_path_factory):
+    array = as_array(entries(SMALL))
+    benchmark.group = "ledger update 100k ids"
+    benchmark.pedantic(lambda ledger: ledger.update_many(array),
+                       setup=lambda: ((PidLedger(tmp_path_factory.mktemp("ledger")),), {}), rounds=5, iterations=1)
+    RESULTS["update_many kmem PidLedger, 100k (no flush)"] = SMALL / timing()
+
+
+def test_update_dict_peer_small(benchmark, timing):
+    batch = entries(SMALL)
+    benchmark.group = "ledger update 100k ids"
+
+    def run(store):
+        for e in batch:
+            store[e.producer_id] = e
+
+    benchmark.pedantic(run, setup=lambda: (({},), {}), rounds=5, iterations=1)
+    RESULTS["update dict peer, 100k"] = SMALL / timing()
+
+
 def test_update_dict_peer(benchmark, timing):
     batch = entries(UPDATES)
     benchmark.group = "ledger update 1M ids"
@@ -124,6 +163,45 @@ def test_read_many_kmem_ledger(benchmark, timing, filled_ledger):
     RESULTS["read_many kmem PidLedger"] = len(pids) / timing()
 
 
+@pytest.fixture(scope="module")
+def small_ledger(tmp_path_factory):
+    """10k ids in a snapshot (460 KB: in the CPU cache) and 1000 in the active file."""
+    with PidLedger(tmp_path_factory.mktemp("small")) as ledger:
+        ledger.update_many(as_array(entries(10_000)))
+        ledger.flush()
+        ledger.update_many(as_array(entries(1000, base=10_000)))
+        yield ledger
+
+
+def small_ids():
+    return [e.producer_id for e in entries(10_000)] * 10
+
+
+def test_read_kmem_ledger_in_cache(benchmark, timing, small_ledger):
+    pids = small_ids()
+    benchmark.group = "ledger read 100k present ids (10k in a snapshot)"
+    read = small_ledger.read
+    benchmark.pedantic(lambda: [read(p) for p in pids], rounds=3, iterations=1)
+    RESULTS["read kmem PidLedger, 10k in cache"] = len(pids) / timing()
+
+
+def test_read_many_kmem_ledger_in_cache(benchmark, timing, small_ledger):
+    pids = np.array(small_ids(), np.int64)
+    benchmark.group = "ledger read 100k present ids (10k in a snapshot)"
+    found, _ = benchmark.pedantic(lambda: small_ledger.read_many(pids), rounds=5, iterations=1)
+    assert found.all()
+    RESULTS["read_many kmem PidLedger, 10k in cache"] = len(pids) / timing()
+
+
+def test_read_dict_peer_in_cache(benchmark, timing):
+    store = {e.producer_id: e for e in entries(10_000)}
+    pids = small_ids()
+    benchmark.group = "ledger read 100k present ids (10k in a snapshot)"
+    get = store.get
+    benchmark.pedantic(lambda: [get(p) for p in pids], rounds=3, iterations=1)
+    RESULTS["read dict peer, 10k"] = len(pids) / timing()
+
+
 def test_read_dict_peer(benchmark, timing):
     store = {e.producer_id: e for e in entries(UPDATES)}
     pids = present_ids()
@@ -164,13 +242,19 @@ def print_table(write):
             write(f"  {key} ids: RssAnon growth {value:.1f} MiB (the heap design)")
         else:
             write(f"  {key}: {value / 1e6:.2f} M/s")
+    write("  issue 18's rows (goal: update >= 2 M/s, update_many >= 10 M/s, read >= 1 M/s, read_many >= 5 M/s):")
     for kmem_key, peer_key in [("update kmem PidLedger (incl. flushes)", "update dict peer"),
+                               ("update kmem PidLedger, 100k (no flush)", "update dict peer, 100k"),
                                ("update_many kmem PidLedger (incl. flushes)", "update dict peer"),
+                               ("update_many kmem PidLedger, 100k (no flush)", "update dict peer, 100k"),
                                ("read kmem PidLedger", "read dict peer"),
-                               ("read_many kmem PidLedger", "read dict peer")]:
+                               ("read kmem PidLedger, 10k in cache", "read dict peer, 10k"),
+                               ("read_many kmem PidLedger", "read dict peer"),
+                               ("read_many kmem PidLedger, 10k in cache", "read dict peer, 10k")]:
         kmem, peer = RESULTS.get(kmem_key), RESULTS.get(peer_key)
         if kmem and peer:
-            write(f"  {kmem_key.split(' kmem')[0]}: kmem / dict = {kmem / peer:.2f}")
+            write(f"    {kmem_key.replace(' kmem PidLedger', ''):<40} kmem {kmem / 1e6:6.2f} M/s   "
+                  f"dict {peer / 1e6:6.2f} M/s   kmem / dict = {kmem / peer:.2f}")
     ledger, heap = RESULTS.get("memory 1,000,000"), RESULTS.get("memory dict peer 1,000,000")
     if ledger and heap:
         write(f"  heap growth at 1 M ids: dict / kmem = {heap / max(ledger['rss_anon_growth_mib'], 0.1):.0f}x")

@@ -236,7 +236,7 @@ ENTRY_ACTIONS = {"skip": ENTRY_SKIP, "copy": ENTRY_COPY, "convert": ENTRY_CONVER
 
 
 def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, *, const unsigned char[::1] actions,
-                        int to_magic, int64_t first_offset):
+                        int to_magic, int64_t first_offset, unsigned char[::1] out=None):
     """Convert entries from ``pos`` to ``to_magic`` until the first one ``actions`` says to stop at.
 
     ``actions`` holds ACTION_TABLE_SIZE ENTRY_ACTIONS values, the one for an entry at
@@ -245,6 +245,10 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, *, const 
     truncated trailing entry or an entry to stop at), records converted, source bytes kept and
     uncompressed bytes written. The run's batch headers are read first to bound its output, which is
     then written in one pass and cut to size.
+
+    ``out``: a writable buffer (e.g. pooled) to write into instead; the output is then the number of
+    bytes written at its start, or, when the run's bound exceeds it, nothing is converted: the output
+    is None, ``stop`` is ``pos`` and ``written_bytes`` is the bound.
     """
     cdef Py_ssize_t n = data.shape[0]
     if pos < 0 or pos > n:
@@ -252,7 +256,7 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, *, const 
     if actions.shape[0] != ACTION_TABLE_SIZE:
         raise ValueError(f"actions must hold {ACTION_TABLE_SIZE} entries")
     if n == pos:
-        return conversion_run(b"", pos, 0, 0, 0)
+        return conversion_run(b"" if out is None else 0, pos, 0, 0, 0)
     cdef const unsigned char* start = &data[0]
     cdef const unsigned char* table = &actions[0]
     cdef Cursor c = Cursor(start + pos, start + n, start, OK, 0)
@@ -264,18 +268,27 @@ def run_down_conversion(const unsigned char[::1] data, Py_ssize_t pos, *, const 
     if rc < 0:
         raise _corrupt(c.error, c.error_at)
     cdef Py_ssize_t stop = c.p - start
-    cdef PyObject* raw = new_bytearray(NULL, bound)
-    if raw == NULL:
-        raise MemoryError(f"cannot allocate {bound} bytes")
+    cdef PyObject* raw = NULL
+    cdef unsigned char* target
+    if out is not None:
+        if bound > out.shape[0]:
+            return conversion_run(None, pos, 0, 0, bound)
+        target = &out[0] if bound else NULL
+    else:
+        raw = new_bytearray(NULL, bound)
+        if raw == NULL:
+            raise MemoryError(f"cannot allocate {bound} bytes")
+        target = <unsigned char*>PyByteArray_AS_STRING(<object>raw)
     cdef Conversion cv
-    start_conversion(&cv, to_magic, first_offset, False, <unsigned char*>PyByteArray_AS_STRING(<object>raw), bound)
+    start_conversion(&cv, to_magic, first_offset, False, target, bound)
     c = Cursor(start + pos, start + stop, start, OK, 0)
     with nogil:
         rc = convert_run(&c, table, &cv, &source_bytes, &uncompressed)
     if rc < 0:
         Py_XDECREF(raw)
         raise _corrupt(c.error, c.error_at)
-    return conversion_run(fit_bytearray(raw, cv.written), stop, cv.records, source_bytes, uncompressed)
+    output = cv.written if out is not None else fit_bytearray(raw, cv.written)
+    return conversion_run(output, stop, cv.records, source_bytes, uncompressed)
 
 
 cdef _converted_entries(Cursor* c, Conversion* cv, PyObject* raw, int rc, Py_ssize_t base):

@@ -109,25 +109,45 @@ cdef enum:
     PREFETCH_AHEAD = 8
 
 
+DEF WINDOW = 16       # rows read around the interpolated position: 736 bytes, one or two pages
+
+
 def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, long long pid,
                          cls):
     """The entry of ``pid`` (a ``cls``, as ``producer_entry_at``) in a sorted snapshot file, or None: the fences
-    pick the stride, one ``pread`` of it, a binary search. False if the file is shorter than ``count``
-    entries (it shrank)."""
+    pick the stride, a binary search of what one ``pread`` brings. False if the file is shorter than
+    ``count`` entries (it shrank).
+
+    Between two fences ids are usually spread evenly (Kafka hands producer ids out in blocks), so the
+    id's row is first guessed by interpolation and only ``WINDOW`` rows around it are read; when the id
+    lies outside them, the whole stride is read. Reading 5.9 KB of a file larger than the CPU cache cost
+    ~2 us; the window ~0.5 us."""
     if stride < 1 or stride > MAX_STRIDE or fences.shape[0] != (count + stride - 1) // stride:
         raise ValueError("fences do not match the entries")
     if fences.shape[0] == 0:
         return None
     cdef uint8_t block[MAX_STRIDE * ENTRY_SIZE]
-    cdef Py_ssize_t first, size, got, lo, hi, mid
+    cdef Py_ssize_t fence, first, rows, start = 0, size = 0, got = 0, lo, hi, mid
     cdef int64_t found
+    cdef bint windowed = False
     with nogil:
-        first = last_fence_at_most(&fences[0], fences.shape[0], pid)
-        if first >= 0:
-            first *= stride
-            size = min(stride, count - first) * ENTRY_SIZE
-            got = pread(fd, block, size, SNAPSHOT_HEADER + first * ENTRY_SIZE)
-    if first < 0:
+        fence = last_fence_at_most(&fences[0], fences.shape[0], pid)
+        if fence >= 0:
+            first = fence * stride
+            rows = min(stride, count - first)
+            if rows > 2 * WINDOW and fence + 1 < fences.shape[0]:
+                # fences[fence] <= pid < fences[fence + 1], the id of row first + stride
+                start = <Py_ssize_t>((<double>pid - <double>fences[fence]) /
+                                     (<double>fences[fence + 1] - <double>fences[fence]) * stride) - WINDOW // 2
+                start = max(0, min(start, rows - WINDOW))
+                size = WINDOW * ENTRY_SIZE
+                got = pread(fd, block, size, SNAPSHOT_HEADER + (first + start) * ENTRY_SIZE)
+                windowed = got == size and (start == 0 or row_pid(block, 0) <= pid) and \
+                    (start + WINDOW == rows or pid <= row_pid(block, WINDOW - 1))
+            if not windowed and got == size:
+                start, size = 0, rows * ENTRY_SIZE
+                got = pread(fd, block, size, SNAPSHOT_HEADER + first * ENTRY_SIZE)
+    if fence < 0:
         return None
     if got < 0:
         raise OSError(errno, "pread of a snapshot failed")
@@ -504,3 +524,29 @@ def snapshot_search_many(const uint8_t[::1] data, Py_ssize_t count, const int64_
     if bad:
         raise ValueError(f"the order points outside the {count} entries")
     return found
+
+
+cdef class LockedUpdate:
+    """``PidLedger.update`` in one call: under ``lock``, ``owner._active.put_row(entry)`` (``-3`` when
+    ``owner._active`` is None); an entry stored as given (a ``cls`` with a batch: ``last_offset`` >= 0)
+    comes back as it is, anything else goes to ``decided(entry, row)``. A Python method would spend more
+    on its ``with`` block and frame than the core spends on the put."""
+    cdef object acquire, release, owner, cls, decided
+
+    def __init__(self, lock, owner, cls, decided):
+        self.acquire, self.release = lock.acquire, lock.release
+        self.owner, self.cls, self.decided = owner, cls, decided
+
+    def __call__(self, entry):
+        cdef Py_ssize_t row
+        cdef int overflow
+        self.acquire()
+        try:
+            active = self.owner._active
+            row = -3 if active is None else active.put_row(entry)
+        finally:
+            self.release()
+        if row >= 0 and type(entry) is self.cls and \
+                PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, LAST_OFFSET), &overflow) >= 0:
+            return entry
+        return self.decided(entry, row)

@@ -3,6 +3,7 @@ import logging
 import os
 import shutil
 import struct
+import sys
 import tempfile
 import threading
 
@@ -532,6 +533,45 @@ def test_cache_is_thread_safe(tmp_path):
         assert len(cache) <= 300
 
 
+def test_updates_from_threads_survive_concurrent_flushes_and_growth(tmp_path):
+    # update is one core call under the ledger's lock: a flush swapping the active file or a growth
+    # swapping its row table in between must lose no entry.
+    with PidLedger(tmp_path, Shape.from_np(3000, 0.01), clock_ms=Clock()) as ledger:
+        errors, done = [], threading.Event()
+
+        def writer(base):
+            try:
+                for i in range(3000):
+                    stored = ledger.update(entry(base + i % 1000, offset=i))
+                    assert stored.last_offset == i
+            except Exception as e:     # noqa: BLE001 - surface any error from the thread
+                errors.append(e)
+
+        def flusher():
+            while not done.is_set():
+                ledger.flush()
+                ledger.update_many(entries_of(np.arange(10**6, 10**6 + 50), np.arange(50), np.zeros(50, np.int64)))
+
+        threads = [threading.Thread(target=writer, args=(n * 10_000,)) for n in range(3)]
+        background = threading.Thread(target=flusher)
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(1e-5)          # switch threads often, inside the update calls' Python parts too
+        try:
+            background.start()
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            done.set()
+            background.join()
+            sys.setswitchinterval(interval)
+        assert errors == []
+        assert len(ledger.snapshot_paths) > 1
+        for n in range(3):
+            assert [ledger.read(n * 10_000 + pid).last_offset for pid in range(1000)] == list(range(2000, 3000))
+
+
 def test_entry_struct_is_kafkas():
     assert struct.calcsize(">qhiqiqiq") == 46 == ENTRY_DTYPE.itemsize
 
@@ -744,6 +784,15 @@ def test_update_many_is_update_in_order_across_flushes_and_growth(tmp_path, shap
         assert len(batch.snapshot_paths) == len(single.snapshot_paths)
         if shape is SMALL:
             assert len(batch.snapshot_paths) > 5               # many flushes inside the batches
+
+
+def test_update_many_grows_the_active_file_once_for_its_batch(tmp_path):
+    # Doubling from 1024 rows would rebuild the row table four times (and leave 8192 rows) for 5000 ids.
+    with PidLedger(tmp_path, Shape.from_np(20_000, 0.01), clock_ms=Clock()) as ledger:
+        ledger.update_many(entries_of(np.arange(5000), np.arange(5000), np.zeros(5000, np.int64)))
+        (active,) = [n for n in os.listdir(tmp_path) if n.endswith(".active")]
+        assert os.path.getsize(tmp_path / active) == HEADER.size + 5000 * ENTRY_SIZE
+        assert ledger.read(4999).last_offset == 4999 and len(ledger) == 5000
 
 
 def test_read_many_applies_expiry_and_reads_unsorted_kafka_files(tmp_path):

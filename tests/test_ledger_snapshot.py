@@ -230,6 +230,28 @@ def test_core_sorted_snapshot_find_reads_one_stride(tmp_path):
             _core.sorted_snapshot_find(f.fileno(), len(ids), fences, 129, 5, ProducerEntry)
 
 
+@pytest.mark.parametrize("spacing", ["even", "clustered"])
+def test_sorted_snapshot_find_guesses_the_row_and_falls_back_to_the_stride(tmp_path, spacing):
+    # Evenly spread ids are found in the window read around the interpolated row; clustered ones (a few
+    # huge gaps inside a stride) miss the window and are found by reading the whole stride.
+    rng = np.random.default_rng(7)
+    steps = np.full(2000, 1000) if spacing == "even" else np.where(rng.random(2000) < 0.02, 10**12, 1)
+    ids = np.cumsum(steps).astype(np.int64)
+    array = np.zeros(len(ids), ENTRY_DTYPE)
+    array["producer_id"] = ids
+    array["last_offset"] = np.arange(len(ids))
+    array["current_txn_first_offset"] = -1
+    path = tmp_path / snapshot_name(9)
+    write_snapshot(path, array)
+    snap = Snapshot(path)
+    assert [snap.find(int(p)).last_offset for p in ids] == list(range(len(ids)))
+    assert all(snap.find(int(p) + 1) is None for p in ids[:-1] if p + 1 not in ids)
+    os.truncate(path, 10 + 46 * 100)
+    with pytest.raises(CorruptSnapshotError, match="shrank"):   # the window's read is checked too
+        snap.find(int(ids[300]))
+    snap.close()
+
+
 # --- reading as Kafka 3.9's ProducerStateManager.readSnapshot does ---------------------------------------
 
 def test_bytes_after_the_entries_are_read_when_the_crc_covers_them(tmp_path):

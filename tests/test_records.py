@@ -1,5 +1,6 @@
 """Reading and building v0/v1/v2 record data, codecs, checksums and bad input."""
 import os
+import random
 import struct
 import tracemalloc
 import zlib
@@ -278,6 +279,42 @@ def test_decompression_bomb_is_refused(codec):
         batch.records(max_decompressed_bytes=1 << 20)
     assert info.value.offset == 0
     assert batch.records(max_decompressed_bytes=4 << 20)[0].value == bytes(3 << 20)
+
+
+def _zlib_gzip(data, level):
+    c = zlib.compressobj(level, zlib.DEFLATED, 31)
+    return c.compress(data) + c.flush()
+
+
+@pytest.mark.parametrize("kind", ["words", "json", "periodic"])
+def test_gzip_sizes_stay_within_a_few_percent_of_zlib_at_every_level(kind):
+    # Kafka's gzip bytes differ by library; their sizes must not (zlib-ng's levels 4-6 are 3x zlib's on
+    # periodic data, its level 1 a third larger on words).
+    rng = random.Random(kind)
+    if kind == "words":
+        words = [bytes(rng.choice(b"abcdefghijklmnop") for _ in range(rng.randint(2, 9))) for _ in range(500)]
+        data = b" ".join(rng.choice(words) for _ in range(60_000))
+    elif kind == "json":
+        data = b"".join(b'{"id": %d, "user": "u%d", "amount": %.4f}' % (rng.randrange(10**9), rng.randrange(999),
+                                                                         rng.random()) for _ in range(8000))
+    else:
+        data = MINIMAL_RECORD * 200_000
+    for level in codecs.GZIP_LEVELS:
+        ours = codecs.compress(codecs.GZIP, data, 1, gzip_level=level)
+        assert zlib.decompress(ours, 31) == data
+        assert len(ours) <= len(_zlib_gzip(data, level)) * 1.05, level
+
+
+def test_gzip_bomb_is_refused_without_allocating_past_the_limit():
+    bomb = codecs.compress(codecs.GZIP, bytes(256 << 20), 1)       # 256 MiB of zeros in ~250 KB
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptRecordError, match="exceeds the limit"):
+            codecs.decompress(codecs.GZIP, bomb, 1, limit=1 << 20)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(bomb) + (4 << 20), peak
 
 
 def test_zstd_bomb_of_a_gigabyte_is_refused_quickly():

@@ -8,7 +8,7 @@ from records_samples import (CODECS, MINIMAL_RECORD, read_aiokafka, read_kafka_p
                              scenario_records, v2_batch_of)
 
 from kmem import _core
-from kmem.errors import CorruptRecordError, UnsupportedCompressionTypeError
+from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import (ControlRecordType, LazyDownConvertRecords, MemoryRecords, RecordsBuilder, TimestampType,
                           build_control_batch, build_records, down_convert)
 from kmem.records import codecs
@@ -183,3 +183,55 @@ def test_accepts_memory_records_and_verifies_crc_on_request():
     with pytest.raises(Exception) as info:
         down_convert(bytes(source), 1, verify_crc=True)
     assert "crc" in str(info.value)
+
+
+# --- output into the caller's buffer ----------------------------------------------------------------------
+
+def _mixed_log():
+    """Uncompressed runs around a gzip batch, so both the core's runs and a recompressed batch land in out."""
+    parts, offset = [], 0
+    for codec in ("none", "none", "gzip", "none"):
+        builder = RecordsBuilder(2, codec, base_offset=offset)
+        for i in range(50):
+            builder.append(b"value %d " % (offset + i) * 20, key=b"k%d" % i, timestamp=1_700_000_000_000 + i)
+        parts.append(builder.build())
+        offset += 50
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("to_magic", [0, 1])
+def test_down_convert_writes_into_the_callers_pooled_buffer(to_magic):
+    from kmem.pool import SimpleMemoryPool
+    data = _mixed_log()
+    expected = bytes(down_convert(data, to_magic, 10).records.buffer)
+    pool = SimpleMemoryPool(4 << 20, 4 << 20)
+    buffer = pool.try_allocate(2 * len(data) + 4096)
+    converted = down_convert(data, to_magic, 10, out=buffer)
+    assert bytes(converted.records.buffer) == expected == bytes(memoryview(buffer)[:len(expected)])
+    assert read_kafka_python(bytes(converted.records.buffer)) == read_kmem(expected)
+    del converted
+    pool.release(buffer)
+
+
+def test_down_convert_into_a_buffer_allocates_no_output():
+    builder = RecordsBuilder(2, "none")
+    for i in range(2000):
+        builder.append(bytes(1000), key=b"k")
+    data = builder.build()
+    buffer = bytearray(2 * len(data))
+    down_convert(data, 1, out=buffer)               # warm up
+    tracemalloc.start()
+    try:
+        down_convert(data, 1, out=buffer)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < len(data) // 20, peak             # the fresh bytearray would be the whole output
+
+
+@pytest.mark.parametrize("out, message", [(bytearray(100), "need up to"), (bytes(1 << 20), "writable"),
+                                          ("text", "writable bytes-like"), (memoryview(bytearray(8 << 20))[::2],
+                                                                            "contiguous")])
+def test_down_convert_refuses_an_unusable_output_buffer(out, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        down_convert(_mixed_log(), 1, out=out)

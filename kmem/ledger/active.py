@@ -160,7 +160,7 @@ class ActiveFile:
         done, total = 0, len(raw) // ENTRY_SIZE
         while done < total and not self.full:
             if self.count == self.rows:
-                self._grow()
+                self._grow(self.count + total - done)   # room for the rest at once: one rehash, not one per doubling
             # At most ``room`` new rows, so the filter cannot saturate unnoticed.
             done += self._table.put_many(raw[done * ENTRY_SIZE:], min(self.capacity, self._filtered + max(1, self.room)))
         return done
@@ -172,11 +172,12 @@ class ActiveFile:
         hits = rows >= 0
         return hits, gather(self.entries(), rows[hits])
 
-    def _grow(self):
-        """Double the rows (up to ``capacity``): reserve the blocks, then map them. On failure nothing changed."""
+    def _grow(self, wanted=0):
+        """Double the rows, or to ``wanted`` if more (up to ``capacity``): reserve the blocks, then map them.
+        On failure nothing changed."""
         if self.rows >= self.capacity:
             raise IllegalStateError(f"{self.path} has no room left (the caller checks ``full``)")
-        rows = min(self.capacity, 2 * self.rows)
+        rows = min(self.capacity, max(2 * self.rows, wanted))
         with open(self.path, "r+b") as f:
             _reserve(f, HEADER.size + rows * ENTRY_SIZE)
             mapping = mmap.mmap(f.fileno(), HEADER.size + rows * ENTRY_SIZE)

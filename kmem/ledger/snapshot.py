@@ -297,8 +297,9 @@ class Snapshot:
     """A verified snapshot file, searchable by producer id without loading it into the heap.
 
     Every FENCE_STRIDE-th id stays in the heap ("fences"). A search picks the stride that may hold the
-    id from the fences, reads that stride's 5.9 KB with one ``pread`` and binary-searches it in the
-    core. Reading rather than touching a mapping is deliberate: Linux maps a whole page-cache folio (up
+    id from the fences, reads with one ``pread`` the 16 rows (736 bytes) around the row interpolated
+    between the two fences, or the stride's 5.9 KB when the id is not among them, and binary-searches
+    them in the core. Reading rather than touching a mapping is deliberate: Linux maps a whole page-cache folio (up
     to 2 MB) on a fault, so mapped lookups either grow the resident set by about a megabyte per search
     or pay a fault and an unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
 
@@ -356,7 +357,7 @@ class Snapshot:
 
     def find(self, pid):
         """The entry of producer ``pid``, or None."""
-        if self._order is None:        # fences, one pread of the stride, its search: one call to the core
+        if self._order is None:        # fences, a pread around the guessed row, its search: one call to the core
             entry = _core.sorted_snapshot_find(self._fd, self.count, self._fences, FENCE_STRIDE, pid, ProducerEntry)
             if entry is False:
                 raise CorruptSnapshotError(f"{self.path}: snapshot shrank while in use")

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 
 from kmem import _core
-from kmem.errors import CorruptRecordError, UnsupportedCompressionTypeError
+from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import codecs
 from kmem.records.arguments import byte_view, check_bool, check_choice, check_limit, check_long
 from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, RecordBatch,
@@ -78,8 +78,24 @@ def source_view(records):
     return byte_view("records", records)
 
 
+def _output_view(out):
+    """``out`` as a flat writable unsigned-byte memoryview, or InvalidArgumentError."""
+    try:
+        view = memoryview(out)
+    except TypeError:
+        raise InvalidArgumentError(f"out must be a writable bytes-like object, not {type(out).__name__}") from None
+    if view.readonly or not view.c_contiguous:
+        raise InvalidArgumentError("out must be a writable contiguous buffer (a bytearray, a pooled buffer)")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+def _too_small(out, needed):
+    return InvalidArgumentError(f"out holds {len(out)} bytes; the converted records need up to {needed}")
+
+
 def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
-                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES, gzip_level=codecs.GZIP_DEFAULT_LEVEL):
+                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES, gzip_level=codecs.GZIP_DEFAULT_LEVEL,
+                 out=None):
     """Convert ``records`` (MemoryRecords, FileRecords or bytes-like) for a client reading ``to_magic``.
 
     Returns ``ConvertedRecords(records, stats)``. ``first_offset`` is the fetch offset: records of
@@ -88,6 +104,11 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     A compressed batch is refused the same way when its payload exceeds ``max_decompressed_bytes`` or
     its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
     Converted gzip batches are recompressed at ``gzip_level`` (KIP-390's ``compression.gzip.level``).
+
+    ``out``: a writable buffer (e.g. from a ``BufferPool``) to write the converted records into instead
+    of a new bytearray; the result's records are then a view of its start. It must hold the uncompressed
+    runs' bound (their v1/v0 size, up to 27 bytes per record more than written), else
+    ``InvalidArgumentError`` says how many bytes are needed.
     """
     started = time.perf_counter_ns()
     check_choice("to_magic", to_magic, (0, 1, 2))
@@ -95,16 +116,21 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     check_bool("verify_crc", verify_crc)
     check_limit("max_decompressed_bytes", max_decompressed_bytes)
     check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
+    target = _output_view(out) if out is not None else None
     view = source_view(records)
     if verify_crc:
         MemoryRecords(view).ensure_valid()
     actions = ACTION_TABLES[to_magic]
     pieces, stats = [], RecordConversionStats()
-    pos = 0
+    pos = written = 0
     while True:
         run = _core.run_down_conversion(view, pos, actions=actions, to_magic=to_magic,
-                                        first_offset=first_offset)
-        if run.output:
+                                        first_offset=first_offset, out=None if target is None else target[written:])
+        if target is not None:
+            if run.output is None:
+                raise _too_small(target, written + run.written_bytes)
+            written += run.output
+        elif run.output:
             pieces.append(run.output)
         stats.num_records_converted += run.records
         stats.temporary_memory_bytes += run.source_bytes + run.written_bytes
@@ -117,13 +143,22 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
             raise UnsupportedCompressionTypeError(ZSTD_DOWN_CONVERSION)
         converted = convert_compressed_batch(batch, to_magic, max_decompressed_bytes, gzip_level)
         if converted is not None:
-            out, count, uncompressed = converted
-            pieces.append(out)
+            converted_bytes, count, uncompressed = converted
+            if target is None:
+                pieces.append(converted_bytes)
+            elif written + len(converted_bytes) > len(target):
+                raise _too_small(target, written + len(converted_bytes))
+            else:
+                target[written:written + len(converted_bytes)] = converted_bytes
+                written += len(converted_bytes)
             stats.num_records_converted += count
             stats.temporary_memory_bytes += batch.size_in_bytes + uncompressed
         pos += batch.size_in_bytes
     stats.conversion_time_nanos = time.perf_counter_ns() - started
-    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    if target is not None:
+        data = target[:written]
+    else:
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return ConvertedRecords(MemoryRecords(data), stats)
 
 
