@@ -13,8 +13,12 @@ only when it sees a large chunk freed; the pool therefore frees one block of eac
 once (``kmem/_pool.pxi``), otherwise the handler's own 1 MiB copies would be mmap'ed and page-faulted
 afresh each time and the bounded server would lose ~30% at 1 client x 1 MiB.
 
+3. Sends: a handler answers with a 64 MiB log segment as a ``FileRegionSend`` (sendfile over plaintext,
+   bounded copies under TLS) vs as bytes read whole into memory, over one connection, plaintext and TLS.
+
 Servers run in a child process (``tests/network_flood.py``) so that clients and server do not share a GIL
-and the RSS is the server's own. Run: ``.venv/bin/pytest bench/bench_network.py -s``.
+and the RSS is the server's own; the sends benchmark runs its server in-process (the client only
+``recv_into``s a preallocated buffer). Run: ``.venv/bin/pytest bench/bench_network.py -s``.
 """
 import os
 import socket
@@ -27,7 +31,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tests"))
 from network_flood import FloodServer, flood  # noqa: E402
-from network_helpers import recv_frame  # noqa: E402
+from network_helpers import connect, frame, make_tls_contexts, recv_exactly, recv_frame  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 ECHO_SECONDS = float(os.environ.get("KMEM_BENCH_ECHO_SECONDS", "1"))
@@ -136,3 +140,46 @@ def test_flood_peak_rss(benchmark):
         f"peak RSS growth bounded {measured['bounded'] / MIB:.0f} MiB (queued.max.request.bytes + "
         f"socket.request.max.bytes = {(FLOOD_BOUND + FLOOD_REQUEST) // MIB} MiB) vs unbounded "
         f"{measured['unbounded'] / MIB:.0f} MiB")
+
+
+SEGMENT = 64 * MIB
+
+
+@pytest.fixture(scope="module")
+def segment_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sends") / "00000000000000000000.log"
+    path.write_bytes(os.urandom(SEGMENT))
+    return path
+
+
+@pytest.fixture(scope="module")
+def bench_tls_contexts(tmp_path_factory):
+    return make_tls_contexts(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+@pytest.mark.parametrize("contender", ["kmem", "bytes read whole"])
+def test_segment_response(compare, segment_file, bench_tls_contexts, tls, contender):
+    from kmem.network import SocketServer
+    from kmem.records import FileRecords
+
+    server_context, client_context = bench_tls_contexts if tls else (None, None)
+    records = FileRecords(segment_file)
+
+    def handler(request):
+        if contender == "kmem":
+            return records.to_send()
+        return records.read(0, records.size_in_bytes)
+
+    buffer = memoryview(bytearray(MIB))
+    with SocketServer(handler, ssl_context=server_context, num_network_threads=1, num_io_threads=1) as server:
+        with connect(server.address, client_context, timeout=60) as sock:
+            def fetch():
+                sock.sendall(frame(b"fetch"))
+                size = int.from_bytes(recv_exactly(sock, 4), "big")
+                while size:
+                    size -= sock.recv_into(buffer, min(size, MIB))
+
+            compare(f"64 MiB segment response ({'tls' if tls else 'plaintext'})", contender, fetch,
+                    unit_bytes=SEGMENT)
+    records.close()

@@ -39,8 +39,9 @@ cdef extern from *:
     """
     void* kmem_malloc_block(size_t size) nogil
 
-# Free blocks are kept in size classes: 64 bytes, then four classes per power of two, so a reused
-# block is at most 25% larger than the request.
+# Free blocks are kept in size classes: 64 bytes, then four classes per power of two. Every block holds
+# exactly the bytes handed out, so the pool's bound covers its block memory (rounding blocks up to their
+# class let a full pool hold up to 25% more), and a cached block is reused for a request of its size.
 DEF MIN_CLASS_BITS = 6
 DEF NUM_CLASSES = 4 * (63 - MIN_CLASS_BITS) + 1
 
@@ -54,16 +55,9 @@ cdef inline int size_class(long long n) noexcept nogil:
     return <int>((e - MIN_CLASS_BITS) * 4 + j)
 
 
-cdef inline long long class_capacity(int c) noexcept nogil:
-    if c == 0:
-        return 1 << MIN_CLASS_BITS
-    cdef int e = (c - 1) // 4 + MIN_CLASS_BITS
-    cdef long long j = (c - 1) % 4 + 1
-    return ((<long long>1) << e) + j * ((<long long>1) << (e - 2))
-
-
-cdef struct FreeBlock:
-    FreeBlock* next     # stored inside the free block itself
+cdef struct FreeBlock:     # stored inside the free block itself, so smaller blocks are never cached
+    FreeBlock* next
+    long long size
 
 
 @cython.final
@@ -78,7 +72,6 @@ cdef class PooledBuffer:
     """
     cdef char* data
     cdef Py_ssize_t length
-    cdef long long capacity
     cdef int exports
     cdef bint released
     cdef PoolCore pool
@@ -118,9 +111,10 @@ cdef class PooledBuffer:
 cdef class PoolCore:
     """Kafka's SimpleMemoryPool accounting plus a bounded cache of free blocks.
 
-    ``available`` follows Kafka exactly (it may go negative when not strict). Free blocks are cached
-    only while cached plus outstanding block capacity stays within ``cache_limit``, the most the pool may
-    hand out at once, so reuse never raises the pool's memory bound.
+    ``available`` follows Kafka exactly (it may go negative when not strict). Outstanding blocks hold
+    exactly the bytes handed out, and free blocks are cached only while cached plus outstanding bytes stay
+    within ``cache_limit``, the most the pool may hand out at once, so reuse never raises the pool's
+    memory bound.
     """
     cdef readonly long long size
     cdef readonly long long max_single_allocation
@@ -128,7 +122,7 @@ cdef class PoolCore:
     cdef readonly long long available
     cdef readonly long long cache_limit
     cdef readonly long long cached_bytes
-    cdef readonly long long outstanding_capacity
+    cdef readonly long long outstanding_bytes
     cdef readonly long long outstanding_count
     cdef bint depleted              # refused since the last success or release (Kafka's sensor period)
     # What refused callers need available to succeed (their size when strict, else 1); 0: nobody waits.
@@ -162,7 +156,10 @@ cdef class PoolCore:
         return self.available <= 0
 
     def try_allocate(self, object size_bytes):
-        """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now."""
+        """A buffer of exactly ``size_bytes`` bytes, or None when the pool cannot spare it now.
+
+        A size outside ``[1, max_single_allocation]`` raises ``InvalidArgumentError``, as Kafka raises
+        IllegalArgumentException."""
         cdef Py_ssize_t n = 0       # stays 0, out of range, for a non-integer
         if isinstance(size_bytes, int):
             try:
@@ -176,23 +173,17 @@ cdef class PoolCore:
         cdef PooledBuffer buf = PooledBuffer.__new__(PooledBuffer)    # may run the cyclic GC, hence the re-check
         if not self.has_room(n):
             return None
-        cdef int c = size_class(n)
-        cdef long long capacity = class_capacity(c)
-        cdef char* data = <char*>self.free_lists[c]
-        if data != NULL:
-            self.free_lists[c] = self.free_lists[c].next
-            self.cached_bytes -= capacity
-        else:
-            self.evict_for(capacity)
-            data = <char*>kmem_malloc_block(capacity)
+        cdef char* data = self.reuse_cached(n)
+        if data == NULL:
+            self.evict_for(n)
+            data = <char*>kmem_malloc_block(n)
             if data == NULL:
-                raise MemoryError(f"cannot allocate {capacity} bytes")
+                raise MemoryError(f"cannot allocate {n} bytes")
         self.available -= n
-        self.outstanding_capacity += capacity
+        self.outstanding_bytes += n
         self.outstanding_count += 1
         buf.data = data
         buf.length = n
-        buf.capacity = capacity
         buf.pool = self
         if self.depleted:
             self.depleted = False
@@ -236,32 +227,51 @@ cdef class PoolCore:
                 self.smallest_waiting = self.largest_waiting = 0
             self._memory_returned()
 
+    cdef char* reuse_cached(self, long long n) noexcept:
+        # The head of n's class when it has exactly n bytes; NULL otherwise. A larger head is freed: the
+        # fresh block that follows may then take its place in the heap (trimming it instead would leave
+        # its tail to fragment the heap).
+        cdef int c = size_class(n)
+        cdef FreeBlock* block = self.free_lists[c]
+        if block == NULL or block.size < n:
+            return NULL
+        self.free_lists[c] = block.next
+        self.cached_bytes -= block.size
+        if block.size == n:
+            return <char*>block
+        free(block)
+        return NULL
+
     cdef void give_back(self, PooledBuffer b) noexcept:
         b.released = True
         self.available += b.length
-        self.outstanding_capacity -= b.capacity
+        self.outstanding_bytes -= b.length
         self.outstanding_count -= 1
         if b.exports:
             return      # views exist: the memory stays with the buffer until they are gone
-        if self.cached_bytes + self.outstanding_capacity + b.capacity <= self.cache_limit:
-            (<FreeBlock*>b.data).next = self.free_lists[size_class(b.capacity)]
-            self.free_lists[size_class(b.capacity)] = <FreeBlock*>b.data
-            self.cached_bytes += b.capacity
+        cdef FreeBlock* block
+        if (b.length >= <Py_ssize_t>sizeof(FreeBlock)
+                and self.cached_bytes + self.outstanding_bytes + b.length <= self.cache_limit):
+            block = <FreeBlock*>b.data
+            block.size = b.length
+            block.next = self.free_lists[size_class(b.length)]
+            self.free_lists[size_class(b.length)] = block
+            self.cached_bytes += b.length
         else:
             free(b.data)
         b.data = NULL
 
-    cdef void evict_for(self, long long capacity) noexcept:
+    cdef void evict_for(self, long long n) noexcept:
         # A fresh block must not push cached + outstanding memory past the limit: free cached blocks,
         # largest classes first, until it fits (or the cache is empty).
         cdef FreeBlock* block
         cdef int c = NUM_CLASSES - 1
-        while self.cached_bytes and self.cached_bytes + self.outstanding_capacity + capacity > self.cache_limit:
+        while self.cached_bytes and self.cached_bytes + self.outstanding_bytes + n > self.cache_limit:
             while self.free_lists[c] == NULL:
                 c -= 1
             block = self.free_lists[c]
             self.free_lists[c] = block.next
-            self.cached_bytes -= class_capacity(c)
+            self.cached_bytes -= block.size
             free(block)
 
     cdef void reclaim(self, PooledBuffer b) noexcept:

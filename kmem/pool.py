@@ -1,7 +1,8 @@
 """Memory pools (KIP-72): bound the bytes in flight without ever blocking.
 
-``try_allocate(n)`` returns a writable buffer of exactly ``n`` bytes or ``None``; ``release(buf)`` gives
-it back. A non-strict pool grants any request while some memory is left, so it may over-allocate by up
+``try_allocate(n)`` returns a writable buffer of exactly ``n`` bytes, or ``None`` when the pool cannot
+spare them now; a size outside ``[1, max_single_allocation_bytes]`` raises ``InvalidArgumentError``
+(Kafka's IllegalArgumentException). ``release(buf)`` gives it back. A non-strict pool grants any request while some memory is left, so it may over-allocate by up
 to ``max_single_allocation_bytes - 1`` (this keeps large requests from starving); a strict pool grants
 only what fits. The accounting and the reuse of freed blocks live in the compiled core
 (``kmem._core.PoolCore``); this module adds argument checks, sensors, listeners and leak reporting.
@@ -35,7 +36,8 @@ MAX_POOL_BYTES = sys.maxsize // 2
 
 @runtime_checkable
 class MemoryPool(Protocol):
-    """What every kmem pool offers (Kafka's ``MemoryPool`` interface)."""
+    """What every kmem pool offers, and all that a ``Selector`` needs of one: Kafka's ``MemoryPool``
+    interface plus listeners, which wake a selector when memory returns."""
 
     size: int
 
@@ -48,6 +50,10 @@ class MemoryPool(Protocol):
 
     @property
     def is_out_of_memory(self) -> bool: ...
+
+    def add_listener(self, callback) -> None: ...
+
+    def remove_listener(self, callback) -> None: ...
 
 
 class _UnboundedPool:

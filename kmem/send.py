@@ -5,9 +5,25 @@ A send knows its ``size`` before its first byte goes out (a Kafka frame's size p
 transport is full. The transport (plaintext or TLS) decides how bytes move; a send only says which.
 
 - ``BytesSend``: a bytes-like object (no copy).
+- ``FileRegionSend``: a region of a file: ``os.sendfile`` on a plain socket, bounded copies under TLS.
 - ``SequenceSend``: sends written back to back, e.g. a response header followed by per-partition records.
+- ``LazyDownConvertRecordsSend`` (``kmem.records``): records down-converted a chunk at a time (KIP-283).
+
+A transport has ``write(views)`` (bytes accepted now) and ``send_file(fd, offset, count)`` (bytes of the
+file sent now); ``kmem.network``'s transports are such. ``write_to`` also accepts a plain socket, a TLS
+socket (``ssl.SSLSocket``) or any object with ``write``, seen through ``as_transport``.
 """
+import os
+import socket
+import ssl
 from typing import Protocol, runtime_checkable
+
+from kmem.errors import IllegalStateError, InvalidArgumentError
+
+# The most bytes of a file region read per copy: what a send holds while a transport that cannot
+# sendfile (TLS encrypts in user space) writes it.
+COPY_CHUNK = 64 << 10
+_WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
 
 
 @runtime_checkable
@@ -19,6 +35,58 @@ class Send(Protocol):
     def completed(self) -> bool: ...
 
     def write_to(self, transport) -> int: ...
+
+
+def sendfile_once(sock, fd, offset, count):
+    """One ``os.sendfile`` of up to ``count`` bytes of ``fd`` from ``offset`` to a plain socket (zero-copy);
+    0 when the socket is full."""
+    try:
+        sent = os.sendfile(sock.fileno(), fd, offset, count)
+    except _WOULD_BLOCK:
+        return 0
+    if sent == 0 and count:
+        raise IllegalStateError(f"file region ends early: nothing to send at byte {offset} of descriptor {fd}")
+    return sent
+
+
+def copy_file_once(transport, fd, offset, count):
+    """A ``pread`` of at most ``COPY_CHUNK`` bytes written through ``transport.write``; the bytes it did not
+    take are read again by the next call (the file does not change, so a TLS retry sees the same bytes)."""
+    data = os.pread(fd, min(count, COPY_CHUNK), offset)
+    if not data:
+        raise IllegalStateError(f"file region ends early: nothing to read at byte {offset} of descriptor {fd}")
+    return transport.write([memoryview(data)])
+
+
+class ChannelTransport:
+    """A plain socket, a TLS socket or an object with ``write`` (e.g. a file) as a transport: one
+    ``send``/``write`` call per view. Only a plain socket gets ``sendfile``: an ``ssl.SSLSocket``'s
+    descriptor is the TCP stream under the TLS session, where file bytes would go out unencrypted."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def write(self, views):
+        written = 0
+        for view in views:
+            try:
+                n = (self.channel.send(view) if hasattr(self.channel, "send") else self.channel.write(view)) or 0
+            except _WOULD_BLOCK:
+                n = 0
+            written += n
+            if n < len(view):
+                break
+        return written
+
+    def send_file(self, fd, offset, count):
+        if type(self.channel) is socket.socket:
+            return sendfile_once(self.channel, fd, offset, count)
+        return copy_file_once(self, fd, offset, count)
+
+
+def as_transport(channel):
+    """``channel`` itself when it is a transport (has ``send_file``), else a ``ChannelTransport`` over it."""
+    return channel if hasattr(channel, "send_file") else ChannelTransport(channel)
 
 
 class BytesSend:
@@ -36,7 +104,7 @@ class BytesSend:
     def write_to(self, transport):
         if not self.remaining:
             return 0
-        written = transport.write([self._pending])
+        written = as_transport(transport).write([self._pending])
         self._pending = self._pending[written:]
         self.remaining -= written
         return written
@@ -45,8 +113,57 @@ class BytesSend:
         return f"<BytesSend {self.size - self.remaining}/{self.size} bytes>"
 
 
+class FileRegionSend:
+    """``count`` bytes of a file from byte ``position``, read only as they are written.
+
+    ``file`` is a descriptor or an object with ``fileno()``; the send keeps a duplicate of the descriptor
+    (closed once completed, or with the send), so the caller may close its file at once. The transport
+    sends the region with ``os.sendfile`` (plain sockets) or copies at most ``COPY_CHUNK`` bytes per call
+    (TLS); a region past the end of the file raises ``IllegalStateError`` when reached.
+    """
+
+    _fd = None      # so that __del__ has nothing to close when __init__ fails
+
+    def __init__(self, file, position, count):
+        fd = file if isinstance(file, int) else file.fileno()
+        for name, value in (("position", position), ("count", count)):
+            if not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"file region {name} must be a non-negative integer, got {value!r}")
+        self._fd = os.dup(fd)
+        self._position = position
+        self.size = self.remaining = count
+        if not count:
+            self.close()
+
+    @property
+    def completed(self):
+        return self.remaining == 0
+
+    def write_to(self, transport):
+        if not self.remaining:
+            return 0
+        written = as_transport(transport).send_file(self._fd, self._position, self.remaining)
+        self._position += written
+        self.remaining -= written
+        if not self.remaining:
+            self.close()
+        return written
+
+    def close(self):
+        """Close the duplicated descriptor (idempotent); done by itself once the region is written."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self):
+        self.close()
+
+    def __repr__(self):
+        return f"<FileRegionSend {self.size - self.remaining}/{self.size} bytes>"
+
+
 class SequenceSend:
-    """Several sends written in order as one; ``size`` is their sum."""
+    """Several sends (or bytes-like objects) written in order as one; ``size`` is their sum."""
 
     def __init__(self, sends):
         self._sends = [send if isinstance(send, Send) else BytesSend(send) for send in sends]
@@ -59,6 +176,7 @@ class SequenceSend:
         return self.remaining == 0
 
     def write_to(self, transport):
+        transport = as_transport(transport)
         written = 0
         while self._current < len(self._sends):
             send = self._sends[self._current]

@@ -52,6 +52,19 @@ def poll_until_out_of_memory(selector):
     return poll_until(selector, lambda r: selector.is_out_of_memory or r, poll_timeout=0.01)
 
 
+def record_select_timeouts(selector):
+    """The timeouts the selector's next polls pass to the OS select (0: it did not wait)."""
+    timeouts = []
+    real_select = selector._selector.select
+
+    def select(timeout=None):
+        timeouts.append(timeout)
+        return real_select(timeout)
+
+    selector._selector.select = select
+    return timeouts
+
+
 def stop(senders):
     for sender in senders:
         sender.stop.set()
@@ -99,29 +112,21 @@ def test_release_wakes_a_blocked_poll(listener):
         accept(listener, selector, ["x", "y"])
         first = poll_until(selector, lambda r: r)
         assert poll_until_out_of_memory(selector) == []
-        released_at = []
+        in_select = threading.Event()
+        real_select = selector._selector.select
 
-        def release_later():
-            time.sleep(0.2)     # let the main thread block in poll first
-            released_at.append(time.monotonic())
-            first[0].close()
+        def select(timeout=None):
+            in_select.set()
+            return real_select(timeout)
 
-        releaser = threading.Thread(target=release_later)
+        selector._selector.select = select
+        releaser = threading.Thread(target=lambda: in_select.wait(10) and first[0].close())
         releaser.start()
-        polls = 0
-        completed = []
-        while not completed and polls < 10:
-            selector.poll(5.0)      # without the wakeup, each of these would sit out its 5 s
-            polls += 1
-            completed = selector.completed_receives
-        done_at = time.monotonic()
+        selector.poll(60.0)         # returns early only if the release wakes it
         releaser.join()
+        assert selector.wakeups == 1
+        completed = poll_until(selector, lambda r: r)
         assert len(completed) == 1
-        # Well under 50 ms on an idle machine; the bound leaves room for a loaded CI machine while staying under
-        # Kafka's 300 ms poll interval and far under this poll's 5 s timeout.
-        assert done_at - released_at[0] < 0.25, f"recovery took {done_at - released_at[0]:.3f} s"
-        assert polls <= 3      # the blocked poll plus the one that unmutes and reads
-        assert selector.wakeups >= 1
         completed[0].close()
     stop(senders)
 
@@ -135,10 +140,10 @@ def test_strict_pool_refusal_does_not_spin(listener):
         accept(listener, selector, ["c"])
         client.sendall(frame(b"x" * 500))
         assert poll_until(selector, lambda r: selector.is_out_of_memory, poll_timeout=0.01) == []
-        selector.poll(0.1)
-        started = time.monotonic()
-        selector.poll(0.1)
-        assert time.monotonic() - started >= 0.09 and selector.completed_receives == []
+        timeouts = record_select_timeouts(selector)
+        selector.poll(0.05)
+        selector.poll(0.05)
+        assert timeouts == [0.05, 0.05] and selector.completed_receives == []     # waited: no retry loop
         pool.release(hog)
         done = poll_until(selector, lambda r: r)
         assert [bytes(r.payload) for r in done] == [b"x" * 500]
@@ -213,9 +218,9 @@ def test_tls_decrypted_bytes_are_never_stranded(listener, tls_contexts):
         selector.poll(0.05)
         assert selector.completed_receives == []
         selector.unmute("t")
-        started = time.monotonic()
+        timeouts = record_select_timeouts(selector)
         selector.poll(5.0)                  # no socket readiness will come: the buffered set must serve it
-        assert time.monotonic() - started < 1.0
+        assert timeouts == [0]
         assert [bytes(r.payload) for r in selector.completed_receives] == [b"two" * 100]
         for r in first + selector.completed_receives:
             r.close()
@@ -236,10 +241,11 @@ def test_tls_buffered_and_memory_muted_then_closed(listener, tls_contexts):
         channel = selector.channel("t")
         assert channel.muted and channel.has_bytes_buffered and channel.receive.waiting_for_memory
         # No busy loop: once a poll made no progress, the next ones honour their timeout.
-        selector.poll(0.1)
-        started = time.monotonic()
-        selector.poll(0.1)
-        assert time.monotonic() - started >= 0.09 and selector.completed_receives == []
+        selector.poll(0.05)
+        timeouts = record_select_timeouts(selector)
+        selector.poll(0.05)
+        selector.poll(0.05)
+        assert timeouts == [0.05, 0.05] and selector.completed_receives == []
         selector.close("t")
         assert selector.channels == [] and not selector._buffered_read
         first[0].close()
@@ -500,10 +506,6 @@ def test_receive_fuzz(payload, chunks, mutate):
 _KAFKA_TRANSITIONS = {
     ("MUTED", "REQUEST_RECEIVED"): "MUTED_AND_RESPONSE_PENDING",
     ("MUTED_AND_RESPONSE_PENDING", "RESPONSE_SENT"): "MUTED",
-    ("MUTED_AND_THROTTLED_AND_RESPONSE_PENDING", "RESPONSE_SENT"): "MUTED_AND_THROTTLED",
-    ("MUTED_AND_RESPONSE_PENDING", "THROTTLE_STARTED"): "MUTED_AND_THROTTLED_AND_RESPONSE_PENDING",
-    ("MUTED_AND_THROTTLED", "THROTTLE_ENDED"): "MUTED",
-    ("MUTED_AND_THROTTLED_AND_RESPONSE_PENDING", "THROTTLE_ENDED"): "MUTED_AND_RESPONSE_PENDING",
 }
 
 
@@ -521,7 +523,7 @@ def test_mute_state_machine(state, event):
     else:
         channel.handle_mute_event(event)
         assert channel.mute_state.name == expected
-    # Only a plain MUTED channel may be unmuted; pending responses and throttles keep it muted.
+    # Only a plain MUTED channel may be unmuted; a pending response keeps it muted.
     assert channel.maybe_unmute() == (channel.mute_state is ChannelMuteState.NOT_MUTED)
     channel.close()
     b.close()

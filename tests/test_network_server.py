@@ -1,4 +1,5 @@
 """SocketServer over real sockets and threads: echo, configuration, failures, bad input, slowloris."""
+import asyncio
 import errno
 import os
 import socket
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from kmem.errors import ConfigError
+from kmem.errors import ConfigError, IllegalStateError
 from kmem.network import SocketServer, SocketServerConfig
 
 from network_helpers import closed_by_peer, connect, frame, recv_frame, request, tls_contexts, wait_until  # noqa: F401
@@ -103,6 +104,27 @@ def test_handler_failure_releases_memory_and_closes_connection():
         assert wait_until(lambda: server.pool.available_memory == 1 << 16)
 
 
+@pytest.mark.parametrize("exception", [asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit])
+def test_handler_raising_a_base_exception_closes_only_its_connection(exception, caplog):
+    """Not an Exception (asyncio handlers raise CancelledError): the connection is closed, its memory
+    released, and the only handler thread keeps serving."""
+    def handler(req):
+        if bytes(req.payload) == b"boom":
+            raise exception()
+        return b"ok"
+
+    with SocketServer(handler, num_io_threads=1, queued_max_request_bytes=1 << 16,
+                      socket_request_max_bytes=1 << 16) as server:
+        for _ in range(2):
+            with connect(server.address) as sock:
+                sock.sendall(frame(b"boom"))
+                assert closed_by_peer(sock)
+        assert request(server.address, b"fine") == b"ok"
+        assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+        assert len(threads_named("kmem-request-handler-")) == 1
+    assert exception.__name__ in caplog.text
+
+
 class FailingRelease:
     size = 0
 
@@ -164,12 +186,19 @@ class OutOfDescriptors:
 def test_acceptor_backs_off_while_out_of_descriptors(caplog):
     with SocketServer(echo, num_network_threads=1) as server:
         acceptor = server._acceptor
+        pauses = []
+        real_pause = acceptor._pause
+
+        def pause(exc):
+            real_pause(exc)
+            pauses.append(acceptor._backoff)
+
+        acceptor._pause = pause
         listener = acceptor._listen_socket = OutOfDescriptors(acceptor._listen_socket, failures=5)
-        started = time.monotonic()
         assert request(server.address, b"after the shortage") == b"after the shortage"
-        # Pauses of 10, 20, 40 and 80 ms at least between the five failures, not a busy loop; then the
-        # accept, and one that finds the backlog empty.
-        assert time.monotonic() - started >= 0.15 and listener.calls <= 7
+        # A doubling pause after each of the five failures, not a busy loop; then the accept, and one that
+        # finds the backlog empty.
+        assert pauses == [0.01, 0.02, 0.04, 0.08, 0.16] and listener.calls <= 7
     assert caplog.text.count("accept failed") == 1
 
 
@@ -208,7 +237,6 @@ def test_client_disconnect_mid_request_and_mid_handling():
         with connect(server.address) as sock:          # a whole frame, gone while it is being handled
             sock.sendall(frame(b"y" * 5000))
             assert wait_until(lambda: server.pool.available_memory == size - 5000)
-        time.sleep(0.05)
         gate.set()
         assert wait_until(lambda: server.pool.available_memory == size)
         assert request(server.address, b"still serving") == b"still serving"
@@ -259,10 +287,7 @@ def test_slowloris_is_cut_off_by_the_idle_timeout():
             sock.sendall(struct.pack(">i", limit))
             stallers.append(sock)
         assert wait_until(lambda: server.pool.is_out_of_memory, timeout=5)
-        started = time.monotonic()
         assert request(server.address, b"x" * 1000, timeout=10) == b"x" * 1000
-        waited = time.monotonic() - started
-        assert waited < idle_ms / 1000 * 1.5, f"served after {waited:.2f} s"
         assert all(closed_by_peer(sock, timeout=idle_ms / 1000 * 3) for sock in stallers)
         assert wait_until(lambda: server.pool.available_memory == 4 * limit)
         for sock in stallers:
@@ -304,11 +329,15 @@ def test_request_queue_bounds_the_count():
         return b"ok"
 
     with SocketServer(handler, queued_max_requests=2, num_io_threads=1, num_network_threads=1) as server:
+        offered = []
+        real_enqueue = server.enqueue
+        server.enqueue = lambda request: offered.append(request) or real_enqueue(request)
         socks = [connect(server.address) for _ in range(6)]
         for sock in socks:
             sock.sendall(frame(b"q"))
-        assert wait_until(lambda: server.requests.qsize() == 2)
-        time.sleep(0.1)     # the other requests wait for room instead of growing the queue
+        # One request in the handler, two queued, the fourth offered and waiting for room: the processor
+        # waits there instead of growing the queue.
+        assert wait_until(lambda: len(offered) == 4 and server.requests.qsize() == 2)
         depth.append(server.requests.qsize())
         gate.set()
         assert [recv_frame(sock) for sock in socks] == [b"ok"] * 6
@@ -326,4 +355,6 @@ def test_metrics_exported():
         assert registry.get_sample_value("kmem_memory_pool_available_bytes", {"pool": "broker"}) == 1 << 20
         assert server.metrics()["MemoryPoolUsed"] == 0
     with SocketServer(echo) as unbounded:
-        assert unbounded.register_metrics() is None and "MemoryPoolUsed" not in unbounded.metrics()
+        with pytest.raises(IllegalStateError, match="queued.max.request.bytes"):
+            unbounded.register_metrics("unbounded", registry)
+        assert "MemoryPoolUsed" not in unbounded.metrics()

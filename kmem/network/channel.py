@@ -13,18 +13,15 @@ from kmem.pool import NONE
 
 
 class ChannelMuteState(enum.Enum):
+    """Kafka's mute states, less its throttle states: nothing in kmem throttles a channel."""
     NOT_MUTED = "NOT_MUTED"
     MUTED = "MUTED"
     MUTED_AND_RESPONSE_PENDING = "MUTED_AND_RESPONSE_PENDING"
-    MUTED_AND_THROTTLED = "MUTED_AND_THROTTLED"
-    MUTED_AND_THROTTLED_AND_RESPONSE_PENDING = "MUTED_AND_THROTTLED_AND_RESPONSE_PENDING"
 
 
 class ChannelMuteEvent(enum.Enum):
     REQUEST_RECEIVED = "REQUEST_RECEIVED"
     RESPONSE_SENT = "RESPONSE_SENT"
-    THROTTLE_STARTED = "THROTTLE_STARTED"
-    THROTTLE_ENDED = "THROTTLE_ENDED"
 
 
 _S = ChannelMuteState
@@ -33,10 +30,6 @@ _E = ChannelMuteEvent
 _TRANSITIONS = {
     (_S.MUTED, _E.REQUEST_RECEIVED): _S.MUTED_AND_RESPONSE_PENDING,
     (_S.MUTED_AND_RESPONSE_PENDING, _E.RESPONSE_SENT): _S.MUTED,
-    (_S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING, _E.RESPONSE_SENT): _S.MUTED_AND_THROTTLED,
-    (_S.MUTED_AND_RESPONSE_PENDING, _E.THROTTLE_STARTED): _S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING,
-    (_S.MUTED_AND_THROTTLED, _E.THROTTLE_ENDED): _S.MUTED,
-    (_S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING, _E.THROTTLE_ENDED): _S.MUTED_AND_RESPONSE_PENDING,
 }
 
 
@@ -81,7 +74,7 @@ class KafkaChannel:
             self.mute_state = ChannelMuteState.MUTED
 
     def maybe_unmute(self):
-        """Unmute unless a response or a throttle is pending; returns whether the channel is unmuted."""
+        """Unmute unless a response is pending; returns whether the channel is unmuted."""
         if self.mute_state is ChannelMuteState.MUTED:
             self.mute_state = ChannelMuteState.NOT_MUTED
         return self.mute_state is ChannelMuteState.NOT_MUTED

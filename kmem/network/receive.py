@@ -2,13 +2,15 @@
 
 ``NetworkReceive`` reads one frame from a transport into pool memory, asking the pool once, when the size
 prefix is complete, for exactly the payload's size; when the pool refuses, the receive waits and every
-later read retries. ``NetworkSend`` writes one frame, resuming partial writes.
+later read retries. ``NetworkSend`` writes one frame: the size prefix, then any ``Send``.
 """
-from kmem.errors import InvalidReceiveError
+from kmem.errors import InvalidArgumentError, InvalidReceiveError
 from kmem.pool import NONE
+from kmem.send import BytesSend, Send, SequenceSend
 
 UNLIMITED = -1
 SIZE_PREFIX_BYTES = 4
+MAX_FRAME_SIZE = (1 << 31) - 1
 
 
 class NetworkReceive:
@@ -107,38 +109,17 @@ class NetworkReceive:
         return f"<NetworkReceive from {self.source} size={self._size} filled={self._filled}>"
 
 
-class NetworkSend:
-    """One outgoing frame: the size prefix, then the payload, written as far as the transport takes it."""
-
-    __slots__ = ("destination", "size", "remaining", "_views")
+class NetworkSend(SequenceSend):
+    """One outgoing frame to ``destination``: the 4-byte size prefix, then ``payload`` (bytes-like or a
+    ``Send``, whose ``size`` is the prefix)."""
 
     def __init__(self, destination, payload):
-        body = memoryview(payload).cast("B")
+        body = payload if isinstance(payload, Send) else BytesSend(payload)
+        if body.size > MAX_FRAME_SIZE:
+            raise InvalidArgumentError(f"a frame to {destination} cannot hold {body.size} bytes "
+                                       f"(the size prefix is a signed 32-bit integer)")
+        super().__init__([body.size.to_bytes(SIZE_PREFIX_BYTES, "big"), body])
         self.destination = destination
-        self.size = SIZE_PREFIX_BYTES + body.nbytes
-        self.remaining = self.size
-        self._views = [memoryview(body.nbytes.to_bytes(SIZE_PREFIX_BYTES, "big")), body]
-
-    @property
-    def completed(self):
-        return self.remaining == 0
-
-    def write_to(self, transport):
-        """Write what the transport accepts now; returns the bytes written."""
-        written = transport.write(self._views)
-        self.remaining -= written
-        left = written
-        while left:
-            head = self._views[0]
-            if left >= head.nbytes:
-                left -= head.nbytes
-                self._views.pop(0)
-            else:
-                self._views[0] = head[left:]
-                left = 0
-        while self._views and not self._views[0].nbytes:
-            self._views.pop(0)     # an empty payload leaves an empty view behind
-        return written
 
     def __repr__(self):
         return f"<NetworkSend to {self.destination} {self.size - self.remaining}/{self.size} bytes>"

@@ -45,8 +45,7 @@ class Selector:
     stays ``UNLIMITED``: a peer's size prefix may then allocate up to 2 GiB, so set it for untrusted peers.
     """
 
-    def __init__(self, pool=NONE, *, max_receive_size=UNLIMITED, connections_max_idle_ms=None,
-                 clock=time.monotonic, rng=None):
+    def __init__(self, pool=NONE, *, max_receive_size=UNLIMITED, connections_max_idle_ms=None, rng=None):
         self.pool = pool
         pool_limit = getattr(pool, "max_single_allocation", None)
         if pool_limit is not None:
@@ -58,7 +57,6 @@ class Selector:
         self.max_receive_size = max_receive_size
         self._idle_seconds = (connections_max_idle_ms / 1000.0
                               if connections_max_idle_ms is not None and connections_max_idle_ms >= 0 else None)
-        self._clock = clock
         self._rng = rng or random.Random()
         self._low_memory_threshold = LOW_MEMORY_FRACTION * pool.size
         self._selector = selectors.DefaultSelector()
@@ -243,10 +241,13 @@ class Selector:
                 self._handle_channel(channel, mask)
             except _CONNECTION_ERRORS as exc:
                 self._close_channel(channel, exc)
-            except Exception as exc:
-                # A bug or a failed malloc: it ends this channel, not the poll (and the other channels').
+            except BaseException as exc:
+                # A bug, a failed malloc, a send's own error (even a CancelledError): it ends this channel,
+                # not the poll (and the other channels'). KeyboardInterrupt and SystemExit still propagate.
                 log.exception("closing channel %s after an unexpected error", channel_id)
                 self._close_channel(channel, exc)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
 
     def _handle_channel(self, channel, mask):
         if not channel.ready:
@@ -318,19 +319,19 @@ class Selector:
         if channel_id in self._explicitly_muted and self._channels[channel_id].send is None:
             self._idle.pop(channel_id, None)
         else:
-            self._idle[channel_id] = self._clock()
+            self._idle[channel_id] = time.monotonic()
             self._idle.move_to_end(channel_id)
 
     def _limit_by_idle_expiry(self, timeout):
         if not self._idle:
             return timeout
-        until_expiry = max(0.0, next(iter(self._idle.values())) + self._idle_seconds - self._clock())
+        until_expiry = max(0.0, next(iter(self._idle.values())) + self._idle_seconds - time.monotonic())
         return until_expiry if timeout is None else min(timeout, until_expiry)
 
     def _close_idle(self):
         if not self._idle:
             return
-        deadline = self._clock() - self._idle_seconds
+        deadline = time.monotonic() - self._idle_seconds
         while self._idle:
             channel_id, last_active = next(iter(self._idle.items()))
             if last_active > deadline:

@@ -3,8 +3,9 @@
 An acceptor thread hands new connections round-robin to N processor threads, each with its own
 ``Selector``; all share one memory pool (``queued_max_request_bytes``) into which requests are read.
 Complete requests go through one bounded queue (``queued_max_requests``) to handler threads that call
-``handler(request)``; the returned bytes are sent back as a size-prefixed frame. A connection has one
-request in flight: it is muted from the moment its request is complete until the response is sent.
+``handler(request)``; the returned bytes, or ``kmem.send.Send``, are sent back as a size-prefixed frame
+whose prefix is their size. A connection has one request in flight: it is muted from the moment its
+request is complete until the last byte of its response is written.
 
 A request's memory goes back to the pool when the handler returns or raises (not when the response is
 sent), and when its connection closes before that.
@@ -145,7 +146,8 @@ class _Processor(threading.Thread):
         self.selector.wakeup()
 
     def respond(self, connection_id, send):
-        """From a handler thread: ``send`` is a ``NetworkSend``, None (no response) or ``_CLOSE``."""
+        """From a handler thread: ``send`` is a ``NetworkSend`` (a framed response), None (no response) or
+        ``_CLOSE``."""
         self._responses.put((connection_id, send))
         self.selector.wakeup()
 
@@ -158,9 +160,11 @@ class _Processor(threading.Thread):
                     self.selector.poll(POLL_SECONDS)
                     self._process_completed_receives()
                     self._process_completed_sends()
-                except Exception:
-                    # Keep serving: the acceptor keeps dealing connections to this thread. A failure that
-                    # repeats must not spin (nor flood the log): at most one per poll interval.
+                except BaseException:
+                    # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
+                    # and SystemExit, raised here only by code such as a response's Send, do not stop a
+                    # server: close() does). A failure that repeats must not spin (nor flood the log): at
+                    # most one per poll interval.
                     log.exception("network processor %d failed; continuing", self._index)
                     time.sleep(POLL_SECONDS)
         finally:
@@ -280,8 +284,11 @@ class _Acceptor(threading.Thread):
 class SocketServer:
     """A threaded TCP (or TLS) server for size-prefixed requests, with bounded request memory.
 
-    ``handler(request)`` runs in a handler thread and returns the response payload (any bytes-like
-    object), or None to send nothing. A handler that raises gets its connection closed.
+    ``handler(request)`` runs in a handler thread and returns the response payload: any bytes-like
+    object, or a ``kmem.send.Send`` (a file region, a lazy down-conversion, a ``SequenceSend`` of a header
+    and records...) that the processor writes a non-blocking write at a time, prefixed with its ``size``;
+    or None to send nothing. A handler that raises anything, ``BaseException`` included, gets its
+    connection closed; its thread keeps serving.
 
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
     """
@@ -343,7 +350,11 @@ class SocketServer:
                 # Framed before the payload is released, so a response that views the request's memory
                 # keeps that memory alive until it is sent.
                 send = None if response is None else NetworkSend(request.connection_id, response)
-            except Exception:
+            except BaseException:
+                # Whatever it is: an asyncio handler's CancelledError, even KeyboardInterrupt or SystemExit
+                # (signals go to the main thread, so here they come from the handler's own code). Letting
+                # it end this thread would leave the connection muted and, thread by thread, the server
+                # deaf; close() is how a server stops.
                 log.exception("request handler failed for %r; closing the connection", request)
                 send = _CLOSE
             finally:
@@ -366,9 +377,13 @@ class SocketServer:
         return values
 
     def register_metrics(self, name="socket_server", registry=None):
-        """Export the pool's sensors to Prometheus (see ``kmem.metrics``); None for an unbounded server."""
+        """Export the pool's sensors to Prometheus (see ``kmem.metrics``); returns the collector.
+
+        An unbounded server has no pool, hence no sensors: ``IllegalStateError``.
+        """
         if not self.bounded:
-            return None
+            raise IllegalStateError("an unbounded server (queued.max.request.bytes = -1) has no memory pool "
+                                    "sensors to export; set queued_max_request_bytes")
         from kmem.metrics import register_pool
         return register_pool(self.pool, name, registry)
 

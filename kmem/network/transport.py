@@ -2,11 +2,15 @@
 
 Both offer the same small surface: ``ready`` (handshake done), ``handshake()``, ``read_into(view)``
 (bytes read, 0 when nothing is available now, ``EOFError`` when the peer closed), ``write(views)``
-(bytes accepted now), ``has_bytes_buffered`` (bytes the transport holds that the socket will not announce
-again), ``events`` (what to wait for while not ready) and ``close()``.
+(bytes accepted now), ``send_file(fd, offset, count)`` (bytes of a file region sent now: the transport,
+not the sender, chooses between ``os.sendfile`` and copying), ``has_bytes_buffered`` (bytes the transport
+holds that the socket will not announce again), ``events`` (what to wait for while not ready) and
+``close()``.
 """
 import selectors
 import ssl
+
+from kmem.send import COPY_CHUNK, copy_file_once, sendfile_once
 
 # OpenSSL refuses a retried write unless it is the same length: writing fixed-size chunks keeps a retry
 # after SSLWantWriteError identical. 16 KiB is one TLS record.
@@ -38,6 +42,10 @@ class PlaintextTransport:
             return self.sock.sendmsg(views)
         except (BlockingIOError, InterruptedError):
             return 0
+
+    def send_file(self, fd, offset, count):
+        """Zero-copy: the kernel moves the file's bytes to the socket."""
+        return sendfile_once(self.sock, fd, offset, count)
 
     def close(self):
         self.sock.close()
@@ -94,6 +102,18 @@ class TlsTransport:
                 pos += n
                 written += n
         return written
+
+    def send_file(self, fd, offset, count):
+        """Copies of at most ``COPY_CHUNK`` bytes, one at a time, until the socket is full: TLS encrypts in
+        user space, so ``sendfile`` would bypass it."""
+        sent = 0
+        while sent < count:
+            wanted = min(count - sent, COPY_CHUNK)
+            n = copy_file_once(self, fd, offset + sent, wanted)
+            sent += n
+            if n < wanted:
+                break
+        return sent
 
     def close(self):
         self.sock.close()

@@ -1,16 +1,15 @@
 """Kafka log segment files: ``FileRecords`` reads a slice of a ``<20-digit base offset>.log`` file
-without loading it, and sends it to a socket zero-copy when no conversion is needed.
+without loading it, and sends it (``to_send``) as a file region when no conversion is needed.
 """
 import os
 import re
-import socket
-import ssl
 import struct
 from typing import NamedTuple
 
 from kmem import _core
 from kmem.errors import InvalidArgumentError
 from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, RecordBatch, as_byte_view
+from kmem.send import FileRegionSend, as_transport
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
 READ_SIZE = 1 << 20     # bytes read per system call while iterating batches
@@ -54,13 +53,9 @@ def read_entries(source, position, max_read):
 
 
 def write_once(channel, data):
-    """One write of ``data`` to a socket (``send``) or any object with ``write``; 0 when it would block."""
-    try:
-        if hasattr(channel, "send"):
-            return channel.send(data)
-        return channel.write(data) or 0
-    except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-        return 0
+    """One write of ``data`` to a transport, a socket (``send``) or any object with ``write``; 0 when it
+    would block."""
+    return as_transport(channel).write([memoryview(data)])
 
 
 def _check_position(position, records):
@@ -170,20 +165,19 @@ class FileRecords:
                 return LogOffsetPosition(batch.last_offset, batch.file_position - self.start, batch.size_in_bytes)
         return None
 
+    def to_send(self, position=0, length=None):
+        """A ``FileRegionSend`` of up to ``length`` bytes from ``position`` (relative to the slice; to its
+        end by default): the transport it is written to chooses ``os.sendfile`` (a plain socket) or
+        bounded copies (TLS). It keeps its own descriptor: this object may be closed meanwhile."""
+        _check_position(position, self)
+        available = max(0, self.size_in_bytes - position)
+        length = available if length is None else max(0, min(length, available))
+        return FileRegionSend(self._fd, self.start + position, length)
+
     def write_to(self, channel, position, length):
         """Send up to ``length`` bytes from ``position`` (relative to the slice); one write, returns the
-        bytes written (0 when a non-blocking channel is full). A plain socket gets ``os.sendfile``
-        (zero-copy); anything else, TLS sockets included, gets a ``pread`` copy of at most ``READ_SIZE``
-        bytes through its ``send`` or ``write``."""
-        _check_position(position, self)
-        length = max(0, min(length, self.size_in_bytes - position))
-        if length == 0:
-            return 0
-        # sendfile writes to the descriptor itself: only a plain socket sends those bytes unchanged (an
-        # ssl.SSLSocket's descriptor is the TCP stream under the TLS session).
-        if type(channel) is socket.socket:
-            try:
-                return os.sendfile(channel.fileno(), self._fd, self.start + position, length)
-            except (BlockingIOError, InterruptedError):
-                return 0
-        return write_once(channel, self.read(position, min(length, READ_SIZE)))
+        bytes written (0 when a non-blocking channel is full). ``channel``: a transport, a plain socket
+        (``os.sendfile``, zero-copy), or a TLS socket or object with ``write`` (copies of at most
+        ``kmem.send.COPY_CHUNK`` bytes). A shorthand for ``to_send(position, length).write_to(channel)``:
+        keep the send to resume partial writes."""
+        return self.to_send(position, length).write_to(channel)

@@ -8,9 +8,9 @@ they are being sent, so the memory used is bounded by the chunk size rather than
 - batches exist but none converts (e.g. only transaction markers): S = 12;
 - no complete batch: S = 0.
 
-``LazyDownConvertRecordsSend.write_to(channel)`` then writes exactly S bytes, one write per call and at
-most one chunk converted per call: converted output beyond S is cut (clients drop the partial batch);
-output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
+``LazyDownConvertRecordsSend`` (a ``kmem.send.Send``) then writes exactly S bytes, one write and at most
+one chunk converted per ``write_to`` call: converted output beyond S is cut (clients drop the partial
+batch); output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
 zstd batch met after the first chunk ends the conversion the same way (Kafka's
 LazyDownConversionRecordsSend): the client reads what it got and fetches again from that batch, which
 then fails at construction.
@@ -22,7 +22,8 @@ from kmem.errors import InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import codecs
 from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, as_byte_view
 from kmem.records.convert import RecordConversionStats, down_convert
-from kmem.records.files import read_entries, write_once
+from kmem.records.files import read_entries
+from kmem.send import as_transport
 
 DEFAULT_CHUNK_SIZE = 128 << 10       # Kafka's maximum read size for one chunk
 MAX_OVERFLOW_SIZE = 128 << 10
@@ -118,10 +119,12 @@ def overflow_batch(remaining):
 
 
 class LazyDownConvertRecordsSend:
-    """Writes exactly ``size`` (= S) bytes of lazily converted records to a channel.
+    """Writes exactly ``size`` (= S) bytes of lazily converted records: a ``kmem.send.Send``.
 
-    Each ``write_to(channel)`` makes at most one write and converts at most one chunk; call it until
-    ``completed``. ``stats`` accumulates the conversion stats of every chunk converted.
+    Each ``write_to(transport)`` makes at most one write and converts at most one chunk; call it until
+    ``completed``. It holds one converted chunk at a time, whatever S. ``transport`` may also be a socket,
+    a TLS socket or an object with ``write`` (see ``kmem.send.as_transport``). ``stats`` accumulates the
+    conversion stats of every chunk converted.
     """
 
     def __init__(self, lazy_records):
@@ -135,8 +138,8 @@ class LazyDownConvertRecordsSend:
     def completed(self):
         return self.remaining <= 0
 
-    def write_to(self, channel):
-        """Write once; returns the bytes written (0 when the channel is full or the send is done)."""
+    def write_to(self, transport):
+        """Write once; returns the bytes written (0 when the transport is full or the send is done)."""
         if self.remaining <= 0:
             return 0
         if not self._pending:
@@ -155,7 +158,7 @@ class LazyDownConvertRecordsSend:
                 self._pending, stats = chunk
                 self.stats.add(stats)
             self._pending = self._pending[:self.remaining]
-        written = write_once(channel, self._pending)
+        written = as_transport(transport).write([self._pending])
         self._pending = self._pending[written:]
         self.remaining -= written
         return written
