@@ -212,6 +212,7 @@ class NetworkClient:
         self._failed_at[channel_id] = time.monotonic()
         error = KafkaConnectionError(f"connection to {conn.address[0]}:{conn.address[1]} lost: "
                                      f"{reason or 'closed'}")
+        error.reason = reason
         pending = list(conn.in_flight) + ([conn.sending] if conn.sending else [])
         pending += [r for r, _ in conn.queued] + [r for r, _ in conn.waiting]
         for request in pending:

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from kmem.consumer.errors import (FENCED_LEADER_EPOCH, LEADER_NOT_AVAILABLE, NOT_LEADER_OR_FOLLOWER,
                                   OFFSET_OUT_OF_RANGE, UNKNOWN_LEADER_EPOCH, UNKNOWN_TOPIC_OR_PARTITION,
                                   KafkaError, OffsetOutOfRangeError)
-from kmem.errors import CorruptRecordError
+from kmem.errors import CorruptRecordError, InvalidReceiveError
 from kmem.metrics import SampledRate
 from kmem.protocol import messages
 from kmem.records import ControlRecordType, MemoryRecords
@@ -178,7 +178,11 @@ class Fetcher:
         self._max_wait_ms = config["fetch.max.wait.ms"]
         self._min_bytes = config["fetch.min.bytes"]
         self._max_bytes = config["fetch.max.bytes"]
-        self._partition_max_bytes = config["max.partition.fetch.bytes"]
+        self._partition_max_bytes = min(config["max.partition.fetch.bytes"], self._max_bytes) or 1
+        # A fetch asks for at most fetch.max.bytes in all, partitions x partition limit, so a broker that
+        # does not cap the whole response (Fetch < v3, or librdkafka's mock cluster) stays within the
+        # pool too; the partitions left out come first next time (KIP-74 order).
+        self._partitions_per_fetch = max(1, self._max_bytes // self._partition_max_bytes)
         self._read_committed = config["isolation.level"] == "read_committed"
         self._check_crcs = config["check.crcs"]
         self.assignment = {}                    # TopicPartition -> PartitionState, in fetch order
@@ -233,18 +237,24 @@ class Fetcher:
         if self._pool.is_out_of_memory:
             return
         buffered = {cf.partition for cf in self._completed}
-        by_node = {}
+        behind, caught_up = [], []
         for tp, state in self.assignment.items():
             if state.position is None or state.paused or tp in buffered:
                 continue
+            (caught_up if 0 <= state.high_watermark <= state.position else behind).append((tp, state.position))
+        by_node = {}
+        # Partitions with data waiting come first, so those at their end (long polls that return nothing)
+        # cannot take every place in a capped fetch.
+        for tp, position in behind + caught_up:
             leader = self._metadata.leader(tp)
             if leader is None or leader in self._in_flight:
                 continue
-            by_node.setdefault(leader, []).append((tp, state.position))
+            partitions = by_node.setdefault(leader, [])
+            if len(partitions) < self._partitions_per_fetch:
+                partitions.append((tp, position))
         for node, partitions in by_node.items():
-            if not self._metadata.ensure_connected(node):
-                continue
-            self._send_fetch(node, partitions)
+            if self._metadata.ensure_connected(node):
+                self._send_fetch(node, partitions)
 
     def _send_fetch(self, node, partitions):
         topics = {}
@@ -268,6 +278,10 @@ class Fetcher:
     def _on_fetch(self, node, requested, receive, body, error):
         self._in_flight.discard(node)
         if error is not None:
+            if isinstance(getattr(error, "reason", None), InvalidReceiveError):
+                # Larger than the pool could ever grant: retrying would fail the same way.
+                self._errors.append(KafkaError(f"a fetch response from broker {node} does not fit in "
+                                               f"buffer.memory ({error.reason}); raise buffer.memory"))
             self._metadata.request_update()
             return
         pooled = _PooledResponse(receive)
@@ -283,16 +297,17 @@ class Fetcher:
                     state = self.assignment.get(tp)
                     if offset is None or state is None or state.position != offset:
                         continue        # revoked or seeked while the fetch was out
-                    self._partition_data(tp, offset, state, data, pooled, returned)
+                    if self._partition_data(tp, offset, state, data, pooled):
+                        returned.append(tp)
         finally:
             del body
             if pooled.pending == 0:
                 receive.close()
-        # KIP-74 fairness: partitions that got data go to the back of the next fetch's order.
+        # KIP-74 fairness: partitions that got data go behind the others in the next fetch.
         for tp in returned:
             self.assignment[tp] = self.assignment.pop(tp)
 
-    def _partition_data(self, tp, offset, state, data, pooled, returned):
+    def _partition_data(self, tp, offset, state, data, pooled):
         code = data.error_code
         if code == 0:
             state.high_watermark = data.high_watermark
@@ -302,7 +317,7 @@ class Fetcher:
                 pooled.pending += 1
                 self._completed.append(CompletedFetch(tp, offset, records, pooled, aborted,
                                                       self._read_committed, self._check_crcs))
-                returned.append(tp)
+                return True
         elif code == OFFSET_OUT_OF_RANGE:
             if self._reset_strategy is None:
                 self._errors.append(OffsetOutOfRangeError(tp, offset))
