@@ -20,6 +20,7 @@ from kmem.protocol import messages
 from kmem.records import ControlRecordType, MemoryRecords
 
 EARLIEST = -2
+MIN_PARTITION_FETCH_BYTES = 16 << 10
 LATEST = -1
 _RETRIABLE_PARTITION_ERRORS = {NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE,
                                FENCED_LEADER_EPOCH, UNKNOWN_LEADER_EPOCH}
@@ -177,12 +178,11 @@ class Fetcher:
         self._pool = pool
         self._max_wait_ms = config["fetch.max.wait.ms"]
         self._min_bytes = config["fetch.min.bytes"]
-        self._max_bytes = config["fetch.max.bytes"]
+        # Brokers overshoot a fetch's limits by whole batches (KIP-74, and librdkafka's mock cluster per
+        # partition): asking for at most half the pool leaves the other half for that, so a response
+        # fits in one pool allocation.
+        self._max_bytes = max(1, min(config["fetch.max.bytes"], config["buffer.memory"] // 2))
         self._partition_max_bytes = min(config["max.partition.fetch.bytes"], self._max_bytes) or 1
-        # A fetch asks for at most fetch.max.bytes in all, partitions x partition limit, so a broker that
-        # does not cap the whole response (Fetch < v3, or librdkafka's mock cluster) stays within the
-        # pool too; the partitions left out come first next time (KIP-74 order).
-        self._partitions_per_fetch = max(1, self._max_bytes // self._partition_max_bytes)
         self._read_committed = config["isolation.level"] == "read_committed"
         self._check_crcs = config["check.crcs"]
         self.assignment = {}                    # TopicPartition -> PartitionState, in fetch order
@@ -243,24 +243,27 @@ class Fetcher:
                 continue
             (caught_up if 0 <= state.high_watermark <= state.position else behind).append((tp, state.position))
         by_node = {}
-        # Partitions with data waiting come first, so those at their end (long polls that return nothing)
-        # cannot take every place in a capped fetch.
         for tp, position in behind + caught_up:
             leader = self._metadata.leader(tp)
-            if leader is None or leader in self._in_flight:
-                continue
-            partitions = by_node.setdefault(leader, [])
-            if len(partitions) < self._partitions_per_fetch:
-                partitions.append((tp, position))
+            if leader is not None and leader not in self._in_flight:
+                by_node.setdefault(leader, []).append((tp, position))
         for node, partitions in by_node.items():
             if self._metadata.ensure_connected(node):
-                self._send_fetch(node, partitions)
+                # A fetch asks for at most fetch.max.bytes in all (partitions x partition limit), so a
+                # broker that does not cap the whole response (Fetch < v3, librdkafka's mock cluster)
+                # stays within the pool too. The limit is shared out over the partitions, down to
+                # MIN_PARTITION_FETCH_BYTES each; partitions left out come first next time, and lagging
+                # ones before those at their end (whose long polls return nothing).
+                partition_max = min(self._partition_max_bytes,
+                                    max(self._max_bytes // len(partitions), MIN_PARTITION_FETCH_BYTES))
+                count = max(1, self._max_bytes // partition_max)
+                self._send_fetch(node, partitions[:count], partition_max)
 
-    def _send_fetch(self, node, partitions):
+    def _send_fetch(self, node, partitions, partition_max):
         topics = {}
         for tp, offset in partitions:       # topics in the order of their first partition (KIP-74)
             topics.setdefault(tp.topic, []).append(messages.FetchRequest.FetchPartition(
-                partition=tp.partition, fetch_offset=offset, partition_max_bytes=self._partition_max_bytes,
+                partition=tp.partition, fetch_offset=offset, partition_max_bytes=partition_max,
                 current_leader_epoch=-1, log_start_offset=-1))
         request = messages.FetchRequest(
             replica_id=-1, max_wait_ms=self._max_wait_ms, min_bytes=self._min_bytes, max_bytes=self._max_bytes,
