@@ -20,6 +20,7 @@ from kmem.protocol import messages
 from kmem.records import ControlRecordType, MemoryRecords
 
 EARLIEST = -2
+MAX_BUFFERED_FETCHES = 2           # per partition: the one being handed out and the next
 MIN_PARTITION_FETCH_BYTES = 16 << 10
 LATEST = -1
 _RETRIABLE_PARTITION_ERRORS = {NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE,
@@ -46,14 +47,18 @@ _new_record = tuple.__new__
 
 
 class PartitionState:
-    __slots__ = ("position", "paused", "high_watermark", "reset_to", "committed_pending")
+    __slots__ = ("position", "fetch_position", "paused", "high_watermark", "reset_to")
 
     def __init__(self):
         self.position = None            # next offset to hand out; None until known
+        self.fetch_position = None      # next offset to fetch when data is buffered (else position)
         self.paused = False
         self.high_watermark = -1
         self.reset_to = None            # EARLIEST / LATEST while a ListOffsets lookup is due
-        self.committed_pending = False  # waiting for the group's committed offset
+
+    @property
+    def next_fetch_offset(self):
+        return self.position if self.fetch_position is None else self.fetch_position
 
 
 class _PooledResponse:
@@ -79,7 +84,11 @@ class CompletedFetch:
         self.fetch_offset = fetch_offset
         self.size = len(records)
         self._response = response
-        self._batches = MemoryRecords(records).batches()
+        data = MemoryRecords(records)
+        self.end_offset = None          # after the last complete batch: where the next fetch starts
+        for batch in data.batches():
+            self.end_offset = batch.next_offset
+        self._batches = data.batches()
         self._records = None            # iterator over the current batch's records
         self._batch = None
         self._check_crcs = check_crcs
@@ -207,8 +216,8 @@ class Fetcher:
     def seek(self, partition, offset):
         state = self.assignment[partition]
         state.position = offset
+        state.fetch_position = None
         state.reset_to = None
-        state.committed_pending = False
         self._drop_completed(lambda cf: cf.partition == partition)
 
     def _drop_completed(self, predicate):
@@ -236,12 +245,15 @@ class Fetcher:
         the fetch connections are muted by the selector and nothing new is asked for)."""
         if self._pool.is_out_of_memory:
             return
-        buffered = {cf.partition for cf in self._completed}
+        buffered = collections.Counter(cf.partition for cf in self._completed)
         behind, caught_up = [], []
         for tp, state in self.assignment.items():
-            if state.position is None or state.paused or tp in buffered:
+            # One response per partition may wait while the one before it is handed out: the next
+            # fetch is then already under way (the pool bounds both).
+            if state.position is None or state.paused or buffered[tp] >= MAX_BUFFERED_FETCHES:
                 continue
-            (caught_up if 0 <= state.high_watermark <= state.position else behind).append((tp, state.position))
+            offset = state.next_fetch_offset
+            (caught_up if 0 <= state.high_watermark <= offset else behind).append((tp, offset))
         by_node = {}
         for tp, position in behind + caught_up:
             leader = self._metadata.leader(tp)
@@ -298,7 +310,8 @@ class Fetcher:
                     tp = TopicPartition(topic.topic, data.partition_index)
                     offset = requested.get(tp)
                     state = self.assignment.get(tp)
-                    if offset is None or state is None or state.position != offset:
+                    if offset is None or state is None or state.position is None \
+                            or state.next_fetch_offset != offset:
                         continue        # revoked or seeked while the fetch was out
                     if self._partition_data(tp, offset, state, data, pooled):
                         returned.append(tp)
@@ -318,14 +331,17 @@ class Fetcher:
             if records is not None and len(records):
                 aborted = [(a.producer_id, a.first_offset) for a in data.aborted_transactions or ()]
                 pooled.pending += 1
-                self._completed.append(CompletedFetch(tp, offset, records, pooled, aborted,
-                                                      self._read_committed, self._check_crcs))
+                completed = CompletedFetch(tp, offset, records, pooled, aborted, self._read_committed,
+                                           self._check_crcs)
+                self._completed.append(completed)
+                if completed.end_offset is not None:
+                    state.fetch_position = completed.end_offset
                 return True
         elif code == OFFSET_OUT_OF_RANGE:
             if self._reset_strategy is None:
                 self._errors.append(OffsetOutOfRangeError(tp, offset))
             else:
-                state.position = None
+                self.seek(tp, None)
                 state.reset_to = self._reset_strategy
         elif code in _RETRIABLE_PARTITION_ERRORS:
             self._metadata.request_update()
