@@ -56,7 +56,7 @@ def read_confluent(bootstrap, topic, count):
     consumer.assign([confluent_kafka.TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in range(4)])
     n = 0
     while n < count:
-        n += sum(1 for m in consumer.consume(500, 1.0) if m.error() is None)
+        n += sum(1 for m in consumer.consume(min(500, count - n), 1.0) if m.error() is None)
     consumer.close()
 
 

@@ -44,7 +44,7 @@ def _confluent(bootstrap, topic, partitions, buffer_memory):
                      for p in range(partitions)])
 
     def poll():
-        return [m for m in consumer.consume(500, 0.1) if m.error() is None]
+        return [m for m in consumer.consume(500, 0.01) if m.error() is None]
     return poll, consumer.close
 
 
