@@ -99,3 +99,52 @@ def test_core_stubs_describe_the_compiled_surface():
             if callable(member):        # not a property or attribute
                 assert _stub_parameters(members[member_name]) == _runtime_parameters(member), \
                     f"{name}.{member_name}"
+
+
+def _imported_distributions(paths):
+    """Distributions (normalized names) that the files at ``paths`` import, outside the stdlib, kmem and
+    the files' sibling modules."""
+    import importlib.metadata
+    import re
+
+    providers = importlib.metadata.packages_distributions()
+    found = set()
+    for path in paths:
+        text = path.read_text()
+        if path.suffix == ".py":
+            names = [alias.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import)
+                     for alias in node.names]
+            names += [node.module for node in ast.walk(ast.parse(text))
+                      if isinstance(node, ast.ImportFrom) and node.level == 0]
+        else:       # Cython: plain imports only (cimports are compile time)
+            names = [a or b for a, b in re.findall(r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\b)", text,
+                                                   re.MULTILINE)]
+        for name in names:
+            top = name.split(".")[0]
+            if top != "kmem" and top not in sys.stdlib_module_names and not (path.parent / f"{top}.py").exists():
+                found.update(_normalized(dist) for dist in providers[top])
+    return found
+
+
+def _normalized(requirement):
+    import re
+
+    return re.sub(r"[-_.]+", "-", re.match(r"[\w.-]+", requirement)[0]).lower()
+
+
+def test_runtime_dependencies_and_extras_are_what_kmem_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {name: {_normalized(r) for r in requirements}
+              for name, requirements in project["optional-dependencies"].items()}
+    sources = [p for p in (ROOT / "kmem").rglob("*") if p.suffix in (".py", ".pyx", ".pxi")]
+    optional = {"spark": [p for p in sources if "spark" in p.parts],
+                "metrics": [ROOT / "kmem" / "metrics.py"]}
+    core = [p for p in sources if not any(p in files for files in optional.values())]
+    runtime = {_normalized(r) for r in project["dependencies"]}
+    assert runtime == _imported_distributions(core)
+    for extra, files in optional.items():
+        assert extras[extra] == _imported_distributions(files) - runtime, extra
+    # the tests import their peers and references from the test extra, which includes every optional part
+    assert _imported_distributions((ROOT / "tests").glob("*.py")) - runtime <= \
+        extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"]
+    assert "kmem" in extras["test"]

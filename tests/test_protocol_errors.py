@@ -17,7 +17,7 @@ from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, Inva
                            encode_response, message_class)
 from kmem.protocol.api import message
 from kmem.protocol.messages import ApiVersionsRequest, FetchResponse, ProduceRequest
-from kmem.send import BytesSend
+from kmem.send import BytesSend, Send
 
 CASES = [(key, version, kind) for key, (low, high) in SUPPORTED_VERSIONS.items()
          for version in range(low, high + 1) for kind in ("Request", "Response")]
@@ -195,6 +195,7 @@ def test_fetch_response_with_record_sends_is_one_send_the_peer_reads():
                                                   records=BytesSend(r) if i % 2 else r) for i, r in enumerate(records)]
         body = FetchResponse(responses=[FetchResponse.FetchableTopicResponse(topic="t", partitions=partitions)])
         send = encode_response(RequestHeader(ApiKey.FETCH, version, 3), body)
+        assert isinstance(send, Send)
         payload = b"".join(_drain(send, step=1000))
         assert len(payload) == send.size and send.remaining == 0
         peer = PeerFetchResponse.decode(payload, version=version, header=True)
@@ -235,11 +236,49 @@ def _drain(send, step=None):
         def __init__(self):
             self.chunks = []
 
-        def write(self, buffers):
-            data = b"".join(bytes(b) for b in buffers)[:step]
+        def write(self, data):                          # a file-like writer (kmem.send.as_transport)
+            data = bytes(data)[:step]
             self.chunks.append(data)
             return len(data)
     transport = Transport()
     while not send.completed:
         send.write_to(transport)
     return transport.chunks
+
+
+def test_produce_records_are_views_of_a_pooled_buffer():
+    from kmem.pool import SimpleMemoryPool
+    request = ProduceRequest(acks=1, timeout_ms=5, topic_data=[ProduceRequest.TopicProduceData(
+        name="t", partition_data=[ProduceRequest.PartitionProduceData(index=0, records=b"abc" * 100)])])
+    payload = encode_request(request, 9, 1, client_id="x")
+    pool = SimpleMemoryPool(size_bytes=1 << 20, max_single_allocation_bytes=1 << 16)
+    buf = pool.try_allocate(len(payload))
+    memoryview(buf)[:] = payload
+    _, body = decode_request(buf)
+    records = body.topic_data[0].partition_data[0].records
+    assert records.obj is buf and records == b"abc" * 100
+    del records, body
+    pool.release(buf)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"correlation_id": 2**31}, "RequestHeader v3: field correlation_id..client_id"),
+    ({"correlation_id": 1, "client_id": "x" * 40000}, "RequestHeader v3"),
+    ({"correlation_id": 1, "client_id": 5}, "RequestHeader v3"),
+    ({"correlation_id": 1, "unknown_tags": {-1: b""}}, "RequestHeader v3"),
+])
+def test_bad_request_headers_raise_invalid_message_error(kwargs, match):
+    with pytest.raises(InvalidMessageError, match=match):
+        encode_request(ApiVersionsRequest(), 3, **kwargs)
+
+
+def test_bad_response_header_raises_invalid_message_error():
+    with pytest.raises(InvalidMessageError, match="ResponseHeader v12: field correlation_id"):
+        encode_response(RequestHeader(ApiKey.FETCH, 12, 2**40), FetchResponse())
+
+
+def test_decode_response_of_an_unknown_api_or_version():
+    with pytest.raises(UnknownApiKeyError):
+        decode_response(b"\x00\x00\x00\x01", 999, 0)
+    with pytest.raises(UnsupportedVersionError):
+        decode_response(b"\x00\x00\x00\x01", ApiKey.FETCH, 18)
