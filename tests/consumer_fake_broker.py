@@ -10,12 +10,12 @@ NODE_ID = 0
 class FakeBroker:
     """Serves ``records`` (bytes) as partition 0 of ``topic``, from any fetch offset below ``end``."""
 
-    def __init__(self, topic, records, end, *, aborted=()):
+    def __init__(self, topic, records, end, *, aborted=(), ssl_context=None):
         self.topic = topic
         self.records = records
         self.end = end
         self.aborted = list(aborted)        # (producer id, first offset)
-        self.server = SocketServer(self._handle)
+        self.server = SocketServer(self._handle, ssl_context=ssl_context)
         self.server.start()
         host, port = self.server.address
         self.bootstrap = f"{host}:{port}"

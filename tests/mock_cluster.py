@@ -46,7 +46,8 @@ class MockCluster:
 
     def produce(self, topic, values, *, partitions=None, key=None, **config):
         """Produce ``values`` (bytes) with confluent_kafka.Producer, round-robin over ``partitions``."""
-        producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "batch.size": 65536, **config})
+        producer = confluent_kafka.Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5,
+                                             "batch.size": 65536, **config})
         for i, value in enumerate(values):
             kwargs = {} if partitions is None else {"partition": i % partitions}
             producer.produce(topic, value, key=key, **kwargs)

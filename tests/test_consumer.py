@@ -7,7 +7,7 @@ import confluent_kafka
 import pytest
 
 from consumer_fake_broker import FakeBroker
-from kmem.consumer import Consumer, ConsumerRecord, TopicPartition
+from kmem.consumer import Consumer, ConsumerRecord, KafkaError, OffsetOutOfRangeError, TopicPartition
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, InvalidArgumentError
 from kmem.records import build_control_batch, build_records
 from mock_cluster import MockCluster
@@ -237,3 +237,93 @@ def test_configuration():
     consumer.close()
     with pytest.raises(IllegalStateError, match="closed"):
         consumer.poll()
+
+
+def test_response_larger_than_buffer_memory_is_a_clear_error():
+    big = build_records([b"x" * (100 << 10)], base_offset=0)       # one 100 KiB batch, returned whole
+    broker = FakeBroker("big", big, 1)
+    try:
+        with Consumer(broker.bootstrap, auto_offset_reset="earliest", buffer_memory=64 << 10,
+                      fetch_max_bytes=32 << 10) as consumer:
+            consumer.assign([("big", 0)])
+            with pytest.raises(KafkaError, match="does not fit in buffer.memory"):
+                consume(consumer, 1, timeout=10)
+    finally:
+        broker.close()
+
+
+def test_tls(tmp_path):
+    from network_helpers import make_tls_contexts
+
+    server_context, _ = make_tls_contexts(str(tmp_path))
+    broker = FakeBroker("secure", build_records([b"s0", b"s1"], base_offset=0), 2, ssl_context=server_context)
+    try:
+        with Consumer.from_properties({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest",
+                                       "buffer.memory": 1 << 20, "fetch.max.bytes": 1 << 20,
+                                       "security.protocol": "SSL",
+                                       "ssl.truststore.location": str(tmp_path / "cert.pem")}) as consumer:
+            consumer.assign([("secure", 0)])
+            assert [r.value for r in consume(consumer, 2, timeout=10)] == [b"s0", b"s1"]
+    finally:
+        broker.close()
+
+
+def test_offset_reset_seek_pause_iteration_and_metrics(cluster):
+    cluster.create_topic("positions", 2)
+    cluster.produce("positions", [b"p%d" % i for i in range(200)], partitions=2)
+    tp0, tp1 = TopicPartition("positions", 0), TopicPartition("positions", 1)
+    with Consumer(cluster.bootstrap, buffer_memory=1 << 20, fetch_max_bytes=1 << 20) as consumer:
+        consumer.assign([tp0, tp1])
+        assert consumer.position(tp0) == 100                 # auto.offset.reset=latest (Kafka's default)
+        assert consumer.poll(200) == []
+        consumer.seek_to_beginning(tp0)
+        consumer.pause(tp1)
+        consumer.seek(tp1, 0)
+        records = consume(consumer, 100)
+        assert {r.partition for r in records} == {0} and [r.offset for r in records] == list(range(100))
+        assert consumer.poll(200) == []                     # tp1 is paused
+        consumer.resume(tp1)
+        iterated = []
+        for record in consumer:                              # iteration polls as needed
+            iterated.append(record)
+            if len(iterated) == 100:
+                break
+        assert [(r.partition, r.offset) for r in iterated] == [(1, i) for i in range(100)]
+        consumer.seek(tp0, 10 ** 9)                          # out of range: reset to latest
+        deadline = time.monotonic() + 10
+        while consumer.position(tp0) != 100 and time.monotonic() < deadline:
+            assert consumer.poll(50) == []
+        assert consumer.position(tp0) == 100
+        metrics = consumer.metrics()
+        assert metrics["records-consumed-total"] == 200 and metrics["fetch-total"] > 0
+        assert metrics["bytes-consumed-total"] > 200 * 2 and metrics["records-consumed-rate"] > 0
+        assert {"MemoryPoolAvailable", "MemoryPoolUsed", "MemoryPoolAvgDepletedPercent",
+                "MemoryPoolDepletedTimeTotal", "fetch-rate", "bytes-consumed-rate"} <= set(metrics)
+    with Consumer(cluster.bootstrap, auto_offset_reset="none", buffer_memory=1 << 20,
+                  fetch_max_bytes=1 << 20) as strict:
+        strict.assign([tp0])
+        with pytest.raises(KafkaError, match="auto.offset.reset is none"):
+            consume(strict, 1, timeout=5)
+        strict.seek(tp0, 10 ** 9)
+        with pytest.raises(OffsetOutOfRangeError, match="positions-0"):
+            consume(strict, 1, timeout=5)
+
+
+def test_commit_async_and_committed_in_assign_mode(cluster):
+    cluster.create_topic("commits", 1)
+    cluster.produce("commits", [b"c%d" % i for i in range(10)])
+    done = []
+    with Consumer(cluster.bootstrap, group_id="assign-commits", auto_offset_reset="earliest",
+                  buffer_memory=1 << 20, fetch_max_bytes=1 << 20) as consumer:
+        consumer.assign([("commits", 0)])
+        assert len(consume(consumer, 10)) == 10
+        consumer.commit_async(callback=lambda offsets, error: done.append((offsets, error)))
+        deadline = time.monotonic() + 10
+        while not done and time.monotonic() < deadline:
+            consumer.poll(50)
+        assert done == [({TopicPartition("commits", 0): 10}, None)]
+        assert consumer.committed(("commits", 0)) == 10
+    with Consumer(cluster.bootstrap, group_id="assign-commits", buffer_memory=1 << 20,
+                  fetch_max_bytes=1 << 20) as again:
+        again.assign([("commits", 0)])
+        assert again.position(("commits", 0)) == 10            # from the committed offset

@@ -60,7 +60,8 @@ class Consumer:
             coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
         self._metadata = Metadata(self._client, config)
         self._fetcher = Fetcher(self._client, self._metadata, config, self.pool)
-        self._coordinator = (Coordinator(self._client, self._metadata, config, priority=priority_coordinator)
+        self._coordinator = (Coordinator(self._client, self._metadata, config, priority=priority_coordinator,
+                                         on_join_prepare=self._on_join_prepare)
                              if config["group.id"] else None)
         self._max_poll_records = config["max.poll.records"]
         self._reset_strategy = _STRATEGIES[config["auto.offset.reset"]]
@@ -216,17 +217,12 @@ class Consumer:
     def _housekeeping(self, now):
         self._metadata.poll(now)
         coordinator = self._coordinator
-        if coordinator is not None and self._subscribed:
-            if coordinator.node is not None and not coordinator.stable and self._fetcher.assignment \
-                    and not coordinator._join_in_flight and coordinator._state == "unjoined":
-                self._on_join_prepare()
+        if coordinator is not None:
             coordinator.poll(now)
             if coordinator.assignment_changed is not None:
                 assigned, coordinator.assignment_changed = coordinator.assignment_changed, None
                 self._fetcher.assign(assigned)
                 self._metadata.set_topics(coordinator.subscription)
-        elif coordinator is not None:
-            coordinator.poll(now)
         if self._auto_commit and now >= self._next_auto_commit:
             self._next_auto_commit = now + self._auto_commit_interval
             if coordinator.ready and (coordinator.stable or not self._subscribed):
@@ -236,7 +232,9 @@ class Consumer:
         self._update_positions()
 
     def _on_join_prepare(self):
-        """Before rejoining: commit what was handed out (when auto-committing), then give up the partitions."""
+        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions."""
+        if not self._fetcher.assignment:
+            return
         if self._auto_commit:
             offsets = self._positions()
             if offsets:

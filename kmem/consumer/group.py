@@ -133,8 +133,9 @@ ASSIGNORS = {"range": assign_range, "roundrobin": assign_round_robin}
 class Coordinator:
     """One member of a consumer group, as a state machine advanced by ``poll``."""
 
-    def __init__(self, client, metadata, config, *, priority=True):
+    def __init__(self, client, metadata, config, *, priority=True, on_join_prepare=lambda: None):
         self._client = client
+        self._on_join_prepare = on_join_prepare     # runs before each JoinGroup (commit, revoke)
         self._metadata = metadata
         self.group_id = config["group.id"]
         self._session_timeout_ms = config["session.timeout.ms"]
@@ -238,6 +239,7 @@ class Coordinator:
     # -- join and sync ---------------------------------------------------------------------------------
 
     def _join(self):
+        self._on_join_prepare()
         self._state = "joining"
         self._join_in_flight = True
         metadata = encode_subscription(self.subscription)
@@ -366,10 +368,11 @@ class Coordinator:
             topics.setdefault(tp.topic, []).append(messages.OffsetCommitRequest.OffsetCommitRequestPartition(
                 partition_index=tp.partition, committed_offset=offset, committed_leader_epoch=-1,
                 commit_timestamp=-1, committed_metadata=""))
-        generation = self.generation if self.stable else -1
+        # The last generation joined, also while rejoining: Kafka accepts its commits until the new
+        # generation forms. Outside the group (-1, ""), the commit is a simple one.
         request = messages.OffsetCommitRequest(
-            group_id=self.group_id, generation_id_or_member_epoch=generation,
-            member_id=self.member_id if self.stable else "", group_instance_id=None, retention_time_ms=-1,
+            group_id=self.group_id, generation_id_or_member_epoch=self.generation,
+            member_id=self.member_id, group_instance_id=None, retention_time_ms=-1,
             topics=[messages.OffsetCommitRequest.OffsetCommitRequestTopic(name=t, partitions=p)
                     for t, p in topics.items()])
         self._client.send(self.node, request, lambda r, b, e: callback(self._commit_error(b, e)))
