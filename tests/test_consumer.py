@@ -182,10 +182,14 @@ def test_control_batches_and_aborted_data_are_skipped(isolation, expected):
     assert [(r.offset, r.value) for r in records] == expected
 
 
-def test_corrupt_fetch_data_names_partition_and_offset():
+@pytest.mark.parametrize("damage, message", [
+    (lambda bad: bad.__setitem__(-3, bad[-3] ^ 0xFF), "CRC"),        # inside a record
+    (lambda bad: bad.__setitem__(16, 7), "magic"),                   # the batch's magic byte
+])
+def test_corrupt_fetch_data_names_partition_and_offset(damage, message):
     good = build_records([b"r0", b"r1"], base_offset=0)
     bad = bytearray(build_records([b"r2-payload", b"r3"], base_offset=2))
-    bad[-3] ^= 0xFF                     # inside a record: the batch CRC no longer matches
+    damage(bad)
     broker = FakeBroker("bad", good + bytes(bad), 4)
     try:
         with Consumer(broker.bootstrap, auto_offset_reset="earliest", buffer_memory=1 << 20,
@@ -194,7 +198,7 @@ def test_corrupt_fetch_data_names_partition_and_offset():
             records = consume(consumer, 2, timeout=10)
             assert [r.value for r in records] == [b"r0", b"r1"]
             for _ in range(2):          # raised again until the application seeks past it
-                with pytest.raises(CorruptRecordError, match=r"bad-0 at offset 2.*CRC"):
+                with pytest.raises(CorruptRecordError, match=rf"bad-0 at offset 2.*{message}"):
                     consumer.poll(100)
             consumer.seek(("bad", 0), 4)
             assert consumer.poll(200) == []

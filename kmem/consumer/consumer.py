@@ -31,6 +31,8 @@ class Consumer:
     ``fetch_max_bytes=...``) or as a dict of dotted names through ``from_properties``; ``buffer.memory``
     (default 100 MiB) bounds the pool that fetch responses are read into and may not be smaller than
     ``fetch.max.bytes``. ``ssl_context`` (an ``ssl.SSLContext``) enables TLS directly.
+
+    Not thread-safe, as Kafka's ``KafkaConsumer``: use one consumer from one thread.
     """
 
     def __init__(self, bootstrap_servers=None, group_id=None, buffer_memory=100 << 20, *, ssl_context=None,

@@ -86,8 +86,11 @@ class CompletedFetch:
         self._response = response
         data = MemoryRecords(records)
         self.end_offset = None          # after the last complete batch: where the next fetch starts
-        for batch in data.batches():
-            self.end_offset = batch.next_offset
+        try:
+            for batch in data.batches():
+                self.end_offset = batch.next_offset
+        except CorruptRecordError:
+            self.end_offset = None      # no fetch ahead: handing out reaches the error and reports it
         self._batches = data.batches()
         self._records = None            # iterator over the current batch's records
         self._batch = None

@@ -274,7 +274,12 @@ class Coordinator:
         self.generations.append(self.generation)
         self._state = "syncing"
         if self.leader == self.member_id:
-            self._leader_members = {m.member_id: decode_subscription(m.metadata) for m in body.members}
+            try:
+                self._leader_members = {m.member_id: decode_subscription(m.metadata) for m in body.members}
+            except CorruptRecordError as exc:
+                log.warning("group %s: unreadable member subscription (%s); rejoining", self.group_id, exc)
+                self._state = "unjoined"
+                return
             topics = set().union(*self._leader_members.values())
             self._metadata.set_topics(self._metadata.topics | topics)
             self._metadata.request_update()
