@@ -99,6 +99,13 @@ def test_subscribe_commit_and_committed(cluster):
         assert consumer.generation > 0
         consumer.commit({("sub", 0): 42})
         assert consumer.committed(("sub", 0)) == 42
+        consumer.unsubscribe()              # commits the positions (enable.auto.commit), leaves the group
+        assert consumer.assignment() == set() and consumer.committed(("sub", 0)) == 100
+        consumer.subscribe(["sub"])
+        deadline = time.monotonic() + 30
+        while not consumer.assignment() and time.monotonic() < deadline:
+            assert consumer.poll(100) == []          # rejoined: nothing left after the commits
+        consumer.commit({("sub", 1): 7})
     # close() committed the positions (enable.auto.commit): a new member starts after them.
     with Consumer(cluster.bootstrap, group_id="sub-group", session_timeout_ms=6000) as again:
         assert again.committed(("sub", 1)) == 100

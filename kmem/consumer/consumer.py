@@ -105,8 +105,10 @@ class Consumer:
         self._metadata.set_topics(topics)
 
     def unsubscribe(self):
+        """Leave the group (committing first when auto-committing) or drop the assignment."""
         self._check_open()
         if self._subscribed:
+            self._on_join_prepare()
             self._leave_group()
             self._coordinator.subscription = set()
         self._subscribed = False
@@ -176,10 +178,13 @@ class Consumer:
             self._client.poll(min(self._retry_backoff, deadline - now))
 
     def pause(self, *partitions):
+        """Stop fetching and handing out these partitions (their buffered data is kept) until ``resume``."""
+        self._check_open()
         for tp in map(self._assigned, partitions):
             self._fetcher.assignment[tp].paused = True
 
     def resume(self, *partitions):
+        self._check_open()
         for tp in map(self._assigned, partitions):
             self._fetcher.assignment[tp].paused = False
 
