@@ -118,15 +118,11 @@ def run_with_full_pool(cluster, group, priority, seconds):
     consumer = Consumer(cluster.bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False,
                         buffer_memory=256 << 10, fetch_max_bytes=256 << 10, max_poll_records=1,
                         session_timeout_ms=4000, heartbeat_interval_ms=300, _priority_coordinator=priority)
-    answered = []
-    coordinator = consumer._coordinator
-    on_heartbeat = coordinator._on_heartbeat
-    coordinator._on_heartbeat = lambda *args: (answered.append(consumer.pool.is_out_of_memory), on_heartbeat(*args))
     consumer.subscribe(["liveness"])
     while not consumer.poll(100):
         pass
     generation = consumer.generation
-    full_since = None
+    full_since = answered_before = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         records = consumer.poll(50)
@@ -134,10 +130,10 @@ def run_with_full_pool(cluster, group, priority, seconds):
         if not consumer.pool.is_out_of_memory:
             full_since = None
         elif full_since is None:
-            full_since = time.monotonic()
+            full_since, answered_before = time.monotonic(), consumer.metrics()["heartbeat-total"]
         elif time.monotonic() - full_since >= seconds:
             break
-    answered_while_full = sum(answered)
+    answered_while_full = consumer.metrics()["heartbeat-total"] - (answered_before or 0)
     # The application catches up: memory returns, the coordinator's answers can be read again.
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and consumer.generation == generation and priority is False:

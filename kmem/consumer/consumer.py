@@ -423,7 +423,8 @@ class Consumer:
         return self._coordinator.generation if self._coordinator is not None else -1
 
     def metrics(self):
-        """The pool's sensors (Kafka's MemoryPool names) and fetch rates (consumer-fetch-manager names)."""
+        """The pool's sensors (Kafka's MemoryPool names), fetch rates (consumer-fetch-manager names) and,
+        in a group, heartbeats answered (consumer-coordinator names)."""
         fetcher = self._fetcher
         result = dict(self.pool.metrics())
         result.update({
@@ -432,6 +433,10 @@ class Consumer:
             "bytes-consumed-rate": fetcher.bytes_rate.measure(), "bytes-consumed-total": fetcher.bytes_total,
             "buffered-bytes": fetcher.buffered_bytes,
         })
+        if self._coordinator is not None:       # consumer-coordinator-metrics
+            last = self._coordinator.last_heartbeat_answer
+            result["heartbeat-total"] = self._coordinator.heartbeats_answered
+            result["last-heartbeat-seconds-ago"] = -1.0 if last is None else time.monotonic() - last
         return result
 
     # -- closing ---------------------------------------------------------------------------------------

@@ -160,6 +160,8 @@ class Coordinator:
         self._leader_members_version = 0
         self.assignment_changed = None  # set to the new assignment when a sync completes
         self.generations = []           # every generation joined (for diagnostics and tests)
+        self.heartbeats_answered = 0
+        self.last_heartbeat_answer = None
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -351,6 +353,8 @@ class Coordinator:
         if error is not None:
             self._coordinator_dead(error)
             return
+        self.heartbeats_answered += 1
+        self.last_heartbeat_answer = time.monotonic()
         code = body.error_code
         if code == 0 or generation != self.generation:
             return
