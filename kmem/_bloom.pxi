@@ -55,7 +55,8 @@ cdef extern from *:
 
 # The longest k accepted: keeps the per-key index buffer on the stack. Far above any useful shape
 # (k = 20 already means p ~ 1e-6).
-DEF MAX_HASHES = 1024
+cdef enum:
+    MAX_HASHES = 1024
 
 cdef inline Py_ssize_t bit_byte(int64_t i) noexcept nogil:
     return <Py_ssize_t>((i >> 3) ^ 7)
@@ -120,8 +121,9 @@ cdef inline bint test_pid(const uint8_t* bits, uint64_t pid, int64_t m, int k) n
 
 # Batch adds work in groups: all indices of a group are computed and their cache lines prefetched
 # before any bit is set, so the random accesses of a group overlap instead of queueing one by one.
-DEF GROUP = 8
-DEF GROUP_MAX_HASHES = 32
+cdef enum:
+    GROUP = 8
+    GROUP_MAX_HASHES = 32
 
 cdef void add_keys(uint8_t* bits, const uint64_t* keys, Py_ssize_t n, int64_t m, int k) noexcept nogil:
     cdef int64_t idx[GROUP * GROUP_MAX_HASHES]

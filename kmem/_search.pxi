@@ -19,8 +19,9 @@ cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(PyObject*, int*) except? -1
     void prefetch_slot "__builtin_prefetch"(const void* p, int rw) nogil
 
-DEF SNAPSHOT_HEADER = 10
-DEF ENTRY_SIZE = 46
+cdef enum:
+    SNAPSHOT_HEADER = 10
+    ENTRY_SIZE = 46
 
 
 cdef inline int64_t row_pid(const uint8_t* entries, Py_ssize_t row) noexcept nogil:
@@ -34,10 +35,11 @@ cdef inline int64_t row_pid(const uint8_t* entries, Py_ssize_t row) noexcept nog
 # current_txn_first_offset: -1 is Kafka's "none", lower values are refused by the ledger).
 cdef Py_ssize_t[8] FIELD_AT = [0, 8, 10, 14, 22, 26, 34, 38]
 cdef int[8] FIELD_SIZE = [8, 2, 4, 8, 4, 8, 4, 8]
-DEF LAST_SEQUENCE = 2
-DEF LAST_OFFSET = 3
-DEF OFFSET_DELTA = 4
-DEF TXN_FIRST_OFFSET = 7
+cdef enum:
+    LAST_SEQUENCE = 2
+    LAST_OFFSET = 3
+    OFFSET_DELTA = 4
+    TXN_FIRST_OFFSET = 7
 
 
 cdef inline void store_be(uint8_t* p, int64_t value, int size) noexcept nogil:
@@ -102,8 +104,9 @@ cdef object producer_entry_at(const uint8_t* p, object cls):
                                fields[7]))
 
 
-DEF MAX_STRIDE = 128
-DEF PREFETCH_AHEAD = 8
+cdef enum:
+    MAX_STRIDE = 128
+    PREFETCH_AHEAD = 8
 
 
 def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, long long pid,

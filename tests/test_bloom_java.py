@@ -8,7 +8,6 @@ import os
 import numpy as np
 import pytest
 from pyspark.errors import IllegalArgumentException
-from test_spark import spark  # noqa: F401  (the one Spark session of the test run)
 
 from kmem import bloom
 from kmem.bloom import BloomFilter, Shape
@@ -44,7 +43,7 @@ def class_jar(jvm, name):
 
 
 @pytest.fixture(scope="module")
-def probe(spark, tmp_path_factory):  # noqa: F811
+def probe(spark, tmp_path_factory):
     jvm = spark._jvm
     gateway = spark.sparkContext._gateway
     collections = class_jar(jvm, "org.apache.commons.collections4.bloomfilter.EnhancedDoubleHasher")

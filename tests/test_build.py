@@ -3,6 +3,7 @@ import ast
 import importlib.machinery
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -32,6 +33,41 @@ def test_fallback_is_impossible_core_missing_fails_import(tmp_path):
                             env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert result.returncode != 0
     assert "_core" in result.stderr
+
+
+def test_a_bench_runs_with_benchmarks_disabled():
+    """`pytest bench --benchmark-disable` is the quick check that every bench runs: reading timings that
+    pytest-benchmark did not take must not fail (bench_pool goes through the shared comparison table)."""
+    pytest.importorskip("pytest_benchmark")
+    bench = ROOT / "bench" / "bench_pool.py"
+    if not bench.exists():
+        pytest.skip("no bench/ beside these tests")
+    result = subprocess.run([sys.executable, "-m", "pytest", str(bench), "-q", "-x", "--benchmark-disable",
+                             "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("present, installs", [
+    (["java", "javac"], False),
+    (["java"], True),           # a JRE alone: the commons-collections probe would skip for want of javac
+    ([], True),
+])
+def test_ci_installs_a_jdk_unless_java_and_javac_are_there(tmp_path, present, installs):
+    """.ci/run, with apt-get, make and the Java tools replaced by stubs that log their calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ["apt-get", "make", *present]:
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        stub.chmod(0o755)
+    for tool in ["dirname", "sh"]:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    bash = shutil.which("bash")
+    subprocess.run([bash, str(ROOT / ".ci" / "run")], check=True, env={"PATH": str(bin_dir)}, timeout=60)
+    logged = calls.read_text().splitlines()
+    assert logged[-1] == "make test"
+    assert ("apt-get install -y -qq openjdk-17-jdk-headless" in logged) == installs
 
 
 def test_version_matches_project_metadata():
@@ -102,8 +138,8 @@ def test_core_stubs_describe_the_compiled_surface():
 
 
 def _imported_distributions(paths):
-    """Distributions (normalized names) that the files at ``paths`` import, outside the stdlib, kmem and
-    the files' sibling modules."""
+    """Distributions (normalized names) that the files at ``paths`` import (or locate for their data with
+    ``find_spec``), outside the stdlib, kmem and the files' sibling modules."""
     import importlib.metadata
     import re
 
@@ -116,6 +152,8 @@ def _imported_distributions(paths):
                      for alias in node.names]
             names += [node.module for node in ast.walk(ast.parse(text))
                       if isinstance(node, ast.ImportFrom) and node.level == 0]
+            # packages used for their data files, located with importlib.util.find_spec
+            names += re.findall(r"find_spec\(\s*[\"']([\w.]+)[\"']", text)
         else:       # Cython: plain imports only (cimports are compile time)
             names = [a or b for a, b in re.findall(r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\b)", text,
                                                    re.MULTILINE)]

@@ -16,16 +16,6 @@ pytest.importorskip("pyspark")
 
 
 @pytest.fixture(scope="session")
-def spark():
-    from kmem.spark import get_session
-
-    session = get_session("local[2]", app_name="kmem-tests", conf={"spark.ui.enabled": "false"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
-
-
-@pytest.fixture(scope="session")
 def sample(tmp_path_factory):
     directory = tmp_path_factory.mktemp("logs")
     return generate_sample(directory, seed=3, batches_per_partition=30)
