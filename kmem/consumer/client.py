@@ -1,0 +1,242 @@
+"""The consumer's connections to brokers over one ``kmem.network.Selector``.
+
+Requests are queued per connection (the selector writes one send at a time), responses are matched to
+their requests in order, as Kafka's ``NetworkClient`` does. Each connection opens with ApiVersions v2
+(the highest non-flexible version, which every broker answers in its own layout), and each request uses
+the highest version both sides know, capped by ``MAX_VERSIONS``.
+"""
+import collections
+import itertools
+import logging
+import time
+
+from kmem.consumer.errors import KafkaConnectionError
+from kmem.errors import KmemError
+from kmem.network import NetworkSend, Selector
+from kmem.protocol import ApiKey, decode_response, encode_request
+from kmem.protocol import messages
+
+log = logging.getLogger(__name__)
+
+# The highest version the consumer sends of each API: non-flexible versions for the group APIs (some
+# brokers, librdkafka's mock cluster among them, mis-parse their flexible forms).
+MAX_VERSIONS = {
+    ApiKey.API_VERSIONS: 2, ApiKey.METADATA: 8, ApiKey.FETCH: 11, ApiKey.LIST_OFFSETS: 5,
+    ApiKey.FIND_COORDINATOR: 3, ApiKey.JOIN_GROUP: 5, ApiKey.SYNC_GROUP: 3, ApiKey.HEARTBEAT: 3,
+    ApiKey.LEAVE_GROUP: 1, ApiKey.OFFSET_COMMIT: 7, ApiKey.OFFSET_FETCH: 7,
+}
+MIN_VERSIONS = {ApiKey.FETCH: 4, ApiKey.LIST_OFFSETS: 1, ApiKey.METADATA: 1, ApiKey.JOIN_GROUP: 0}
+
+
+class _Request:
+    __slots__ = ("correlation_id", "api_key", "version", "callback", "keep_receive", "sent_at")
+
+    def __init__(self, correlation_id, api_key, version, callback, keep_receive):
+        self.correlation_id = correlation_id
+        self.api_key = api_key
+        self.version = version
+        self.callback = callback
+        self.keep_receive = keep_receive
+        self.sent_at = None
+
+
+class _Connection:
+    def __init__(self, channel_id, address, priority):
+        self.channel_id = channel_id
+        self.address = address
+        self.priority = priority
+        self.versions = None            # {api_key: (min, max)} once ApiVersions answered
+        self.waiting = collections.deque()      # (request, body) not yet encoded: versions unknown
+        self.queued = collections.deque()       # (request, NetworkSend) encoded, not yet handed to the selector
+        self.sending = None                     # request whose send the selector is writing
+        self.in_flight = collections.deque()    # requests written, waiting for their responses
+
+
+class NetworkClient:
+    """Connections by id (a broker's node id, or a name) to addresses, over one selector and pool."""
+
+    def __init__(self, pool, *, client_id, request_timeout_ms, reconnect_backoff_ms, ssl_context=None,
+                 coordinator_max_receive_bytes):
+        self.selector = Selector(pool)
+        self._client_id = client_id
+        self._request_timeout = request_timeout_ms / 1000.0
+        self._reconnect_backoff = reconnect_backoff_ms / 1000.0
+        self._ssl_context = ssl_context
+        self._priority_max_receive = coordinator_max_receive_bytes
+        self._connections = {}
+        self._failed_at = {}            # channel id -> time of its last failure (reconnect backoff)
+        self._correlation = itertools.count(1)
+
+    def is_connected(self, channel_id):
+        return channel_id in self._connections
+
+    def is_ready(self, channel_id):
+        """Connected and version-negotiated."""
+        conn = self._connections.get(channel_id)
+        return conn is not None and conn.versions is not None
+
+    def in_flight_count(self, channel_id):
+        conn = self._connections.get(channel_id)
+        if conn is None:
+            return 0
+        return len(conn.in_flight) + len(conn.queued) + len(conn.waiting) + (conn.sending is not None)
+
+    def can_connect(self, channel_id, now):
+        failed = self._failed_at.get(channel_id)
+        return failed is None or now - failed >= self._reconnect_backoff
+
+    def connect(self, channel_id, address, *, priority=False, max_receive_size=None):
+        """Open (a blocking TCP connect) and start ApiVersions; raises ``KafkaConnectionError``."""
+        if channel_id in self._connections:
+            return
+        host, port = address
+        try:
+            channel = self.selector.connect(channel_id, (host, port), ssl_context=self._ssl_context,
+                                            server_hostname=host if self._ssl_context else None,
+                                            priority=priority, timeout=self._request_timeout or None)
+        except OSError as exc:
+            self._failed_at[channel_id] = time.monotonic()
+            raise KafkaConnectionError(f"cannot connect to {host}:{port}: {exc}") from None
+        if priority:
+            # Read outside the pool (KIP-81), so bounded here instead: a coordinator's answers are small.
+            channel.max_receive_size = self._priority_max_receive
+        conn = _Connection(channel_id, (host, port), priority)
+        self._connections[channel_id] = conn
+        request = _Request(next(self._correlation), ApiKey.API_VERSIONS, MAX_VERSIONS[ApiKey.API_VERSIONS],
+                           lambda _, body, error: self._on_api_versions(conn, body, error), False)
+        payload = encode_request(messages.ApiVersionsRequest(), request.version, request.correlation_id,
+                                 self._client_id)
+        conn.queued.append((request, NetworkSend(channel_id, payload)))
+        self._pump(conn)
+
+    def _on_api_versions(self, conn, body, error):
+        if error is not None:
+            return
+        if body.error_code:
+            log.warning("ApiVersions from %s: error %d", conn.address, body.error_code)
+            self.close(conn.channel_id, KafkaConnectionError(f"ApiVersions failed with error {body.error_code}"))
+            return
+        conn.versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+        while conn.waiting:
+            request, body = conn.waiting.popleft()
+            self._encode(conn, request, body)
+        self._pump(conn)
+
+    def version(self, channel_id, api_key):
+        """The version a request of ``api_key`` goes out at on this (negotiated) connection."""
+        conn = self._connections[channel_id]
+        low, high = conn.versions.get(api_key, (0, -1))
+        version = min(high, MAX_VERSIONS[api_key])
+        if version < max(low, MIN_VERSIONS.get(api_key, 0)):
+            raise KafkaConnectionError(f"broker at {conn.address} supports {ApiKey(api_key).name} "
+                                       f"v{low}-{high}; this consumer needs v{MIN_VERSIONS.get(api_key, 0)}"
+                                       f"-{MAX_VERSIONS[api_key]}")
+        return version
+
+    def send(self, channel_id, body, callback, *, keep_receive=False):
+        """Queue ``body``; ``callback(receive, response, error)`` runs inside a later ``poll``.
+
+        ``error`` is None on success. With ``keep_receive`` the callback owns the receive (it must close
+        it: fetch responses keep their pool memory until their records are handed out); otherwise the
+        receive is closed once the callback returns, so the callback must copy what it keeps.
+        """
+        conn = self._connections[channel_id]
+        request = _Request(next(self._correlation), body.API_KEY, None, callback, keep_receive)
+        if conn.versions is None:
+            conn.waiting.append((request, body))
+        else:
+            self._encode(conn, request, body)
+            self._pump(conn)
+
+    def _encode(self, conn, request, body):
+        try:
+            request.version = self.version(conn.channel_id, request.api_key)
+        except KafkaConnectionError as exc:
+            request.callback(None, None, exc)
+            return
+        payload = encode_request(body, request.version, request.correlation_id, self._client_id)
+        conn.queued.append((request, NetworkSend(conn.channel_id, payload)))
+
+    def _pump(self, conn):
+        if conn.sending is None and conn.queued:
+            request, send = conn.queued.popleft()
+            request.sent_at = time.monotonic()
+            conn.sending = request
+            self.selector.send(send)
+
+    def poll(self, timeout):
+        """Network I/O for up to ``timeout`` seconds; runs the callbacks of completed responses."""
+        selector = self.selector
+        selector.poll(timeout)
+        for channel_id in selector.completed_sends:
+            conn = self._connections.get(channel_id)
+            if conn is not None and conn.sending is not None:
+                conn.in_flight.append(conn.sending)
+                conn.sending = None
+                self._pump(conn)
+        for receive in selector.completed_receives:
+            self._complete(receive)
+        for channel_id, reason in selector.disconnected.items():
+            self._disconnected(channel_id, reason)
+        self._expire_requests()
+
+    def _complete(self, receive):
+        conn = self._connections.get(receive.source)
+        if conn is None or not conn.in_flight:
+            receive.close()
+            return
+        request = conn.in_flight.popleft()
+        try:
+            header, body = decode_response(receive.payload, request.api_key, request.version)
+            if header.correlation_id != request.correlation_id:
+                raise KafkaConnectionError(f"correlation id {header.correlation_id} in a response from "
+                                           f"{conn.address}, expected {request.correlation_id}")
+        except KmemError as exc:
+            receive.close()
+            conn.in_flight.appendleft(request)
+            self.close(conn.channel_id, exc)
+            return
+        if request.keep_receive:
+            request.callback(receive, body, None)
+            return
+        try:
+            request.callback(receive, body, None)
+        finally:
+            del body
+            receive.close()
+
+    def _disconnected(self, channel_id, reason):
+        conn = self._connections.pop(channel_id, None)
+        if conn is None:
+            return
+        self._failed_at[channel_id] = time.monotonic()
+        error = KafkaConnectionError(f"connection to {conn.address[0]}:{conn.address[1]} lost: "
+                                     f"{reason or 'closed'}")
+        error.reason = reason
+        pending = list(conn.in_flight) + ([conn.sending] if conn.sending else [])
+        pending += [r for r, _ in conn.queued] + [r for r, _ in conn.waiting]
+        for request in pending:
+            request.callback(None, None, error)
+
+    def _expire_requests(self):
+        if not self._request_timeout:
+            return
+        deadline = time.monotonic() - self._request_timeout
+        for conn in list(self._connections.values()):
+            oldest = conn.in_flight[0] if conn.in_flight else conn.sending
+            if oldest is not None and oldest.sent_at < deadline:
+                self.close(conn.channel_id, TimeoutError(f"no response to {ApiKey(oldest.api_key).name} "
+                                                         f"within request.timeout.ms"))
+
+    def close(self, channel_id=None, reason=None):
+        """Close one connection (its pending requests fail), or every connection and the selector."""
+        if channel_id is None:
+            for cid in list(self._connections):
+                self.close(cid)
+            self.selector.close()
+            return
+        if channel_id in self._connections:
+            self.selector.close(channel_id)
+            self.selector.disconnected.pop(channel_id, None)
+            self._disconnected(channel_id, reason)
+

@@ -1,0 +1,483 @@
+"""``Consumer``: a poll-driven Kafka consumer whose fetch memory is bounded by ``buffer.memory`` (KIP-81).
+
+No background thread: metadata, fetches, group membership, heartbeats and auto-commits all happen
+inside ``poll``, ``commit`` and ``close``, so the application must call ``poll`` more often than
+``heartbeat.interval.ms`` (and ``session.timeout.ms`` at the very least) to stay in its group.
+"""
+import logging
+import time
+
+from kmem.consumer import config as cfg
+from kmem.consumer.client import NetworkClient
+from kmem.consumer.errors import CommitFailedError, KafkaError, KafkaConnectionError
+from kmem.consumer.fetcher import EARLIEST, LATEST, Fetcher, TopicPartition
+from kmem.consumer.group import Coordinator
+from kmem.consumer.metadata import Metadata
+from kmem.errors import IllegalStateError, InvalidArgumentError
+from kmem.pool import SimpleMemoryPool
+from kmem.protocol import messages
+
+log = logging.getLogger(__name__)
+
+# Coordinator responses are read outside the pool (KIP-81), so their size is bounded separately.
+COORDINATOR_MAX_RECEIVE_BYTES = 8 << 20
+_STRATEGIES = {"earliest": EARLIEST, "latest": LATEST, "none": None}
+
+
+class Consumer:
+    """A Kafka consumer: ``assign`` or ``subscribe``, then ``poll``.
+
+    Configuration takes Kafka's consumer properties as keyword arguments (dots as underscores:
+    ``fetch_max_bytes=...``) or as a dict of dotted names through ``from_properties``; ``buffer.memory``
+    (default 100 MiB) bounds the pool that fetch responses are read into and may not be smaller than
+    ``fetch.max.bytes``. ``ssl_context`` (an ``ssl.SSLContext``) enables TLS directly.
+
+    Not thread-safe, as Kafka's ``KafkaConsumer``: use one consumer from one thread.
+    """
+
+    def __init__(self, bootstrap_servers=None, group_id=None, buffer_memory=100 << 20, *, ssl_context=None,
+                 _priority_coordinator=True, **properties):
+        props = cfg.from_keywords(properties)
+        props.update({"bootstrap.servers": bootstrap_servers, "group.id": group_id, "buffer.memory": buffer_memory})
+        self._init(props, ssl_context, _priority_coordinator)
+
+    @classmethod
+    def from_properties(cls, properties, *, ssl_context=None, _priority_coordinator=True):
+        """A consumer from Kafka's dotted property names: ``{"bootstrap.servers": ..., "buffer.memory": ...}``."""
+        self = cls.__new__(cls)
+        self._init(dict(properties), ssl_context, _priority_coordinator)
+        return self
+
+    def _init(self, properties, ssl_context, priority_coordinator):
+        self._closed = True
+        self.config = config = cfg.parse(properties)
+        if ssl_context is None:
+            ssl_context = cfg.ssl_context(config)
+        # Non-strict (KIP-72): one response larger than what is left is still granted, so the pool holds
+        # at most buffer.memory + one response and a consumer always makes progress.
+        self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False)
+        self._client = NetworkClient(
+            self.pool, client_id=config["client.id"], request_timeout_ms=config["request.timeout.ms"],
+            reconnect_backoff_ms=config["reconnect.backoff.ms"], ssl_context=ssl_context,
+            coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
+        self._metadata = Metadata(self._client, config)
+        self._fetcher = Fetcher(self._client, self._metadata, config, self.pool)
+        self._coordinator = (Coordinator(self._client, self._metadata, config, priority=priority_coordinator,
+                                         on_join_prepare=self._on_join_prepare)
+                             if config["group.id"] else None)
+        self._max_poll_records = config["max.poll.records"]
+        self._reset_strategy = _STRATEGIES[config["auto.offset.reset"]]
+        self._auto_commit = config["enable.auto.commit"] and self._coordinator is not None
+        self._auto_commit_interval = config["auto.commit.interval.ms"] / 1000.0
+        self._next_auto_commit = time.monotonic() + self._auto_commit_interval
+        self._request_timeout = config["request.timeout.ms"] / 1000.0
+        self._retry_backoff = config["retry.backoff.ms"] / 1000.0
+        self._subscribed = False
+        self._offsets_in_flight = set()     # partitions with an OffsetFetch or ListOffsets out
+        self._errors = []                   # raised by the next poll
+        self._closed = False
+
+    # -- assignment ------------------------------------------------------------------------------------
+
+    def assign(self, partitions):
+        """Consume exactly these partitions (``TopicPartition`` or ``(topic, partition)`` tuples)."""
+        self._check_open()
+        if self._subscribed:
+            raise IllegalStateError("assign() cannot follow subscribe(); unsubscribe() first")
+        parts = [self._partition(p) for p in partitions]
+        self._fetcher.assign(parts)
+        self._metadata.set_topics({tp.topic for tp in parts})
+
+    def subscribe(self, topics):
+        """Join ``group.id`` and consume the partitions the group assigns of ``topics``."""
+        self._check_open()
+        if self._coordinator is None:
+            raise IllegalStateError("subscribe() needs a group.id")
+        if isinstance(topics, str):
+            topics = [topics]
+        topics = list(topics)
+        if not topics or not all(isinstance(t, str) and t for t in topics):
+            raise InvalidArgumentError(f"subscribe() needs topic names, got {topics!r}")
+        if not self._subscribed and self._fetcher.assignment:
+            raise IllegalStateError("subscribe() cannot follow assign(); unsubscribe() first")
+        self._subscribed = True
+        self._coordinator.subscribe(topics)
+        self._metadata.set_topics(topics)
+
+    def unsubscribe(self):
+        """Leave the group (committing first when auto-committing) or drop the assignment."""
+        self._check_open()
+        if self._subscribed:
+            self._on_join_prepare()
+            self._leave_group()
+            self._coordinator.subscription = set()
+        self._subscribed = False
+        self._fetcher.assign([])
+
+    def assignment(self):
+        return set(self._fetcher.assignment)
+
+    def subscription(self):
+        return set(self._coordinator.subscription) if self._subscribed else set()
+
+    @staticmethod
+    def _partition(p):
+        try:
+            topic, partition = p
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(f"a partition is a (topic, partition) pair, not {p!r}") from None
+        if not isinstance(topic, str) or not topic or isinstance(partition, bool) or not isinstance(partition, int) \
+                or partition < 0:
+            raise InvalidArgumentError(f"invalid partition {p!r}: need a topic name and a partition >= 0")
+        return TopicPartition(topic, partition)
+
+    def _assigned(self, p):
+        tp = self._partition(p)
+        if tp not in self._fetcher.assignment:
+            raise IllegalStateError(f"{tp.topic}-{tp.partition} is not assigned to this consumer")
+        return tp
+
+    # -- positions -------------------------------------------------------------------------------------
+
+    def seek(self, partition, offset):
+        """Hand out ``partition`` from ``offset`` on; buffered data of it is released."""
+        self._check_open()
+        tp = self._assigned(partition)
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidArgumentError(f"seek offset must be an integer >= 0, not {offset!r}")
+        self._fetcher.seek(tp, offset)
+
+    def seek_to_beginning(self, *partitions):
+        self._seek_reset(partitions, EARLIEST)
+
+    def seek_to_end(self, *partitions):
+        self._seek_reset(partitions, LATEST)
+
+    def _seek_reset(self, partitions, strategy):
+        self._check_open()
+        for tp in [self._assigned(p) for p in partitions] or list(self._fetcher.assignment):
+            self._fetcher.seek(tp, None)
+            self._fetcher.assignment[tp].reset_to = strategy
+
+    def position(self, partition, timeout_ms=None):
+        """The offset of the next record ``poll`` hands out for ``partition`` (looked up if unknown)."""
+        self._check_open()
+        tp = self._assigned(partition)
+        deadline = time.monotonic() + (self._request_timeout if timeout_ms is None else timeout_ms / 1000.0)
+        while True:
+            state = self._fetcher.assignment.get(tp)
+            if state is None:
+                raise IllegalStateError(f"{tp.topic}-{tp.partition} was revoked")
+            if state.position is not None:
+                return state.position
+            now = time.monotonic()
+            if now >= deadline:
+                raise KafkaConnectionError(f"position of {tp.topic}-{tp.partition} unknown after the timeout")
+            self._housekeeping(now)
+            self._raise_errors()
+            self._client.poll(min(self._retry_backoff, deadline - now))
+
+    def pause(self, *partitions):
+        """Stop fetching and handing out these partitions (their buffered data is kept) until ``resume``."""
+        self._check_open()
+        for tp in map(self._assigned, partitions):
+            self._fetcher.assignment[tp].paused = True
+
+    def resume(self, *partitions):
+        self._check_open()
+        for tp in map(self._assigned, partitions):
+            self._fetcher.assignment[tp].paused = False
+
+    # -- polling ---------------------------------------------------------------------------------------
+
+    def poll(self, timeout_ms=0):
+        """Records ready within ``timeout_ms`` (at most ``max.poll.records``), as a list of
+        ``ConsumerRecord(topic, partition, offset, timestamp, key, value, headers)``."""
+        self._check_open()
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
+            raise InvalidArgumentError(f"poll timeout_ms must be a number >= 0, not {timeout_ms!r}")
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            now = time.monotonic()
+            self._housekeeping(now)
+            self._raise_errors()
+            records = self._fetcher.fetched_records(self._max_poll_records)
+            self._fetcher.send_fetches()        # prefetch while the application processes these
+            if records or now >= deadline:
+                self._client.poll(0)
+                return records
+            self._client.poll(self._wait(now, deadline))
+
+    def __iter__(self):
+        """Records one at a time, polling as needed, until the consumer is closed."""
+        while not self._closed:
+            yield from self.poll(self._retry_backoff * 1000)
+
+    def _wait(self, now, deadline):
+        wait = min(deadline - now, self._retry_backoff)
+        if self._coordinator is not None:
+            heartbeat = self._coordinator.time_to_next_heartbeat(now)
+            if heartbeat is not None:
+                wait = min(wait, heartbeat)
+        return max(0.0, wait)
+
+    def _housekeeping(self, now):
+        self._metadata.poll(now)
+        coordinator = self._coordinator
+        if coordinator is not None:
+            coordinator.poll(now)
+            if coordinator.assignment_changed is not None:
+                assigned, coordinator.assignment_changed = coordinator.assignment_changed, None
+                self._fetcher.assign(assigned)
+                self._metadata.set_topics(coordinator.subscription)
+        if self._auto_commit and now >= self._next_auto_commit:
+            self._next_auto_commit = now + self._auto_commit_interval
+            if coordinator.ready and (coordinator.stable or not self._subscribed):
+                offsets = self._positions()
+                if offsets:
+                    coordinator.commit(offsets, self._on_auto_commit)
+        self._update_positions()
+
+    def _on_join_prepare(self):
+        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions."""
+        if not self._fetcher.assignment:
+            return
+        if self._auto_commit:
+            offsets = self._positions()
+            if offsets:
+                try:
+                    self._commit_sync(offsets)
+                except (CommitFailedError, KafkaConnectionError):
+                    pass        # the group moved on; the partitions' next owner starts from the last commit
+        self._fetcher.assign([])
+        self._offsets_in_flight.clear()
+
+    @staticmethod
+    def _on_auto_commit(error):
+        if error is not None:
+            log.info("auto-commit failed: %s", error)
+
+    def _update_positions(self):
+        """Ask for the offsets of partitions without a position: committed (groups), else reset."""
+        need_committed, need_reset = [], {}
+        for tp, state in self._fetcher.assignment.items():
+            if state.position is not None or tp in self._offsets_in_flight:
+                continue
+            if state.reset_to is not None:
+                need_reset.setdefault(self._metadata.leader(tp), []).append((tp, state.reset_to))
+            elif self._coordinator is not None:
+                need_committed.append(tp)
+            elif self._reset_strategy is None:
+                self._errors.append(KafkaError(f"no offset for {tp.topic}-{tp.partition} and "
+                                               f"auto.offset.reset is none (seek first)"))
+            else:
+                state.reset_to = self._reset_strategy
+                need_reset.setdefault(self._metadata.leader(tp), []).append((tp, state.reset_to))
+        if need_committed and self._coordinator.ready:
+            self._offsets_in_flight.update(need_committed)
+            self._coordinator.fetch_offsets(need_committed,
+                                            lambda offsets, error: self._on_committed(need_committed, offsets, error))
+        for leader, partitions in need_reset.items():
+            if leader is not None and self._metadata.ensure_connected(leader):
+                self._list_offsets(leader, partitions)
+
+    def _on_committed(self, partitions, offsets, error):
+        self._offsets_in_flight.difference_update(partitions)
+        if error is not None:
+            return          # asked again by the next poll
+        for tp in partitions:
+            state = self._fetcher.assignment.get(tp)
+            if state is None or state.position is not None or state.reset_to is not None:
+                continue
+            offset = offsets.get(tp)
+            if offset is not None:
+                state.position = offset
+            elif self._reset_strategy is None:
+                self._errors.append(KafkaError(f"no committed offset for {tp.topic}-{tp.partition} and "
+                                               f"auto.offset.reset is none (seek first)"))
+            else:
+                state.reset_to = self._reset_strategy
+
+    def _list_offsets(self, leader, partitions):
+        topics = {}
+        for tp, timestamp in partitions:
+            topics.setdefault(tp.topic, []).append(messages.ListOffsetsRequest.ListOffsetsPartition(
+                partition_index=tp.partition, timestamp=timestamp, current_leader_epoch=-1, max_num_offsets=1))
+        request = messages.ListOffsetsRequest(
+            replica_id=-1, isolation_level=int(self.config["isolation.level"] == "read_committed"),
+            topics=[messages.ListOffsetsRequest.ListOffsetsTopic(name=t, partitions=p) for t, p in topics.items()])
+        asked = dict(partitions)
+        self._offsets_in_flight.update(asked)
+        self._client.send(leader, request, lambda r, body, error: self._on_list_offsets(asked, body, error))
+
+    def _on_list_offsets(self, asked, body, error):
+        self._offsets_in_flight.difference_update(asked)
+        if error is not None:
+            self._metadata.request_update()
+            return
+        for topic in body.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.name, p.partition_index)
+                state = self._fetcher.assignment.get(tp)
+                if state is None or state.position is not None or state.reset_to != asked.get(tp):
+                    continue
+                if p.error_code:
+                    self._metadata.request_update()
+                    continue
+                state.position = p.offset
+                state.reset_to = None
+
+    def _raise_errors(self):
+        if self._errors:
+            error = self._errors[0]
+            self._errors.clear()
+            raise error
+
+    # -- commits ---------------------------------------------------------------------------------------
+
+    def _positions(self):
+        return {tp: s.position for tp, s in self._fetcher.assignment.items() if s.position is not None}
+
+    def _commit_offsets(self, offsets):
+        if self._coordinator is None:
+            raise IllegalStateError("commits need a group.id")
+        if offsets is None:
+            return self._positions()
+        result = {}
+        for p, offset in dict(offsets).items():
+            offset = getattr(offset, "offset", offset)
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                raise InvalidArgumentError(f"commit offset must be an integer >= 0, not {offset!r}")
+            result[self._partition(p)] = offset
+        return result
+
+    def commit(self, offsets=None):
+        """Commit ``{partition: offset}`` (default: the positions of every assigned partition) and wait."""
+        self._check_open()
+        offsets = self._commit_offsets(offsets)
+        if offsets:
+            self._commit_sync(offsets)
+
+    def _commit_sync(self, offsets):
+        deadline = time.monotonic() + self._request_timeout
+        result = []
+        while True:
+            now = time.monotonic()
+            if self._coordinator.ready:
+                self._coordinator.commit(offsets, result.append)
+                break
+            if now >= deadline:
+                raise KafkaConnectionError("no group coordinator within request.timeout.ms")
+            self._metadata.poll(now)
+            self._coordinator.poll(now)
+            self._client.poll(min(self._retry_backoff, deadline - now))
+        while not result:
+            if time.monotonic() >= deadline + self._request_timeout:
+                raise KafkaConnectionError("no answer to the offset commit within request.timeout.ms")
+            self._client.poll(self._retry_backoff)
+        if result[0] is not None:
+            raise result[0]
+
+    def commit_async(self, offsets=None, callback=None):
+        """Send a commit; ``callback(offsets, error or None)`` runs inside a later ``poll``."""
+        self._check_open()
+        offsets = self._commit_offsets(offsets)
+        done = (lambda error: callback(offsets, error)) if callback else (lambda error: None)
+        if not offsets:
+            done(None)
+        elif not self._coordinator.ready:
+            done(CommitFailedError("the group coordinator is not known yet"))
+        else:
+            self._coordinator.commit(offsets, done)
+
+    def committed(self, partition, timeout_ms=None):
+        """The committed offset of ``partition`` for this group, or None."""
+        self._check_open()
+        if self._coordinator is None:
+            raise IllegalStateError("committed offsets need a group.id")
+        tp = self._partition(partition)
+        deadline = time.monotonic() + (self._request_timeout if timeout_ms is None else timeout_ms / 1000.0)
+        result = []
+        while not result:
+            now = time.monotonic()
+            if now >= deadline:
+                raise KafkaConnectionError("no committed offsets within the timeout")
+            if self._coordinator.ready:
+                self._coordinator.fetch_offsets([tp], lambda offsets, error: result.append((offsets, error)))
+                while not result and time.monotonic() < deadline:
+                    self._client.poll(self._retry_backoff)
+            else:
+                self._metadata.poll(now)
+                self._coordinator.poll(now)
+                self._client.poll(min(self._retry_backoff, deadline - now))
+        offsets, error = result[0]
+        if error is not None:
+            raise error if isinstance(error, Exception) else KafkaConnectionError(str(error))
+        return offsets.get(tp)
+
+    # -- state and metrics -----------------------------------------------------------------------------
+
+    @property
+    def generation(self):
+        """The group generation this member is in (-1 outside a group)."""
+        return self._coordinator.generation if self._coordinator is not None else -1
+
+    def metrics(self):
+        """The pool's sensors (Kafka's MemoryPool names), fetch rates (consumer-fetch-manager names) and,
+        in a group, heartbeats answered (consumer-coordinator names)."""
+        fetcher = self._fetcher
+        result = dict(self.pool.metrics())
+        result.update({
+            "fetch-rate": fetcher.fetch_rate.measure(), "fetch-total": fetcher.fetch_total,
+            "records-consumed-rate": fetcher.records_rate.measure(), "records-consumed-total": fetcher.records_total,
+            "bytes-consumed-rate": fetcher.bytes_rate.measure(), "bytes-consumed-total": fetcher.bytes_total,
+            "buffered-bytes": fetcher.buffered_bytes,
+        })
+        if self._coordinator is not None:       # consumer-coordinator-metrics
+            last = self._coordinator.last_heartbeat_answer
+            result["heartbeat-total"] = self._coordinator.heartbeats_answered
+            result["last-heartbeat-seconds-ago"] = -1.0 if last is None else time.monotonic() - last
+        return result
+
+    # -- closing ---------------------------------------------------------------------------------------
+
+    def close(self, autocommit=True):
+        """Commit (when auto-committing), leave the group, release every pooled buffer, disconnect."""
+        if self._closed:
+            return
+        try:
+            if self._coordinator is not None:
+                if autocommit and self._auto_commit and self._coordinator.ready:
+                    offsets = self._positions()
+                    if offsets:
+                        try:
+                            self._commit_sync(offsets)
+                        except (CommitFailedError, KafkaConnectionError):
+                            pass
+                if self._subscribed:
+                    self._leave_group()
+        finally:
+            self._closed = True
+            self._fetcher.close()
+            self._client.close()
+
+    def _leave_group(self):
+        """LeaveGroup, waiting briefly for its answer so the group rebalances at once."""
+        answered = []
+        self._coordinator.leave(lambda *_: answered.append(True))
+        deadline = time.monotonic() + min(self._request_timeout, 1.0)
+        while not answered and self._coordinator.node is not None and time.monotonic() < deadline:
+            self._client.poll(0.05)
+
+    def _check_open(self):
+        if self._closed:
+            raise IllegalStateError("consumer is closed")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<kmem.consumer.Consumer group={self.config['group.id']!r} assigned={len(self._fetcher.assignment)}>"

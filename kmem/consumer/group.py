@@ -1,0 +1,446 @@
+"""Group membership (Kafka's classic consumer protocol): find the coordinator, join, sync, heartbeat,
+commit and fetch offsets, leave; the range and round-robin assignors.
+
+Everything is driven from the consumer's ``poll`` (no background thread). The coordinator connection
+is a KIP-81 priority channel: its responses are read outside ``buffer.memory``, so a pool filled by
+fetch data cannot delay a heartbeat's answer, and with it the next heartbeat.
+"""
+import logging
+import struct
+import time
+
+from kmem.consumer import errors as codes
+from kmem.consumer.errors import CommitFailedError, KafkaConnectionError, KafkaError
+from kmem.consumer.fetcher import TopicPartition
+from kmem.errors import CorruptRecordError
+from kmem.protocol import messages
+
+log = logging.getLogger(__name__)
+
+CONSUMER_PROTOCOL = "consumer"
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_COORDINATOR_ERRORS = {codes.COORDINATOR_NOT_AVAILABLE, codes.NOT_COORDINATOR, codes.COORDINATOR_LOAD_IN_PROGRESS}
+
+
+# -- ConsumerProtocol v0 payloads (Kafka's ConsumerProtocolSubscription / ConsumerProtocolAssignment) ---
+
+def _string(s):
+    raw = s.encode("utf-8")
+    return _I16.pack(len(raw)) + raw
+
+
+def encode_subscription(topics):
+    return b"".join([_I16.pack(0), _I32.pack(len(topics)), *map(_string, sorted(topics)), _I32.pack(-1)])
+
+
+def encode_assignment(partitions):
+    by_topic = {}
+    for tp in sorted(partitions):
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+    parts = [_I16.pack(0), _I32.pack(len(by_topic))]
+    for topic, ids in by_topic.items():
+        parts += [_string(topic), _I32.pack(len(ids)), struct.pack(f">{len(ids)}i", *ids)]
+    parts.append(_I32.pack(-1))
+    return b"".join(parts)
+
+
+class _Reader:
+    def __init__(self, data, what):
+        self.data = bytes(data)
+        self.pos = 0
+        self.what = what
+
+    def unpack(self, fmt):
+        try:
+            values = fmt.unpack_from(self.data, self.pos)
+        except struct.error:
+            raise CorruptRecordError(f"{self.what} ends early", self.pos) from None
+        self.pos += fmt.size
+        return values[0]
+
+    def string(self):
+        length = self.unpack(_I16)
+        if length < 0 or self.pos + length > len(self.data):
+            raise CorruptRecordError(f"{self.what}: bad string length {length}", self.pos)
+        self.pos += length
+        return self.data[self.pos - length:self.pos].decode("utf-8", "replace")
+
+    def count(self):
+        n = self.unpack(_I32)
+        if n < 0 or n > len(self.data):
+            raise CorruptRecordError(f"{self.what}: bad array length {n}", self.pos)
+        return n
+
+
+def decode_subscription(data):
+    """The topics of a member's subscription (any version: later versions only append fields)."""
+    reader = _Reader(data, "consumer subscription")
+    reader.unpack(_I16)
+    return [reader.string() for _ in range(reader.count())]
+
+
+def decode_assignment(data):
+    if not data:
+        return []
+    reader = _Reader(data, "consumer assignment")
+    reader.unpack(_I16)
+    assigned = []
+    for _ in range(reader.count()):
+        topic = reader.string()
+        assigned += [TopicPartition(topic, reader.unpack(_I32)) for _ in range(reader.count())]
+    return assigned
+
+
+# -- assignors ------------------------------------------------------------------------------------------
+
+def assign_range(subscriptions, partitions):
+    """Kafka's RangeAssignor: per topic, members sorted by id get consecutive ranges, the first ones
+    one partition more when the count does not divide."""
+    result = {member: [] for member in subscriptions}
+    for topic in sorted({t for topics in subscriptions.values() for t in topics}):
+        members = sorted(m for m, topics in subscriptions.items() if topic in topics)
+        ids = partitions.get(topic, [])
+        per_member, extra = divmod(len(ids), len(members))
+        start = 0
+        for i, member in enumerate(members):
+            count = per_member + (i < extra)
+            result[member] += [TopicPartition(topic, p) for p in ids[start:start + count]]
+            start += count
+    return result
+
+
+def assign_round_robin(subscriptions, partitions):
+    """Kafka's RoundRobinAssignor: all partitions sorted, dealt to the members sorted by id in turn,
+    skipping members not subscribed to the partition's topic."""
+    result = {member: [] for member in subscriptions}
+    members = sorted(subscriptions)
+    turn = 0
+    for topic in sorted({t for topics in subscriptions.values() for t in topics}):
+        for p in partitions.get(topic, []):
+            for _ in range(len(members)):
+                member = members[turn % len(members)]
+                turn += 1
+                if topic in subscriptions[member]:
+                    result[member].append(TopicPartition(topic, p))
+                    break
+    return result
+
+
+ASSIGNORS = {"range": assign_range, "roundrobin": assign_round_robin}
+
+
+class Coordinator:
+    """One member of a consumer group, as a state machine advanced by ``poll``."""
+
+    def __init__(self, client, metadata, config, *, priority=True, on_join_prepare=lambda: None):
+        self._client = client
+        self._on_join_prepare = on_join_prepare     # runs before each JoinGroup (commit, revoke)
+        self._metadata = metadata
+        self.group_id = config["group.id"]
+        self._session_timeout_ms = config["session.timeout.ms"]
+        self._rebalance_timeout_ms = config["max.poll.interval.ms"]
+        self._heartbeat_interval = config["heartbeat.interval.ms"] / 1000.0
+        self._retry_backoff = config["retry.backoff.ms"] / 1000.0
+        self._assignors = config["partition.assignment.strategy"]
+        self._priority = priority
+        self.node = None                # the coordinator's channel id, once found
+        self._lookup_in_flight = False
+        self._retry_at = 0.0
+        self.member_id = ""
+        self.generation = -1
+        self.protocol = None
+        self.leader = None
+        self.subscription = set()
+        self._state = "unjoined"        # unjoined -> joining -> syncing -> stable
+        self._join_in_flight = False
+        self._heartbeat_in_flight = False
+        self._heartbeat_due = 0.0
+        self._leader_members = None     # as leader: {member id: topics} waiting for metadata
+        self._leader_members_version = 0
+        self.assignment_changed = None  # set to the new assignment when a sync completes
+        self.generations = []           # every generation joined (for diagnostics and tests)
+        self.heartbeats_answered = 0
+        self.last_heartbeat_answer = None
+
+    # -- state ---------------------------------------------------------------------------------------
+
+    @property
+    def stable(self):
+        return self._state == "stable"
+
+    @property
+    def ready(self):
+        return self.node is not None and self._client.is_connected(self.node)
+
+    def subscribe(self, topics):
+        if set(topics) != self.subscription:
+            self.subscription = set(topics)
+            self.request_rejoin()
+
+    def request_rejoin(self):
+        if self._state in ("stable", "syncing"):
+            self._state = "unjoined"
+
+    def _coordinator_dead(self, reason):
+        log.info("group %s: coordinator lost (%s)", self.group_id, reason)
+        if self.node is not None:
+            self._client.close(self.node)
+        self.node = None
+        self._retry_at = time.monotonic() + self._retry_backoff
+
+    # -- polling -------------------------------------------------------------------------------------
+
+    def poll(self, now):
+        """Advance: look up the coordinator, (re)join when needed, heartbeat when due."""
+        if self.node is None or not self._client.is_connected(self.node):
+            self.node = None
+            self._heartbeat_in_flight = False
+            if self._state in ("joining", "syncing"):
+                self._state, self._join_in_flight = "unjoined", False
+            self._lookup(now)
+            return
+        if self._state == "unjoined" and self.subscription and not self._join_in_flight and now >= self._retry_at:
+            self._join()
+        elif self._state == "syncing" and self._leader_members is not None:
+            self._try_leader_sync()
+        elif self._state == "stable" and not self._heartbeat_in_flight and now >= self._heartbeat_due:
+            self._heartbeat(now)
+
+    def time_to_next_heartbeat(self, now):
+        if self._state != "stable" or self._heartbeat_in_flight:
+            return None
+        return max(0.0, self._heartbeat_due - now)
+
+    def _lookup(self, now):
+        if self._lookup_in_flight or now < self._retry_at:
+            return
+        node = self._metadata.any_node()
+        if node is None:
+            self._retry_at = now + self._retry_backoff
+            return
+        self._lookup_in_flight = True
+        self._client.send(node, messages.FindCoordinatorRequest(key=self.group_id, key_type=0),
+                          self._on_lookup)
+
+    def _on_lookup(self, receive, body, error):
+        self._lookup_in_flight = False
+        code = codes.COORDINATOR_NOT_AVAILABLE if error is not None else body.error_code
+        if code:
+            self._retry_at = time.monotonic() + self._retry_backoff
+            return
+        channel = f"coordinator-{body.node_id}"
+        try:
+            self._client.connect(channel, (body.host, body.port), priority=self._priority)
+        except KafkaConnectionError as exc:
+            log.warning("group %s: cannot reach the coordinator: %s", self.group_id, exc)
+            self._retry_at = time.monotonic() + self._retry_backoff
+            return
+        self.node = channel
+
+    # -- join and sync ---------------------------------------------------------------------------------
+
+    def _join(self):
+        self._on_join_prepare()
+        self._state = "joining"
+        self._join_in_flight = True
+        metadata = encode_subscription(self.subscription)
+        request = messages.JoinGroupRequest(
+            group_id=self.group_id, session_timeout_ms=self._session_timeout_ms,
+            rebalance_timeout_ms=self._rebalance_timeout_ms, member_id=self.member_id, group_instance_id=None,
+            protocol_type=CONSUMER_PROTOCOL,
+            protocols=[messages.JoinGroupRequest.JoinGroupRequestProtocol(name=name, metadata=metadata)
+                       for name in self._assignors])
+        self._client.send(self.node, request, self._on_join)
+
+    def _on_join(self, receive, body, error):
+        self._join_in_flight = False
+        if self._state != "joining":
+            return
+        if error is not None:
+            self._state = "unjoined"
+            self._coordinator_dead(error)
+            return
+        code = body.error_code
+        if code == codes.MEMBER_ID_REQUIRED:       # KIP-394: join again with the id the broker chose
+            self.member_id = body.member_id
+            self._state = "unjoined"
+            return
+        if code:
+            self._join_failed(code)
+            return
+        self.member_id = body.member_id
+        self.generation = body.generation_id
+        self.protocol = body.protocol_name
+        self.leader = body.leader
+        self.generations.append(self.generation)
+        self._state = "syncing"
+        if self.leader == self.member_id:
+            try:
+                self._leader_members = {m.member_id: decode_subscription(m.metadata) for m in body.members}
+            except CorruptRecordError as exc:
+                log.warning("group %s: unreadable member subscription (%s); rejoining", self.group_id, exc)
+                self._state = "unjoined"
+                return
+            topics = set().union(*self._leader_members.values())
+            self._metadata.set_topics(self._metadata.topics | topics)
+            self._metadata.request_update()
+            self._leader_members_version = self._metadata.version
+        else:
+            self._leader_members = None
+            self._sync([])
+
+    def _join_failed(self, code):
+        self._state = "unjoined"
+        if code in _COORDINATOR_ERRORS:
+            self._coordinator_dead(codes.error_name(code))
+        elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
+            self.member_id = ""
+        elif code != codes.REBALANCE_IN_PROGRESS:
+            log.warning("group %s: join failed with %s", self.group_id, codes.error_name(code))
+        self._retry_at = time.monotonic() + self._retry_backoff
+
+    def _try_leader_sync(self):
+        # Assign with metadata fetched after the join, so every member's topics are known.
+        if self._metadata.version <= self._leader_members_version:
+            return
+        members, self._leader_members = self._leader_members, None
+        assignor = ASSIGNORS.get(self.protocol, assign_range)
+        assignment = assignor(members, self._metadata.partitions)
+        self._sync([messages.SyncGroupRequest.SyncGroupRequestAssignment(
+            member_id=member, assignment=encode_assignment(parts)) for member, parts in assignment.items()])
+
+    def _sync(self, assignments):
+        request = messages.SyncGroupRequest(
+            group_id=self.group_id, generation_id=self.generation, member_id=self.member_id,
+            group_instance_id=None, protocol_type=CONSUMER_PROTOCOL, protocol_name=self.protocol,
+            assignments=assignments)
+        generation = self.generation
+        self._client.send(self.node, request, lambda r, b, e: self._on_sync(generation, b, e))
+
+    def _on_sync(self, generation, body, error):
+        if self._state != "syncing" or generation != self.generation:
+            return
+        if error is not None:
+            self._state = "unjoined"
+            self._coordinator_dead(error)
+            return
+        if body.error_code:
+            self._join_failed(body.error_code)
+            return
+        try:
+            assigned = decode_assignment(body.assignment)
+        except CorruptRecordError as exc:
+            log.warning("group %s: unreadable assignment (%s); rejoining", self.group_id, exc)
+            self._state = "unjoined"
+            return
+        self._state = "stable"
+        self._heartbeat_due = time.monotonic() + self._heartbeat_interval
+        self.assignment_changed = [tp for tp in assigned if tp.topic in self.subscription]
+
+    # -- heartbeats ------------------------------------------------------------------------------------
+
+    def _heartbeat(self, now):
+        self._heartbeat_in_flight = True
+        self._heartbeat_due = now + self._heartbeat_interval
+        generation = self.generation
+        request = messages.HeartbeatRequest(group_id=self.group_id, generation_id=generation,
+                                            member_id=self.member_id, group_instance_id=None)
+        self._client.send(self.node, request, lambda r, b, e: self._on_heartbeat(generation, b, e))
+
+    def _on_heartbeat(self, generation, body, error):
+        self._heartbeat_in_flight = False
+        if error is not None:
+            self._coordinator_dead(error)
+            return
+        self.heartbeats_answered += 1
+        self.last_heartbeat_answer = time.monotonic()
+        code = body.error_code
+        if code == 0 or generation != self.generation:
+            return
+        if code == codes.REBALANCE_IN_PROGRESS:
+            self.request_rejoin()
+        elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
+            self.member_id = "" if code == codes.UNKNOWN_MEMBER_ID else self.member_id
+            self._state = "unjoined"
+        elif code in _COORDINATOR_ERRORS:
+            self._coordinator_dead(codes.error_name(code))
+        else:
+            log.warning("group %s: heartbeat failed with %s", self.group_id, codes.error_name(code))
+
+    # -- offsets ---------------------------------------------------------------------------------------
+
+    def commit(self, offsets, callback):
+        """Send an OffsetCommit of ``{TopicPartition: offset}``; ``callback(error or None)``."""
+        topics = {}
+        for tp, offset in sorted(offsets.items()):
+            topics.setdefault(tp.topic, []).append(messages.OffsetCommitRequest.OffsetCommitRequestPartition(
+                partition_index=tp.partition, committed_offset=offset, committed_leader_epoch=-1,
+                commit_timestamp=-1, committed_metadata=""))
+        # The last generation joined, also while rejoining: Kafka accepts its commits until the new
+        # generation forms. Outside the group (-1, ""), the commit is a simple one.
+        request = messages.OffsetCommitRequest(
+            group_id=self.group_id, generation_id_or_member_epoch=self.generation,
+            member_id=self.member_id, group_instance_id=None, retention_time_ms=-1,
+            topics=[messages.OffsetCommitRequest.OffsetCommitRequestTopic(name=t, partitions=p)
+                    for t, p in topics.items()])
+        self._client.send(self.node, request, lambda r, b, e: callback(self._commit_error(b, e)))
+
+    def _commit_error(self, body, error):
+        if error is not None:
+            self._coordinator_dead(error)
+            return CommitFailedError(f"offset commit failed: {error}")
+        for topic in body.topics:
+            for p in topic.partitions:
+                if p.error_code:
+                    if p.error_code in (codes.REBALANCE_IN_PROGRESS, codes.ILLEGAL_GENERATION,
+                                        codes.UNKNOWN_MEMBER_ID):
+                        self.request_rejoin()
+                    elif p.error_code in _COORDINATOR_ERRORS:
+                        self._coordinator_dead(codes.error_name(p.error_code))
+                    return CommitFailedError(f"offset commit of {topic.name}-{p.partition_index} failed",
+                                             p.error_code)
+        return None
+
+    def fetch_offsets(self, partitions, callback):
+        """OffsetFetch for ``partitions``; ``callback({TopicPartition: offset or None}, error)``."""
+        topics = {}
+        for tp in partitions:
+            topics.setdefault(tp.topic, []).append(tp.partition)
+        request = messages.OffsetFetchRequest(
+            group_id=self.group_id, require_stable=False,
+            topics=[messages.OffsetFetchRequest.OffsetFetchRequestTopic(name=t, partition_indexes=p)
+                    for t, p in topics.items()])
+        self._client.send(self.node, request, lambda r, b, e: self._on_offsets(b, e, callback))
+
+    def _on_offsets(self, body, error, callback):
+        if error is not None:
+            self._coordinator_dead(error)
+            callback(None, error)
+            return
+        if body.error_code:
+            if body.error_code in _COORDINATOR_ERRORS:
+                self._coordinator_dead(codes.error_name(body.error_code))
+            callback(None, KafkaError("offset fetch failed", body.error_code))
+            return
+        offsets = {}
+        for topic in body.topics:
+            for p in topic.partitions:
+                if p.error_code:
+                    callback(None, KafkaError(f"offset fetch of {topic.name}-{p.partition_index} failed",
+                                              p.error_code))
+                    return
+                offsets[TopicPartition(topic.name, p.partition_index)] = (
+                    p.committed_offset if p.committed_offset >= 0 else None)
+        callback(offsets, None)
+
+    def leave(self, callback):
+        """Send LeaveGroup (``callback`` runs on its answer) and forget the membership."""
+        if self.node is not None and self.member_id and self._client.is_connected(self.node):
+            self._client.send(self.node, messages.LeaveGroupRequest(group_id=self.group_id,
+                                                                    member_id=self.member_id), callback)
+        else:
+            callback(None, None, None)
+        self._state = "unjoined"
+        self.member_id = ""
+        self.generation = -1
