@@ -317,6 +317,8 @@ def test_bad_arguments_raise_kmem_errors(manager):
     partition_log = manager.get_partition("t", 0)
     with pytest.raises(InvalidArgumentError, match="bytes-like"):
         partition_log.append(12)
+    with pytest.raises(InvalidArgumentError, match="origin"):
+        partition_log.append(batch([b"v"]), origin="leader")
     with pytest.raises(InvalidArgumentError, match="fetch_offset"):
         partition_log.read("0", 100)
     with pytest.raises(InvalidArgumentError, match="isolation"):

@@ -104,6 +104,34 @@ def test_bad_crc_truncates_there_and_drops_later_segments(tmp_path):
         f"0\n1\nt 0 {batches[0][2] + 1}\n".encode()
 
 
+def test_producer_state_follows_a_truncation(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=1 << 20) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for sequence in range(10):
+            assert partition_log.append(batch(b"p1-%d" % sequence, sequence, producer_id=1)).base_offset == sequence
+        assert partition_log.append(batch(b"p2-0", 0, producer_id=2)).base_offset == 10
+        directory = partition_log.directory
+    segment = os.path.join(directory, "00000000000000000000.log")
+    sixth = positions(segment)[6]
+    with open(segment, "r+b") as f:                 # corrupt the batch at offset 6
+        f.seek(sixth[0] + sixth[1] - 1)
+        f.write(b"\xee")
+    crash(tmp_path, recovery_point=0)
+    with open_manager(tmp_path, log_segment_bytes=1 << 20) as manager:
+        partition_log = manager.get_partition("t", 0)
+        assert partition_log.log_end_offset == 6
+        # Batches kept are still known (the state was replayed from them) ...
+        kept = partition_log.append(batch(b"p1-5", 5, producer_id=1))
+        assert (kept.duplicate, kept.base_offset) == (True, 5)
+        # ... while lost ones are appended again instead of being answered with offsets that are gone.
+        lost = partition_log.append(batch(b"p1-6", 6, producer_id=1))
+        assert (lost.duplicate, lost.base_offset) == (False, 6)
+        other = partition_log.append(batch(b"p2-0", 0, producer_id=2))
+        assert (other.error_code, other.duplicate, other.base_offset) == (ErrorCode.NONE, False, 7)
+        assert [v for _, v in values(partition_log)][5:] == [b"p1-5", b"p1-6", b"p2-0"]
+
+
 def test_segments_before_the_recovery_point_are_trusted(tmp_path):
     bases, directory = populate(tmp_path)
     first = os.path.join(directory, f"{bases[0]:020d}.log")

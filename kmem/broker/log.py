@@ -52,7 +52,9 @@ from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.config import BrokerConfig
 from kmem.broker.index import CorruptIndexError
 from kmem.broker.producer_state import ProducerStateManager
-from kmem.broker.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files
+from kmem.broker.segment import (
+    INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch,
+)
 from kmem.broker.validator import CLIENT, validate_and_assign
 from kmem.durable import fsync_directory, replaced_atomically
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
@@ -165,13 +167,17 @@ class PartitionLog:
                     continue
                 except CorruptIndexError as e:
                     log.warning("%s: rebuilding the indexes: %s", segment.log_path, e)
-            truncated = segment.recover(self._replay)
+            discarded = []
+            truncated = segment.recover(self._replay, discarded.append)
             recovered.append(segment)
             if truncated:
                 log.warning("%s: truncated %d bytes of invalid or partial batches", segment.log_path, truncated)
                 for later, path in found[i + 1:]:
                     log.warning("%s: deleted: it follows a truncated segment", path)
+                    for_each_parsable_batch(path, 0, discarded.append)
                     delete_segment_files(self.directory, later)
+                for batch in discarded:
+                    self.producers.discard(batch, segment.next_offset)
                 break
         if recovered:
             self.producers.finish_replay()

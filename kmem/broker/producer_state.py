@@ -26,7 +26,10 @@ Checks, for each v2 batch with a producer id, as Kafka's ``ProducerAppendInfo`` 
 After an unclean shutdown the log replays the batches it revalidated (those past the recovery point)
 through ``replay``, which brings the ledger up to date with batches a crash left out of it and
 rebuilds the last-five metadata of their producers. A process crash never leaves the ledger ahead of
-the log (the batch is written before its producer's entry); after power loss without fsync, it can.
+the log (a batch is written before its producer's entry). When recovery truncates batches that were
+written whole (a bad CRC, power loss), ``discard`` rolls back every producer whose entry points into the
+lost part, to the state replayed from the batches kept or else to an unknown producer, so a retry of a
+lost batch is appended again (Kafka reloads an older snapshot for the same purpose).
 """
 import collections
 import logging
@@ -237,6 +240,27 @@ class ProducerStateManager:
         if entry is None or entry.last_offset < batch.last_offset:
             self.ledger.update(state.to_entry())
         self._remember(state)
+
+    def discard(self, batch, log_end_offset):
+        """Recovery cut ``batch`` off the log (which now ends at ``log_end_offset``): a producer whose entry
+        points into the lost part goes back to the state replayed from the batches kept, else it becomes
+        unknown (any sequence accepted, as Kafka after losing a producer's data), so that a retry of a lost
+        batch is appended again rather than answered with offsets that no longer hold it."""
+        pid = batch.producer_id
+        if batch.magic != 2 or pid < 0:
+            return
+        entry = self.ledger.read(pid)
+        if entry is None or entry.last_offset < log_end_offset:
+            return
+        with self._lock:
+            state = self._cache.pop(pid, None)
+        if state is not None and state.last_offset >= log_end_offset:
+            state = None
+        if state is None:
+            state = ProducerState(pid, timestamp=entry.timestamp, coordinator_epoch=entry.coordinator_epoch)
+        self.ledger.update(state.to_entry())
+        if state.batches:
+            self._remember(state)
 
     def finish_replay(self):
         """After recovery: forget remembered states a replay left behind the ledger (it replayed a segment

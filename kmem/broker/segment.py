@@ -168,9 +168,10 @@ class LogSegment:
             self.bytes_since_last_index_entry = 0
         self.bytes_since_last_index_entry += size
 
-    def recover(self, on_batch=None):
+    def recover(self, on_batch=None, on_discarded=None):
         """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
-        truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order."""
+        truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order;
+        ``on_discarded(batch)`` the batches that can still be parsed in the part cut off."""
         self.offset_index.reset()
         self.time_index.reset()
         self.max_timestamp_so_far, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
@@ -201,6 +202,8 @@ class LogSegment:
                 pass
         truncated = self.size - valid_bytes
         if truncated:
+            if on_discarded is not None:
+                for_each_parsable_batch(self.log_path, valid_bytes, on_discarded)
             os.ftruncate(self._fd, valid_bytes)
             self.size = valid_bytes
         self.next_offset = previous_last + 1
@@ -237,6 +240,17 @@ class LogSegment:
     def delete(self):
         self.close()
         delete_segment_files(self.directory, self.base_offset)
+
+
+def for_each_parsable_batch(path, position, callback):
+    """``callback(batch)`` for the batches of ``path`` from ``position`` on, until one cannot be parsed
+    (their CRCs are not checked: this reads what recovery throws away)."""
+    with FileRecords(path, position) as records:
+        try:
+            for batch in records.batches():
+                callback(batch)
+        except CorruptRecordError:
+            pass
 
 
 def delete_segment_files(directory, base_offset):

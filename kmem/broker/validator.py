@@ -109,6 +109,8 @@ def _check_records(batch):
 def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CLIENT, now_ms=None):
     """Validate ``records`` (a bytes-like object or ``MemoryRecords``) for an append at ``next_offset``
     to a log with ``config`` (a ``LogConfig``); returns ``ValidatedRecords`` or raises ``LogError``."""
+    if origin not in (CLIENT, REPLICATION, COORDINATOR):
+        raise InvalidArgumentError(f"origin must be {CLIENT!r}, {REPLICATION!r} or {COORDINATOR!r}: {origin!r}")
     try:
         view = records.buffer if isinstance(records, MemoryRecords) else as_byte_view(records)
     except TypeError:

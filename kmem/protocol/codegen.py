@@ -11,6 +11,7 @@ import struct
 import uuid
 
 from .errors import CorruptMessageError, InvalidMessageError
+from ..errors import InvalidArgumentError
 from ..send import BytesSend
 from .schema import FIXED_FORMATS, ZERO_UUID, Struct
 
@@ -37,6 +38,8 @@ def read_uvarint(data, pos):
 
 
 def uvarint(value):
+    if 0 <= value < 0x4000:                              # lengths below 16 KiB: one or two bytes
+        return bytes((value,)) if value < 0x80 else bytes(((value & 0x7F) | 0x80, value >> 7))
     if value < 0 or value > 0xFFFFFFFF:
         raise _Bad(f"length {value} does not fit an unsigned varint")
     out = bytearray()
@@ -91,7 +94,7 @@ class _Source:
         self.globals = {"_Bad": _Bad, "_uvarint": read_uvarint, "_enc_uvarint": uvarint,
                         "_tagged_section": tagged_section, "_put_records": put_records,
                         "_BYTES_LIKE": _BYTES_LIKE, "_UUID": uuid.UUID, "_unpack_from": struct.unpack_from,
-                        "_pack": struct.pack, "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
+                        "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack, "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
         self.counter = 0
         self.name = f"{name}_v{version}"
 
@@ -141,7 +144,8 @@ def _literal(src, value):
 
 def _default_expr(src, field):
     if field.struct is not None and not field.is_array and field.default_text != "null":
-        return f"{src.constant('cls', field.struct.cls)}()"
+        shared = field.struct.cls._default
+        return src.constant("default", shared) if shared is not None else f"{src.constant('cls', field.struct.cls)}()"
     return _literal(src, field.default())
 
 
@@ -181,7 +185,7 @@ class _Decoder:
             src.emit(indent, f"f = {path + '<tagged fields>'!r}")
             count, tag, size, stop = src.var("n"), src.var("tag"), src.var("sz"), src.var("te")
             self._uvarint(count, indent)
-            src.emit(indent, f"for _ in range({count}):")
+            src.emit(indent, f"for _ in range({count}) if {count} else ():")
             self._uvarint(tag, indent + 1)
             self._uvarint(size, indent + 1)
             src.emit(indent + 1, f"{stop} = pos + {size}")
@@ -352,20 +356,30 @@ class _Encoder:
             for inner in field.struct.fields:
                 if inner.present(self.version):
                     checks.append(f"{value}.{inner.name} != {_literal(self.src, inner.default())}")
-            return " or ".join(checks)
+            shared = field.struct.cls._default
+            if shared is None:
+                return " or ".join(checks)
+            return f"{value} is not {self.src.constant('default', shared)} and ({' or '.join(checks)})"
         return f"{value} != {_literal(self.src, default)}"
 
     def _length(self, field, length, buf, indent, wide):
         src = self.src
         if field.compact(self.flexible):
-            src.emit(indent, f"{buf} += _enc_uvarint({length} + 1)")
+            size = src.var("sz")
+            src.emit(indent, f"{size} = {length} + 1")
+            src.emit(indent, f"if {size} < 128: {buf}.append({size})")
+            src.emit(indent, f"elif {size} < 16384: {buf} += _pack_varint2({size} & 127 | 128, {size} >> 7)")
+            src.emit(indent, f"else: {buf} += _enc_uvarint({size})")
         else:
             src.emit(indent, f"{buf} += {src.constant('pack', _struct_of('>i' if wide else '>h').pack)}({length})")
 
     def _null(self, field, value, buf, indent):
         """Emit the null case of a nullable field, then ``else:``; returns the else-body indent."""
+        self.src.emit(indent, f"if {value} is None:")
+        return self._null_body(field, buf, indent)
+
+    def _null_body(self, field, buf, indent, last=True):
         src = self.src
-        src.emit(indent, f"if {value} is None:")
         if field.is_nullable(self.version):
             if field.compact(self.flexible):
                 src.emit(indent + 1, f"{buf}.append(0)")
@@ -374,7 +388,8 @@ class _Encoder:
                 src.emit(indent + 1, f"{buf} += {minus_one!r}")
         else:
             src.emit(indent + 1, "raise _Bad('None in a non-nullable field')")
-        src.emit(indent, "else:")
+        if last:
+            src.emit(indent, "else:")
         return indent + 1
 
     def field(self, field, expr, buf, indent, path):
@@ -384,7 +399,12 @@ class _Encoder:
         value = src.var("x")
         src.emit(indent, f"{value} = {expr}")
         if field.is_array:
-            body = self._null(field, value, buf, indent)
+            empty = b"\x01" if field.compact(self.flexible) else b"\x00" * 4
+            src.emit(indent, f"if {value} is None:")
+            self._null_body(field, buf, indent, last=False)
+            src.emit(indent, f"elif not {value}: {buf} += {empty!r}")
+            src.emit(indent, "else:")
+            body = indent + 1
             self._length(field, f"len({value})", buf, body, wide=True)
             element = field.element
             if element in FIXED_FORMATS and element != "uuid":
@@ -414,10 +434,23 @@ class _Encoder:
             pack = src.constant("pack", _struct_of(">" + FIXED_FORMATS[kind]).pack)
             src.emit(indent, f"{buf} += {pack}({value}.bytes)" if kind == "uuid" else f"{buf} += {pack}({value})")
             return
-        body = self._null(field, value, buf, indent)
         if kind == "records":
-            src.emit(body, f"_put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
+            # the two common cases inline: small bytes (a client's batch), a Send (a broker's records)
+            src.emit(indent, f"if {value} is None:")
+            self._null_body(field, buf, indent, last=False)
+            body = indent
+            size = src.var("rs")
+            src.emit(body, f"elif type({value}) is bytes and len({value}) <= {INLINE_RECORDS_MAX}:")
+            self._length(field, f"len({value})", buf, body + 1, wide=True)
+            src.emit(body + 1, f"{buf} += {value}")
+            src.emit(body, f"elif hasattr({value}, 'write_to'):")
+            src.emit(body + 1, f"{size} = {value}.size")
+            self._length(field, size, buf, body + 1, wide=True)
+            src.emit(body + 1, f"splices.append((len({buf}), {value}))")
+            src.emit(body, "else:")
+            src.emit(body + 1, f"_put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
             return
+        body = self._null(field, value, buf, indent)
         raw = src.var("b")
         if kind == "string":
             src.emit(body, f"{raw} = {value}.encode('utf-8')")
@@ -457,12 +490,28 @@ def define_class(struct, api_key=None):
     if api_key is not None:
         namespace["API_KEY"] = api_key
         namespace["KIND"] = "Request" if struct.kind == "request" else "Response"
-    struct.cls = type(struct.name, (), namespace)
-    return struct.cls
+    cls = struct.cls = type(struct.name, (), namespace)
+    cls._base = cls
+    cls._default = None
+    if api_key is None and all(f.struct is None and not f.is_array for f in struct.fields):
+        # A struct of scalars gets one shared, read-only default instance: an unset tagged struct
+        # (e.g. FetchResponse's diverging_epoch) then costs no allocation and an identity test to skip.
+        frozen = type(struct.name, (cls,), {"__slots__": (), "__setattr__": _read_only, "__delattr__": _read_only})
+        shared = object.__new__(frozen)
+        for field in struct.fields:
+            object.__setattr__(shared, field.name, field.default())
+        object.__setattr__(shared, "unknown_tags", None)
+        cls._default = shared
+    return cls
+
+
+def _read_only(self, name, value=None):
+    raise InvalidArgumentError(f"this {type(self).__name__} is the shared default and cannot change: "
+                               f"assign a new {type(self).__name__}(...) to the field instead")
 
 
 def _eq(self, other):
-    if type(self) is not type(other):
+    if getattr(type(other), "_base", None) is not self._base:
         return NotImplemented
     return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
 

@@ -75,12 +75,15 @@ class Field:
         return flexible and self.flexible != NO_VERSIONS
 
     def default(self):
-        """A fresh default value, as Kafka's generated classes define it."""
+        """The default value as Kafka's generated classes define it (a new list or struct, except the
+        shared read-only default of a struct of scalars)."""
         text = self.default_text
         if self.is_array:
             return None if text == "null" else []
         if self.struct is not None:
-            return None if text == "null" else self.struct.cls()
+            if text == "null":
+                return None
+            return self.struct.cls._default or self.struct.cls()
         kind = self.type
         if kind == "bool":
             return text is True or str(text).lower() == "true"
