@@ -29,7 +29,7 @@ import uuid
 from kmem.broker.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log import READ_COMMITTED, validate_topic_name
-from kmem.errors import ConfigError, CorruptRecordError, UnsupportedCompressionTypeError
+from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
 from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
 
@@ -270,7 +270,11 @@ class Handlers:
                 if error:
                     result.error_code, result.error_message = error
                     continue
-                appended = partition_log.append(data.records if data.records is not None else b"")
+                try:
+                    appended = partition_log.append(data.records if data.records is not None else b"")
+                except IllegalStateError:            # the topic was deleted meanwhile
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
                 result.error_code = int(appended.error_code)
                 result.log_start_offset = appended.log_start_offset
                 if appended.error_code:
@@ -298,10 +302,14 @@ class Handlers:
                 if partition_log is None:
                     result.error_code = UNKNOWN_TOPIC_OR_PARTITION
                     continue
-                if wanted.timestamp == -1 and request.isolation_level == READ_COMMITTED:
-                    found = (partition_log.last_stable_offset, -1)
-                else:
-                    found = partition_log.offset_for_timestamp(wanted.timestamp)
+                try:
+                    if wanted.timestamp == -1 and request.isolation_level == READ_COMMITTED:
+                        found = (partition_log.last_stable_offset, -1)
+                    else:
+                        found = partition_log.offset_for_timestamp(wanted.timestamp)
+                except IllegalStateError:            # the topic was deleted meanwhile
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
                 if version == 0:
                     result.old_style_offsets = [found[0]] if found is not None and wanted.max_num_offsets > 0 else []
                 elif found is not None and found[0] >= 0:
@@ -400,7 +408,10 @@ class Handlers:
         """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
         isolation = request.isolation_level if version >= 4 else 0
-        data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
+        try:
+            data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
+        except IllegalStateError:                    # the topic was deleted meanwhile
+            return UNKNOWN_TOPIC_OR_PARTITION, None
         result.high_watermark, result.last_stable_offset = data.high_watermark, data.last_stable_offset
         result.log_start_offset = data.log_start_offset
         if data.error_code:
