@@ -8,9 +8,11 @@
 - the log directory is Kafka's (``kmem.broker.LogManager``), idempotent producers' state lives in a
   ``PidLedger`` per partition (KIP-1044) and producer ids are never reissued.
 
-``Broker(log_dir, port=0, **settings)`` is a context manager; ``bootstrap_servers`` is its address.
+``Broker(log_dir, port=0, **settings)`` is a context manager; ``bootstrap_servers`` is its address;
+``requests_served`` counts the requests answered by (api key, version).
 Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see ``kmem.broker.settings``).
 """
+import collections
 import logging
 import os
 import threading
@@ -40,6 +42,8 @@ class Broker:
         self.server = None
         self.handlers = None
         self._stop = threading.Event()
+        self.requests_served = collections.Counter()      # (api key, version) -> requests answered
+        self._counts_lock = threading.Lock()
         self._maintenance = None
         self._apis = {
             ApiKey.API_VERSIONS: "api_versions", ApiKey.METADATA: "metadata", ApiKey.PRODUCE: "produce",
@@ -102,6 +106,8 @@ class Broker:
         if served is None or not served[0] <= header.api_version <= served[1]:
             raise RequestRefused(f"{header.api_key.name} v{header.api_version} is not served by kmem broker "
                                  f"(client {header.client_id!r})")
+        with self._counts_lock:
+            self.requests_served[(int(header.api_key), header.api_version)] += 1
         response = getattr(self.handlers, self._apis[header.api_key])(header, body)
         return None if response is None else encode_response(header, response)
 
