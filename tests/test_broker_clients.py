@@ -172,3 +172,33 @@ def test_aiokafka(broker):
         await admin.close()
     asyncio.run(run())
     assert "ak" not in broker.logs.topics()
+
+
+@pytest.mark.slow
+def test_pipeline_report_counts_what_clients_produced(tmp_path):
+    """The loop closes: ``kmem pipeline report`` (Spark) over the broker's log directory. Slow: a Spark
+    JVM starts (about 100 s on a loaded 2-core machine)."""
+    import json
+    import subprocess
+    import sys
+
+    from kafka import KafkaProducer
+
+    pytest.importorskip("pyspark")
+    log_dir = tmp_path / "logs"
+    with Broker(log_dir, num_partitions=2) as broker:
+        for producer_index in range(3):
+            producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, enable_idempotence=True)
+            for i in range(10):
+                producer.send("looped", f"{producer_index}-{i}".encode(), partition=i % 2)
+            producer.flush()
+            producer.close()
+    result = subprocess.run([sys.executable, "-m", "kmem.cli", "pipeline", "report", str(log_dir), "--output",
+                             str(tmp_path / "report"), "--no-progress", "--master", "local[1]"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert report["totals"]["records"] == 30
+    assert report["corrupt_segments"] == []
+    assert {(p["topic"], p["partition"], p["records"], p["producer_ids"]) for p in report["partitions"]} == {
+        ("looped", 0, 15, 3), ("looped", 1, 15, 3)}
