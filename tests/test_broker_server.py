@@ -305,3 +305,83 @@ def test_zstd_below_fetch_v10_is_unsupported_compression_type(broker):
         assert fetch(connection, 3, "z").error_code == 76
         assert fetch(connection, 9, "z").error_code == 76
         assert fetch(connection, 10, "z").records
+
+
+# --- a retried batch after a restart; TLS ------------------------------------------------------------
+
+def produce_raw(connection, topic, records, version=9):
+    from kafka.protocol.producer import ProduceResponse
+
+    data = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+    request = ProduceRequest(acks=-1, timeout_ms=1000,
+                             topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[data])])
+    response = connection.request(request, ProduceResponse, version)
+    return response.responses[0].partition_responses[0]
+
+
+@pytest.mark.parametrize("stop", ["clean", "sigkill"])
+def test_a_retried_last_batch_is_recognised_after_a_restart(tmp_path, stop):
+    log_dir = tmp_path / "logs"
+    port = free_port()
+    process, bootstrap = start_broker_process(log_dir, port=port)
+    try:
+        with RawConnection(bootstrap) as connection:
+            from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+            topic = MetadataRequest.MetadataRequestTopic(name="retry")
+            created = connection.request(MetadataRequest(topics=[topic], allow_auto_topic_creation=True),
+                                         MetadataResponse, 4)
+            assert created.topics[0].error_code == 0        # auto-created
+            response = connection.request(InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=-1),
+                                          InitProducerIdResponse, 4)
+            producer_id = response.producer_id
+            now = int(time.time() * 1000)        # producer state expires producer.id.expiration.ms after it
+            batches = [build_records([{"value": f"{seq}".encode(), "timestamp": now}], producer_id=producer_id,
+                                     producer_epoch=0, base_sequence=seq) for seq in range(3)]
+            first = [produce_raw(connection, "retry", batch) for batch in batches]
+            assert [(r.error_code, r.base_offset) for r in first] == [(0, 0), (0, 1), (0, 2)]
+    finally:
+        if stop == "clean":
+            process.send_signal(signal.SIGTERM)
+        else:
+            process.kill()
+        process.wait(30)
+    process, bootstrap = start_broker_process(log_dir, port=port)
+    try:
+        with RawConnection(bootstrap) as connection:
+            retried = produce_raw(connection, "retry", batches[-1])
+            assert (retried.error_code, retried.base_offset) == (0, first[-1].base_offset)
+            out_of_order = produce_raw(connection, "retry", build_records(
+                [{"value": b"gap", "timestamp": now}], producer_id=producer_id, producer_epoch=0, base_sequence=7))
+            assert out_of_order.error_code == 45        # OUT_OF_ORDER_SEQUENCE_NUMBER
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    stored = [v for batch in stored_batches(str(log_dir), "retry", 0) for v in batch[3]]
+    assert stored.count(b"2") == 1
+
+
+def test_tls_listener_from_a_pem_keystore(tmp_path):
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from network_helpers import make_tls_contexts
+
+    make_tls_contexts(str(tmp_path))
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_bytes((tmp_path / "cert.pem").read_bytes() + (tmp_path / "key.pem").read_bytes())
+    with Broker(tmp_path / "logs", ssl_keystore_location=str(keystore)) as broker:
+        tls = {"security_protocol": "SSL", "ssl_cafile": str(tmp_path / "cert.pem")}
+        producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, **tls)
+        for i in range(5):
+            producer.send("secret", str(i).encode(), partition=0)
+        producer.flush()
+        producer.close()
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, auto_offset_reset="earliest", **tls)
+        consumer.assign([TopicPartition("secret", 0)])
+        received = []
+
+        def poll():
+            for records in consumer.poll(200).values():
+                received.extend(r.value for r in records)
+            return len(received) >= 5
+        wait_for(poll, "records over TLS")
+        consumer.close()
+    assert received == [str(i).encode() for i in range(5)]
