@@ -29,8 +29,8 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KIB, MIB = 1 << 10, 1 << 20
-TOTAL_MB = int(os.environ.get("KMEM_BENCH_BROKER_MB", "32"))
-ROUND_MB = 8           # per topic: the mock cluster drops a partition's data beyond ~10 MB
+TOTAL_MB = int(os.environ.get("KMEM_BENCH_BROKER_MB", "16"))
+ROUND_MB = 2           # per topic: the mock cluster drops a partition's older data beyond a few MB
 LOG_MIB = int(os.environ.get("KMEM_BENCH_BROKER_LOG_MIB", "256"))
 PID_COUNTS = [int(n) for n in os.environ.get("KMEM_BENCH_BROKER_PIDS", "100000").split(",")]
 OLD_CLIENTS = 20
@@ -49,7 +49,8 @@ class BrokerProcess:
     def __init__(self, log_dir, settings=None, *extra):
         self.process = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "broker_child.py"), "serve", str(log_dir), json.dumps(settings or {}),
-             *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONSAFEPATH="1"))
+             *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            env=dict(os.environ, PYTHONSAFEPATH="1"))
         line = self.process.stdout.readline().split()
         assert line and line[0] == "READY", line
         self.bootstrap = f"127.0.0.1:{line[1]}"
@@ -80,51 +81,55 @@ def mock_cluster():
 
 
 def produce_consume(bootstrap, size):
-    """(produce MB/s, consume MB/s, produce p99 ms) over TOTAL_MB, ROUND_MB to a fresh topic at a time."""
-    rounds = [produce_consume_round(bootstrap, f"bench-{size}-{i}", size) for i in range(max(TOTAL_MB // ROUND_MB, 1))]
-    megabytes = sum(r[0] for r in rounds)
-    latencies = sorted(latency for r in rounds for latency in r[3])
-    return (megabytes / sum(r[1] for r in rounds), megabytes / sum(r[2] for r in rounds),
-            latencies[int(len(latencies) * 0.99)] * 1000)
-
-
-def produce_consume_round(bootstrap, topic, size):
+    """(produce MB/s, consume MB/s, produce p99 ms): TOTAL_MB in ROUND_MB topics (one partition each).
+    Consumption is timed from an ``assign`` of every topic but the first, which warmed the consumer up
+    (connections, metadata), to the last message."""
     import confluent_kafka
 
-    count = max(ROUND_MB * MIB // size, 100)
+    rounds = max(TOTAL_MB // ROUND_MB, 2)
+    per_topic = max(ROUND_MB * MIB // size, 10)
+    topics = [f"bench-{size}-{i}" for i in range(rounds)]
     payload = os.urandom(size)
     latencies = []
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
 
-    def delivered(error, _message, sent=None):
+    def delivered(error, _message, sent):
         assert error is None, error
         latencies.append(time.perf_counter() - sent)
     started = time.perf_counter()
-    for _ in range(count):
-        sent = time.perf_counter()
-        while True:
-            try:
-                producer.produce(topic, payload, partition=0, on_delivery=lambda e, m, s=sent: delivered(e, m, s))
-                break
-            except BufferError:
-                producer.poll(0.01)
-        producer.poll(0)
+    for topic in topics:
+        for _ in range(per_topic):
+            sent = time.perf_counter()
+            while True:
+                try:
+                    producer.produce(topic, payload, partition=0, on_delivery=lambda e, m, s=sent: delivered(e, m, s))
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            producer.poll(0)
     assert producer.flush(120) == 0
     produce_seconds = time.perf_counter() - started
 
     consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "bench",
-                                         "enable.auto.commit": False, "fetch.max.bytes": 64 * MIB,
-                                         "max.partition.fetch.bytes": 16 * MIB})
-    consumer.assign([confluent_kafka.TopicPartition(topic, 0, confluent_kafka.OFFSET_BEGINNING)])
-    received = 0
+                                         "enable.auto.commit": False})
+
+    def consume(assigned):
+        consumer.assign([confluent_kafka.TopicPartition(t, 0, confluent_kafka.OFFSET_BEGINNING) for t in assigned])
+        received, deadline = 0, time.perf_counter() + 120
+        while received < per_topic * len(assigned):
+            assert time.perf_counter() < deadline, f"consumed {received} from {bootstrap}"
+            for message in consumer.consume(1000, timeout=0.05):
+                assert message.error() is None, message.error()
+                received += 1
+    consume(topics[:1])
     started = time.perf_counter()
-    while received < count:
-        for message in consumer.consume(1000, timeout=0.05):
-            assert message.error() is None, message.error()
-            received += 1
+    consume(topics[1:])
     consume_seconds = time.perf_counter() - started
     consumer.close()
-    return count * size / 1e6, produce_seconds, consume_seconds, latencies
+    latencies.sort()
+    megabytes = per_topic * size / 1e6
+    return (megabytes * rounds / produce_seconds, megabytes * (rounds - 1) / consume_seconds,
+            latencies[int(len(latencies) * 0.99)] * 1000)
 
 
 @pytest.mark.parametrize("size", [KIB, 100 * KIB], ids=["1KiB", "100KiB"])

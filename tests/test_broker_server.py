@@ -130,7 +130,8 @@ def test_sigkill_during_idempotent_produce_keeps_every_acknowledged_record_once(
             producer.produce("crash", f"{i:08d}".encode() + b"." * 100, callback=delivered)
             producer.poll(0)
             if i == total // 2:
-                wait_for(lambda: producer.poll(0.05) is not None and len(acknowledged) > total // 4, "a quarter of the records acknowledged")
+                wait_for(lambda: producer.poll(0.05) is not None and len(acknowledged) > total // 4,
+                         "a quarter of the records acknowledged", timeout=120)
                 process.kill()              # SIGKILL: no checkpoints, no clean-shutdown marker
                 process.wait()
                 process, _ = start_broker_process(log_dir, port=port)
