@@ -386,3 +386,26 @@ def test_tls_listener_from_a_pem_keystore(tmp_path):
         wait_for(poll, "records over TLS")
         consumer.close()
     assert received == [str(i).encode() for i in range(5)]
+
+
+def test_create_and_delete_topics_errors(tmp_path):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    with Broker(tmp_path, auto_create_topics_enable=False) as broker:
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+        admin.create_topics([NewTopic("checked", 3, 1)], validate_only=True)["checked"].result(30)
+        assert "checked" not in broker.logs.topics()
+        failures = {   # INVALID_REPLICATION_FACTOR, INVALID_TOPIC_EXCEPTION, INVALID_CONFIG
+            "replicated": (NewTopic("replicated", 1, 3), 38),
+            "bad/name": (NewTopic("bad/name", 1, 1), 17),
+            "bad-config": (NewTopic("bad-config", 1, 1, config={"retention.ms": "soon"}), 40),
+        }
+        for name, (topic, code) in failures.items():
+            with pytest.raises(KafkaException) as error:
+                admin.create_topics([topic])[name].result(30)
+            assert error.value.args[0].code() == code
+        with pytest.raises(KafkaException) as error:
+            admin.delete_topics(["never-created"])["never-created"].result(30)
+        assert error.value.args[0].code() == 3
+        assert broker.logs.topics() == {}
