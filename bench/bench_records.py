@@ -92,7 +92,7 @@ def report(request):
 
 @pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
 @pytest.mark.parametrize("case", CASES)
-def test_down_convert_v2_to_v1(benchmark, case, implementation):
+def test_down_convert_v2_to_v1(benchmark, timing, case, implementation):
     value_size, codec_name = CASES[case]
     data = make_input(value_size, codec_name)
     codec = codecs.codec_id(codec_name)
@@ -102,6 +102,6 @@ def test_down_convert_v2_to_v1(benchmark, case, implementation):
     rounds = {"kmem": 20, "aiokafka": 10, "kafka-python": 2}[implementation]
     benchmark.group = f"v2->v1 {case}"
     benchmark.pedantic(convert, args=(data, codec), rounds=rounds, iterations=1, warmup_rounds=1)
-    mb_per_s = len(data) / benchmark.stats.stats.min / 1e6
+    mb_per_s = len(data) / timing("min") / 1e6
     RESULTS[(case, implementation)] = mb_per_s
     benchmark.extra_info["input_MB_per_s"] = round(mb_per_s, 1)

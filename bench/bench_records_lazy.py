@@ -116,7 +116,7 @@ def report(request):
 
 
 @pytest.mark.parametrize("chunk_size", CHUNK_SIZES + ["eager"])
-def test_chunk_size_throughput(benchmark, log_path, chunk_size):
+def test_chunk_size_throughput(benchmark, timing, log_path, chunk_size):
     if chunk_size == "eager":
         run = lambda: deliver_eager(log_path)          # noqa: E731
     else:
@@ -124,8 +124,8 @@ def test_chunk_size_throughput(benchmark, log_path, chunk_size):
     benchmark.group = "lazy down-conversion through loopback"
     delivered = benchmark.pedantic(run, rounds=5, iterations=1, warmup_rounds=1)
     assert delivered >= os.path.getsize(log_path)
-    THROUGHPUT[chunk_size] = delivered / benchmark.stats.stats.min / 1e6
-    benchmark.extra_info["MB_per_s"] = round(THROUGHPUT[chunk_size])
+    THROUGHPUT[chunk_size] = delivered / timing("min") / 1e6
+    benchmark.extra_info["MB_per_s"] = round(THROUGHPUT[chunk_size], 1)
 
 
 def traced_peak(action):

@@ -1,10 +1,23 @@
 """Benchmark support: each benchmark records its per-operation time under a comparison group, and the
 run ends with one table per group giving every contender's time and its ratio to kmem's."""
 import collections
+import math
 
 import pytest
 
 _results = collections.defaultdict(dict)     # group -> contender -> seconds per operation
+
+
+def seconds_per_call(benchmark, statistic="median"):
+    """A statistic of the benchmark's timings, in seconds per call; NaN under ``--benchmark-disable``,
+    where pytest-benchmark runs each function once, untimed (the quick check that every bench runs)."""
+    return math.nan if benchmark.stats is None else getattr(benchmark.stats.stats, statistic)
+
+
+@pytest.fixture
+def timing(benchmark):
+    """``timing()`` / ``timing("min")``: ``seconds_per_call`` of this test's benchmark."""
+    return lambda statistic="median": seconds_per_call(benchmark, statistic)
 
 
 class Comparison:
@@ -15,7 +28,7 @@ class Comparison:
 
     def __call__(self, group, contender, func, ops_per_call=1, unit_bytes=None):
         result = self._benchmark(func)
-        seconds = self._benchmark.stats.stats.median / ops_per_call
+        seconds = seconds_per_call(self._benchmark) / ops_per_call
         _results[group][contender] = (seconds, unit_bytes)
         self._benchmark.extra_info.update(group=group, contender=contender, seconds_per_op=seconds)
         return result

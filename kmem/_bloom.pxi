@@ -1,4 +1,4 @@
-# Bloom filters over producer ids (KIP-1044), bit-compatible with commons-collections 4.5.
+# Bloom filters over producer ids (KIP-1044), bit-compatible with commons-collections 4.5.0.
 #
 # Key: the producer id as 8 big-endian bytes. (h1, h2) = MurmurHash3_x64_128 of the key, seed 0
 # (commons-codec's hash128x64). Indices come from commons-collections' EnhancedDoubleHasher(h1, h2).
@@ -55,7 +55,8 @@ cdef extern from *:
 
 # The longest k accepted: keeps the per-key index buffer on the stack. Far above any useful shape
 # (k = 20 already means p ~ 1e-6).
-DEF MAX_HASHES = 1024
+cdef enum:
+    MAX_HASHES = 1024
 
 cdef inline Py_ssize_t bit_byte(int64_t i) noexcept nogil:
     return <Py_ssize_t>((i >> 3) ^ 7)
@@ -64,20 +65,24 @@ cdef inline Py_ssize_t bit_byte(int64_t i) noexcept nogil:
 @cython.cdivision(True)     # m >= 1: every caller checked the shape
 cdef inline void hasher_indices(uint64_t initial, uint64_t increment, int64_t m, int k,
                                 int64_t* out) noexcept nogil:
-    """EnhancedDoubleHasher: index_0 = initial mod m; then index -= inc, inc -= i, both wrapped into
-    [0, m). When k > m commons restarts the counter i every m indices; so does this loop."""
+    """commons-collections 4.5.0's EnhancedDoubleHasher: index = initial mod m, inc = increment mod m;
+    then for i = 1 .. k - 1: index -= inc, inc -= i, both wrapped into [0, m). When k >= m, commons
+    restarts i at 0 each time it reaches m. For m = 1 its counter starts at m and never restarts, which
+    sends indices out of range from the fourth on (Java throws); restarting once i >= m keeps every
+    index 0 there and changes nothing for m >= 2, where i never passes m."""
     cdef int64_t index = <int64_t>(initial % <uint64_t>m)
     cdef int64_t inc = <int64_t>(increment % <uint64_t>m)
-    cdef int64_t i = 0
+    cdef int64_t i = 1
     cdef int j
-    for j in range(k):
-        out[j] = index
+    out[0] = index
+    for j in range(1, k):
         index -= inc
         index += m & (index >> 63)      # wrap without a branch: these signs are random
+        out[j] = index
         inc -= i
         inc += m & (inc >> 63)
         i += 1
-        if i == m:
+        if i >= m:
             i = 0
 
 
@@ -116,8 +121,9 @@ cdef inline bint test_pid(const uint8_t* bits, uint64_t pid, int64_t m, int k) n
 
 # Batch adds work in groups: all indices of a group are computed and their cache lines prefetched
 # before any bit is set, so the random accesses of a group overlap instead of queueing one by one.
-DEF GROUP = 8
-DEF GROUP_MAX_HASHES = 32
+cdef enum:
+    GROUP = 8
+    GROUP_MAX_HASHES = 32
 
 cdef void add_keys(uint8_t* bits, const uint64_t* keys, Py_ssize_t n, int64_t m, int k) noexcept nogil:
     cdef int64_t idx[GROUP * GROUP_MAX_HASHES]

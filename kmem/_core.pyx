@@ -2,10 +2,25 @@
 """kmem's compiled core: loops over bytes and integers, no policy.
 
 One extension module built from included parts (as msgpack and pyroaring do); the Python modules in
-``kmem`` validate arguments, hold configuration and decide, and call down into these parts.
+``kmem`` validate arguments, hold configuration and decide, and call down into these parts. Every part's
+cimports are here and the types the parts share are in ``_core.pxd``, so the parts can be included in
+any order.
 """
+cimport cython
+from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.number cimport PyNumber_Index
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_XDECREF
+from libc.stdint cimport INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy
 
 include "_pool.pxi"
 include "_bloom.pxi"
-include "_records.pxi"
 include "_search.pxi"
+include "_checksums.pxi"
+include "_record_format.pxi"
+include "_record_encode.pxi"
+include "_record_convert.pxi"
+include "_record_decode.pxi"

@@ -42,8 +42,9 @@ cdef extern from *:
 # Free blocks are kept in size classes: 64 bytes, then four classes per power of two. Every block holds
 # exactly the bytes handed out, so the pool's bound covers its block memory (rounding blocks up to their
 # class let a full pool hold up to 25% more), and a cached block is reused for a request of its size.
-DEF MIN_CLASS_BITS = 6
-DEF NUM_CLASSES = 4 * (63 - MIN_CLASS_BITS) + 1
+cdef enum:
+    MIN_CLASS_BITS = 6
+    NUM_CLASSES = 4 * (63 - MIN_CLASS_BITS) + 1
 
 
 cdef inline int size_class(long long n) noexcept nogil:
@@ -167,7 +168,8 @@ cdef class PoolCore:
             except OverflowError:
                 pass                # beyond any pool: out of range too
         if n < 1 or n > self.max_single_allocation:
-            raise _invalid_argument(f"requested size {size_bytes!r} is outside [1, {self.max_single_allocation}]")
+            raise _invalid_argument(
+                f"size_bytes must be an integer in [1, {self.max_single_allocation}], not {size_bytes!r}")
         if not self.has_room(n):
             return None
         cdef PooledBuffer buf = PooledBuffer.__new__(PooledBuffer)    # may run the cyclic GC, hence the re-check
@@ -250,7 +252,8 @@ cdef class PoolCore:
         if b.exports:
             return      # views exist: the memory stays with the buffer until they are gone
         cdef FreeBlock* block
-        if b.length >= <Py_ssize_t>sizeof(FreeBlock) and self.cached_bytes + self.outstanding_bytes + b.length <= self.cache_limit:
+        if (b.length >= <Py_ssize_t>sizeof(FreeBlock)
+                and self.cached_bytes + self.outstanding_bytes + b.length <= self.cache_limit):
             block = <FreeBlock*>b.data
             block.size = b.length
             block.next = self.free_lists[size_class(b.length)]

@@ -1,9 +1,10 @@
-"""Bloom filters over producer ids, compatible with commons-collections 4.5 (KIP-1044).
+"""Bloom filters over producer ids, bit-compatible with commons-collections 4.5.0 (KIP-1044).
 
 A ``Shape`` is (m bits, k hash functions) with commons-collections' factories and estimates. A producer id
-is hashed as its 8 big-endian bytes with MurmurHash3_x64_128 (seed 0) and the two halves drive the
-enhanced double hasher, so a filter built here and one built in Java from the same ids have the same
-bits. ``indices(shape, pid)`` gives the k indices of one id for checking other implementations.
+is hashed as its 8 big-endian bytes with MurmurHash3_x64_128 (seed 0) and the two halves drive 4.5.0's
+``EnhancedDoubleHasher`` (not the 4.5.0-M1 loop kmem 0.1 ran), so a filter built here and one built in
+Java from the same ids have the same bits. ``indices(shape, pid)`` gives the k indices of one id for
+checking other implementations.
 
 A ``BloomFilter`` lives on the heap or over a memory-mapped ``.bloom`` sidecar (read-only, not loaded
 into memory). The sidecar is ``numberOfBits i32 | numberOfHashFunctions i32 | ceil(m/64) longs``,

@@ -2,47 +2,100 @@
 through every pipeline job on embedded local Spark, with the outputs checked against each other."""
 import argparse
 import json
+import logging
 import os
 import sys
 
+EXIT_CODES = """\
+exit codes:
+  0  done: every segment was processed (demo: every check passed)
+  1  partial success: the job ran, but the segments or partitions listed could not be processed
+     (demo: a check failed)
+  2  nothing done: bad argument, missing input directory, refused output directory, no Java runtime
+  3  nothing to do: no Kafka log segments under the input directory (a warning says so)"""
+
+DONE, PARTIAL, FAILED, NOTHING_TO_DO = 0, 1, 2, 3
+
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="kmem", description=__doc__)
+    import kmem
+    from kmem.errors import KmemError
+
+    parser = _parser(kmem.__version__)
+    args = parser.parse_args(argv)
+    if args.command == "broker":
+        return args.run(args)
+    _log_warnings_to_stderr()
+    try:
+        return PIPELINE_JOBS[args.job](args)
+    except KmemError as exc:        # checked before Spark starts: one line, no traceback
+        print(f"kmem: error: {exc}", file=sys.stderr)
+        return FAILED
+
+
+def _parser(version):
+    def parser_of(add, name, **kwargs):
+        return add(name, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+
+    parser = argparse.ArgumentParser(prog="kmem", description=__doc__, epilog=EXIT_CODES,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"kmem {version}")
     commands = parser.add_subparsers(dest="command", required=True)
-    pipeline = commands.add_parser("pipeline", help="Spark jobs over Kafka log directories")
+    pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
+                         description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
+                                     "offset>.log), on embedded local Spark or the spark-submit master. "
+                                     "Spark needs a Java 17+ runtime.")
     jobs = pipeline.add_subparsers(dest="job", required=True)
 
     def job(name, help_text):
-        sub = jobs.add_parser(name, help=help_text)
+        sub = parser_of(jobs.add_parser, name, help=help_text, description=help_text)
         sub.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
         sub.add_argument("--no-progress", action="store_true", help="no progress bar")
         return sub
 
     demo = job("demo", "generate a sample log directory and run every job on it")
-    demo.add_argument("--output", default="out/demo", help="where the sample and the results go")
+    demo.add_argument("--output", default="out/demo",
+                      help="where the sample and the results go: a new or empty directory, or a previous "
+                           "demo output (only the demo's own files are replaced)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--batches-per-partition", type=int, default=40)
+    demo.add_argument("--batches-per-partition", type=_positive, default=40)
 
     report = job("report", "counts, bytes, formats and producer-id cardinality per partition")
-    report.add_argument("input")
+    report.add_argument("input", help="Kafka log directory")
     report.add_argument("--output", help="directory for report.json and report.png")
+    report.add_argument("--json", action="store_true", help="print the result as JSON")
 
     ledger = job("ledger", "rebuild producer state and write a kmem ledger per partition")
-    ledger.add_argument("input")
-    ledger.add_argument("output")
+    ledger.add_argument("input", help="Kafka log directory")
+    ledger.add_argument("output", help="directory for one ledger per partition")
+    ledger.add_argument("--json", action="store_true", help="print the result as JSON")
 
     convert = job("convert", "down-convert every segment to an older message format")
-    convert.add_argument("input")
-    convert.add_argument("output")
-    convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1)
-    convert.add_argument("--chunk-size", type=int, default=128 << 10, help="bytes converted at a time per task")
-
+    convert.add_argument("input", help="Kafka log directory")
+    convert.add_argument("output", help="directory for the converted segments")
+    convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1, help="message format to write")
+    convert.add_argument("--chunk-size", type=_positive, default=128 << 10, help="bytes converted at a time per task")
+    convert.add_argument("--json", action="store_true", help="print the result as JSON")
     add_broker_command(commands)
+    return parser
 
-    args = parser.parse_args(argv)
-    if args.command == "broker":
-        return args.run(args)
-    return PIPELINE_JOBS[args.job](args)
+
+def _positive(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
+def _log_warnings_to_stderr():
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("kmem: warning: %(message)s"))
+    logger = logging.getLogger("kmem")
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _session(args):
@@ -61,39 +114,83 @@ def _progress(spark, args, description):
     return contextlib.nullcontext() if args.no_progress else stage_progress(spark, description)
 
 
+def _has_segments(args):
+    """Checked before Spark starts: raises for a missing directory, warns when it holds no segments."""
+    from kmem.spark.segments import list_segments
+
+    return bool(list_segments(args.input))
+
+
 def _run_report(args):
     from kmem.spark import jobs
 
+    if not _has_segments(args):
+        return NOTHING_TO_DO
     spark = _session(args)
     with _progress(spark, args, "report"):
         result = jobs.report(spark, args.input, args.output)
-    print_report(result)
-    return 1 if result["corrupt_segments"] else 0
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_report(result)
+    return _outcome(len(result["corrupt_segments"]), "segments could not be read to the end (CORRUPT above)")
 
 
 def _run_ledger(args):
     from kmem.spark import jobs
 
+    if not _has_segments(args):
+        return NOTHING_TO_DO
     spark = _session(args)
     with _progress(spark, args, "ledger"):
         result = jobs.ledger(spark, args.input, args.output)
-    print(json.dumps(result, indent=2))
-    return 1 if any(p["error"] for p in result["partitions"]) else 0
+    failed = [p for p in result["partitions"] if p["error"]]
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for p in result["partitions"]:
+            name = f"{p['topic']}-{p['partition']}"
+            if p["error"]:
+                print(f"FAILED {name}: {p['error']}")
+            else:
+                print(f"{name:<24}{p['producer_ids']:>6} producer ids  {p['snapshot'] or '(no producers)'}")
+        print(f"wrote {len(result['partitions']) - len(failed)} of {len(result['partitions'])} ledgers "
+              f"under {os.path.abspath(args.output)}")
+    return _outcome(len(failed), f"of {len(result['partitions'])} partitions have no ledger (FAILED above)")
 
 
 def _run_convert(args):
     from kmem.spark import jobs
 
+    if not _has_segments(args):
+        return NOTHING_TO_DO
     spark = _session(args)
     with _progress(spark, args, f"convert to v{args.to_magic}"):
         result = jobs.convert(spark, args.input, args.output, args.to_magic, args.chunk_size)
-    print(json.dumps(result, indent=2))
-    return 1 if result["errors"] else 0
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        for error in result["errors"]:
+            print(f"NOT CONVERTED {error['topic']}-{error['partition']}/{error['segment']}: {error['error']}")
+        totals = result["totals"]
+        print(f"converted {result['segments']} of {result['segments_found']} segments to magic {args.to_magic}: "
+              f"{totals['records_converted']} records, {totals['input_bytes']} bytes in, "
+              f"{totals['output_bytes']} bytes out, under {os.path.abspath(args.output)}")
+    return _outcome(len(result["errors"]), f"of {result['segments_found']} segments were not converted "
+                                           "(NOT CONVERTED above)")
+
+
+def _outcome(failures, what):
+    if not failures:
+        return DONE
+    print(f"partial success: {failures} {what}", file=sys.stderr)
+    return PARTIAL
 
 
 def _run_demo(args):
     from kmem.spark import demo
 
+    demo.prepare_output(args.output)        # refuse a directory it did not write before Spark starts
     spark = _session(args)
     result = demo.run_demo(spark, args.output, seed=args.seed, batches_per_partition=args.batches_per_partition,
                            progress=lambda name: _progress(spark, args, name))
@@ -101,7 +198,7 @@ def _run_demo(args):
     for check, passed in result["checks"].items():
         print(f"  [{'ok' if passed else 'FAILED'}] {check}")
     print(f"outputs in {os.path.abspath(args.output)} (report.json, report.png, ledger/, converted-v1/)")
-    return 0 if all(result["checks"].values()) else 1
+    return DONE if all(result["checks"].values()) else PARTIAL
 
 
 PIPELINE_JOBS = {"demo": _run_demo, "report": _run_report, "ledger": _run_ledger, "convert": _run_convert}
@@ -120,7 +217,6 @@ def add_broker_command(commands):
 
 
 def _run_broker(args):
-    import logging
     import signal
     import threading
 
@@ -148,7 +244,7 @@ def _run_broker(args):
         broker.start()
     except (KmemError, OSError) as e:
         print(f"kmem broker: {e}", file=sys.stderr)
-        return 2
+        return FAILED
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -161,20 +257,21 @@ def _run_broker(args):
 
 def print_report(result, stream=None):
     stream = stream or sys.stdout
-    header = f"{'partition':<16}{'records':>9}{'batches':>9}{'bytes':>11}{'pids':>6}{'bloom m/k':>14}  formats"
+    header = (f"{'partition':<16}{'records':>9}{'batches':>9}{'bytes':>11}{'unread':>8}{'pids':>6}{'bloom m/k':>14}"
+              "  formats")
     print(header, file=stream)
     for p in result["partitions"]:
         shape = p["bloom_shape"]
         formats = ", ".join(f"{name}:{count}" for name, count in sorted(p["batches_by_format"].items()))
+        bloom = f"{shape['bits']}/{shape['hash_functions']}"
         print(f"{p['topic'] + '-' + str(p['partition']):<16}{p['records']:>9}{p['batches']:>9}{p['bytes']:>11}"
-              f"{p['producer_ids']:>6}{str(shape['bits']) + '/' + str(shape['hash_functions']):>14}  {formats}",
-              file=stream)
+              f"{p['unread_bytes']:>8}{p['producer_ids']:>6}{bloom:>14}  {formats}", file=stream)
     totals = result["totals"]
-    print(f"{'total':<16}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}{totals['producer_ids']:>6}",
-          file=stream)
+    print(f"{'total':<16}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}{totals['unread_bytes']:>8}"
+          f"{totals['producer_ids']:>6}", file=stream)
     for corrupt in result["corrupt_segments"]:
-        print(f"CORRUPT {corrupt['topic']}-{corrupt['partition']}/{corrupt['segment']}: {corrupt['error']}",
-              file=stream)
+        print(f"CORRUPT {corrupt['topic']}-{corrupt['partition']}/{corrupt['segment']}: {corrupt['unread_bytes']} "
+              f"bytes unread from byte {corrupt['position']}: {corrupt['error']}", file=stream)
 
 
 if __name__ == "__main__":

@@ -166,7 +166,7 @@ class SequenceSend:
     """Several sends (or bytes-like objects) written in order as one; ``size`` is their sum."""
 
     def __init__(self, sends):
-        self._sends = [send if isinstance(send, Send) else BytesSend(send) for send in sends]
+        self._sends = [send if hasattr(send, "write_to") else BytesSend(send) for send in sends]
         self.size = sum(send.size for send in self._sends)
         self.remaining = self.size
         self._current = 0

@@ -15,3 +15,15 @@ def pytest_sessionstart(session):
 
     if not core.__file__.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES)):
         pytest.exit(f"kmem._core is not the compiled extension ({core.__file__}): build it first", returncode=3)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The one Spark session of the test run (embedded local[2]), shared by every test that needs it."""
+    pytest.importorskip("pyspark")
+    from kmem.spark import get_session
+
+    session = get_session("local[2]", app_name="kmem-tests", conf={"spark.ui.enabled": "false"})
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -15,11 +15,19 @@ def crc32c_reference(data):
     return crc ^ 0xFFFFFFFF
 
 
-def kafka_snapshot(entries, version=1):
-    """A snapshot file as Kafka's ProducerStateManager writes it: hash-map order, CRC-32C of [6, end)."""
+def kafka_snapshot(entries, version=1, trailing=b""):
+    """A snapshot file as Kafka's ProducerStateManager writes it: hash-map order, CRC-32C of [6, end).
+
+    ``trailing``: bytes after the entries, covered by the CRC (Kafka's reader accepts them).
+    """
     body = struct.pack(">i", len(entries)) + b"".join(
-        struct.pack(">qhiqiqiq", *e) for e in entries)
+        struct.pack(">qhiqiqiq", *e) for e in entries) + trailing
     return struct.pack(">hI", version, crc32c_reference(body)) + body
+
+
+def with_crc(data):
+    """``data`` with its CRC field recomputed, so a reader gets past the CRC check to the entries."""
+    return data[:2] + struct.pack(">I", crc32c_reference(data[6:])) + data[6:] if len(data) >= 6 else data
 
 
 def random_entries(n, seed=0):

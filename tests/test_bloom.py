@@ -1,46 +1,33 @@
 """kmem.bloom: commons-collections shapes and hashing, filters, and the `.bloom` sidecar."""
 import math
+import os
 import random
 import struct
+import tempfile
 import threading
+import tracemalloc
 
-import mmh3
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+# Index loops from mmh3 and the published algorithm, independent of kmem; tests/test_bloom_java.py
+# checks kmem against the commons-collections jar itself.
+from bloom_reference import MASK64, commons_indices
+from bloom_reference import pid_hash as reference_hash
 
 from kmem import bloom
 from kmem.bloom import BloomFilter, Shape
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
-MASK64 = (1 << 64) - 1
-
-
-# --- an independent reference: mmh3 + commons' EnhancedDoubleHasher, structured as the Java loop ------
-
-def reference_indices(m, k, pid):
-    h1, h2 = (v & MASK64 for v in mmh3.hash64(struct.pack(">q", pid), seed=0, x64arch=True))
-    index, inc = h1 % m, h2 % m
-    out = []
-    remaining = k
-    while remaining > 0:            # Java processes k > m in blocks of at most m, restarting i
-        block = min(remaining, m)
-        remaining -= block
-        for i in range(block):
-            out.append(index)
-            index = (index - inc) % m
-            inc = (inc - i) % m
-    return out
 
 
 def test_murmur_halves_match_mmh3_for_random_ids():
     rng = random.Random(5)
     ids = [0, 1, -1, 2**63 - 1, -(2**63)] + [rng.randrange(-(2**63), 2**63) for _ in range(3000)]
     for pid in ids:
-        expected = tuple(v & MASK64 for v in mmh3.hash64(struct.pack(">q", pid), seed=0, x64arch=True))
-        assert bloom.pid_hash(pid) == expected
+        assert bloom.pid_hash(pid) == reference_hash(pid)
 
 
 @pytest.mark.parametrize("m,k", [(9585059, 7), (1, 1), (1, 5), (2, 9), (3, 3), (3, 10), (7, 7), (7, 20),
@@ -50,13 +37,25 @@ def test_indices_match_reference_for_random_ids(m, k):
     rng = random.Random(m * 31 + k)
     for _ in range(2000):
         pid = rng.randrange(-(2**63), 2**63)
-        assert bloom.indices(shape, pid) == reference_indices(m, k, pid)
+        assert bloom.indices(shape, pid) == commons_indices(m, k, pid)
 
 
 def test_enhanced_double_hasher_vector_from_commons():
-    # commons-collections' EnhancedDoubleHasherTest: EnhancedDoubleHasher(1, 1) over Shape.fromKM(17, 72).
+    # commons-collections 4.5.0's EnhancedDoubleHasherTest: EnhancedDoubleHasher(1, 1), Shape.fromKM(17, 72).
+    # (4.5.0-M1's loop, which kmem 0.1 ran, gave 1, 0, 71, 71, 1, 6, ...)
     assert bloom.hasher_indices(Shape.from_km(17, 72), 1, 1) == [
-        1, 0, 71, 71, 1, 6, 15, 29, 49, 4, 39, 11, 65, 58, 63, 9, 41]
+        1, 0, 0, 2, 7, 16, 30, 50, 5, 40, 12, 66, 59, 64, 10, 42, 17]
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 64, 1024])
+def test_one_bit_filters_never_leave_the_bitmap(k):
+    # commons 4.5.0 sends m = 1 indices out of range from the fourth on; kmem keeps every index 0.
+    shape = Shape.from_km(k, 1)
+    ids = np.random.default_rng(k).integers(-(2**63), 2**63 - 1, 500, dtype=np.int64)
+    assert all(bloom.indices(shape, int(pid)) == [0] * k for pid in ids)
+    bf = BloomFilter(shape)
+    bf.add_many(ids)
+    assert bf.as_bitmap_array().tolist() == [1]
 
 
 def test_hasher_takes_java_longs_as_unsigned():
@@ -129,7 +128,7 @@ def test_bits_are_the_indices_in_commons_bitmap_layout():
         bf.add(pid)
     expected = np.zeros((shape.number_of_bits + 63) // 64, np.uint64)
     for pid in pids:
-        for i in reference_indices(shape.number_of_bits, shape.number_of_hash_functions, pid):
+        for i in commons_indices(shape.number_of_bits, shape.number_of_hash_functions, pid):
             expected[i >> 6] |= np.uint64(1) << np.uint64(i & 63)
     assert np.array_equal(bf.as_bitmap_array().view(np.uint64), expected)
     assert bf.cardinality() == sum(int(w).bit_count() for w in expected)
@@ -249,7 +248,7 @@ def test_sidecar_layout_field_by_field(tmp_path):
     longs = struct.unpack_from(">3q", data, 8)
     expected = [0, 0, 0]
     for pid in pids:
-        for i in reference_indices(130, 3, pid):
+        for i in commons_indices(130, 3, pid):
             expected[i >> 6] |= 1 << (i & 63)
     assert [v & MASK64 for v in longs] == expected
     assert bf.to_bytes() == data
@@ -354,21 +353,42 @@ def test_corrupt_sidecars_raise_naming_the_file(tmp_path, data, message):
         assert str(path) in str(info.value)
 
 
+HEADER_INTS = st.one_of(st.sampled_from([0, 1, 63, 64, 65, 1024, 1025, 2**31 - 1, -1, -(2**31)]),
+                       st.integers(-(2**31), 2**31 - 1))
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.data())
-def test_fuzz_sidecar_parser(data):
-    raw = bytearray(sidecar_bytes(m=data.draw(st.integers(1, 300)), k=data.draw(st.integers(1, 8)),
-                                  pids=data.draw(st.lists(INT64, max_size=10))))
+def test_fuzz_sidecar_readers(data):
+    """Mutated sidecars, through all three readers: a filter or CorruptSnapshotError, memory bounded."""
+    pids = data.draw(st.lists(INT64, max_size=10))
+    raw = bytearray(sidecar_bytes(m=data.draw(st.integers(1, 300)), k=data.draw(st.integers(1, 8)), pids=pids))
+    if data.draw(st.booleans()):                     # a header field replaced, e.g. m claiming 2^31 bits
+        struct.pack_into(">i", raw, data.draw(st.sampled_from([0, 4])), data.draw(HEADER_INTS))
     for _ in range(data.draw(st.integers(0, 4))):
         pos = data.draw(st.integers(0, len(raw) - 1))
         raw[pos] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(0, len(raw)))
     blob = bytes(raw[:cut]) + data.draw(st.binary(max_size=4))
-    try:
-        bf = BloomFilter.from_bytes(blob, "fuzz.bloom")
-    except CorruptSnapshotError:
-        return
-    assert bf.to_bytes() == blob
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "00000000000000000009.snapshot.bloom")
+        with open(path, "wb") as f:
+            f.write(blob)
+        readers = [lambda: BloomFilter.from_bytes(blob, path), lambda: BloomFilter.read(path),
+                   lambda: BloomFilter.open(path)]
+        for load in readers:
+            tracemalloc.start()
+            try:
+                with load() as bf:
+                    assert bf.to_bytes() == blob
+                    bf.contains_many(np.array(pids + [0], np.int64))
+                    assert 0 <= bf.cardinality() <= bf.shape.number_of_bits
+            except CorruptSnapshotError as e:
+                assert path in str(e)
+            finally:
+                peak = tracemalloc.get_traced_memory()[1]
+                tracemalloc.stop()
+            assert peak < 64 * 1024 + 4 * len(blob)      # nothing sized by the header's claims
 
 
 @settings(max_examples=40, deadline=None)

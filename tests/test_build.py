@@ -3,6 +3,7 @@ import ast
 import importlib.machinery
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -32,6 +33,41 @@ def test_fallback_is_impossible_core_missing_fails_import(tmp_path):
                             env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert result.returncode != 0
     assert "_core" in result.stderr
+
+
+def test_a_bench_runs_with_benchmarks_disabled():
+    """`pytest bench --benchmark-disable` is the quick check that every bench runs: reading timings that
+    pytest-benchmark did not take must not fail (bench_pool goes through the shared comparison table)."""
+    pytest.importorskip("pytest_benchmark")
+    bench = ROOT / "bench" / "bench_pool.py"
+    if not bench.exists():
+        pytest.skip("no bench/ beside these tests")
+    result = subprocess.run([sys.executable, "-m", "pytest", str(bench), "-q", "-x", "--benchmark-disable",
+                             "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+
+
+@pytest.mark.parametrize("present, installs", [
+    (["java", "javac"], False),
+    (["java"], True),           # a JRE alone: the commons-collections probe would skip for want of javac
+    ([], True),
+])
+def test_ci_installs_a_jdk_unless_java_and_javac_are_there(tmp_path, present, installs):
+    """.ci/run, with apt-get, make and the Java tools replaced by stubs that log their calls."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ["apt-get", "make", *present]:
+        stub = bin_dir / tool
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        stub.chmod(0o755)
+    for tool in ["dirname", "sh"]:
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    bash = shutil.which("bash")
+    subprocess.run([bash, str(ROOT / ".ci" / "run")], check=True, env={"PATH": str(bin_dir)}, timeout=60)
+    logged = calls.read_text().splitlines()
+    assert logged[-1] == "make test"
+    assert ("apt-get install -y -qq openjdk-17-jdk-headless" in logged) == installs
 
 
 def test_version_matches_project_metadata():
@@ -99,3 +135,54 @@ def test_core_stubs_describe_the_compiled_surface():
             if callable(member):        # not a property or attribute
                 assert _stub_parameters(members[member_name]) == _runtime_parameters(member), \
                     f"{name}.{member_name}"
+
+
+def _imported_distributions(paths):
+    """Distributions (normalized names) that the files at ``paths`` import (or locate for their data with
+    ``find_spec``), outside the stdlib, kmem and the files' sibling modules."""
+    import importlib.metadata
+    import re
+
+    providers = importlib.metadata.packages_distributions()
+    found = set()
+    for path in paths:
+        text = path.read_text()
+        if path.suffix == ".py":
+            names = [alias.name for node in ast.walk(ast.parse(text)) if isinstance(node, ast.Import)
+                     for alias in node.names]
+            names += [node.module for node in ast.walk(ast.parse(text))
+                      if isinstance(node, ast.ImportFrom) and node.level == 0]
+            # packages used for their data files, located with importlib.util.find_spec
+            names += re.findall(r"find_spec\(\s*[\"']([\w.]+)[\"']", text)
+        else:       # Cython: plain imports only (cimports are compile time)
+            names = [a or b for a, b in re.findall(r"^\s*(?:import\s+([\w.]+)|from\s+([\w.]+)\s+import\b)", text,
+                                                   re.MULTILINE)]
+        for name in names:
+            top = name.split(".")[0]
+            if top != "kmem" and top not in sys.stdlib_module_names and not (path.parent / f"{top}.py").exists():
+                found.update(_normalized(dist) for dist in providers[top])
+    return found
+
+
+def _normalized(requirement):
+    import re
+
+    return re.sub(r"[-_.]+", "-", re.match(r"[\w.-]+", requirement)[0]).lower()
+
+
+def test_runtime_dependencies_and_extras_are_what_kmem_imports():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = {name: {_normalized(r) for r in requirements}
+              for name, requirements in project["optional-dependencies"].items()}
+    sources = [p for p in (ROOT / "kmem").rglob("*") if p.suffix in (".py", ".pyx", ".pxi")]
+    optional = {"spark": [p for p in sources if "spark" in p.parts],
+                "metrics": [ROOT / "kmem" / "metrics.py"]}
+    core = [p for p in sources if not any(p in files for files in optional.values())]
+    runtime = {_normalized(r) for r in project["dependencies"]}
+    assert runtime == _imported_distributions(core)
+    for extra, files in optional.items():
+        assert extras[extra] == _imported_distributions(files) - runtime, extra
+    # the tests import their peers and references from the test extra, which includes every optional part
+    assert _imported_distributions((ROOT / "tests").glob("*.py")) - runtime <= \
+        extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"]
+    assert "kmem" in extras["test"]

@@ -579,3 +579,211 @@ class LedgerModel(RuleBasedStateMachine):
 
 TestLedgerModel = LedgerModel.TestCase
 TestLedgerModel.settings = settings(max_examples=25, stateful_step_count=40, deadline=None)
+
+
+# --- footprint: read-only opens, active files that grow, arguments checked at the boundary ------------
+
+def directory_state(directory):
+    """Every file's name, size and content: what a read-only open must leave as it was."""
+    state = {}
+    for name in sorted(os.listdir(directory)):
+        with open(os.path.join(directory, name), "rb") as f:
+            state[name] = f.read()
+    return state
+
+
+def test_read_only_open_writes_nothing_and_refuses_writes(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(450):                                   # two snapshots and rows in the active file
+            ledger.update(entry(pid))
+    kafka = random_entries(50, seed=41)
+    (tmp_path / snapshot_name(10**12)).write_bytes(kafka_snapshot(kafka))     # no sidecar, no order yet
+    (tmp_path / (snapshot_name(5) + ".bloom")).write_bytes(b"orphan")
+    (tmp_path / (snapshot_name(7) + ".tmp")).write_bytes(b"cut short")
+    before = directory_state(tmp_path)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), producer_id_expiration_ms=2**62, read_only=True) as reader:
+        assert all(reader.read(pid) == entry(pid) for pid in range(450))
+        assert all(reader.read(e.producer_id) == e for e in kafka)
+        assert reader.read(10**15) is None and len(reader) == 500
+        for call in (lambda: reader.update(entry(1)), reader.flush, reader.sync):
+            with pytest.raises(IllegalStateError, match="read-only"):
+                call()
+    assert directory_state(tmp_path) == before
+
+
+def test_read_only_open_of_a_batch_jobs_directory_creates_no_file(tmp_path):
+    write_ledger_snapshot(tmp_path, [entry(pid) for pid in range(100)])
+    before = directory_state(tmp_path)
+    with PidLedger(tmp_path, read_only=True, clock_ms=Clock()) as reader:     # no lock file: no lock taken
+        assert reader.read(42) == entry(42)
+    assert directory_state(tmp_path) == before
+    with pytest.raises(InvalidArgumentError, match="does not exist"):
+        PidLedger(tmp_path / "missing", read_only=True)
+    assert not os.path.exists(tmp_path / "missing")
+
+
+def test_readers_share_the_lock_and_exclude_a_writer(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as writer:
+        writer.update(entry(1))
+        with pytest.raises(IllegalStateError, match="ledger.lock"):
+            PidLedger(tmp_path, SMALL, read_only=True)
+    with PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as one, \
+            PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as two:
+        assert one.read(1) == two.read(1) == entry(1)
+        with pytest.raises(IllegalStateError, match="ledger.lock"):
+            PidLedger(tmp_path, SMALL)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as writer:         # free again
+        assert writer.read(1) == entry(1)
+
+
+def test_the_active_file_grows_with_use_and_reserves_each_step(tmp_path):
+    from kmem.ledger.active import INITIAL_ROWS
+    shape = Shape.from_np(100_000, 0.01)
+    with PidLedger(tmp_path, shape, clock_ms=Clock()) as ledger:
+        path = ledger._active.path
+        assert os.path.getsize(path) == HEADER.size + INITIAL_ROWS * ENTRY_SIZE      # 46 KB, not the capacity
+        assert ledger.capacity > 50 * INITIAL_ROWS
+        for pid in range(3 * INITIAL_ROWS):
+            ledger.update(entry(pid))
+        size = os.path.getsize(path)
+        assert size == HEADER.size + 4 * INITIAL_ROWS * ENTRY_SIZE
+        st = os.stat(path)
+        assert st.st_blocks * 512 >= st.st_size                 # each growth reserved its blocks
+        assert all(ledger.read(pid) == entry(pid) for pid in range(3 * INITIAL_ROWS))
+    with PidLedger(tmp_path, shape, clock_ms=Clock()) as ledger:
+        assert len(ledger) == 3 * INITIAL_ROWS
+        for pid in range(3 * INITIAL_ROWS, 5 * INITIAL_ROWS):   # reopened, it keeps growing
+            ledger.update(entry(pid))
+        assert os.path.getsize(path) == HEADER.size + 8 * INITIAL_ROWS * ENTRY_SIZE
+        assert all(ledger.read(pid) == entry(pid) for pid in range(0, 5 * INITIAL_ROWS, 7))
+
+
+def test_a_growth_on_a_full_disk_is_an_oserror_and_loses_nothing(tmp_path, monkeypatch):
+    from kmem.ledger.active import INITIAL_ROWS
+    with PidLedger(tmp_path, Shape.from_np(100_000, 0.01), clock_ms=Clock()) as ledger:
+        for pid in range(INITIAL_ROWS):
+            ledger.update(entry(pid))
+        size = os.path.getsize(ledger._active.path)
+        with monkeypatch.context() as m:
+            m.setattr(os, "posix_fallocate", fail_with(OSError(28, "No space left on device")))
+            with pytest.raises(OSError):
+                ledger.update(entry(INITIAL_ROWS))
+            ledger.update(entry(5, epoch=3))                     # rows in place need no new blocks
+        assert os.path.getsize(ledger._active.path) == size
+        assert ledger.read(INITIAL_ROWS) is None and ledger.read(5) == entry(5, epoch=3)
+        ledger.update(entry(INITIAL_ROWS))                       # space again
+        assert ledger.read(INITIAL_ROWS) == entry(INITIAL_ROWS) and len(ledger) == INITIAL_ROWS + 1
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"shape": 1_000_000}, "shape"),
+    ({"directory": 5}, "directory"),
+    ({"producer_id_expiration_ms": "86400000"}, "producer_id_expiration_ms"),
+    ({"producer_id_expiration_ms": 0}, "producer_id_expiration_ms"),
+    ({"flush_interval_ms": -5}, "flush_interval_ms"),
+    ({"flush_interval_ms": 2.5}, "flush_interval_ms"),
+    ({"fsync": "yes"}, "fsync"),
+    ({"read_only": 1}, "read_only"),
+    ({"clock_ms": 17}, "clock_ms"),
+    ({"read_only": True, "flush_interval_ms": 100}, "flush_interval_ms"),
+])
+def test_ledger_arguments_are_checked_and_named(tmp_path, kwargs, name):
+    kwargs = {"directory": tmp_path, **kwargs}
+    with pytest.raises(InvalidArgumentError, match=name):
+        PidLedger(**kwargs)
+
+
+def test_cache_and_batch_writer_arguments_are_checked_and_named(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for bad, name in [((ledger, "10"), "max_entries"), ((ledger, True), "max_entries"),
+                          ((ledger, 0), "max_entries"), ((object(), 10), "ledger")]:
+            with pytest.raises(InvalidArgumentError, match=name):
+                PidCache(*bad)
+        with pytest.raises(InvalidArgumentError, match="entry"):
+            ledger.update((1, 2))
+    for kwargs, name in [({"offset": "5"}, "offset"), ({"offset": -1}, "offset"), ({"shape": 5}, "shape"),
+                         ({"fsync": None}, "fsync")]:
+        with pytest.raises(InvalidArgumentError, match=name):
+            write_ledger_snapshot(tmp_path / "batch", [entry(1)], **kwargs)
+    with pytest.raises(InvalidArgumentError, match="directory"):
+        write_ledger_snapshot(None, [entry(1)])
+    for bad in (5, [5], [(1, 2, 3)]):
+        with pytest.raises(InvalidArgumentError, match="entries"):
+            write_ledger_snapshot(tmp_path / "batch", bad)
+
+
+# --- batch API: update_many / read_many agree with update / read ----------------------------------------
+
+def entries_of(pids, offsets, epochs, timestamp=NOW):
+    array = np.zeros(len(pids), ENTRY_DTYPE)
+    array["producer_id"], array["last_offset"], array["epoch"] = pids, offsets, epochs
+    array["last_sequence"] = 7
+    array["timestamp"] = timestamp
+    array["current_txn_first_offset"] = -1
+    return array
+
+
+@pytest.mark.parametrize("shape", [SMALL, Shape.from_np(20_000, 0.01)])
+def test_update_many_is_update_in_order_across_flushes_and_growth(tmp_path, shape):
+    rng = np.random.default_rng(5)
+    pids = rng.integers(-3000, 3000, 6000)                     # repeats: a later entry of a producer wins
+    array = entries_of(pids, np.arange(6000), rng.integers(0, 100, 6000))
+    array["last_offset"][::97] = -1                            # no batch: stored as Kafka reads it
+    with PidLedger(tmp_path / "batch", shape, clock_ms=Clock()) as batch, \
+            PidLedger(tmp_path / "single", shape, clock_ms=Clock()) as single:
+        batch.update_many(array[:2500])
+        batch.update_many(array[2500:])
+        for row in array.tolist():
+            single.update(ProducerEntry(*row))
+        probe = np.concatenate([np.unique(pids), [5000, -5000]])
+        found, got = batch.read_many(probe)
+        expected = [single.read(int(pid)) for pid in probe]
+        assert found.tolist() == [e is not None for e in expected]
+        assert [ProducerEntry(*row) if hit else None for hit, row in zip(found, got.tolist())] == expected
+        assert all(batch.read(int(pid)) == e for pid, e in zip(probe, expected))
+        assert len(batch.snapshot_paths) == len(single.snapshot_paths)
+        if shape is SMALL:
+            assert len(batch.snapshot_paths) > 5               # many flushes inside the batches
+
+
+def test_read_many_applies_expiry_and_reads_unsorted_kafka_files(tmp_path):
+    kafka = random_entries(300, seed=51)
+    (tmp_path / snapshot_name(10**15)).write_bytes(kafka_snapshot(kafka))
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock, producer_id_expiration_ms=DAY) as ledger:
+        ledger.update(entry(1, timestamp=NOW))
+        ledger.update(entry(2, timestamp=NOW - DAY))           # expired
+        pids = [1, 2, 3] + [e.producer_id for e in kafka]
+        found, got = ledger.read_many(pids)
+        assert found.tolist() == [ledger.read(p) is not None for p in pids]
+        assert found[0] and not found[1] and not found[2] and got[1].tolist() == (0,) * 8
+        for hit, row, pid in zip(found, got.tolist(), pids):
+            if hit:
+                assert ProducerEntry(*row) == ledger.read(pid)
+        with pytest.raises(InvalidArgumentError, match="integer"):
+            ledger.read_many(["x"])
+
+
+def test_update_many_checks_the_whole_batch_first(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        array = entries_of([1, 2, 3], [5, -2, 7], [0, 0, 0])
+        with pytest.raises(InvalidArgumentError, match="last_offset must be at least -1: entry 1"):
+            ledger.update_many(array)
+        assert ledger.read(1) is None                          # nothing written
+        with pytest.raises(InvalidArgumentError):
+            ledger.update_many([(1, 2)])
+    with PidLedger(tmp_path, SMALL, read_only=True, clock_ms=Clock()) as reader:
+        with pytest.raises(IllegalStateError, match="read-only"):
+            reader.update_many(entries_of([1], [5], [0]))
+
+
+def test_entries_of_numpy_integers_are_taken_as_ints(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        fields = [np.int64(7), np.int16(1), np.int32(3), np.int64(70), np.int32(0), np.int64(NOW), np.int32(0),
+                  np.int64(-1)]
+        assert ledger.update(ProducerEntry(*fields)) == entry(7, offset=70, epoch=1)._replace(last_sequence=3)
+        assert ledger.read(np.int64(7)) == entry(7, offset=70, epoch=1)._replace(last_sequence=3)
+        with pytest.raises(InvalidArgumentError):
+            ledger.update(ProducerEntry(*fields[:1], np.int64(2**20), *fields[2:]))   # epoch beyond int16
+        found, rows = ledger.read_many(np.empty(0, np.int64))
+        assert len(found) == len(rows) == 0

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from kmem import _core
 from kmem.errors import CorruptSnapshotError, InvalidArgumentError
-from snapshot_files import crc32c_reference, kafka_snapshot, random_entries
+from snapshot_files import crc32c_reference, kafka_snapshot, random_entries, with_crc
 
 from kmem.ledger import (
     ENTRY_DTYPE, ProducerEntry, Snapshot, read_snapshot, snapshot_name, snapshot_offset, verify_snapshot,
@@ -200,19 +200,201 @@ def test_sorted_snapshot_lookups_across_stride_edges(tmp_path, n):
     assert all(snap.find(pid) is None for pid in gaps)
 
 
-def test_core_fence_and_block_search():
+def test_core_sorted_snapshot_find_reads_one_stride(tmp_path):
     ids = np.arange(0, 3000, 3, dtype=np.int64)
     array = np.zeros(len(ids), ENTRY_DTYPE)
     array["producer_id"] = ids
-    data = np.frombuffer(b"\0" * 10 + array.tobytes(), np.uint8)
+    array["last_offset"] = ids
+    array["last_offset"][5] = -7                          # no batch: built as Kafka reads it
+    array["last_sequence"] = 4
+    array["current_txn_first_offset"] = -1
+    array["current_txn_first_offset"][6] = -3
+    path = tmp_path / "s"
+    write_snapshot(path, array)
+    data = np.frombuffer(path.read_bytes(), np.uint8)
     fences = _core.snapshot_fences(data, len(ids), 128)
     assert fences.tolist() == ids[::128].tolist()
-    assert _core.fence_block(fences, -1) == -1
-    assert _core.fence_block(fences, 0) == 0
-    assert _core.fence_block(fences, int(ids[128])) == 1
-    assert _core.fence_block(fences, int(ids[128]) - 1) == 0
-    assert _core.fence_block(np.empty(0, np.int64), 5) == -1
-    block = array[128:256].tobytes()
-    assert _core.block_search(block, int(ids[130])) == 2
-    assert _core.block_search(block, int(ids[130]) + 1) == -1
-    assert _core.block_search(block[:45], int(ids[128])) == -1          # no whole entry: nothing read
+    with open(path, "rb") as f:
+        def find(pid):
+            return _core.sorted_snapshot_find(f.fileno(), len(ids), fences, 128, pid, ProducerEntry)
+        assert find(int(ids[130])) == ProducerEntry(int(ids[130]), 0, 4, int(ids[130]), 0, 0, 0, -1)
+        assert find(int(ids[5])) == ProducerEntry(int(ids[5]), 0, -1, -1, 0, 0, 0, -1)
+        assert find(int(ids[6])).current_txn_first_offset == -1
+        assert [find(p) for p in (-1, int(ids[128]) - 1, int(ids[-1]) + 1)] == [None, None, None]
+        assert _core.sorted_snapshot_find(f.fileno(), len(ids) + 200, _core.snapshot_fences(
+            np.concatenate([data, np.zeros(200 * 46, np.uint8)]), len(ids) + 200, 128), 128, 2**62, ProducerEntry) \
+            is False                                      # the file is shorter than its stride: reported
+        with pytest.raises(ValueError):
+            _core.sorted_snapshot_find(f.fileno(), len(ids), fences[:-1], 128, 5, ProducerEntry)
+        with pytest.raises(ValueError):
+            _core.sorted_snapshot_find(f.fileno(), len(ids), fences, 129, 5, ProducerEntry)
+
+
+# --- reading as Kafka 3.9's ProducerStateManager.readSnapshot does ---------------------------------------
+
+def test_bytes_after_the_entries_are_read_when_the_crc_covers_them(tmp_path):
+    entries = random_entries(200, seed=31)
+    path = tmp_path / snapshot_name(9)
+    path.write_bytes(kafka_snapshot(entries, trailing=b"\x00written after the entries"))
+    assert read_snapshot(path) == entries                  # Kafka parses the entries and ignores the rest
+    assert verify_snapshot(path).count == 200
+    snap = Snapshot(path)
+    assert all(snap.find(e.producer_id) == e for e in entries)
+    snap.close()
+    write_snapshot(tmp_path / "sorted", entries)          # a sorted file (searched with pread) too
+    sorted_path = tmp_path / snapshot_name(10)
+    sorted_path.write_bytes(with_crc((tmp_path / "sorted").read_bytes() + b"tail"))
+    snap = Snapshot(sorted_path)
+    assert snap.sorted and all(snap.find(e.producer_id) == e for e in entries)
+    snap.close()
+    # Kafka's CRC covers [6, end of file): bytes appended after the CRC was computed fail it.
+    path.write_bytes(kafka_snapshot(entries) + b"appended later")
+    for load in (read_snapshot, verify_snapshot, Snapshot):
+        with pytest.raises(CorruptSnapshotError, match="CRC is no longer valid"):
+            load(path)
+
+
+def test_truncation_and_a_negative_count_say_what_is_wrong(tmp_path):
+    path = tmp_path / snapshot_name(3)
+    path.write_bytes(kafka_snapshot(random_entries(3))[:-1])
+    for load in (read_snapshot, verify_snapshot, Snapshot):
+        with pytest.raises(CorruptSnapshotError, match=r"truncated: 147 bytes cannot hold its 3 entries \(148 bytes\)"):
+            load(path)
+    path.write_bytes(with_crc(struct.pack(">hIi", 1, 0, -2) + b"\0" * 92))
+    for load in (read_snapshot, verify_snapshot, Snapshot):
+        with pytest.raises(CorruptSnapshotError, match="entry count -2 is negative"):
+            load(path)
+
+
+def test_an_entry_without_a_batch_reads_as_kafka_reads_it(tmp_path):
+    stored = [ProducerEntry(1, 3, 17, -1, 4, 1000, 2, -1),        # last_offset -1: no batch metadata
+              ProducerEntry(2, 3, 17, -9, 4, 1000, 2, 55),
+              ProducerEntry(3, 3, 17, 80, 4, 1000, 2, -5)]        # below -1: no open transaction
+    kafka = [ProducerEntry(1, 3, -1, -1, 0, 1000, 2, -1),
+             ProducerEntry(2, 3, -1, -1, 0, 1000, 2, 55),
+             ProducerEntry(3, 3, 17, 80, 4, 1000, 2, -1)]
+    path = tmp_path / snapshot_name(81)
+    path.write_bytes(kafka_snapshot(stored[::-1]))
+    assert read_snapshot(path) == kafka[::-1]
+    assert verify_snapshot(path).open_transactions                 # entry 2's transaction
+    snap = Snapshot(path)
+    assert [snap.find(e.producer_id) for e in kafka] == kafka
+    assert sorted(ProducerEntry(*row) for row in snap.entries().tolist()) == kafka
+    snap.close()
+    only_bad_txn = tmp_path / "only"
+    only_bad_txn.write_bytes(kafka_snapshot(stored[2:]))
+    assert not verify_snapshot(only_bad_txn).open_transactions
+
+
+def test_ledger_expires_a_producer_whose_txn_offset_is_below_minus_one(tmp_path):
+    from kmem.ledger import PidLedger
+    path = tmp_path / snapshot_name(81)
+    path.write_bytes(kafka_snapshot([ProducerEntry(3, 3, 17, 80, 4, 1000, 2, -5)]))
+    now = [1000 + 10]
+    with PidLedger(tmp_path, producer_id_expiration_ms=100, clock_ms=lambda: now[0]) as ledger:
+        assert ledger.read(3) == ProducerEntry(3, 3, 17, 80, 4, 1000, 2, -1)
+        now[0] = 1000 + 100
+        assert ledger.read(3) is None                # it used to count as an open transaction forever
+        with pytest.raises(InvalidArgumentError, match="current_txn_first_offset"):
+            ledger.update(ProducerEntry(4, 0, 0, 5, 0, 1000, 0, -5))
+        assert ledger.update(ProducerEntry(4, 0, 9, -1, 2, 1000, 0, -1)) == ProducerEntry(4, 0, -1, -1, 0, 1000, 0, -1)
+        assert ledger.read(4) is None               # expired too (the clock is at 1100)
+        ledger.update(ProducerEntry(4, 0, 9, -1, 2, 1100, 0, -1))
+        assert ledger.read(4) == ProducerEntry(4, 0, -1, -1, 0, 1100, 0, -1)
+        ledger.flush()                               # retention: the file of producer 3 goes
+    assert not path.exists()
+
+
+MUTATIONS = st.one_of(
+    st.tuples(st.just("set"), st.integers(0, 10_000), st.integers(0, 255)),
+    st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(0, 7)),
+    st.tuples(st.just("cut"), st.integers(0, 10_000), st.just(0)),
+    st.tuples(st.just("insert"), st.integers(0, 10_000), st.integers(0, 255)),
+    st.tuples(st.just("count"), st.sampled_from([-(2**31), -1, 0, 1, 2**20, 2**31 - 1]), st.just(0)),
+    st.tuples(st.just("append"), st.integers(1, 200), st.integers(0, 255)),
+)
+
+
+def mutate(data, mutations, fix_crc):
+    data = bytearray(data)
+    for kind, at, value in mutations:
+        if kind == "count":
+            if len(data) >= 10:
+                struct.pack_into(">i", data, 6, at)
+        elif kind == "append":
+            data += bytes([value]) * at
+        elif not data:
+            continue
+        elif kind == "set":
+            data[at % len(data)] = value
+        elif kind == "flip":
+            data[at % len(data)] ^= 1 << value
+        elif kind == "cut":
+            del data[at % len(data):]
+        else:
+            data.insert(at % (len(data) + 1), value)
+    return with_crc(bytes(data)) if fix_crc else bytes(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 40), seed=st.integers(0, 99), mutations=st.lists(MUTATIONS, max_size=4),
+       fix_crc=st.booleans(), sort=st.booleans(), read_only=st.booleans())
+def test_fuzz_mutated_snapshots_give_kmem_errors_in_bounded_memory(tmp_path_factory, n, seed, mutations, fix_crc, sort,
+                                                                   read_only):
+    import logging
+    import tracemalloc
+
+    from kmem.bloom import Shape
+    from kmem.ledger import PidLedger
+    entries = random_entries(n, seed=seed)
+    if sort:
+        entries.sort()
+    directory = tmp_path_factory.mktemp("mutated")
+    path = directory / snapshot_name(77)
+    path.write_bytes(mutate(kafka_snapshot(entries), mutations, fix_crc))
+    warnings = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warnings.append(record.getMessage())
+    logging.getLogger("kmem.ledger").addHandler(handler)
+    tracemalloc.start()
+    try:
+        try:
+            got = read_snapshot(path)
+        except CorruptSnapshotError:
+            got = None
+        for load in (verify_snapshot, Snapshot):
+            try:
+                opened = load(path)
+            except CorruptSnapshotError:
+                continue
+            assert got is not None and opened.count == len(got)
+            if isinstance(opened, Snapshot):
+                assert all(opened.find(e.producer_id) == e for e in got)
+                opened.close()
+        with PidLedger(directory, Shape.from_np(200, 0.01), producer_id_expiration_ms=2**62,
+                       read_only=read_only) as ledger:
+            if got is not None and len({e.producer_id for e in got}) == len(got):
+                assert all(ledger.read(e.producer_id) == (None if ledger.expired(e) else e) for e in got)
+                found, rows = ledger.read_many([e.producer_id for e in got])
+                assert [ProducerEntry(*r) if hit else None for hit, r in zip(found, rows.tolist())] \
+                    == [None if ledger.expired(e) else e for e in got]
+            else:
+                assert any(snapshot_name(77) in w for w in warnings)      # skipped, with the reason
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        logging.getLogger("kmem.ledger").removeHandler(handler)
+    # The file is at most a few KB; a count field claiming 2^31 entries must not be believed.
+    assert peak < 4 * 2**20, peak
+
+
+def test_a_snapshot_that_shrinks_while_open_is_reported(tmp_path):
+    entries = random_entries(300, seed=61)
+    path = tmp_path / snapshot_name(5)
+    write_snapshot(path, entries)
+    snap = Snapshot(path)
+    os.truncate(path, 10 + 46 * 100)
+    last = max(entries)
+    with pytest.raises(CorruptSnapshotError, match="shrank"):
+        snap.find(last.producer_id)
+    snap.close()

@@ -41,7 +41,7 @@ def test_max_single_equal_to_size_is_allowed():
 @pytest.mark.parametrize("request_size", [11, 0, -1, 2 ** 64, -(2 ** 64), 1.0, "5", None])
 def test_allocation_size_out_of_range_rejected(pool_type, request_size):
     pool = pool_type(1000, 10)
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidArgumentError, match=r"size_bytes must be an integer in \[1, 10\], not "):
         pool.try_allocate(request_size)
     assert pool.available_memory == 1000
 

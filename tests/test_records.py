@@ -35,6 +35,15 @@ def test_crc32_every_path_matches_zlib():
         assert _core.crc32c(data, 5) == _core.crc32c(data, 5, software=True)
 
 
+def test_crc32_wide_fold_matches_zlib_at_every_length_and_alignment():
+    # 256 bytes and up take the 256-bit VPCLMULQDQ fold where the CPU has it (the 128-bit fold otherwise)
+    data = os.urandom(4096 + 64)
+    for n in list(range(240, 700)) + [1023, 1024, 1044, 4096]:
+        for start in (0, 1, 7, 33):
+            chunk = data[start:start + n]
+            assert _core.crc32(chunk, n) == zlib.crc32(chunk, n) == _core.crc32(chunk, n, software=True), (n, start)
+
+
 def test_xxh32_matches_reference():
     for data in (b"", b"\x60\x40", b"\x04\x22\x4d\x18\x60\x40", os.urandom(15)):
         assert _core.xxh32_short(data) == xxhash.xxh32(data).intdigest()

@@ -119,3 +119,18 @@ def test_clients_read_kmem_conversion_of_their_own_batches(to_magic, build, code
     if not (to_magic == 0 and codec == "lz4"):
         assert read_aiokafka(converted) == expected
     assert read_kmem(converted) == expected
+
+
+@pytest.mark.parametrize("magic", [0, 1, 2])
+def test_gzip_level_kip_390_is_honoured_and_read_by_the_clients(magic):
+    rows = [(i, -1 if magic == 0 else 1000 + i, b"k%d" % i, b"hello kafka " * (i % 40 + 1), []) for i in range(60)]
+    fastest, smallest = (kmem_build(magic, "gzip", rows, gzip_level=level) for level in (1, 9))
+    assert len(fastest) > len(smallest)       # the level reached zlib
+    assert kmem_build(magic, "gzip", rows) == kmem_build(magic, "gzip", rows, gzip_level=6)    # Kafka's default
+    for data in (fastest, smallest):
+        assert read_kmem(data) == read_kafka_python(data) == read_aiokafka(data) == rows
+    if magic:
+        converted = down_convert(kmem_build(2, "gzip", rows), magic - 1, gzip_level=1).records.buffer
+        assert converted != down_convert(kmem_build(2, "gzip", rows), magic - 1).records.buffer
+        assert read_kafka_python(converted) == read_aiokafka(converted) == read_kmem(converted)
+        assert [r[3] for r in read_kmem(converted)] == [r[3] for r in rows]

@@ -1,4 +1,5 @@
-"""down_convert against Kafka's RecordsUtil scenarios (SPEC.md §5), checked with three readers."""
+"""down_convert against the scenarios Kafka tests RecordsUtil.downConvert with (MemoryRecordsBuilderTest,
+LazyDownConversionRecordsTest), checked with three readers."""
 import struct
 import tracemalloc
 

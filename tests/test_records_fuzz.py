@@ -1,6 +1,11 @@
-"""Fuzzing: mutated real batches into every reader and the converter give a kmem error or a result,
-never a crash, a hang or another exception type."""
+"""Fuzzing: mutated real batches into every reader and both down-conversions give a kmem error or a
+result, never a crash, a hang, unbounded memory or another exception type."""
+import os
 import struct
+import tempfile
+import tracemalloc
+from datetime import timedelta
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -9,9 +14,10 @@ from records_samples import scenario_batches
 
 from kmem import _core
 from kmem.errors import CorruptRecordError, KmemError
-from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
-                          build_records, down_convert)
+from kmem.records import (ControlRecordType, FileRecords, LazyDownConvertRecords, MemoryRecords, RecordsBuilder,
+                          TimestampType, build_control_batch, build_records, down_convert, segment_file_name)
 from kmem.records import codecs
+from kmem.records.batches import V2_HEADER
 
 
 def _legacy(magic, codec):
@@ -121,3 +127,183 @@ def test_v2_timestamp_that_v1_cannot_hold_is_rejected_not_written():
     with pytest.raises(CorruptRecordError, match="invalid timestamp"):
         down_convert(source, 1)
     assert [r.value for r in down_convert(source, 0).records.records()] == [b"a", b"b"]   # v0: no timestamps
+
+
+# --- mutations of valid data that reach every parser ------------------------------------------------------
+#
+# Random edits of a compressed batch almost always end at the codec. These strategies edit the records
+# *inside* the compression (the records section or the inner entries, then compress them with a valid
+# CRC), the batch header's length, count and offset fields with extreme values, and the varints of v2
+# records, then optionally flip bits or truncate the result.
+
+INT64_EXTREMES = [0, 1, -1, 2, 0x7FFFFFFF, -0x80000000, (1 << 63) - 1, -(1 << 63), (1 << 62), -(1 << 62)]
+VARINTS = [0, 1, -1, -2, 63, 64, 0x7FFFFFFF, -0x80000000, (1 << 40), (1 << 62), -(1 << 63)]
+FUZZ_LIMIT = 1 << 20            # decompression limit of every entry point under fuzzing
+FUZZ_PEAK = 24 * FUZZ_LIMIT     # most traced memory allowed for all of them on one input of a few KB
+
+
+def zigzag(value, over_long=False):
+    z = ((value << 1) ^ (value >> 63)) & ((1 << 64) - 1)
+    out = bytearray()
+    while z >= 0x80:
+        out.append(z & 0x7F | 0x80)
+        z >>= 7
+    out.append(z)
+    if over_long:       # an 11-byte varint, longer than any Kafka field allows
+        out[-1] |= 0x80
+        out += b"\x80" * (11 - len(out)) + b"\0"
+    return bytes(out)
+
+
+def fuzz_rows(draw, headers):
+    rows = []
+    for i in range(draw(st.integers(1, 5))):
+        key = draw(st.sampled_from([None, b"", b"key-%d" % i]))
+        value = draw(st.sampled_from([None, b"", b"v" * draw(st.integers(1, 300))]))
+        row_headers = [(b"h%d" % j, draw(st.sampled_from([None, b"", b"x"]))) for j in range(draw(st.integers(0, 3)))]
+        rows.append((key, value, row_headers if headers else []))
+    return rows
+
+
+@st.composite
+def edited_bytes(draw, data, int_fields=(), varints=False):
+    """``data`` with 0-3 edits: a bit flip, a byte, an extreme int at one of ``int_fields`` ((format,
+    position) pairs), a varint written over the bytes at a position, or a truncation."""
+    data = bytearray(data)
+    kinds = ["flip", "byte", "truncate"] + (["field"] if int_fields else []) + (["varint"] if varints else [])
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(kinds))
+        pos = draw(st.integers(0, max(len(data) - 1, 0)))
+        if kind == "flip" and data:
+            data[pos] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "byte" and data:
+            data[pos] = draw(st.integers(0, 255))
+        elif kind == "truncate":
+            del data[pos:]
+        elif kind == "field":
+            fmt, at = draw(st.sampled_from(int_fields))
+            width = struct.calcsize(fmt)
+            if len(data) >= at + width:
+                bits = 8 * width
+                value = draw(st.sampled_from(INT64_EXTREMES)) % (1 << bits)
+                struct.pack_into(fmt, data, at, value - (1 << bits) if value >= 1 << (bits - 1) else value)
+        elif kind == "varint":
+            encoded = zigzag(draw(st.sampled_from(VARINTS)), over_long=draw(st.booleans()))
+            data[pos:pos + draw(st.integers(1, 3))] = encoded
+    return bytes(data)
+
+
+V2_FIELDS = [(">q", 0), (">i", 8), (">i", 23), (">q", 27), (">q", 35), (">i", 57), (">h", 21)]
+
+
+@st.composite
+def mutated_v2_batch(draw):
+    """A v2 batch of any codec whose records section was edited before compression."""
+    codec = draw(st.integers(0, 4))
+    rows = fuzz_rows(draw, headers=True)
+    section = _core.encode_v2_records([(i, i, k, v, h) for i, (k, v, h) in enumerate(rows)])
+    section = draw(edited_bytes(section, varints=True))
+    if codec:
+        section = codecs.compress(codec, section, 2)
+    header = bytearray(V2_HEADER.pack(draw(st.sampled_from(INT64_EXTREMES[:4] + [(1 << 63) - 3])),
+                                      49 + len(section), 0, 2, 0, codec | draw(st.sampled_from([0, 0x08, 0x30])),
+                                      len(rows) - 1, 1000, 1000 + len(rows), -1, -1, -1, len(rows)))
+    batch = draw(edited_bytes(bytes(header), V2_FIELDS)) + section
+    batch = bytearray(batch)
+    if len(batch) >= 21:
+        struct.pack_into(">I", batch, 17, _core.crc32c(bytes(batch[21:])))
+    return draw(edited_bytes(bytes(batch)))
+
+
+@st.composite
+def mutated_legacy_entries(draw):
+    """v0/v1 entries: uncompressed, or a wrapper of any legacy codec around edited inner entries."""
+    magic = draw(st.integers(0, 1))
+    codec = draw(st.integers(0, 3))
+    rows = fuzz_rows(draw, headers=False)
+    entries = [(i, 1000 + i, k, v) for i, (k, v, _) in enumerate(rows)]
+    key_length = 26 if magic else 18
+    fields = [(">q", 0), (">i", 8), (">i", key_length)] + ([(">q", 18)] if magic else [])
+    if codec:
+        inner = draw(edited_bytes(_core.encode_legacy_entries(magic, 0, entries), fields))
+        wrapper_offset = draw(st.sampled_from(INT64_EXTREMES))
+        data = _core.encode_legacy_entries(magic, codec, [(wrapper_offset, 1000, None,
+                                                           codecs.compress(codec, inner, magic))])
+    else:
+        data = _core.encode_legacy_entries(magic, 0, entries)
+    return draw(edited_bytes(data, fields))
+
+
+fuzzed_records = st.lists(st.one_of(mutated_v2_batch(), mutated_legacy_entries()), min_size=1, max_size=3).map(
+    b"".join)
+
+
+class Sink:
+    def __init__(self):
+        self.size = 0
+
+    def write(self, view):
+        self.size += len(view)
+        return len(view)
+
+
+def only_kmem_errors(call):
+    try:
+        return call()
+    except KmemError:
+        return None
+
+
+def int64(value):
+    """``value`` when it is None or fits a Kafka long (what Spark's LongType and Java readers take)."""
+    assert value is None or -(1 << 63) <= value < (1 << 63), value
+    return value
+
+
+def read_everything(records):
+    for batch in records:
+        for attribute in ("base_offset", "last_offset", "records_count", "last_sequence", "max_timestamp"):
+            int64(only_kmem_errors(lambda: getattr(batch, attribute)))
+        for attribute in ("timestamp_type", "control_type", "compression"):
+            only_kmem_errors(lambda: getattr(batch, attribute))
+        only_kmem_errors(batch.is_valid)
+        for record in only_kmem_errors(lambda: batch.records(max_decompressed_bytes=FUZZ_LIMIT)) or ():
+            int64(record.offset), int64(record.timestamp)
+        only_kmem_errors(lambda: [int64(r.offset) for r in batch])
+        repr(batch)
+
+
+def exercise_entry_points(data, directory):
+    only_kmem_errors(lambda: read_everything(MemoryRecords(data)))
+    only_kmem_errors(lambda: MemoryRecords(data).valid_bytes)
+    for to_magic in (0, 1, 2):
+        only_kmem_errors(lambda: down_convert(data, to_magic, 2, max_decompressed_bytes=FUZZ_LIMIT))
+    path = os.path.join(directory, segment_file_name(0))
+    with open(path, "wb") as f:
+        f.write(data)
+    with FileRecords(path) as segment:
+        only_kmem_errors(lambda: read_everything(segment))
+        only_kmem_errors(lambda: segment.search_for_offset(3))
+        for to_magic in (0, 1):
+            def lazy_send():
+                send = LazyDownConvertRecords(segment, to_magic, 1, chunk_size=100,
+                                              max_decompressed_bytes=FUZZ_LIMIT).to_send()
+                sink = Sink()
+                while not send.completed:
+                    send.write_to(sink)
+                assert sink.size == send.size
+            only_kmem_errors(lambda: lazy_send())
+
+
+@settings(max_examples=400, deadline=timedelta(seconds=20), suppress_health_check=[HealthCheck.too_slow])
+@given(fuzzed_records)
+def test_edited_records_inside_every_codec_only_raise_kmem_errors_in_bounded_memory(data):
+    with tempfile.TemporaryDirectory() as directory, \
+            mock.patch.object(codecs, "MAX_DECOMPRESSED_BYTES", FUZZ_LIMIT):
+        tracemalloc.start()
+        try:
+            exercise_entry_points(data, directory)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < FUZZ_PEAK

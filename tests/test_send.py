@@ -1,5 +1,6 @@
 """The Send seam: bytes, file regions, lazy down-conversion and sequences of them, written by the
 transport (sendfile on a plain socket, bounded copies under TLS), and returned by SocketServer handlers."""
+import asyncio
 import io
 import os
 import random
@@ -14,7 +15,7 @@ from kmem.records import FileRecords, LazyDownConvertRecords, MemoryRecords, Rec
 from kmem.records.convert import down_convert
 from kmem.send import COPY_CHUNK, BytesSend, ChannelTransport, FileRegionSend, Send, SequenceSend, as_transport
 
-from network_helpers import connect, frame, recv_exactly, recv_frame, tls_contexts  # noqa: F401
+from network_helpers import closed_by_peer, connect, frame, recv_exactly, recv_frame, request, tls_contexts  # noqa: F401
 
 
 class PartialWrites:
@@ -229,3 +230,25 @@ def test_one_request_in_flight_until_the_last_byte_of_a_send(tmp_path):
             for _ in range(2):
                 assert len(recv_frame(sock)) == 8 << 20
     assert log == ["handled", "sent", "handled", "sent"]
+
+
+@pytest.mark.parametrize("exception", [asyncio.CancelledError, KeyboardInterrupt, RuntimeError])
+def test_a_send_that_raises_closes_its_connection_and_the_server_keeps_serving(exception, caplog):
+    class Failing:
+        size = remaining = 10
+        completed = False
+
+        def write_to(self, transport):
+            raise exception("send failed")
+
+    def handler(request):
+        return Failing() if bytes(request.payload) == b"fail" else b"ok"
+
+    with SocketServer(handler, num_network_threads=1) as server:
+        for _ in range(2):
+            with connect(server.address) as sock:
+                sock.sendall(frame(b"fail"))
+                assert closed_by_peer(sock)
+        assert request(server.address, b"fine") == b"ok"
+        assert server.processors[0].is_alive()
+    assert "send failed" in caplog.text

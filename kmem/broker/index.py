@@ -11,9 +11,11 @@ index that cannot be trusted (length not a multiple of the entry size, offsets n
 outside the segment) fails ``sanity_check`` and is rebuilt from the segment by the caller.
 
 Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file (about 20 reads
-for a full index) and keep nothing in memory but the last entry, so a closed segment costs no memory
-and concurrent readers need no lock.
+for a full index) and keep nothing in memory but the last entry. Only the active segment's indexes keep
+their file open (``hold``); an older segment's are opened for each use, so a long log does not hold
+three descriptors per segment.
 """
+import contextlib
 import os
 import struct
 
@@ -22,6 +24,7 @@ import numpy as np
 from kmem.errors import KmemError
 
 NO_TIMESTAMP = -1
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class CorruptIndexError(KmemError, ValueError):
@@ -37,18 +40,45 @@ class _Index:
         self.base_offset = base_offset
         self.max_index_size = max_index_size - max_index_size % self.ENTRY.size
         self.max_entries = self.max_index_size // self.ENTRY.size
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-        length = os.fstat(self._fd).st_size
-        self.entries = length // self.ENTRY.size
-        if writable:
-            self.resize(self.max_index_size)
-        self._last = self._entry(self.entries - 1) if self.entries else None
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
+        try:
+            self.entries = os.fstat(self._fd).st_size // self.ENTRY.size
+            if writable:
+                self.resize(self.max_index_size)
+            self._last = self._entry(self._fd, self.entries - 1) if self.entries else None
+        finally:
+            if not writable:
+                self.release()
 
-    def _entry(self, n):
-        return self.ENTRY.unpack(os.pread(self._fd, self.ENTRY.size, n * self.ENTRY.size))
+    def hold(self):
+        """Keep the file open (the active segment's indexes); otherwise each use opens it."""
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
+
+    def release(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    close = release
+
+    @contextlib.contextmanager
+    def _file(self):
+        if self._fd is not None:
+            yield self._fd
+            return
+        fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _entry(self, fd, n):
+        return self.ENTRY.unpack(os.pread(fd, self.ENTRY.size, n * self.ENTRY.size))
 
     def _write(self, *fields):
-        os.pwrite(self._fd, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size)
+        with self._file() as fd:
+            os.pwrite(fd, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size)
         self.entries += 1
         self._last = fields
 
@@ -60,40 +90,49 @@ class _Index:
         """Make the file ``size`` bytes long (rounded down to whole entries), keeping the entries."""
         size -= size % self.ENTRY.size
         self.entries = min(self.entries, size // self.ENTRY.size)
-        os.ftruncate(self._fd, size)
+        with self._file() as fd:
+            os.ftruncate(fd, size)
 
     def trim_to_valid_size(self):
         self.resize(self.entries * self.ENTRY.size)
 
     def reset(self):
         """Drop every entry; the file is preallocated again (Kafka's reset)."""
-        os.ftruncate(self._fd, 0)
-        os.ftruncate(self._fd, self.max_index_size)
+        with self._file() as fd:
+            os.ftruncate(fd, 0)
+            os.ftruncate(fd, self.max_index_size)
         self.entries, self._last = 0, None
 
     def _search(self, key):
-        """Index of the last entry whose key is at most ``key``, or -1."""
+        """``(index, entry)`` of the last entry whose key is at most ``key``, or ``(-1, None)``."""
         low, high = 0, self.entries - 1
-        found = -1
-        while low <= high:
-            mid = (low + high) // 2
-            if self._entry(mid)[self.KEY] <= key:
-                found, low = mid, mid + 1
-            else:
-                high = mid - 1
+        found = (-1, None)
+        if high < 0:
+            return found
+        with self._file() as fd:
+            while low <= high:
+                mid = (low + high) // 2
+                entry = self._entry(fd, mid)
+                if entry[self.KEY] <= key:
+                    found, low = (mid, entry), mid + 1
+                else:
+                    high = mid - 1
         return found
 
     def _entries_array(self, dtype):
-        data = os.pread(self._fd, self.entries * self.ENTRY.size, 0)
-        return np.frombuffer(data, dtype=dtype)
+        """The entries as a numpy array, and the file's length."""
+        with self._file() as fd:
+            data = os.pread(fd, self.entries * self.ENTRY.size, 0)
+            length = os.fstat(fd).st_size
+        return np.frombuffer(data, dtype=dtype), length
+
+    def _check_length(self, length):
+        if length % self.ENTRY.size:
+            raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
 
     def flush(self):
-        os.fsync(self._fd)
-
-    def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        with self._file() as fd:
+            os.fsync(fd)
 
 
 class OffsetIndex(_Index):
@@ -115,17 +154,15 @@ class OffsetIndex(_Index):
 
     def lookup(self, offset):
         """``(offset, position)`` of the last entry at or below ``offset``; ``(base, 0)`` if none."""
-        found = self._search(offset - self.base_offset)
-        if found < 0:
+        _, entry = self._search(offset - self.base_offset)
+        if entry is None:
             return self.base_offset, 0
-        relative, position = self._entry(found)
+        relative, position = entry
         return self.base_offset + relative, position
 
     def sanity_check(self, segment_size):
-        length = os.fstat(self._fd).st_size
-        if length % self.ENTRY.size:
-            raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
-        entries = self._entries_array([("offset", ">i4"), ("position", ">i4")])
+        entries, length = self._entries_array([("offset", ">i4"), ("position", ">i4")])
+        self._check_length(length)
         if not len(entries):
             return
         if entries["offset"][0] < 0 or (np.diff(entries["offset"]) <= 0).any():
@@ -159,17 +196,15 @@ class TimeIndex(_Index):
 
     def lookup(self, timestamp):
         """``(timestamp, offset)`` of the last entry at or below ``timestamp``; ``(-1, base)`` if none."""
-        found = self._search(timestamp)
-        if found < 0:
+        _, entry = self._search(timestamp)
+        if entry is None:
             return NO_TIMESTAMP, self.base_offset
-        stamp, relative = self._entry(found)
+        stamp, relative = entry
         return stamp, self.base_offset + relative
 
     def sanity_check(self, next_offset):
-        length = os.fstat(self._fd).st_size
-        if length % self.ENTRY.size:
-            raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
-        entries = self._entries_array([("timestamp", ">i8"), ("offset", ">i4")])
+        entries, length = self._entries_array([("timestamp", ">i8"), ("offset", ">i4")])
+        self._check_length(length)
         if not len(entries):
             return
         if (np.diff(entries["timestamp"]) <= 0).any():

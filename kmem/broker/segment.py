@@ -9,7 +9,11 @@ offset to the position where the append began, as Kafka's ``LogSegment.append`` 
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
 ``LogSegment.recover``; the indexes it writes are the ones the appends wrote when each append held one
 batch (what clients send).
+
+Only the active segment keeps its three files open; an older segment opens them for each use (under
+the partition's lock), so a long log does not pin three descriptors per segment.
 """
+import contextlib
 import os
 import struct
 
@@ -18,6 +22,7 @@ from kmem.errors import CorruptRecordError
 from kmem.records import FileRecords, segment_file_name
 from kmem.records.batches import INT32_MAX, LOG_OVERHEAD
 
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 HEAD = struct.Struct(">qiiB")             # offset, size, partition leader epoch (v2) / crc, magic
 V2_LAST_DELTA_AT, V2_MAX_TIMESTAMP_AT = 23, 35
 HEAD_READ = 61                            # enough for every field read here
@@ -49,8 +54,10 @@ class LogSegment:
         self.config = config
         self.log_path = os.path.join(directory, segment_file_name(base_offset))
         stem = self.log_path[:-len(".log")]
-        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
         self.size = os.fstat(self._fd).st_size
+        if not active:          # an older segment's files are opened for each use
+            self._release_log()
         self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, config.segment_index_bytes, writable=active)
         self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes, writable=active)
         self.created_ms = now_ms
@@ -63,20 +70,39 @@ class LogSegment:
     def __repr__(self):
         return f"<LogSegment {self.log_path} {self.size} bytes, offsets {self.base_offset}..{self.next_offset - 1}>"
 
+    # --- files ----------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _log_file(self):
+        if self._fd is not None:
+            yield self._fd
+            return
+        fd = os.open(self.log_path, os.O_RDWR | _CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _release_log(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     # --- reading headers ------------------------------------------------------------------------------
 
     def heads(self, position=0, end=None):
         """``BatchHead`` of each complete batch from ``position`` to ``end`` (default: the segment's end)."""
         end = self.size if end is None else end
-        while end - position >= LOG_OVERHEAD:
-            head = os.pread(self._fd, HEAD_READ, position)
-            size = LOG_OVERHEAD + struct.unpack_from(">i", head, 8)[0]
-            # Only validated data is read here; a damaged tail just ends the scan.
-            if len(head) <= 16 or position + size > end or size < (HEAD_READ if head[16] == 2 else 26):
-                return
-            batch = BatchHead(head, position)
-            yield batch
-            position += batch.size
+        with self._log_file() as fd:
+            while end - position >= LOG_OVERHEAD:
+                head = os.pread(fd, HEAD_READ, position)
+                size = LOG_OVERHEAD + struct.unpack_from(">i", head, 8)[0]
+                # Only validated data is read here; a damaged tail just ends the scan.
+                if len(head) <= 16 or position + size > end or size < (HEAD_READ if head[16] == 2 else 26):
+                    return
+                batch = BatchHead(head, position)
+                yield batch
+                position += batch.size
 
     def load(self):
         """After a clean shutdown: the next offset and largest timestamp from the indexes and the tail."""
@@ -172,6 +198,9 @@ class LogSegment:
         """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
         truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order;
         ``on_discarded(batch)`` the batches that can still be parsed in the part cut off."""
+        active = self._fd is not None
+        self.offset_index.hold()
+        self.time_index.hold()
         self.offset_index.reset()
         self.time_index.reset()
         self.max_timestamp_so_far, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
@@ -204,36 +233,44 @@ class LogSegment:
         if truncated:
             if on_discarded is not None:
                 for_each_parsable_batch(self.log_path, valid_bytes, on_discarded)
-            os.ftruncate(self._fd, valid_bytes)
+            os.truncate(self.log_path, valid_bytes)
             self.size = valid_bytes
         self.next_offset = previous_last + 1
-        self.bytes_since_last_index_entry = valid_bytes - last_index_entry
+        self.bytes_since_last_index_entry = 0        # as a segment Kafka just loaded: counting restarts
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        if not active:
+            self.offset_index.release()
+            self.time_index.release()
         self.rolling_based_timestamp = None
         return truncated
 
     def make_active(self):
-        """Preallocate the indexes again (the segment takes appends)."""
-        self.offset_index.resize(self.offset_index.max_index_size)
-        self.time_index.resize(self.time_index.max_index_size)
+        """Keep the files open and preallocate the indexes again (the segment takes appends)."""
+        if self._fd is None:
+            self._fd = os.open(self.log_path, os.O_RDWR | _CLOEXEC)
+        for index in (self.offset_index, self.time_index):
+            index.hold()
+            index.resize(index.max_index_size)
 
     def on_become_inactive(self):
-        """At roll (and close): the largest timestamp goes into the time index, the indexes are trimmed."""
+        """At roll (and close): the largest timestamp goes into the time index, the indexes are trimmed,
+        the files synced and no longer kept open."""
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        self.flush()
+        self.close()
 
     def flush(self):
-        os.fsync(self._fd)
+        with self._log_file() as fd:
+            os.fsync(fd)
         self.offset_index.flush()
         self.time_index.flush()
 
     def close(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._release_log()
         self.offset_index.close()
         self.time_index.close()
 

@@ -24,7 +24,8 @@ from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.errors import CorruptRecordError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
-from kmem.records.batches import ATTR_LOG_APPEND_TIME, V2_HEADER, as_byte_view
+from kmem.records.arguments import byte_view
+from kmem.records.batches import ATTR_LOG_APPEND_TIME, V2_HEADER
 
 V2_HEADER_SIZE = V2_HEADER.size
 CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
@@ -101,7 +102,7 @@ def _check_records(batch):
     try:
         if batch.is_compressed:
             body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
-        _core.count_v2_objects(body, batch.records_count, batch.position + V2_HEADER_SIZE)
+        _core.count_v2_objects(body, count=batch.records_count, base=batch.position + V2_HEADER_SIZE)
     except CorruptRecordError as e:
         raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
 
@@ -111,11 +112,7 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
     to a log with ``config`` (a ``LogConfig``); returns ``ValidatedRecords`` or raises ``LogError``."""
     if origin not in (CLIENT, REPLICATION, COORDINATOR):
         raise InvalidArgumentError(f"origin must be {CLIENT!r}, {REPLICATION!r} or {COORDINATOR!r}: {origin!r}")
-    try:
-        view = records.buffer if isinstance(records, MemoryRecords) else as_byte_view(records)
-    except TypeError:
-        raise InvalidArgumentError(f"records must be bytes-like or MemoryRecords, not {type(records).__name__}") \
-            from None
+    view = records.buffer if isinstance(records, MemoryRecords) else byte_view("records", records)
     try:
         batches = list(MemoryRecords(view).batches())
     except CorruptRecordError as e:

@@ -1,9 +1,14 @@
-"""The ledger's active file: a memory-mapped, preallocated file in the snapshot layout, updated in place.
+"""The ledger's active file: a memory-mapped file in the snapshot layout, updated in place, that grows.
 
-``ledger-<sequence>.active`` holds the snapshot header (CRC left 0 while active) and room for
-``capacity`` entries; ``count`` in the header says how many rows are in use. Rows are appended in
-arrival order and updated in place; a ``RowTable`` (4 bytes a slot, in the heap) finds a producer's row
-and a Bloom filter answers "certainly not here" first, as KIP-1044 describes.
+``ledger-<sequence>.active`` holds the snapshot header (CRC left 0 while active) and room for some rows;
+``count`` in the header says how many rows are in use. Rows are appended in arrival order and updated in
+place; a ``RowTable`` (4 bytes a slot, in the heap) finds a producer's row. The file's Bloom filter
+(KIP-1044) is kept as rows are added and becomes the snapshot's sidecar at flush; lookups here go to
+the row table directly, which is exact and cheaper than the filter's k bit reads.
+
+The file starts with room for ``INITIAL_ROWS`` and doubles when the rows run out, up to ``capacity``.
+Each growth reserves the new blocks (``posix_fallocate``) before the mapping covers them, so a full disk
+is an ``OSError`` from ``put``, never SIGBUS at a store into the mapping.
 
 An entry is written before the count that makes it visible, so a process killed at any instant leaves
 every row whose ``put`` returned readable when the file is reopened (the page cache holds the mapping's
@@ -12,21 +17,18 @@ writes). Power loss is another matter: only ``sync()`` (msync) makes the rows du
 import mmap
 import os
 import re
-import struct
-
 import numpy as np
 
 from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
-from kmem.errors import CorruptSnapshotError
-from kmem.ledger.snapshot import ENTRY, ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, unmap
+from kmem.errors import CorruptSnapshotError, IllegalStateError
+from kmem.ledger.snapshot import ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, gather, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
+INITIAL_ROWS = 1024                 # 46 KB: a small ledger stays small
 _NAME = re.compile(r"^ledger-(\d{20})\.active$")
-_COUNT = struct.Struct(">i")
-_COUNT_AT = 6
 
 
 def active_name(sequence):
@@ -39,76 +41,160 @@ def active_sequence(name):
     return int(match.group(1)) if match else None
 
 
+def _reserve(file, size):
+    """Give ``file`` ``size`` bytes with their blocks allocated (where the platform can)."""
+    if hasattr(os, "posix_fallocate"):
+        os.posix_fallocate(file.fileno(), 0, size)
+    else:
+        file.truncate(size)
+
+
 class ActiveFile:
     """One active ledger file. Not thread-safe: the ledger serialises ``put`` against ``find``."""
 
-    def __init__(self, path, shape, capacity=None, fsync=False):
-        """Open ``path``, creating it with room for ``capacity`` entries if it does not exist.
+    def __init__(self, path, shape, capacity=None, fsync=False, *, read_only=False):
+        """Open ``path``, creating it (room for ``min(INITIAL_ROWS, capacity)`` rows) if it does not exist.
 
-        The blocks are reserved on creation; ``fsync`` makes the new file and its name durable.
+        ``capacity``: the most rows the file may grow to (at least what it holds). The blocks are reserved
+        on creation; ``fsync`` makes the new file and its name durable. ``read_only`` maps it read-only
+        and never writes (no creation, no growth).
         """
         self.path = os.fspath(path)
         self.sequence = active_sequence(self.path)
-        if capacity is not None and not os.path.exists(self.path):
+        self.read_only = read_only
+        if capacity is not None and not read_only and not os.path.exists(self.path):
             with replaced_atomically(self.path, fsync) as f:
                 f.write(HEADER.pack(VERSION, 0, 0))
                 f.flush()
-                size = HEADER.size + capacity * ENTRY_SIZE
-                if hasattr(os, "posix_fallocate"):
-                    # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
-                    os.posix_fallocate(f.fileno(), 0, size)
-                else:
-                    f.truncate(size)
-        with open(self.path, "r+b") as f:
+                # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
+                _reserve(f, HEADER.size + min(INITIAL_ROWS, capacity) * ENTRY_SIZE)
+        with open(self.path, "rb" if read_only else "r+b") as f:
             size = os.fstat(f.fileno()).st_size
-            # No room for a row would leave update() flushing an empty file forever.
-            if size < HEADER.size + ENTRY_SIZE or (size - HEADER.size) % ENTRY_SIZE:
+            # No room for a row would leave update() flushing an empty file forever. Bytes past the last
+            # whole row (a growth cut short) are not used.
+            if size < HEADER.size + ENTRY_SIZE:
                 raise CorruptSnapshotError(f"{self.path}: active ledger file of {size} bytes is truncated or foreign")
-            self._map = mmap.mmap(f.fileno(), 0)
+            self.rows = (size - HEADER.size) // ENTRY_SIZE
+            self._map = mmap.mmap(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE,
+                                  access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
         version, _, count = HEADER.unpack_from(self._map)
-        self.capacity = (size - HEADER.size) // ENTRY_SIZE
-        if version != VERSION or not 0 <= count <= self.capacity:
+        if version != VERSION or not 0 <= count <= self.rows:
             self._map.close()
             raise CorruptSnapshotError(
                 f"{self.path}: active ledger file has version {version} and {count} entries for "
-                f"{self.capacity} rows (torn or foreign)")
-        self.count = count
-        self._table = _core.RowTable(self.capacity)
-        self.bloom = BloomFilter(shape)
+                f"{self.rows} rows (torn or foreign)")
+        self.capacity = self.rows if read_only else max(capacity or 0, self.rows)
+        self._table = _core.RowTable(self.rows)
         duplicate = self._table.insert_rows(self._map, count)
         if duplicate is not None:
             self._map.close()
             raise CorruptSnapshotError(f"{self.path}: producer id {duplicate} appears twice")
-        self.bloom.add_many(self.entries()["producer_id"])
-        self.cardinality = self.bloom.cardinality()
+        self._table.bind(self._map, not read_only)
+        self.put_row = self._table.put
+        self._filter = BloomFilter(shape)
+        self._half_the_bits = shape.number_of_bits // 2
+        self._filtered = 0                  # rows 0 .. _filtered - 1 are in the filter
+        self.cardinality = 0
+        self._catch_up()
+
+    def _catch_up(self):
+        """Add the rows not yet in the filter, then recount its set bits.
+
+        New ids go into the filter in batches rather than one call per ``put``: ``room`` says how many
+        may wait, the most that cannot saturate it (each sets at most k bits), so ``full`` still turns
+        true exactly when the filter reaches half its bits set.
+        """
+        start, self._filtered = self._filtered, self.count
+        ids = self.entries()["producer_id"][start:]
+        if len(ids) <= 16:              # near saturation, one at a time: no recount of every bit
+            cardinality = self.cardinality + sum(self._filter.add(pid) for pid in ids.tolist())
+        else:
+            self._filter.add_many(ids)
+            cardinality = self._filter.cardinality()
+        self.cardinality = cardinality
+        self._saturated = cardinality >= self._half_the_bits
+        self.room = (self._half_the_bits - cardinality) // self._filter.shape.number_of_hash_functions
+        self._set_limit()
+
+    def _set_limit(self):
+        # New rows the core may add before put() must come back here: filter, capacity, growth. Near
+        # saturation one at a time, each checked before the next.
+        self._table.set_limit(min(self.capacity, self._filtered + max(1, self.room)))
+
+    @property
+    def bloom(self):
+        """The filter of every id in the file (KIP-1044's active filter; the sidecar at flush)."""
+        if self._filtered < self.count:
+            self._catch_up()
+        return self._filter
+
+    @property
+    def count(self):
+        """Rows in use (the row table indexes exactly those)."""
+        return self._table.size
 
     def find(self, pid):
-        if pid not in self.bloom:
-            return None
-        row = self._table.find(self._map, pid)
-        if row < 0:
-            return None
-        return ProducerEntry(*ENTRY.unpack_from(self._map, HEADER.size + row * ENTRY_SIZE))
+        """The entry of ``pid`` (``kafka_view``), or None. The row table answers exactly, in one probe of
+        its slots; asking the filter first would cost k scattered bit reads more."""
+        return self._table.get(pid, ProducerEntry)
 
     def put(self, entry):
-        """Insert or update ``entry`` in place. The caller checks ``full`` first."""
-        packed = entry.pack()
-        pid = entry.producer_id
-        row = self._table.find(self._map, pid) if pid in self.bloom else -1
-        if row >= 0:
-            self._map[HEADER.size + row * ENTRY_SIZE:HEADER.size + (row + 1) * ENTRY_SIZE] = packed
-            return
-        row = self.count
-        self._map[HEADER.size + row * ENTRY_SIZE:HEADER.size + (row + 1) * ENTRY_SIZE] = packed
-        self._table.insert(pid, row)
-        self.cardinality += self.bloom.add(pid)
-        self.count = row + 1
-        _COUNT.pack_into(self._map, _COUNT_AT, self.count)      # the row becomes visible only now
+        """Insert or update ``entry`` in place, as Kafka reads it back (``kafka_view``).
+
+        True once written; None if the file is ``full`` (nothing written: flush first); False if the
+        core refused it (not eight ints in their fields' ranges, or an offset below -1): the caller
+        says why. ``put_row`` is the core's part alone (-1: a new row needs this method)."""
+        row = self.put_row(entry)                       # the header's count is written after the row
+        if row == -1:                                   # a new row at the limit
+            self._catch_up()
+            if self.full:
+                return None
+            if self.count == self.rows:
+                self._grow()
+            row = self.put_row(entry)
+        return row != -2
+
+    def put_many(self, raw):
+        """``put`` for each entry of ``raw`` (checked entries in the file layout, as bytes), in order,
+        until the file is ``full``. Returns how many entries were written."""
+        done, total = 0, len(raw) // ENTRY_SIZE
+        while done < total and not self.full:
+            if self.count == self.rows:
+                self._grow()
+            # At most ``room`` new rows, so the filter cannot saturate unnoticed.
+            done += self._table.put_many(raw[done * ENTRY_SIZE:], min(self.capacity, self._filtered + max(1, self.room)))
+        return done
+
+    def find_many(self, pids):
+        """(row found per id, their entries as stored) for an int64 array of ids."""
+        rows = np.empty(len(pids), np.int64)
+        self._table.find_many(pids, rows)
+        hits = rows >= 0
+        return hits, gather(self.entries(), rows[hits])
+
+    def _grow(self):
+        """Double the rows (up to ``capacity``): reserve the blocks, then map them. On failure nothing changed."""
+        if self.rows >= self.capacity:
+            raise IllegalStateError(f"{self.path} has no room left (the caller checks ``full``)")
+        rows = min(self.capacity, 2 * self.rows)
+        with open(self.path, "r+b") as f:
+            _reserve(f, HEADER.size + rows * ENTRY_SIZE)
+            mapping = mmap.mmap(f.fileno(), HEADER.size + rows * ENTRY_SIZE)
+        table = _core.RowTable(rows)
+        table.insert_rows(mapping, self.count)          # checked for duplicates when opened
+        table.bind(mapping, True)
+        self._table.unbind()
+        self._map, self._table, self.rows, previous = mapping, table, rows, self._map
+        self.put_row = table.put
+        self._set_limit()
+        unmap(previous)
 
     @property
     def full(self):
         """No room left, or the filter reached the shape's false-positive rate (half its bits set)."""
-        return self.count >= self.capacity or 2 * self.cardinality >= self.bloom.shape.number_of_bits
+        if self.count - self._filtered >= self.room:
+            self._catch_up()
+        return self.count >= self.capacity or self._saturated
 
     def entries(self):
         """The rows in use, as an ENTRY_DTYPE array over the mapping."""
@@ -119,7 +205,8 @@ class ActiveFile:
         self._map.flush()
 
     def close(self):
+        self._table.unbind()
         unmap(self._map)
 
     def __repr__(self):
-        return f"ActiveFile({self.path!r}, {self.count}/{self.capacity} entries)"
+        return f"ActiveFile({self.path!r}, {self.count}/{self.rows} rows, up to {self.capacity})"

@@ -14,8 +14,12 @@ _MISSING = object()
 
 class PidCache:
     def __init__(self, ledger, max_entries):
-        if max_entries < 1:
-            raise InvalidArgumentError(f"max_entries must be at least 1: {max_entries}")
+        """``ledger``: a PidLedger (anything with its ``read``, ``update`` and ``expired``);
+        ``max_entries``: how many producer ids (entries and remembered misses) the cache holds."""
+        if not all(callable(getattr(ledger, name, None)) for name in ("read", "update", "expired")):
+            raise InvalidArgumentError(f"ledger must be a PidLedger (read, update, expired): {ledger!r}")
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise InvalidArgumentError(f"max_entries must be an integer of at least 1: {max_entries!r}")
         self.ledger = ledger
         self.max_entries = max_entries
         self._entries = OrderedDict()      # pid -> ProducerEntry, or None for a known miss

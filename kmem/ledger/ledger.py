@@ -11,6 +11,10 @@ hold the id, newest snapshot first, continuing past false positives. The newest 
 an expired one reads as absent. ``update(entry)`` writes to the active file; ``flush()`` turns the
 active file into a sorted snapshot and its sidecar (see ``flush``).
 
+A read-only ledger (``read_only=True``) writes nothing: no lock file, no active file, no sidecar or row
+order (built in the heap when missing), no deletions. It takes a shared ``flock`` on ``ledger.lock`` when
+that file exists, so it cannot open while a writer has the directory, nor a writer while it is open.
+
 Durability: everything ``update`` returned for survives a crash of the process (the mapping's writes are
 in the page cache; a reopened ledger finds them, finishing any flush that was cut short). Surviving
 power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
@@ -18,10 +22,13 @@ and ``sync()`` msyncs the active file; without it, recent updates can be lost wi
 """
 import fcntl
 import logging
+import operator
 import os
 import threading
 import time
 from typing import NamedTuple
+
+import numpy as np
 
 from kmem import _core
 from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
@@ -29,7 +36,8 @@ from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name, active_sequence
 from kmem.ledger.snapshot import (
-    NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, snapshot_name,
+    ENTRY_DTYPE, ENTRY_SIZE, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view,
+    kafka_view_array, scatter, snapshot_name,
     snapshot_offset, snapshot_stats, write_entries,
 )
 
@@ -40,6 +48,33 @@ DEFAULT_EXPIRATION_MS = 86_400_000       # producer.id.expiration.ms
 LOCK_NAME = "ledger.lock"                # flock()ed while a PidLedger has the directory open
 
 
+def _require_path(name, value):
+    try:
+        return os.fspath(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be a path (str, bytes or os.PathLike): {value!r}") from None
+
+
+def _require_int(name, value, low, high=2**63 - 1):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer: {value!r}")
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be between {low} and {high}: {value}")
+    return value
+
+
+def _require_bool(name, value):
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be True or False: {value!r}")
+    return value
+
+
+def _require_shape(name, value):
+    if not isinstance(value, Shape):
+        raise InvalidArgumentError(f"{name} must be a kmem.bloom.Shape (e.g. Shape.from_np(n, p)): {value!r}")
+    return value
+
+
 def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=False):
     """Write ``entries`` as one sorted snapshot plus its Bloom sidecar, ready for ``PidLedger``.
 
@@ -48,17 +83,55 @@ def write_ledger_snapshot(directory, entries, *, offset=None, shape=None, fsync=
     ``last_offset`` + 1); ``shape`` defaults to 1% false positives at the number of entries. The sidecar
     is written first, so a snapshot file never appears without it. Returns the snapshot's path.
     """
+    directory = _require_path("directory", directory)
+    if offset is not None:
+        _require_int("offset", offset, 0, 10**20 - 1)
+    if shape is not None:
+        _require_shape("shape", shape)
+    _require_bool("fsync", fsync)
     array = entries_array(entries)
     if offset is None:
         offset = int(array["last_offset"].max()) + 1 if len(array) else 0
     shape = shape or Shape.from_np(max(len(array), 1), 0.01)
-    path = os.path.join(os.fspath(directory), snapshot_name(offset))
+    path = os.path.join(directory, snapshot_name(offset))
     order = id_order(array)             # rejects duplicates before anything is written
     bloom = BloomFilter(shape)
     bloom.add_many(array["producer_id"])
     bloom.write(path + SIDECAR_SUFFIX, fsync=fsync)
     write_entries(path, array, order, fsync=fsync)
     return path
+
+
+def _producer_entry(entry):
+    """``entry`` as a ProducerEntry whose offsets Kafka could have written, else InvalidArgumentError."""
+    if not isinstance(entry, ProducerEntry):
+        try:
+            entry = ProducerEntry(*entry)
+        except TypeError:
+            raise InvalidArgumentError(f"entry must be a ProducerEntry or a tuple of its 8 fields: {entry!r}") from None
+    # -1 is Kafka's "none" for both; below it no snapshot name fits, and Kafka never writes it.
+    if entry.last_offset < -1:
+        raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
+    if entry.current_txn_first_offset < NO_TXN:
+        raise InvalidArgumentError(f"current_txn_first_offset must be at least -1: {entry!r}")
+    return entry
+
+
+def _producer_id(pid):
+    """``pid`` as an int if it is a signed 64-bit integer, else InvalidArgumentError."""
+    if isinstance(pid, bool) or not isinstance(pid, (int, np.integer)) or not -2**63 <= int(pid) < 2**63:
+        raise InvalidArgumentError(f"a producer id is a signed 64-bit integer, not {pid!r}")
+    return int(pid)
+
+
+def _producer_ids(pids):
+    """Producer ids as a contiguous int64 array, from any integer array-like."""
+    array = np.asarray(pids)
+    if array.dtype.kind not in "iu" and array.size:
+        raise InvalidArgumentError(f"pids must be an integer array, not {array.dtype}")
+    if array.dtype == np.uint64 and array.size and int(array.max()) >= 2**63:
+        raise InvalidArgumentError("pids must be signed 64-bit producer ids")
+    return np.ascontiguousarray(array.reshape(-1), np.int64)
 
 
 def _own_temporary(name):
@@ -80,22 +153,29 @@ class PidLedger:
     """The producer-id ledger of one partition directory. Thread-safe."""
 
     def __init__(self, directory, shape=DEFAULT_SHAPE, *, producer_id_expiration_ms=DEFAULT_EXPIRATION_MS,
-                 flush_interval_ms=None, fsync=False, clock_ms=None):
-        if producer_id_expiration_ms <= 0:
-            raise InvalidArgumentError(f"producer_id_expiration_ms must be positive: {producer_id_expiration_ms}")
-        if flush_interval_ms is not None and flush_interval_ms <= 0:
-            raise InvalidArgumentError(f"flush_interval_ms must be positive: {flush_interval_ms}")
-        self.directory = os.fspath(directory)
-        self.shape = shape
-        self.expiration_ms = producer_id_expiration_ms
+                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False):
+        self.directory = _require_path("directory", directory)
+        self.shape = _require_shape("shape", shape)
+        self.expiration_ms = _require_int("producer_id_expiration_ms", producer_id_expiration_ms, 1)
+        if flush_interval_ms is not None:
+            _require_int("flush_interval_ms", flush_interval_ms, 1)
+        self.fsync = _require_bool("fsync", fsync)
+        self.read_only = _require_bool("read_only", read_only)
+        if clock_ms is not None and not callable(clock_ms):
+            raise InvalidArgumentError(f"clock_ms must be a function returning milliseconds: {clock_ms!r}")
+        if read_only and flush_interval_ms is not None:
+            raise InvalidArgumentError("flush_interval_ms needs a writable ledger, not read_only=True")
         self.flush_interval_ms = flush_interval_ms
-        self.fsync = fsync
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         # Room for the rows the filter takes before saturating, with margin for its randomness.
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
         self._lock = threading.Lock()          # the active file: update and read
         self._flush_lock = threading.Lock()    # one flush at a time
-        if not os.path.isdir(self.directory):
+        self._closed = False
+        if read_only:
+            if not os.path.isdir(self.directory):
+                raise InvalidArgumentError(f"directory {self.directory} does not exist (read_only=True creates nothing)")
+        elif not os.path.isdir(self.directory):
             os.makedirs(self.directory, exist_ok=True)
             if fsync:                       # the new directory's name, so its files can be found
                 fsync_directory(os.path.dirname(os.path.abspath(self.directory)))
@@ -103,7 +183,8 @@ class PidLedger:
         try:
             self._open()
         except BaseException:
-            self._lock_file.close()
+            if self._lock_file is not None:
+                self._lock_file.close()
             raise
         self._stop = threading.Event()
         self._timer = None
@@ -115,10 +196,18 @@ class PidLedger:
 
     def _take_directory_lock(self):
         # Two ledgers on one directory would append to one active file at their own counts and lose
-        # acknowledged updates; the kernel drops the lock when the process dies.
-        lock_file = open(os.path.join(self.directory, LOCK_NAME), "ab")
+        # acknowledged updates; the kernel drops the lock when the process dies. Readers share the lock,
+        # so a writer cannot change files under them; a directory no writer opened has no lock file.
+        path = os.path.join(self.directory, LOCK_NAME)
+        if self.read_only:
+            try:
+                lock_file = open(path, "rb")
+            except FileNotFoundError:
+                return None
+        else:
+            lock_file = open(path, "ab")
         try:
-            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock_file.fileno(), (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
         except BlockingIOError:
             lock_file.close()
             raise IllegalStateError(
@@ -127,7 +216,7 @@ class PidLedger:
 
     def _open(self):
         for name in os.listdir(self.directory):
-            if _own_temporary(name):            # a write cut short; its target was never replaced
+            if _own_temporary(name) and not self.read_only:     # a write cut short; its target was never replaced
                 os.unlink(os.path.join(self.directory, name))
         names = set(os.listdir(self.directory))
         filters, snapshots = [], []
@@ -139,14 +228,20 @@ class PidLedger:
         for name in names:
             base = name.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
             if base != name and snapshot_offset(base) is not None and base not in names:
-                os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
+                if not self.read_only:
+                    os.unlink(os.path.join(self.directory, name))   # derived file of a snapshot Kafka deleted
             elif base == name and snapshot_offset(name) is None and active_sequence(name) is None \
-                    and name != LOCK_NAME:
+                    and name != LOCK_NAME and not _own_temporary(name):
                 log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
         actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
         self._sequence = active_sequence(actives[-1]) if actives else 0
         # Flushes a crash or an error cut short: older than the newest active file and, since a flush
         # seals pending files first, newer than every snapshot. Sealed oldest first, in that place.
+        if self.read_only:          # every active file is read as it is, the newest first
+            opened = [a for a in map(self._open_active, actives) if a is not None]
+            self._view = _ReadPath(tuple(reversed(opened)), filters, snapshots)
+            self._active = None
+            return
         pending = [a for a in map(self._open_active, actives[:-1]) if a is not None]
         self._view = _ReadPath(tuple(reversed(pending)), filters, snapshots)
         self._active = self._open_active(actives[-1]) if actives else None
@@ -157,7 +252,7 @@ class PidLedger:
 
     def _load_snapshot(self, path):
         try:
-            snapshot = Snapshot(path)
+            snapshot = Snapshot(path, read_only=self.read_only)
         except CorruptSnapshotError as e:
             log.warning("ledger: skipping snapshot: %s", e)
             return None
@@ -179,18 +274,24 @@ class PidLedger:
         if bloom is None:
             built = BloomFilter(Shape.from_np(max(snapshot.count, 1), 0.01))
             built.add_many(ids)
-            built.write(sidecar, fsync=self.fsync)
-            bloom = BloomFilter.open(sidecar)
+            if self.read_only:
+                bloom = built           # in the heap until closed
+            else:
+                built.write(sidecar, fsync=self.fsync)
+                bloom = BloomFilter.open(sidecar)
         snapshot.trim()
         return bloom, snapshot
 
     def _open_active(self, name):
         path = os.path.join(self.directory, name)
         try:
-            return ActiveFile(path, self.shape)
+            return ActiveFile(path, self.shape, None if self.read_only else self.capacity, read_only=self.read_only)
         except CorruptSnapshotError as e:
-            log.warning("ledger: setting aside an unreadable active file: %s", e)
-            os.replace(path, path + ".corrupt")
+            if self.read_only:
+                log.warning("ledger: skipping an unreadable active file: %s", e)
+            else:
+                log.warning("ledger: setting aside an unreadable active file: %s", e)
+                os.replace(path, path + ".corrupt")
             return None
 
     def _new_active(self):
@@ -203,11 +304,18 @@ class PidLedger:
 
     def read(self, pid):
         """The newest entry of producer ``pid``, or None if unknown or expired."""
+        if type(pid) is not int or not -2**63 <= pid < 2**63:
+            pid = _producer_id(pid)
         with self._lock:
-            entry = self._current().find(pid)
+            if self._closed:
+                raise IllegalStateError(f"ledger {self.directory} is closed")
+            entry = self._active.find(pid) if self._active is not None else None
         if entry is None:
             entry = self._read_sealed(self._view, pid)
-        if entry is None or self.expired(entry):
+            if entry is None:
+                return None
+        # expired(), inline: this is the hot path
+        if entry.current_txn_first_offset < 0 and self._clock_ms() - entry.timestamp >= self.expiration_ms:
             return None
         return entry
 
@@ -224,25 +332,96 @@ class PidLedger:
 
     def expired(self, entry):
         """Whether ``entry`` is past producer_id_expiration_ms (and in no transaction): read as absent."""
-        return (entry.current_txn_first_offset == NO_TXN
+        return (entry.current_txn_first_offset < 0
                 and self._clock_ms() - entry.timestamp >= self.expiration_ms)
 
     def update(self, entry):
-        """Insert or update the producer's entry in the active file; returns it.
+        """Insert or update the producer's entry in the active file; returns it as stored.
 
         Flushes first when the active file is full (its filter saturated or its rows used up).
-        ``entry`` is a ProducerEntry or a tuple of its eight fields.
+        ``entry`` is a ProducerEntry or a tuple of its eight fields. It is stored as Kafka reads it back
+        (``kafka_view``: with ``last_offset`` -1 there is no batch, so sequence -1 and offset delta 0).
+        The core checks and writes it; only a refused entry comes back here to be explained.
         """
-        if not isinstance(entry, ProducerEntry):
-            entry = ProducerEntry(*entry)
-        if entry.last_offset < -1:      # -1: no offset yet (Kafka); below that no snapshot name fits
-            raise InvalidArgumentError(f"last_offset must be at least -1: {entry!r}")
-        while True:
+        with self._lock:
+            active = self._active
+            if active is None or self.read_only:
+                self._check_writable()                      # raises: closed or read-only
+            row = active.put_row(entry)                     # the core alone, unless a new row needs more
+        if row >= 0 and type(entry) is ProducerEntry and entry.last_offset >= 0:
+            return entry
+        return self._update_decided(entry, row)
+
+    def _update_decided(self, entry, row):
+        """``update`` past the core's part: a new row for ``ActiveFile.put`` to decide on (the filter,
+        growth; flush first when full), an entry the core refused, or one stored changed."""
+        while row == -1:
             with self._lock:
-                if not self._current().full:
-                    self._active.put(entry)
-                    return entry
+                written = self._current().put(entry)
+            if written is None:
+                self.flush()                                # full
+            else:
+                row = 0 if written else -2
+        if row == -2:
+            checked = _producer_entry(entry)                # raises InvalidArgumentError saying why
+            checked.pack()                                  # so does a value out of its field's range
+            # In range, but not plain ints (numpy integers, say): the core takes them as ints.
+            return self.update(ProducerEntry(*map(operator.index, checked)))
+        return kafka_view(_producer_entry(entry))
+
+    def update_many(self, entries):
+        """``update`` for every entry of an array, in order (a later entry of one producer wins), in the core.
+
+        ``entries``: an ENTRY_DTYPE array (or one with its fields, or ProducerEntry tuples). The whole batch
+        is checked before anything is written. Flushes whenever the active file fills, as ``update`` does.
+        An ``OSError`` on the way (a full disk when the active file grows or a flush writes) leaves the
+        entries before it written, as that many ``update`` calls would have.
+        """
+        self._check_writable()
+        array = entries_array(entries)
+        for name in ("last_offset", "current_txn_first_offset"):
+            below = np.flatnonzero(array[name] < -1)
+            if len(below):
+                raise InvalidArgumentError(f"{name} must be at least -1: entry {below[0]} has {array[name][below[0]]}")
+        raw = np.ascontiguousarray(kafka_view_array(array)).view(np.uint8)
+        done = 0
+        while done < len(array):
+            with self._lock:
+                active = self._current()
+                if not active.full:
+                    done += active.put_many(raw[done * ENTRY_SIZE:])
+                    continue
             self.flush()
+
+    def read_many(self, pids):
+        """``read`` for an array of producer ids: (a bool array, found and not expired; an ENTRY_DTYPE array
+        with each found id's newest entry, zeros elsewhere). One pass per file in the core."""
+        pids = _producer_ids(pids)
+        found = np.zeros(len(pids), np.bool_)
+        out = np.zeros(len(pids), ENTRY_DTYPE)
+
+        def take(where, finder):
+            hits, entries = finder(pids[where])
+            found[where[hits]] = True
+            scatter(out, where[hits], entries)
+
+        with self._lock:
+            self._check_open()
+            if self._active is not None:
+                take(np.arange(len(pids)), self._active.find_many)
+        view = self._view
+        for old in view.sealing:
+            take(np.flatnonzero(~found), old.find_many)
+        for bloom, snapshot in zip(view.filters, view.snapshots):
+            missing = np.flatnonzero(~found)
+            if not len(missing):
+                break
+            take(missing[bloom.contains_many(pids[missing])], snapshot.find_many)
+        out = kafka_view_array(out)
+        expired = (out["current_txn_first_offset"] < 0) & (self._clock_ms() - out["timestamp"] >= self.expiration_ms)
+        found &= ~expired
+        out[~found] = 0
+        return found, out
 
     def flush(self):
         """Turn the active file into a snapshot, KIP-1044's eight steps; returns its path (None if empty).
@@ -257,6 +436,7 @@ class PidLedger:
         If sealing fails (a full disk, no file descriptors), the old file stays on the read path, pending,
         and the next flush seals it before anything newer, so snapshots keep the order of their data.
         """
+        self._check_writable()
         with self._flush_lock:
             self._seal_pending()
             with self._lock:
@@ -336,13 +516,22 @@ class PidLedger:
 
     def sync(self):
         """Make the active file's rows durable against power loss (msync)."""
+        self._check_writable()
         with self._lock:
             self._current().sync()
 
+    def _check_open(self):
+        if self._closed:
+            raise IllegalStateError(f"ledger {self.directory} is closed")
+
+    def _check_writable(self):
+        self._check_open()
+        if self.read_only:
+            raise IllegalStateError(f"ledger {self.directory} is open read-only: it cannot be updated or flushed")
+
     def _current(self):
         """The active file (the caller holds ``_lock``); IllegalStateError once the ledger is closed."""
-        if self._active is None:
-            raise IllegalStateError(f"ledger {self.directory} is closed")
+        self._check_writable()
         return self._active
 
     def close(self):
@@ -354,15 +543,17 @@ class PidLedger:
         if self._timer is not None:
             self._timer.join()
         with self._flush_lock, self._lock:
-            active, self._active = self._active, None
-            if active is None:
+            if self._closed:
                 return
-            if self.fsync:
+            self._closed = True
+            active, self._active = self._active, None
+            if self.fsync and active is not None:
                 active.sync()
             view, self._view = self._view, _ReadPath((), [], [])
-        for opened in (active, *view.sealing, *view.filters, *view.snapshots):
+        for opened in (*([active] if active is not None else []), *view.sealing, *view.filters, *view.snapshots):
             opened.close()
-        self._lock_file.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
 
     def __enter__(self):
         return self
@@ -377,5 +568,7 @@ class PidLedger:
 
     def __len__(self):
         """Entries across the active file and the snapshots (an id updated since a snapshot counts twice)."""
-        view = self._view
-        return self._current().count + sum(a.count for a in view.sealing) + sum(s.count for s in view.snapshots)
+        self._check_open()
+        view, active = self._view, self._active
+        return (active.count if active is not None else 0) + sum(a.count for a in view.sealing) \
+            + sum(s.count for s in view.snapshots)

@@ -2,8 +2,14 @@
 
 Layout (big-endian): ``version i16 (= 1) | crc u32 | count i32`` then ``count`` entries of 46 bytes
 ``producerId i64 | epoch i16 | lastSequence i32 | lastOffset i64 | offsetDelta i32 | timestamp i64 |
-coordinatorEpoch i32 | currentTxnFirstOffset i64``. The CRC-32C covers bytes [6, end). Files are named by
-the offset they end at, zero-padded to 20 digits, plus ``.snapshot``.
+coordinatorEpoch i32 | currentTxnFirstOffset i64``. The CRC-32C covers bytes [6, end of file). Files are
+named by the offset they end at, zero-padded to 20 digits, plus ``.snapshot``.
+
+Reading follows Kafka 3.9's ``ProducerStateManager.readSnapshot``: it parses the header and ``count``
+entries from the start of the file and checks the CRC over everything after the CRC field, so bytes after
+the entries are accepted when the CRC covers them. An entry with ``lastOffset < 0`` has no batch: Kafka
+reads its sequence, offset and offset delta as -1, -1 and 0. A ``currentTxnFirstOffset`` below 0 is "no
+open transaction" (-1). ``kafka_view`` applies those two rules; every reader here returns entries so.
 
 Kafka writes entries in hash-map order; kmem writes them sorted by producer id, which is still a valid
 Kafka snapshot and lets ``Snapshot.find`` binary-search it in the compiled core. For an
@@ -74,6 +80,45 @@ class SnapshotStats(NamedTuple):
     open_transactions: bool
 
 
+def kafka_view(entry):
+    """``entry`` as Kafka 3.9's ``readSnapshot`` hands it on (see the module docstring)."""
+    if entry.last_offset >= 0 and entry.current_txn_first_offset >= NO_TXN:
+        return entry
+    if entry.last_offset < 0:
+        entry = entry._replace(last_sequence=-1, last_offset=-1, offset_delta=0)
+    if entry.current_txn_first_offset < NO_TXN:
+        entry = entry._replace(current_txn_first_offset=NO_TXN)
+    return entry
+
+
+def kafka_view_array(array):
+    """``kafka_view`` for an ENTRY_DTYPE array: the array itself when no entry changes, else a fixed copy."""
+    no_batch = array["last_offset"] < 0
+    no_txn = array["current_txn_first_offset"] < NO_TXN
+    if not (no_batch.any() or no_txn.any()):
+        return array
+    array = array.copy()
+    array["last_sequence"][no_batch] = -1
+    array["last_offset"][no_batch] = -1
+    array["offset_delta"][no_batch] = 0
+    array["current_txn_first_offset"][no_txn] = NO_TXN
+    return array
+
+
+_ROW = np.dtype((np.void, ENTRY_SIZE))
+
+
+def gather(array, rows):
+    """``array[rows]`` for an ENTRY_DTYPE array, copied as whole 46-byte rows (numpy copies structured
+    rows field by field, several times slower)."""
+    return array.view(_ROW)[rows].view(ENTRY_DTYPE)
+
+
+def scatter(array, where, rows):
+    """``array[where] = rows`` for ENTRY_DTYPE arrays, as whole rows (see ``gather``)."""
+    array.view(_ROW)[where] = rows.view(_ROW)
+
+
 def snapshot_name(offset):
     """``00000000000000001234.snapshot`` for offset 1234."""
     if offset < 0 or offset >= 10**20:
@@ -105,7 +150,11 @@ def entries_array(entries):
                 raise InvalidArgumentError(f"entry field {name} has values outside {ENTRY_DTYPE[name]}")
             out[name] = column
         return out
-    rows = [tuple(e) for e in entries]
+    try:
+        rows = [tuple(e) for e in entries]
+    except TypeError:
+        raise InvalidArgumentError(
+            f"entries must be ProducerEntry tuples or an array with ENTRY_DTYPE's fields, not {entries!r:.80}") from None
     try:
         return np.array(rows, ENTRY_DTYPE) if rows else np.empty(0, ENTRY_DTYPE)
     except (OverflowError, ValueError, TypeError) as e:
@@ -129,7 +178,7 @@ def _body_chunks(array, order):
     yield struct.pack(">i", len(array))
     step = _READ_CHUNK // ENTRY_SIZE
     for start in range(0, len(array), step):
-        rows = array[start:start + step] if order is None else array[order[start:start + step]]
+        rows = array[start:start + step] if order is None else gather(array, order[start:start + step])
         yield rows.tobytes()
 
 
@@ -144,7 +193,7 @@ def snapshot_stats(array, order=None):
 def _stats(array, crc):
     return SnapshotStats(
         len(array), crc, int(array["timestamp"].max()) if len(array) else MIN_TIMESTAMP,
-        bool((array["current_txn_first_offset"] != NO_TXN).any()))
+        bool((array["current_txn_first_offset"] >= 0).any()))
 
 
 def write_snapshot(path, entries, *, sort=True, fsync=False):
@@ -173,30 +222,50 @@ def write_entries(path, array, order, *, fsync=False):
 
 
 def read_snapshot(path):
-    """All entries of a snapshot file as ProducerEntry tuples, in file order (verifies version and CRC)."""
+    """All entries of a snapshot file as ProducerEntry tuples (``kafka_view``), in file order.
+
+    Verifies version, size and CRC as Kafka 3.9's ``readSnapshot`` does.
+    """
     path = os.fspath(path)
     with open(path, "rb") as f:
-        data = f.read()
-    count = _check_header(data, len(data), path)
-    if _core.crc32c(memoryview(data)[CRC_START:]) != HEADER.unpack_from(data)[1]:
-        raise CorruptSnapshotError(f"{path}: snapshot failed CRC check: the CRC is no longer valid")
-    return [ProducerEntry(*ENTRY.unpack_from(data, HEADER.size + i * ENTRY_SIZE)) for i in range(count)]
+        size = os.fstat(f.fileno()).st_size
+        head = f.read(HEADER.size)
+        count = _check_header(head, size, path)
+        data = head + f.read(size - HEADER.size)       # the size is checked first: no huge read of a bad count
+    if len(data) != size:
+        raise CorruptSnapshotError(f"{path}: snapshot changed size while being read")
+    stored, computed = HEADER.unpack_from(data)[1], _core.crc32c(memoryview(data)[CRC_START:])
+    if computed != stored:
+        raise _crc_error(path, stored, computed)
+    return [kafka_view(ProducerEntry(*ENTRY.unpack_from(data, HEADER.size + i * ENTRY_SIZE))) for i in range(count)]
 
 
 def _check_header(head, size, path):
+    """The entry count, once version and size allow it; bytes after the entries are allowed (as Kafka does)."""
     if size < HEADER.size:
-        raise CorruptSnapshotError(f"{path}: snapshot truncated ({size} bytes, the header needs {HEADER.size})")
+        raise CorruptSnapshotError(
+            f"{path}: snapshot truncated ({size} bytes, the header needs {HEADER.size}, at byte 0)")
     version, _, count = HEADER.unpack_from(head)
     if version != VERSION:
         raise CorruptSnapshotError(f"{path}: snapshot file has an unknown file version {version}")
-    if count < 0 or size != HEADER.size + count * ENTRY_SIZE:
+    if count < 0:
+        raise CorruptSnapshotError(f"{path}: snapshot entry count {count} is negative (at byte 6)")
+    if size < HEADER.size + count * ENTRY_SIZE:
         raise CorruptSnapshotError(
-            f"{path}: snapshot of {size} bytes cannot hold its {count} entries (truncated or torn)")
+            f"{path}: snapshot truncated: {size} bytes cannot hold its {count} entries "
+            f"({HEADER.size + count * ENTRY_SIZE} bytes)")
     return count
 
 
+def _crc_error(path, stored, computed):
+    return CorruptSnapshotError(
+        f"{path}: snapshot failed CRC check (stored {stored:#010x}, computed {computed:#010x} over bytes "
+        f"{CRC_START} to the end): the CRC is no longer valid")
+
+
 def verify_snapshot(path):
-    """Check version, size and CRC, reading the file in chunks (nothing stays mapped or in the heap)."""
+    """Check version, size and CRC as ``read_snapshot`` does, reading the file in chunks (nothing stays
+    mapped or in the heap). Returns its SnapshotStats (over the entries, not bytes after them)."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -205,19 +274,22 @@ def verify_snapshot(path):
         crc = _core.crc32c(head[CRC_START:])
         max_timestamp = MIN_TIMESTAMP
         open_txn = False
-        while chunk := f.read(_READ_CHUNK):
-            crc = _core.crc32c(chunk, crc)
-            if len(chunk) % ENTRY_SIZE:
+        entry_bytes, left = count * ENTRY_SIZE, size - HEADER.size
+        while left:
+            # Whole entries while there are entries, then what follows them (only the CRC covers it).
+            chunk = f.read(min(entry_bytes or left, _READ_CHUNK))    # never more than the file holds
+            if not chunk or (entry_bytes and len(chunk) % ENTRY_SIZE):
                 raise CorruptSnapshotError(f"{path}: snapshot changed size while being read")
-            rows = np.frombuffer(chunk, ENTRY_DTYPE)
-            if len(rows):
+            left -= len(chunk)
+            crc = _core.crc32c(chunk, crc)
+            if entry_bytes:
+                entry_bytes -= len(chunk)
+                rows = np.frombuffer(chunk, ENTRY_DTYPE)
                 max_timestamp = max(max_timestamp, int(rows["timestamp"].max()))
-                open_txn = open_txn or bool((rows["current_txn_first_offset"] != NO_TXN).any())
+                open_txn = open_txn or bool((rows["current_txn_first_offset"] >= 0).any())
     expected = HEADER.unpack_from(head)[1]
     if crc != expected:
-        raise CorruptSnapshotError(
-            f"{path}: snapshot failed CRC check (stored {expected:#010x}, computed {crc:#010x}): "
-            "the CRC is no longer valid")
+        raise _crc_error(path, expected, crc)
     return SnapshotStats(count, crc, max_timestamp, open_txn)
 
 
@@ -230,18 +302,22 @@ class Snapshot:
     to 2 MB) on a fault, so mapped lookups either grow the resident set by about a megabyte per search
     or pay a fault and an unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
 
-    Unsorted (Kafka-written) files get a row order (``<name>.order``) built once; they are searched
+    Unsorted (Kafka-written) files get a row order (``<name>.order``) built once (kept in the heap when
+    opened ``read_only``); they are searched
     through the read-only mapping and the order, unmapping what the search touched afterwards.
     """
 
-    def __init__(self, path, stats=None):
+    def __init__(self, path, stats=None, *, read_only=False):
+        """``read_only``: an unsorted file's row order is kept in the heap instead of written beside it."""
         self.path = os.fspath(path)
+        self.read_only = read_only
         self.offset = snapshot_offset(self.path)
         self.stats = stats or verify_snapshot(self.path)
         self.count = self.stats.count
         self._order_map = None
         self._order = None
         self._file = open(self.path, "rb", buffering=0)
+        self._fd = self._file.fileno()
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         _advise_random(self._map)
         self._data = memoryview(self._map)
@@ -269,8 +345,9 @@ class Snapshot:
         order = np.argsort(ids, kind="stable").astype("<u4")
         if not _core.snapshot_sorted(self._data, self.count, order):
             raise CorruptSnapshotError(f"{self.path}: a producer id appears twice in the snapshot")
-        with replaced_atomically(order_path) as f:
-            f.write(order.tobytes())
+        if not self.read_only:
+            with replaced_atomically(order_path) as f:
+                f.write(order.tobytes())
         return order
 
     @property
@@ -279,29 +356,42 @@ class Snapshot:
 
     def find(self, pid):
         """The entry of producer ``pid``, or None."""
-        if self._order is None:
-            stride = _core.fence_block(self._fences, pid)
-            if stride < 0:
-                return None
-            first = stride * FENCE_STRIDE
-            size = min(FENCE_STRIDE, self.count - first) * ENTRY_SIZE
-            block = os.pread(self._file.fileno(), size, HEADER.size + first * ENTRY_SIZE)
-            if len(block) != size:
+        if self._order is None:        # fences, one pread of the stride, its search: one call to the core
+            entry = _core.sorted_snapshot_find(self._fd, self.count, self._fences, FENCE_STRIDE, pid, ProducerEntry)
+            if entry is False:
                 raise CorruptSnapshotError(f"{self.path}: snapshot shrank while in use")
-            i = _core.block_search(block, pid)
-            return None if i < 0 else ProducerEntry(*ENTRY.unpack_from(block, i * ENTRY_SIZE))
+            return entry
         row = _core.snapshot_search(self._data, self.count, pid, self._order, self._fences, FENCE_STRIDE)
-        entry = None if row < 0 else ProducerEntry(*ENTRY.unpack_from(self._data, HEADER.size + row * ENTRY_SIZE))
+        entry = None if row < 0 else kafka_view(
+            ProducerEntry(*ENTRY.unpack_from(self._data, HEADER.size + row * ENTRY_SIZE)))
         self.trim()
         return entry
 
+    def find_many(self, pids):
+        """(found per id, their entries, ``kafka_view``) for an int64 array of ids: one pass in the core.
+
+        A sorted file is mapped for the call and unmapped after it (a batch amortises the mapping).
+        """
+        data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            rows = np.full(len(pids), -1, np.int64)
+            _core.snapshot_search_many(data, self.count, pids, rows, self._order, self._fences, FENCE_STRIDE)
+            hits = rows >= 0
+            found = gather(np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size), rows[hits])
+        finally:
+            if data is not self._data:
+                data.close()
+        self.trim()
+        return hits, kafka_view_array(found)
+
     def entries(self):
-        """All entries, as a read-only ENTRY_DTYPE array over a mapping (sorted files: in id order).
+        """All entries (``kafka_view``), as a read-only ENTRY_DTYPE array over a mapping (sorted files: in
+        id order), or a copy in the heap if some entry reads differently in Kafka than as stored.
 
         Sorted files are mapped for the call; the mapping goes with the array.
         """
         data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
-        return np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size)
+        return kafka_view_array(np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size))
 
     def trim(self):
         """Drop this process's mapping of pages already read (they remain in the page cache)."""

@@ -6,7 +6,7 @@ later read retries. ``NetworkSend`` writes one frame: the size prefix, then any 
 """
 from kmem.errors import InvalidArgumentError, InvalidReceiveError
 from kmem.pool import NONE
-from kmem.send import BytesSend, Send, SequenceSend
+from kmem.send import BytesSend, SequenceSend
 
 UNLIMITED = -1
 SIZE_PREFIX_BYTES = 4
@@ -114,7 +114,7 @@ class NetworkSend(SequenceSend):
     ``Send``, whose ``size`` is the prefix)."""
 
     def __init__(self, destination, payload):
-        body = payload if isinstance(payload, Send) else BytesSend(payload)
+        body = payload if hasattr(payload, "write_to") else BytesSend(payload)
         if body.size > MAX_FRAME_SIZE:
             raise InvalidArgumentError(f"a frame to {destination} cannot hold {body.size} bytes "
                                        f"(the size prefix is a signed 32-bit integer)")

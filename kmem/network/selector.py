@@ -241,10 +241,13 @@ class Selector:
                 self._handle_channel(channel, mask)
             except _CONNECTION_ERRORS as exc:
                 self._close_channel(channel, exc)
-            except Exception as exc:
-                # A bug or a failed malloc: it ends this channel, not the poll (and the other channels').
+            except BaseException as exc:
+                # A bug, a failed malloc, a send's own error (even a CancelledError): it ends this channel,
+                # not the poll (and the other channels'). KeyboardInterrupt and SystemExit still propagate.
                 log.exception("closing channel %s after an unexpected error", channel_id)
                 self._close_channel(channel, exc)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
 
     def _handle_channel(self, channel, mask):
         if not channel.ready:

@@ -160,9 +160,11 @@ class _Processor(threading.Thread):
                     self.selector.poll(POLL_SECONDS)
                     self._process_completed_receives()
                     self._process_completed_sends()
-                except Exception:
-                    # Keep serving: the acceptor keeps dealing connections to this thread. A failure that
-                    # repeats must not spin (nor flood the log): at most one per poll interval.
+                except BaseException:
+                    # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
+                    # and SystemExit, raised here only by code such as a response's Send, do not stop a
+                    # server: close() does). A failure that repeats must not spin (nor flood the log): at
+                    # most one per poll interval.
                     log.exception("network processor %d failed; continuing", self._index)
                     time.sleep(POLL_SECONDS)
         finally:

@@ -3,6 +3,8 @@ import enum
 import functools
 import struct
 
+from kmem.send import as_transport
+
 from . import codegen, schema
 from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
 
@@ -104,11 +106,13 @@ def _codec(api_key, version, kind, direction):
     return codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
 
 
+@functools.lru_cache(maxsize=None)
 def request_header_version(api_key, api_version):
     """2 from the API's first flexible version on, else 1 (Kafka's ``ApiKeys.requestHeaderVersion``)."""
     return 2 if message(api_key, "Request").is_flexible(api_version) else 1
 
 
+@functools.lru_cache(maxsize=None)
 def response_header_version(api_key, api_version):
     """1 from the API's first flexible version on, else 0; ApiVersions always 0 (clients read it before
     they know the broker's versions)."""
@@ -140,30 +144,40 @@ def _read_tags(view, pos, what):
         raise CorruptMessageError(what, 0, "<tagged fields>", pos, str(e) or "message ends early") from None
 
 
+_API_KEYS = {int(key): key for key in ApiKey}
+_HEADER = struct.Struct(">hhih")
+
+
 def decode_request_header(buf):
     """``(RequestHeader, body offset)`` of a request payload (the bytes after the size prefix).
 
     Raises ``UnknownApiKeyError`` for an API this codec does not know (before reading further), and
     ``CorruptMessageError`` when the header itself is cut short. Versions are not checked here.
     """
-    view = _view(buf)
-    if len(view) < 8:
+    return _decode_request_header(_view(buf))
+
+
+def _decode_request_header(view):
+    size = len(view)
+    if size < 8:
         raise CorruptMessageError("RequestHeader", 1, "api_key..correlation_id", 0,
-                                  f"{len(view)} bytes, a request header needs at least 10")
-    api_key, api_version, correlation_id = struct.unpack_from(">hhi", view, 0)
-    try:
-        key = ApiKey(api_key)
-    except ValueError:
-        raise UnknownApiKeyError(api_key, api_version, correlation_id) from None
-    if len(view) < 10:
+                                  f"{size} bytes, a request header needs at least 10")
+    if size < 10:
+        api_key, api_version, correlation_id = struct.unpack_from(">hhi", view, 0)
+        length = None
+    else:
+        api_key, api_version, correlation_id, length = _HEADER.unpack_from(view, 0)
+    key = _API_KEYS.get(api_key)
+    if key is None:
+        raise UnknownApiKeyError(api_key, api_version, correlation_id)
+    if length is None:
         raise CorruptMessageError("RequestHeader", 1, "client_id", 8, "message ends early")
-    length, = struct.unpack_from(">h", view, 8)
     pos = 10
     client_id = None
     if length >= 0:
-        if pos + length > len(view):
+        if pos + length > size:
             raise CorruptMessageError("RequestHeader", 1, "client_id", pos,
-                                      f"{length} bytes announced, {len(view) - pos} left")
+                                      f"{length} bytes announced, {size - pos} left")
         try:
             client_id = str(view[pos:pos + length], "utf-8")
         except UnicodeDecodeError as e:
@@ -173,7 +187,10 @@ def decode_request_header(buf):
         raise CorruptMessageError("RequestHeader", 1, "client_id", 8, f"negative length {length}")
     tags = None
     if request_header_version(key, api_version) == 2:
-        tags, pos = _read_tags(view, pos, "RequestHeader")
+        if view[pos:pos + 1] == b"\x00":
+            pos += 1
+        else:
+            tags, pos = _read_tags(view, pos, "RequestHeader")
     return RequestHeader(key, api_version, correlation_id, client_id, tags), pos
 
 
@@ -187,9 +204,10 @@ def decode_request(buf):
     """``(RequestHeader, request body)`` of a request payload; the body's record fields are views of
     ``buf`` (valid as long as ``buf`` is). Raises ``UnknownApiKeyError``, ``UnsupportedVersionError``
     (with ``.header``) or ``CorruptMessageError``."""
-    header, pos = decode_request_header(buf)
+    view = _view(buf)
+    header, pos = _decode_request_header(view)
     _check_version(header.api_key, header.api_version, header)
-    body, _ = _codec(header.api_key, header.api_version, "Request", "decode")(_view(buf), pos)
+    body, _ = _codec(header.api_key, header.api_version, "Request", "decode")(view, pos)
     return header, body
 
 
@@ -197,7 +215,10 @@ def decode_response(buf, api_key, api_version):
     """``(ResponseHeader, response body)`` of a response payload to a request of ``api_key`` at
     ``api_version``. An ApiVersions response with UNSUPPORTED_VERSION is read in the v0 layout, the
     broker's fallback."""
-    api_key = ApiKey(api_key)
+    try:
+        api_key = ApiKey(api_key)
+    except ValueError:
+        raise UnknownApiKeyError(api_key, api_version) from None
     _check_version(api_key, api_version)
     view = _view(buf)
     if len(view) < 4:
@@ -229,6 +250,7 @@ class SplicedSend:
         return self.remaining == 0
 
     def write_to(self, transport):
+        transport = as_transport(transport)
         written = 0
         while self.remaining:
             if self._next < len(self._splices):
@@ -275,13 +297,14 @@ def encode_request(body, api_version, correlation_id, client_id=None, unknown_ta
     ``size`` is then the payload's length, to write the size prefix."""
     api_key = _api_key_of(body, "Request")
     _check_version(api_key, api_version)
-    buf = bytearray(_REQUEST_HEADER.pack(api_key, api_version, correlation_id, -1))
-    if client_id is not None:
-        raw = client_id.encode("utf-8")
-        buf[8:10] = struct.pack(">h", len(raw))
-        buf += raw
-    if request_header_version(api_key, api_version) == 2:
-        buf += codegen.tagged_section(unknown_tags or {})
+    try:
+        raw = None if client_id is None else client_id.encode("utf-8")
+        buf = bytearray(_REQUEST_HEADER.pack(api_key, api_version, correlation_id, -1 if raw is None else len(raw)))
+        buf += raw or b""
+        if request_header_version(api_key, api_version) == 2:
+            buf += codegen.tagged_section(unknown_tags or {})
+    except (struct.error, AttributeError, TypeError, codegen._Bad) as e:
+        raise InvalidMessageError("RequestHeader", api_version, "correlation_id..client_id", str(e)) from None
     splices = []
     _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
     return _finish(buf, splices)
@@ -299,9 +322,12 @@ def encode_response(request_header, body, unknown_tags=None):
                                   f"the request was {ApiKey(request_header.api_key).name}")
     version = request_header.api_version
     _check_version(api_key, version)
-    buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
-    if response_header_version(api_key, version) == 1:
-        buf += codegen.tagged_section(unknown_tags or {})
+    try:
+        buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
+        if response_header_version(api_key, version) == 1:
+            buf += codegen.tagged_section(unknown_tags or {})
+    except (struct.error, TypeError, codegen._Bad) as e:
+        raise InvalidMessageError("ResponseHeader", version, "correlation_id", str(e)) from None
     splices = []
     _codec(api_key, version, "Response", "encode")(body, buf, splices)
     return _finish(buf, splices)

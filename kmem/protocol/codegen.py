@@ -2,18 +2,20 @@
 version's layout, compiled once and cached.
 
 The generated code is straight-line Python: runs of fixed-size fields are read and written by one
-precompiled ``struct.Struct``; nested structs are inlined; every field sets ``f`` (its path) first, so a
-failure names it. Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
+precompiled ``struct.Struct``; nested structs are inlined. Decoders set ``f`` (the field's path) before
+each field so a failure names it; encoders leave that to a second, tracking copy run after a failure.
+Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
 encoding appends to a ``bytearray`` and notes where record ``Send``s go instead of copying them.
 """
 import functools
 import struct
+import threading
 import uuid
 
-from .errors import CorruptMessageError, InvalidMessageError
 from ..errors import InvalidArgumentError
 from ..send import BytesSend
-from .schema import FIXED_FORMATS, ZERO_UUID, Struct
+from .errors import CorruptMessageError, InvalidMessageError
+from .schema import FIXED_FORMATS, ZERO_UUID
 
 _MISSING = object()
 _BYTES_LIKE = (bytes, bytearray, memoryview)
@@ -52,7 +54,7 @@ def uvarint(value):
 
 def tagged_section(tags):
     """The tagged-fields section of ``{tag: encoded value}``, in ascending tag order."""
-    out = uvarint(len(tags))
+    out = bytearray(uvarint(len(tags)))
     for tag in sorted(tags):
         value = tags[tag]
         out += uvarint(tag)
@@ -94,7 +96,9 @@ class _Source:
         self.globals = {"_Bad": _Bad, "_uvarint": read_uvarint, "_enc_uvarint": uvarint,
                         "_tagged_section": tagged_section, "_put_records": put_records,
                         "_BYTES_LIKE": _BYTES_LIKE, "_UUID": uuid.UUID, "_unpack_from": struct.unpack_from,
-                        "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack, "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
+                        "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack,
+                        "_pack_varint3": struct.Struct(">BBB").pack,
+                        "_ZERO_UUID": ZERO_UUID, "_MISSING": _MISSING}
         self.counter = 0
         self.name = f"{name}_v{version}"
 
@@ -189,7 +193,8 @@ class _Decoder:
             self._uvarint(tag, indent + 1)
             self._uvarint(size, indent + 1)
             src.emit(indent + 1, f"{stop} = pos + {size}")
-            src.emit(indent + 1, f"if {stop} > end: raise _Bad('tagged field of ' + str({size}) + ' bytes past the end')")
+            src.emit(indent + 1,
+                     f"if {stop} > end: raise _Bad('tagged field of ' + str({size}) + ' bytes past the end')")
             keyword = "if"
             for field in tagged:
                 src.emit(indent + 1, f"{keyword} {tag} == {field.tag}:")
@@ -250,11 +255,14 @@ class _Decoder:
             count = src.var("n")
             self._length(field, count, indent, wide=True)
             body = self._null_check(field, count, target, indent)
-            src.emit(body, f"if {count} > end - pos: raise _Bad(str({count}) + ' elements cannot fit in ' + str(end - pos) + ' bytes')")
+            # every element takes a byte at least: a count beyond the bytes left is refused unallocated
+            src.emit(body, f"if {count} > end - pos: "
+                           f"raise _Bad(str({count}) + ' elements cannot fit in ' + str(end - pos) + ' bytes')")
             element = field.element
             if element in FIXED_FORMATS and element != "uuid" and element != "bool":
                 size = _struct_of(">" + FIXED_FORMATS[element]).size
-                src.emit(body, f"{target} = list(_unpack_from('>' + str({count}) + {FIXED_FORMATS[element]!r}, data, pos))")
+                fmt = FIXED_FORMATS[element]
+                src.emit(body, f"{target} = list(_unpack_from('>' + str({count}) + {fmt!r}, data, pos))")
                 src.emit(body, f"pos += {count} * {size}")
             else:
                 items = src.var("items")
@@ -309,8 +317,13 @@ class _Decoder:
 # ----------------------------------------------------------------------------------------------- encode
 
 class _Encoder:
-    def __init__(self, src, version, flexible):
+    def __init__(self, src, version, flexible, track):
         self.src, self.version, self.flexible = src, version, flexible
+        self.track = track           # set ``f`` before each field (the slower copy run to name a failure)
+
+    def _where(self, indent, path):
+        if self.track:
+            self.src.emit(indent, f"f = {path!r}")
 
     def struct(self, struct, obj, buf, indent, path):
         src, version = self.src, self.version
@@ -322,7 +335,7 @@ class _Encoder:
                 fmt = ">" + "".join(FIXED_FORMATS[f.type] for f in run)
                 pack = src.constant("pack", _struct_of(fmt).pack)
                 args = [f"{obj}.{f.name}.bytes" if f.type == "uuid" else f"{obj}.{f.name}" for f in run]
-                src.emit(indent, f"f = {_Decoder._path(path, run)!r}")
+                self._where(indent, _Decoder._path(path, run))
                 src.emit(indent, f"{buf} += {pack}({', '.join(args)})")
             else:
                 self.field(run, f"{obj}.{run.name}", buf, indent, path)
@@ -332,7 +345,7 @@ class _Encoder:
         src.emit(indent, f"{tags} = {obj}.unknown_tags")
         for field in tagged:
             value = src.var("t")
-            src.emit(indent, f"f = {path + field.name!r}")
+            self._where(indent, path + field.name)
             src.emit(indent, f"{value} = {obj}.{field.name}")
             src.emit(indent, f"if {self._not_default(field, value)}:")
             out = src.var("tb")
@@ -340,7 +353,7 @@ class _Encoder:
             self.field(field, value, out, indent + 1, path)
             src.emit(indent + 1, f"{tags} = dict({tags} or ())")
             src.emit(indent + 1, f"{tags}[{field.tag}] = {out}")
-        src.emit(indent, f"f = {path + '<tagged fields>'!r}")
+        self._where(indent, path + "<tagged fields>")
         src.emit(indent, f"if {tags}: {buf} += _tagged_section({tags})")
         src.emit(indent, f"else: {buf}.append(0)")
 
@@ -369,6 +382,8 @@ class _Encoder:
             src.emit(indent, f"{size} = {length} + 1")
             src.emit(indent, f"if {size} < 128: {buf}.append({size})")
             src.emit(indent, f"elif {size} < 16384: {buf} += _pack_varint2({size} & 127 | 128, {size} >> 7)")
+            src.emit(indent, f"elif {size} < 2097152: "
+                             f"{buf} += _pack_varint3({size} & 127 | 128, {size} >> 7 & 127 | 128, {size} >> 14)")
             src.emit(indent, f"else: {buf} += _enc_uvarint({size})")
         else:
             src.emit(indent, f"{buf} += {src.constant('pack', _struct_of('>i' if wide else '>h').pack)}({length})")
@@ -395,7 +410,7 @@ class _Encoder:
     def field(self, field, expr, buf, indent, path):
         src = self.src
         here = path + field.name
-        src.emit(indent, f"f = {here!r}")
+        self._where(indent, here)
         value = src.var("x")
         src.emit(indent, f"{value} = {expr}")
         if field.is_array:
@@ -454,7 +469,8 @@ class _Encoder:
         raw = src.var("b")
         if kind == "string":
             src.emit(body, f"{raw} = {value}.encode('utf-8')")
-            src.emit(body, f"if len({raw}) > 32767: raise _Bad('string of ' + str(len({raw})) + ' UTF-8 bytes (at most 32767)')")
+            src.emit(body, f"if len({raw}) > 32767: "
+                           f"raise _Bad('string of ' + str(len({raw})) + ' UTF-8 bytes (at most 32767)')")
         else:
             src.emit(body, f"if not isinstance({value}, _BYTES_LIKE): raise _Bad('bytes-like value expected')")
             src.emit(body, f"{raw} = memoryview({value}).cast('B')")
@@ -474,9 +490,10 @@ def define_class(struct, api_key=None):
     params, body = [], []
     for field in struct.fields:
         default = field.default()
-        if isinstance(default, (list, Struct)) or (field.struct is not None and default is not None):
+        if isinstance(default, list) or (field.struct is not None and default is not None):
             params.append(f"{field.name}=_MISSING")
-            body.append(f"    self.{field.name} = {_default_expr(src, field)} if {field.name} is _MISSING else {field.name}")
+            body.append(f"    self.{field.name} = {_default_expr(src, field)} "
+                        f"if {field.name} is _MISSING else {field.name}")
         else:
             params.append(f"{field.name}={_literal(src, default)}")
             body.append(f"    self.{field.name} = {field.name}")
@@ -520,7 +537,15 @@ def _repr(self):
     return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self._fields)})"
 
 
+_DEFINING = threading.Lock()
+
+
 def build_classes(message):
+    with _DEFINING:                  # classes are created once, even when two threads ask first
+        return _build_classes(message)
+
+
+def _build_classes(message):
     for inner in message.structs():
         if inner.cls is None:
             define_class(inner)
@@ -549,18 +574,38 @@ def decoder(message, version):
 
 def encoder(message, version):
     """``encode(obj, buf, splices)``: appends the body to ``buf``; record Sends (and large records) are
-    appended to ``splices`` as (offset in ``buf``, send) instead."""
+    appended to ``splices`` as (offset in ``buf``, send) instead.
+
+    Two copies are generated: the one returned, and one that tracks the field being written, run only
+    after a failure to name the field in the InvalidMessageError."""
     build_classes(message)
+    located = _encoder_source(message, version, track=True)
+
+    def locate(obj, error):
+        try:
+            located(obj, bytearray(), [])
+        except InvalidMessageError as named:
+            return named
+        return _invalid(message.name, version, None, error)
+
+    return _encoder_source(message, version, track=False, locate=locate)
+
+
+def _encoder_source(message, version, track, locate=None):
     src = _Source(message.name, version)
     src.emit(0, "def encode(obj, buf, splices):")
     src.emit(1, "f = None")
     src.emit(1, "try:")
-    _Encoder(src, version, message.is_flexible(version)).struct(message, "obj", "buf", 2, "")
+    _Encoder(src, version, message.is_flexible(version), track).struct(message, "obj", "buf", 2, "")
     src.emit(2, "pass")
     src.emit(1, "except _CAUGHT as e:")
-    src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
+    if track:
+        src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
+    else:
+        src.emit(2, "raise _locate(obj, e) from None")
     src.globals["_CAUGHT"] = (_Bad, struct.error, TypeError, AttributeError, ValueError, OverflowError)
     src.globals["_invalid"] = _invalid
+    src.globals["_locate"] = locate
     return src.compile("encode")
 
 
@@ -577,4 +622,5 @@ def _corrupt(name, version, field, pos, error):
 
 
 def _invalid(name, version, field, error):
-    return InvalidMessageError(name, version, field, f"{type(error).__name__}: {error}" if not isinstance(error, _Bad) else str(error))
+    reason = str(error) if isinstance(error, _Bad) else f"{type(error).__name__}: {error}"
+    return InvalidMessageError(name, version, field, reason)

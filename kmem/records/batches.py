@@ -5,7 +5,9 @@ Nothing is copied until records are decoded: a ``MemoryRecords`` holds one memor
 
 Memory for records is bounded per batch. Decompression stops at ``max_decompressed_bytes``. Iterating
 a batch makes ``DECODE_SLICE`` records and headers at a time (one record at least), as Kafka's record
-iterator streams them. ``records()``, which makes them all, first counts them and refuses more than
+iterator streams them; a single record with more than ``max_decompressed_bytes // RECORD_OBJECT_BYTES``
+headers is refused, so that one record costs at most about ``max_decompressed_bytes``. ``records()``,
+which makes them all, first counts them and refuses more than
 ``max_decompressed_bytes // RECORD_OBJECT_BYTES``: a 7-byte record costs about 200 bytes of Python
 objects, so a 100 KB gzip batch of 9 M empty records would otherwise take 2 GB.
 """
@@ -17,6 +19,7 @@ from typing import NamedTuple
 from kmem import _core
 from kmem.errors import CorruptRecordError
 from kmem.records import codecs
+from kmem.records.arguments import byte_view, check_int, check_limit
 
 V2_HEADER = struct.Struct(">qiiBIhiqqqhii")     # the 61-byte v2 batch header
 LEGACY_HEADER = struct.Struct(">qiIBb")         # offset, size, crc, magic, attributes
@@ -25,19 +28,29 @@ ATTR_CODEC_MASK = 0x07
 ATTR_LOG_APPEND_TIME = 0x08
 ATTR_TRANSACTIONAL = 0x10
 ATTR_CONTROL = 0x20
-ATTR_DELETE_HORIZON = 0x40
 NO_SEQUENCE = -1
 INT32_MAX = 0x7FFFFFFF
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 DECODE_SLICE = 1024             # records and headers made into Python objects at a time while iterating
+REPR_BATCHES = 1000             # batches counted by repr()
 RECORD_OBJECT_BYTES = 256       # most memory of a record (Record, headers list, two ints) or of a header
                                 # (tuple, key str), keys and values aside
 
 
-def legacy_absolute_base(wrapper_offset, last_inner_offset):
+def legacy_absolute_base(wrapper_offset, inner, position):
     """Absolute base of v1 inner offsets (relative to the first, gaps kept): the wrapper carries the
     absolute offset of the last inner message. A wrapper that was never assigned offsets (offset 0, as
-    a producer writes it) leaves the inner offsets as they are, as the Python clients read it."""
-    return max(wrapper_offset - last_inner_offset, 0)
+    a producer writes it) leaves the inner offsets as they are, as the Python clients read it.
+
+    ``inner`` is ``_core.scan_legacy_entries``' result. A base or an absolute offset outside int64 (which
+    Kafka's longs would wrap) raises CorruptRecordError naming ``position``, the wrapper's byte position.
+    """
+    lowest, highest = inner.lowest, inner.highest
+    base = max(wrapper_offset - inner.last, 0)
+    if not (INT64_MIN <= base <= INT64_MAX and base + lowest >= INT64_MIN and base + highest <= INT64_MAX):
+        raise CorruptRecordError(f"v1 wrapper offset {wrapper_offset} with inner offsets {lowest}..{highest} "
+                                 "gives absolute offsets outside the int64 range", position)
+    return base
 
 
 class TimestampType(enum.IntEnum):
@@ -58,14 +71,6 @@ class Record(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: list
-
-
-def as_byte_view(data):
-    """A flat read-only unsigned-byte memoryview of a bytes-like object, without copying."""
-    view = data if isinstance(data, memoryview) else memoryview(data)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view.toreadonly()
 
 
 class RecordBatch:
@@ -115,8 +120,9 @@ class RecordBatch:
 
     @property
     def compression(self):
-        """Codec id: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd (``codecs.CODEC_NAMES`` has the names)."""
-        return self.attributes & ATTR_CODEC_MASK
+        """The ``CompressionType`` (an IntEnum: ``CompressionType.GZIP == 1``); an id that names no codec
+        (5-7 fit in the attribute bits) as a bare int."""
+        return codecs.BY_ATTRIBUTE[self.attributes & ATTR_CODEC_MASK]
 
     @property
     def is_compressed(self):
@@ -137,10 +143,6 @@ class RecordBatch:
         return self.magic == 2 and bool(self.attributes & ATTR_CONTROL)
 
     @property
-    def has_delete_horizon(self):
-        return self.magic == 2 and bool(self.attributes & ATTR_DELETE_HORIZON)
-
-    @property
     def base_offset(self):
         """First offset. For a compressed legacy entry this decompresses it (as Kafka does)."""
         if self._base_offset is None:
@@ -149,15 +151,19 @@ class RecordBatch:
 
     @property
     def last_offset(self):
+        """Base offset plus lastOffsetDelta; a sum outside int64 raises CorruptRecordError."""
+        if not INT64_MIN <= self._last_offset <= INT64_MAX:
+            raise CorruptRecordError(f"last offset {self._last_offset} (base offset {self._base_offset} + "
+                                     f"lastOffsetDelta) is outside the int64 range", self.file_position)
         return self._last_offset
 
     @property
     def next_offset(self):
-        return self._last_offset + 1
+        return self.last_offset + 1
 
     @property
     def last_offset_delta(self):
-        return self._last_offset - self.base_offset
+        return self.last_offset - self.base_offset
 
     @property
     def last_sequence(self):
@@ -202,6 +208,7 @@ class RecordBatch:
         A batch of more than ``max_decompressed_bytes // RECORD_OBJECT_BYTES`` records and headers
         (262,144 by default) raises ``CorruptRecordError`` like an oversized payload: iterate it instead.
         """
+        check_limit("max_decompressed_bytes", max_decompressed_bytes)
         return list(self._records(max_decompressed_bytes, max_decompressed_bytes // RECORD_OBJECT_BYTES))
 
     def __iter__(self):
@@ -236,12 +243,13 @@ class RecordBatch:
             body = codecs.decompress(self.compression, body, 2, limit, self.file_position)
             base = self.file_position
         if max_objects is not None:
-            self._check_objects(_core.count_v2_objects(body, self._count, base), max_objects)
+            self._check_objects(_core.count_v2_objects(body, count=self._count, base=base), max_objects)
         log_append = self.timestamp_type == TimestampType.LOG_APPEND_TIME
         pos, left = 0, self._count
         while True:
-            records, pos = _core.decode_v2_records(body, pos, left, DECODE_SLICE, self._base_offset,
-                                                   self.base_timestamp, base)
+            records, pos = _core.decode_v2_records(
+                body, pos, count=left, max_objects=DECODE_SLICE, max_record_objects=limit // RECORD_OBJECT_BYTES,
+                base_offset=self._base_offset, base_timestamp=self.base_timestamp, base=base)
             left -= len(records)
             if log_append:
                 yield from (Record(o, self.max_timestamp, k, v, h) for o, _, k, v, h in records)
@@ -253,21 +261,21 @@ class RecordBatch:
     def _unwrap(self, limit):
         """A compressed legacy entry's inner entries and the base added to their offsets; the record
         count and base offset are set on the way (Kafka reads them too by decompressing)."""
-        ((offset, _, magic, _, _, _, value),) = _core.decode_legacy_entries(self.buffer, self.file_position)
+        ((offset, _, magic, _, _, _, value),) = _core.decode_legacy_entries(self.buffer, base=self.file_position)
         if value is None:
             raise CorruptRecordError("compressed legacy entry without a value", self.file_position)
         payload = codecs.decompress(self.compression, value, magic, limit, self.file_position)
-        count, first, last = _core.scan_legacy_entries(payload, self.file_position)
-        if not count:
+        inner = _core.scan_legacy_entries(payload, base=self.file_position)
+        if not inner.count:
             raise CorruptRecordError("compressed legacy entry with no inner messages", self.file_position)
-        base = legacy_absolute_base(offset, last) if magic == 1 else 0
-        self._count, self._base_offset = count, base + first
+        base = legacy_absolute_base(offset, inner, self.file_position) if magic == 1 else 0
+        self._count, self._base_offset = inner.count, base + inner.first
         return payload, base
 
     def _legacy_records(self, limit, max_objects):
         if not self.is_compressed:
             ((offset, _, _, _, timestamp, key, value),) = _core.decode_legacy_entries(self.buffer,
-                                                                                       self.file_position)
+                                                                                       base=self.file_position)
             yield Record(offset, timestamp, key, value, [])
             return
         payload, base = self._unwrap(limit)
@@ -276,7 +284,7 @@ class RecordBatch:
         pos = 0
         while pos < len(payload):
             for inner_offset, size, _, inner_attributes, timestamp, key, value in _core.decode_legacy_entries(
-                    payload, self.file_position, pos, DECODE_SLICE):
+                    payload, base=self.file_position, pos=pos, max_entries=DECODE_SLICE):
                 if inner_attributes & ATTR_CODEC_MASK:
                     raise CorruptRecordError("compressed entry nested inside a compressed entry", self.file_position)
                 pos += size
@@ -292,7 +300,23 @@ class MemoryRecords:
     """
 
     def __init__(self, data):
-        self._view = as_byte_view(data)
+        self._view = byte_view("data", data)
+
+    def __repr__(self):
+        """Size, batch count (up to ``REPR_BATCHES``) and first offset, read from batch headers only."""
+        count, first, pos = 0, "", 0
+        try:
+            while count < REPR_BATCHES and (entry := _core.entry_at(self._view, pos)) is not None:
+                if count == 0:
+                    batch = RecordBatch(self._view, pos, *entry)
+                    if batch._base_offset is not None:     # known without decompressing
+                        first = f", first offset {batch._base_offset}"
+                count += 1
+                pos += entry[0]
+            batches = f"{count}{'+' if count == REPR_BATCHES else ''} batches"
+        except CorruptRecordError as e:
+            batches = f"{count} batches, then corrupt data at byte {e.offset}"
+        return f"<MemoryRecords {len(self._view)} bytes{first}, {batches}>"
 
     @property
     def buffer(self):
@@ -310,6 +334,8 @@ class MemoryRecords:
 
     def read(self, position, size):
         """A view of ``size`` bytes from ``position`` (fewer at the end), without copying."""
+        check_int("position", position, 0, INT64_MAX)
+        check_int("size", size, 0, INT64_MAX)
         return self._view[position:position + size]
 
     def __iter__(self):
@@ -317,7 +343,10 @@ class MemoryRecords:
 
     def batches(self, start=0):
         """Iterate batches from byte ``start``."""
-        view, pos = self._view, start
+        return self._batches(check_int("start", start, 0, len(self._view)))
+
+    def _batches(self, pos):
+        view = self._view
         while True:
             entry = _core.entry_at(view, pos)
             if entry is None:
@@ -343,10 +372,3 @@ class MemoryRecords:
         """Check the CRC of every batch; raises CorruptRecordError at the first bad one."""
         for batch in self.batches():
             batch.ensure_valid()
-
-    def has_match_magic(self, magic):
-        return all(batch.magic == magic for batch in self.batches())
-
-    def has_compatible_magic(self, magic):
-        """True when no batch needs down-conversion to be read by a client of ``magic``."""
-        return all(batch.magic <= magic for batch in self.batches())

@@ -12,6 +12,7 @@ Decompression is bounded: output beyond ``limit`` bytes (default ``MAX_DECOMPRES
 ``CorruptRecordError`` before more memory is spent, so a small batch cannot expand into gigabytes (the
 records decoded from it and its down-converted form are bounded too: see batches.py and convert.py).
 """
+import enum
 import struct
 import zlib
 
@@ -20,8 +21,23 @@ import cramjam
 from kmem import _core
 from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
 
-NONE, GZIP, SNAPPY, LZ4, ZSTD = range(5)
+class CompressionType(enum.IntEnum):
+    """Kafka's CompressionType: the codec id in a batch's attributes (``codec_name`` gives Kafka's name)."""
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+NONE, GZIP, SNAPPY, LZ4, ZSTD = CompressionType
 CODEC_NAMES = ("none", "gzip", "snappy", "lz4", "zstd")
+# a batch's codec bits (0-7) as read: the CompressionType, or the bare int for ids that name no codec
+BY_ATTRIBUTE = (*CompressionType, 5, 6, 7)
+
+#: KIP-390's compression.gzip.level: 1 (fastest) to 9 (smallest); Kafka's default is zlib's, 6.
+GZIP_LEVELS = range(1, 10)
+GZIP_DEFAULT_LEVEL = 6
 
 #: Largest decompressed size of one batch (Kafka batches are at most a few MiB uncompressed in practice).
 MAX_DECOMPRESSED_BYTES = 64 << 20
@@ -39,9 +55,9 @@ _BUFFER_FULL = "whole buffer"     # cramjam's message when the output buffer is 
 def codec_id(codec):
     """The attribute value (0-4) of a codec given by name or id."""
     if isinstance(codec, str) and codec.lower() in CODEC_NAMES:
-        return CODEC_NAMES.index(codec.lower())
-    if isinstance(codec, int) and 0 <= codec < len(CODEC_NAMES):
-        return codec
+        return CompressionType(CODEC_NAMES.index(codec.lower()))
+    if isinstance(codec, int) and not isinstance(codec, bool) and 0 <= codec < len(CODEC_NAMES):
+        return CompressionType(codec)
     raise InvalidArgumentError(f"unknown compression codec {codec!r}; expected one of {CODEC_NAMES}")
 
 
@@ -50,10 +66,10 @@ def codec_name(codec):
     return CODEC_NAMES[codec] if 0 <= codec < len(CODEC_NAMES) else str(codec)
 
 
-def compress(codec, data, magic):
-    """``data`` compressed with ``codec`` (an id) in Kafka's framing for ``magic``."""
+def compress(codec, data, magic, gzip_level=GZIP_DEFAULT_LEVEL):
+    """``data`` compressed with ``codec`` (an id) in Kafka's framing for ``magic``; gzip at ``gzip_level``."""
     if codec == GZIP:
-        c = zlib.compressobj(6, zlib.DEFLATED, 31)
+        c = zlib.compressobj(gzip_level, zlib.DEFLATED, 31)
         return c.compress(data) + c.flush()
     if codec == SNAPPY:
         view = memoryview(data)

@@ -1,6 +1,6 @@
 """Eager down-conversion of record data to magic 0 or 1, following Kafka's RecordsUtil.downConvert.
 
-Per source batch, in order (SPEC.md §5):
+Per source batch, in order:
 
 1. target < 2: control batches are skipped; a zstd batch raises ``UnsupportedCompressionTypeError``.
 2. A batch at or below the target magic is copied byte for byte.
@@ -10,20 +10,43 @@ Per source batch, in order (SPEC.md §5):
    kept): one entry per record when uncompressed, one wrapper per source batch when compressed.
 
 Runs of batches that need no codec are converted by one call into the compiled core, which measures the
-exact output, allocates it once and writes it with the GIL released; compressed batches are decompressed
-(bounded), converted by the core, and recompressed here.
+exact output, allocates it once and writes it with the GIL released. The rules above are decided here
+and handed to the core as a table (``ACTION_TABLES``); the core stops its run at each batch the table
+says to stop at, and this module converts it: compressed batches are decompressed (bounded), converted
+by the core, and recompressed here; zstd is refused.
 """
 import time
 from dataclasses import dataclass
 
 from kmem import _core
-from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
+from kmem.errors import CorruptRecordError, UnsupportedCompressionTypeError
 from kmem.records import codecs
-from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, as_byte_view,
-                                  legacy_absolute_base)
+from kmem.records.arguments import byte_view, check_bool, check_choice, check_limit, check_long
+from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, RecordBatch,
+                                  TimestampType, legacy_absolute_base)
 
 ZSTD_DOWN_CONVERSION = "Down-conversion of zstandard-compressed batches is not supported"
 LEGACY_OVERHEAD = (14, 22)     # bytes of a v0/v1 message after the log overhead, key and value excluded
+
+
+def entry_action(magic, codec, control, to_magic):
+    """What the core's run does with a batch: the rules 1-3 above, for batches that need no codec."""
+    if to_magic < 2 and magic == 2 and control:
+        return "skip"
+    if to_magic < 2 and magic == 2 and codec == codecs.ZSTD:
+        return "stop"           # refused by down_convert
+    if magic <= to_magic:
+        return "copy"
+    return "stop" if codec != codecs.NONE else "convert"     # a codec is needed: converted here
+
+
+def entry_actions(to_magic):
+    """``entry_action`` of every (magic, codec bits, control flag), laid out as the core reads it."""
+    return bytes(_core.ENTRY_ACTIONS[entry_action(magic, codec, control, to_magic)]
+                 for magic in range(3) for codec in range(8) for control in (False, True))
+
+
+ACTION_TABLES = {to_magic: entry_actions(to_magic) for to_magic in (0, 1, 2)}
 
 
 @dataclass
@@ -52,11 +75,11 @@ def source_view(records):
         return records.buffer
     if hasattr(records, "read_all"):
         return records.read_all().buffer
-    return as_byte_view(records)
+    return byte_view("records", records)
 
 
 def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
-                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
+                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES, gzip_level=codecs.GZIP_DEFAULT_LEVEL):
     """Convert ``records`` (MemoryRecords, FileRecords or bytes-like) for a client reading ``to_magic``.
 
     Returns ``ConvertedRecords(records, stats)``. ``first_offset`` is the fetch offset: records of
@@ -64,68 +87,73 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     trailing batch is ignored; corrupt data raises ``CorruptRecordError`` naming its byte position.
     A compressed batch is refused the same way when its payload exceeds ``max_decompressed_bytes`` or
     its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
+    Converted gzip batches are recompressed at ``gzip_level`` (KIP-390's ``compression.gzip.level``).
     """
     started = time.perf_counter_ns()
-    if to_magic not in (0, 1, 2):
-        raise InvalidArgumentError(f"cannot convert to magic {to_magic}")
+    check_choice("to_magic", to_magic, (0, 1, 2))
+    check_long("first_offset", first_offset)
+    check_bool("verify_crc", verify_crc)
+    check_limit("max_decompressed_bytes", max_decompressed_bytes)
+    check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
     view = source_view(records)
     if verify_crc:
         MemoryRecords(view).ensure_valid()
+    actions = ACTION_TABLES[to_magic]
     pieces, stats = [], RecordConversionStats()
     pos = 0
     while True:
-        out, pos, reason, count, kept, uncompressed = _core.run_down_conversion(view, pos, to_magic, first_offset)
-        if out:
-            pieces.append(out)
-        stats.num_records_converted += count
-        stats.temporary_memory_bytes += kept + uncompressed
-        if reason == _core.RUN_END:
+        run = _core.run_down_conversion(view, pos, actions=actions, to_magic=to_magic,
+                                        first_offset=first_offset)
+        if run.output:
+            pieces.append(run.output)
+        stats.num_records_converted += run.records
+        stats.temporary_memory_bytes += run.source_bytes + run.written_bytes
+        pos = run.stop
+        entry = _core.entry_at(view, pos)
+        if entry is None:       # the end, or a truncated trailing batch
             break
-        if reason == _core.RUN_ZSTD:
+        batch = RecordBatch(view, pos, *entry)
+        if batch.magic == 2 and batch.compression == codecs.ZSTD:
             raise UnsupportedCompressionTypeError(ZSTD_DOWN_CONVERSION)
-        size, magic = _core.entry_at(view, pos)
-        converted = convert_compressed_batch(view, pos, size, magic, to_magic, max_decompressed_bytes)
+        converted = convert_compressed_batch(batch, to_magic, max_decompressed_bytes, gzip_level)
         if converted is not None:
             out, count, uncompressed = converted
             pieces.append(out)
             stats.num_records_converted += count
-            stats.temporary_memory_bytes += size + uncompressed
-        pos += size
+            stats.temporary_memory_bytes += batch.size_in_bytes + uncompressed
+        pos += batch.size_in_bytes
     stats.conversion_time_nanos = time.perf_counter_ns() - started
     data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return ConvertedRecords(MemoryRecords(data), stats)
 
 
-def convert_compressed_batch(view, pos, size, magic, to_magic, limit):
-    """One compressed batch above ``to_magic`` rewritten as a single ``to_magic`` wrapper.
+def convert_compressed_batch(batch, to_magic, limit, gzip_level):
+    """One compressed ``batch`` above ``to_magic`` rewritten as a single ``to_magic`` wrapper.
 
     Returns ``(bytes, records, uncompressed bytes written)``, or None when it holds no record.
     """
-    if magic == 2:
-        (base_offset, _, _, _, _, attributes, _, base_timestamp, max_timestamp, _, _, _,
-         count) = V2_HEADER.unpack_from(view, pos)
-        codec = attributes & 0x07
-        log_append = bool(attributes & ATTR_LOG_APPEND_TIME)
-        payload = codecs.decompress(codec, view[pos + V2_HEADER.size:pos + size], 2, limit, pos)
+    pos, codec = batch.position, batch.compression
+    log_append_batch = batch.timestamp_type == TimestampType.LOG_APPEND_TIME
+    log_append = to_magic == 1 and log_append_batch      # v1 keeps the timestamp type
+    if batch.magic == 2:
+        payload = codecs.decompress(codec, batch.buffer[V2_HEADER.size:], 2, limit, pos)
         # A 7-byte record becomes a 34-byte entry: the converted form is bounded like the payload.
-        if _core.conversion_bound(len(payload), count) > limit:
+        if _core.conversion_bound(len(payload), batch.records_count) > limit:
             raise CorruptRecordError(f"down-converted data could exceed the limit of {limit} bytes", pos)
-        entries, n, last, max_written = _core.convert_records(
-            payload, 2, count, base_offset, base_timestamp, log_append, max_timestamp, to_magic, to_magic == 1, pos)
+        converted = _core.convert_v2_section(
+            payload, count=batch.records_count, base_offset=batch.base_offset, base_timestamp=batch.base_timestamp,
+            log_append=log_append_batch,
+            log_append_time=batch.max_timestamp, to_magic=to_magic, relative=to_magic == 1, base=pos)
     else:
-        # A v1 wrapper converted to v0: inner offsets become absolute (SPEC.md §4).
-        ((wrapper_offset, _, _, attributes, _, _, value),) = _core.decode_legacy_entries(view[pos:pos + size], pos)
-        codec = attributes & 0x07
-        log_append = False      # v0 has no timestamp type
-        payload = codecs.decompress(codec, value or b"", magic, limit, pos)
-        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, pos)[2])
-        entries, n, last, max_written = _core.convert_records(payload, 1, 0, base, -1, False, -1, 0, False, pos)
-    if n == 0:
+        # A v1 wrapper converted to v0: inner offsets become absolute (Kafka's AbstractLegacyRecordBatch).
+        ((wrapper_offset, _, _, _, _, _, value),) = _core.decode_legacy_entries(batch.buffer, base=pos)
+        payload = codecs.decompress(codec, value or b"", batch.magic, limit, pos)
+        base = legacy_absolute_base(wrapper_offset, _core.scan_legacy_entries(payload, base=pos), pos)
+        converted = _core.convert_legacy_section(payload, absolute_base=base, to_magic=0, base=pos)
+    if converted.records == 0:
         return None
-    wrapper_attributes = codec
-    if to_magic == 1 and log_append:
-        wrapper_attributes |= ATTR_LOG_APPEND_TIME
-    timestamp = max_timestamp if log_append else max_written
+    wrapper_attributes = codec | (ATTR_LOG_APPEND_TIME if log_append else 0)
+    timestamp = batch.max_timestamp if log_append else converted.max_timestamp
     wrapper = _core.encode_legacy_entries(to_magic, wrapper_attributes, [
-        (last, timestamp, None, codecs.compress(codec, entries, to_magic))])
-    return wrapper, n, len(entries) + LOG_OVERHEAD + LEGACY_OVERHEAD[to_magic]
+        (converted.last_offset, timestamp, None, codecs.compress(codec, converted.entries, to_magic, gzip_level))])
+    return wrapper, converted.records, len(converted.entries) + LOG_OVERHEAD + LEGACY_OVERHEAD[to_magic]

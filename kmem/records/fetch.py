@@ -1,4 +1,5 @@
-"""The broker's rules for serving a fetch to an older client (SPEC.md §5), as one decision.
+"""The broker's rules for serving a fetch to an older client (Kafka's KafkaApis fetch handling, KIP-283's
+down-conversion switch and KIP-110's zstd rule), as one decision.
 
 >>> plan_fetch(fetch_version=3, log_magic=2)
 FetchPlan(error=<FetchError.NONE: 0>, to_magic=1)
@@ -15,10 +16,13 @@ import enum
 from typing import NamedTuple
 
 from kmem.errors import ConfigError
+from kmem.records.arguments import INT16, check_bool, check_choice, check_int, check_mapping
 
 TOPIC_DOWNCONVERSION = "message.downconversion.enable"
 BROKER_DOWNCONVERSION = "log.message.downconversion.enable"
 ZSTD_MIN_FETCH_VERSION = 10
+# Kafka's compression.type values for a topic
+TOPIC_COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 
 
 class FetchError(enum.IntEnum):
@@ -35,8 +39,7 @@ class FetchPlan(NamedTuple):
 
 def fetch_magic(fetch_version):
     """Highest record magic a client using this Fetch version reads."""
-    if fetch_version < 0:
-        raise ConfigError(f"invalid fetch version {fetch_version}")
+    check_int("fetch_version", fetch_version, 0, INT16[1])
     return 0 if fetch_version <= 1 else 1 if fetch_version <= 3 else 2
 
 
@@ -63,11 +66,18 @@ def plan_fetch(fetch_version, log_magic=2, *, topic_compression="producer", is_f
     ``log_magic``: the topic's message format (the highest magic it stores); ``topic_compression``: its
     ``compression.type``; configs are dicts of Kafka's dotted names (values bool or "true"/"false").
     """
+    client_magic = fetch_magic(fetch_version)
+    check_choice("log_magic", log_magic, (0, 1, 2))
+    if not isinstance(topic_compression, str) or topic_compression.lower() not in TOPIC_COMPRESSION_TYPES:
+        raise ConfigError(f"topic_compression must be one of {', '.join(TOPIC_COMPRESSION_TYPES)}, "
+                          f"not {topic_compression!r}")
+    check_bool("is_follower", is_follower)
+    check_mapping("topic_config", topic_config)
+    check_mapping("broker_config", broker_config)
     if is_follower:
         return FetchPlan(FetchError.NONE, None)
-    if str(topic_compression).lower() == "zstd" and fetch_version < ZSTD_MIN_FETCH_VERSION:
+    if topic_compression.lower() == "zstd" and fetch_version < ZSTD_MIN_FETCH_VERSION:
         return FetchPlan(FetchError.UNSUPPORTED_COMPRESSION_TYPE, None)
-    client_magic = fetch_magic(fetch_version)
     if log_magic <= client_magic:
         return FetchPlan(FetchError.NONE, None)
     if not down_conversion_enabled(topic_config, broker_config):

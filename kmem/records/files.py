@@ -8,7 +8,8 @@ from typing import NamedTuple
 
 from kmem import _core
 from kmem.errors import InvalidArgumentError
-from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, RecordBatch, as_byte_view
+from kmem.records.arguments import byte_view, check_int, check_long
+from kmem.records.batches import INT64_MAX, LOG_OVERHEAD, MemoryRecords, RecordBatch
 from kmem.send import FileRegionSend, as_transport
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.log$")
@@ -17,7 +18,7 @@ READ_SIZE = 1 << 20     # bytes read per system call while iterating batches
 
 def segment_file_name(base_offset):
     """Kafka's log segment name: the base offset zero-padded to 20 digits, then ``.log``."""
-    return f"{base_offset:020d}.log"
+    return f"{check_int('base_offset', base_offset, 0, INT64_MAX):020d}.log"
 
 
 def log_segments(directory):
@@ -35,7 +36,7 @@ def read_entries(source, position, max_read):
     """``(view, end position)`` of the complete entries of ``source`` (anything with ``read`` and
     ``size_in_bytes``) from ``position`` that fit in ``max_read`` bytes, or of the first entry alone when it
     is larger; None when no complete entry is left (a truncated trailing entry is ignored, as Kafka does)."""
-    window = as_byte_view(source.read(position, max(max_read, LOG_OVERHEAD)))
+    window = byte_view("data", source.read(position, max(max_read, LOG_OVERHEAD)))
     end = 0
     while (entry := _core.entry_at(window, end)) is not None:
         end += entry[0]
@@ -45,7 +46,7 @@ def read_entries(source, position, max_read):
         total = LOG_OVERHEAD + struct.unpack_from(">i", window, 8)[0]
         if total > source.size_in_bytes - position:
             return None     # truncated: its declared size is not read (it may claim up to 2 GiB)
-        window = as_byte_view(source.read(position, total))
+        window = byte_view("data", source.read(position, total))
         if _core.entry_at(window, 0) is None:
             return None
         end = total
@@ -59,8 +60,9 @@ def write_once(channel, data):
 
 
 def _check_position(position, records):
-    if position < 0:
+    if isinstance(position, int) and not isinstance(position, bool) and position < 0:
         raise InvalidArgumentError(f"negative position {position} in {records!r}")
+    check_int("position", position, 0, INT64_MAX)
 
 
 class LogOffsetPosition(NamedTuple):
@@ -80,9 +82,15 @@ class FileRecords:
     """
 
     def __init__(self, path, start=0, end=None, *, _fd=None):
-        self.path = os.fspath(path)
+        self._owner, self._fd = False, None     # so that __del__ has nothing to close when a check fails
+        try:
+            self.path = os.fspath(path)
+        except TypeError:
+            raise InvalidArgumentError(f"path must be a str or os.PathLike, not {type(path).__name__}") from None
+        check_int("start", start, 0, INT64_MAX)
+        if end is not None:
+            check_int("end", end, 0, INT64_MAX)
         self._owner = _fd is None
-        self._fd = None     # so that __del__ has nothing to close when os.open fails
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if _fd is None else _fd
         file_size = os.fstat(self._fd).st_size
         end = file_size if end is None else min(end, file_size)
@@ -124,7 +132,10 @@ class FileRecords:
 
     def slice(self, position, size=None):
         """The records ``[position, position + size)`` of this slice (positions relative to it)."""
-        if position < 0 or position > self.size_in_bytes or (size is not None and size < 0):
+        check_int("position", position, 0, INT64_MAX)
+        if size is not None:
+            check_int("size", size, 0, INT64_MAX)
+        if position > self.size_in_bytes:
             raise InvalidArgumentError(f"invalid slice position {position} / size {size} of {self!r}")
         end = self.end if size is None else min(self.end, self.start + position + size)
         return FileRecords(self.path, self.start + position, end, _fd=self._fd)
@@ -132,6 +143,7 @@ class FileRecords:
     def read(self, position, size):
         """Up to ``size`` bytes from ``position`` (relative to the slice), never past its end."""
         _check_position(position, self)
+        check_int("size", size, 0, INT64_MAX)
         size = max(0, min(size, self.size_in_bytes - position))
         return os.pread(self._fd, size, self.start + position) if size else b""
 
@@ -144,6 +156,10 @@ class FileRecords:
 
     def batches(self, position=0):
         """``RecordBatch`` views from ``position`` (relative to the slice) on."""
+        _check_position(position, self)
+        return self._batches(position)
+
+    def _batches(self, position):
         while (span := read_entries(self, position, READ_SIZE)) is not None:
             window, end = span
             pos = 0
@@ -160,6 +176,7 @@ class FileRecords:
     def search_for_offset(self, target_offset, starting_position=0):
         """The first batch at or after ``starting_position`` whose last offset is at least
         ``target_offset`` (Kafka's searchForOffsetWithSize), or None."""
+        check_long("target_offset", target_offset)
         for batch in self.batches(starting_position):
             if batch.last_offset >= target_offset:
                 return LogOffsetPosition(batch.last_offset, batch.file_position - self.start, batch.size_in_bytes)

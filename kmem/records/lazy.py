@@ -1,16 +1,17 @@
 """Lazy chunked down-conversion (KIP-283): convert a fetch response's records a chunk at a time while
 they are being sent, so the memory used is bounded by the chunk size rather than the fetch size.
 
-``LazyDownConvertRecords`` fixes the number of bytes it will send, S, up front (SPEC.md §6):
+``LazyDownConvertRecords`` fixes the number of bytes it will send, S, up front (as Kafka's
+LazyDownConversionRecords does):
 
 - convert the first source batch whose conversion is not empty; S = max(source size, its size), and that
   chunk is kept for the send;
 - batches exist but none converts (e.g. only transaction markers): S = 12;
 - no complete batch: S = 0.
 
-``LazyDownConvertRecordsSend`` (a ``kmem.send.Send``) then writes exactly S bytes, one write per
-``write_to`` call and at most one chunk converted per call: converted output beyond S is cut (clients drop the partial batch);
-output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
+``LazyDownConvertRecordsSend`` (a ``kmem.send.Send``) then writes exactly S bytes, one write and at most
+one chunk converted per ``write_to`` call: converted output beyond S is cut (clients drop the partial
+batch); output short of S is padded with "overflow" batches that every client parses as a truncated batch. A
 zstd batch met after the first chunk ends the conversion the same way (Kafka's
 LazyDownConversionRecordsSend): the client reads what it got and fetches again from that batch, which
 then fails at construction.
@@ -18,9 +19,10 @@ then fails at construction.
 import logging
 import struct
 
-from kmem.errors import InvalidArgumentError, UnsupportedCompressionTypeError
+from kmem.errors import UnsupportedCompressionTypeError
 from kmem.records import codecs
-from kmem.records.batches import LOG_OVERHEAD, MemoryRecords, as_byte_view
+from kmem.records.arguments import byte_view, check_choice, check_int, check_limit, check_long
+from kmem.records.batches import LOG_OVERHEAD, MemoryRecords
 from kmem.records.convert import RecordConversionStats, down_convert
 from kmem.records.files import read_entries
 from kmem.send import as_transport
@@ -36,29 +38,27 @@ def _readable(records):
     """``records`` as an object with ``size_in_bytes`` and ``read(position, size)``."""
     if hasattr(records, "read") and hasattr(records, "size_in_bytes"):
         return records
-    return MemoryRecords(records if isinstance(records, MemoryRecords) else as_byte_view(records))
+    return MemoryRecords(records if isinstance(records, MemoryRecords) else byte_view("records", records))
 
 
 class LazyDownConvertRecords:
     """Records to be down-converted to ``to_magic`` only as they are sent.
 
     ``records``: ``FileRecords``, ``MemoryRecords`` or bytes-like. ``first_offset`` is the fetch offset
-    (records of uncompressed batches below it are dropped). ``size_in_bytes`` is S. Raises
+    (records of uncompressed batches below it are dropped); converted gzip batches are recompressed at
+    ``gzip_level`` (KIP-390). ``size_in_bytes`` is S. Raises
     ``UnsupportedCompressionTypeError`` at construction when the first batch is zstd (a broker answers
     UNSUPPORTED_COMPRESSION_TYPE).
     """
 
     def __init__(self, records, to_magic, first_offset=0, chunk_size=DEFAULT_CHUNK_SIZE, *,
-                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
-        if to_magic not in (0, 1):
-            raise InvalidArgumentError(f"lazy down-conversion targets magic 0 or 1, not {to_magic}")
-        if chunk_size < 1:
-            raise InvalidArgumentError(f"chunk size must be positive, not {chunk_size}")
+                 max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES, gzip_level=codecs.GZIP_DEFAULT_LEVEL):
+        self.to_magic = check_choice("to_magic", to_magic, (0, 1))
+        self.first_offset = check_long("first_offset", first_offset)
+        self.chunk_size = check_int("chunk_size", chunk_size, 1, (1 << 31) - 1)
+        self.max_decompressed_bytes = check_limit("max_decompressed_bytes", max_decompressed_bytes)
+        self.gzip_level = check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
         self.records = _readable(records)
-        self.to_magic = to_magic
-        self.first_offset = first_offset
-        self.chunk_size = chunk_size
-        self.max_decompressed_bytes = max_decompressed_bytes
         # S: convert single batches until one gives output; that chunk is kept for the first send.
         self._first_chunk = next(self._converted_chunks(0, 0), None)
         self._converts = self._first_chunk is not None
@@ -100,7 +100,7 @@ class LazyDownConvertRecords:
             window, position = span
             del span
             converted = down_convert(window, self.to_magic, self.first_offset,
-                                     max_decompressed_bytes=self.max_decompressed_bytes)
+                                     max_decompressed_bytes=self.max_decompressed_bytes, gzip_level=self.gzip_level)
             del window
             output, stats = converted.records, converted.stats
             del converted

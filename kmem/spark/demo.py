@@ -3,21 +3,50 @@
 Each check compares two things computed independently: the generator's own record of what it wrote,
 the ``report`` job, the ledgers that ``PidLedger`` reads back, and the converted segments read through
 the ``kafka-log`` data source.
+
+The output directory must be new, empty, or a previous demo output (it holds a ``.kmem-demo`` file);
+only what the demo writes is replaced there, anything else is left alone.
 """
 import contextlib
 import os
 import shutil
 
+from kmem.errors import InvalidArgumentError
 from kmem.spark import jobs
 from kmem.spark.sample import generate_sample
 
 # the sample's timestamps are from 2023: ledgers must not expire them while checking
 NEVER_EXPIRE_MS = 1 << 62
+MARKER = ".kmem-demo"
+OUTPUTS = ("logs", "ledger", "converted-v1", "report.json", "report.png")
+
+
+def prepare_output(output_dir):
+    """Make ``output_dir`` ready for a run: created when missing; in a previous demo output, the demo's
+    own outputs removed. Refuses (``InvalidArgumentError``) any other non-empty directory, and a file."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise InvalidArgumentError(f"demo output {output_dir} is a file, not a directory")
+    entries = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else set()
+    if entries and MARKER not in entries:
+        raise InvalidArgumentError(f"demo output directory {output_dir} is not empty and is not a previous demo "
+                                   f"output (no {MARKER} file): give a new or empty directory")
+    for name in entries.intersection(OUTPUTS):
+        path = os.path.join(output_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+    os.makedirs(output_dir, exist_ok=True)
+    with open(os.path.join(output_dir, MARKER), "w") as file:
+        file.write(f"written by kmem pipeline demo; a rerun replaces {', '.join(OUTPUTS)} here\n")
 
 
 def run_demo(spark, output_dir, seed=0, batches_per_partition=40, progress=None):
+    """Generate the sample under ``output_dir``/logs, run every job on it, and cross-check the outputs.
+    Returns the jobs' results and ``checks``: {description: passed}."""
     progress = progress or (lambda name: contextlib.nullcontext())
-    shutil.rmtree(output_dir, ignore_errors=True)
+    output_dir = os.fspath(output_dir)
+    prepare_output(output_dir)
     logs = os.path.join(output_dir, "logs")
     manifest = generate_sample(logs, seed=seed, batches_per_partition=batches_per_partition)
     with progress("report"):
@@ -55,7 +84,8 @@ def _ledgers_match(ledgers, manifest, ledger_dir):
     if any(p["error"] for p in ledgers["partitions"]):
         return False
     for (topic, partition), part in manifest.partitions.items():
-        ledger = PidLedger(os.path.join(ledger_dir, f"{topic}-{partition}"), producer_id_expiration_ms=NEVER_EXPIRE_MS)
+        ledger = PidLedger(os.path.join(ledger_dir, f"{topic}-{partition}"), producer_id_expiration_ms=NEVER_EXPIRE_MS,
+                           read_only=True)
         try:
             if any(ledger.read(pid) != entry for pid, entry in part.producers.items()):
                 return False

@@ -8,13 +8,17 @@ sizes, nothing decompressed). Rows come as Arrow batches.
 
 A corrupt segment never fails the job: the rows read before the damage are kept and one extra row
 names the file, the byte position and what was wrong in the ``error`` column (its other data columns
-are null). Filter ``error IS NOT NULL`` to list damaged segments.
+are null; at ``level`` ``batches`` its ``position`` and ``size_bytes`` are the byte range left unread).
+A segment ending in an incomplete batch (a size field pointing past the end) is reported the same way.
+Filter ``error IS NOT NULL`` to list damaged segments. A directory without segments reads as no rows,
+with a one-line warning (logger ``kmem.spark.segments``).
 """
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from kmem.errors import KmemError
+from kmem.errors import InvalidArgumentError
 from kmem.records.codecs import codec_name
-from kmem.spark.segments import DEFAULT_SPLIT_BYTES, batches_of_split, list_segments
+from kmem.spark.segments import (DEFAULT_SPLIT_BYTES, SEGMENT_ERRORS, batches_of_split, check_int64,
+                                 list_segments)
 
 ROWS_PER_ARROW_BATCH = 8192
 
@@ -22,7 +26,7 @@ COMMON = "topic string, partition int, segment string, magic int, codec string, 
          "producer_id long, producer_epoch int, is_transactional boolean, is_control boolean"
 RECORDS_SCHEMA = (COMMON + ", offset long, timestamp long, key binary, value binary, "
                   "headers array<struct<key:string,value:binary>>, sequence int, error string")
-BATCHES_SCHEMA = (COMMON + ", position long, size_bytes int, base_offset long, last_offset long, "
+BATCHES_SCHEMA = (COMMON + ", position long, size_bytes long, base_offset long, last_offset long, "
                   "records_count int, base_sequence int, max_timestamp long, error string")
 
 
@@ -36,23 +40,26 @@ class KafkaLogDataSource(DataSource):
     def _level(self):
         level = self.options.get("level", "records")
         if level not in ("records", "batches"):
-            raise KmemError(f"kafka-log option level must be 'records' or 'batches', not {level!r}")
+            raise InvalidArgumentError(f"kafka-log option level must be 'records' or 'batches', not {level!r}")
         return level
+
+    def _split_bytes(self):
+        value = self.options.get("split_bytes", DEFAULT_SPLIT_BYTES)
+        try:
+            split_bytes = int(value)
+        except ValueError:
+            split_bytes = 0
+        if split_bytes < 1:
+            raise InvalidArgumentError(f"kafka-log option split_bytes must be a positive integer, not {value!r}")
+        return split_bytes
 
     def schema(self):
         return RECORDS_SCHEMA if self._level() == "records" else BATCHES_SCHEMA
 
     def reader(self, schema):
         if "path" not in self.options:
-            raise KmemError("kafka-log needs a path: spark.read.format('kafka-log').load(path)")
-        return KafkaLogReader(self.options["path"], self._level(),
-                              int(self.options.get("split_bytes", DEFAULT_SPLIT_BYTES)), schema)
-
-
-class SplitPartition(InputPartition):
-    def __init__(self, split):
-        super().__init__(split)
-        self.split = split
+            raise InvalidArgumentError("kafka-log needs a path: spark.read.format('kafka-log').load(path)")
+        return KafkaLogReader(self.options["path"], self._level(), self._split_bytes(), schema)
 
 
 class KafkaLogReader(DataSourceReader):
@@ -60,16 +67,18 @@ class KafkaLogReader(DataSourceReader):
         self.path, self.level, self.split_bytes, self.schema = path, level, split_bytes, schema
 
     def partitions(self):
-        splits = list_segments(self.path, self.split_bytes)
-        return [SplitPartition(split) for split in splits]
+        # no segments: Spark reads one InputPartition(None), which yields no rows
+        return [InputPartition(split) for split in list_segments(self.path, self.split_bytes)]
 
     def read(self, partition):
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        arrow_schema = to_arrow_schema(self.schema)
-        rows = ArrowRows(arrow_schema)
-        split = partition.split
+        split = partition.value
+        if split is None:
+            return
+        rows = ArrowRows(to_arrow_schema(self.schema))
         common = {"topic": split.topic, "partition": split.partition, "segment": split.name}
+        unread_from = split.start       # the first byte not yet turned into rows
         try:
             for batch in batches_of_split(split):
                 batch_columns = dict(common, magic=batch.magic, codec=codec_name(batch.compression),
@@ -78,7 +87,8 @@ class KafkaLogReader(DataSourceReader):
                                      is_transactional=batch.is_transactional, is_control=batch.is_control_batch)
                 if self.level == "batches":
                     rows.append(batch_columns, position=batch.file_position, size_bytes=batch.size_in_bytes,
-                                base_offset=batch.base_offset, last_offset=batch.last_offset,
+                                base_offset=batch.base_offset,
+                                last_offset=check_int64(batch.last_offset, "last offset", batch),
                                 records_count=batch.records_count, base_sequence=batch.base_sequence,
                                 max_timestamp=batch.max_timestamp)
                 else:
@@ -87,10 +97,12 @@ class KafkaLogReader(DataSourceReader):
                                     key=record.key, value=record.value,
                                     headers=[{"key": k, "value": v} for k, v in record.headers],
                                     sequence=batch.sequence_of(record.offset))
+                unread_from = batch.file_position + batch.size_in_bytes
                 if rows.full:
                     yield rows.flush()
-        except KmemError as exc:
-            rows.append(common, error=f"{split.uri}: {exc}")
+        except SEGMENT_ERRORS as exc:
+            rows.append(common, position=unread_from, size_bytes=split.end - unread_from,
+                        error=f"{split.uri}: {exc}")
         if rows:
             yield rows.flush()
 
