@@ -5,6 +5,7 @@ import socket
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 from kmem.records import FileRecords, log_segments
@@ -103,6 +104,8 @@ def start_broker_process(log_dir, *args, port=0):
         lines.append(line)
         if "listening on " in line:
             address = line.rsplit("listening on ", 1)[1].strip()
+            # keep reading its log: a full pipe would block the broker's next log line
+            threading.Thread(target=process.stderr.read, daemon=True).start()
             return process, address
     process.kill()
     raise AssertionError("kmem broker did not start:\n" + "".join(lines))

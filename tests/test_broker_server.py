@@ -114,12 +114,13 @@ def test_sigkill_during_idempotent_produce_keeps_every_acknowledged_record_once(
 
     log_dir = tmp_path / "logs"
     port = free_port()
-    process, bootstrap = start_broker_process(log_dir, "--override", "log.segment.bytes=200000", port=port)
+    process, bootstrap = start_broker_process(log_dir, "--override", "log.segment.bytes=1500000", port=port)
     acknowledged, errors = [], []
 
     def delivered(error, message):
         (errors if error else acknowledged).append(error or message.value())
 
+    # batches below 1 MB (librdkafka's default message.max.bytes) fit the 1.5 MB segments
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                                          "linger.ms": 2, "message.timeout.ms": 60000})
     producer.produce("crash", b"first", callback=delivered)   # auto-creates the topic
