@@ -3,7 +3,7 @@
     python broker_child.py serve LOG_DIR SETTINGS_JSON [--eager] [--fill-mib N]
         a Broker on 127.0.0.1:0 (``--fill-mib``: first N MiB of 1 KiB records in topic "old", 16 a batch;
         ``--eager``: Fetch v0-3 converted in one chunk, i.e. the whole response in memory at once); prints
-        ``READY <port>``, then on each stdin line one JSON line: VmRSS and VmHWM (peak) in bytes.
+        ``READY <port> <log end offset of "old">``, then on each stdin line one JSON line: VmRSS and VmHWM (peak) in bytes.
     python broker_child.py pids N [--dict]
         N distinct idempotent producers appended to one partition through the broker's storage layer
         (the Produce handler's path), or N producer entries in a dict (Kafka's in-heap map); prints JSON
@@ -32,14 +32,15 @@ def serve(log_dir, settings, eager, fill_mib):
 
     broker = Broker(log_dir, **settings).start()
     if eager:
-        broker.handlers.lazy_chunk_size = 1 << 31
+        broker.handlers.lazy_chunk_size = (1 << 31) - 1
     if fill_mib:
         broker.logs.create_topic("old")
         partition = broker.logs.get_partition("old", 0)
         batch = build_records([os.urandom(1024) for _ in range(16)], magic=2)
         for _ in range(fill_mib * (1 << 20) // len(batch)):
             assert partition.append(batch).error_code == 0
-    print("READY", broker.server.address[1], flush=True)
+    end = broker.logs.get_partition("old", 0).log_end_offset if fill_mib else 0
+    print("READY", broker.server.address[1], end, flush=True)
     for _ in sys.stdin:
         print(json.dumps(status()), flush=True)
     broker.close()
