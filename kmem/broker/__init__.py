@@ -7,6 +7,7 @@
 - ``LogSegment``, ``OffsetIndex``, ``TimeIndex``: the segment files.
 - ``ProducerStateManager``: idempotent-producer state over a ``kmem.ledger.PidLedger`` (KIP-1044).
 - ``ErrorCode`` / ``LogError``: Kafka's error codes for what the log refuses.
+- ``Broker`` (``kmem.broker.server``): the whole broker, serving Kafka clients over the wire protocol.
 
 Everything here is independent of the wire protocol: request handlers pass record bytes in and get
 Kafka's error codes, offsets and ``FileRecords`` slices back.
@@ -20,9 +21,10 @@ from kmem.broker.log import (
 )
 from kmem.broker.producer_state import ProducerStateManager
 from kmem.broker.segment import LogSegment
+from kmem.broker.server import Broker
 
 __all__ = [
     "EARLIEST_TIMESTAMP", "LATEST_TIMESTAMP", "MAX_TIMESTAMP", "READ_COMMITTED", "READ_UNCOMMITTED", "AppendResult",
-    "BrokerConfig", "ErrorCode", "FetchData", "LogConfig", "LogError", "LogManager", "LogSegment",
+    "Broker", "BrokerConfig", "ErrorCode", "FetchData", "LogConfig", "LogError", "LogManager", "LogSegment",
     "OffsetAndTimestamp", "OffsetIndex", "PartitionLog", "ProducerStateManager", "TimeIndex", "TopicInfo",
 ]
