@@ -37,7 +37,11 @@ def main(argv=None):
     convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1)
     convert.add_argument("--chunk-size", type=int, default=128 << 10, help="bytes converted at a time per task")
 
+    add_broker_command(commands)
+
     args = parser.parse_args(argv)
+    if args.command == "broker":
+        return args.run(args)
     return PIPELINE_JOBS[args.job](args)
 
 
@@ -101,6 +105,58 @@ def _run_demo(args):
 
 
 PIPELINE_JOBS = {"demo": _run_demo, "report": _run_report, "ledger": _run_ledger, "convert": _run_convert}
+
+
+def add_broker_command(commands):
+    """``kmem broker``: a single-node Kafka broker serving a log directory until SIGTERM or SIGINT."""
+    broker = commands.add_parser("broker", help="run a single-node Kafka broker on a log directory")
+    broker.add_argument("--log-dir", help="the broker's log directory (default: log.dirs of --config)")
+    broker.add_argument("--port", type=int, default=9092)
+    broker.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    broker.add_argument("--config", help="a server.properties file (settings kmem does not know are ignored)")
+    broker.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a broker setting under Kafka's name; repeatable")
+    broker.set_defaults(run=_run_broker)
+
+
+def _run_broker(args):
+    import logging
+    import signal
+    import threading
+
+    from kmem.broker import Broker
+    from kmem.broker.settings import KNOWN_SETTINGS, read_properties_file
+    from kmem.errors import ConfigError, KmemError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("kmem.broker")
+    try:
+        properties = read_properties_file(args.config) if args.config else {}
+        log_dir = args.log_dir or properties.get("log.dirs", properties.get("log.dir", "")).split(",")[0]
+        ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS)
+        if ignored:
+            log.warning("%s: ignoring settings kmem broker does not use: %s", args.config, ", ".join(ignored))
+        properties = {name: value for name, value in properties.items() if name in KNOWN_SETTINGS}
+        for override in args.override:
+            name, sep, value = override.partition("=")
+            if not sep:
+                raise ConfigError(f"--override takes key=value, not {override!r}")
+            properties[name.strip()] = value.strip()
+        if not log_dir:
+            raise ConfigError("--log-dir (or log.dirs in --config) is required")
+        broker = Broker(log_dir, args.port, host=args.host, properties=properties)
+        broker.start()
+    except (KmemError, OSError) as e:
+        print(f"kmem broker: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    while not stop.wait(3600):
+        pass
+    log.info("shutting down")
+    broker.close()
+    return 0
 
 
 def print_report(result, stream=None):

@@ -1,0 +1,476 @@
+"""The request handlers of ``kmem broker``: one method per API, from a decoded request body to a
+response body, as Kafka's ``KafkaApis`` answers them on a single node.
+
+Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
+0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, and FindCoordinator 0-6 answered
+COORDINATOR_NOT_AVAILABLE (librdkafka asks for its consumer's group even when it only assigns
+partitions; the group APIs are not served yet). Transactions are not served: their APIs are not
+advertised and InitProducerId with a transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+
+Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
+
+- data stored as magic 2 goes out as a file region (``os.sendfile`` on plain sockets) to Fetch v4 and
+  later; Fetch v0-1 get magic 0 and v2-3 magic 1 by lazy chunked down-conversion (KIP-283), unless
+  ``message.downconversion.enable`` is off (UNSUPPORTED_VERSION); zstd data below Fetch v10 is
+  UNSUPPORTED_COMPRESSION_TYPE (judged on the first batch returned);
+- KIP-74 (v3+): ``max_bytes`` bounds the response, ``partition_max_bytes`` each partition, but the first
+  batch of the first non-empty partition is returned whole; before v3 a partition's limit is hard;
+- long polling: with fewer than ``min_bytes`` available, the handler thread waits up to ``max_wait_ms``
+  for an append to one of the fetched partitions (each waiting fetch holds a handler thread, so the
+  server's ``num.io.threads`` bounds how many consumers can long-poll at once);
+- no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches.
+"""
+import logging
+import struct
+import threading
+import time
+import uuid
+
+from kmem.broker.checkpoints import uuid_bytes, uuid_string
+from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.log import READ_COMMITTED, validate_topic_name
+from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
+from kmem.protocol import ApiKey, messages
+from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
+
+log = logging.getLogger(__name__)
+
+# Kafka's error codes answered here beyond the storage layer's (kmem.broker.codes)
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+COORDINATOR_NOT_AVAILABLE = 15
+INVALID_REQUIRED_ACKS = 21
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+INVALID_REPLICATION_FACTOR = 38
+INVALID_REQUEST = 42
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
+FETCH_SESSION_ID_NOT_FOUND = 70
+UNSUPPORTED_COMPRESSION_TYPE = 76
+UNKNOWN_TOPIC_ID = 100
+INVALID_RECORD = 87
+
+# What this broker answers; everything else is refused (and not advertised).
+SERVED_VERSIONS = {
+    ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
+    ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
+    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6),
+}
+ZERO_UUID = uuid.UUID(int=0)
+V2_ATTRIBUTES = struct.Struct(">bxxxxh")       # magic, crc (skipped), attributes: bytes 16-22 of a batch
+V2_ATTRIBUTES_OFFSET = MAGIC_OFFSET = 16
+
+
+def protocol_uuid(text):
+    """A storage topic id (Kafka's base64 ``Uuid`` string) as the protocol's ``uuid.UUID``."""
+    return uuid.UUID(bytes=uuid_bytes(text))
+
+
+def _first_batch_codec(records):
+    header = records.read(0, V2_ATTRIBUTES_OFFSET + V2_ATTRIBUTES.size)
+    if len(header) < V2_ATTRIBUTES_OFFSET + V2_ATTRIBUTES.size:
+        return codecs.NONE
+    magic, attributes = V2_ATTRIBUTES.unpack_from(header, V2_ATTRIBUTES_OFFSET)
+    return attributes & 0x07 if magic == 2 else codecs.NONE
+
+
+class Handlers:
+    """Answers decoded requests from a ``LogManager``; ``endpoint()`` gives the advertised (host, port)."""
+
+    def __init__(self, logs, node_id, endpoint, *, lazy_chunk_size=None):
+        self.logs = logs
+        self.node_id = node_id
+        self.endpoint = endpoint
+        self.lazy_chunk_size = lazy_chunk_size
+        self._waiters = set()              # events of long-polling fetches, set at shutdown
+        self._waiters_lock = threading.Lock()
+        self.closing = False
+
+    def wake_all(self):
+        """Shutdown: end every long poll now."""
+        self.closing = True
+        with self._waiters_lock:
+            for event in self._waiters:
+                event.set()
+
+    # --- ApiVersions, FindCoordinator -------------------------------------------------------------------
+
+    def api_versions(self, header, request):
+        response = messages.ApiVersionsResponse(error_code=NONE, throttle_time_ms=0)
+        response.api_keys = [messages.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
+                             for key, (low, high) in sorted(SERVED_VERSIONS.items())]
+        return response
+
+    def find_coordinator(self, header, request):
+        message = "kmem broker serves no group or transaction coordinator yet"
+        response = messages.FindCoordinatorResponse(error_code=COORDINATOR_NOT_AVAILABLE, error_message=message,
+                                                    node_id=-1, host="", port=-1)
+        keys = request.coordinator_keys if header.api_version >= 4 else []
+        response.coordinators = [
+            messages.FindCoordinatorResponse.Coordinator(key=key, node_id=-1, host="", port=-1,
+                                                         error_code=COORDINATOR_NOT_AVAILABLE, error_message=message)
+            for key in keys]
+        return response
+
+    # --- Metadata -------------------------------------------------------------------------------------
+
+    def metadata(self, header, request):
+        version = header.api_version
+        host, port = self.endpoint()
+        response = messages.MetadataResponse(
+            throttle_time_ms=0, cluster_id=self.logs.cluster_id, controller_id=self.node_id,
+            brokers=[messages.MetadataResponse.MetadataResponseBroker(node_id=self.node_id, host=host, port=port,
+                                                                       rack=None)])
+        topics = self.logs.topics()
+        wanted = request.topics
+        if wanted is None or (version == 0 and not wanted):
+            response.topics = [self._topic_metadata(info.name, info) for info in topics.values()]
+            return response
+        auto_create = (request.allow_auto_topic_creation if version >= 4 else True) \
+            and self.logs.config.auto_create_topics_enable
+        response.topics = []
+        for requested in wanted:
+            name = requested.name
+            if name is None:          # v10+: by topic id
+                topic_id = requested.topic_id
+                name = self.logs.topic_name(_storage_uuid(topic_id))
+                if name is None:
+                    response.topics.append(messages.MetadataResponse.MetadataResponseTopic(
+                        error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id))
+                    continue
+            info = topics.get(name)
+            if info is None and auto_create:
+                try:
+                    self.logs.create_topic(name)
+                except LogError as e:
+                    if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:          # created meanwhile: fine
+                        response.topics.append(messages.MetadataResponse.MetadataResponseTopic(
+                            error_code=e.code, name=name))
+                        continue
+                info = self.logs.topics().get(name)
+            if info is None:
+                response.topics.append(messages.MetadataResponse.MetadataResponseTopic(
+                    error_code=UNKNOWN_TOPIC_OR_PARTITION, name=name))
+                continue
+            response.topics.append(self._topic_metadata(name, info))
+        return response
+
+    def _topic_metadata(self, name, info):
+        node = self.node_id
+        partitions = []
+        for index in range(info.partitions):
+            partition_log = self.logs.get_partition(name, index)
+            epoch = partition_log.leader_epoch if partition_log is not None else 0
+            partitions.append(messages.MetadataResponse.MetadataResponsePartition(
+                error_code=NONE, partition_index=index, leader_id=node, leader_epoch=epoch, replica_nodes=[node],
+                isr_nodes=[node], offline_replicas=[]))
+        return messages.MetadataResponse.MetadataResponseTopic(
+            error_code=NONE, name=name, topic_id=protocol_uuid(info.topic_id), is_internal=False,
+            partitions=partitions)
+
+    # --- CreateTopics, DeleteTopics -------------------------------------------------------------------
+
+    def create_topics(self, header, request):
+        response = messages.CreateTopicsResponse(throttle_time_ms=0, topics=[])
+        names = [topic.name for topic in request.topics]
+        for topic in request.topics:
+            result = messages.CreateTopicsResponse.CreatableTopicResult(name=topic.name, error_message=None)
+            response.topics.append(result)
+            partitions = len(topic.assignments) if topic.assignments else topic.num_partitions
+            if partitions == -1:
+                partitions = self.logs.config.num_partitions
+            configs = {c.name: c.value for c in topic.configs}
+            if names.count(topic.name) > 1:
+                result.error_code, result.error_message = INVALID_REQUEST, f"topic {topic.name!r} named twice"
+                continue
+            replicas = {len(a.broker_ids) for a in topic.assignments} or {topic.replication_factor}
+            if replicas - {-1, 1}:
+                result.error_code = INVALID_REPLICATION_FACTOR
+                result.error_message = "replication factor must be 1: this cluster has one broker"
+                continue
+            try:
+                if request.validate_only:
+                    validate_new_topic(self.logs, topic.name, partitions, configs)
+                    topic_id = None
+                else:
+                    topic_id = self.logs.create_topic(topic.name, partitions, configs)
+            except LogError as e:
+                result.error_code, result.error_message = int(e.code), str(e)
+                continue
+            result.num_partitions, result.replication_factor = partitions, 1
+            if topic_id is not None:
+                result.topic_id = protocol_uuid(topic_id)
+            effective = self.logs.config.topic_config({k: v for k, v in configs.items() if v is not None})
+            result.configs = [
+                messages.CreateTopicsResponse.CreatableTopicConfigs(
+                    name=name, value=str(value).lower() if isinstance(value, bool) else str(value), read_only=False,
+                    config_source=1 if name in configs else 5, is_sensitive=False)
+                for name, value in effective.properties().items()]
+        return response
+
+    def delete_topics(self, header, request):
+        response = messages.DeleteTopicsResponse(throttle_time_ms=0, responses=[])
+        if header.api_version >= 6:
+            wanted = [(t.name, t.topic_id) for t in request.topics]
+        else:
+            wanted = [(name, ZERO_UUID) for name in request.topic_names]
+        for name, topic_id in wanted:
+            result = messages.DeleteTopicsResponse.DeletableTopicResult(name=name, topic_id=topic_id,
+                                                                        error_message=None)
+            response.responses.append(result)
+            if name is None:
+                name = self.logs.topic_name(_storage_uuid(topic_id))
+                if name is None:
+                    result.error_code, result.error_message = UNKNOWN_TOPIC_ID, f"unknown topic id {topic_id}"
+                    continue
+                result.name = name
+            try:
+                info = self.logs.topics().get(name)
+                self.logs.delete_topic(name)
+            except LogError as e:
+                result.error_code, result.error_message = int(e.code), str(e)
+                continue
+            if info is not None:
+                result.topic_id = protocol_uuid(info.topic_id)
+        return response
+
+    # --- InitProducerId -------------------------------------------------------------------------------
+
+    def init_producer_id(self, header, request):
+        if request.transactional_id is not None:
+            return messages.InitProducerIdResponse(
+                throttle_time_ms=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1,
+                producer_epoch=-1)
+        # An idempotent producer always gets a new id (Kafka's ProducerIdManager), never one issued before.
+        return messages.InitProducerIdResponse(throttle_time_ms=0, error_code=NONE,
+                                               producer_id=self.logs.allocate_producer_id(), producer_epoch=0)
+
+    # --- Produce --------------------------------------------------------------------------------------
+
+    def produce(self, header, request):
+        """Appends every partition's records before returning (they are views of the request's pooled
+        memory, released when the handler returns). acks=0 gets no response (None)."""
+        version = header.api_version
+        Partition = messages.ProduceResponse.PartitionProduceResponse
+        response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
+        for topic in request.topic_data:
+            topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
+            response.responses.append(topic_response)
+            for data in topic.partition_data:
+                result = Partition(index=data.index, error_code=NONE, base_offset=-1, log_append_time_ms=-1,
+                                   log_start_offset=-1)
+                topic_response.partition_responses.append(result)
+                if request.acks not in (0, 1, -1):
+                    result.error_code = INVALID_REQUIRED_ACKS
+                    continue
+                partition_log = self.logs.get_partition(topic.name, data.index)
+                if partition_log is None:
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                error = _check_produce_records(version, data.records)
+                if error:
+                    result.error_code, result.error_message = error
+                    continue
+                try:
+                    appended = partition_log.append(data.records if data.records is not None else b"")
+                except IllegalStateError:            # the topic was deleted meanwhile
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                result.error_code = int(appended.error_code)
+                result.log_start_offset = appended.log_start_offset
+                if appended.error_code:
+                    result.error_message = appended.error_message
+                    log.debug("produce to %s-%d refused: %s", topic.name, data.index, appended.error_message)
+                    continue
+                result.base_offset = appended.base_offset
+                result.log_append_time_ms = appended.log_append_time
+        return None if request.acks == 0 else response
+
+    # --- ListOffsets ----------------------------------------------------------------------------------
+
+    def list_offsets(self, header, request):
+        version = header.api_version
+        Partition = messages.ListOffsetsResponse.ListOffsetsPartitionResponse
+        response = messages.ListOffsetsResponse(throttle_time_ms=0, topics=[])
+        for topic in request.topics:
+            topic_response = messages.ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=[])
+            response.topics.append(topic_response)
+            for wanted in topic.partitions:
+                result = Partition(partition_index=wanted.partition_index, error_code=NONE, timestamp=-1,
+                                   offset=-1, leader_epoch=-1, old_style_offsets=[])
+                topic_response.partitions.append(result)
+                partition_log = self.logs.get_partition(topic.name, wanted.partition_index)
+                if partition_log is None:
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                try:
+                    if wanted.timestamp == -1 and request.isolation_level == READ_COMMITTED:
+                        found = (partition_log.last_stable_offset, -1)
+                    else:
+                        found = partition_log.offset_for_timestamp(wanted.timestamp)
+                except IllegalStateError:            # the topic was deleted meanwhile
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                if version == 0:
+                    result.old_style_offsets = [found[0]] if found is not None and wanted.max_num_offsets > 0 else []
+                elif found is not None and found[0] >= 0:
+                    result.offset, result.timestamp = found
+                    result.leader_epoch = partition_log.leader_epoch
+        return response
+
+    # --- Fetch ----------------------------------------------------------------------------------------
+
+    def fetch(self, header, request):
+        version = header.api_version
+        response = messages.FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=[])
+        if request.session_id != 0 or request.session_epoch > 0:
+            response.error_code = FETCH_SESSION_ID_NOT_FOUND
+            return response
+        wanted = []                   # (topic response, request partition, PartitionLog or error code)
+        for topic in request.topics:
+            name = topic.topic if version < 13 else self.logs.topic_name(_storage_uuid(topic.topic_id))
+            topic_response = messages.FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=topic.topic_id,
+                                                                          partitions=[])
+            response.responses.append(topic_response)
+            for partition in topic.partitions:
+                if name is None:
+                    source = UNKNOWN_TOPIC_ID
+                else:
+                    source = self.logs.get_partition(name, partition.partition) or UNKNOWN_TOPIC_OR_PARTITION
+                wanted.append((topic_response, partition, source))
+        is_follower = (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0
+        deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
+        event = None
+        try:
+            while True:
+                results, size, errors = self._read_all(version, request, wanted, is_follower)
+                if (size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing
+                        or time.monotonic() >= deadline):
+                    break
+                if event is None:         # listen first, then read again, so no append slips between
+                    event = self._listen(wanted)
+                    continue
+                event.wait(deadline - time.monotonic())
+                event.clear()
+        finally:
+            if event is not None:
+                self._unlisten(wanted, event)
+        for (topic_response, _, _), result in zip(wanted, results):
+            topic_response.partitions.append(result)
+        return response
+
+    def _listen(self, wanted):
+        event = threading.Event()
+        with self._waiters_lock:
+            self._waiters.add(event)
+        event.on_append = lambda _log: event.set()
+        for _, _, source in wanted:
+            if not isinstance(source, int):
+                source.add_listener(event.on_append)
+        return event
+
+    def _unlisten(self, wanted, event):
+        with self._waiters_lock:
+            self._waiters.discard(event)
+        for _, _, source in wanted:
+            if not isinstance(source, int):
+                try:
+                    source.remove_listener(event.on_append)
+                except ValueError:
+                    pass
+
+    def _read_all(self, version, request, wanted, is_follower):
+        """One pass over the fetched partitions: ``([PartitionData], bytes returned, any error)``."""
+        Partition = messages.FetchResponse.PartitionData
+        results, total, errors = [], 0, False
+        remaining = request.max_bytes if version >= 3 else 2**31 - 1
+        first_whole = version >= 3             # KIP-74: the first batch whole; before v3 limits are hard
+        for _, partition, source in wanted:
+            result = Partition(partition_index=partition.partition, error_code=NONE, high_watermark=-1,
+                               last_stable_offset=-1, log_start_offset=-1, records=b"")
+            results.append(result)
+            if isinstance(source, int):
+                result.error_code, errors = source, True
+                continue
+            result.error_code, records = self._read_partition(version, request, partition, source, remaining,
+                                                              first_whole, is_follower, result)
+            if result.error_code:
+                errors = True
+                continue
+            if records is not None:
+                result.records = records
+                total += records.size
+                remaining = max(remaining - records.size, 0)
+                first_whole = first_whole and not records.size
+        return results, total, errors
+
+    def _read_partition(self, version, request, partition, partition_log, remaining, first_whole, is_follower,
+                        result):
+        """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
+        limit = min(partition.partition_max_bytes, remaining)
+        isolation = request.isolation_level if version >= 4 else 0
+        try:
+            data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
+        except IllegalStateError:                    # the topic was deleted meanwhile
+            return UNKNOWN_TOPIC_OR_PARTITION, None
+        result.high_watermark, result.last_stable_offset = data.high_watermark, data.last_stable_offset
+        result.log_start_offset = data.log_start_offset
+        if data.error_code:
+            return int(data.error_code), None
+        records = data.records
+        if records is None:
+            return NONE, None
+        try:
+            if version < 10 and _first_batch_codec(records) == codecs.ZSTD:
+                return UNSUPPORTED_COMPRESSION_TYPE, None
+            plan = plan_fetch(version, 2, is_follower=is_follower,
+                              topic_config={"message.downconversion.enable":
+                                            partition_log.config.message_downconversion_enable})
+            if plan.error:
+                return int(plan.error), None
+            if plan.to_magic is None:
+                return NONE, records.to_send()
+            chunk = {} if self.lazy_chunk_size is None else {"chunk_size": self.lazy_chunk_size}
+            # The lazy records keep reading ``records`` as they are sent: not closed here.
+            lazy = LazyDownConvertRecords(records, plan.to_magic, partition.fetch_offset, **chunk)
+            records = None
+            return NONE, lazy.to_send()
+        except UnsupportedCompressionTypeError:
+            return UNSUPPORTED_COMPRESSION_TYPE, None
+        finally:
+            if records is not None:
+                records.close()
+
+
+def _storage_uuid(topic_id):
+    return uuid_string(topic_id.bytes)
+
+
+def _check_produce_records(version, records):
+    """Kafka's ``ProduceRequest`` checks: v3+ carries magic 2 only (every batch has the first one's magic,
+    which the log's validator checks); zstd needs v7+. ``(code, message)`` or None. Corrupt input is left
+    to the validator, which names what is wrong."""
+    if records is None or len(records) <= MAGIC_OFFSET:
+        return None
+    magic = memoryview(records).cast("B")[MAGIC_OFFSET]
+    if version >= 3 and magic < 2:
+        return INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
+    if version < 7 and magic == 2:
+        try:
+            if any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
+                return UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
+        except CorruptRecordError:
+            return None
+    return None
+
+
+def validate_new_topic(logs, name, partitions, configs):
+    """CreateTopics with ``validate_only``: the checks ``LogManager.create_topic`` makes, creating nothing."""
+    validate_topic_name(name)
+    if partitions < 1:
+        raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions}")
+    try:
+        logs.config.topic_config({k: v for k, v in configs.items() if v is not None})
+    except ConfigError as e:
+        raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
+    if name in logs.topics():
+        raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")

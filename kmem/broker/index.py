@@ -1,0 +1,179 @@
+"""A segment's offset and time indexes, in Kafka's file layouts (``OffsetIndex``, ``TimeIndex``).
+
+- ``<base>.index``: 8-byte entries ``relative offset i32 | file position i32`` (big-endian), offsets
+  strictly increasing.
+- ``<base>.timeindex``: 12-byte entries ``timestamp i64 | relative offset i32``, an entry only when the
+  segment's largest timestamp grew.
+
+The index of the active segment is preallocated (a sparse file) to ``segment.index.bytes`` rounded down
+to whole entries, as Kafka does, and trimmed to its entries when the segment rolls or the log closes. An
+index that cannot be trusted (length not a multiple of the entry size, offsets not increasing, entries
+outside the segment) fails ``sanity_check`` and is rebuilt from the segment by the caller.
+
+Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file (about 20 reads
+for a full index) and keep nothing in memory but the last entry, so a closed segment costs no memory
+and concurrent readers need no lock.
+"""
+import os
+import struct
+
+import numpy as np
+
+from kmem.errors import KmemError
+
+NO_TIMESTAMP = -1
+
+
+class CorruptIndexError(KmemError, ValueError):
+    """An index file does not describe its segment (Kafka's CorruptIndexException)."""
+
+
+class _Index:
+    ENTRY = None           # struct of one entry
+    KEY = 0                # field of the entry searched by lookup
+
+    def __init__(self, path, base_offset, max_index_size, *, writable):
+        self.path = os.fspath(path)
+        self.base_offset = base_offset
+        self.max_index_size = max_index_size - max_index_size % self.ENTRY.size
+        self.max_entries = self.max_index_size // self.ENTRY.size
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        length = os.fstat(self._fd).st_size
+        self.entries = length // self.ENTRY.size
+        if writable:
+            self.resize(self.max_index_size)
+        self._last = self._entry(self.entries - 1) if self.entries else None
+
+    def _entry(self, n):
+        return self.ENTRY.unpack(os.pread(self._fd, self.ENTRY.size, n * self.ENTRY.size))
+
+    def _write(self, *fields):
+        os.pwrite(self._fd, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size)
+        self.entries += 1
+        self._last = fields
+
+    @property
+    def is_full(self):
+        return self.entries >= self.max_entries
+
+    def resize(self, size):
+        """Make the file ``size`` bytes long (rounded down to whole entries), keeping the entries."""
+        size -= size % self.ENTRY.size
+        self.entries = min(self.entries, size // self.ENTRY.size)
+        os.ftruncate(self._fd, size)
+
+    def trim_to_valid_size(self):
+        self.resize(self.entries * self.ENTRY.size)
+
+    def reset(self):
+        """Drop every entry; the file is preallocated again (Kafka's reset)."""
+        os.ftruncate(self._fd, 0)
+        os.ftruncate(self._fd, self.max_index_size)
+        self.entries, self._last = 0, None
+
+    def _search(self, key):
+        """Index of the last entry whose key is at most ``key``, or -1."""
+        low, high = 0, self.entries - 1
+        found = -1
+        while low <= high:
+            mid = (low + high) // 2
+            if self._entry(mid)[self.KEY] <= key:
+                found, low = mid, mid + 1
+            else:
+                high = mid - 1
+        return found
+
+    def _entries_array(self, dtype):
+        data = os.pread(self._fd, self.entries * self.ENTRY.size, 0)
+        return np.frombuffer(data, dtype=dtype)
+
+    def flush(self):
+        os.fsync(self._fd)
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class OffsetIndex(_Index):
+    """Sparse map from offsets to positions in the segment file."""
+    ENTRY = struct.Struct(">ii")
+    KEY = 0
+
+    @property
+    def last_offset(self):
+        return self.base_offset + self._last[0] if self._last else self.base_offset
+
+    def append(self, offset, position):
+        if self.is_full:
+            raise CorruptIndexError(f"{self.path}: attempt to append to a full index ({self.entries} entries)")
+        if self._last is not None and offset <= self.last_offset:
+            raise CorruptIndexError(f"{self.path}: offset {offset} is not above the last indexed offset "
+                                    f"{self.last_offset}")
+        self._write(offset - self.base_offset, position)
+
+    def lookup(self, offset):
+        """``(offset, position)`` of the last entry at or below ``offset``; ``(base, 0)`` if none."""
+        found = self._search(offset - self.base_offset)
+        if found < 0:
+            return self.base_offset, 0
+        relative, position = self._entry(found)
+        return self.base_offset + relative, position
+
+    def sanity_check(self, segment_size):
+        length = os.fstat(self._fd).st_size
+        if length % self.ENTRY.size:
+            raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
+        entries = self._entries_array([("offset", ">i4"), ("position", ">i4")])
+        if not len(entries):
+            return
+        if entries["offset"][0] < 0 or (np.diff(entries["offset"]) <= 0).any():
+            raise CorruptIndexError(f"{self.path}: offsets are not increasing from the base offset")
+        if (np.diff(entries["position"]) <= 0).any() or entries["position"][-1] >= segment_size:
+            raise CorruptIndexError(f"{self.path}: positions are not increasing inside the segment "
+                                    f"of {segment_size} bytes")
+
+
+class TimeIndex(_Index):
+    """Sparse map from timestamps to offsets: an entry each time the segment's largest timestamp grew."""
+    ENTRY = struct.Struct(">qi")
+    KEY = 0
+
+    @property
+    def last_entry(self):
+        """``(timestamp, offset)`` of the last entry; ``(-1, base offset)`` when empty (Kafka's)."""
+        if self._last is None:
+            return NO_TIMESTAMP, self.base_offset
+        return self._last[0], self.base_offset + self._last[1]
+
+    def maybe_append(self, timestamp, offset, skip_full_check=False):
+        """Append ``(timestamp, offset)`` if ``timestamp`` is above the last entry's (Kafka's maybeAppend)."""
+        if not skip_full_check and self.is_full:
+            raise CorruptIndexError(f"{self.path}: attempt to append to a full time index")
+        last_timestamp, last_offset = self.last_entry
+        if self._last is not None and offset < last_offset:
+            raise CorruptIndexError(f"{self.path}: offset {offset} is below the last indexed offset {last_offset}")
+        if timestamp > last_timestamp:
+            self._write(timestamp, offset - self.base_offset)
+
+    def lookup(self, timestamp):
+        """``(timestamp, offset)`` of the last entry at or below ``timestamp``; ``(-1, base)`` if none."""
+        found = self._search(timestamp)
+        if found < 0:
+            return NO_TIMESTAMP, self.base_offset
+        stamp, relative = self._entry(found)
+        return stamp, self.base_offset + relative
+
+    def sanity_check(self, next_offset):
+        length = os.fstat(self._fd).st_size
+        if length % self.ENTRY.size:
+            raise CorruptIndexError(f"{self.path}: length {length} is not a multiple of {self.ENTRY.size}")
+        entries = self._entries_array([("timestamp", ">i8"), ("offset", ">i4")])
+        if not len(entries):
+            return
+        if (np.diff(entries["timestamp"]) <= 0).any():
+            raise CorruptIndexError(f"{self.path}: timestamps are not increasing")
+        if entries["offset"][0] < 0 or (np.diff(entries["offset"]) < 0).any() \
+                or self.base_offset + int(entries["offset"][-1]) >= max(next_offset, self.base_offset + 1):
+            raise CorruptIndexError(f"{self.path}: offsets are decreasing or past the segment's end {next_offset}")

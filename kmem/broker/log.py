@@ -1,0 +1,614 @@
+"""A partition's log (Kafka's ``UnifiedLog`` on one node) and the log directory (Kafka's ``LogManager``).
+
+``PartitionLog`` of ``<log.dir>/<topic>-<partition>/``:
+
+- ``append(records, origin="client")`` validates and assigns offsets (``kmem.broker.validator``),
+  checks idempotent producers (``kmem.broker.producer_state``), rolls the segment when Kafka would
+  (``segment.bytes``, ``segment.ms`` measured from the first batch's timestamp, a full index, an offset
+  beyond the segment's 32-bit range), writes, and returns an ``AppendResult`` carrying Kafka's error code
+  instead of raising. At each roll the old segment's indexes are trimmed, its files fsynced, the
+  recovery point moved to the new segment and a producer snapshot taken.
+- ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
+  descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
+  but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
+  ``[log_start_offset, log_end_offset]``. On one node the high watermark is the log end offset.
+- ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
+  timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
+  offset index, then the segment) or None.
+- ``add_listener(fn)``: ``fn(log)`` after every append (outside the lock), to wake long-polling fetches.
+- ``delete_old_segments(now)``: retention as Kafka's ``deleteOldSegments``: by ``retention.ms`` (a
+  segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first, rolling
+  first when every segment goes; the log start offset moves to the first segment left.
+
+On open, a log directory without the clean-shutdown marker is recovered as Kafka's ``LogLoader``: every
+segment holding offsets at or past the partition's recovery point is revalidated batch by batch,
+truncated at the first invalid or partial batch (later segments are deleted) and its indexes rebuilt;
+the revalidated batches are replayed into the producer state. Segments with a missing or failing index
+are rebuilt the same way after a clean shutdown too.
+
+Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
+
+``LogManager(log_dir, config)`` owns the directory: ``meta.properties``, the offset checkpoints at the root
+(recovery point, log start, replication), the clean-shutdown marker (removed on open, written by
+``close``), ``kmem-topics.json`` (each topic's configuration overrides: Kafka keeps them in its metadata
+log), ``kmem-producer-id-block`` (``allocate_producer_id()`` never reissues an id) and the partitions.
+``maintain(now)`` applies retention and writes the checkpoints; call it periodically (Kafka's
+``log.retention.check.interval.ms`` is 5 minutes).
+"""
+import bisect
+import json
+import logging
+import os
+import random
+import re
+import shutil
+import threading
+import time
+import uuid
+from typing import NamedTuple
+
+from kmem.broker import checkpoints
+from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.config import BrokerConfig
+from kmem.broker.index import CorruptIndexError
+from kmem.broker.producer_state import ProducerStateManager
+from kmem.broker.segment import (
+    INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch,
+)
+from kmem.broker.validator import CLIENT, validate_and_assign
+from kmem.durable import fsync_directory, replaced_atomically
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
+from kmem.records import FileRecords, log_segments
+
+log = logging.getLogger(__name__)
+
+EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP = -2, -1, -3, -4
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+TOPICS_FILE = "kmem-topics.json"
+MAX_TOPIC_NAME = 249
+LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+
+
+class AppendResult(NamedTuple):
+    """Kafka's ``LogAppendInfo`` as a produce response needs it."""
+    error_code: ErrorCode
+    base_offset: int
+    last_offset: int
+    log_append_time: int
+    log_start_offset: int
+    error_message: str | None = None
+    duplicate: bool = False
+
+
+class FetchData(NamedTuple):
+    records: FileRecords | None        # None when nothing is returned
+    high_watermark: int
+    log_start_offset: int
+    last_stable_offset: int
+    error_code: ErrorCode = ErrorCode.NONE
+
+
+class OffsetAndTimestamp(NamedTuple):
+    offset: int
+    timestamp: int
+
+
+def _check_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentError(f"{name} must be an integer, not {value!r}")
+
+
+def _wall_clock_ms():
+    return time.time_ns() // 1_000_000
+
+
+class PartitionLog:
+    """The log of one partition directory (see the module docstring)."""
+
+    def __init__(self, directory, topic, partition, config, broker, *, topic_id=None, recovery_point=0,
+                 log_start_offset=0, clean=True, clock_ms=None):
+        self.directory = os.fspath(directory)
+        self.topic, self.partition = topic, partition
+        self.config = config
+        self._clock = clock_ms or _wall_clock_ms
+        self._lock = threading.RLock()
+        self._listeners = []
+        self.leader_epoch = 0
+        self._closed = False
+        os.makedirs(self.directory, exist_ok=True)
+        metadata = os.path.join(self.directory, checkpoints.PARTITION_METADATA)
+        if os.path.exists(metadata):
+            self.topic_id = checkpoints.read_partition_metadata(metadata)
+            if topic_id is not None and topic_id != self.topic_id:
+                raise IllegalStateError(f"{metadata} holds topic id {self.topic_id}, expected {topic_id}")
+        else:
+            self.topic_id = topic_id or checkpoints.random_uuid()
+            checkpoints.write_partition_metadata(metadata, self.topic_id)
+        self._epochs_path = os.path.join(self.directory, checkpoints.LEADER_EPOCH_CHECKPOINT)
+        self._epochs = checkpoints.read_leader_epoch_checkpoint(self._epochs_path)
+        self.producers = ProducerStateManager(
+            self.directory, ledger_ids=broker.producer_ledger_ids, cache_entries=broker.producer_state_cache_entries,
+            expiration_ms=broker.producer_id_expiration_ms, clock_ms=self._clock)
+        try:
+            self._load(recovery_point, log_start_offset, clean)
+        except BaseException:
+            self.producers.close()
+            raise
+
+    # --- loading and recovery -------------------------------------------------------------------------
+
+    def _new_segment(self, base_offset, *, active):
+        segment = LogSegment(self.directory, base_offset, self.config, active=active, now_ms=self._clock())
+        jitter = self.config.segment_jitter_ms
+        segment.roll_jitter_ms = random.randrange(min(jitter, self.config.segment_ms)) if jitter else 0
+        return segment
+
+    def _replay(self, batch):
+        if batch.magic == 2 and batch.partition_leader_epoch >= 0:
+            self._assign_epoch(batch.partition_leader_epoch, batch.base_offset)
+        self.producers.replay(batch)
+
+    def _load(self, recovery_point, log_start_offset, clean):
+        found = log_segments(self.directory)
+        self.segments = []
+        recovered = []
+        for i, (base, path) in enumerate(found):
+            stem = path[:-len(".log")]
+            indexes_present = os.path.exists(stem + INDEX_SUFFIX) and os.path.exists(stem + TIME_INDEX_SUFFIX)
+            segment = self._new_segment(base, active=False)
+            self.segments.append(segment)
+            next_base = found[i + 1][0] if i + 1 < len(found) else None
+            unflushed = not clean and (next_base is None or next_base > recovery_point)
+            if indexes_present and not unflushed:
+                segment.load()
+                try:
+                    segment.sanity_check()
+                    continue
+                except CorruptIndexError as e:
+                    log.warning("%s: rebuilding the indexes: %s", segment.log_path, e)
+            discarded = []
+            truncated = segment.recover(self._replay, discarded.append)
+            recovered.append(segment)
+            if truncated:
+                log.warning("%s: truncated %d bytes of invalid or partial batches", segment.log_path, truncated)
+                for later, path in found[i + 1:]:
+                    log.warning("%s: deleted: it follows a truncated segment", path)
+                    for_each_parsable_batch(path, 0, discarded.append)
+                    delete_segment_files(self.directory, later)
+                for batch in discarded:
+                    self.producers.discard(batch, segment.next_offset)
+                break
+        if recovered:
+            self.producers.finish_replay()
+        if not self.segments:
+            self.segments.append(self._new_segment(log_start_offset, active=True))
+        self.active.make_active()
+        self.log_end_offset = self.active.next_offset
+        self.log_start_offset = min(max(log_start_offset, self.segments[0].base_offset), self.log_end_offset)
+        for segment in recovered:
+            segment.flush()
+        if self._epochs and self._epochs[-1][1] >= self.log_end_offset:
+            self._epochs = [(e, o) for e, o in self._epochs if o < self.log_end_offset]
+            checkpoints.write_leader_epoch_checkpoint(self._epochs_path, self._epochs)
+        self._assign_epoch(self.leader_epoch, self.log_end_offset)
+        self.recovery_point = self.log_end_offset if recovered or clean else min(recovery_point, self.log_end_offset)
+
+    def _assign_epoch(self, epoch, start_offset):
+        """Kafka's ``LeaderEpochFileCache.assign``: a new epoch starts at ``start_offset``."""
+        if epoch < 0 or (self._epochs and epoch <= self._epochs[-1][0]):
+            return
+        self._epochs.append((epoch, start_offset))
+        checkpoints.write_leader_epoch_checkpoint(self._epochs_path, self._epochs)
+
+    @property
+    def active(self):
+        return self.segments[-1]
+
+    @property
+    def high_watermark(self):
+        return self.log_end_offset          # one replica: everything appended is replicated
+
+    @property
+    def last_stable_offset(self):
+        first_unstable = self.producers.first_unstable_offset
+        return self.high_watermark if first_unstable is None else min(first_unstable, self.high_watermark)
+
+    @property
+    def size_in_bytes(self):
+        return sum(s.size for s in self.segments)
+
+    @property
+    def leader_epochs(self):
+        """``[(epoch, start offset)]``, as in ``leader-epoch-checkpoint``."""
+        return list(self._epochs)
+
+    def _check_open(self):
+        if self._closed:
+            raise IllegalStateError(f"log {self.directory} is closed")
+
+    # --- appends ------------------------------------------------------------------------------------
+
+    def append(self, records, *, origin=CLIENT, now_ms=None):
+        """Validate, assign offsets and append ``records`` (bytes-like or ``MemoryRecords``); see the module
+        docstring. Never raises for bad records: the ``AppendResult`` carries the error code."""
+        with self._lock:
+            self._check_open()
+            now = self._clock() if now_ms is None else now_ms
+            try:
+                validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
+                                                leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
+                duplicate, updated = self.producers.check(validated.batches, origin)
+            except LogError as e:
+                return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e))
+            if duplicate is not None:
+                return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
+                                    duplicate.timestamp, self.log_start_offset, duplicate=True)
+            try:
+                segment = self._maybe_roll(validated, now)
+                segment.append(validated.last_offset, validated.max_timestamp, validated.offset_of_max_timestamp,
+                               validated.pieces)
+            except OSError as e:
+                log.error("%s: append failed: %s", self.directory, e)
+                return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, -1, self.log_start_offset, str(e))
+            self.log_end_offset = validated.last_offset + 1
+            self.producers.apply(updated)
+            result = AppendResult(ErrorCode.NONE, validated.first_offset, validated.last_offset,
+                                  validated.log_append_time, self.log_start_offset)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener(self)
+        return result
+
+    def _maybe_roll(self, validated, now):
+        segment, config = self.active, self.config
+        reached_roll_ms = (segment.time_waited_for_roll(now, validated.max_timestamp)
+                           > config.segment_ms - segment.roll_jitter_ms)
+        if (segment.size > config.segment_bytes - validated.size or (segment.size > 0 and reached_roll_ms)
+                or segment.offset_index.is_full or segment.time_index.is_full
+                or not segment.can_convert_to_relative_offset(validated.last_offset)):
+            self.roll()
+        return self.active
+
+    def roll(self):
+        """Start a new segment at the log end offset (nothing happens while the active one is empty)."""
+        with self._lock:
+            old = self.active
+            if old.size == 0:
+                return old
+            old.on_become_inactive()
+            self.segments.append(self._new_segment(self.log_end_offset, active=True))
+            self.producers.take_snapshot()
+            old.flush()
+            self.recovery_point = self.log_end_offset
+            return self.active
+
+    def add_listener(self, listener):
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener):
+        with self._lock:
+            self._listeners.remove(listener)
+
+    # --- reads --------------------------------------------------------------------------------------
+
+    def read(self, fetch_offset, max_bytes, *, min_one_message=True, isolation=READ_UNCOMMITTED):
+        """The records from ``fetch_offset`` on (see the module docstring)."""
+        _check_int("fetch_offset", fetch_offset)
+        _check_int("max_bytes", max_bytes)
+        if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
+            raise InvalidArgumentError(f"isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1): {isolation!r}")
+        with self._lock:
+            self._check_open()
+            hw, lso, start = self.high_watermark, self.last_stable_offset, self.log_start_offset
+            upper = lso if isolation == READ_COMMITTED else hw
+            if fetch_offset < start or fetch_offset > self.log_end_offset:
+                return FetchData(None, hw, start, lso, ErrorCode.OFFSET_OUT_OF_RANGE)
+            bases = [s.base_offset for s in self.segments]
+            for segment in self.segments[max(bisect.bisect_right(bases, fetch_offset) - 1, 0):]:
+                if fetch_offset >= upper:
+                    break
+                first = segment.translate_offset(fetch_offset)
+                if first is None:
+                    continue
+                max_position = segment.size
+                if upper < segment.next_offset:
+                    bound = segment.translate_offset(upper)
+                    max_position = bound.position if bound is not None else segment.size
+                wanted = max(max_bytes, first.size) if min_one_message else max_bytes
+                size = min(max_position - first.position, wanted)
+                if size <= 0:
+                    break
+                records = FileRecords(segment.log_path, first.position, first.position + size)
+                return FetchData(records, hw, start, lso)
+            return FetchData(None, hw, start, lso)
+
+    def offset_for_timestamp(self, timestamp):
+        """ListOffsets for one partition: an ``OffsetAndTimestamp``, or None when no record qualifies."""
+        _check_int("timestamp", timestamp)
+        with self._lock:
+            self._check_open()
+            if timestamp in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP):
+                return OffsetAndTimestamp(self.log_start_offset, -1)
+            if timestamp == LATEST_TIMESTAMP:
+                return OffsetAndTimestamp(self.high_watermark, -1)
+            if timestamp == MAX_TIMESTAMP:
+                newest = max(self.segments, key=lambda s: s.max_timestamp_so_far)
+                found = newest.record_at_max_timestamp()
+                return OffsetAndTimestamp(*found) if found else OffsetAndTimestamp(-1, -1)
+            if timestamp < 0:
+                return None
+            for segment in self.segments:
+                if segment.largest_timestamp >= timestamp:
+                    found = segment.find_offset_by_timestamp(timestamp, self.log_start_offset)
+                    if found is not None:
+                        return OffsetAndTimestamp(*found)
+            return None
+
+    # --- retention ----------------------------------------------------------------------------------
+
+    def delete_old_segments(self, now_ms=None):
+        """Retention by time, then by size; returns the number of segments deleted."""
+        with self._lock:
+            self._check_open()
+            now = self._clock() if now_ms is None else now_ms
+            deleted = 0
+            retention_ms = self.config.retention_ms
+            if retention_ms >= 0:
+                deleted += self._delete_segments(lambda s: now - s.largest_timestamp > retention_ms)
+            retention_bytes = self.config.retention_bytes
+            if retention_bytes >= 0 and self.size_in_bytes >= retention_bytes:
+                excess = [self.size_in_bytes - retention_bytes]
+
+                def over_size(segment):
+                    if excess[0] - segment.size >= 0:
+                        excess[0] -= segment.size
+                        return True
+                    return False
+                deleted += self._delete_segments(over_size)
+            return deleted
+
+    def _delete_segments(self, predicate):
+        deletable = []
+        for i, segment in enumerate(self.segments):
+            upper = self.segments[i + 1].base_offset if i + 1 < len(self.segments) else self.log_end_offset
+            last_and_empty = i + 1 == len(self.segments) and segment.size == 0
+            if self.high_watermark >= upper and not last_and_empty and predicate(segment):
+                deletable.append(segment)
+            else:
+                break
+        if not deletable:
+            return 0
+        if len(deletable) == len(self.segments):
+            self.roll()
+        for segment in deletable:
+            self.segments.remove(segment)
+            segment.delete()
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        return len(deletable)
+
+    # --- shutdown -----------------------------------------------------------------------------------
+
+    def flush(self):
+        """fsync the active segment and move the recovery point to the log end offset."""
+        with self._lock:
+            self._check_open()
+            self.active.flush()
+            self.recovery_point = self.log_end_offset
+
+    def close(self):
+        """Flush, trim the active segment's indexes, close the files and the producer ledger."""
+        with self._lock:
+            if self._closed:
+                return
+            self.active.on_become_inactive()
+            self.active.flush()
+            self.recovery_point = self.log_end_offset
+            for segment in self.segments:
+                segment.close()
+            self.producers.close()
+            self._closed = True
+
+    def delete(self):
+        """Close the log and remove its directory (Kafka renames it ``-delete`` first, as done here)."""
+        with self._lock:
+            self.close()
+            doomed = f"{self.directory}.{uuid.uuid4().hex}-delete"
+            os.rename(self.directory, doomed)
+            shutil.rmtree(doomed)
+
+
+class TopicInfo(NamedTuple):
+    name: str
+    topic_id: str
+    partitions: int
+    configs: dict            # the topic's overrides (topic-level names)
+
+
+def validate_topic_name(name):
+    """Kafka's ``Topic.validate``: 1-249 characters of ``[a-zA-Z0-9._-]``, not '.' or '..'."""
+    if not isinstance(name, str) or not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME \
+            or not LEGAL_TOPIC.match(name):
+        raise LogError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                       f"topic name {name!r} is not 1 to {MAX_TOPIC_NAME} characters of [a-zA-Z0-9._-] "
+                       "(nor '.' or '..')")
+
+
+class LogManager:
+    """The log directory of one broker (see the module docstring). Thread-safe."""
+
+    def __init__(self, log_dir, config=None, *, clock_ms=None):
+        self.log_dir = os.fspath(log_dir)
+        self.config = config or BrokerConfig()
+        self._clock = clock_ms or _wall_clock_ms
+        self._lock = threading.RLock()
+        os.makedirs(self.log_dir, exist_ok=True)
+        self.meta_properties = checkpoints.load_meta_properties(self.log_dir, self.config.node_id)
+        self.cluster_id = self.meta_properties["cluster.id"]
+        marker = os.path.join(self.log_dir, checkpoints.CLEAN_SHUTDOWN)
+        self.had_clean_shutdown = os.path.exists(marker)
+        if self.had_clean_shutdown:
+            os.unlink(marker)
+            fsync_directory(self.log_dir)
+        recovery_points = checkpoints.read_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT))
+        start_offsets = checkpoints.read_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT))
+        self._topic_configs = self._read_topics_file()
+        self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
+        self._logs = {}
+        self._closed = False
+        try:
+            for name in sorted(os.listdir(self.log_dir)):
+                if name.endswith("-delete") and os.path.isdir(self._path(name)):
+                    shutil.rmtree(self._path(name))        # a topic deletion cut short
+                    continue
+                match = PARTITION_DIR.match(name)
+                if not match or not os.path.isdir(self._path(name)):
+                    continue
+                topic, partition = match.group(1), int(match.group(2))
+                key = (topic, partition)
+                self._logs[key] = PartitionLog(
+                    self._path(name), topic, partition, self.config.topic_config(self._topic_configs.get(topic)),
+                    self.config, recovery_point=recovery_points.get(key, 0), log_start_offset=start_offsets.get(key, 0),
+                    clean=self.had_clean_shutdown, clock_ms=self._clock)
+        except BaseException:
+            for opened in self._logs.values():
+                opened.close()
+            raise
+        self.checkpoint()
+
+    def _path(self, name):
+        return os.path.join(self.log_dir, name)
+
+    def _read_topics_file(self):
+        path = self._path(TOPICS_FILE)
+        try:
+            with open(path, "rb") as file:
+                data = json.load(file)
+        except FileNotFoundError:
+            return {}
+        except ValueError as e:
+            raise checkpoints.CorruptCheckpointError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise checkpoints.CorruptCheckpointError(f"{path}: expected {{topic: {{config: value}}}}")
+        return data
+
+    def _write_topics_file(self):
+        with replaced_atomically(self._path(TOPICS_FILE), fsync=True) as file:
+            file.write(json.dumps(self._topic_configs, sort_keys=True, indent=1).encode())
+
+    # --- topics ---------------------------------------------------------------------------------------
+
+    def create_topic(self, name, partitions=None, configs=None):
+        """Create ``name`` with ``partitions`` (default ``num.partitions``) and topic-level ``configs``;
+        returns its topic id. Raises ``LogError``: INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS,
+        INVALID_PARTITIONS, INVALID_CONFIG."""
+        validate_topic_name(name)
+        partitions = self.config.num_partitions if partitions is None else partitions
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions!r}")
+        configs = {k: v for k, v in (configs or {}).items() if v is not None}
+        try:
+            topic_config = self.config.topic_config(configs)
+        except ConfigError as e:
+            raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
+        with self._lock:
+            self._check_open()
+            if name in self._topic_names():
+                raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            topic_id = checkpoints.random_uuid()
+            if configs:
+                self._topic_configs[name] = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items()}
+                self._write_topics_file()
+            for p in range(partitions):
+                self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
+                                                     topic_id=topic_id, clock_ms=self._clock)
+            fsync_directory(self.log_dir)
+            return topic_id
+
+    def delete_topic(self, name):
+        """Delete every partition of ``name``; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        with self._lock:
+            self._check_open()
+            doomed = [key for key in self._logs if key[0] == name]
+            if not doomed:
+                raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            for key in doomed:
+                self._logs.pop(key).delete()
+            if self._topic_configs.pop(name, None) is not None:
+                self._write_topics_file()
+            self.checkpoint()
+
+    def _topic_names(self):
+        return {topic for topic, _ in self._logs}
+
+    def topics(self):
+        """``{name: TopicInfo}`` of every topic."""
+        with self._lock:
+            info = {}
+            for (topic, partition), partition_log in sorted(self._logs.items()):
+                info[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
+                                        dict(self._topic_configs.get(topic, {})))
+            return info
+
+    def topic_name(self, topic_id):
+        """The name of the topic with ``topic_id`` (Fetch v13+ and Metadata v10+ name topics by id), or None."""
+        with self._lock:
+            return next((p.topic for p in self._logs.values() if p.topic_id == topic_id), None)
+
+    def get_partition(self, topic, partition):
+        """The ``PartitionLog``, or None when the topic or partition does not exist."""
+        return self._logs.get((topic, partition))
+
+    def partitions(self):
+        with self._lock:
+            return dict(self._logs)
+
+    def allocate_producer_id(self):
+        """A producer id never handed out before by this log directory (InitProducerId)."""
+        return self.producer_ids.allocate()
+
+    # --- upkeep ---------------------------------------------------------------------------------------
+
+    def maintain(self, now_ms=None):
+        """Retention for every partition, then the checkpoints; returns the number of segments deleted."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            deleted = sum(partition_log.delete_old_segments(now) for partition_log in self._logs.values())
+            self.checkpoint()
+            return deleted
+
+    def checkpoint(self):
+        """Write the recovery-point, log-start-offset and replication-offset checkpoints."""
+        with self._lock:
+            logs = self._logs.items()
+            checkpoints.write_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT),
+                                                {k: v.recovery_point for k, v in logs})
+            checkpoints.write_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT),
+                                                {k: v.log_start_offset for k, v in logs})
+            checkpoints.write_offset_checkpoint(self._path(checkpoints.REPLICATION_OFFSET_CHECKPOINT),
+                                                {k: v.high_watermark for k, v in logs})
+
+    def _check_open(self):
+        if self._closed:
+            raise IllegalStateError(f"log manager of {self.log_dir} is closed")
+
+    def close(self, broker_epoch=-1):
+        """Flush and close every partition, write the checkpoints, then the clean-shutdown marker
+        (``{"version":0,"brokerEpoch":<broker_epoch>}``, as Kafka's ``CleanShutdownFileHandler``)."""
+        with self._lock:
+            if self._closed:
+                return
+            for partition_log in self._logs.values():
+                partition_log.close()
+            self.checkpoint()
+            with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True) as marker:
+                marker.write(json.dumps({"version": 0, "brokerEpoch": broker_epoch}, separators=(",", ":")).encode())
+            self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

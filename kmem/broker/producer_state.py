@@ -1,0 +1,287 @@
+"""Idempotent-producer state of one partition: Kafka's ``ProducerStateManager`` over a ``PidLedger``
+(KIP-1044), so that memory stays flat however many producer ids write to the partition.
+
+Where the state lives:
+
+- the partition directory's ``PidLedger`` holds each producer's newest entry (epoch, last sequence,
+  last offset, offset delta, timestamp, coordinator epoch, open transaction): exactly what a Kafka
+  snapshot entry holds. Its snapshots are Kafka ``<offset>.snapshot`` files; the log flushes the
+  ledger at each segment roll, so a snapshot is taken at each roll as Kafka does (holding the producers
+  written since the previous one; older ones stay in older snapshots until they expire, KIP-1044's
+  ledger). Entries are deleted by the ledger once every producer in a snapshot expired
+  (``producer.id.expiration.ms``), as Kafka expires producers;
+- an LRU of at most ``producer.state.cache.entries`` producers keeps the metadata of their last five
+  batches, as Kafka's ``ProducerStateEntry`` does. A producer read back from the ledger (evicted, or
+  after a restart) knows its last batch only, which is all a Kafka snapshot keeps too.
+
+Checks, for each v2 batch with a producer id, as Kafka's ``ProducerAppendInfo`` (client appends):
+
+- a batch of the current epoch whose first and last sequence equal one of the remembered batches is a
+  duplicate: it is not appended and the append answers with that batch's original offsets;
+- an epoch below the current one: INVALID_PRODUCER_EPOCH (47);
+- a new epoch must start at sequence 0 unless the producer is unknown; otherwise the first sequence must
+  follow the last one (wrapping after 2**31 - 1): else OUT_OF_ORDER_SEQUENCE_NUMBER (45). An unknown or
+  expired producer may start at any sequence (Kafka 2.5+ no longer answers UNKNOWN_PRODUCER_ID).
+
+After an unclean shutdown the log replays the batches it revalidated (those past the recovery point)
+through ``replay``, which brings the ledger up to date with batches a crash left out of it and
+rebuilds the last-five metadata of their producers. A process crash never leaves the ledger ahead of
+the log (a batch is written before its producer's entry). When recovery truncates batches that were
+written whole (a bad CRC, power loss), ``discard`` rolls back every producer whose entry points into the
+lost part, to the state replayed from the batches kept or else to an unknown producer, so a retry of a
+lost batch is appended again (Kafka reloads an older snapshot for the same purpose).
+"""
+import collections
+import logging
+import re
+import threading
+from typing import NamedTuple
+
+from kmem.bloom import Shape
+from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.validator import CLIENT, REPLICATION, BatchInfo
+from kmem.ledger import NO_TXN, PidLedger, ProducerEntry
+from kmem.records.batches import INT32_MAX
+
+# Files a Kafka partition directory holds beside the ledger's: the ledger need not warn about them.
+KAFKA_PARTITION_FILE = re.compile(r"^(\d{20}\.(log|index|timeindex|txnindex)|partition\.metadata|"
+                                  r"leader-epoch-checkpoint(\.tmp)?|partition\.metadata\.tmp)$")
+MAX_BATCHES = 5          # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
+NO_SEQUENCE = -1
+NO_EPOCH = -1
+
+
+class BatchMetadata(NamedTuple):
+    first_seq: int
+    last_seq: int
+    last_offset: int
+    offset_delta: int
+    timestamp: int
+
+    @property
+    def first_offset(self):
+        return self.last_offset - self.offset_delta
+
+
+class ProducerState:
+    """One producer's epoch, last batches and transaction (Kafka's ``ProducerStateEntry``)."""
+    __slots__ = ("producer_id", "epoch", "batches", "coordinator_epoch", "current_txn_first_offset", "timestamp")
+
+    def __init__(self, producer_id, epoch=NO_EPOCH, batches=(), coordinator_epoch=-1,
+                 current_txn_first_offset=NO_TXN, timestamp=-1):
+        self.producer_id = producer_id
+        self.epoch = epoch
+        self.batches = collections.deque(batches, MAX_BATCHES)
+        self.coordinator_epoch = coordinator_epoch
+        self.current_txn_first_offset = current_txn_first_offset
+        self.timestamp = timestamp
+
+    @classmethod
+    def from_entry(cls, entry):
+        batches = ()
+        if entry.last_sequence != NO_SEQUENCE:
+            first = (entry.last_sequence - entry.offset_delta) % (INT32_MAX + 1)
+            batches = (BatchMetadata(first, entry.last_sequence, entry.last_offset, entry.offset_delta,
+                                     entry.timestamp),)
+        return cls(entry.producer_id, entry.epoch, batches, entry.coordinator_epoch,
+                   entry.current_txn_first_offset, entry.timestamp)
+
+    def copy(self):
+        return ProducerState(self.producer_id, self.epoch, self.batches, self.coordinator_epoch,
+                             self.current_txn_first_offset, self.timestamp)
+
+    @property
+    def last_seq(self):
+        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
+
+    @property
+    def last_offset(self):
+        return self.batches[-1].last_offset if self.batches else -1
+
+    def to_entry(self):
+        last = self.batches[-1] if self.batches else None
+        return ProducerEntry(self.producer_id, self.epoch, last.last_seq if last else NO_SEQUENCE,
+                             last.last_offset if last else -1, last.offset_delta if last else 0,
+                             self.timestamp, self.coordinator_epoch, self.current_txn_first_offset)
+
+    def find_duplicate(self, batch):
+        if batch.producer_epoch != self.epoch:
+            return None
+        for metadata in self.batches:
+            if metadata.first_seq == batch.base_sequence and metadata.last_seq == batch.last_sequence:
+                return metadata
+        return None
+
+    def add(self, batch):
+        """Record ``batch`` (a ``BatchInfo``) as this producer's newest."""
+        if batch.producer_epoch != self.epoch:
+            self.batches.clear()
+            self.epoch = batch.producer_epoch
+        self.timestamp = batch.max_timestamp
+        if batch.is_control:
+            self.current_txn_first_offset = NO_TXN
+            return
+        self.batches.append(BatchMetadata(batch.base_sequence, batch.last_sequence, batch.last_offset,
+                                          batch.last_offset - batch.base_offset, batch.max_timestamp))
+        if batch.is_transactional and self.current_txn_first_offset == NO_TXN:
+            self.current_txn_first_offset = batch.base_offset
+
+
+class _KafkaFilesAreExpected(logging.Filter):
+    def filter(self, record):
+        return not (record.msg.endswith("ignoring foreign file %s") and KAFKA_PARTITION_FILE.match(str(record.args[-1])))
+
+
+logging.getLogger("kmem.ledger.ledger").addFilter(_KafkaFilesAreExpected())
+
+
+def _in_sequence(last_seq, next_seq):
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
+
+
+class ProducerStateManager:
+    """Producer state of one partition directory. Calls are serialised by the partition's lock."""
+
+    def __init__(self, directory, *, ledger_ids, cache_entries, expiration_ms, clock_ms=None):
+        self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
+                                clock_ms=clock_ms)
+        self.cache_entries = cache_entries
+        self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
+        self._ongoing = {}                              # pid -> first offset of its open transaction
+        self._lock = threading.Lock()
+
+    def state(self, producer_id):
+        """The producer's state (None if unknown or expired); a copy the caller may change."""
+        with self._lock:
+            state = self._cache.get(producer_id)
+            if state is not None:
+                self._cache.move_to_end(producer_id)
+        if state is not None:
+            if self.ledger.expired(state.to_entry()):
+                return None
+            return state.copy()
+        entry = self.ledger.read(producer_id)
+        return None if entry is None else ProducerState.from_entry(entry)
+
+    def check(self, batches, origin=CLIENT):
+        """Check the batches of one append; returns ``(duplicate BatchMetadata or None, {pid: new state})``.
+
+        Raises ``LogError`` with INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER.
+        """
+        updated = {}
+        for batch in batches:
+            if batch.producer_id < 0:
+                continue
+            pid = batch.producer_id
+            state = updated.get(pid) or self.state(pid)
+            if origin == CLIENT and state is not None and not batch.is_control:
+                duplicate = state.find_duplicate(batch)
+                if duplicate is not None:
+                    return duplicate, {}
+            if state is None:
+                state = ProducerState(pid)
+                known = False
+            else:
+                known = True
+            if batch.producer_epoch < state.epoch and origin != REPLICATION:
+                raise LogError(ErrorCode.INVALID_PRODUCER_EPOCH,
+                               f"epoch {batch.producer_epoch} of producer {pid} is smaller than the last seen "
+                               f"epoch {state.epoch}")
+            if origin == CLIENT and not batch.is_control:
+                self._check_sequence(state, batch, known)
+            state.add(batch)
+            updated[pid] = state
+        return None, updated
+
+    @staticmethod
+    def _check_sequence(state, batch, known):
+        first = batch.base_sequence
+        if batch.producer_epoch != state.epoch:
+            if first != 0 and known and state.epoch != NO_EPOCH:
+                raise LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                               f"invalid sequence number {first} for new epoch {batch.producer_epoch} of producer "
+                               f"{state.producer_id} (current epoch {state.epoch})")
+        elif known and state.epoch != NO_EPOCH and not _in_sequence(state.last_seq, first):
+            raise LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                           f"out of order sequence number for producer {state.producer_id}: {first} (incoming), "
+                           f"{state.last_seq} (current end sequence number)")
+
+    def apply(self, updated):
+        """Store the states ``check`` returned, once their batches are in the log."""
+        for state in updated.values():
+            self.ledger.update(state.to_entry())
+            self._remember(state)
+
+    def _remember(self, state):
+        with self._lock:
+            self._cache[state.producer_id] = state
+            self._cache.move_to_end(state.producer_id)
+            while len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
+            if state.current_txn_first_offset != NO_TXN:
+                self._ongoing[state.producer_id] = state.current_txn_first_offset
+            else:
+                self._ongoing.pop(state.producer_id, None)
+
+    def replay(self, batch):
+        """Bring the state up to date with ``batch`` (a ``RecordBatch`` of the log, during recovery)."""
+        pid = batch.producer_id
+        if batch.magic != 2 or pid < 0:
+            return
+        with self._lock:
+            state = self._cache.get(pid)
+        entry = self.ledger.read(pid)
+        if state is None:
+            state = ProducerState.from_entry(entry) if entry is not None and entry.last_offset < batch.last_offset \
+                else ProducerState(pid)
+        control = batch.is_control_batch
+        state.add(BatchInfo(pid, batch.producer_epoch, batch.base_sequence, batch.last_sequence, batch.base_offset,
+                            batch.last_offset, batch.max_timestamp, batch.is_transactional, control))
+        if entry is None or entry.last_offset < batch.last_offset:
+            self.ledger.update(state.to_entry())
+        self._remember(state)
+
+    def discard(self, batch, log_end_offset):
+        """Recovery cut ``batch`` off the log (which now ends at ``log_end_offset``): a producer whose entry
+        points into the lost part goes back to the state replayed from the batches kept, else it becomes
+        unknown (any sequence accepted, as Kafka after losing a producer's data), so that a retry of a lost
+        batch is appended again rather than answered with offsets that no longer hold it."""
+        pid = batch.producer_id
+        if batch.magic != 2 or pid < 0:
+            return
+        entry = self.ledger.read(pid)
+        if entry is None or entry.last_offset < log_end_offset:
+            return
+        with self._lock:
+            state = self._cache.pop(pid, None)
+        if state is not None and state.last_offset >= log_end_offset:
+            state = None
+        if state is None:
+            state = ProducerState(pid, timestamp=entry.timestamp, coordinator_epoch=entry.coordinator_epoch)
+        self.ledger.update(state.to_entry())
+        if state.batches:
+            self._remember(state)
+
+    def finish_replay(self):
+        """After recovery: forget remembered states a replay left behind the ledger (it replayed a segment
+        that is not the last, e.g. to rebuild its index)."""
+        with self._lock:
+            remembered = list(self._cache.values())
+        for state in remembered:
+            entry = self.ledger.read(state.producer_id)
+            if entry is not None and entry.last_offset > state.last_offset:
+                with self._lock:
+                    self._cache.pop(state.producer_id, None)
+
+    @property
+    def first_unstable_offset(self):
+        """The first offset of the oldest open transaction, or None."""
+        with self._lock:
+            return min(self._ongoing.values(), default=None)
+
+    def take_snapshot(self):
+        """Flush the ledger's active file into a ``<offset>.snapshot`` (at each segment roll)."""
+        return self.ledger.flush()
+
+    def close(self):
+        self.ledger.close()

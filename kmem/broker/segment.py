@@ -1,0 +1,275 @@
+"""One log segment: ``<base>.log`` with its ``.index`` and ``.timeindex`` (Kafka's ``LogSegment``).
+
+Appends write whole batches at the end of the ``.log`` file with ``pwritev`` (the batch bytes are passed
+as views, never copied in Python) and add an offset index entry, and maybe a time index entry, once more
+than ``index.interval.bytes`` were appended since the last one: the entry maps the append's largest
+offset to the position where the append began, as Kafka's ``LogSegment.append`` does.
+
+``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
+increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
+``LogSegment.recover``; the indexes it writes are the ones the appends wrote when each append held one
+batch (what clients send).
+"""
+import os
+import struct
+
+from kmem.broker.index import NO_TIMESTAMP, CorruptIndexError, OffsetIndex, TimeIndex
+from kmem.errors import CorruptRecordError
+from kmem.records import FileRecords, segment_file_name
+from kmem.records.batches import INT32_MAX, LOG_OVERHEAD
+
+HEAD = struct.Struct(">qiiB")             # offset, size, partition leader epoch (v2) / crc, magic
+V2_LAST_DELTA_AT, V2_MAX_TIMESTAMP_AT = 23, 35
+HEAD_READ = 61                            # enough for every field read here
+INDEX_SUFFIX, TIME_INDEX_SUFFIX = ".index", ".timeindex"
+
+
+class BatchHead:
+    """Header fields of a batch in a segment file, read without its records."""
+    __slots__ = ("position", "size", "magic", "last_offset", "max_timestamp")
+
+    def __init__(self, head, position):
+        offset, length, _, self.magic = HEAD.unpack_from(head)
+        self.position = position
+        self.size = LOG_OVERHEAD + length
+        if self.magic == 2:
+            self.last_offset = offset + struct.unpack_from(">i", head, V2_LAST_DELTA_AT)[0]
+            self.max_timestamp = struct.unpack_from(">q", head, V2_MAX_TIMESTAMP_AT)[0]
+        else:       # a v0/v1 entry's offset is its last (inner) offset; v1 has the timestamp at byte 18
+            self.last_offset = offset
+            self.max_timestamp = struct.unpack_from(">q", head, 18)[0] if self.magic == 1 else NO_TIMESTAMP
+
+
+class LogSegment:
+    """A segment of a partition's log. Appends and recovery are serialised by the partition's lock."""
+
+    def __init__(self, directory, base_offset, config, *, active, now_ms):
+        self.directory = directory
+        self.base_offset = base_offset
+        self.config = config
+        self.log_path = os.path.join(directory, segment_file_name(base_offset))
+        stem = self.log_path[:-len(".log")]
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self.size = os.fstat(self._fd).st_size
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, config.segment_index_bytes, writable=active)
+        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes, writable=active)
+        self.created_ms = now_ms
+        self.rolling_based_timestamp = None     # largest timestamp of the first append (Kafka's)
+        self.max_timestamp_so_far = NO_TIMESTAMP
+        self.offset_of_max_timestamp = -1
+        self.bytes_since_last_index_entry = 0
+        self.next_offset = base_offset
+
+    def __repr__(self):
+        return f"<LogSegment {self.log_path} {self.size} bytes, offsets {self.base_offset}..{self.next_offset - 1}>"
+
+    # --- reading headers ------------------------------------------------------------------------------
+
+    def heads(self, position=0, end=None):
+        """``BatchHead`` of each complete batch from ``position`` to ``end`` (default: the segment's end)."""
+        end = self.size if end is None else end
+        while end - position >= LOG_OVERHEAD:
+            head = os.pread(self._fd, HEAD_READ, position)
+            size = LOG_OVERHEAD + struct.unpack_from(">i", head, 8)[0]
+            # Only validated data is read here; a damaged tail just ends the scan.
+            if len(head) <= 16 or position + size > end or size < (HEAD_READ if head[16] == 2 else 26):
+                return
+            batch = BatchHead(head, position)
+            yield batch
+            position += batch.size
+
+    def load(self):
+        """After a clean shutdown: the next offset and largest timestamp from the indexes and the tail."""
+        _, position = self.offset_index.lookup(2**63 - 1)
+        timestamp, offset = self.time_index.last_entry
+        self.max_timestamp_so_far, self.offset_of_max_timestamp = (timestamp, offset) if timestamp >= 0 else (-1, -1)
+        self.next_offset = max(self.base_offset, self.offset_index.last_offset)
+        for batch in self.heads(position):
+            self.next_offset = batch.last_offset + 1
+            if batch.max_timestamp > self.max_timestamp_so_far:
+                self.max_timestamp_so_far, self.offset_of_max_timestamp = batch.max_timestamp, batch.last_offset
+
+    def sanity_check(self):
+        self.offset_index.sanity_check(max(self.size, 1))
+        self.time_index.sanity_check(self.next_offset)
+
+    def translate_offset(self, offset, starting_position=0):
+        """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
+        _, position = self.offset_index.lookup(offset)
+        for batch in self.heads(max(position, starting_position)):
+            if batch.last_offset >= offset:
+                return batch
+        return None
+
+    def find_offset_by_timestamp(self, timestamp, starting_offset):
+        """``(offset, timestamp)`` of the first record at or after ``starting_offset`` with a timestamp of at
+        least ``timestamp``, or None (Kafka's findOffsetByTimestamp)."""
+        _, indexed_offset = self.time_index.lookup(timestamp)
+        _, position = self.offset_index.lookup(max(indexed_offset, starting_offset))
+        with FileRecords(self.log_path, 0, self.size) as records:
+            for batch in records.batches(position):
+                if batch.max_timestamp >= timestamp:
+                    for record in batch:
+                        if record.timestamp >= timestamp and record.offset >= starting_offset:
+                            return record.offset, record.timestamp
+        return None
+
+    def record_at_max_timestamp(self):
+        """``(offset, timestamp)`` of the first record carrying the segment's largest timestamp, or None."""
+        if self.max_timestamp_so_far < 0:
+            return None
+        return self.find_offset_by_timestamp(self.max_timestamp_so_far, self.base_offset)
+
+    @property
+    def largest_timestamp(self):
+        """The largest timestamp, or the file's modification time when there is none (Kafka's)."""
+        if self.max_timestamp_so_far >= 0:
+            return self.max_timestamp_so_far
+        return os.stat(self.log_path).st_mtime_ns // 1_000_000
+
+    def time_waited_for_roll(self, now_ms, message_timestamp):
+        if self.rolling_based_timestamp is None and self.size:
+            first = next(self.heads(), None)
+            if first is not None:
+                self.rolling_based_timestamp = first.max_timestamp
+        if self.rolling_based_timestamp is not None and self.rolling_based_timestamp >= 0:
+            return message_timestamp - self.rolling_based_timestamp
+        return now_ms - self.created_ms
+
+    def can_convert_to_relative_offset(self, offset):
+        return 0 <= offset - self.base_offset <= INT32_MAX
+
+    # --- writing --------------------------------------------------------------------------------------
+
+    def append(self, largest_offset, largest_timestamp, offset_of_max_timestamp, pieces):
+        """Write ``pieces`` (bytes-like views of whole batches, in order) at the end of the segment."""
+        size = sum(len(p) for p in pieces)
+        if not size:
+            return
+        position = self.size
+        if position == 0:
+            self.rolling_based_timestamp = largest_timestamp
+        if not self.can_convert_to_relative_offset(largest_offset):
+            raise CorruptIndexError(f"{self.log_path}: offset {largest_offset} does not fit this segment")
+        written = 0
+        try:
+            while written < size:
+                written += os.pwritev(self._fd, _remaining(pieces, written), position + written)
+        except OSError:
+            os.ftruncate(self._fd, position)        # a full disk: leave no partial batch behind
+            raise
+        self.size += size
+        self.next_offset = largest_offset + 1
+        if largest_timestamp > self.max_timestamp_so_far:
+            self.max_timestamp_so_far, self.offset_of_max_timestamp = largest_timestamp, offset_of_max_timestamp
+        if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
+            self.offset_index.append(largest_offset, position)
+            self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
+            self.bytes_since_last_index_entry = 0
+        self.bytes_since_last_index_entry += size
+
+    def recover(self, on_batch=None, on_discarded=None):
+        """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
+        truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order;
+        ``on_discarded(batch)`` the batches that can still be parsed in the part cut off."""
+        self.offset_index.reset()
+        self.time_index.reset()
+        self.max_timestamp_so_far, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
+        valid_bytes = last_index_entry = 0
+        previous_last = self.base_offset - 1
+        with FileRecords(self.log_path) as records:
+            try:
+                for batch in records.batches():
+                    if batch.file_position != valid_bytes:
+                        break
+                    batch.ensure_valid()
+                    last = batch.last_offset
+                    if last <= previous_last or not self.can_convert_to_relative_offset(last):
+                        break
+                    if batch.magic == 2 and batch.base_offset <= previous_last:
+                        break
+                    if batch.max_timestamp > self.max_timestamp_so_far:
+                        self.max_timestamp_so_far, self.offset_of_max_timestamp = batch.max_timestamp, last
+                    if valid_bytes - last_index_entry > self.config.index_interval_bytes:
+                        self.offset_index.append(last, valid_bytes)
+                        self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
+                        last_index_entry = valid_bytes
+                    valid_bytes += batch.size_in_bytes
+                    previous_last = last
+                    if on_batch is not None:
+                        on_batch(batch)
+            except CorruptRecordError:
+                pass
+        truncated = self.size - valid_bytes
+        if truncated:
+            if on_discarded is not None:
+                for_each_parsable_batch(self.log_path, valid_bytes, on_discarded)
+            os.ftruncate(self._fd, valid_bytes)
+            self.size = valid_bytes
+        self.next_offset = previous_last + 1
+        self.bytes_since_last_index_entry = valid_bytes - last_index_entry
+        self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+        self.rolling_based_timestamp = None
+        return truncated
+
+    def make_active(self):
+        """Preallocate the indexes again (the segment takes appends)."""
+        self.offset_index.resize(self.offset_index.max_index_size)
+        self.time_index.resize(self.time_index.max_index_size)
+
+    def on_become_inactive(self):
+        """At roll (and close): the largest timestamp goes into the time index, the indexes are trimmed."""
+        self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
+        self.offset_index.trim_to_valid_size()
+        self.time_index.trim_to_valid_size()
+
+    def flush(self):
+        os.fsync(self._fd)
+        self.offset_index.flush()
+        self.time_index.flush()
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self.offset_index.close()
+        self.time_index.close()
+
+    def delete(self):
+        self.close()
+        delete_segment_files(self.directory, self.base_offset)
+
+
+def for_each_parsable_batch(path, position, callback):
+    """``callback(batch)`` for the batches of ``path`` from ``position`` on, until one cannot be parsed
+    (their CRCs are not checked: this reads what recovery throws away)."""
+    with FileRecords(path, position) as records:
+        try:
+            for batch in records.batches():
+                callback(batch)
+        except CorruptRecordError:
+            pass
+
+
+def delete_segment_files(directory, base_offset):
+    """Remove a segment's ``.log``, ``.index`` and ``.timeindex`` files (those that exist)."""
+    stem = os.path.join(directory, segment_file_name(base_offset))[:-len(".log")]
+    for suffix in (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        try:
+            os.unlink(stem + suffix)
+        except FileNotFoundError:
+            pass
+
+
+def _remaining(pieces, skip):
+    """``pieces`` without their first ``skip`` bytes (after a short write)."""
+    out = []
+    for piece in pieces:
+        if skip >= len(piece):
+            skip -= len(piece)
+            continue
+        out.append(memoryview(piece)[skip:] if skip else piece)
+        skip = 0
+    return out

@@ -1,0 +1,316 @@
+"""Requests and responses with their headers: what a broker and a client call."""
+import enum
+import functools
+import struct
+
+from . import codegen, schema
+from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
+
+
+class ApiKey(enum.IntEnum):
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
+    LEAVE_GROUP = 13
+    SYNC_GROUP = 14
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    INIT_PRODUCER_ID = 22
+
+    @property
+    def message_name(self):
+        """The schema's name stem: ``ApiKey.LIST_OFFSETS.message_name == 'ListOffsets'``."""
+        return "".join(part.capitalize() for part in self.name.split("_"))
+
+
+# Kafka 3.9's version ranges (the schemas shipped with kafka-python describe later versions too)
+SUPPORTED_VERSIONS = {
+    ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17), ApiKey.LIST_OFFSETS: (0, 9), ApiKey.METADATA: (0, 12),
+    ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9), ApiKey.FIND_COORDINATOR: (0, 6),
+    ApiKey.JOIN_GROUP: (0, 9), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5), ApiKey.SYNC_GROUP: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 5), ApiKey.LIST_GROUPS: (0, 5), ApiKey.API_VERSIONS: (0, 4),
+    ApiKey.CREATE_TOPICS: (0, 7), ApiKey.DELETE_TOPICS: (0, 6), ApiKey.INIT_PRODUCER_ID: (0, 5),
+}
+
+UNSUPPORTED_VERSION = 35       # Kafka's Errors.UNSUPPORTED_VERSION
+
+
+class RequestHeader:
+    """Request header v1 (``client_id``) or v2 (v1 + tagged fields); v0 (no client id) is only used by
+    ControlledShutdown v0, which kmem does not serve."""
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "unknown_tags")
+
+    def __init__(self, api_key, api_version, correlation_id, client_id=None, unknown_tags=None):
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.unknown_tags = unknown_tags
+
+    def __eq__(self, other):
+        if type(other) is not RequestHeader:
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self):
+        return (f"RequestHeader(api_key={self.api_key!r}, api_version={self.api_version}, "
+                f"correlation_id={self.correlation_id}, client_id={self.client_id!r})")
+
+
+class ResponseHeader:
+    """Response header v0 (``correlation_id``) or v1 (v0 + tagged fields)."""
+    __slots__ = ("correlation_id", "unknown_tags")
+
+    def __init__(self, correlation_id, unknown_tags=None):
+        self.correlation_id = correlation_id
+        self.unknown_tags = unknown_tags
+
+    def __eq__(self, other):
+        if type(other) is not ResponseHeader:
+            return NotImplemented
+        return self.correlation_id == other.correlation_id and self.unknown_tags == other.unknown_tags
+
+    def __repr__(self):
+        return f"ResponseHeader(correlation_id={self.correlation_id})"
+
+
+_REQUEST_HEADER = struct.Struct(">hhih")
+_RESPONSE_HEADER = struct.Struct(">i")
+
+
+@functools.lru_cache(maxsize=None)
+def message(api_key, kind):
+    """The schema of ``kind`` ('Request' or 'Response') for ``api_key``."""
+    return schema.load(ApiKey(api_key).message_name + kind)
+
+
+def message_class(api_key, kind):
+    """The Python class of an API's request or response, e.g. ``message_class(ApiKey.FETCH, 'Response')``."""
+    return codegen.build_classes(message(api_key, kind))
+
+
+@functools.lru_cache(maxsize=None)
+def _codec(api_key, version, kind, direction):
+    spec = message(api_key, kind)
+    return codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
+
+
+def request_header_version(api_key, api_version):
+    """2 from the API's first flexible version on, else 1 (Kafka's ``ApiKeys.requestHeaderVersion``)."""
+    return 2 if message(api_key, "Request").is_flexible(api_version) else 1
+
+
+def response_header_version(api_key, api_version):
+    """1 from the API's first flexible version on, else 0; ApiVersions always 0 (clients read it before
+    they know the broker's versions)."""
+    if api_key == ApiKey.API_VERSIONS:
+        return 0
+    return 1 if message(api_key, "Response").is_flexible(api_version) else 0
+
+
+def _view(buf):
+    view = memoryview(buf)
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _read_tags(view, pos, what):
+    """Skip a header's tagged fields, keeping them as ``{tag: bytes}`` (or None)."""
+    try:
+        count, pos = codegen.read_uvarint(view, pos)
+        tags = None
+        for _ in range(count):
+            tag, pos = codegen.read_uvarint(view, pos)
+            size, pos = codegen.read_uvarint(view, pos)
+            if pos + size > len(view):
+                raise codegen._Bad(f"tagged field of {size} bytes past the end")
+            tags = tags or {}
+            tags[tag] = bytes(view[pos:pos + size])
+            pos += size
+        return tags, pos
+    except (IndexError, codegen._Bad) as e:
+        raise CorruptMessageError(what, 0, "<tagged fields>", pos, str(e) or "message ends early") from None
+
+
+def decode_request_header(buf):
+    """``(RequestHeader, body offset)`` of a request payload (the bytes after the size prefix).
+
+    Raises ``UnknownApiKeyError`` for an API this codec does not know (before reading further), and
+    ``CorruptMessageError`` when the header itself is cut short. Versions are not checked here.
+    """
+    view = _view(buf)
+    if len(view) < 8:
+        raise CorruptMessageError("RequestHeader", 1, "api_key..correlation_id", 0,
+                                  f"{len(view)} bytes, a request header needs at least 10")
+    api_key, api_version, correlation_id = struct.unpack_from(">hhi", view, 0)
+    try:
+        key = ApiKey(api_key)
+    except ValueError:
+        raise UnknownApiKeyError(api_key, api_version, correlation_id) from None
+    if len(view) < 10:
+        raise CorruptMessageError("RequestHeader", 1, "client_id", 8, "message ends early")
+    length, = struct.unpack_from(">h", view, 8)
+    pos = 10
+    client_id = None
+    if length >= 0:
+        if pos + length > len(view):
+            raise CorruptMessageError("RequestHeader", 1, "client_id", pos,
+                                      f"{length} bytes announced, {len(view) - pos} left")
+        try:
+            client_id = str(view[pos:pos + length], "utf-8")
+        except UnicodeDecodeError as e:
+            raise CorruptMessageError("RequestHeader", 1, "client_id", pos, f"invalid UTF-8 ({e.reason})") from None
+        pos += length
+    elif length != -1:
+        raise CorruptMessageError("RequestHeader", 1, "client_id", 8, f"negative length {length}")
+    tags = None
+    if request_header_version(key, api_version) == 2:
+        tags, pos = _read_tags(view, pos, "RequestHeader")
+    return RequestHeader(key, api_version, correlation_id, client_id, tags), pos
+
+
+def _check_version(api_key, version, header=None):
+    low, high = SUPPORTED_VERSIONS[api_key]
+    if not low <= version <= high:
+        raise UnsupportedVersionError(api_key, version, header)
+
+
+def decode_request(buf):
+    """``(RequestHeader, request body)`` of a request payload; the body's record fields are views of
+    ``buf`` (valid as long as ``buf`` is). Raises ``UnknownApiKeyError``, ``UnsupportedVersionError``
+    (with ``.header``) or ``CorruptMessageError``."""
+    header, pos = decode_request_header(buf)
+    _check_version(header.api_key, header.api_version, header)
+    body, _ = _codec(header.api_key, header.api_version, "Request", "decode")(_view(buf), pos)
+    return header, body
+
+
+def decode_response(buf, api_key, api_version):
+    """``(ResponseHeader, response body)`` of a response payload to a request of ``api_key`` at
+    ``api_version``. An ApiVersions response with UNSUPPORTED_VERSION is read in the v0 layout, the
+    broker's fallback."""
+    api_key = ApiKey(api_key)
+    _check_version(api_key, api_version)
+    view = _view(buf)
+    if len(view) < 4:
+        raise CorruptMessageError("ResponseHeader", 0, "correlation_id", 0, "message ends early")
+    correlation_id, = _RESPONSE_HEADER.unpack_from(view, 0)
+    tags, pos = None, 4
+    if response_header_version(api_key, api_version) == 1:
+        tags, pos = _read_tags(view, pos, "ResponseHeader")
+    if api_key == ApiKey.API_VERSIONS and view[pos:pos + 2] == b"\x00\x23":
+        api_version = 0
+    body, _ = _codec(api_key, api_version, "Response", "decode")(view, pos)
+    return ResponseHeader(correlation_id, tags), body
+
+
+class SplicedSend:
+    """An encoded message with record Sends spliced in at byte offsets: a ``kmem.send.Send`` whose
+    ``size`` counts both. One object whatever the number of partitions (a ``SequenceSend`` would need
+    a part per gap between records)."""
+
+    def __init__(self, data, splices):
+        self._data = memoryview(data)
+        self._splices = splices                      # [(offset in data, send)], offsets ascending
+        self.size = self.remaining = len(data) + sum(send.size for _, send in splices)
+        self._position = 0                           # next byte of data to write
+        self._next = 0                               # next splice
+
+    @property
+    def completed(self):
+        return self.remaining == 0
+
+    def write_to(self, transport):
+        written = 0
+        while self.remaining:
+            if self._next < len(self._splices):
+                offset, send = self._splices[self._next]
+            else:
+                offset, send = len(self._data), None
+            if self._position < offset:
+                n = transport.write([self._data[self._position:offset]])
+                self._position += n
+                written += n
+                self.remaining -= n
+                if self._position < offset:
+                    break
+            if send is None:
+                break
+            n = send.write_to(transport)
+            written += n
+            self.remaining -= n
+            if not send.completed:
+                break
+            self._splices[self._next] = None         # let a written send's memory go
+            self._next += 1
+        return written
+
+    def __repr__(self):
+        return f"<SplicedSend {self.size - self.remaining}/{self.size} bytes, {len(self._splices)} sends>"
+
+
+def _finish(buf, splices):
+    return SplicedSend(bytes(buf), splices) if splices else bytes(buf)
+
+
+def _api_key_of(body, kind):
+    api_key = getattr(body, "API_KEY", None)
+    if api_key is None or getattr(body, "KIND", None) != kind:
+        raise InvalidMessageError(type(body).__name__, None, "(message)",
+                                  f"a kmem.protocol {kind.lower()} object is needed")
+    return ApiKey(api_key)
+
+
+def encode_request(body, api_version, correlation_id, client_id=None, unknown_tags=None):
+    """The payload (no size prefix) of ``body`` at ``api_version`` with its request header: ``bytes``,
+    or a ``SplicedSend`` (a ``kmem.send.Send``) when records are Sends or larger than 16 KiB; its
+    ``size`` is then the payload's length, to write the size prefix."""
+    api_key = _api_key_of(body, "Request")
+    _check_version(api_key, api_version)
+    buf = bytearray(_REQUEST_HEADER.pack(api_key, api_version, correlation_id, -1))
+    if client_id is not None:
+        raw = client_id.encode("utf-8")
+        buf[8:10] = struct.pack(">h", len(raw))
+        buf += raw
+    if request_header_version(api_key, api_version) == 2:
+        buf += codegen.tagged_section(unknown_tags or {})
+    splices = []
+    _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
+    return _finish(buf, splices)
+
+
+def encode_response(request_header, body, unknown_tags=None):
+    """The payload (no size prefix) of the response ``body`` to the request whose header is given:
+    its version and correlation id are the request's. Returns ``bytes`` when the body holds no Send
+    (and no records above 16 KiB), otherwise a ``SplicedSend`` (a ``kmem.send.Send``: the encoded
+    fields with each record Send in place, nothing copied) whose ``size`` is the payload's length:
+    write ``size`` as the frame prefix, then the send."""
+    api_key = _api_key_of(body, "Response")
+    if api_key != request_header.api_key:
+        raise InvalidMessageError(type(body).__name__, request_header.api_version, "(message)",
+                                  f"the request was {ApiKey(request_header.api_key).name}")
+    version = request_header.api_version
+    _check_version(api_key, version)
+    buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
+    if response_header_version(api_key, version) == 1:
+        buf += codegen.tagged_section(unknown_tags or {})
+    splices = []
+    _codec(api_key, version, "Response", "encode")(body, buf, splices)
+    return _finish(buf, splices)
+
+
+def api_versions_fallback_response(request_header):
+    """Kafka's answer to an ApiVersions request at a version it does not support: error
+    UNSUPPORTED_VERSION in the v0 layout, listing ApiVersions' own range (the client retries at its
+    max), after a v0 response header."""
+    low, high = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS]
+    return struct.pack(">ihihhh", request_header.correlation_id, UNSUPPORTED_VERSION, 1,
+                       ApiKey.API_VERSIONS, low, high)

@@ -1,0 +1,108 @@
+"""Helpers for the broker tests: waiting for records, reading the broker's log directory back, and raw
+requests built with kafka-python's own codec (``kafka.protocol``), which nobody here wrote."""
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+from kmem.records import FileRecords, log_segments
+
+TIMEOUT = 30
+
+
+def wait_for(condition, what, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return result
+
+
+def stored_batches(log_dir, topic, partition):
+    """Every batch the broker wrote for a partition, read back from its segment files."""
+    directory = os.path.join(log_dir, f"{topic}-{partition}")
+    batches = []
+    for _, path in log_segments(directory):
+        with FileRecords(path) as records:
+            batches.extend((b.magic, b.producer_id, b.compression, [r.value for r in b]) for b in records.batches())
+    return batches
+
+
+def entry_magics(data):
+    """The magic byte of every complete entry of a records field (offset i64 | size i32 | ... magic at 16)."""
+    magics, pos = [], 0
+    while pos + 17 <= len(data):
+        size, = struct.unpack_from(">i", data, pos + 8)
+        if size < 0 or pos + 12 + size > len(data):
+            break
+        magics.append(data[pos + 16])
+        pos += 12 + size
+    return magics
+
+
+class RawConnection:
+    """A blocking connection speaking size-prefixed frames."""
+
+    def __init__(self, bootstrap):
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=TIMEOUT)
+
+    def send_frame(self, payload):
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def receive_frame(self):
+        """The next response payload, or None when the broker closed the connection."""
+        prefix = self._exactly(4)
+        if prefix is None:
+            return None
+        size, = struct.unpack(">i", prefix)
+        return self._exactly(size)
+
+    def _exactly(self, size):
+        data = bytearray()
+        while len(data) < size:
+            chunk = self.sock.recv(size - len(data))
+            if not chunk:
+                return None
+            data += chunk
+        return bytes(data)
+
+    def request(self, peer_request, response_class, version, correlation_id=1):
+        """Send a kafka-python request object at ``version``; returns its decoded response."""
+        peer_request.with_header(correlation_id=correlation_id, client_id="raw")
+        self.send_frame(peer_request.encode(version=version, header=True))
+        payload = self.receive_frame()
+        assert payload is not None, "the broker closed the connection"
+        return response_class.decode(payload, version=version, header=True)
+
+    def close(self):
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def start_broker_process(log_dir, *args, port=0):
+    """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens."""
+    env = dict(os.environ, PYTHONSAFEPATH="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kmem.cli", "broker", "--log-dir", str(log_dir), "--port", str(port), *args],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
+    deadline = time.monotonic() + TIMEOUT
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if not line:
+            break
+        lines.append(line)
+        if "listening on " in line:
+            address = line.rsplit("listening on ", 1)[1].strip()
+            return process, address
+    process.kill()
+    raise AssertionError("kmem broker did not start:\n" + "".join(lines))

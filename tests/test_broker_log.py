@@ -1,0 +1,570 @@
+"""kmem.broker storage: configuration, the log directory's files, appends and reads, indexes, rolls,
+retention, ListOffsets and topics."""
+import os
+import struct
+import threading
+import time
+import tracemalloc
+
+import pytest
+from aiokafka.record.default_records import DefaultRecordBatchBuilder as AioDefaultBuilder
+from aiokafka.record.legacy_records import LegacyRecordBatchBuilder as AioLegacyBuilder
+from kafka.record.default_records import DefaultRecordBatchBuilder as KpDefaultBuilder
+from kafka.record.legacy_records import LegacyRecordBatchBuilder as KpLegacyBuilder
+
+from kmem.broker import (
+    EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, BrokerConfig, ErrorCode, LogError, LogManager,
+    OffsetAndTimestamp,
+)
+from kmem import _core
+from kmem.broker import checkpoints
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
+from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
+
+NOW = 1_700_000_000_000
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+
+
+def now_ms():
+    return time.time_ns() // 1_000_000
+
+
+def batch(values, magic=2, codec="none", timestamp=None, **fields):
+    builder = RecordsBuilder(magic, codec, **fields)
+    stamp = now_ms() if timestamp is None else timestamp
+    for i, value in enumerate(values):
+        builder.append(value, key=b"k%d" % i, timestamp=stamp + i if magic else -1)
+    return builder.build()
+
+
+def open_manager(path, clock=None, **settings):
+    return LogManager(path, BrokerConfig.from_properties(producer_ledger_ids=100, **settings), clock_ms=clock)
+
+
+@pytest.fixture
+def manager(tmp_path):
+    opened = open_manager(tmp_path / "logs")
+    yield opened
+    opened.close()
+
+
+def read_all(partition_log, offset=0):
+    """Every record from ``offset`` on, fetch after fetch (a fetch reads from one segment, as Kafka's)."""
+    found = []
+    while (fetched := partition_log.read(offset, 1 << 30)).records is not None:
+        with fetched.records as records:
+            found += [(r.offset, r.timestamp, r.key, r.value) for r in records.records()]
+        offset = found[-1][0] + 1
+    return found
+
+
+# --- configuration --------------------------------------------------------------------------------------
+
+def test_config_defaults_are_kafkas():
+    config = BrokerConfig.from_properties()
+    topic = config.topic_config()
+    assert (config.num_partitions, config.auto_create_topics_enable, config.producer_id_expiration_ms) == (1, True, 86_400_000)
+    assert (topic.segment_bytes, topic.segment_ms, topic.retention_ms, topic.retention_bytes) == (
+        1 << 30, 7 * 86_400_000, 7 * 86_400_000, -1)
+    assert (topic.max_message_bytes, topic.message_timestamp_type, topic.message_downconversion_enable) == (
+        1048588, "CreateTime", True)
+    assert (topic.index_interval_bytes, topic.segment_index_bytes) == (4096, 10 << 20)
+
+
+def test_config_names_strings_and_precedence():
+    config = BrokerConfig.from_properties({"log.retention.hours": "1", "log.retention.minutes": "5",
+                                           "log.roll.hours": 2, "auto.create.topics.enable": "false"},
+                                          log_segment_bytes="4096")
+    assert config.retention_ms == 300_000          # minutes over hours, as Kafka
+    assert config.segment_ms == 7_200_000
+    assert config.auto_create_topics_enable is False
+    assert config.topic_config().segment_bytes == 4096
+    assert BrokerConfig.from_properties({"log.retention.ms": -1, "log.retention.hours": 1}).retention_ms == -1
+    topic = config.topic_config({"retention.ms": "10", "message.timestamp.type": "LogAppendTime"})
+    assert topic.retention_ms == 10 and topic.log_append_time
+    assert topic.properties()["segment.bytes"] == 4096
+
+
+@pytest.mark.parametrize("properties", [
+    {"log.segment.bytes": 13}, {"log.segment.bytes": 2**31}, {"num.partitions": 0}, {"num.partitions": "x"},
+    {"num.partitions": True}, {"log.message.timestamp.type": "Now"}, {"no.such.setting": 1},
+    {"log.message.downconversion.enable": "yes"}, {"compression.type": "gzip"}, {"log.retention.ms": -2},
+    {"producer.id.expiration.ms": 0},
+])
+def test_config_rejects_bad_values(properties):
+    with pytest.raises(ConfigError) as raised:
+        BrokerConfig.from_properties(properties)
+    assert next(iter(properties)) in str(raised.value)
+
+
+def test_topic_config_rejects_unknown_and_bad_values():
+    with pytest.raises(ConfigError, match="cleanup.polizy"):
+        BrokerConfig().topic_config({"cleanup.polizy": "delete"})
+    with pytest.raises(ConfigError, match="segment.ms"):
+        BrokerConfig().topic_config({"segment.ms": 0})
+
+
+# --- the log directory's files ----------------------------------------------------------------------------
+
+def test_log_directory_files_are_kafkas(tmp_path):
+    path = tmp_path / "logs"
+    with open_manager(path) as manager:
+        topic_id = manager.create_topic("orders", 2, {"retention.ms": 1000})
+        assert manager.get_partition("orders", 0).append(batch([b"a", b"b"])).error_code == ErrorCode.NONE
+    assert len(checkpoints.uuid_bytes(topic_id)) == 16 and len(topic_id) == 22
+    assert (path / "orders-0" / "partition.metadata").read_bytes() == f"version: 0\ntopic_id: {topic_id}".encode()
+    assert (path / "orders-0" / "leader-epoch-checkpoint").read_bytes() == b"0\n1\n0 0\n"
+    assert (path / "recovery-point-offset-checkpoint").read_bytes() == b"0\n2\norders 0 2\norders 1 0\n"
+    assert (path / "log-start-offset-checkpoint").read_bytes() == b"0\n2\norders 0 0\norders 1 0\n"
+    assert (path / "replication-offset-checkpoint").read_bytes() == b"0\n2\norders 0 2\norders 1 0\n"
+    assert (path / ".kafka_cleanshutdown").read_bytes() == b'{"version":0,"brokerEpoch":-1}'
+    lines = (path / "meta.properties").read_text().splitlines()
+    assert lines[0] == "#" and lines[1].startswith("#")
+    properties = dict(line.split("=", 1) for line in lines[2:])
+    assert properties["version"] == "1" and properties["node.id"] == "1"
+    assert len(checkpoints.uuid_bytes(properties["cluster.id"])) == 16
+    assert sorted(os.listdir(path / "orders-1")) >= ["00000000000000000000.index", "00000000000000000000.log",
+                                                      "00000000000000000000.timeindex"]
+    with open_manager(path) as manager:
+        assert manager.topics()["orders"].topic_id == topic_id
+        assert manager.topics()["orders"].partitions == 2
+        assert manager.get_partition("orders", 0).config.retention_ms == 1000
+        assert manager.had_clean_shutdown and not (path / ".kafka_cleanshutdown").exists()
+        assert manager.cluster_id == properties["cluster.id"]
+
+
+def test_checkpoints_refuse_malformed_files(tmp_path):
+    path = tmp_path / "recovery-point-offset-checkpoint"
+    path.write_bytes(b"0\n2\nt 0 5\n")
+    with pytest.raises(checkpoints.CorruptCheckpointError, match="expected 2 entries"):
+        checkpoints.read_offset_checkpoint(path)
+    path.write_bytes(b"0\n1\nt zero 5\n")
+    with pytest.raises(checkpoints.CorruptCheckpointError, match="line 3"):
+        checkpoints.read_offset_checkpoint(path)
+    path.write_bytes(b"1\n0\n")
+    with pytest.raises(checkpoints.CorruptCheckpointError, match="version"):
+        checkpoints.read_offset_checkpoint(path)
+
+
+def test_meta_properties_of_another_node_is_refused(tmp_path):
+    open_manager(tmp_path).close()
+    with pytest.raises(IllegalStateError, match="node 1, not node 2"):
+        open_manager(tmp_path, node_id=2)
+
+
+def test_topics_create_delete_and_names(manager, tmp_path):
+    manager.create_topic("a.b_c-1", 3)
+    assert sorted(manager.topics()) == ["a.b_c-1"]
+    assert manager.get_partition("a.b_c-1", 2) is not None and manager.get_partition("a.b_c-1", 3) is None
+    with pytest.raises(LogError) as raised:
+        manager.create_topic("a.b_c-1")
+    assert raised.value.code == ErrorCode.TOPIC_ALREADY_EXISTS
+    for bad in ("", ".", "..", "x" * 250, "spaces no", "slash/"):
+        with pytest.raises(LogError) as raised:
+            manager.create_topic(bad)
+        assert raised.value.code == ErrorCode.INVALID_TOPIC_EXCEPTION
+    with pytest.raises(LogError) as raised:
+        manager.create_topic("p", 0)
+    assert raised.value.code == ErrorCode.INVALID_PARTITIONS
+    with pytest.raises(LogError) as raised:
+        manager.create_topic("c", 1, {"segment.bytes": 1})
+    assert raised.value.code == ErrorCode.INVALID_CONFIG
+    manager.delete_topic("a.b_c-1")
+    assert manager.topics() == {}
+    assert not [n for n in os.listdir(manager.log_dir) if n.startswith("a.b_c-1")]
+    with pytest.raises(LogError) as raised:
+        manager.delete_topic("a.b_c-1")
+    assert raised.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_producer_ids_are_never_reissued(tmp_path):
+    issued = []
+    for _ in range(3):
+        with open_manager(tmp_path) as manager:
+            issued += [manager.allocate_producer_id() for _ in range(5)]
+    manager = open_manager(tmp_path)
+    issued += [manager.allocate_producer_id() for _ in range(1200)]
+    del manager                 # not closed: as after a crash
+    with open_manager(tmp_path) as manager:
+        issued.append(manager.allocate_producer_id())
+    assert len(set(issued)) == len(issued)
+    assert issued[:5] == [0, 1, 2, 3, 4] and issued[5] == 1000
+    assert (tmp_path / "kmem-producer-id-block").read_bytes() == f"0\n{issued[-1] // 1000 * 1000 + 1000}\n".encode()
+
+
+# --- appends and reads ----------------------------------------------------------------------------------
+
+def _peer_build(default_builder, legacy_builder, magic, codec, values, timestamp):
+    codec_id = CODECS.index(codec)
+    if magic == 2:
+        builder = default_builder(2, codec_id, 0, -1, -1, -1, 1 << 30)
+        for i, value in enumerate(values):
+            builder.append(i, timestamp + i, b"k%d" % i, value, [])
+    else:
+        builder = legacy_builder(magic, codec_id, 1 << 30)
+        for i, value in enumerate(values):
+            builder.append(i, None if magic == 0 else timestamp + i, b"k%d" % i, value)
+    return bytes(builder.build())
+
+
+BUILDERS = {
+    "kmem": lambda magic, codec, values, timestamp: batch(values, magic, codec, timestamp),
+    "kafka-python": lambda *a: _peer_build(KpDefaultBuilder, KpLegacyBuilder, *a),
+    "aiokafka": lambda *a: _peer_build(AioDefaultBuilder, AioLegacyBuilder, *a),
+}
+
+
+@pytest.mark.parametrize("builder", sorted(BUILDERS))
+@pytest.mark.parametrize("magic", [0, 1, 2])
+@pytest.mark.parametrize("codec", CODECS)
+def test_round_trip_every_magic_and_codec(manager, builder, magic, codec):
+    if codec == "zstd" and magic < 2:
+        pytest.skip("zstd exists only in magic 2")
+    if builder == "aiokafka" and magic == 0 and codec == "lz4":
+        pytest.skip("aiokafka refuses to write lz4 for magic 0")
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    stamp = now_ms()
+    expected, codecs = [], []
+    for round_ in range(3):
+        values = [b"r%d-%d" % (round_, i) * (round_ + 1) for i in range(4)]
+        data = BUILDERS[builder](magic, codec, values, stamp)
+        codecs.append(next(iter(MemoryRecords(data))).compression)   # clients send small batches uncompressed
+        result = partition_log.append(data)
+        assert result.error_code == ErrorCode.NONE, result
+        assert (result.base_offset, result.last_offset) == (4 * round_, 4 * round_ + 3)
+        expected += [(4 * round_ + i, stamp + i if magic else -1, b"k%d" % i, v) for i, v in enumerate(values)]
+    assert read_all(partition_log) == expected
+    fetched = partition_log.read(5, 1 << 20)
+    with fetched.records as records:
+        stored = list(records)
+    assert {b.magic for b in stored} == {2}, "v0/v1 input is stored as magic 2"
+    assert [b.compression for b in stored] == codecs[1:], "the producer's codec is kept"
+    assert all(b.is_valid() and b.partition_leader_epoch == 0 for b in stored)
+    assert stored[0].base_offset == 4 and fetched.high_watermark == 12 == fetched.last_stable_offset
+
+
+def test_append_writes_the_request_buffer_without_changing_it(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    data = bytearray(batch([b"x" * 100, b"y"]))
+    before = bytes(data)
+    partition_log.append(batch([b"first"]))
+    partition_log.append(memoryview(data))
+    assert bytes(data) == before
+    with partition_log.read(1, 1 << 20).records as records:
+        stored = records.read(0, records.size_in_bytes)
+    # Only the base offset and the partition leader epoch were set (neither is covered by the CRC).
+    assert stored[16:] == before[16:] and struct.unpack_from(">qii", stored) == (1, len(before) - 12, 0)
+
+
+def test_log_append_time_topic(manager):
+    clock_now = now_ms()
+    manager.create_topic("t", 1, {"message.timestamp.type": "LogAppendTime"})
+    partition_log = manager.get_partition("t", 0)
+    for magic in (2, 1, 0):
+        result = partition_log.append(batch([b"a", b"b"], magic, "gzip", timestamp=5), now_ms=clock_now + magic)
+        assert result.log_append_time == clock_now + magic
+    with partition_log.read(0, 1 << 20).records as records:
+        stored = list(records)
+    assert all(b.timestamp_type == TimestampType.LOG_APPEND_TIME and b.is_valid() for b in stored)
+    assert [r[1] for r in read_all(partition_log)] == [clock_now + 2] * 2 + [clock_now + 1] * 2 + [clock_now] * 2
+
+
+def test_append_errors_carry_kafkas_codes(manager):
+    manager.create_topic("t", 1, {"max.message.bytes": 200})
+    partition_log = manager.get_partition("t", 0)
+    good = batch([b"v"])
+    corrupt = bytearray(good)
+    corrupt[-1] ^= 1
+    based = bytearray(good)
+    struct.pack_into(">q", based, 0, 7)
+    count_mismatch = bytearray(batch([b"v", b"w"]))
+    struct.pack_into(">i", count_mismatch, 57, 3)
+    struct.pack_into(">I", count_mismatch, 17, _core.crc32c(memoryview(count_mismatch)[21:]))
+    cases = {
+        ErrorCode.CORRUPT_MESSAGE: [bytes(corrupt), b"\x00" * 8 + b"\x00\x00\x00\x01" + b"\x00" * 20],
+        ErrorCode.MESSAGE_TOO_LARGE: [batch([b"x" * 300])],
+        ErrorCode.INVALID_RECORD: [bytes(based), b"", good[:-1], good + batch([b"old"], magic=1),
+                                   batch([b"a"], codec="gzip") * 2, bytes(count_mismatch),
+                                   batch([b"seq"], producer_id=1, producer_epoch=0, base_sequence=-1)],
+    }
+    for code, inputs in cases.items():
+        for data in inputs:
+            result = partition_log.append(data)
+            assert result.error_code == code, (code, data[:20])
+            assert result.base_offset == -1 and result.error_message
+    assert partition_log.log_end_offset == 0 and read_all(partition_log) == []
+    assert partition_log.append(good + good[:-3]).last_offset == 0, "a truncated trailing batch is dropped"
+
+
+def test_records_that_do_not_parse_are_invalid(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    for codec in ("none", "gzip"):
+        # One record declared (count and last offset delta agree), two in the body, a valid CRC.
+        data = bytearray(batch([b"a", b"b"], codec=codec))
+        struct.pack_into(">i", data, 23, 0)
+        struct.pack_into(">i", data, 57, 1)
+        struct.pack_into(">I", data, 17, _core.crc32c(memoryview(data)[21:]))
+        result = partition_log.append(bytes(data))
+        assert result.error_code == ErrorCode.INVALID_RECORD and "record structure" in result.error_message
+    assert partition_log.log_end_offset == 0
+
+
+def test_bad_arguments_raise_kmem_errors(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    with pytest.raises(InvalidArgumentError, match="bytes-like"):
+        partition_log.append(12)
+    with pytest.raises(InvalidArgumentError, match="origin"):
+        partition_log.append(batch([b"v"]), origin="leader")
+    with pytest.raises(InvalidArgumentError, match="fetch_offset"):
+        partition_log.read("0", 100)
+    with pytest.raises(InvalidArgumentError, match="isolation"):
+        partition_log.read(0, 100, isolation=7)
+    with pytest.raises(InvalidArgumentError, match="timestamp"):
+        partition_log.offset_for_timestamp(None)
+
+
+def test_topic_ids_and_interrupted_deletions(tmp_path):
+    with open_manager(tmp_path) as manager:
+        topic_id = manager.create_topic("t")
+        assert manager.topic_name(topic_id) == "t" and manager.topic_name("AAAAAAAAAAAAAAAAAAAAAA") is None
+    leftover = tmp_path / "gone-0.0123456789abcdef0123456789abcdef-delete"
+    leftover.mkdir()
+    (leftover / "00000000000000000000.log").write_bytes(b"x")
+    with open_manager(tmp_path) as manager:
+        assert not leftover.exists() and sorted(manager.topics()) == ["t"]
+
+
+def test_record_list_too_large(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=1000) as manager:
+        manager.create_topic("t")
+        result = manager.get_partition("t", 0).append(batch([b"x" * 400, b"y" * 400, b"z" * 400]))
+        assert result.error_code == ErrorCode.RECORD_LIST_TOO_LARGE
+
+
+def test_read_bounds_and_min_one_message(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    for i in range(10):
+        partition_log.append(batch([b"v%d" % i * 50]))
+    first_size = partition_log.read(0, 1).records.size_in_bytes
+    assert first_size > 1                               # the first batch whole, though larger than max_bytes
+    assert partition_log.read(0, 1, min_one_message=False).records.size_in_bytes == 1
+    assert partition_log.read(0, first_size * 3).records.size_in_bytes == first_size * 3
+    assert [r[0] for r in read_all(partition_log, 7)] == [7, 8, 9]
+    assert partition_log.read(10, 100).records is None
+    assert partition_log.read(10, 100).error_code == ErrorCode.NONE
+    for offset in (11, -1):
+        fetched = partition_log.read(offset, 100)
+        assert fetched.error_code == ErrorCode.OFFSET_OUT_OF_RANGE and fetched.records is None
+        assert (fetched.high_watermark, fetched.log_start_offset) == (10, 0)
+
+
+def test_listeners_are_told_of_appends(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    seen = []
+    partition_log.add_listener(lambda log: seen.append(log.log_end_offset))
+    partition_log.append(batch([b"a", b"b"]))
+    partition_log.append(b"")                  # refused: no wake-up
+    assert seen == [2]
+
+
+# --- indexes ------------------------------------------------------------------------------------------
+
+def test_index_files_have_kafkas_layout(tmp_path):
+    with open_manager(tmp_path, log_index_interval_bytes=0) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        sizes, lasts, stamps = [], [], [NOW + 50, NOW + 10, NOW + 70, NOW + 70, NOW + 90]
+        for i, stamp in enumerate(stamps):
+            data = batch([b"v"] * (i + 1), timestamp=stamp - i)
+            result = partition_log.append(data)
+            sizes.append(len(data))
+            lasts.append(result.last_offset)
+        directory = partition_log.directory
+        assert os.path.getsize(os.path.join(directory, "00000000000000000000.index")) == 10 << 20   # preallocated
+        assert os.path.getsize(os.path.join(directory, "00000000000000000000.timeindex")) == (10 << 20) // 12 * 12
+    positions = [sum(sizes[:i]) for i in range(len(sizes))]
+    # Kafka's LogSegment.append: an entry once more than index.interval.bytes were appended since the last
+    # one, mapping the append's last offset to where it began; the time index takes the largest timestamp
+    # so far whenever it grew, and once more when the segment closes.
+    expected_index = b"".join(struct.pack(">ii", lasts[i], positions[i]) for i in range(1, 5))
+    max_so_far = [(NOW + 50, lasts[0]), (NOW + 50, lasts[0]), (NOW + 70, lasts[2]), (NOW + 70, lasts[2]),
+                  (NOW + 90, lasts[4])]
+    expected_time = b"".join(struct.pack(">qi", *max_so_far[i]) for i in (1, 2, 4))
+    with open(os.path.join(directory, "00000000000000000000.index"), "rb") as f:
+        assert f.read() == expected_index
+    with open(os.path.join(directory, "00000000000000000000.timeindex"), "rb") as f:
+        assert f.read() == expected_time
+
+
+def test_offset_lookup_uses_the_index(tmp_path):
+    with open_manager(tmp_path, log_index_interval_bytes=100) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(200):
+            partition_log.append(batch([b"%d" % i * 20]))
+        index = partition_log.active.offset_index
+        assert index.entries > 20
+        offset, position = index.lookup(150)
+        assert offset <= 150 and position > 0
+        assert [r[3] for r in read_all(partition_log, 150)][:2] == [b"150" * 20, b"151" * 20]
+
+
+# --- rolling and retention ------------------------------------------------------------------------------
+
+def test_roll_by_size(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=1000) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        sizes = [len(batch([b"x" * 200]))] * 12
+        for _ in sizes:
+            partition_log.append(batch([b"x" * 200]))
+        segments = partition_log.segments
+        assert len(segments) == 4 and all(s.size <= 1000 for s in segments)
+        assert [s.base_offset for s in segments] == [0, 3, 6, 9]
+        directory = partition_log.directory
+        # A rolled segment's indexes are trimmed and a producer snapshot is taken, as at every Kafka roll.
+        assert os.path.getsize(os.path.join(directory, "00000000000000000003.index")) == 0
+        assert partition_log.recovery_point == 9
+        assert [r[0] for r in read_all(partition_log, 2)] == list(range(2, 12))
+
+
+def test_roll_by_time_follows_the_first_batch_timestamp(tmp_path):
+    with open_manager(tmp_path) as manager:
+        manager.create_topic("t", 1, {"segment.ms": 1000})
+        partition_log = manager.get_partition("t", 0)
+        partition_log.append(batch([b"a"], timestamp=NOW))
+        partition_log.append(batch([b"b"], timestamp=NOW + 1000))
+        assert len(partition_log.segments) == 1
+        partition_log.append(batch([b"c"], timestamp=NOW + 1001))
+        assert [s.base_offset for s in partition_log.segments] == [0, 2]
+
+
+def test_roll_by_time_without_timestamps_uses_the_clock(tmp_path):
+    clock = [NOW]
+    with open_manager(tmp_path, clock=lambda: clock[0]) as manager:
+        manager.create_topic("t", 1, {"segment.ms": 1000})
+        partition_log = manager.get_partition("t", 0)
+        partition_log.append(batch([b"a"], magic=0))
+        clock[0] += 1000
+        partition_log.append(batch([b"b"], magic=0))
+        assert len(partition_log.segments) == 1, "the converted batch carries timestamp -1: the segment age counts"
+        clock[0] += 1
+        partition_log.append(batch([b"c"], magic=0))
+        assert [s.base_offset for s in partition_log.segments] == [0, 2]
+
+
+def test_retention_by_time(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=600) as manager:
+        manager.create_topic("t", 1, {"retention.ms": 10_000})
+        partition_log = manager.get_partition("t", 0)
+        for i in range(9):
+            partition_log.append(batch([b"x" * 200], timestamp=NOW + i * 1000))
+        assert [s.base_offset for s in partition_log.segments] == [0, 2, 4, 6, 8]
+        assert manager.maintain(NOW + 13_500) == 2       # segments whose newest record is older than 10 s
+        assert partition_log.log_start_offset == 4
+        assert [r[0] for r in read_all(partition_log, 4)][0] == 4
+        assert partition_log.read(3, 100).error_code == ErrorCode.OFFSET_OUT_OF_RANGE
+        assert partition_log.offset_for_timestamp(EARLIEST_TIMESTAMP) == OffsetAndTimestamp(4, -1)
+        assert not os.path.exists(os.path.join(partition_log.directory, "00000000000000000000.log"))
+        # Every segment expired: Kafka rolls first, so the log keeps an empty active segment at its end.
+        assert manager.maintain(NOW + 100_000) == 3
+        assert [s.base_offset for s in partition_log.segments] == [9]
+        assert partition_log.log_start_offset == 9 == partition_log.log_end_offset
+    assert (tmp_path / "log-start-offset-checkpoint").read_bytes() == b"0\n1\nt 0 9\n"
+    with open_manager(tmp_path) as manager:
+        assert manager.get_partition("t", 0).log_start_offset == 9
+
+
+def test_retention_by_size(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=600) as manager:
+        manager.create_topic("t", 1, {"retention.bytes": 900})
+        partition_log = manager.get_partition("t", 0)
+        for i in range(9):
+            partition_log.append(batch([b"x" * 200], timestamp=now_ms()))
+        sizes = [s.size for s in partition_log.segments]
+        assert len(sizes) == 5
+        # Kafka deletes the oldest segments while what is left stays at or above retention.bytes.
+        assert manager.maintain() == 2
+        assert sum(s.size for s in partition_log.segments) == sum(sizes[2:])
+        assert sum(sizes[2:]) >= 900 > sum(sizes[3:])
+        assert partition_log.log_start_offset == 4
+
+
+# --- ListOffsets ----------------------------------------------------------------------------------------
+
+def test_offset_for_timestamp(tmp_path):
+    with open_manager(tmp_path, log_segment_bytes=400, log_index_interval_bytes=50) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        stamps = [NOW + 10 * i for i in range(20)]
+        stamps[7] = NOW + 10_000                        # the largest timestamp, out of order
+        for stamp in stamps:
+            partition_log.append(batch([b"x" * 40], timestamp=stamp))
+        assert len(partition_log.segments) > 3
+        assert partition_log.offset_for_timestamp(EARLIEST_TIMESTAMP) == (0, -1)
+        assert partition_log.offset_for_timestamp(LATEST_TIMESTAMP) == (20, -1)
+        assert partition_log.offset_for_timestamp(MAX_TIMESTAMP) == (7, NOW + 10_000)
+        for target in (NOW, NOW + 55, NOW + 130, NOW + 190):
+            expected = next(i for i, s in enumerate(stamps) if s >= target)
+            assert partition_log.offset_for_timestamp(target) == (expected, stamps[expected])
+        assert partition_log.offset_for_timestamp(NOW + 10_001) is None
+
+
+def test_large_batches_are_written_without_a_copy(manager):
+    manager.create_topic("t", 1, {"max.message.bytes": 32 << 20})
+    partition_log = manager.get_partition("t", 0)
+    builder = RecordsBuilder(2, "none")
+    for i in range(8):
+        builder.append(bytes(1 << 20), timestamp=now_ms())
+    data = bytearray(builder.build())
+    partition_log.append(batch([b"warm-up"]))
+    tracemalloc.start()
+    try:
+        result = partition_log.append(memoryview(data))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.error_code == ErrorCode.NONE
+    assert peak < 256 << 10, peak                   # the 8 MiB batch went from the buffer to the file
+    with partition_log.read(1, 64).records as records:
+        assert records.size_in_bytes == len(data)
+
+
+def test_concurrent_appends_and_reads(manager):
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    errors = []
+
+    def producer(n):
+        try:
+            for i in range(100):
+                assert partition_log.append(batch([b"%d-%d" % (n, i)] * 2)).error_code == ErrorCode.NONE
+        except Exception as e:          # reported to the main thread
+            errors.append(e)
+
+    def consumer():
+        try:
+            offset = 0
+            while offset < 800:
+                fetched = partition_log.read(offset, 1 << 16)
+                if fetched.records is not None:
+                    with fetched.records as records:
+                        offset = max(b.last_offset for b in records) + 1
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=producer, args=(n,)) for n in range(4)] + [threading.Thread(target=consumer)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors
+    stored = read_all(partition_log)
+    assert [r[0] for r in stored] == list(range(800))
+    assert sorted(r[3] for r in stored[::2]) == sorted(b"%d-%d" % (n, i) for n in range(4) for i in range(100))
