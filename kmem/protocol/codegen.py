@@ -8,6 +8,7 @@ encoding appends to a ``bytearray`` and notes where record ``Send``s go instead 
 """
 import functools
 import struct
+import threading
 import uuid
 
 from .errors import CorruptMessageError, InvalidMessageError
@@ -309,8 +310,13 @@ class _Decoder:
 # ----------------------------------------------------------------------------------------------- encode
 
 class _Encoder:
-    def __init__(self, src, version, flexible):
+    def __init__(self, src, version, flexible, track):
         self.src, self.version, self.flexible = src, version, flexible
+        self.track = track           # set ``f`` before each field (the slower copy run to name a failure)
+
+    def _where(self, indent, path):
+        if self.track:
+            self.src.emit(indent, f"f = {path!r}")
 
     def struct(self, struct, obj, buf, indent, path):
         src, version = self.src, self.version
@@ -322,7 +328,7 @@ class _Encoder:
                 fmt = ">" + "".join(FIXED_FORMATS[f.type] for f in run)
                 pack = src.constant("pack", _struct_of(fmt).pack)
                 args = [f"{obj}.{f.name}.bytes" if f.type == "uuid" else f"{obj}.{f.name}" for f in run]
-                src.emit(indent, f"f = {_Decoder._path(path, run)!r}")
+                self._where(indent, _Decoder._path(path, run))
                 src.emit(indent, f"{buf} += {pack}({', '.join(args)})")
             else:
                 self.field(run, f"{obj}.{run.name}", buf, indent, path)
@@ -332,7 +338,7 @@ class _Encoder:
         src.emit(indent, f"{tags} = {obj}.unknown_tags")
         for field in tagged:
             value = src.var("t")
-            src.emit(indent, f"f = {path + field.name!r}")
+            self._where(indent, path + field.name)
             src.emit(indent, f"{value} = {obj}.{field.name}")
             src.emit(indent, f"if {self._not_default(field, value)}:")
             out = src.var("tb")
@@ -340,7 +346,7 @@ class _Encoder:
             self.field(field, value, out, indent + 1, path)
             src.emit(indent + 1, f"{tags} = dict({tags} or ())")
             src.emit(indent + 1, f"{tags}[{field.tag}] = {out}")
-        src.emit(indent, f"f = {path + '<tagged fields>'!r}")
+        self._where(indent, path + "<tagged fields>")
         src.emit(indent, f"if {tags}: {buf} += _tagged_section({tags})")
         src.emit(indent, f"else: {buf}.append(0)")
 
@@ -395,7 +401,7 @@ class _Encoder:
     def field(self, field, expr, buf, indent, path):
         src = self.src
         here = path + field.name
-        src.emit(indent, f"f = {here!r}")
+        self._where(indent, here)
         value = src.var("x")
         src.emit(indent, f"{value} = {expr}")
         if field.is_array:
@@ -520,7 +526,15 @@ def _repr(self):
     return f"{type(self).__name__}({', '.join(f'{n}={getattr(self, n)!r}' for n in self._fields)})"
 
 
+_DEFINING = threading.Lock()
+
+
 def build_classes(message):
+    with _DEFINING:                  # classes are created once, even when two threads ask first
+        return _build_classes(message)
+
+
+def _build_classes(message):
     for inner in message.structs():
         if inner.cls is None:
             define_class(inner)
@@ -549,18 +563,38 @@ def decoder(message, version):
 
 def encoder(message, version):
     """``encode(obj, buf, splices)``: appends the body to ``buf``; record Sends (and large records) are
-    appended to ``splices`` as (offset in ``buf``, send) instead."""
+    appended to ``splices`` as (offset in ``buf``, send) instead.
+
+    Two copies are generated: the one returned, and one that tracks the field being written, run only
+    after a failure to name the field in the InvalidMessageError."""
     build_classes(message)
+    located = _encoder_source(message, version, track=True)
+
+    def locate(obj, error):
+        try:
+            located(obj, bytearray(), [])
+        except InvalidMessageError as named:
+            return named
+        return _invalid(message.name, version, None, error)
+
+    return _encoder_source(message, version, track=False, locate=locate)
+
+
+def _encoder_source(message, version, track, locate=None):
     src = _Source(message.name, version)
     src.emit(0, "def encode(obj, buf, splices):")
     src.emit(1, "f = None")
     src.emit(1, "try:")
-    _Encoder(src, version, message.is_flexible(version)).struct(message, "obj", "buf", 2, "")
+    _Encoder(src, version, message.is_flexible(version), track).struct(message, "obj", "buf", 2, "")
     src.emit(2, "pass")
     src.emit(1, "except _CAUGHT as e:")
-    src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
+    if track:
+        src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
+    else:
+        src.emit(2, "raise _locate(obj, e) from None")
     src.globals["_CAUGHT"] = (_Bad, struct.error, TypeError, AttributeError, ValueError, OverflowError)
     src.globals["_invalid"] = _invalid
+    src.globals["_locate"] = locate
     return src.compile("encode")
 
 
