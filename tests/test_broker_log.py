@@ -17,6 +17,7 @@ from kmem.broker import (
     OffsetAndTimestamp,
 )
 from kmem import _core
+from records_samples import read_aiokafka, read_kafka_python
 from kmem.broker import checkpoints
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
@@ -63,7 +64,8 @@ def read_all(partition_log, offset=0):
 def test_config_defaults_are_kafkas():
     config = BrokerConfig.from_properties()
     topic = config.topic_config()
-    assert (config.num_partitions, config.auto_create_topics_enable, config.producer_id_expiration_ms) == (1, True, 86_400_000)
+    assert (config.num_partitions, config.auto_create_topics_enable) == (1, True)
+    assert config.producer_id_expiration_ms == 86_400_000
     assert (topic.segment_bytes, topic.segment_ms, topic.retention_ms, topic.retention_bytes) == (
         1 << 30, 7 * 86_400_000, 7 * 86_400_000, -1)
     assert (topic.max_message_bytes, topic.message_timestamp_type, topic.message_downconversion_enable) == (
@@ -131,6 +133,13 @@ def test_log_directory_files_are_kafkas(tmp_path):
         assert manager.get_partition("orders", 0).config.retention_ms == 1000
         assert manager.had_clean_shutdown and not (path / ".kafka_cleanshutdown").exists()
         assert manager.cluster_id == properties["cluster.id"]
+
+
+def test_one_manager_per_log_directory(tmp_path):
+    with open_manager(tmp_path):
+        with pytest.raises(IllegalStateError, match="in use"):
+            open_manager(tmp_path)
+    open_manager(tmp_path).close()
 
 
 def test_checkpoints_refuse_malformed_files(tmp_path):
@@ -235,6 +244,10 @@ def test_round_trip_every_magic_and_codec(manager, builder, magic, codec):
         assert (result.base_offset, result.last_offset) == (4 * round_, 4 * round_ + 3)
         expected += [(4 * round_ + i, stamp + i if magic else -1, b"k%d" % i, v) for i, v in enumerate(values)]
     assert read_all(partition_log) == expected
+    with partition_log.read(0, 1 << 20).records as records:     # what the clients' own readers see
+        stored_bytes = records.read(0, records.size_in_bytes)
+    for reader in (read_kafka_python, read_aiokafka):
+        assert [(o, t, k, v) for o, t, k, v, _ in reader(stored_bytes)] == expected, reader
     fetched = partition_log.read(5, 1 << 20)
     with fetched.records as records:
         stored = list(records)

@@ -8,6 +8,7 @@ import tracemalloc
 import pytest
 
 from kmem.broker import READ_COMMITTED, BrokerConfig, ErrorCode, LogManager
+from kmem.ledger import read_snapshot
 from kmem.records import RecordsBuilder, build_control_batch
 
 INT32_MAX = 2**31 - 1
@@ -97,7 +98,13 @@ def test_evicted_producers_are_read_back_from_the_ledger(tmp_path):
         partition_log = manager.get_partition("t", 0)
         results = {pid: produce(partition_log, pid, 0, 0) for pid in range(50)}
         assert len(partition_log.segments) >= 2         # rolls flushed the ledger into snapshots
-        assert [n for n in os.listdir(partition_log.directory) if n.endswith(".snapshot")]
+        snapshots = sorted(n for n in os.listdir(partition_log.directory) if n.endswith(".snapshot"))
+        # Each roll flushed the ledger into a Kafka producer snapshot named at most at the roll offset.
+        rolls = [s.base_offset for s in partition_log.segments[1:]]
+        assert [int(n[:20]) for n in snapshots] == rolls
+        entries = read_snapshot(os.path.join(partition_log.directory, snapshots[0]))
+        assert sorted(e.producer_id for e in entries) == list(range(rolls[0]))
+        assert all(e.last_offset == e.producer_id and e.epoch == 0 for e in entries)
         for pid in (0, 17, 49):
             again = produce(partition_log, pid, 0, 0)
             assert (again.duplicate, again.base_offset) == (True, results[pid].base_offset)

@@ -28,14 +28,17 @@ are rebuilt the same way after a clean shutdown too.
 
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
 
-``LogManager(log_dir, config)`` owns the directory: ``meta.properties``, the offset checkpoints at the root
+``LogManager(log_dir, config)`` owns the directory (``flock`` on ``.lock``, as Kafka: a second manager on
+it raises ``IllegalStateError``): ``meta.properties``, the offset checkpoints at the root
 (recovery point, log start, replication), the clean-shutdown marker (removed on open, written by
 ``close``), ``kmem-topics.json`` (each topic's configuration overrides: Kafka keeps them in its metadata
 log), ``kmem-producer-id-block`` (``allocate_producer_id()`` never reissues an id) and the partitions.
 ``maintain(now)`` applies retention and writes the checkpoints; call it periodically (Kafka's
-``log.retention.check.interval.ms`` is 5 minutes).
+``log.retention.check.interval.ms`` is 5 minutes). Segments roll only when an append arrives, as in
+Kafka; an idle partition's active segment still expires, retention rolling it first.
 """
 import bisect
+import fcntl
 import json
 import logging
 import os
@@ -65,6 +68,7 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP = -2, -1, -3, -4
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
 TOPICS_FILE = "kmem-topics.json"
+LOCK_FILE = ".lock"             # flock()ed while a LogManager has the directory open, as Kafka's
 MAX_TOPIC_NAME = 249
 LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
@@ -444,6 +448,20 @@ class LogManager:
         self._clock = clock_ms or _wall_clock_ms
         self._lock = threading.RLock()
         os.makedirs(self.log_dir, exist_ok=True)
+        self._lock_file = open(self._path(LOCK_FILE), "ab")
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise IllegalStateError(f"log directory {self.log_dir} is in use by another LogManager "
+                                    f"(it holds {LOCK_FILE})") from None
+        try:
+            self._open()
+        except BaseException:
+            self._lock_file.close()
+            raise
+
+    def _open(self):
         self.meta_properties = checkpoints.load_meta_properties(self.log_dir, self.config.node_id)
         self.cluster_id = self.meta_properties["cluster.id"]
         marker = os.path.join(self.log_dir, checkpoints.CLEAN_SHUTDOWN)
@@ -518,7 +536,8 @@ class LogManager:
                 raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             topic_id = checkpoints.random_uuid()
             if configs:
-                self._topic_configs[name] = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items()}
+                self._topic_configs[name] = {k: str(v).lower() if isinstance(v, bool) else v
+                                             for k, v in configs.items()}
                 self._write_topics_file()
             for p in range(partitions):
                 self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
@@ -605,6 +624,7 @@ class LogManager:
             self.checkpoint()
             with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True) as marker:
                 marker.write(json.dumps({"version": 0, "brokerEpoch": broker_epoch}, separators=(",", ":")).encode())
+            self._lock_file.close()
             self._closed = True
 
     def __enter__(self):

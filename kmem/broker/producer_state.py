@@ -10,6 +10,12 @@ Where the state lives:
   written since the previous one; older ones stay in older snapshots until they expire, KIP-1044's
   ledger). Entries are deleted by the ledger once every producer in a snapshot expired
   (``producer.id.expiration.ms``), as Kafka expires producers;
+  Differences from Kafka's files: a snapshot is named by the offset after its newest entry (at most
+  the roll offset) and a roll with no producer written since the previous one writes none; deleting a
+  segment does not delete a snapshot (its producers may live nowhere else), only expiry does, checked
+  when the ledger opens or flushes. The ledger's own files (``ledger-<n>.active``, ``ledger.lock``,
+  ``<offset>.snapshot.bloom``) sit beside Kafka's, which Kafka ignores. Expiry, as Kafka's, counts from
+  the producer's last batch's max timestamp: a producer writing old CreateTime timestamps expires early;
 - an LRU of at most ``producer.state.cache.entries`` producers keeps the metadata of their last five
   batches, as Kafka's ``ProducerStateEntry`` does. A producer read back from the ledger (evicted, or
   after a restart) knows its last batch only, which is all a Kafka snapshot keeps too.
@@ -129,7 +135,8 @@ class ProducerState:
 
 class _KafkaFilesAreExpected(logging.Filter):
     def filter(self, record):
-        return not (record.msg.endswith("ignoring foreign file %s") and KAFKA_PARTITION_FILE.match(str(record.args[-1])))
+        return not (record.msg.endswith("ignoring foreign file %s")
+                    and KAFKA_PARTITION_FILE.match(str(record.args[-1])))
 
 
 logging.getLogger("kmem.ledger.ledger").addFilter(_KafkaFilesAreExpected())

@@ -207,7 +207,7 @@ class LogSegment:
             os.ftruncate(self._fd, valid_bytes)
             self.size = valid_bytes
         self.next_offset = previous_last + 1
-        self.bytes_since_last_index_entry = valid_bytes - last_index_entry
+        self.bytes_since_last_index_entry = 0        # as a segment Kafka just loaded: counting restarts
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
