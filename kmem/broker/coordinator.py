@@ -912,7 +912,7 @@ class GroupCoordinator:
 
     def describe_groups(self, header, request):
         Described = messages.DescribeGroupsResponse.DescribedGroup
-        Member_ = Described.DescribedGroupMember
+        Member_ = messages.DescribeGroupsResponse.DescribedGroupMember
         described = []
         with self._lock:
             for group_id in request.groups:
