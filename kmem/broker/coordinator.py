@@ -359,10 +359,10 @@ class GroupCoordinator:
             if self._closed:
                 return
             for group in list(self.groups.values()):
-                for member_id, deadline in list(group.pending.items()):
-                    if now >= deadline:
-                        del group.pending[member_id]
-                        self._maybe_complete_join(group, now)
+                if any(now >= deadline for deadline in group.pending.values()):
+                    # a new dict: one emptied by deletions would keep the size of its largest storm
+                    group.pending = {m: deadline for m, deadline in group.pending.items() if now < deadline}
+                    self._maybe_complete_join(group, now)
                 if group.state == PREPARING and now >= group.join_deadline:
                     self._complete_join(group, now)
                 elif group.state == COMPLETING and now >= group.sync_deadline:
