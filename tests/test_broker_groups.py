@@ -17,10 +17,10 @@ PARTITIONS = range(6)
 SESSION_TIMEOUT_S = 6
 
 
-def produce(bootstrap, topic, values):
+def produce(bootstrap, topic, values, partitions=len(PARTITIONS)):
     producer = KafkaProducer(bootstrap_servers=bootstrap)
     for i, value in enumerate(values):
-        producer.send(topic, value.encode(), partition=i % len(PARTITIONS))
+        producer.send(topic, value.encode(), partition=i % partitions)
     producer.flush()
     producer.close()
 
@@ -76,4 +76,66 @@ def test_group_splits_rebalances_and_resumes_after_restart(tmp_path, client):
         finally:
             resumed.stop()
     finally:
+        broker.close()
+
+
+def test_admin_clients_list_and_describe_the_group(tmp_path):
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    from confluent_kafka.admin import AdminClient
+
+    broker = start_broker(tmp_path)
+    consumers = []
+    try:
+        bootstrap = broker.bootstrap_servers
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+        admin.create_topics([NewTopic("orders", 4, 1)])
+        produce(bootstrap, "orders", [f"v{i}" for i in range(8)], partitions=4)
+        consumers = [ConsumerProcess(client, bootstrap, "workers", "orders")
+                     for client in ("kafka-python", "confluent-kafka")]
+        wait_for(lambda: split_evenly(consumers, range(4)) and len(committed_values(consumers)) == 8,
+                 "two consumers with two partitions each, every record committed", timeout=60)
+        assignments = {frozenset(c.state()[0]) for c in consumers}
+        committed = {("orders", p): 2 for p in range(4)}        # eight records over four partitions
+
+        # kafka-python
+        assert admin.list_groups() == [{"group_id": "workers", "protocol_type": "consumer", "group_state": "Stable",
+                                        "group_type": "classic"}]
+        described = admin.describe_groups(["workers"])["workers"]
+        assert described["group_state"] == "Stable" and described["protocol_type"] == "consumer"
+        assert {frozenset(p for a in m["member_assignment"]["assigned_partitions"] for p in a["partitions"])
+                for m in described["members"]} == assignments
+        assert {(tp.topic, tp.partition): o.offset
+                for tp, o in admin.list_group_offsets("workers")["workers"].items()} == committed
+        admin.close()
+
+        # aiokafka
+        async def aiokafka_view():
+            client = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+            await client.start()
+            try:
+                return (await client.list_consumer_groups(), await client.describe_consumer_groups(["workers"]),
+                        await client.list_consumer_group_offsets("workers"))
+            finally:
+                await client.close()
+        listed, described, offsets = asyncio.run(aiokafka_view())
+        assert listed == [("workers", "consumer")]
+        group = described[0].groups[0]
+        assert group[0] == 0 and group[1] == "workers" and group[2] == "Stable" and len(group[5]) == 2
+        assert {(tp.topic, tp.partition): o.offset for tp, o in offsets.items()} == committed
+
+        # confluent-kafka
+        client = AdminClient({"bootstrap.servers": bootstrap})
+        listed = client.list_consumer_groups().result(10)
+        assert [(g.group_id, g.state.name) for g in listed.valid] == [("workers", "STABLE")] and not listed.errors
+        described = client.describe_consumer_groups(["workers"])["workers"].result(10)
+        assert described.state.name == "STABLE" and described.partition_assignor == "range"
+        assert {frozenset(tp.partition for tp in m.assignment.topic_partitions) for m in described.members} == assignments
+        offsets = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions("workers")])["workers"].result(10)
+        assert {(tp.topic, tp.partition): tp.offset for tp in offsets.topic_partitions} == committed
+    finally:
+        for c in consumers:
+            c.stop(signal.SIGKILL)
         broker.close()
