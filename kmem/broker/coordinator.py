@@ -501,7 +501,7 @@ class GroupCoordinator:
             result = self._join(header, request, version)
             if isinstance(result, _Reply):
                 self._waiting += 1
-                timeout = max(request.rebalance_timeout_ms if version >= 1 else request.session_timeout_ms, 0)
+                timeout = self.groups[request.group_id].max_rebalance_timeout_ms()    # the join deadline's
         if not isinstance(result, _Reply):
             return result
         value = self._wait(result, timeout + self.config.initial_rebalance_delay_ms, REBALANCE_IN_PROGRESS)
