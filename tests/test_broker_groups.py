@@ -132,7 +132,8 @@ def test_admin_clients_list_and_describe_the_group(tmp_path):
         assert [(g.group_id, g.state.name) for g in listed.valid] == [("workers", "STABLE")] and not listed.errors
         described = client.describe_consumer_groups(["workers"])["workers"].result(10)
         assert described.state.name == "STABLE" and described.partition_assignor == "range"
-        assert {frozenset(tp.partition for tp in m.assignment.topic_partitions) for m in described.members} == assignments
+        assert {frozenset(tp.partition for tp in m.assignment.topic_partitions)
+                for m in described.members} == assignments
         offsets = client.list_consumer_group_offsets([ConsumerGroupTopicPartitions("workers")])["workers"].result(10)
         assert {(tp.topic, tp.partition): tp.offset for tp in offsets.topic_partitions} == committed
     finally:

@@ -153,8 +153,8 @@ def test_only_the_leaders_assignment_counts(logs):
         thread.join(10)
         assert result["follower"].error_code == NONE and result["follower"].assignment == b"F"
         assert heartbeat(coord, follower, 2) == NONE
-        assert commit(coord, {("t", 1): 7, ("missing", 0): 1}, follower, 2) == {("t", 1): NONE,
-                                                                               ("missing", 0): UNKNOWN_TOPIC_OR_PARTITION}
+        assert commit(coord, {("t", 1): 7, ("missing", 0): 1}, follower, 2) == {
+            ("t", 1): NONE, ("missing", 0): UNKNOWN_TOPIC_OR_PARTITION}
         assert fetch(coord) == {("t", 1): 7}
     finally:
         coord.close()

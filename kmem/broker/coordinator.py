@@ -454,7 +454,8 @@ class GroupCoordinator:
             member_id=member.member_id, members=[])
         if leader:
             response.members = [messages.JoinGroupResponse.JoinGroupResponseMember(
-                member_id=m.member_id, group_instance_id=m.group_instance_id, metadata=bytes(m.metadata(group.protocol)))
+                member_id=m.member_id, group_instance_id=m.group_instance_id,
+                metadata=bytes(m.metadata(group.protocol)))
                 for m in group.members.values()]
         if version < 7 and response.protocol_name is None:
             response.protocol_name = ""
@@ -562,7 +563,8 @@ class GroupCoordinator:
         return self._add_member(group, new_id, client_id, request, version, instance_id, protocols,
                                 rebalance_timeout, now)
 
-    def _add_member(self, group, member_id, client_id, request, version, instance_id, protocols, rebalance_timeout, now):
+    def _add_member(self, group, member_id, client_id, request, version, instance_id, protocols, rebalance_timeout,
+                    now):
         member = Member(member_id, instance_id, client_id, "", rebalance_timeout,
                         request.session_timeout_ms, request.protocol_type, protocols, join_version=version)
         reply = member.join_reply = _Reply()
@@ -606,7 +608,8 @@ class GroupCoordinator:
             self._prepare_rebalance(group, now, f"static member {member.group_instance_id} rejoined")
         return reply
 
-    def _join_known(self, group, client_id, request, version, member_id, instance_id, protocols, rebalance_timeout, now):
+    def _join_known(self, group, client_id, request, version, member_id, instance_id, protocols, rebalance_timeout,
+                    now):
         if member_id in group.pending:
             if not group.supports(request.protocol_type, protocols):
                 return self._join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)

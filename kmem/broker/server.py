@@ -66,8 +66,8 @@ class Broker:
         self.handlers = Handlers(self.logs, self.node_id, self.endpoint)
         self.server = SocketServer(self.handle, self.settings.network)
         try:
-            self.coordinator = GroupCoordinator(self.logs, self.settings.groups,
-                                                max_waiting=max(self.settings.network.num_io_threads - WAIT_RESERVE_THREADS, 1))
+            max_waiting = max(self.settings.network.num_io_threads - WAIT_RESERVE_THREADS, 1)
+            self.coordinator = GroupCoordinator(self.logs, self.settings.groups, max_waiting=max_waiting)
             self.server.start()
         except BaseException:
             if self.coordinator is not None:
