@@ -185,7 +185,7 @@ def test_member_ids_handed_out_by_a_join_storm_expire(logs):
             assert all(join(coord).error_code == MEMBER_ID_REQUIRED for _ in range(count))
             assert len(coord.groups["g"].pending) == count
             coord.tick(time.monotonic() + 7)                      # one session timeout later
-            assert not coord.groups["g"].pending
+            assert "g" not in coord.groups                        # it never had a generation
 
         storm(100)                                                # warm-up: the group and its topic exist
         tracemalloc.start()
@@ -196,6 +196,20 @@ def test_member_ids_handed_out_by_a_join_storm_expire(logs):
         grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
         assert grown < 64 * 1024                                  # 5000 pending ids hold ~1 MB while pending
         assert join_new_member(coord).generation_id == 1          # the group still works
+    finally:
+        coord.close()
+
+
+def test_a_join_storm_over_many_group_ids_leaves_nothing_behind(logs):
+    coord = coordinator(logs)
+    try:
+        for i in range(1000):
+            request = join_request()
+            request.group_id = f"storm-{i}"
+            assert coord.join_group(header(ApiKey.JOIN_GROUP, 7), request).error_code == MEMBER_ID_REQUIRED
+        assert len(coord.groups) == 1000
+        coord.tick(time.monotonic() + 7)
+        assert coord.groups == {}
     finally:
         coord.close()
 

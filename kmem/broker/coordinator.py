@@ -363,6 +363,10 @@ class GroupCoordinator:
                     # a new dict: one emptied by deletions would keep the size of its largest storm
                     group.pending = {m: deadline for m, deadline in group.pending.items() if now < deadline}
                     self._maybe_complete_join(group, now)
+                    if group.state == EMPTY and group.generation == 0 and not (group.members or group.pending
+                                                                               or group.offsets):
+                        del self.groups[group.group_id]      # only ever handed out ids: nothing to keep
+                        continue
                 if group.state == PREPARING and now >= group.join_deadline:
                     self._complete_join(group, now)
                 elif group.state == COMPLETING and now >= group.sync_deadline:
