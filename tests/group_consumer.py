@@ -1,4 +1,5 @@
-"""A consumer process for the group tests: ``python group_consumer.py CLIENT BOOTSTRAP GROUP TOPIC``.
+"""A consumer process for the group tests: ``python group_consumer.py CLIENT BOOTSTRAP GROUP TOPIC
+[INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member; confluent-kafka only).
 
 Consumes with kafka-python, aiokafka or confluent-kafka, commits after every non-empty poll, and prints
 JSON lines: ``{"assigned": [partitions]}`` when its assignment changes, ``{"records": [[partition, offset,
@@ -72,11 +73,13 @@ def run_aiokafka(bootstrap, group, topic):
     asyncio.run(main())
 
 
-def run_confluent(bootstrap, group, topic):
+def run_confluent(bootstrap, group, topic, instance_id=None):
     from confluent_kafka import Consumer
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": SESSION_TIMEOUT_MS,
-                         "heartbeat.interval.ms": HEARTBEAT_MS, "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False})
+    settings = {"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": SESSION_TIMEOUT_MS,
+                "heartbeat.interval.ms": HEARTBEAT_MS, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    if instance_id:
+        settings["group.instance.id"] = instance_id
+    consumer = Consumer(settings)
     consumer.subscribe([topic])
     reporter = Reporter()
     while not stopping:
@@ -92,4 +95,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop)
     client, bootstrap, group, topic = sys.argv[1:5]
     {"kafka-python": run_kafka_python, "aiokafka": run_aiokafka, "confluent-kafka": run_confluent}[client](
-        bootstrap, group, topic)
+        bootstrap, group, topic, *sys.argv[5:])

@@ -21,8 +21,9 @@ class ConsumerProcess:
     """One consumer of a group in its own process; ``assigned`` is its latest assignment, ``records``
     the (partition, offset, value) it committed."""
 
-    def __init__(self, client, bootstrap, group, topic):
-        self.process = subprocess.Popen([sys.executable, CONSUMER_SCRIPT, client, bootstrap, group, topic],
+    def __init__(self, client, bootstrap, group, topic, instance_id=None):
+        extra = [instance_id] if instance_id else []
+        self.process = subprocess.Popen([sys.executable, CONSUMER_SCRIPT, client, bootstrap, group, topic, *extra],
                                         stdout=subprocess.PIPE, text=True)
         self.assigned = None
         self.records = []

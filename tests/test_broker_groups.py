@@ -140,3 +140,27 @@ def test_admin_clients_list_and_describe_the_group(tmp_path):
         for c in consumers:
             c.stop(signal.SIGKILL)
         broker.close()
+
+
+def test_a_restarted_static_member_takes_its_partitions_back_without_a_rebalance(tmp_path):
+    broker = start_broker(tmp_path)
+    consumers = []
+    try:
+        bootstrap = broker.bootstrap_servers
+        broker.logs.create_topic("orders", 4)
+        consumers = [ConsumerProcess("confluent-kafka", bootstrap, "static", "orders", f"app-{i}") for i in range(2)]
+        wait_for(lambda: split_evenly(consumers, range(4)), "two static members with two partitions each", timeout=60)
+        group = broker.coordinator.groups["static"]
+        generation = group.generation
+        follower = next(i for i in range(2) if group.static_members[f"app-{i}"] != group.leader)
+        before = consumers[follower].state()[0]
+        old_member = group.static_members[f"app-{follower}"]
+        consumers[follower].stop(signal.SIGKILL)               # gone without LeaveGroup (static: none sent)
+        consumers[follower] = ConsumerProcess("confluent-kafka", bootstrap, "static", "orders", f"app-{follower}")
+        wait_for(lambda: consumers[follower].state()[0] == before, "its partitions back", timeout=SESSION_TIMEOUT_S)
+        assert group.generation == generation and group.state == "Stable"      # no rebalance happened
+        assert group.static_members[f"app-{follower}"] != old_member          # a new member id took the place
+    finally:
+        for c in consumers:
+            c.stop(signal.SIGKILL)
+        broker.close()
