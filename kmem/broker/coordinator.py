@@ -89,23 +89,23 @@ GROUP_VERSIONS = {
 }
 
 
-def _positive(name, low=1, high=INT32_MAX):
+def _ranged(name, low=1, high=INT32_MAX):
     return lambda value: _int(name, value, low, high)
 
 
 # Kafka's group coordinator settings: name -> (GroupConfig field, parser)
 GROUP_SETTINGS = {
-    "group.min.session.timeout.ms": ("min_session_timeout_ms", _positive("group.min.session.timeout.ms", 0)),
-    "group.max.session.timeout.ms": ("max_session_timeout_ms", _positive("group.max.session.timeout.ms", 0)),
+    "group.min.session.timeout.ms": ("min_session_timeout_ms", _ranged("group.min.session.timeout.ms", 0)),
+    "group.max.session.timeout.ms": ("max_session_timeout_ms", _ranged("group.max.session.timeout.ms", 0)),
     "group.initial.rebalance.delay.ms": ("initial_rebalance_delay_ms",
-                                         _positive("group.initial.rebalance.delay.ms", 0)),
-    "group.max.size": ("max_size", _positive("group.max.size")),
-    "offsets.topic.num.partitions": ("offsets_topic_partitions", _positive("offsets.topic.num.partitions")),
-    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", _positive("offsets.topic.segment.bytes", 14)),
-    "offsets.retention.minutes": ("offsets_retention_minutes", _positive("offsets.retention.minutes")),
+                                         _ranged("group.initial.rebalance.delay.ms", 0)),
+    "group.max.size": ("max_size", _ranged("group.max.size")),
+    "offsets.topic.num.partitions": ("offsets_topic_partitions", _ranged("offsets.topic.num.partitions")),
+    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", _ranged("offsets.topic.segment.bytes", 14)),
+    "offsets.retention.minutes": ("offsets_retention_minutes", _ranged("offsets.retention.minutes")),
     "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms",
-                                            _positive("offsets.retention.check.interval.ms", 1, 2**63 - 1)),
-    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", _positive("offset.metadata.max.bytes", 0)),
+                                            _ranged("offsets.retention.check.interval.ms", 1, 2**63 - 1)),
+    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", _ranged("offset.metadata.max.bytes", 0)),
 }
 
 
