@@ -343,3 +343,12 @@ def test_compaction_keeps_the_offsets_topic_bounded(tmp_path):
             assert fetch(coord) == {("t", 0): 399, ("t", 1): 798}
         finally:
             coord.close()
+
+
+@pytest.mark.parametrize("name, value", [("offsets.topic.num.partitions", 0), ("group.max.size", "many"),
+                                         ("group.initial.rebalance.delay.ms", -1)])
+def test_bad_group_settings_raise_config_error_naming_them(tmp_path, name, value):
+    from kmem.broker import Broker
+    from kmem.errors import ConfigError
+    with pytest.raises(ConfigError, match=name):
+        Broker(tmp_path, properties={name: value})
