@@ -284,12 +284,16 @@ def test_offsets_are_kafka_records_in_consumer_offsets(logs, tmp_path):
 
 
 def test_offsets_and_generation_survive_a_restart(tmp_path):
-    with LogManager(tmp_path) as logs:
+    from kmem.broker import BrokerConfig
+    with LogManager(tmp_path, BrokerConfig(log_retention_bytes=1, log_retention_ms=1)) as logs:
         logs.create_topic("t", 4)
-        coord = coordinator(logs)
+        coord = coordinator(logs, offsets_topic_segment_bytes=400)       # a segment every few commits
         leader = join_new_member(coord)
         sync(coord, leader.member_id, 1, [(leader.member_id, b"A")])
+        for offset in range(5):
+            assert commit(coord, {("t", 0): offset}, leader.member_id, 1) == {("t", 0): NONE}
         assert commit(coord, {("t", 0): 10, ("t", 3): 30}, leader.member_id, 1) == {("t", 0): NONE, ("t", 3): NONE}
+        logs.maintain(int(time.time() * 1000) + 86_400_000)    # the broker's retention leaves the topic alone
         coord.close()
     with LogManager(tmp_path) as logs:
         coord = coordinator(logs)

@@ -253,8 +253,10 @@ class GroupCoordinator:
         partitions = self.config.offsets_topic_partitions
         if self.logs.get_partition(OFFSETS_TOPIC, 0) is None:
             try:
-                self.logs.create_topic(OFFSETS_TOPIC, partitions,
-                                       {"segment.bytes": self.config.offsets_topic_segment_bytes, "retention.ms": -1})
+                # never trimmed by the broker's retention: the coordinator compacts it (see compact())
+                self.logs.create_topic(OFFSETS_TOPIC, partitions, {
+                    "segment.bytes": self.config.offsets_topic_segment_bytes, "retention.ms": -1,
+                    "retention.bytes": -1})
             except LogError as e:
                 if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                     raise
