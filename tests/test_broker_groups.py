@@ -107,6 +107,7 @@ def test_admin_clients_list_and_describe_the_group(tmp_path):
         assert described["group_state"] == "Stable" and described["protocol_type"] == "consumer"
         assert {frozenset(p for a in m["member_assignment"]["assigned_partitions"] for p in a["partitions"])
                 for m in described["members"]} == assignments
+        assert {m["client_host"] for m in described["members"]} == {"/127.0.0.1"}
         assert {(tp.topic, tp.partition): o.offset
                 for tp, o in admin.list_group_offsets("workers")["workers"].items()} == committed
         admin.close()

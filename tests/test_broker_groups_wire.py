@@ -57,6 +57,7 @@ def test_a_membership_at_version_0_and_offsets_with_retention(tmp_path):
         assert [(g.group_id, g.group_state, len(g.members)) for g in described.groups] == [("g", "Stable", 1),
                                                                                          ("nope", "Dead", 0)]
         assert described.groups[0].members[0].member_assignment == b"both"
+        assert described.groups[0].members[0].client_host == "/127.0.0.1"      # as Kafka shows it
 
         left = connection.request(LeaveGroupRequest(group_id="g", member_id=member), LeaveGroupResponse, 0)
         assert left.error_code == NONE

@@ -502,10 +502,11 @@ class GroupCoordinator:
 
     # --- JoinGroup ------------------------------------------------------------------------------------
 
-    def join_group(self, header, request):
+    def join_group(self, header, request, client_host=""):
+        """``client_host``: the client's address as DescribeGroups shows it (Kafka's ``/127.0.0.1``)."""
         version = header.api_version
         with self._lock:
-            result = self._join(header, request, version)
+            result = self._join(header, request, version, client_host)
             if isinstance(result, _Reply):
                 self._waiting += 1
                 timeout = self.groups[request.group_id].max_rebalance_timeout_ms()    # the join deadline's
@@ -520,7 +521,7 @@ class GroupCoordinator:
                                           protocol_name="", leader="", skip_assignment=False, member_id=member_id,
                                           members=[])
 
-    def _join(self, header, request, version):
+    def _join(self, header, request, version, client_host):
         group_id, member_id = request.group_id, request.member_id or ""
         instance_id = request.group_instance_id if version >= 5 else None
         protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
@@ -546,18 +547,18 @@ class GroupCoordinator:
         if group.state == DEAD:
             return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
         rebalance_timeout = request.rebalance_timeout_ms if version >= 1 else request.session_timeout_ms
-        client_id = header.client_id or ""
+        client = (header.client_id or "", client_host)
         if not member_id:
-            return self._join_new(group, client_id, request, version, instance_id, protocols, rebalance_timeout, now)
-        return self._join_known(group, client_id, request, version, member_id, instance_id, protocols,
+            return self._join_new(group, client, request, version, instance_id, protocols, rebalance_timeout, now)
+        return self._join_known(group, client, request, version, member_id, instance_id, protocols,
                                 rebalance_timeout, now)
 
-    def _join_new(self, group, client_id, request, version, instance_id, protocols, rebalance_timeout, now):
+    def _join_new(self, group, client, request, version, instance_id, protocols, rebalance_timeout, now):
         if not group.supports(request.protocol_type, protocols):
             return self._join_error(INCONSISTENT_GROUP_PROTOCOL)
         if instance_id is None and len(group.members) + len(group.pending) >= self.config.max_size:
             return self._join_error(GROUP_MAX_SIZE_REACHED)
-        new_id = f"{instance_id or client_id}-{uuid.uuid4()}"
+        new_id = f"{instance_id or client[0]}-{uuid.uuid4()}"
         if instance_id is not None and instance_id in group.static_members:
             return self._replace_static_member(group, group.members[group.static_members[instance_id]], new_id,
                                                request, version, protocols, rebalance_timeout, now)
@@ -566,12 +567,12 @@ class GroupCoordinator:
             return self._join_error(MEMBER_ID_REQUIRED, new_id)
         if len(group.members) >= self.config.max_size:
             return self._join_error(GROUP_MAX_SIZE_REACHED)
-        return self._add_member(group, new_id, client_id, request, version, instance_id, protocols,
+        return self._add_member(group, new_id, client, request, version, instance_id, protocols,
                                 rebalance_timeout, now)
 
-    def _add_member(self, group, member_id, client_id, request, version, instance_id, protocols, rebalance_timeout,
+    def _add_member(self, group, member_id, client, request, version, instance_id, protocols, rebalance_timeout,
                     now):
-        member = Member(member_id, instance_id, client_id, "", rebalance_timeout,
+        member = Member(member_id, instance_id, *client, rebalance_timeout,
                         request.session_timeout_ms, request.protocol_type, protocols, join_version=version)
         reply = member.join_reply = _Reply()
         if not group.members:
@@ -614,13 +615,13 @@ class GroupCoordinator:
             self._prepare_rebalance(group, now, f"static member {member.group_instance_id} rejoined")
         return reply
 
-    def _join_known(self, group, client_id, request, version, member_id, instance_id, protocols, rebalance_timeout,
+    def _join_known(self, group, client, request, version, member_id, instance_id, protocols, rebalance_timeout,
                     now):
         if member_id in group.pending:
             if not group.supports(request.protocol_type, protocols):
                 return self._join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
             del group.pending[member_id]
-            return self._add_member(group, member_id, client_id, request, version, None, protocols, rebalance_timeout,
+            return self._add_member(group, member_id, client, request, version, None, protocols, rebalance_timeout,
                                     now)
         member = group.members.get(member_id)
         if instance_id is not None and group.static_members.get(instance_id) not in (None, member_id):

@@ -29,6 +29,15 @@ from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallbac
 log = logging.getLogger(__name__)
 
 
+def _client_host(request):
+    """The client's address as Kafka's group coordinator records it (``/127.0.0.1``); "" once gone."""
+    channel = request.processor.selector.channel(request.connection_id)
+    try:
+        return "/" + channel.transport.sock.getpeername()[0]
+    except (AttributeError, OSError):
+        return ""
+
+
 class RequestRefused(KmemError):
     """A request Kafka answers by closing the connection: an API or version the broker does not serve."""
 
@@ -115,8 +124,11 @@ class Broker:
                                  f"(client {header.client_id!r})")
         with self._counts_lock:
             self.requests_served[(int(header.api_key), header.api_version)] += 1
-        owner = self.coordinator if header.api_key in GROUP_APIS else self.handlers
-        response = getattr(owner, self._apis[header.api_key])(header, body)
+        if header.api_key == ApiKey.JOIN_GROUP:
+            response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        else:
+            owner = self.coordinator if header.api_key in GROUP_APIS else self.handlers
+            response = getattr(owner, self._apis[header.api_key])(header, body)
         return None if response is None else encode_response(header, response)
 
     def close(self):
