@@ -26,8 +26,13 @@ class Comparison:
     def __init__(self, benchmark):
         self._benchmark = benchmark
 
-    def __call__(self, group, contender, func, ops_per_call=1, unit_bytes=None):
-        result = self._benchmark(func)
+    def __call__(self, group, contender, func, ops_per_call=1, unit_bytes=None, rounds=None, setup=None):
+        """``rounds``: run ``func`` exactly that many times (``setup`` before each), for operations that
+        take seconds."""
+        if rounds is None:
+            result = self._benchmark(func)
+        else:
+            result = self._benchmark.pedantic(func, setup=setup, rounds=rounds, iterations=1)
         seconds = seconds_per_call(self._benchmark) / ops_per_call
         _results[group][contender] = (seconds, unit_bytes)
         self._benchmark.extra_info.update(group=group, contender=contender, seconds_per_op=seconds)

@@ -179,10 +179,10 @@ def api_versions_ok(broker, connection=None):
     b"\x00\x12",                                                     # shorter than any request header
     struct.pack(">hhih", 1234, 0, 7, -1),                            # unknown API key
     struct.pack(">hhih", 0, 99, 7, -1),                              # Produce v99
-    struct.pack(">hhih", 11, 0, 7, -1) + b"\x00" * 20,               # JoinGroup: known, not served
+    struct.pack(">hhih", 11, 0, 7, -1) + b"\x00\x01g\x00",            # JoinGroup cut short
     struct.pack(">hhih", 3, 1, 7, 5) + b"abc",                       # client id cut short
     struct.pack(">hhih", 0, 7, 7, -1) + os.urandom(64),              # garbage Produce body
-], ids=["short", "unknown-api", "unknown-version", "not-served", "cut-header", "garbage-body"])
+], ids=["short", "unknown-api", "unknown-version", "cut-join-group", "cut-header", "garbage-body"])
 def test_hostile_requests_close_their_connection_only(broker, payload):
     with RawConnection(broker.bootstrap_servers) as healthy, RawConnection(broker.bootstrap_servers) as hostile:
         hostile.send_frame(payload)
@@ -220,7 +220,8 @@ def test_api_versions_advertise_exactly_what_is_served(broker):
         response = connection.request(ApiVersionsRequest(), ApiVersionsResponse, 0)
     versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
     assert versions == {18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (0, 17), 2: (0, 9), 22: (0, 5), 19: (0, 7),
-                        20: (0, 6), 10: (0, 6)}
+                        20: (0, 6), 10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (0, 9),
+                        9: (0, 9), 16: (0, 5), 15: (0, 5)}
 
 
 def test_acks_zero_gets_no_response(broker):

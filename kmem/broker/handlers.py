@@ -2,9 +2,9 @@
 response body, as Kafka's ``KafkaApis`` answers them on a single node.
 
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
-0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, and FindCoordinator 0-6 answered
-COORDINATOR_NOT_AVAILABLE (librdkafka asks for its consumer's group even when it only assigns
-partitions; the group APIs are not served yet). Transactions are not served: their APIs are not
+0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
+groups; COORDINATOR_NOT_AVAILABLE for transactions), and the group APIs of
+``kmem.broker.coordinator.GroupCoordinator``. Transactions are not served: their APIs are not
 advertised and InitProducerId with a transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
@@ -28,6 +28,8 @@ import uuid
 
 from kmem.broker.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.coordinator import GROUP_VERSIONS
+from kmem.broker.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, validate_topic_name
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
@@ -52,8 +54,9 @@ INVALID_RECORD = 87
 SERVED_VERSIONS = {
     ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
-    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6),
+    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), **GROUP_VERSIONS,
 }
+GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
 V2_ATTRIBUTES = struct.Struct(">bxxxxh")       # magic, crc (skipped), attributes: bytes 16-22 of a batch
 V2_ATTRIBUTES_OFFSET = MAGIC_OFFSET = 16
@@ -100,13 +103,19 @@ class Handlers:
         return response
 
     def find_coordinator(self, header, request):
-        message = "kmem broker serves no group or transaction coordinator yet"
-        response = messages.FindCoordinatorResponse(error_code=COORDINATOR_NOT_AVAILABLE, error_message=message,
-                                                    node_id=-1, host="", port=-1)
+        """Every group's coordinator is this broker; transactions have none (not served)."""
+        if header.api_version >= 1 and request.key_type != GROUP_KEY_TYPE:
+            error, message, (node, host, port) = COORDINATOR_NOT_AVAILABLE, "kmem broker serves no transactions", \
+                (-1, "", -1)
+        else:
+            error, message = NONE, None
+            node, (host, port) = self.node_id, self.endpoint()
+        response = messages.FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message,
+                                                    node_id=node, host=host, port=port)
         keys = request.coordinator_keys if header.api_version >= 4 else []
         response.coordinators = [
-            messages.FindCoordinatorResponse.Coordinator(key=key, node_id=-1, host="", port=-1,
-                                                         error_code=COORDINATOR_NOT_AVAILABLE, error_message=message)
+            messages.FindCoordinatorResponse.Coordinator(key=key, node_id=node, host=host, port=port,
+                                                         error_code=error, error_message=message)
             for key in keys]
         return response
 
@@ -163,7 +172,7 @@ class Handlers:
                 error_code=NONE, partition_index=index, leader_id=node, leader_epoch=epoch, replica_nodes=[node],
                 isr_nodes=[node], offline_replicas=[]))
         return messages.MetadataResponse.MetadataResponseTopic(
-            error_code=NONE, name=name, topic_id=protocol_uuid(info.topic_id), is_internal=False,
+            error_code=NONE, name=name, topic_id=protocol_uuid(info.topic_id), is_internal=name == OFFSETS_TOPIC,
             partitions=partitions)
 
     # --- CreateTopics, DeleteTopics -------------------------------------------------------------------

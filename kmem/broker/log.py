@@ -372,6 +372,14 @@ class PartitionLog:
                 deleted += self._delete_segments(over_size)
             return deleted
 
+    def delete_segments_before(self, offset):
+        """Delete the segments whose records all precede ``offset`` (the active one is rolled first if
+        need be); returns how many. The group coordinator drops what it rewrote this way."""
+        _check_int("offset", offset)
+        with self._lock:
+            self._check_open()
+            return self._delete_segments(lambda segment: segment.next_offset <= offset)
+
     def _delete_segments(self, predicate):
         deletable = []
         for i, segment in enumerate(self.segments):

@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 
+from kmem.broker.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
 from kmem.broker.handlers import SERVED_VERSIONS, Handlers
 from kmem.broker.log import LogManager
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
@@ -26,6 +27,15 @@ from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallbac
                            encode_response)
 
 log = logging.getLogger(__name__)
+
+
+def _client_host(request):
+    """The client's address as Kafka's group coordinator records it (``/127.0.0.1``); "" once gone."""
+    channel = request.processor.selector.channel(request.connection_id)
+    try:
+        return "/" + channel.transport.sock.getpeername()[0]
+    except (AttributeError, OSError):
+        return ""
 
 
 class RequestRefused(KmemError):
@@ -41,6 +51,7 @@ class Broker:
         self.logs = None
         self.server = None
         self.handlers = None
+        self.coordinator = None
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._counts_lock = threading.Lock()
@@ -51,6 +62,7 @@ class Broker:
             ApiKey.CREATE_TOPICS: "create_topics", ApiKey.DELETE_TOPICS: "delete_topics",
             ApiKey.FIND_COORDINATOR: "find_coordinator",
         }
+        self._apis.update(GROUP_APIS)
 
     @property
     def node_id(self):
@@ -63,8 +75,12 @@ class Broker:
         self.handlers = Handlers(self.logs, self.node_id, self.endpoint)
         self.server = SocketServer(self.handle, self.settings.network)
         try:
+            max_waiting = max(self.settings.network.num_io_threads - WAIT_RESERVE_THREADS, 1)
+            self.coordinator = GroupCoordinator(self.logs, self.settings.groups, max_waiting=max_waiting)
             self.server.start()
         except BaseException:
+            if self.coordinator is not None:
+                self.coordinator.close()
             self.logs.close()
             raise
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
@@ -108,7 +124,11 @@ class Broker:
                                  f"(client {header.client_id!r})")
         with self._counts_lock:
             self.requests_served[(int(header.api_key), header.api_version)] += 1
-        response = getattr(self.handlers, self._apis[header.api_key])(header, body)
+        if header.api_key == ApiKey.JOIN_GROUP:
+            response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        else:
+            owner = self.coordinator if header.api_key in GROUP_APIS else self.handlers
+            response = getattr(owner, self._apis[header.api_key])(header, body)
         return None if response is None else encode_response(header, response)
 
     def close(self):
@@ -117,6 +137,7 @@ class Broker:
             return
         self._stop.set()
         self.handlers.wake_all()
+        self.coordinator.close()
         self.server.close()
         if self._maintenance is not None:
             self._maintenance.join()

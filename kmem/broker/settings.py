@@ -10,6 +10,7 @@ import ssl
 from dataclasses import dataclass
 
 from kmem.broker.config import BROKER_SETTINGS, BrokerConfig, _int
+from kmem.broker.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.errors import ConfigError
 from kmem.network import SocketServerConfig
 
@@ -20,7 +21,10 @@ NETWORK_SETTINGS = ("num.network.threads", "num.io.threads", "queued.max.request
 HANDLER_SETTINGS = ("advertised.listeners", "log.retention.check.interval.ms", "ssl.keystore.location",
                     "ssl.keystore.type", "ssl.key.password", "ssl.truststore.location", "ssl.client.auth",
                     "broker.id")
-KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(HANDLER_SETTINGS)
+KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(HANDLER_SETTINGS) \
+    | frozenset(GROUP_SETTINGS)
+# Kafka's is 8; members waiting in JoinGroup/SyncGroup hold one each here (kmem.broker.coordinator)
+DEFAULT_IO_THREADS = 32
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class BrokerSettings:
     network: SocketServerConfig
     advertised: Listener | None
     retention_check_interval_ms: int
+    groups: GroupConfig
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -65,6 +70,7 @@ class BrokerSettings:
             storage.setdefault("node.id", merged["broker.id"])
         storage.setdefault("node.id", 0)
         network = {name: merged[name] for name in NETWORK_SETTINGS if name in merged}
+        network.setdefault("num.io.threads", DEFAULT_IO_THREADS)
         if ssl_context is None and merged.get("ssl.keystore.location"):
             ssl_context = _ssl_context(merged)
         advertised = merged.get("advertised.listeners")
@@ -72,7 +78,7 @@ class BrokerSettings:
         return cls(BrokerConfig.from_properties(storage),
                    SocketServerConfig.from_properties(network, host=host, port=port, ssl_context=ssl_context),
                    parse_listener("advertised.listeners", advertised) if advertised else None,
-                   _int("log.retention.check.interval.ms", interval, 1))
+                   _int("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged))
 
 
 def _ssl_context(merged):

@@ -1,0 +1,1019 @@
+"""The group coordinator of ``kmem broker``: Kafka's classic group protocol (``ClassicGroup`` and the
+classic part of ``GroupMetadataManager``, Kafka 3.9) and committed offsets kept in ``__consumer_offsets``.
+
+Groups move through Kafka's states: Empty -> PreparingRebalance (members (re)join) -> CompletingRebalance
+(the leader assigns, SyncGroup) -> Stable, and Dead once an empty group has no offsets left.
+
+- JoinGroup v4+ without a member id is answered MEMBER_ID_REQUIRED with a new id, which stays pending
+  for one session timeout; ``group.instance.id`` (static membership) joins directly and a later join with
+  the same instance id takes over the member (the old id is then FENCED_INSTANCE_ID).
+- A rebalance completes when every member has rejoined, or at the rebalance deadline (the members'
+  largest ``rebalance.timeout.ms``) without those that did not; a group starting from Empty waits
+  ``group.initial.rebalance.delay.ms`` (extended by each new member, up to the rebalance timeout). The
+  members chosen protocol is the one all support that most members prefer; the first member to join
+  leads.
+- Members that do not heartbeat within their ``session.timeout.ms``, or do not send SyncGroup within
+  the rebalance timeout after a join, are removed and the group rebalances; a thread checks every
+  deadline, so this happens with no request arriving.
+- Errors as Kafka's: UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID,
+  INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, GROUP_MAX_SIZE_REACHED, INVALID_GROUP_ID...
+
+JoinGroup and SyncGroup are delayed responses: the request's handler thread waits (at most until the
+rebalance deadline) for the rebalance to reach it. So that waiting members cannot take every handler
+thread from the heartbeats and commits that end a rebalance, at most ``num.io.threads`` - 4 requests
+wait at once; a JoinGroup beyond that is answered COORDINATOR_LOAD_IN_PROGRESS, which clients retry
+(the broker defaults ``num.io.threads`` to 32 for this reason).
+
+Offsets and group metadata are records of the internal ``__consumer_offsets`` topic (created on the
+first group request, ``offsets.topic.num.partitions`` partitions; a group's records go to partition
+``abs(hashCode(group)) % partitions``), written before a commit or a new generation is acknowledged
+and replayed when the broker starts: a Stable group comes back Stable with its members, who carry on
+heartbeating (or rejoin) as with a Kafka coordinator fail-over. Offsets expire
+``offsets.retention.minutes`` after the group became empty (after their commit for groups that only
+commit, or at the expire timestamp OffsetCommit v1-4 gave); tombstones mark them gone, and a partition
+whose log grew past ``offsets.topic.segment.bytes`` and twice its live records is rewritten with only
+its live records (then the older segments are deleted), which keeps the topic bounded as Kafka's
+compaction does.
+"""
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+
+from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.config import INT32_MAX, _int
+from kmem.broker.offsets import (
+    OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
+    offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
+)
+from kmem.broker.validator import COORDINATOR
+from kmem.errors import CorruptRecordError, IllegalStateError
+from kmem.protocol import ApiKey, messages
+from kmem.records import build_records
+
+log = logging.getLogger(__name__)
+
+NONE = 0
+UNKNOWN_SERVER_ERROR = -1
+UNKNOWN_TOPIC_OR_PARTITION = 3
+OFFSET_METADATA_TOO_LARGE = 12
+COORDINATOR_LOAD_IN_PROGRESS = 14
+COORDINATOR_NOT_AVAILABLE = 15
+ILLEGAL_GENERATION = 22
+INCONSISTENT_GROUP_PROTOCOL = 23
+INVALID_GROUP_ID = 24
+UNKNOWN_MEMBER_ID = 25
+INVALID_SESSION_TIMEOUT = 26
+REBALANCE_IN_PROGRESS = 27
+MEMBER_ID_REQUIRED = 79
+GROUP_MAX_SIZE_REACHED = 81
+FENCED_INSTANCE_ID = 82
+
+EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
+WAIT_RESERVE_THREADS = 4          # handler threads never taken by waiting JoinGroup/SyncGroup requests
+TICK_SECONDS = 0.05
+LOAD_CHUNK_BYTES = 1 << 20
+COMPACT_BATCH_RECORDS = 1000           # records per batch when a partition is rewritten
+
+# api key -> GroupCoordinator method (FindCoordinator stays with the other handlers)
+GROUP_APIS = {
+    ApiKey.JOIN_GROUP: "join_group", ApiKey.SYNC_GROUP: "sync_group", ApiKey.HEARTBEAT: "heartbeat",
+    ApiKey.LEAVE_GROUP: "leave_group", ApiKey.OFFSET_COMMIT: "offset_commit", ApiKey.OFFSET_FETCH: "offset_fetch",
+    ApiKey.LIST_GROUPS: "list_groups", ApiKey.DESCRIBE_GROUPS: "describe_groups",
+}
+GROUP_VERSIONS = {
+    ApiKey.JOIN_GROUP: (0, 9), ApiKey.SYNC_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5),
+    ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9), ApiKey.LIST_GROUPS: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 5),
+}
+
+
+def _ranged(name, low=1, high=INT32_MAX):
+    return lambda value: _int(name, value, low, high)
+
+
+# Kafka's group coordinator settings: name -> (GroupConfig field, parser)
+GROUP_SETTINGS = {
+    "group.min.session.timeout.ms": ("min_session_timeout_ms", _ranged("group.min.session.timeout.ms", 0)),
+    "group.max.session.timeout.ms": ("max_session_timeout_ms", _ranged("group.max.session.timeout.ms", 0)),
+    "group.initial.rebalance.delay.ms": ("initial_rebalance_delay_ms",
+                                         _ranged("group.initial.rebalance.delay.ms", 0)),
+    "group.max.size": ("max_size", _ranged("group.max.size")),
+    "offsets.topic.num.partitions": ("offsets_topic_partitions", _ranged("offsets.topic.num.partitions")),
+    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", _ranged("offsets.topic.segment.bytes", 14)),
+    "offsets.retention.minutes": ("offsets_retention_minutes", _ranged("offsets.retention.minutes")),
+    "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms",
+                                            _ranged("offsets.retention.check.interval.ms", 1, 2**63 - 1)),
+    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", _ranged("offset.metadata.max.bytes", 0)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupConfig:
+    """The coordinator's settings, Kafka's names and defaults (``from_properties`` takes dotted names)."""
+    min_session_timeout_ms: int = 6000
+    max_session_timeout_ms: int = 1_800_000
+    initial_rebalance_delay_ms: int = 3000
+    max_size: int = INT32_MAX
+    offsets_topic_partitions: int = 50
+    offsets_topic_segment_bytes: int = 100 * 1024 * 1024
+    offsets_retention_minutes: int = 7 * 24 * 60
+    offsets_retention_check_interval_ms: int = 600_000
+    offset_metadata_max_bytes: int = 4096
+
+    @classmethod
+    def from_properties(cls, properties):
+        return cls(**{GROUP_SETTINGS[name][0]: GROUP_SETTINGS[name][1](value)
+                      for name, value in properties.items() if name in GROUP_SETTINGS})
+
+
+def _now_ms():
+    return time.time_ns() // 1_000_000
+
+
+class _Reply:
+    """A delayed response: the waiting handler thread gets ``value`` once ``set``."""
+    __slots__ = ("event", "value")
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.value = None
+
+    def set(self, value):
+        if not self.event.is_set():
+            self.value = value
+            self.event.set()
+
+
+@dataclasses.dataclass(eq=False)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    protocol_type: str
+    protocols: list                    # [(name, metadata bytes)] in the member's order of preference
+    assignment: bytes = b""
+    join_reply: _Reply | None = None    # set while the member waits in JoinGroup
+    sync_reply: _Reply | None = None    # set while the member waits in SyncGroup
+    heartbeat_deadline: float = 0.0    # monotonic seconds
+    is_new: bool = True
+    join_version: int = 0
+
+    def metadata(self, protocol):
+        return next((data for name, data in self.protocols if name == protocol), b"")
+
+    def matches(self, protocols):
+        return [name for name, _ in self.protocols] == [name for name, _ in protocols] and \
+            all(bytes(a) == bytes(b) for (_, a), (_, b) in zip(self.protocols, protocols))
+
+
+class Group:
+    def __init__(self, group_id, now_ms):
+        self.group_id = group_id
+        self.state = EMPTY
+        self.state_timestamp = now_ms
+        self.protocol_type = None
+        self.protocol = None
+        self.generation = 0
+        self.leader = None
+        self.members = {}              # member id -> Member, in join order
+        self.static_members = {}       # group.instance.id -> member id
+        self.pending = {}              # member ids handed out with MEMBER_ID_REQUIRED -> monotonic deadline
+        self.offsets = {}              # (topic, partition) -> OffsetAndMetadata
+        self.join_deadline = None      # PreparingRebalance: when the join completes at the latest
+        self.join_delay_ms = 0         # > 0 while the initial rebalance delay runs
+        self.join_started = 0.0
+        self.sync_deadline = None      # CompletingRebalance: when members that did not sync are removed
+
+    def set_state(self, state, now_ms):
+        self.state = state
+        self.state_timestamp = now_ms
+
+    def candidate_protocols(self, extra=None):
+        members = list(self.members.values())
+        sets = [{name for name, _ in m.protocols} for m in members]
+        if extra is not None:
+            sets.append({name for name, _ in extra})
+        return set.intersection(*sets) if sets else set()
+
+    def supports(self, protocol_type, protocols):
+        if not protocols or not protocol_type:
+            return False
+        if self.state == EMPTY and not self.members:
+            return True
+        return self.protocol_type == protocol_type and bool(self.candidate_protocols(protocols))
+
+    def select_protocol(self):
+        candidates = self.candidate_protocols()
+        votes = {}
+        for member in self.members.values():
+            choice = next(name for name, _ in member.protocols if name in candidates)
+            votes[choice] = votes.get(choice, 0) + 1
+        return max(votes, key=votes.get)       # ties: the first protocol voted for
+
+    def max_rebalance_timeout_ms(self):
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+
+    def all_joined(self):
+        return not self.pending and all(m.join_reply is not None for m in self.members.values())
+
+    def record(self):
+        return GroupRecord(self.protocol_type or "", self.generation, self.protocol, self.leader, self.state_timestamp,
+                           [MemberRecord(m.member_id, m.group_instance_id, m.client_id, m.client_host,
+                                         m.rebalance_timeout_ms, m.session_timeout_ms,
+                                         bytes(m.metadata(self.protocol)), bytes(m.assignment))
+                            for m in self.members.values()])
+
+
+class GroupCoordinator:
+    """Kafka's classic group coordinator over a ``LogManager`` (see the module docstring). One method
+    per API, from a decoded request to a response; ``close()`` answers every waiting request."""
+
+    def __init__(self, logs, config=None, *, max_waiting=None):
+        self.logs = logs
+        self.config = config or GroupConfig()
+        self.max_waiting = max_waiting
+        self.groups = {}
+        self._lock = threading.RLock()
+        self._waiting = 0
+        self._closed = False
+        self._next_expiry = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
+        self._load()
+        self._timer = threading.Thread(target=self._run_timers, name="kmem-group-coordinator", daemon=True)
+        self._timer.start()
+
+    # --- __consumer_offsets ---------------------------------------------------------------------------
+
+    def _offsets_partition(self, group_id):
+        """The ``__consumer_offsets`` partition of ``group_id``, creating the topic on first use."""
+        partitions = self.config.offsets_topic_partitions
+        if self.logs.get_partition(OFFSETS_TOPIC, 0) is None:
+            try:
+                # never trimmed by the broker's retention: the coordinator compacts it (see compact())
+                self.logs.create_topic(OFFSETS_TOPIC, partitions, {
+                    "segment.bytes": self.config.offsets_topic_segment_bytes, "retention.ms": -1,
+                    "retention.bytes": -1})
+            except LogError as e:
+                if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    raise
+        count = self.logs.topics()[OFFSETS_TOPIC].partitions
+        return self.logs.get_partition(OFFSETS_TOPIC, partition_for(group_id, count))
+
+    def _append(self, group_id, entries):
+        """Write ``[(key, value or None)]`` to the group's partition; returns a Kafka error code."""
+        now = _now_ms()
+        batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries])
+        try:
+            result = self._offsets_partition(group_id).append(batch, origin=COORDINATOR)
+        except (LogError, IllegalStateError, OSError) as e:
+            log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, e)
+            return COORDINATOR_NOT_AVAILABLE
+        if result.error_code:
+            log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, result.error_message)
+            return UNKNOWN_SERVER_ERROR
+        return NONE
+
+    def _store_group(self, group):
+        return self._append(group.group_id, [(group_metadata_key(group.group_id),
+                                              group_metadata_value(group.record()))])
+
+    def _load(self):
+        """Replay every partition of ``__consumer_offsets`` (last record per key wins)."""
+        count = self.logs.topics().get(OFFSETS_TOPIC)
+        if count is None:
+            return
+        now_ms, now = _now_ms(), time.monotonic()
+        for index in range(count.partitions):
+            for key, value in self._read_partition(self.logs.get_partition(OFFSETS_TOPIC, index)):
+                try:
+                    kind = read_key(key)
+                    if kind[0] == "offset":
+                        _, group_id, topic, partition = kind
+                        group = self.groups.get(group_id) or self.groups.setdefault(group_id, Group(group_id, now_ms))
+                        if value is None:
+                            group.offsets.pop((topic, partition), None)
+                        else:
+                            group.offsets[(topic, partition)] = read_offset_value(value)
+                    elif value is None:
+                        self.groups.pop(kind[1], None)
+                    else:
+                        self._load_group(kind[1], read_group_value(value), now_ms, now)
+                except CorruptRecordError as e:
+                    log.warning("skipping a record of %s-%d: %s", OFFSETS_TOPIC, index, e)
+        for group_id in [g for g, group in self.groups.items() if not group.members and not group.offsets
+                         and group.state == EMPTY and group.protocol_type is None]:
+            del self.groups[group_id]
+        if self.groups:
+            log.info("loaded %d groups from %s", len(self.groups), OFFSETS_TOPIC)
+
+    @staticmethod
+    def _read_partition(partition_log):
+        offset = partition_log.log_start_offset
+        while True:
+            data = partition_log.read(offset, LOAD_CHUNK_BYTES)
+            if data.records is None:
+                return
+            with data.records as records:
+                batches = list(records.batches())
+                for batch in batches:
+                    for record in batch:
+                        yield record.key, record.value
+                    offset = batch.next_offset
+            if not batches:
+                return
+
+    def _load_group(self, group_id, record, now_ms, now):
+        group = self.groups.get(group_id) or Group(group_id, now_ms)
+        self.groups[group_id] = group
+        group.protocol_type = record.protocol_type or None
+        group.generation, group.protocol, group.leader = record.generation, record.protocol, record.leader
+        group.members.clear()
+        group.static_members.clear()
+        for m in record.members:
+            member = Member(m.member_id, m.group_instance_id, m.client_id, m.client_host, m.rebalance_timeout_ms,
+                            m.session_timeout_ms, group.protocol_type or "", [(record.protocol, m.subscription)],
+                            assignment=m.assignment, heartbeat_deadline=now + m.session_timeout_ms / 1000,
+                            is_new=False)
+            group.members[m.member_id] = member
+            if m.group_instance_id is not None:
+                group.static_members[m.group_instance_id] = m.member_id
+        group.set_state(STABLE if group.members else EMPTY,
+                        record.state_timestamp if record.state_timestamp >= 0 else now_ms)
+
+    # --- timers ---------------------------------------------------------------------------------------
+
+    def _run_timers(self):
+        while not self._closed:
+            time.sleep(TICK_SECONDS)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("group coordinator timers failed")
+
+    def tick(self, now=None):
+        """Fire every deadline due: rebalances to complete, members to expire, offsets to expire."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self._closed:
+                return
+            for group in list(self.groups.values()):
+                if any(now >= deadline for deadline in group.pending.values()):
+                    # a new dict: one emptied by deletions would keep the size of its largest storm
+                    group.pending = {m: deadline for m, deadline in group.pending.items() if now < deadline}
+                    self._maybe_complete_join(group, now)
+                    if group.state == EMPTY and group.generation == 0 and not (group.members or group.pending
+                                                                               or group.offsets):
+                        del self.groups[group.group_id]      # only ever handed out ids: nothing to keep
+                        continue
+                if group.state == PREPARING and now >= group.join_deadline:
+                    self._complete_join(group, now)
+                elif group.state == COMPLETING and now >= group.sync_deadline:
+                    missing = [m for m in group.members.values() if m.sync_reply is None]
+                    for member in missing:
+                        log.info("group %r: member %s sent no SyncGroup in time", group.group_id, member.member_id)
+                        self._remove_member(group, member)
+                    if missing:
+                        self._prepare_rebalance(group, now, "members did not sync in time")
+                for member in list(group.members.values()):
+                    if (member.join_reply is None and member.sync_reply is None and group.state != PREPARING
+                            and now >= member.heartbeat_deadline):
+                        log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
+                        self._remove_member_and_rebalance(group, member, now)
+            if now >= self._next_expiry:
+                self._next_expiry = now + self.config.offsets_retention_check_interval_ms / 1000
+                self.expire_offsets()
+
+    def close(self):
+        """Stop the timers; every waiting JoinGroup/SyncGroup is answered COORDINATOR_NOT_AVAILABLE."""
+        with self._lock:
+            self._closed = True
+            for group in self.groups.values():
+                for member in group.members.values():
+                    for reply in (member.join_reply, member.sync_reply):
+                        if reply is not None:
+                            reply.set(COORDINATOR_NOT_AVAILABLE)
+        self._timer.join()
+
+    # --- rebalancing ----------------------------------------------------------------------------------
+
+    def _prepare_rebalance(self, group, now, reason):
+        if group.state == COMPLETING:        # the assignment under way is void
+            for member in group.members.values():
+                member.assignment = b""
+                if member.sync_reply is not None:
+                    member.sync_reply.set(REBALANCE_IN_PROGRESS)
+                    member.sync_reply = None
+        log.info("group %r: rebalance (%s), generation %d", group.group_id, reason, group.generation)
+        group.join_started = now
+        if group.state == EMPTY and self.config.initial_rebalance_delay_ms > 0:
+            group.join_delay_ms = self.config.initial_rebalance_delay_ms
+            group.join_deadline = now + min(group.join_delay_ms, group.max_rebalance_timeout_ms()) / 1000
+        else:
+            group.join_delay_ms = 0
+            group.join_deadline = now + group.max_rebalance_timeout_ms() / 1000
+        group.set_state(PREPARING, _now_ms())
+        self._maybe_complete_join(group, now)
+
+    def _maybe_complete_join(self, group, now):
+        if group.state == PREPARING and not group.join_delay_ms and group.all_joined():
+            self._complete_join(group, now)
+
+    def _member_added_during_delay(self, group, now):
+        if group.state == PREPARING and group.join_delay_ms:       # InitialDelayedJoin: wait a delay more
+            limit = group.join_started + group.max_rebalance_timeout_ms() / 1000
+            group.join_deadline = min(now + group.join_delay_ms / 1000, limit)
+
+    def _complete_join(self, group, now):
+        for member in [m for m in group.members.values() if m.join_reply is None]:
+            if member.group_instance_id is None or member.is_new:
+                self._remove_member(group, member)
+        group.join_delay_ms = 0
+        now_ms = _now_ms()
+        group.generation += 1
+        if not group.members:
+            group.protocol, group.leader = None, None
+            group.set_state(EMPTY, now_ms)
+            self._store_group(group)
+            return
+        group.protocol = group.select_protocol()
+        if group.leader not in group.members:
+            group.leader = next(iter(group.members))
+        group.set_state(COMPLETING, now_ms)
+        group.sync_deadline = now + group.max_rebalance_timeout_ms() / 1000
+        for member in group.members.values():
+            if member.join_reply is None:
+                continue
+            member.join_reply.set(self._join_response(group, member, member.join_version))
+            member.join_reply = None
+            member.is_new = False
+            member.heartbeat_deadline = now + member.session_timeout_ms / 1000
+
+    def _join_response(self, group, member, version, error=NONE):
+        leader = member.member_id == group.leader
+        response = messages.JoinGroupResponse(
+            throttle_time_ms=0, error_code=error, generation_id=group.generation, protocol_type=group.protocol_type,
+            protocol_name=group.protocol, leader=group.leader or "", skip_assignment=False,
+            member_id=member.member_id, members=[])
+        if leader:
+            response.members = [messages.JoinGroupResponse.JoinGroupResponseMember(
+                member_id=m.member_id, group_instance_id=m.group_instance_id,
+                metadata=bytes(m.metadata(group.protocol)))
+                for m in group.members.values()]
+        if version < 7 and response.protocol_name is None:
+            response.protocol_name = ""
+        return response
+
+    def _remove_member(self, group, member):
+        if member.join_reply is not None:
+            member.join_reply.set(UNKNOWN_MEMBER_ID)
+        if member.sync_reply is not None:
+            member.sync_reply.set(UNKNOWN_MEMBER_ID)
+        del group.members[member.member_id]
+        if member.group_instance_id is not None and group.static_members.get(member.group_instance_id) == \
+                member.member_id:
+            del group.static_members[member.group_instance_id]
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), None)
+
+    def _remove_member_and_rebalance(self, group, member, now):
+        self._remove_member(group, member)
+        if group.state in (STABLE, COMPLETING):
+            self._prepare_rebalance(group, now, f"member {member.member_id} left")
+        elif group.state == PREPARING:
+            self._maybe_complete_join(group, now)
+
+    # --- waiting for a delayed response ---------------------------------------------------------------
+
+    def _wait(self, reply, timeout_ms, error):
+        try:
+            if not reply.event.wait(timeout_ms / 1000 + 5):
+                reply.set(error)        # the timers should have answered by now; never hold a thread forever
+            return reply.value
+        finally:
+            with self._lock:
+                self._waiting -= 1
+
+    def _may_wait(self):
+        return self.max_waiting is None or self._waiting < self.max_waiting
+
+    # --- JoinGroup ------------------------------------------------------------------------------------
+
+    def join_group(self, header, request, client_host=""):
+        """``client_host``: the client's address as DescribeGroups shows it (Kafka's ``/127.0.0.1``)."""
+        version = header.api_version
+        with self._lock:
+            result = self._join(header, request, version, client_host)
+            if isinstance(result, _Reply):
+                self._waiting += 1
+                timeout = self.groups[request.group_id].max_rebalance_timeout_ms()    # the join deadline's
+        if not isinstance(result, _Reply):
+            return result
+        value = self._wait(result, timeout + self.config.initial_rebalance_delay_ms, REBALANCE_IN_PROGRESS)
+        return self._join_error(value, request.member_id) if isinstance(value, int) else value
+
+    @staticmethod
+    def _join_error(code, member_id=""):
+        return messages.JoinGroupResponse(throttle_time_ms=0, error_code=code, generation_id=-1, protocol_type=None,
+                                          protocol_name="", leader="", skip_assignment=False, member_id=member_id,
+                                          members=[])
+
+    def _join(self, header, request, version, client_host):
+        group_id, member_id = request.group_id, request.member_id or ""
+        instance_id = request.group_instance_id if version >= 5 else None
+        protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
+        if not group_id:
+            return self._join_error(INVALID_GROUP_ID, member_id)
+        if not self.config.min_session_timeout_ms <= request.session_timeout_ms <= self.config.max_session_timeout_ms:
+            return self._join_error(INVALID_SESSION_TIMEOUT, member_id)
+        if self._closed:
+            return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
+        if not self._may_wait():
+            return self._join_error(COORDINATOR_LOAD_IN_PROGRESS, member_id)
+        now = time.monotonic()
+        group = self.groups.get(group_id)
+        if group is None:
+            if member_id:
+                return self._join_error(UNKNOWN_MEMBER_ID, member_id)
+            try:
+                self._offsets_partition(group_id)          # the topic exists before a generation is written
+            except (LogError, OSError) as e:
+                log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
+                return self._join_error(COORDINATOR_NOT_AVAILABLE)
+            group = self.groups[group_id] = Group(group_id, _now_ms())
+        if group.state == DEAD:
+            return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
+        rebalance_timeout = request.rebalance_timeout_ms if version >= 1 else request.session_timeout_ms
+        client = (header.client_id or "", client_host)
+        if not member_id:
+            return self._join_new(group, client, request, version, instance_id, protocols, rebalance_timeout, now)
+        return self._join_known(group, client, request, version, member_id, instance_id, protocols,
+                                rebalance_timeout, now)
+
+    def _join_new(self, group, client, request, version, instance_id, protocols, rebalance_timeout, now):
+        if not group.supports(request.protocol_type, protocols):
+            return self._join_error(INCONSISTENT_GROUP_PROTOCOL)
+        if instance_id is None and len(group.members) + len(group.pending) >= self.config.max_size:
+            return self._join_error(GROUP_MAX_SIZE_REACHED)
+        new_id = f"{instance_id or client[0]}-{uuid.uuid4()}"
+        if instance_id is not None and instance_id in group.static_members:
+            return self._replace_static_member(group, group.members[group.static_members[instance_id]], new_id,
+                                               request, version, protocols, rebalance_timeout, now)
+        if instance_id is None and version >= 4:       # KIP-394: the id first, then the real join
+            group.pending[new_id] = now + request.session_timeout_ms / 1000
+            return self._join_error(MEMBER_ID_REQUIRED, new_id)
+        if len(group.members) >= self.config.max_size:
+            return self._join_error(GROUP_MAX_SIZE_REACHED)
+        return self._add_member(group, new_id, client, request, version, instance_id, protocols,
+                                rebalance_timeout, now)
+
+    def _add_member(self, group, member_id, client, request, version, instance_id, protocols, rebalance_timeout,
+                    now):
+        member = Member(member_id, instance_id, *client, rebalance_timeout,
+                        request.session_timeout_ms, request.protocol_type, protocols, join_version=version)
+        reply = member.join_reply = _Reply()
+        if not group.members:
+            group.protocol_type = request.protocol_type
+            group.leader = member_id
+        group.members[member_id] = member
+        if instance_id is not None:
+            group.static_members[instance_id] = member_id
+        if group.state == PREPARING:
+            self._member_added_during_delay(group, now)
+            self._maybe_complete_join(group, now)
+        else:
+            self._prepare_rebalance(group, now, f"new member {member_id} joined")
+        return reply
+
+    def _replace_static_member(self, group, old, new_id, request, version, protocols, rebalance_timeout, now):
+        """A static member rejoining without its member id: it takes over ``old``'s place under a new id."""
+        if old.join_reply is not None:
+            old.join_reply.set(FENCED_INSTANCE_ID)
+        if old.sync_reply is not None:
+            old.sync_reply.set(FENCED_INSTANCE_ID)
+        del group.members[old.member_id]
+        member = dataclasses.replace(old, member_id=new_id, join_reply=None, sync_reply=None,
+                                     rebalance_timeout_ms=rebalance_timeout,
+                                     session_timeout_ms=request.session_timeout_ms, join_version=version)
+        group.members[new_id] = member
+        group.static_members[member.group_instance_id] = new_id
+        if group.leader == old.member_id:
+            group.leader = new_id
+        if group.state == STABLE and member.matches(protocols) and group.leader != new_id:
+            member.heartbeat_deadline = now + member.session_timeout_ms / 1000
+            self._store_group(group)
+            response = self._join_response(group, member, version)
+            return response
+        member.protocols = protocols
+        reply = member.join_reply = _Reply()
+        if group.state == PREPARING:
+            self._maybe_complete_join(group, now)
+        else:
+            self._prepare_rebalance(group, now, f"static member {member.group_instance_id} rejoined")
+        return reply
+
+    def _join_known(self, group, client, request, version, member_id, instance_id, protocols, rebalance_timeout,
+                    now):
+        if member_id in group.pending:
+            if not group.supports(request.protocol_type, protocols):
+                return self._join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            del group.pending[member_id]
+            return self._add_member(group, member_id, client, request, version, None, protocols, rebalance_timeout,
+                                    now)
+        member = group.members.get(member_id)
+        if instance_id is not None and group.static_members.get(instance_id) not in (None, member_id):
+            return self._join_error(FENCED_INSTANCE_ID, member_id)
+        if member is None:
+            return self._join_error(UNKNOWN_MEMBER_ID, member_id)
+        if not group.supports(request.protocol_type, protocols) and not (
+                len(group.members) == 1 and request.protocol_type == group.protocol_type and protocols):
+            return self._join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+        member.join_version = version
+        member.rebalance_timeout_ms, member.session_timeout_ms = rebalance_timeout, request.session_timeout_ms
+        if group.state == PREPARING:
+            member.protocols = protocols
+            reply = member.join_reply = _Reply()
+            self._maybe_complete_join(group, now)
+            return reply
+        if group.state == COMPLETING and member.matches(protocols):
+            return self._join_response(group, member, version)      # its join response was lost: same again
+        if group.state == STABLE and member_id != group.leader and member.matches(protocols):
+            member.heartbeat_deadline = now + member.session_timeout_ms / 1000
+            return self._join_response(group, member, version)
+        member.protocols = protocols
+        reply = member.join_reply = _Reply()
+        self._prepare_rebalance(group, now, f"member {member_id} rejoined")
+        return reply
+
+    # --- SyncGroup ------------------------------------------------------------------------------------
+
+    def sync_group(self, header, request):
+        version = header.api_version
+        with self._lock:
+            result = self._sync(request, version)
+            if isinstance(result, _Reply):
+                self._waiting += 1
+                group = self.groups[request.group_id]
+                timeout = group.max_rebalance_timeout_ms()
+        if isinstance(result, _Reply):
+            result = self._wait(result, timeout, REBALANCE_IN_PROGRESS)
+        if isinstance(result, int):
+            return messages.SyncGroupResponse(throttle_time_ms=0, error_code=result, protocol_type=None,
+                                              protocol_name=None, assignment=b"")
+        return result
+
+    def _sync(self, request, version):
+        group = self.groups.get(request.group_id)
+        if self._closed:
+            return COORDINATOR_NOT_AVAILABLE
+        if group is None or group.state == DEAD:
+            return UNKNOWN_MEMBER_ID
+        error = self._check_member(group, request.member_id, request.group_instance_id if version >= 3 else None)
+        if error:
+            return error
+        if request.generation_id != group.generation:
+            return ILLEGAL_GENERATION
+        if version >= 5 and ((request.protocol_type is not None and request.protocol_type != group.protocol_type) or
+                             (request.protocol_name is not None and request.protocol_name != group.protocol)):
+            return INCONSISTENT_GROUP_PROTOCOL
+        member = group.members[request.member_id]
+        now = time.monotonic()
+        member.heartbeat_deadline = now + member.session_timeout_ms / 1000
+        if group.state == PREPARING:
+            return REBALANCE_IN_PROGRESS
+        if group.state == STABLE:
+            return self._sync_response(group, member)
+        # CompletingRebalance: wait for the leader's assignment (only the leader's is used, as Kafka does)
+        if member.sync_reply is not None:
+            member.sync_reply.set(REBALANCE_IN_PROGRESS)       # a duplicate: the newer request waits instead
+        if not self._may_wait() and member.member_id != group.leader:
+            return REBALANCE_IN_PROGRESS
+        reply = member.sync_reply = _Reply()
+        if member.member_id == group.leader:
+            assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
+            for m in group.members.values():
+                m.assignment = assignments.get(m.member_id, b"")
+            error = self._store_group(group)
+            group.set_state(STABLE, _now_ms())
+            for m in group.members.values():
+                if m.sync_reply is not None:
+                    m.sync_reply.set(error or self._sync_response(group, m))
+                    m.sync_reply = None
+                m.heartbeat_deadline = now + m.session_timeout_ms / 1000
+            if error:
+                self._prepare_rebalance(group, now, "its assignment could not be stored")
+        return reply
+
+    @staticmethod
+    def _sync_response(group, member):
+        return messages.SyncGroupResponse(throttle_time_ms=0, error_code=NONE, protocol_type=group.protocol_type,
+                                          protocol_name=group.protocol, assignment=bytes(member.assignment))
+
+    def _check_member(self, group, member_id, instance_id):
+        """Kafka's member validation: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID or NONE."""
+        if instance_id is not None:
+            known = group.static_members.get(instance_id)
+            if known is not None and known != member_id:
+                return FENCED_INSTANCE_ID
+        if member_id not in group.members:
+            return UNKNOWN_MEMBER_ID
+        return NONE
+
+    # --- Heartbeat, LeaveGroup ------------------------------------------------------------------------
+
+    def heartbeat(self, header, request):
+        with self._lock:
+            error = self._heartbeat(request, header.api_version)
+        return messages.HeartbeatResponse(throttle_time_ms=0, error_code=error)
+
+    def _heartbeat(self, request, version):
+        group = self.groups.get(request.group_id)
+        if self._closed:
+            return COORDINATOR_NOT_AVAILABLE
+        if group is None or group.state in (EMPTY, DEAD):
+            return UNKNOWN_MEMBER_ID
+        error = self._check_member(group, request.member_id, request.group_instance_id if version >= 3 else None)
+        if error:
+            return error
+        if request.generation_id != group.generation:
+            return ILLEGAL_GENERATION
+        member = group.members[request.member_id]
+        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        return REBALANCE_IN_PROGRESS if group.state == PREPARING else NONE
+
+    def leave_group(self, header, request):
+        version = header.api_version
+        if version < 3:
+            leaving = [messages.LeaveGroupRequest.MemberIdentity(member_id=request.member_id, group_instance_id=None)]
+        else:
+            leaving = request.members
+        Response = messages.LeaveGroupResponse
+        with self._lock:
+            group = self.groups.get(request.group_id)
+            now = time.monotonic()
+            results = []
+            for identity in leaving:
+                error = UNKNOWN_MEMBER_ID if group is None or group.state == DEAD else self._leave(group, identity, now)
+                results.append(Response.MemberResponse(member_id=identity.member_id,
+                                                       group_instance_id=identity.group_instance_id, error_code=error))
+        if version < 3:
+            return Response(throttle_time_ms=0, error_code=results[0].error_code, members=[])
+        return Response(throttle_time_ms=0, error_code=NONE, members=results)
+
+    def _leave(self, group, identity, now):
+        member_id, instance_id = identity.member_id or "", identity.group_instance_id
+        if instance_id is not None:
+            known = group.static_members.get(instance_id)
+            if known is None:
+                return UNKNOWN_MEMBER_ID
+            if member_id and member_id != known:
+                return FENCED_INSTANCE_ID
+            member_id = known
+        if member_id in group.pending:
+            del group.pending[member_id]
+            self._maybe_complete_join(group, now)
+            return NONE
+        member = group.members.get(member_id)
+        if member is None:
+            return UNKNOWN_MEMBER_ID
+        log.info("group %r: member %s left", group.group_id, member_id)
+        self._remove_member_and_rebalance(group, member, now)
+        return NONE
+
+    # --- OffsetCommit, OffsetFetch --------------------------------------------------------------------
+
+    def offset_commit(self, header, request):
+        version = header.api_version
+        Topic, Partition = messages.OffsetCommitResponse.OffsetCommitResponseTopic, \
+            messages.OffsetCommitResponse.OffsetCommitResponsePartition
+        response = messages.OffsetCommitResponse(throttle_time_ms=0, topics=[])
+        with self._lock:
+            error = self._check_commit(request, version)
+            now_ms = _now_ms()
+            retention = request.retention_time_ms if 2 <= version <= 4 else -1
+            entries, accepted, results = [], [], []
+            for topic in request.topics:
+                topic_result = Topic(name=topic.name, partitions=[])
+                response.topics.append(topic_result)
+                for p in topic.partitions:
+                    result = Partition(partition_index=p.partition_index, error_code=error)
+                    topic_result.partitions.append(result)
+                    if error:
+                        continue
+                    if p.committed_metadata is not None and \
+                            len(p.committed_metadata.encode()) > self.config.offset_metadata_max_bytes:
+                        result.error_code = OFFSET_METADATA_TOO_LARGE
+                        continue
+                    if self.logs.get_partition(topic.name, p.partition_index) is None:
+                        result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                        continue
+                    commit_ts = p.commit_timestamp if version == 1 and p.commit_timestamp >= 0 else now_ms
+                    expire_ts = -1
+                    if version == 1 and p.commit_timestamp >= 0:
+                        expire_ts = p.commit_timestamp + self.config.offsets_retention_minutes * 60_000
+                    elif retention >= 0:
+                        expire_ts = commit_ts + retention
+                    offset = OffsetAndMetadata(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1,
+                                               p.committed_metadata or "", commit_ts, expire_ts)
+                    entries.append((offset_commit_key(request.group_id, topic.name, p.partition_index),
+                                    offset_commit_value(offset)))
+                    accepted.append(((topic.name, p.partition_index), offset))
+                    results.append(result)
+            if entries:
+                stored = self._append(request.group_id, entries)
+                if stored:
+                    for result in results:
+                        result.error_code = stored
+                else:
+                    group = self.groups.get(request.group_id)
+                    if group is None:       # a group that only commits (generation -1, no member id)
+                        group = self.groups[request.group_id] = Group(request.group_id, now_ms)
+                    group.offsets.update(accepted)
+        return response
+
+    def _check_commit(self, request, version):
+        if self._closed:
+            return COORDINATOR_NOT_AVAILABLE
+        if not request.group_id:
+            return INVALID_GROUP_ID
+        group = self.groups.get(request.group_id)
+        generation = request.generation_id_or_member_epoch if version >= 1 else -1
+        member_id = request.member_id if version >= 1 else ""
+        if group is None:
+            return NONE if generation < 0 else ILLEGAL_GENERATION
+        if group.state == DEAD:
+            return COORDINATOR_NOT_AVAILABLE
+        if generation < 0 and group.state == EMPTY:
+            return NONE
+        error = self._check_member(group, member_id, request.group_instance_id if version >= 7 else None)
+        if error:
+            return error
+        if generation != group.generation:
+            return ILLEGAL_GENERATION
+        if group.state == COMPLETING:
+            return REBALANCE_IN_PROGRESS
+        member = group.members[member_id]
+        member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
+        return NONE
+
+    def offset_fetch(self, header, request):
+        version = header.api_version
+        Response = messages.OffsetFetchResponse
+        with self._lock:
+            if version < 8:
+                topics = self._fetch_offsets(request.group_id, request.topics, version)
+                return Response(throttle_time_ms=0, error_code=self._fetch_error(), topics=[
+                    Response.OffsetFetchResponseTopic(name=name, partitions=[
+                        Response.OffsetFetchResponsePartition(**fields) for fields in partitions])
+                    for name, partitions in topics])
+            groups = []
+            for wanted in request.groups:
+                topics = self._fetch_offsets(wanted.group_id, wanted.topics, version)
+                groups.append(Response.OffsetFetchResponseGroup(
+                    group_id=wanted.group_id, error_code=self._fetch_error(),
+                    topics=[Response.OffsetFetchResponseTopics(name=name, partitions=[
+                        Response.OffsetFetchResponsePartitions(**fields) for fields in partitions])
+                        for name, partitions in topics]))
+            return Response(throttle_time_ms=0, groups=groups)
+
+    def _fetch_error(self):
+        return COORDINATOR_NOT_AVAILABLE if self._closed else NONE
+
+    def _fetch_offsets(self, group_id, topics, version):
+        """``[(topic, [partition fields])]``: the asked partitions, or every committed one (topics null)."""
+        group = self.groups.get(group_id)
+        offsets = group.offsets if group is not None else {}
+        if topics is None:
+            wanted = {}
+            for topic, partition in sorted(offsets):
+                wanted.setdefault(topic, []).append(partition)
+            wanted = wanted.items()
+        else:
+            wanted = [(t.name, t.partition_indexes) for t in topics]
+        result = []
+        for topic, partitions in wanted:
+            fields = []
+            for partition in partitions:
+                found = offsets.get((topic, partition))
+                fields.append({"partition_index": partition, "error_code": NONE,
+                               "committed_offset": found.offset if found else -1,
+                               "committed_leader_epoch": found.leader_epoch if found else -1,
+                               "metadata": found.metadata if found else ""})
+            result.append((topic, fields))
+        return result
+
+    # --- ListGroups, DescribeGroups -------------------------------------------------------------------
+
+    def list_groups(self, header, request):
+        version = header.api_version
+        states = {s.lower() for s in request.states_filter} if version >= 4 else set()
+        types = {t.lower() for t in request.types_filter} if version >= 5 else set()
+        Listed = messages.ListGroupsResponse.ListedGroup
+        with self._lock:
+            listed = [Listed(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=g.state,
+                             group_type="classic")
+                      for g in self.groups.values()
+                      if g.state != DEAD and (not states or g.state.lower() in states)
+                      and (not types or "classic" in types)]
+        return messages.ListGroupsResponse(throttle_time_ms=0, error_code=NONE, groups=listed)
+
+    def describe_groups(self, header, request):
+        Described = messages.DescribeGroupsResponse.DescribedGroup
+        Member_ = messages.DescribeGroupsResponse.DescribedGroupMember
+        described = []
+        with self._lock:
+            for group_id in request.groups:
+                group = self.groups.get(group_id)
+                if group is None:
+                    described.append(Described(error_code=NONE, group_id=group_id, group_state=DEAD, protocol_type="",
+                                               protocol_data="", members=[]))
+                    continue
+                stable = group.state == STABLE
+                described.append(Described(
+                    error_code=NONE, group_id=group_id, group_state=group.state,
+                    protocol_type=group.protocol_type or "", protocol_data=group.protocol or "" if stable else "",
+                    members=[Member_(member_id=m.member_id, group_instance_id=m.group_instance_id,
+                                     client_id=m.client_id, client_host=m.client_host,
+                                     member_metadata=bytes(m.metadata(group.protocol)) if stable else b"",
+                                     member_assignment=bytes(m.assignment) if stable else b"")
+                             for m in group.members.values()]))
+        return messages.DescribeGroupsResponse(throttle_time_ms=0, groups=described)
+
+    # --- offset expiry and compaction -----------------------------------------------------------------
+
+    def expire_offsets(self, now_ms=None):
+        """Kafka's ``cleanupGroupMetadata``: offsets past their retention become tombstones; an empty
+        group without offsets is removed (a group tombstone). Then partitions that grew too large are
+        rewritten with their live records. Returns the number of offsets expired."""
+        now_ms = _now_ms() if now_ms is None else now_ms
+        retention_ms = self.config.offsets_retention_minutes * 60_000
+        expired_total = 0
+        with self._lock:
+            for group in list(self.groups.values()):
+                if group.state != EMPTY:
+                    continue                    # a group with members keeps its offsets
+                expired = []
+                for key, offset in group.offsets.items():
+                    if offset.expire_timestamp >= 0:
+                        due = offset.expire_timestamp
+                    elif group.protocol_type is not None:
+                        due = group.state_timestamp + retention_ms
+                    else:
+                        due = offset.commit_timestamp + retention_ms
+                    if now_ms >= due:
+                        expired.append(key)
+                entries = [(offset_commit_key(group.group_id, t, p), None) for t, p in expired]
+                dead = len(expired) == len(group.offsets) and not group.members
+                if dead:
+                    entries.append((group_metadata_key(group.group_id), None))
+                if entries and self._append(group.group_id, entries) == NONE:
+                    for key in expired:
+                        del group.offsets[key]
+                    expired_total += len(expired)
+                    if dead:
+                        group.set_state(DEAD, now_ms)
+                        del self.groups[group.group_id]
+            self.compact()
+        return expired_total
+
+    def _live_entries(self, index, count):
+        entries = []
+        for group in self.groups.values():
+            if partition_for(group.group_id, count) != index:
+                continue
+            entries.extend((offset_commit_key(group.group_id, t, p), offset_commit_value(o))
+                           for (t, p), o in group.offsets.items())
+            if group.protocol_type is not None:
+                entries.append((group_metadata_key(group.group_id), group_metadata_value(group.record())))
+        return entries
+
+    def compact(self):
+        """Rewrite each ``__consumer_offsets`` partition larger than ``offsets.topic.segment.bytes`` and
+        twice its live records: the live records are appended, a segment rolled, the older ones deleted."""
+        info = self.logs.topics().get(OFFSETS_TOPIC)
+        if info is None:
+            return 0
+        rewritten = 0
+        with self._lock:
+            for index in range(info.partitions):
+                partition_log = self.logs.get_partition(OFFSETS_TOPIC, index)
+                size = partition_log.size_in_bytes
+                if size <= self.config.offsets_topic_segment_bytes:
+                    continue
+                now_ms = _now_ms()
+                entries = self._live_entries(index, info.partitions)
+                batches = [build_records([{"key": k, "value": v, "timestamp": now_ms}
+                                          for k, v in entries[i:i + COMPACT_BATCH_RECORDS]])
+                           for i in range(0, len(entries), COMPACT_BATCH_RECORDS)]
+                if 2 * sum(len(b) for b in batches) >= size:
+                    continue
+                partition_log.roll()
+                start = partition_log.log_end_offset
+                if any(partition_log.append(b, origin=COORDINATOR).error_code for b in batches):
+                    continue                    # the old records stay: nothing is lost
+                partition_log.delete_segments_before(start)
+                rewritten += 1
+        return rewritten

@@ -1,0 +1,358 @@
+"""The group coordinator's state machine driven directly (requests decoded as the broker would hand
+them over): Kafka's error codes for wrong generations and members, a SyncGroup from a non-leader,
+JoinGroup storms, session expiry without requests, static membership, the initial rebalance delay,
+and committed offsets as Kafka's ``__consumer_offsets`` records (layout, expiry, compaction, reload)."""
+import struct
+import threading
+import time
+import tracemalloc
+
+import pytest
+
+from kmem.broker import LogManager
+from kmem.broker.coordinator import GroupConfig, GroupCoordinator
+from kmem.broker.offsets import OFFSETS_TOPIC, java_string_hash, partition_for
+from kmem.protocol import ApiKey, RequestHeader, messages
+from kmem.records import FileRecords, log_segments
+
+NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_LOAD_IN_PROGRESS = 0, 3, 14
+ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS = 22, 25, 27
+INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, FENCED_INSTANCE_ID = 26, 79, 82
+INCONSISTENT_GROUP_PROTOCOL = 23
+J = messages.JoinGroupRequest
+
+
+@pytest.fixture
+def logs(tmp_path):
+    with LogManager(tmp_path) as manager:
+        manager.create_topic("t", 4)
+        yield manager
+
+
+def coordinator(logs, max_waiting=None, **settings):
+    config = GroupConfig(**{"initial_rebalance_delay_ms": 0, "offsets_topic_partitions": 3, **settings})
+    return GroupCoordinator(logs, config, max_waiting=max_waiting)
+
+
+def header(api_key, version, client_id="c"):
+    return RequestHeader(api_key, version, 1, client_id)
+
+
+def join_request(member_id="", instance_id=None, protocols=(("range", b"sub"),), session_ms=6000, rebalance_ms=2000):
+    return J(group_id="g", session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms, member_id=member_id,
+             group_instance_id=instance_id, protocol_type="consumer", reason=None,
+             protocols=[J.JoinGroupRequestProtocol(name=n, metadata=m) for n, m in protocols])
+
+
+def join(coord, version=7, **kwargs):
+    return coord.join_group(header(ApiKey.JOIN_GROUP, version), join_request(**kwargs))
+
+
+def join_new_member(coord, **kwargs):
+    """KIP-394: the id first, then the real join."""
+    first = join(coord, **kwargs)
+    assert first.error_code == MEMBER_ID_REQUIRED
+    return join(coord, member_id=first.member_id, **kwargs)
+
+
+def join_async(coord, **kwargs):
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("response", join(coord, **kwargs)))
+    thread.start()
+    return thread, result
+
+
+def sync(coord, member_id, generation, assignments=(), instance_id=None, version=5):
+    S = messages.SyncGroupRequest
+    request = S(group_id="g", generation_id=generation, member_id=member_id, group_instance_id=instance_id,
+                protocol_type="consumer", protocol_name="range",
+                assignments=[S.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in assignments])
+    return coord.sync_group(header(ApiKey.SYNC_GROUP, version), request)
+
+
+def heartbeat(coord, member_id, generation, instance_id=None):
+    request = messages.HeartbeatRequest(group_id="g", generation_id=generation, member_id=member_id,
+                                        group_instance_id=instance_id)
+    return coord.heartbeat(header(ApiKey.HEARTBEAT, 4), request).error_code
+
+
+def commit(coord, offsets, member_id="", generation=-1, version=8, group="g"):
+    R = messages.OffsetCommitRequest
+    topics = {}
+    for (topic, partition), offset in offsets.items():
+        topics.setdefault(topic, []).append(R.OffsetCommitRequestPartition(
+            partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="m"))
+    request = R(group_id=group, generation_id_or_member_epoch=generation, member_id=member_id,
+                group_instance_id=None, retention_time_ms=-1,
+                topics=[R.OffsetCommitRequestTopic(name=t, partitions=p) for t, p in topics.items()])
+    response = coord.offset_commit(header(ApiKey.OFFSET_COMMIT, version), request)
+    return {(t.name, p.partition_index): p.error_code for t in response.topics for p in t.partitions}
+
+
+def fetch(coord, group="g"):
+    request = messages.OffsetFetchRequest(group_id=group, topics=None, require_stable=False)
+    response = coord.offset_fetch(header(ApiKey.OFFSET_FETCH, 7), request)
+    return {(t.name, p.partition_index): p.committed_offset for t in response.topics for p in t.partitions}
+
+
+def stable_pair(coord):
+    """Two members, generation 2, the first leads and assigned; returns (leader id, follower id)."""
+    leader = join_new_member(coord)
+    assert leader.error_code == NONE and leader.generation_id == 1
+    assert sync(coord, leader.member_id, 1, [(leader.member_id, b"all")]).assignment == b"all"
+    thread, result = join_async(coord)            # a newcomer: MEMBER_ID_REQUIRED first
+    thread.join(10)
+    follower_id = result["response"].member_id
+    thread, result = join_async(coord, member_id=follower_id)
+    assert _wait(lambda: heartbeat(coord, leader.member_id, 1) == REBALANCE_IN_PROGRESS)
+    again = join(coord, member_id=leader.member_id)
+    thread.join(10)
+    assert again.generation_id == result["response"].generation_id == 2
+    assert again.leader == leader.member_id and len(again.members) == 2 and result["response"].members == []
+    return leader.member_id, follower_id
+
+
+def _wait(condition, timeout=10):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_wrong_generation_member_or_group_get_kafkas_errors(logs):
+    coord = coordinator(logs)
+    try:
+        leader, follower = stable_pair(coord)
+        assert heartbeat(coord, "nobody", 2) == UNKNOWN_MEMBER_ID
+        assert coord.heartbeat(header(ApiKey.HEARTBEAT, 0), messages.HeartbeatRequest(
+            group_id="other", generation_id=1, member_id=leader)).error_code == UNKNOWN_MEMBER_ID
+        assert sync(coord, follower, 1).error_code == ILLEGAL_GENERATION
+        assert sync(coord, "nobody", 2).error_code == UNKNOWN_MEMBER_ID
+        assert commit(coord, {("t", 0): 5}, leader, 1) == {("t", 0): ILLEGAL_GENERATION}
+        assert commit(coord, {("t", 0): 5}, "nobody", 2) == {("t", 0): UNKNOWN_MEMBER_ID}
+        assert commit(coord, {("t", 0): 5}, follower, 2) == {("t", 0): REBALANCE_IN_PROGRESS}   # not synced yet
+        assert join(coord, session_ms=10).error_code == INVALID_SESSION_TIMEOUT
+        assert join(coord, protocols=(("other", b""),)).error_code == INCONSISTENT_GROUP_PROTOCOL
+    finally:
+        coord.close()
+
+
+def test_only_the_leaders_assignment_counts(logs):
+    coord = coordinator(logs)
+    try:
+        leader, follower = stable_pair(coord)
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault(
+            "follower", sync(coord, follower, 2, [(follower, b"mine"), (leader, b"nothing")])))
+        thread.start()
+        assert _wait(lambda: coord.groups["g"].members[follower].sync_reply is not None)
+        assert "follower" not in result                          # it waits for the leader
+        assert sync(coord, leader, 2, [(leader, b"L"), (follower, b"F")]).assignment == b"L"
+        thread.join(10)
+        assert result["follower"].error_code == NONE and result["follower"].assignment == b"F"
+        assert heartbeat(coord, follower, 2) == NONE
+        assert commit(coord, {("t", 1): 7, ("missing", 0): 1}, follower, 2) == {
+            ("t", 1): NONE, ("missing", 0): UNKNOWN_TOPIC_OR_PARTITION}
+        assert fetch(coord) == {("t", 1): 7}
+    finally:
+        coord.close()
+
+
+def test_session_expiry_rebalances_without_any_request(logs):
+    coord = coordinator(logs)
+    try:
+        leader, follower = stable_pair(coord)
+        sync_thread = threading.Thread(target=sync, args=(coord, follower, 2))
+        sync_thread.start()
+        assert sync(coord, leader, 2, [(leader, b"L"), (follower, b"F")]).error_code == NONE
+        sync_thread.join(10)
+        # the follower goes silent; the leader keeps heartbeating; the timer thread removes the follower
+        assert _wait(lambda: heartbeat(coord, leader, 2) == REBALANCE_IN_PROGRESS, timeout=9)
+        group = coord.groups["g"]
+        assert follower not in group.members
+        again = join(coord, member_id=leader)
+        assert again.generation_id == 3 and [m.member_id for m in again.members] == [leader]
+    finally:
+        coord.close()
+
+
+def test_member_ids_handed_out_by_a_join_storm_expire(logs):
+    coord = coordinator(logs)
+    try:
+        def storm(count):
+            assert all(join(coord).error_code == MEMBER_ID_REQUIRED for _ in range(count))
+            assert len(coord.groups["g"].pending) == count
+            coord.tick(time.monotonic() + 7)                      # one session timeout later
+            assert "g" not in coord.groups                        # it never had a generation
+
+        storm(100)                                                # warm-up: the group and its topic exist
+        tracemalloc.start()
+        before = tracemalloc.take_snapshot()
+        storm(5000)
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown = sum(s.size_diff for s in after.compare_to(before, "filename"))
+        assert grown < 64 * 1024                                  # 5000 pending ids hold ~1 MB while pending
+        assert join_new_member(coord).generation_id == 1          # the group still works
+    finally:
+        coord.close()
+
+
+def test_a_join_storm_over_many_group_ids_leaves_nothing_behind(logs):
+    coord = coordinator(logs)
+    try:
+        for i in range(1000):
+            request = join_request()
+            request.group_id = f"storm-{i}"
+            assert coord.join_group(header(ApiKey.JOIN_GROUP, 7), request).error_code == MEMBER_ID_REQUIRED
+        assert len(coord.groups) == 1000
+        coord.tick(time.monotonic() + 7)
+        assert coord.groups == {}
+    finally:
+        coord.close()
+
+
+def test_waiting_joins_never_take_every_handler_thread(logs):
+    coord = coordinator(logs, max_waiting=3, initial_rebalance_delay_ms=1000)
+    try:
+        joins = [join_async(coord, version=3) for _ in range(3)]     # v3: no member id round-trip
+        assert _wait(lambda: coord._waiting == 3)
+        assert join(coord, version=3).error_code == COORDINATOR_LOAD_IN_PROGRESS   # retriable
+        for thread, _ in joins:
+            thread.join(10)
+        answered = [result["response"] for _, result in joins]
+        assert [r.error_code for r in answered] == [NONE] * 3 and {r.generation_id for r in answered} == {1}
+        assert coord._waiting == 0
+    finally:
+        coord.close()
+
+
+def test_static_member_rejoining_fences_its_old_id(logs):
+    coord = coordinator(logs)
+    try:
+        first = join(coord, instance_id="app-1")                  # static members skip MEMBER_ID_REQUIRED
+        assert first.error_code == NONE and first.member_id.startswith("app-1-")
+        assert sync(coord, first.member_id, 1, [(first.member_id, b"A")], instance_id="app-1").assignment == b"A"
+        second = join(coord, instance_id="app-1")                 # restarted without its member id
+        assert second.error_code == NONE and second.member_id != first.member_id
+        assert heartbeat(coord, first.member_id, second.generation_id, "app-1") == FENCED_INSTANCE_ID
+    finally:
+        coord.close()
+
+
+def test_initial_rebalance_delay_gathers_members(logs):
+    coord = coordinator(logs, initial_rebalance_delay_ms=400)
+    try:
+        started = time.monotonic()
+        a = join(coord)
+        thread_a, result_a = join_async(coord, member_id=a.member_id)
+        b = join(coord)
+        thread_b, result_b = join_async(coord, member_id=b.member_id)
+        thread_a.join(10)
+        thread_b.join(10)
+        assert time.monotonic() - started >= 0.4
+        assert result_a["response"].generation_id == result_b["response"].generation_id == 1
+        assert len(result_a["response"].members) == 2           # one generation for both
+    finally:
+        coord.close()
+
+
+def stored_records(log_dir, partition):
+    records = []
+    for _, path in log_segments(str(log_dir / f"{OFFSETS_TOPIC}-{partition}")):
+        with FileRecords(path) as file:
+            records.extend((r.key, r.value) for b in file.batches() for r in b)
+    return records
+
+
+def test_offsets_are_kafka_records_in_consumer_offsets(logs, tmp_path):
+    assert java_string_hash("hello") == 99162322 and java_string_hash("Aa") == java_string_hash("BB") == 2112
+    assert partition_for("polygenelubricants", 50) == 0            # hashCode is Integer.MIN_VALUE
+    coord = coordinator(logs)
+    try:
+        assert commit(coord, {("t", 2): 42}) == {("t", 2): NONE}   # a group that only commits
+    finally:
+        coord.close()
+    key, value = stored_records(tmp_path, partition_for("g", 3))[-1]
+    assert key == struct.pack(">hh1sh1si", 1, 1, b"g", 1, b"t", 2)
+    version, offset, epoch, size = struct.unpack_from(">hqih", value)
+    assert (version, offset, epoch, value[16:16 + size]) == (3, 42, -1, b"m")
+    assert abs(struct.unpack_from(">q", value, 16 + size)[0] - time.time() * 1000) < 60_000
+    assert len(value) == 16 + size + 8
+
+
+def test_offsets_and_generation_survive_a_restart(tmp_path):
+    from kmem.broker import BrokerConfig
+    with LogManager(tmp_path, BrokerConfig(log_retention_bytes=1, log_retention_ms=1)) as logs:
+        logs.create_topic("t", 4)
+        coord = coordinator(logs, offsets_topic_segment_bytes=400)       # a segment every few commits
+        leader = join_new_member(coord)
+        sync(coord, leader.member_id, 1, [(leader.member_id, b"A")])
+        for offset in range(5):
+            assert commit(coord, {("t", 0): offset}, leader.member_id, 1) == {("t", 0): NONE}
+        assert commit(coord, {("t", 0): 10, ("t", 3): 30}, leader.member_id, 1) == {("t", 0): NONE, ("t", 3): NONE}
+        logs.maintain(int(time.time() * 1000) + 86_400_000)    # the broker's retention leaves the topic alone
+        coord.close()
+    with LogManager(tmp_path) as logs:
+        coord = coordinator(logs)
+        try:
+            assert fetch(coord) == {("t", 0): 10, ("t", 3): 30}
+            group = coord.groups["g"]
+            assert group.state == "Stable" and group.generation == 1 and list(group.members) == [leader.member_id]
+            assert heartbeat(coord, leader.member_id, 1) == NONE           # the member carries on
+            assert sync(coord, leader.member_id, 1).assignment == b"A"
+        finally:
+            coord.close()
+
+
+def test_expired_offsets_become_tombstones_and_the_group_goes(tmp_path):
+    with LogManager(tmp_path) as logs:
+        logs.create_topic("t", 4)
+        coord = coordinator(logs, offsets_retention_minutes=1)
+        commit(coord, {("t", 0): 10})
+        assert coord.expire_offsets() == 0
+        assert coord.expire_offsets(int(time.time() * 1000) + 61_000) == 1
+        assert "g" not in coord.groups and fetch(coord) == {}
+        coord.close()
+        key, value = stored_records(tmp_path, partition_for("g", 3))[-1]
+        assert value is None and key == struct.pack(">hh1s", 2, 1, b"g")   # the group's tombstone last
+    with LogManager(tmp_path) as logs:
+        coord = coordinator(logs)
+        try:
+            assert "g" not in coord.groups and fetch(coord) == {}
+        finally:
+            coord.close()
+
+
+def test_compaction_keeps_the_offsets_topic_bounded(tmp_path):
+    with LogManager(tmp_path) as logs:
+        logs.create_topic("t", 4)
+        coord = coordinator(logs, offsets_topic_segment_bytes=4096)
+        commit(coord, {("t", 0): 0})
+        partition = logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
+        sizes = []
+        for i in range(400):
+            commit(coord, {("t", 0): i, ("t", 1): 2 * i})
+            if i % 100 == 99:
+                sizes.append(partition.size_in_bytes)
+                assert coord.compact() == 1
+                assert partition.size_in_bytes < 512          # one batch of the two live offsets
+        assert min(sizes) > 4096 and len(partition.segments) <= 2
+        coord.close()
+    with LogManager(tmp_path) as logs:
+        coord = coordinator(logs)
+        try:
+            assert fetch(coord) == {("t", 0): 399, ("t", 1): 798}
+        finally:
+            coord.close()
+
+
+@pytest.mark.parametrize("name, value", [("offsets.topic.num.partitions", 0), ("group.max.size", "many"),
+                                         ("group.initial.rebalance.delay.ms", -1)])
+def test_bad_group_settings_raise_config_error_naming_them(tmp_path, name, value):
+    from kmem.broker import Broker
+    from kmem.errors import ConfigError
+    with pytest.raises(ConfigError, match=name):
+        Broker(tmp_path, properties={name: value})
