@@ -813,6 +813,15 @@ def test_read_many_applies_expiry_and_reads_unsorted_kafka_files(tmp_path):
             ledger.read_many(["x"])
 
 
+def test_read_many_expires_timestamps_near_int64_min_as_read_does(tmp_path):
+    # now - timestamp overflows int64 for such a timestamp: it must still read as expired
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), producer_id_expiration_ms=2**62) as ledger:
+        ledger.update(entry(1, timestamp=-2**63 + 10))
+        ledger.update(entry(2, timestamp=NOW))
+        found, _ = ledger.read_many([1, 2])
+        assert found.tolist() == [False, True] == [ledger.read(p) is not None for p in (1, 2)]
+
+
 def test_update_many_checks_the_whole_batch_first(tmp_path):
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
         array = entries_of([1, 2, 3], [5, -2, 7], [0, 0, 0])

@@ -417,8 +417,10 @@ class PidLedger:
                 break
             take(missing[bloom.contains_many(pids[missing])], snapshot.find_many)
         out = kafka_view_array(out)
-        expired = (out["current_txn_first_offset"] < 0) & (self._clock_ms() - out["timestamp"] >= self.expiration_ms)
-        found &= ~expired
+        # expired() as timestamp <= now - expiration: now - timestamp would overflow int64 in numpy
+        threshold = self._clock_ms() - self.expiration_ms
+        if threshold >= np.iinfo(np.int64).min:
+            found &= ~((out["current_txn_first_offset"] < 0) & (out["timestamp"] <= threshold))
         out[~found] = 0
         return found, out
 
