@@ -1,22 +1,18 @@
-"""kmem.consumer in assign mode against ``kmem broker`` (kmem.broker.Broker), written by kafka-python:
-every record once and in order, every codec, the KIP-81 bound with a backlog over 16 partitions.
-Group features need a group coordinator, which kmem broker does not serve: they are tested against
-librdkafka's mock cluster (test_consumer_group.py)."""
+"""kmem.consumer against ``kmem broker`` (kmem.broker.Broker), written by kafka-python: every record once
+and in order, every codec, the KIP-81 bound with a backlog over 16 partitions, and a group whose
+committed offsets a second member resumes from."""
 import time
 
 import kafka
 import pytest
 
+from kmem.broker import Broker
 from kmem.consumer import Consumer
-
-broker_module = pytest.importorskip("kmem.broker")
-if not hasattr(broker_module, "Broker"):
-    pytest.skip("kmem.broker.Broker is not in this tree", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    with broker_module.Broker(str(tmp_path_factory.mktemp("logs")), port=0, num_partitions=16) as running:
+    with Broker(str(tmp_path_factory.mktemp("logs")), port=0, num_partitions=16) as running:
         yield running
 
 
@@ -70,3 +66,23 @@ def test_pool_bound_on_a_backlog(broker):
     assert len({(r.partition, r.offset) for r in records}) == len(records) == total
     assert buffer_memory // 2 <= peak <= buffer_memory + (256 << 10) + (64 << 10)
     assert consumer.pool.outstanding_bytes == 0
+
+
+def test_group_members_resume_at_the_committed_offsets(broker):
+    topic, total = "grouped", 600
+    produce(broker, topic, [b"g%d" % i for i in range(total)], 16)
+    settings = dict(group_id="kmem-group", auto_offset_reset="earliest", enable_auto_commit=False,
+                    buffer_memory=1 << 20, fetch_max_bytes=512 << 10, max_poll_records=50)
+    with Consumer(broker.bootstrap_servers, **settings) as first:
+        first.subscribe([topic])
+        head = consume(first, 200)
+        first.commit()
+        committed = {tp: first.position(tp) for tp in {(r.topic, r.partition) for r in head}}
+    with Consumer(broker.bootstrap_servers, **settings) as second:
+        second.subscribe([topic])
+        rest = consume(second, total - sum(committed.values()))
+        assert second.poll(200) == []
+    # the second member starts exactly where the first committed: nothing read twice, nothing skipped
+    seen = [(r.partition, r.offset) for r in head if r.offset < committed[(r.topic, r.partition)]]
+    seen += [(r.partition, r.offset) for r in rest]
+    assert sorted(seen) == sorted((i % 16, i // 16) for i in range(total))
