@@ -224,11 +224,9 @@ BUILDERS = {
 
 
 @pytest.mark.parametrize("builder", sorted(BUILDERS))
-@pytest.mark.parametrize("magic", [0, 1, 2])
-@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("magic, codec", [(magic, codec) for magic in (0, 1, 2) for codec in CODECS
+                                          if codec != "zstd" or magic == 2])     # zstd exists only in magic 2
 def test_round_trip_every_magic_and_codec(manager, builder, magic, codec):
-    if codec == "zstd" and magic < 2:
-        pytest.skip("zstd exists only in magic 2")
     if builder == "aiokafka" and magic == 0 and codec == "lz4":
         pytest.skip("aiokafka refuses to write lz4 for magic 0")
     manager.create_topic("t")
