@@ -671,11 +671,10 @@ class GroupCoordinator:
             return COORDINATOR_NOT_AVAILABLE
         if group is None or group.state == DEAD:
             return UNKNOWN_MEMBER_ID
-        error = self._check_member(group, request.member_id, request.group_instance_id if version >= 3 else None)
+        error = self._check_generation(group, request.member_id, request.group_instance_id if version >= 3 else None,
+                                       request.generation_id)
         if error:
             return error
-        if request.generation_id != group.generation:
-            return ILLEGAL_GENERATION
         if version >= 5 and ((request.protocol_type is not None and request.protocol_type != group.protocol_type) or
                              (request.protocol_name is not None and request.protocol_name != group.protocol)):
             return INCONSISTENT_GROUP_PROTOCOL
@@ -712,6 +711,11 @@ class GroupCoordinator:
         return messages.SyncGroupResponse(throttle_time_ms=0, error_code=NONE, protocol_type=group.protocol_type,
                                           protocol_name=group.protocol, assignment=bytes(member.assignment))
 
+    def _check_generation(self, group, member_id, instance_id, generation_id):
+        """``_check_member``, then ILLEGAL_GENERATION for another generation than the group's."""
+        error = self._check_member(group, member_id, instance_id)
+        return error or (ILLEGAL_GENERATION if generation_id != group.generation else NONE)
+
     def _check_member(self, group, member_id, instance_id):
         """Kafka's member validation: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID or NONE."""
         if instance_id is not None:
@@ -735,11 +739,10 @@ class GroupCoordinator:
             return COORDINATOR_NOT_AVAILABLE
         if group is None or group.state in (EMPTY, DEAD):
             return UNKNOWN_MEMBER_ID
-        error = self._check_member(group, request.member_id, request.group_instance_id if version >= 3 else None)
+        error = self._check_generation(group, request.member_id, request.group_instance_id if version >= 3 else None,
+                                       request.generation_id)
         if error:
             return error
-        if request.generation_id != group.generation:
-            return ILLEGAL_GENERATION
         member = group.members[request.member_id]
         member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
         return REBALANCE_IN_PROGRESS if group.state == PREPARING else NONE
@@ -848,11 +851,10 @@ class GroupCoordinator:
             return COORDINATOR_NOT_AVAILABLE
         if generation < 0 and group.state == EMPTY:
             return NONE
-        error = self._check_member(group, member_id, request.group_instance_id if version >= 7 else None)
+        error = self._check_generation(group, member_id, request.group_instance_id if version >= 7 else None,
+                                       generation)
         if error:
             return error
-        if generation != group.generation:
-            return ILLEGAL_GENERATION
         if group.state == COMPLETING:
             return REBALANCE_IN_PROGRESS
         member = group.members[member_id]
