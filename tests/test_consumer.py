@@ -7,6 +7,7 @@ import confluent_kafka
 import pytest
 
 from consumer_fake_broker import FakeBroker
+from consumer_helpers import consume, read_slowly
 from kmem.consumer import Consumer, ConsumerRecord, KafkaError, OffsetOutOfRangeError, TopicPartition
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, InvalidArgumentError
 from kmem.records import build_control_batch, build_records
@@ -18,14 +19,6 @@ def cluster():
     mock = MockCluster()
     yield mock
     mock.close()
-
-
-def consume(consumer, count, timeout=30.0):
-    records = []
-    deadline = time.monotonic() + timeout
-    while len(records) < count and time.monotonic() < deadline:
-        records += consumer.poll(100)
-    return records
 
 
 def by_partition(records):
@@ -91,14 +84,7 @@ def test_pool_bound_and_fairness_with_64_partitions_and_a_slow_application(clust
                         fetch_max_bytes=fetch_max, max_partition_fetch_bytes=32 << 10, max_poll_records=50)
     consumer.assign([("backlog", p) for p in range(partitions)])
     total = partitions * per_partition
-    records, peak = [], 0
-    deadline = time.monotonic() + 60
-    while len(records) < total and time.monotonic() < deadline:
-        batch = consumer.poll(100)
-        records += batch
-        peak = max(peak, consumer.pool.outstanding_bytes)
-        if batch:
-            time.sleep(0.002)           # the application is slower than the network
+    records, peak = read_slowly(consumer, total)
     metrics = consumer.metrics()
     consumer.close()
     assert len(records) == total

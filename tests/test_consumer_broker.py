@@ -1,11 +1,10 @@
 """kmem.consumer against ``kmem broker`` (kmem.broker.Broker), written by kafka-python: every record once
 and in order, every codec, the KIP-81 bound with a backlog over 16 partitions, and a group whose
 committed offsets a second member resumes from."""
-import time
-
 import kafka
 import pytest
 
+from consumer_helpers import consume, read_slowly
 from kmem.broker import Broker
 from kmem.consumer import Consumer
 
@@ -22,13 +21,6 @@ def produce(broker, topic, values, partitions, **config):
         producer.send(topic, value, key=b"%d" % i, partition=i % partitions)
     producer.flush()
     producer.close()
-
-
-def consume(consumer, count, timeout=30.0):
-    records, deadline = [], time.monotonic() + timeout
-    while len(records) < count and time.monotonic() < deadline:
-        records += consumer.poll(100)
-    return records
 
 
 @pytest.mark.parametrize("codec", [None, "gzip", "lz4", "zstd"])
@@ -54,14 +46,7 @@ def test_pool_bound_on_a_backlog(broker):
     consumer = Consumer(broker.bootstrap_servers, auto_offset_reset="earliest", buffer_memory=buffer_memory,
                         fetch_max_bytes=256 << 10, max_poll_records=100)
     consumer.assign([(topic, p) for p in range(16)])
-    records, peak = [], 0
-    deadline = time.monotonic() + 60
-    while len(records) < total and time.monotonic() < deadline:
-        batch = consumer.poll(100)
-        records += batch
-        peak = max(peak, consumer.pool.outstanding_bytes)
-        if batch:
-            time.sleep(0.002)
+    records, peak = read_slowly(consumer, total)
     consumer.close()
     assert len({(r.partition, r.offset) for r in records}) == len(records) == total
     assert buffer_memory // 2 <= peak <= buffer_memory + (256 << 10) + (64 << 10)
