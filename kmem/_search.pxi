@@ -12,6 +12,11 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libc.string cimport memcpy
 from libc.errno cimport errno
 from posix.unistd cimport pread
+from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
+from cpython.pythread cimport (
+    NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
+    PyThread_release_lock, PyThread_type_lock,
+)
 
 cdef extern from "Python.h":
     PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)      # borrowed
@@ -39,6 +44,7 @@ cdef enum:
     LAST_SEQUENCE = 2
     LAST_OFFSET = 3
     OFFSET_DELTA = 4
+    TIMESTAMP = 5
     TXN_FIRST_OFFSET = 7
 
 
@@ -88,9 +94,8 @@ cdef inline int64_t load_be(const uint8_t* p, int size) noexcept nogil:
     return <int64_t>value
 
 
-cdef object producer_entry_at(const uint8_t* p, object cls):
-    """The entry at ``p`` as a ``cls`` (ProducerEntry) tuple, as Kafka reads it back (``kafka_view``)."""
-    cdef int64_t fields[8]
+cdef inline void row_fields(const uint8_t* p, int64_t* fields) noexcept nogil:
+    """The eight fields of the entry at ``p`` as Kafka reads them back (``kafka_view``)."""
     cdef int i
     for i in range(8):
         fields[i] = load_be(p + FIELD_AT[i], FIELD_SIZE[i])
@@ -100,8 +105,72 @@ cdef object producer_entry_at(const uint8_t* p, object cls):
         fields[OFFSET_DELTA] = 0
     if fields[TXN_FIRST_OFFSET] < -1:
         fields[TXN_FIRST_OFFSET] = -1
-    return tuple.__new__(cls, (fields[0], fields[1], fields[2], fields[3], fields[4], fields[5], fields[6],
-                               fields[7]))
+
+
+cdef extern from *:
+    """
+    /* An instance of ``cls`` (a tuple subclass such as a NamedTuple) holding the ints ``fields``, not
+       tracked by the garbage collector: a tuple of ints cannot be part of a cycle, and tracked ones made
+       every collection walk all the entries a caller keeps (CPython untracks exact tuples of atoms
+       itself, never subclasses). Allocated directly before Python 3.14; from 3.14, whose tuples cache
+       their hash in the object, through tuple.__new__, which resets that cache. */
+    static PyObject* kmem_entry_new(PyObject* cls, const int64_t* fields, Py_ssize_t n) {
+        PyObject* entry;
+        Py_ssize_t i;
+    #if PY_VERSION_HEX < 0x030E0000
+        entry = ((PyTypeObject*)cls)->tp_alloc((PyTypeObject*)cls, n);
+        if (entry == NULL)
+            return NULL;
+        if (PyObject_GC_IsTracked(entry))
+            PyObject_GC_UnTrack(entry);
+        for (i = 0; i < n; i++) {
+            PyObject* value = PyLong_FromLongLong(fields[i]);
+            if (value == NULL) {
+                Py_DECREF(entry);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(entry, i, value);
+        }
+    #else
+        PyObject* items = PyTuple_New(n);
+        PyObject* args;
+        if (items == NULL)
+            return NULL;
+        for (i = 0; i < n; i++) {
+            PyObject* value = PyLong_FromLongLong(fields[i]);
+            if (value == NULL) {
+                Py_DECREF(items);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(items, i, value);
+        }
+        args = PyTuple_Pack(1, items);
+        Py_DECREF(items);
+        if (args == NULL)
+            return NULL;
+        entry = PyTuple_Type.tp_new((PyTypeObject*)cls, args, NULL);
+        Py_DECREF(args);
+        if (entry != NULL && PyObject_GC_IsTracked(entry))
+            PyObject_GC_UnTrack(entry);
+    #endif
+        return entry;
+    }
+    """
+    object kmem_entry_new(object cls, const int64_t* fields, Py_ssize_t n)
+
+
+cdef object entry_of_fields(const int64_t* fields, object cls):
+    """``cls(*fields)`` for a tuple subclass ``cls`` (checked by the callers), cheaply: see kmem_entry_new."""
+    return kmem_entry_new(cls, fields, 8)
+
+
+cdef object producer_entry_at(const uint8_t* p, object cls):
+    """The entry at ``p`` as a ``cls`` (ProducerEntry) tuple, as Kafka reads it back (``kafka_view``)."""
+    if not isinstance(cls, type) or not issubclass(cls, tuple):
+        raise TypeError(f"cls must be a tuple class such as ProducerEntry, not {cls!r}")
+    cdef int64_t fields[8]
+    row_fields(p, fields)
+    return entry_of_fields(fields, cls)
 
 
 cdef enum:
@@ -112,30 +181,28 @@ cdef enum:
 DEF WINDOW = 16       # rows read around the interpolated position: 736 bytes, one or two pages
 
 
-def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, long long pid,
-                         cls):
-    """The entry of ``pid`` (a ``cls``, as ``producer_entry_at``) in a sorted snapshot file, or None: the fences
-    pick the stride, a binary search of what one ``pread`` brings. False if the file is shorter than
-    ``count`` entries (it shrank).
+cdef int sorted_find_row(int fd, Py_ssize_t count, const int64_t* fences, Py_ssize_t n_fences,
+                         Py_ssize_t stride, int64_t pid, uint8_t* out) except -1:
+    """Copy the row of ``pid`` in a sorted snapshot file into ``out`` (46 bytes): 1, or 0 if absent, 2 if
+    the file is shorter than ``count`` entries (it shrank). The fences pick the stride, one ``pread``
+    brings it (or the window around the interpolated row), a binary search finds the row.
 
     Between two fences ids are usually spread evenly (Kafka hands producer ids out in blocks), so the
     id's row is first guessed by interpolation and only ``WINDOW`` rows around it are read; when the id
     lies outside them, the whole stride is read. Reading 5.9 KB of a file larger than the CPU cache cost
     ~2 us; the window ~0.5 us."""
-    if stride < 1 or stride > MAX_STRIDE or fences.shape[0] != (count + stride - 1) // stride:
-        raise ValueError("fences do not match the entries")
-    if fences.shape[0] == 0:
-        return None
+    if n_fences == 0:
+        return 0
     cdef uint8_t block[MAX_STRIDE * ENTRY_SIZE]
     cdef Py_ssize_t fence, first, rows, start = 0, size = 0, got = 0, lo, hi, mid
     cdef int64_t found
     cdef bint windowed = False
     with nogil:
-        fence = last_fence_at_most(&fences[0], fences.shape[0], pid)
+        fence = last_fence_at_most(fences, n_fences, pid)
         if fence >= 0:
             first = fence * stride
             rows = min(stride, count - first)
-            if rows > 2 * WINDOW and fence + 1 < fences.shape[0]:
+            if rows > 2 * WINDOW and fence + 1 < n_fences:
                 # fences[fence] <= pid < fences[fence + 1], the id of row first + stride
                 start = <Py_ssize_t>((<double>pid - <double>fences[fence]) /
                                      (<double>fences[fence + 1] - <double>fences[fence]) * stride) - WINDOW // 2
@@ -148,22 +215,80 @@ def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py
                 start, size = 0, rows * ENTRY_SIZE
                 got = pread(fd, block, size, SNAPSHOT_HEADER + first * ENTRY_SIZE)
     if fence < 0:
-        return None
+        return 0
     if got < 0:
         raise OSError(errno, "pread of a snapshot failed")
     if got != size:
-        return False
+        return 2
     lo, hi = 0, size // ENTRY_SIZE
     while lo < hi:
         mid = lo + ((hi - lo) >> 1)
         found = row_pid(block, mid)
         if found == pid:
-            return producer_entry_at(block + mid * ENTRY_SIZE, cls)
+            memcpy(out, block + mid * ENTRY_SIZE, ENTRY_SIZE)
+            return 1
         if found < pid:
             lo = mid + 1
         else:
             hi = mid
-    return None
+    return 0
+
+
+cdef int check_fences(Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride) except -1:
+    if stride < 1 or stride > MAX_STRIDE or fences.shape[0] != (count + stride - 1) // stride:
+        raise ValueError("fences do not match the entries")
+    return 0
+
+
+def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, long long pid,
+                         cls):
+    """The entry of ``pid`` (a ``cls``, as ``producer_entry_at``) in a sorted snapshot file, or None; False
+    if the file is shorter than ``count`` entries (it shrank). See ``sorted_find_row``."""
+    check_fences(count, fences, stride)
+    cdef uint8_t row[ENTRY_SIZE]
+    cdef int got = sorted_find_row(fd, count, &fences[0] if fences.shape[0] else NULL, fences.shape[0], stride,
+                                   pid, row)
+    if got == 2:
+        return False
+    return producer_entry_at(row, cls) if got else None
+
+
+@cython.final
+cdef class SnapshotIndex:
+    """What the core needs to search one sorted snapshot file: its descriptor, count and fences (every
+    ``stride``-th id, in the heap). ``close`` makes later searches raise instead of reading whatever file
+    reuses the descriptor number."""
+    cdef int fd
+    cdef Py_ssize_t count, stride
+    cdef const int64_t[::1] fences
+    cdef readonly object path           # for messages
+
+    def __init__(self, int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, path):
+        check_fences(count, fences, stride)
+        self.fd, self.count, self.fences, self.stride, self.path = fd, count, fences, stride, path
+
+    cdef int find_row(self, int64_t pid, uint8_t* out) except -1:
+        """``sorted_find_row`` on this file."""
+        if self.fd < 0:
+            from kmem.errors import IllegalStateError
+            raise IllegalStateError("the snapshot is closed")
+        return sorted_find_row(self.fd, self.count, &self.fences[0] if self.fences.shape[0] else NULL,
+                               self.fences.shape[0], self.stride, pid, out)
+
+    def __repr__(self):
+        return f"SnapshotIndex({self.path!r}, {self.count} entries)"
+
+    def find(self, long long pid, cls):
+        """The entry of ``pid`` (a ``cls``, as ``producer_entry_at``), None if absent, False if the file
+        shrank."""
+        cdef uint8_t row[ENTRY_SIZE]
+        cdef int got = self.find_row(pid, row)
+        if got == 2:
+            return False
+        return producer_entry_at(row, cls) if got else None
+
+    def close(self):
+        self.fd = -1
 
 
 cdef inline Py_ssize_t last_fence_at_most(const int64_t* fences, Py_ssize_t n, int64_t pid) noexcept nogil:
@@ -268,13 +393,28 @@ def snapshot_fences(const uint8_t[::1] data, Py_ssize_t count, Py_ssize_t stride
     return out
 
 
+cdef inline uint64_t pid_slot(int64_t pid, uint64_t mask) noexcept nogil:
+    cdef uint64_t h1, h2
+    kmem_murmur3_pid(<uint64_t>pid, &h1, &h2)
+    return h1 & mask
+
+
+cdef uint32_t[::1] new_slots(Py_ssize_t max_rows):
+    """Empty slots for a table of up to ``max_rows`` rows: a power of two, at least twice as many."""
+    cdef uint64_t n = 16
+    while n < <uint64_t>(2 * max_rows):
+        n <<= 1
+    import numpy
+    return numpy.zeros(n, numpy.uint32)
+
+
 @cython.final
 cdef class RowTable:
     """Rows of an unsorted entry buffer by producer id: linear probing over 2^b slots of row + 1.
 
-    The table never grows: the caller sizes it at twice the most rows it will hold (the active file's
-    rows; a file that grows gets a new table), so probes stay short. Ids are read from the entries: the
-    buffer is bound once (``bind``) and the per-entry calls work on it.
+    The caller sizes it at twice the most rows it will hold (the active file's rows), so probes stay
+    short; binding a larger buffer (the file grew) rebuilds the slots for it. Ids are read from the
+    entries: the buffer is bound once (``bind``) and the per-entry calls work on it.
     """
     cdef uint32_t[::1] slots
     cdef uint64_t mask
@@ -285,23 +425,25 @@ cdef class RowTable:
     cdef Py_ssize_t limit              # put adds no row at or past this count (see set_limit)
 
     def __cinit__(self, Py_ssize_t max_rows):
-        cdef uint64_t n = 16
-        while n < <uint64_t>(2 * max_rows):
-            n <<= 1
-        import numpy
-        self.slots = numpy.zeros(n, numpy.uint32)
-        self.mask = n - 1
+        self.slots = new_slots(max_rows)
+        self.mask = self.slots.shape[0] - 1
         self.size = 0
 
     cdef inline uint64_t probe_start(self, int64_t pid) noexcept nogil:
-        cdef uint64_t h1, h2
-        kmem_murmur3_pid(<uint64_t>pid, &h1, &h2)
-        return h1 & self.mask
+        return pid_slot(pid, self.mask)
 
     def get(self, long long pid, cls):
         """The entry of ``pid`` in the bound buffer (a ``cls``, as ``producer_entry_at``), or None."""
+        cdef uint8_t row[ENTRY_SIZE]
+        return producer_entry_at(row, cls) if self.copy_row(pid, row) else None
+
+    cdef bint copy_row(self, int64_t pid, uint8_t* out) except -1:
+        """Copy the bound buffer's row of ``pid`` into ``out`` (46 bytes): True, or False if absent."""
         cdef Py_ssize_t row = self.find(pid)
-        return None if row < 0 else producer_entry_at(&self.bound[0] + SNAPSHOT_HEADER + row * ENTRY_SIZE, cls)
+        if row < 0:
+            return False
+        memcpy(out, &self.bound[0] + SNAPSHOT_HEADER + row * ENTRY_SIZE, ENTRY_SIZE)
+        return True
 
     cpdef Py_ssize_t find(self, long long pid) except -2:
         """The bound buffer's row holding ``pid``, or -1."""
@@ -367,15 +509,27 @@ cdef class RowTable:
     def bind(self, buffer, bint writable):
         """Keep ``data`` (the mapped file whose first ``size`` rows this table indexes) for ``find``,
         ``get``, ``find_many`` and, if ``writable``, ``put`` and ``put_many``, so those calls do not take
-        the buffer each time. ``unbind`` lets the mapping close."""
+        the buffer each time. A buffer with more rows than the slots were sized for (the file grew) gets
+        new slots, its first ``size`` rows indexed again; on failure nothing changed. ``unbind`` lets the
+        mapping close."""
         cdef const uint8_t[::1] data = buffer
         cdef uint8_t[::1] must_be_writable
         if writable:
             must_be_writable = buffer               # BufferError if it is not
         check_entries(data, self.size)
-        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE
+        cdef Py_ssize_t rows = (data.shape[0] - SNAPSHOT_HEADER) // ENTRY_SIZE, row
+        cdef uint32_t[::1] slots
+        cdef uint64_t mask, s
+        cdef const uint8_t* entries = &data[0] + SNAPSHOT_HEADER
         if <uint64_t>(2 * rows) > self.mask + 1:
-            raise ValueError("the row table is smaller than the entries")
+            slots = new_slots(rows)
+            mask = slots.shape[0] - 1
+            for row in range(self.size):            # ids known distinct: each takes the first free slot
+                s = pid_slot(row_pid(entries, row), mask)
+                while slots[s] != 0:
+                    s = (s + 1) & mask
+                slots[s] = <uint32_t>(row + 1)
+            self.slots, self.mask = slots, mask
         self.bound = data
         self.writable = writable
         self.rows = rows
@@ -401,6 +555,10 @@ cdef class RowTable:
         """Write ``entry`` (a ProducerEntry) into its row of the bound buffer, or a new row ``size`` (then
         the header's count becomes the new size, after the row is written). Returns the row; -1 if a new
         row is needed at the limit (``set_limit``); -2 if the entry must be refused (the caller says why)."""
+        return self.put_row(entry)
+
+    cdef Py_ssize_t put_row(self, entry) except -4:
+        """``put``."""
         self.check_bound(True)
         cdef int64_t fields[8]
         if entry_fields(entry, fields):
@@ -526,27 +684,232 @@ def snapshot_search_many(const uint8_t[::1] data, Py_ssize_t count, const int64_
     return found
 
 
-cdef class LockedUpdate:
-    """``PidLedger.update`` in one call: under ``lock``, ``owner._active.put_row(entry)`` (``-3`` when
-    ``owner._active`` is None); an entry stored as given (a ``cls`` with a batch: ``last_offset`` >= 0)
-    comes back as it is, anything else goes to ``decided(entry, row)``. A Python method would spend more
-    on its ``with`` block and frame than the core spends on the put."""
-    cdef object acquire, release, owner, cls, decided
+cdef extern from *:
+    bint sub_overflow "__builtin_sub_overflow"(int64_t a, int64_t b, int64_t* result) nogil
 
-    def __init__(self, lock, owner, cls, decided):
-        self.acquire, self.release = lock.acquire, lock.release
-        self.owner, self.cls, self.decided = owner, cls, decided
 
-    def __call__(self, entry):
+cdef int64_t wall_clock_ms() noexcept nogil:
+    """Milliseconds since the epoch, as ``time.time_ns() // 1_000_000``."""
+    cdef timespec now
+    clock_gettime(CLOCK_REALTIME, &now)
+    return <int64_t>now.tv_sec * 1000 + now.tv_nsec // 1000000
+
+
+@cython.final
+cdef class LedgerLock:
+    """A mutex the core takes without a Python call (``PyThread_type_lock``), usable from Python as a
+    ``threading.Lock`` (``acquire``, ``release``, ``with``). Taking it tries without waiting first and
+    waits only with the GIL released, so a thread holding it can always get the GIL to finish."""
+    cdef PyThread_type_lock handle
+    cdef bint held
+
+    def __cinit__(self):
+        self.handle = PyThread_allocate_lock()
+        if self.handle == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.handle != NULL:
+            PyThread_free_lock(self.handle)
+
+    cdef inline int take(self) except -1:
+        if not PyThread_acquire_lock(self.handle, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.handle, WAIT_LOCK)
+        self.held = True
+        return 0
+
+    cdef inline int give(self) except -1:
+        if not self.held:
+            from kmem.errors import IllegalStateError
+            raise IllegalStateError("release of a LedgerLock that is not held")
+        self.held = False
+        PyThread_release_lock(self.handle)
+        return 0
+
+    def acquire(self, bint blocking=True):
+        """Take the lock (``blocking=False``: only if free); whether it was taken."""
+        if blocking:
+            self.take()
+            return True
+        if not PyThread_acquire_lock(self.handle, NOWAIT_LOCK):
+            return False
+        self.held = True
+        return True
+
+    def release(self):
+        self.give()
+
+    def locked(self):
+        return self.held
+
+    def __enter__(self):
+        self.take()
+        return True
+
+    def __exit__(self, *exc):
+        self.give()
+        return False
+
+
+@cython.final
+cdef class ReadPath:
+    """What a read searches after the active file, replaced whole, never changed in place: the row
+    tables of active files being flushed (newest first), then each snapshot whose filter may hold the id
+    (newest first). A snapshot is a ``SnapshotIndex`` (sorted files), or any object whose ``find(pid)``
+    returns its entry or None (Kafka-ordered files)."""
+    cdef tuple sealing
+    cdef list filters, snapshots
+
+    def __init__(self, tuple sealing, list filters, list snapshots):
+        if len(filters) != len(snapshots):
+            raise ValueError("one filter per snapshot")
+        for table in sealing:
+            if not isinstance(table, RowTable):
+                raise TypeError(f"sealing holds RowTables, not {table!r}")
+        for bloom in filters:
+            if not isinstance(bloom, BloomBits):
+                raise TypeError(f"filters holds BloomBits, not {bloom!r}")
+        self.sealing, self.filters, self.snapshots = sealing, filters, snapshots
+
+    cdef bint find(self, int64_t pid, int64_t* fields, object cls) except -1:
+        """Fill ``fields`` (``kafka_view``) with the newest entry of ``pid`` here: True, or False."""
+        cdef uint8_t row[ENTRY_SIZE]
+        cdef int64_t idx[MAX_HASHES]
+        cdef int64_t m = 0
+        cdef int k = 0, got
+        cdef Py_ssize_t i
+        cdef BloomBits bloom
+        for table in self.sealing:
+            if (<RowTable>table).bound is None:
+                raise_closed()
+            if (<RowTable>table).copy_row(pid, row):
+                row_fields(row, fields)
+                return True
+        for i in range(len(self.filters)):
+            bloom = <BloomBits>self.filters[i]
+            bloom.check(False)
+            if bloom.m != m or bloom.k != k:        # another shape: other indices
+                m, k = bloom.m, bloom.k
+                pid_indices(<uint64_t>pid, m, k, idx)
+            if not test_indices(&bloom.view[0], idx, k):
+                continue
+            snapshot = self.snapshots[i]
+            if type(snapshot) is SnapshotIndex:
+                got = (<SnapshotIndex>snapshot).find_row(pid, row)
+                if got == 2:
+                    from kmem.errors import CorruptSnapshotError
+                    raise CorruptSnapshotError(f"{(<SnapshotIndex>snapshot).path}: snapshot shrank while in use")
+                if got:
+                    row_fields(row, fields)
+                    return True
+            else:
+                entry = snapshot.find(pid)
+                if entry is not None:
+                    if entry_fields(entry, fields):
+                        raise ValueError(f"{snapshot!r} found an entry that is not one: {entry!r}")
+                    return True
+        return False
+
+
+cdef int raise_closed() except -1:
+    from kmem.errors import IllegalStateError
+    raise IllegalStateError("the ledger is closed")
+
+
+@cython.final
+cdef class LedgerCore:
+    """``PidLedger.update`` and ``PidLedger.read`` in one call each, on what the ledger ``publish``es.
+
+    ``update(entry)``: under ``lock``, ``active.put`` (row ``-3`` when there is no active table: closed
+    or read-only); an entry stored as given (a ``cls`` with a batch: ``last_offset`` >= 0) comes back as
+    it is, anything else goes to ``decided(entry, row)``. A Python method would spend more on its
+    ``with`` block and frame than the core spends on the put.
+
+    ``read(pid)``: IllegalStateError once closed (``name`` says which ledger); the active table under ``lock``, then the ``ReadPath`` published with it, then the
+    expiry rule (producer_id_expiration_ms past the entry's timestamp and no open transaction: None).
+    Ids that are not plain ints go through ``to_pid`` first (it raises or returns the int). ``clock``:
+    None for the wall clock, else a callable returning milliseconds.
+    """
+    cdef readonly LedgerLock lock
+    cdef RowTable active
+    cdef ReadPath path
+    cdef object cls, decided, to_pid, clock, expiration, name
+    cdef int64_t expiration_ms
+    cdef bint closed
+
+    def __init__(self, cls, decided, to_pid, long long expiration_ms, clock=None, name="ledger"):
+        if not issubclass(cls, tuple) or expiration_ms < 1:
+            raise ValueError("cls must be a tuple class and expiration_ms positive")
+        self.lock = LedgerLock()
+        self.cls, self.decided, self.to_pid, self.clock, self.name = cls, decided, to_pid, clock, name
+        self.expiration_ms, self.expiration = expiration_ms, expiration_ms
+        self.path = ReadPath((), [], [])
+
+    def publish(self, RowTable active, ReadPath path not None):
+        """What ``update`` and ``read`` work on from now; the caller holds ``lock``, so that a read sees
+        the active table and the read path of the same moment."""
+        self.active, self.path = active, path
+
+    def close(self):
+        """Later calls raise IllegalStateError (the caller holds ``lock``)."""
+        self.closed = True
+        self.active, self.path = None, ReadPath((), [], [])
+
+    def update(self, entry):
         cdef Py_ssize_t row
         cdef int overflow
-        self.acquire()
+        self.lock.take()
         try:
-            active = self.owner._active
-            row = -3 if active is None else active.put_row(entry)
+            row = -3 if self.active is None else self.active.put_row(entry)
         finally:
-            self.release()
+            self.lock.give()
         if row >= 0 and type(entry) is self.cls and \
                 PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, LAST_OFFSET), &overflow) >= 0:
             return entry
         return self.decided(entry, row)
+
+    def read(self, pid):
+        cdef int64_t key = 0, now, age
+        cdef int64_t fields[8]
+        cdef int overflow = 1
+        cdef uint8_t row[ENTRY_SIZE]
+        cdef bint found = False
+        cdef ReadPath path
+        if PyLong_CheckExact(<PyObject*>pid):
+            key = PyLong_AsLongLongAndOverflow(<PyObject*>pid, &overflow)
+        if overflow:
+            key = self.to_pid(pid)
+        self.lock.take()
+        try:
+            if self.closed:
+                from kmem.errors import IllegalStateError
+                raise IllegalStateError(f"{self.name} is closed")
+            if self.active is not None:
+                found = self.active.copy_row(key, row)
+            path = self.path
+        finally:
+            self.lock.give()
+        if found:
+            row_fields(row, fields)
+        elif not path.find(key, fields, self.cls):
+            return None
+        if fields[TXN_FIRST_OFFSET] < 0:        # no open transaction: it may have expired
+            if self.clock is None:
+                now = wall_clock_ms()
+            else:
+                clock_now = self.clock()
+                if not PyLong_CheckExact(<PyObject*>clock_now):
+                    overflow = 1
+                else:
+                    now = PyLong_AsLongLongAndOverflow(<PyObject*>clock_now, &overflow)
+                if overflow:                     # not an int64: Python's arithmetic decides
+                    if clock_now - fields[TIMESTAMP] >= self.expiration:
+                        return None
+                    return entry_of_fields(fields, self.cls)
+            if sub_overflow(now, fields[TIMESTAMP], &age):
+                if now > fields[TIMESTAMP]:
+                    return None
+            elif age >= self.expiration_ms:
+                return None
+        return entry_of_fields(fields, self.cls)

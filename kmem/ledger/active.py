@@ -90,7 +90,6 @@ class ActiveFile:
             self._map.close()
             raise CorruptSnapshotError(f"{self.path}: producer id {duplicate} appears twice")
         self._table.bind(self._map, not read_only)
-        self.put_row = self._table.put
         self._filter = BloomFilter(shape)
         self._half_the_bits = shape.number_of_bits // 2
         self._filtered = 0                  # rows 0 .. _filtered - 1 are in the filter
@@ -129,6 +128,11 @@ class ActiveFile:
         return self._filter
 
     @property
+    def table(self):
+        """The core's row table over the file (the same object for the file's life: growth rebinds it)."""
+        return self._table
+
+    @property
     def count(self):
         """Rows in use (the row table indexes exactly those)."""
         return self._table.size
@@ -143,15 +147,15 @@ class ActiveFile:
 
         True once written; None if the file is ``full`` (nothing written: flush first); False if the
         core refused it (not eight ints in their fields' ranges, or an offset below -1): the caller
-        says why. ``put_row`` is the core's part alone (-1: a new row needs this method)."""
-        row = self.put_row(entry)                       # the header's count is written after the row
+        says why. ``table.put`` is the core's part alone (-1: a new row needs this method)."""
+        row = self._table.put(entry)                       # the header's count is written after the row
         if row == -1:                                   # a new row at the limit
             self._catch_up()
             if self.full:
                 return None
             if self.count == self.rows:
                 self._grow()
-            row = self.put_row(entry)
+            row = self._table.put(entry)
         return row != -2
 
     def put_many(self, raw):
@@ -181,12 +185,8 @@ class ActiveFile:
         with open(self.path, "r+b") as f:
             _reserve(f, HEADER.size + rows * ENTRY_SIZE)
             mapping = mmap.mmap(f.fileno(), HEADER.size + rows * ENTRY_SIZE)
-        table = _core.RowTable(rows)
-        table.insert_rows(mapping, self.count)          # checked for duplicates when opened
-        table.bind(mapping, True)
-        self._table.unbind()
-        self._map, self._table, self.rows, previous = mapping, table, rows, self._map
-        self.put_row = table.put
+        self._table.bind(mapping, True)                 # new slots for the new rows
+        self._map, self.rows, previous = mapping, rows, self._map
         self._set_limit()
         unmap(previous)
 

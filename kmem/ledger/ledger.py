@@ -169,10 +169,15 @@ class PidLedger:
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         # Room for the rows the filter takes before saturating, with margin for its randomness.
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
-        self._lock = threading.Lock()          # the active file: update and read
-        # update(), in the core: the put under the lock, then _update_decided only when needed. The
-        # instance's update is that callable itself: a Python frame around it cost a third of its speed.
-        self.update = self._update = _core.LockedUpdate(self._lock, self, ProducerEntry, self._update_decided)
+        # update() and read() in the core: the lock, the active file's row table and the read path
+        # (published by _publish) and the expiry rule in one call each; _update_decided only when needed.
+        # The instance's update and read are those callables themselves: a Python frame around them cost
+        # a third of update's speed and most of read's.
+        self._core = _core.LedgerCore(ProducerEntry, self._update_decided, _producer_id, self.expiration_ms,
+                                      clock_ms, f"ledger {self.directory}")
+        self._lock = self._core.lock            # the active file and what _publish hands the core
+        self.update = self._update = self._core.update
+        self.read = self._core.read
         self._flush_lock = threading.Lock()    # one flush at a time
         self._closed = False
         if read_only:
@@ -242,14 +247,16 @@ class PidLedger:
         # seals pending files first, newer than every snapshot. Sealed oldest first, in that place.
         if self.read_only:          # every active file is read as it is, the newest first
             opened = [a for a in map(self._open_active, actives) if a is not None]
-            self._view = _ReadPath(tuple(reversed(opened)), filters, snapshots)
             self._active = None
+            with self._lock:
+                self._publish(_ReadPath(tuple(reversed(opened)), filters, snapshots))
             return
         pending = [a for a in map(self._open_active, actives[:-1]) if a is not None]
-        self._view = _ReadPath(tuple(reversed(pending)), filters, snapshots)
         self._active = self._open_active(actives[-1]) if actives else None
         if self._active is None:
             self._active = self._new_active()
+        with self._lock:
+            self._publish(_ReadPath(tuple(reversed(pending)), filters, snapshots))
         self._seal_pending()
         self._apply_retention()
 
@@ -305,33 +312,21 @@ class PidLedger:
 
     # --- the API ------------------------------------------------------------------------------------
 
-    def read(self, pid):
-        """The newest entry of producer ``pid``, or None if unknown or expired."""
-        if type(pid) is not int or not -2**63 <= pid < 2**63:
-            pid = _producer_id(pid)
-        with self._lock:
-            if self._closed:
-                raise IllegalStateError(f"ledger {self.directory} is closed")
-            entry = self._active.find(pid) if self._active is not None else None
-        if entry is None:
-            entry = self._read_sealed(self._view, pid)
-            if entry is None:
-                return None
-        # expired(), inline: this is the hot path
-        if entry.current_txn_first_offset < 0 and self._clock_ms() - entry.timestamp >= self.expiration_ms:
-            return None
-        return entry
+    def _publish(self, view):
+        """Make ``view`` the read path, for Python (``_view``) and the core, with the current active file
+        (the caller holds ``_lock``, so readers see both of one moment)."""
+        self._view = view
+        self._core.publish(self._active.table if self._active is not None else None,
+                           _core.ReadPath(tuple(a.table for a in view.sealing), view.filters,
+                                          [s.index for s in view.snapshots]))
 
-    def _read_sealed(self, view, pid):
-        for old in view.sealing:
-            entry = old.find(pid)
-            if entry is not None:
-                return entry
-        for i in _core.bloom_candidates(view.filters, pid):     # newest first; false positives skipped
-            entry = view.snapshots[i].find(pid)
-            if entry is not None:
-                return entry
-        return None
+    def read(self, pid):
+        """The newest entry of producer ``pid``, or None if unknown or expired.
+
+        In the core (``LedgerCore.read``): the active file's row table under ``_lock``, then the files
+        being flushed, then each snapshot whose filter may hold the id, newest first (false positives
+        skipped), then ``expired``."""
+        return self._core.read(pid)     # what ``ledger.read`` calls directly (see __init__)
 
     def expired(self, entry):
         """Whether ``entry`` is past producer_id_expiration_ms (and in no transaction): read as absent."""
@@ -446,7 +441,7 @@ class PidLedger:
                     return None
                 self._active = self._new_active()          # may fail: then nothing has changed
                 view = self._view
-                self._view = view._replace(sealing=(old,) + view.sealing)
+                self._publish(view._replace(sealing=(old,) + view.sealing))
             path = self._seal(old)
             self._apply_retention()
         return path
@@ -474,8 +469,8 @@ class PidLedger:
             added = [(BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats))]
         with self._lock:                                                                # steps 6-7
             view = self._view
-            self._view = _ReadPath(tuple(a for a in view.sealing if a is not old),
-                                   [f for f, _ in added] + view.filters, [s for _, s in added] + view.snapshots)
+            self._publish(_ReadPath(tuple(a for a in view.sealing if a is not old),
+                                    [f for f, _ in added] + view.filters, [s for _, s in added] + view.snapshots))
         os.unlink(old.path)                                                             # step 8
         if self.fsync:
             fsync_directory(self.directory)
@@ -499,7 +494,7 @@ class PidLedger:
             if keep == len(view.snapshots):
                 return
             gone = view.snapshots[keep:]
-            self._view = view._replace(filters=view.filters[:keep], snapshots=view.snapshots[:keep])
+            self._publish(view._replace(filters=view.filters[:keep], snapshots=view.snapshots[:keep]))
         for snapshot in gone:
             for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
                 try:
@@ -547,6 +542,7 @@ class PidLedger:
             if self._closed:
                 return
             self._closed = True
+            self._core.close()
             active, self._active = self._active, None
             if self.fsync and active is not None:
                 active.sync()

@@ -329,6 +329,8 @@ class Snapshot:
             self._data.release()
             self._map.close()
             self._data = self._map = None
+        self._index = _core.SnapshotIndex(self._fd, self.count, self._fences, FENCE_STRIDE, self.path) \
+            if self._order is None else None
         self.trim()         # the checks above read every page; none needs to stay mapped
 
     def _load_order(self):
@@ -352,13 +354,19 @@ class Snapshot:
         return order
 
     @property
+    def index(self):
+        """What the ledger's compiled read path searches: the core's index of a sorted file, else this
+        object (its ``find``)."""
+        return self._index if self._index is not None else self
+
+    @property
     def sorted(self):
         return self._order is None
 
     def find(self, pid):
         """The entry of producer ``pid``, or None."""
         if self._order is None:        # fences, a pread around the guessed row, its search: one call to the core
-            entry = _core.sorted_snapshot_find(self._fd, self.count, self._fences, FENCE_STRIDE, pid, ProducerEntry)
+            entry = self._index.find(pid, ProducerEntry)
             if entry is False:
                 raise CorruptSnapshotError(f"{self.path}: snapshot shrank while in use")
             return entry
@@ -402,6 +410,8 @@ class Snapshot:
 
     def close(self):
         """Close the file and unmap it and the row order (see ``unmap``)."""
+        if self._index is not None:
+            self._index.close()
         self._data = self._order = None
         for m in (self._map, self._order_map):
             if m is not None:
