@@ -457,7 +457,8 @@ class PidLedger:
         order = id_order(array)
         newest = self._view.snapshots[0] if self._view.snapshots else None
         added = []
-        if newest is not None and newest.stats == snapshot_stats(array, order):
+        # (the count first: the CRC is a pass over every row)
+        if newest is not None and newest.count == len(array) and newest.stats == snapshot_stats(array, order):
             path = newest.path                   # sealed before a crash; only the deletion was missed
         else:
             # Named by the offset it ends at, but never below a snapshot it is newer than.

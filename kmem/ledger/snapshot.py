@@ -161,39 +161,26 @@ def entries_array(entries):
         raise InvalidArgumentError(f"bad producer entries: {e}") from None
 
 
+def _raw(array):
+    """The bytes of an ENTRY_DTYPE array, whole entries in a row (a copy only if it is strided)."""
+    return np.ascontiguousarray(array).view(np.uint8)
+
+
 def id_order(array):
-    """Row numbers of an ENTRY_DTYPE array in producer-id order; an id present twice is rejected."""
-    ids = array["producer_id"]
-    order = np.argsort(ids, kind="stable")
-    ordered = ids[order]
-    if len(ordered) > 1:
-        dup = np.flatnonzero(ordered[1:] == ordered[:-1])
-        if len(dup):
-            raise InvalidArgumentError(f"producer id {ordered[dup[0]]} appears twice in one snapshot")
+    """Row numbers of an ENTRY_DTYPE array in producer-id order (uint32); an id present twice is rejected."""
+    order, duplicate = _core.entries_id_order(_raw(array))
+    if duplicate is not None:
+        raise InvalidArgumentError(f"producer id {duplicate} appears twice in one snapshot")
     return order
-
-
-def _body_chunks(array, order):
-    """The bytes after the CRC: count, then the entries (through ``order`` if given), in bounded pieces."""
-    yield struct.pack(">i", len(array))
-    step = _READ_CHUNK // ENTRY_SIZE
-    for start in range(0, len(array), step):
-        rows = array[start:start + step] if order is None else gather(array, order[start:start + step])
-        yield rows.tobytes()
 
 
 def snapshot_stats(array, order=None):
     """The SnapshotStats of the file ``write_snapshot`` would write, without writing it."""
-    crc = 0
-    for chunk in _body_chunks(array, order):
-        crc = _core.crc32c(chunk, crc)
-    return _stats(array, crc)
+    return _stats(len(array), *_core.write_snapshot_body(-1, _raw(array), order))
 
 
-def _stats(array, crc):
-    return SnapshotStats(
-        len(array), crc, int(array["timestamp"].max()) if len(array) else MIN_TIMESTAMP,
-        bool((array["current_txn_first_offset"] >= 0).any()))
+def _stats(count, crc, max_timestamp, open_transactions):
+    return SnapshotStats(count, crc, MIN_TIMESTAMP if max_timestamp is None else max_timestamp, open_transactions)
 
 
 def write_snapshot(path, entries, *, sort=True, fsync=False):
@@ -208,17 +195,15 @@ def write_snapshot(path, entries, *, sort=True, fsync=False):
 def write_entries(path, array, order, *, fsync=False):
     """``write_snapshot`` for an ENTRY_DTYPE array and its row order (None: as they are).
 
-    Streams the rows in pieces, so no second copy of a large array is made.
+    The core gathers the rows in order, checksums and writes them a cache-sized piece at a time, so no
+    second copy of a large array is made; the CRC goes into the header last.
     """
-    crc = 0
     with replaced_atomically(path, fsync) as f:
         f.write(struct.pack(">hI", VERSION, 0))        # the CRC is filled in once computed
-        for chunk in _body_chunks(array, order):
-            crc = _core.crc32c(chunk, crc)
-            f.write(chunk)
-        f.seek(2)
-        f.write(struct.pack(">I", crc))
-    return _stats(array, crc)
+        f.flush()
+        stats = _stats(len(array), *_core.write_snapshot_body(f.fileno(), _raw(array), order))
+        os.pwrite(f.fileno(), struct.pack(">I", stats.crc), 2)
+    return stats
 
 
 def read_snapshot(path):
