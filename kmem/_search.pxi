@@ -373,7 +373,7 @@ def snapshot_search(const uint8_t[::1] data, Py_ssize_t count, long long pid, co
         if fences is not None:
             lo = last_fence_at_most(&fences[0], fences.shape[0], pid) if fences.shape[0] else -1
             if lo < 0:
-                hi = 0                  # below the first id
+                lo = hi = 0             # below the first id: nothing to search (lo -1 read row -1)
             else:
                 lo = lo * stride
                 hi = min(lo + stride, count)
