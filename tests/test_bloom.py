@@ -389,17 +389,3 @@ def test_fuzz_sidecar_readers(data):
                 peak = tracemalloc.get_traced_memory()[1]
                 tracemalloc.stop()
             assert peak < 64 * 1024 + 4 * len(blob)      # nothing sized by the header's claims
-
-
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 9), st.lists(INT64, max_size=40)), max_size=12),
-       st.lists(INT64, min_size=1, max_size=20))
-def test_candidates_across_filters_of_mixed_shapes(specs, queries):
-    from kmem import _core
-    filters = []
-    for m, k, pids in specs:
-        bf = BloomFilter(Shape.from_km(k, m))
-        bf.add_many(np.array(pids, np.int64))
-        filters.append(bf)
-    for pid in queries + [p for _, _, pids in specs for p in pids[:3]]:
-        assert _core.bloom_candidates(filters, pid) == [i for i, f in enumerate(filters) if pid in f]

@@ -372,3 +372,41 @@ def test_sorted_snapshot_index_refuses_use_after_close(tmp_path):
         index.close()
         with pytest.raises(IllegalStateError, match="closed"):
             index.find(1, ProducerEntry)
+
+
+class Holder:
+    """A snapshot for ReadPath that holds ``pids`` and records which ids it was asked for."""
+
+    def __init__(self, number, pids, asked):
+        self.number, self.pids, self.asked = number, set(pids), asked
+
+    def find(self, pid):
+        self.asked.append(self.number)
+        return ProducerEntry(pid, 0, 0, self.number, 0, NOW, 0, -1) if pid in self.pids else None
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 9), st.lists(INT64, max_size=40)), max_size=12),
+       st.lists(INT64, min_size=1, max_size=20))
+def test_read_path_asks_the_snapshots_whose_filters_may_hold_the_id_newest_first(specs, queries):
+    # Filters of mixed shapes (Kafka-adopted snapshots get their own): each is tested with its own
+    # indices, and snapshots are asked in order until one holds the id.
+    from kmem.bloom import BloomFilter
+    asked, filters, snapshots = [], [], []
+    for number, (m, k, pids) in enumerate(specs):
+        bloom = BloomFilter(Shape.from_km(k, m))
+        bloom.add_many(np.array(pids, np.int64))
+        filters.append(bloom)
+        snapshots.append(Holder(number, pids, asked))
+    core = _core.LedgerCore(ProducerEntry, None, int, DAY, Clock())
+    with core.lock:
+        core.publish(None, _core.ReadPath((), filters, snapshots))
+    for pid in queries + [p for _, _, pids in specs for p in pids[:3]]:
+        asked.clear()
+        holders = [n for n, (_, _, pids) in enumerate(specs) if pid in pids]
+        maybe = [n for n, bloom in enumerate(filters) if pid in bloom]
+        got = core.read(pid)
+        assert got == (ProducerEntry(pid, 0, 0, holders[0], 0, NOW, 0, -1) if holders else None)
+        assert asked == (maybe[:maybe.index(holders[0]) + 1] if holders else maybe)
+    with pytest.raises(ValueError, match="one filter per snapshot"):
+        _core.ReadPath((), filters, snapshots + [None])
