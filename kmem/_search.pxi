@@ -567,11 +567,14 @@ cdef class RowTable:
         if <uint64_t>(2 * rows) > self.mask + 1:
             slots = new_slots(rows)
             mask = slots.shape[0] - 1
-            for row in range(self.size):            # ids known distinct: each takes the first free slot
-                s = pid_slot(row_pid(entries, row), mask)
-                while slots[s] != 0:
-                    s = (s + 1) & mask
-                slots[s] = <uint32_t>(row + 1)
+            with nogil:
+                for row in range(self.size):        # ids known distinct: each takes the first free slot
+                    if row + PREFETCH_AHEAD < self.size:    # the slots outgrow the cache: overlap misses
+                        prefetch_slot(&slots[0] + pid_slot(row_pid(entries, row + PREFETCH_AHEAD), mask), 1)
+                    s = pid_slot(row_pid(entries, row), mask)
+                    while slots[s] != 0:
+                        s = (s + 1) & mask
+                    slots[s] = <uint32_t>(row + 1)
             self.slots, self.mask = slots, mask
         self.bound = data
         self.writable = writable
