@@ -132,6 +132,30 @@ cdef inline int16_t load_be16(const uint8_t* p) noexcept nogil:
     return <int16_t>kmem_bswap16(v)
 
 
+cdef inline void store_kafka_view(uint8_t* p) noexcept nogil:
+    """Rewrite the entry at ``p`` as Kafka reads it back (``kafka_view``): no batch (last_offset < 0):
+    sequence -1, offset -1, delta 0; current_txn_first_offset below -1: -1."""
+    cdef int64_t fields[8]
+    if load_be64(p + 14) >= 0 and load_be64(p + 38) >= -1:
+        return
+    row_fields(p, fields)
+    store_entry(p, fields)
+
+
+def entries_first_below(const uint8_t[::1] entries, Py_ssize_t at, long long floor):
+    """The position of the first of ``entries`` (whole 46-byte entries) whose big-endian int64 field at
+    byte ``at`` of the entry is below ``floor``, or -1."""
+    if entries.shape[0] % ENTRY_SIZE or at < 0 or at > ENTRY_SIZE - 8:
+        raise ValueError("not whole entries, or no int64 field at that byte")
+    cdef Py_ssize_t i, found = -1
+    with nogil:
+        for i in range(entries.shape[0] // ENTRY_SIZE):
+            if load_be64(&entries[0] + i * ENTRY_SIZE + at) < floor:
+                found = i
+                break
+    return found
+
+
 cdef inline void row_fields(const uint8_t* p, int64_t* fields) noexcept nogil:
     """The eight fields of the entry at ``p`` as Kafka reads them back (``kafka_view``)."""
     fields[0] = load_be64(p)
@@ -619,8 +643,9 @@ cdef class RowTable:
 
     def put_many(self, const uint8_t[::1] batch, Py_ssize_t max_count):
         """``put`` for each entry of ``batch`` (entries in the file layout, checked by the caller), in
-        order, until one more would need a row past ``max_count`` (or the bound buffer's rows).
-        Returns how many entries were written; the header's count follows each new row."""
+        order, until one more would need a row past ``max_count`` (or the bound buffer's rows). Each is
+        stored as Kafka reads it back (``kafka_view``), as ``put`` does. Returns how many entries were
+        written; the header's count follows each new row."""
         self.check_bound(True)
         if max_count > self.rows:
             max_count = self.rows
@@ -641,6 +666,7 @@ cdef class RowTable:
                 if row < 0:
                     break
                 memcpy(entries + row * ENTRY_SIZE, source, ENTRY_SIZE)
+                store_kafka_view(entries + row * ENTRY_SIZE)
                 if row == self.size - 1:
                     store_be(<uint8_t*>&self.bound[6], self.size, 4)
                 i += 1

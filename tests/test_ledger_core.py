@@ -410,3 +410,30 @@ def test_read_path_asks_the_snapshots_whose_filters_may_hold_the_id_newest_first
         assert asked == (maybe[:maybe.index(holders[0]) + 1] if holders else maybe)
     with pytest.raises(ValueError, match="one filter per snapshot"):
         _core.ReadPath((), filters, snapshots + [None])
+
+
+def test_update_many_stores_entries_as_kafka_reads_them_and_names_the_first_refused(tmp_path):
+    array = entries_with_ids([1, 2, 3])
+    array["last_sequence"] = 7
+    array["offset_delta"] = 4
+    array["last_offset"][1] = -1                        # no batch: sequence -1, offset -1, delta 0
+    with PidLedger(tmp_path, clock_ms=Clock(0)) as ledger:
+        ledger.update_many(array)
+        assert ledger.read(2) == ProducerEntry(2, 0, -1, -1, 0, 4, 0, -1)
+        assert ledger.read(1) == ProducerEntry(1, 0, 7, 0, 4, -3, 0, -1)
+        assert array["last_sequence"][1] == 7          # the caller's array is left as it was
+        flushed = ledger.flush()
+        assert ProducerEntry(2, 0, -1, -1, 0, 4, 0, -1) in [ProducerEntry(*r) for r in
+                                                            np.frombuffer(open(flushed, "rb").read()[10:], ENTRY_DTYPE).tolist()]
+        bad = entries_with_ids([4, 5, 6, 7])
+        bad["current_txn_first_offset"][2] = -2
+        bad["last_offset"][3] = -9
+        with pytest.raises(InvalidArgumentError, match="last_offset must be at least -1: entry 3 has -9"):
+            ledger.update_many(bad)
+        bad["last_offset"][3] = 0
+        with pytest.raises(InvalidArgumentError, match="current_txn_first_offset must be at least -1: entry 2"):
+            ledger.update_many(bad)
+        assert ledger.read(4) is None                  # nothing of a refused batch is written
+    assert _core.entries_first_below(bad.view(np.uint8), 38, -1) == 2
+    with pytest.raises(ValueError):
+        _core.entries_first_below(bad.view(np.uint8), 40, -1)      # no int64 field fits there

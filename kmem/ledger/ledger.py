@@ -373,11 +373,11 @@ class PidLedger:
         """
         self._check_writable()
         array = entries_array(entries)
+        raw = np.ascontiguousarray(array).view(np.uint8)       # stored as Kafka reads it by the core's put
         for name in ("last_offset", "current_txn_first_offset"):
-            below = np.flatnonzero(array[name] < -1)
-            if len(below):
-                raise InvalidArgumentError(f"{name} must be at least -1: entry {below[0]} has {array[name][below[0]]}")
-        raw = np.ascontiguousarray(kafka_view_array(array)).view(np.uint8)
+            below = _core.entries_first_below(raw, ENTRY_DTYPE.fields[name][1], -1)
+            if below >= 0:
+                raise InvalidArgumentError(f"{name} must be at least -1: entry {below} has {array[name][below]}")
         done = 0
         while done < len(array):
             with self._lock:
