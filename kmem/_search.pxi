@@ -846,9 +846,10 @@ cdef class ReadPath:
         cdef uint8_t row[ENTRY_SIZE]
         cdef int64_t idx[MAX_HASHES]
         cdef int64_t m = 0
-        cdef int k = 0, got
+        cdef int k = 0, got, j
         cdef Py_ssize_t i
         cdef BloomBits bloom
+        cdef const uint8_t* bits
         for table in self.sealing:
             if (<RowTable>table).bound is None:
                 raise_closed()
@@ -861,7 +862,10 @@ cdef class ReadPath:
             if bloom.m != m or bloom.k != k:        # another shape: other indices
                 m, k = bloom.m, bloom.k
                 pid_indices(<uint64_t>pid, m, k, idx)
-            if not test_indices(&bloom.view[0], idx, k):
+            bits = &bloom.view[0]
+            for j in range(k):                      # a sidecar outgrows the cache: fetch the k bytes together
+                kmem_prefetch_w(bits + bit_byte(idx[j]), 0)
+            if not test_indices(bits, idx, k):
                 continue
             snapshot = self.snapshots[i]
             if type(snapshot) is SnapshotIndex:
