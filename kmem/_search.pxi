@@ -27,6 +27,7 @@ from cpython.pythread cimport PyThread_get_thread_ident
 
 cdef extern from "Python.h":
     PyObject* PyTuple_GET_ITEM(object, Py_ssize_t)      # borrowed
+    Py_ssize_t PyTuple_GET_SIZE(object)
     bint PyLong_CheckExact(PyObject*)
     long long PyLong_AsLongLongAndOverflow(PyObject*, int*) except? -1
     void prefetch_slot "__builtin_prefetch"(const void* p, int rw) nogil
@@ -71,7 +72,8 @@ cdef inline bint fits(int64_t value, int size) noexcept nogil:
 cdef int entry_fields(object entry, int64_t* fields) except -1:
     """The eight fields of a ProducerEntry (a tuple) as Kafka reads them back; 0, or 1 if the caller must
     refuse it (not 8 ints, a value out of its field's range, an offset below -1)."""
-    if not isinstance(entry, tuple) or len(entry) != 8:
+    # The C size, not len(): a subclass's __len__ would run Python code under the ledger's lock.
+    if not isinstance(entry, tuple) or PyTuple_GET_SIZE(entry) != 8:
         return 1
     cdef int i, overflow
     cdef PyObject* item

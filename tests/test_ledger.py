@@ -1,4 +1,5 @@
 """PidLedger and PidCache: the KIP-1044 read/update/flush behaviour, adoption, expiry, retention, faults."""
+import gc
 import logging
 import os
 import shutil
@@ -145,6 +146,7 @@ def test_readers_never_miss_a_known_id_during_flushes(tmp_path):
             t.join()
     assert reads[0] > 1000
     assert misses == []
+    ledger.close()
 
 
 def test_adopts_a_kafka_directory(tmp_path):
@@ -363,6 +365,8 @@ def test_a_sidecar_of_other_content_is_rebuilt(tmp_path, monkeypatch, caplog):
 
 
 def open_fds():
+    # Collect first: files of objects other tests left to the garbage collector would close mid-count.
+    gc.collect()
     return len(os.listdir("/proc/self/fd"))
 
 

@@ -437,3 +437,17 @@ def test_update_many_stores_entries_as_kafka_reads_them_and_names_the_first_refu
     assert _core.entries_first_below(bad.view(np.uint8), 38, -1) == 2
     with pytest.raises(ValueError):
         _core.entries_first_below(bad.view(np.uint8), 40, -1)      # no int64 field fits there
+
+
+def test_an_entry_class_with_its_own_len_runs_no_python_under_the_lock(tmp_path):
+    # update checks an entry's size in C: a tuple subclass's __len__ (here one that reads the ledger,
+    # which would wait forever for the lock update holds) is never called.
+    with PidLedger(tmp_path, clock_ms=Clock()) as ledger:
+        class Sneaky(tuple):
+            def __len__(self):
+                ledger.read(1)
+                return 8
+
+        stored = ledger.update(Sneaky((1, 0, 0, 5, 0, NOW, 0, -1)))
+        assert stored == ProducerEntry(1, 0, 0, 5, 0, NOW, 0, -1)
+        assert ledger.read(1) == stored
