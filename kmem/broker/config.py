@@ -21,6 +21,10 @@ Broker setting (default)                       topic setting
 - ``log.index.size.max.bytes`` (10 MiB)        ``segment.index.bytes``
 - ``compression.type`` (producer)              ``compression.type``: only ``producer`` (the batch's own
   codec is kept, as Kafka does by default); other codecs are refused rather than silently ignored.
+- ``log.cleanup.policy`` (delete)               ``cleanup.policy``: only ``delete`` (kmem does not compact);
+  ``compact`` is refused rather than silently ignored.
+- ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
+  value would make every ``acks=all`` produce fail with NOT_ENOUGH_REPLICAS, as in Kafka: refused).
 
 As in Kafka, ``log.roll.ms`` wins over ``log.roll.hours`` and ``log.retention.ms`` over the minutes and
 hours forms. kmem's own settings (not Kafka's) are ``node.id`` (1), ``producer.ledger.ids`` (10,000: the
@@ -71,6 +75,13 @@ def _compression(name, value):
     return "producer"
 
 
+def _cleanup_policy(name, value):
+    policies = sorted({p.strip().lower() for p in str(value).split(",") if p.strip()})
+    if policies != ["delete"]:
+        raise ConfigError(f"{name} = {value!r}: only 'delete' is supported (kmem broker does not compact logs)")
+    return "delete"
+
+
 # topic-level name -> (LogConfig field, parser with its range)
 TOPIC_SETTINGS = {
     "segment.bytes": ("segment_bytes", lambda n, v: _int(n, v, LEGACY_RECORD_OVERHEAD_V0, INT32_MAX)),
@@ -84,6 +95,8 @@ TOPIC_SETTINGS = {
     "index.interval.bytes": ("index_interval_bytes", lambda n, v: _int(n, v, 0, INT32_MAX)),
     "segment.index.bytes": ("segment_index_bytes", lambda n, v: _int(n, v, 4, INT32_MAX)),
     "compression.type": ("compression_type", _compression),
+    "cleanup.policy": ("cleanup_policy", _cleanup_policy),
+    "min.insync.replicas": ("min_insync_replicas", lambda n, v: _int(n, v, 1, 1)),
 }
 
 
@@ -101,6 +114,8 @@ class LogConfig:
     index_interval_bytes: int = 4096
     segment_index_bytes: int = 10 << 20
     compression_type: str = "producer"
+    cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
 
     @property
     def log_append_time(self):
@@ -141,6 +156,8 @@ BROKER_SETTINGS = {
     "log.index.interval.bytes": ("log_index_interval_bytes", TOPIC_SETTINGS["index.interval.bytes"][1]),
     "log.index.size.max.bytes": ("log_index_size_max_bytes", TOPIC_SETTINGS["segment.index.bytes"][1]),
     "compression.type": ("compression_type", _compression),
+    "log.cleanup.policy": ("log_cleanup_policy", _cleanup_policy),
+    "min.insync.replicas": ("min_insync_replicas", TOPIC_SETTINGS["min.insync.replicas"][1]),
     "producer.ledger.ids": ("producer_ledger_ids", lambda n, v: _int(n, v, 16, INT32_MAX)),
     "producer.state.cache.entries": ("producer_state_cache_entries", lambda n, v: _int(n, v, 1, INT32_MAX)),
 }
@@ -167,6 +184,8 @@ class BrokerConfig:
     log_index_interval_bytes: int = 4096
     log_index_size_max_bytes: int = 10 << 20
     compression_type: str = "producer"
+    log_cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
     producer_ledger_ids: int = 10_000
     producer_state_cache_entries: int = 10_000
 
@@ -207,7 +226,8 @@ class BrokerConfig:
             max_message_bytes=self.message_max_bytes, message_timestamp_type=self.log_message_timestamp_type,
             message_downconversion_enable=self.log_message_downconversion_enable,
             index_interval_bytes=self.log_index_interval_bytes, segment_index_bytes=self.log_index_size_max_bytes,
-            compression_type=self.compression_type)
+            compression_type=self.compression_type, cleanup_policy=self.log_cleanup_policy,
+            min_insync_replicas=self.min_insync_replicas)
 
     def topic_config(self, overrides=None):
         """The ``LogConfig`` of a topic with ``overrides`` (topic-level names) over the broker's defaults."""

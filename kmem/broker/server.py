@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 
+from kmem.broker.admin import ADMIN_APIS, AdminHandlers
 from kmem.broker.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
 from kmem.broker.handlers import SERVED_VERSIONS, Handlers
 from kmem.broker.log import LogManager
@@ -52,6 +53,7 @@ class Broker:
         self.server = None
         self.handlers = None
         self.coordinator = None
+        self.admin = None
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._counts_lock = threading.Lock()
@@ -63,6 +65,7 @@ class Broker:
             ApiKey.FIND_COORDINATOR: "find_coordinator",
         }
         self._apis.update(GROUP_APIS)
+        self._apis.update(ADMIN_APIS)
 
     @property
     def node_id(self):
@@ -73,6 +76,7 @@ class Broker:
             raise IllegalStateError("the broker was already started")
         self.logs = LogManager(self.log_dir, self.settings.storage)
         self.handlers = Handlers(self.logs, self.node_id, self.endpoint)
+        self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
         self.server = SocketServer(self.handle, self.settings.network)
         try:
             max_waiting = max(self.settings.network.num_io_threads - WAIT_RESERVE_THREADS, 1)
@@ -127,7 +131,8 @@ class Broker:
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         else:
-            owner = self.coordinator if header.api_key in GROUP_APIS else self.handlers
+            owner = self.coordinator if header.api_key in GROUP_APIS else \
+                self.admin if header.api_key in ADMIN_APIS else self.handlers
             response = getattr(owner, self._apis[header.api_key])(header, body)
         return None if response is None else encode_response(header, response)
 
