@@ -6,6 +6,7 @@ after a restart too."""
 import asyncio
 import json
 import os
+import time
 
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
@@ -19,12 +20,14 @@ from kafka.errors import GroupIdNotFoundError, InvalidConfigurationError, Invali
 from kafka.errors import KafkaError as KafkaPythonError
 from kafka.structs import OffsetAndMetadata
 
-from broker_helpers import TIMEOUT, wait_for
+from broker_helpers import TIMEOUT, RawConnection, produce_raw, wait_for
 from kmem.broker import Broker
+from kmem.records import RecordsBuilder
 
 DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG = "DYNAMIC_TOPIC_CONFIG", "DEFAULT_CONFIG"
 INVALID_TOPIC_EXCEPTION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 17, 53
 GROUP_SUBSCRIBED_TO_TOPIC = 86
+NONE, OUT_OF_ORDER_SEQUENCE_NUMBER = 0, 45
 SETTINGS = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 3}
 
 
@@ -258,3 +261,54 @@ def test_a_transactional_producer_fails_at_once_instead_of_timing_out(broker):
         producer.init_transactions(TIMEOUT)
     error = refused.value.args[0]
     assert error.code() == TRANSACTIONAL_ID_AUTHORIZATION_FAILED and error.fatal()
+
+
+def idempotent_batch(producer_id, sequence):
+    builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0, base_sequence=sequence)
+    builder.append(b"sequence %d" % sequence, timestamp=int(time.time() * 1000))
+    return builder.build()
+
+
+def test_an_expired_producer_is_kept_until_the_periodic_check(tmp_path):
+    """producer.id.expiration.ms of 1 ms: Kafka still recognises a retried batch and checks sequences
+    until its next removeExpiredProducers, producer.id.expiration.check.interval.ms later."""
+    settings = {**SETTINGS, "producer.id.expiration.ms": 1, "producer.id.expiration.check.interval.ms": 3_600_000}
+    with Broker(tmp_path / "logs", properties=settings) as broker, RawConnection(broker.bootstrap_servers) as raw:
+        broker.logs.create_topic("e", 1)
+        first = produce_raw(raw, "e", idempotent_batch(9, 0))
+        retried = produce_raw(raw, "e", idempotent_batch(9, 0))
+        assert (first.error_code, retried.error_code, retried.base_offset) == (NONE, NONE, first.base_offset)
+        assert produce_raw(raw, "e", idempotent_batch(9, 5)).error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert broker.logs.get_partition("e", 0).log_end_offset == 1
+
+
+def test_the_broker_forgets_expired_producers_every_check_interval(tmp_path):
+    settings = {**SETTINGS, "producer.id.expiration.ms": 1, "producer.id.expiration.check.interval.ms": 20}
+    with Broker(tmp_path / "logs", properties=settings) as broker, RawConnection(broker.bootstrap_servers) as raw:
+        broker.logs.create_topic("e", 1)
+        assert produce_raw(raw, "e", idempotent_batch(9, 0)).error_code == NONE
+        # once a check ran, the producer is unknown and may start at any sequence
+        wait_for(lambda: produce_raw(raw, "e", idempotent_batch(9, 5)).error_code == NONE,
+                 "the producer's expiry at a periodic check")
+
+
+def test_every_advertised_api_is_answered_at_its_newest_version(broker):
+    """ApiVersions advertises only what is served: an empty request of each advertised API at its newest
+    version is answered (with an error code when it names nothing), never a closed connection."""
+    from kmem.protocol import ApiKey, decode_response, encode_request, message_class
+
+    with RawConnection(broker.bootstrap_servers) as raw:
+        raw.send_frame(encode_request(message_class(ApiKey.API_VERSIONS, "Request")(), 0, 1))
+        _, versions = decode_response(raw.receive_frame(), ApiKey.API_VERSIONS, 0)
+        advertised = {k.api_key: k.max_version for k in versions.api_keys}
+        assert {ApiKey.CREATE_PARTITIONS, ApiKey.DESCRIBE_CONFIGS, ApiKey.INCREMENTAL_ALTER_CONFIGS,
+                ApiKey.DELETE_RECORDS, ApiKey.DESCRIBE_CLUSTER, ApiKey.DELETE_GROUPS} <= set(advertised)
+        for correlation_id, (api_key, version) in enumerate(sorted(advertised.items()), 2):
+            request = message_class(ApiKey(api_key), "Request")()
+            if api_key == ApiKey.PRODUCE:
+                request.acks = 1                 # acks=0 is never answered
+            raw.send_frame(bytes(encode_request(request, version, correlation_id)))
+            payload = raw.receive_frame()
+            assert payload is not None, f"{ApiKey(api_key).name} v{version}: the broker closed the connection"
+            header, _ = decode_response(payload, ApiKey(api_key), version)
+            assert header.correlation_id == correlation_id

@@ -8,7 +8,8 @@ the topic's own settings. Anything out of range, of the wrong type or unknown ra
 naming the setting.
 
 Broker setting (default)                       topic setting
-- ``num.partitions`` (1), ``auto.create.topics.enable`` (true), ``producer.id.expiration.ms`` (1 day)
+- ``num.partitions`` (1), ``auto.create.topics.enable`` (true), ``producer.id.expiration.ms`` (1 day),
+  ``producer.id.expiration.check.interval.ms`` (10 min: how often expired producers are forgotten)
 - ``log.segment.bytes`` (1 GiB)                 ``segment.bytes``
 - ``log.roll.ms`` / ``log.roll.hours`` (168 h)  ``segment.ms``
 - ``log.roll.jitter.ms`` (0)                    ``segment.jitter.ms``
@@ -142,6 +143,8 @@ BROKER_SETTINGS = {
     "num.partitions": ("num_partitions", lambda n, v: _int(n, v, 1, INT32_MAX)),
     "auto.create.topics.enable": ("auto_create_topics_enable", _bool),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda n, v: _int(n, v, 1)),
+    "producer.id.expiration.check.interval.ms": ("producer_id_expiration_check_interval_ms",
+                                                 lambda n, v: _int(n, v, 1, INT32_MAX)),
     "log.segment.bytes": ("log_segment_bytes", TOPIC_SETTINGS["segment.bytes"][1]),
     "log.roll.ms": ("log_roll_ms", lambda n, v: _int(n, v, 1)),
     "log.roll.hours": ("log_roll_hours", lambda n, v: _int(n, v, 1, INT32_MAX)),
@@ -170,6 +173,7 @@ class BrokerConfig:
     num_partitions: int = 1
     auto_create_topics_enable: bool = True
     producer_id_expiration_ms: int = 86_400_000
+    producer_id_expiration_check_interval_ms: int = 600_000
     log_segment_bytes: int = 1 << 30
     log_roll_ms: int | None = None
     log_roll_hours: int = 168

@@ -399,6 +399,12 @@ class PartitionLog:
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         return len(deletable)
 
+    def remove_expired_producers(self, now_ms=None):
+        """Kafka's periodic ``removeExpiredProducers`` (see ``kmem.broker.producer_state``)."""
+        with self._lock:
+            self._check_open()
+            self.producers.remove_expired(self._clock() if now_ms is None else now_ms)
+
     def delete_records_before(self, offset):
         """Kafka's ``deleteRecords`` (DeleteRecords, KIP-107): the log start offset moves to ``offset``
         (-1: the high watermark) and the segments wholly before it are deleted; returns the new log start
@@ -665,6 +671,15 @@ class LogManager:
             deleted = sum(partition_log.delete_old_segments(now) for partition_log in self._logs.values())
             self.checkpoint()
             return deleted
+
+    def remove_expired_producers(self, now_ms=None):
+        """Forget expired idempotent producers in every partition; call it every
+        ``producer.id.expiration.check.interval.ms`` (Kafka's default: 10 minutes)."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            for partition_log in self._logs.values():
+                partition_log.remove_expired_producers(now)
 
     def checkpoint(self):
         """Write the recovery-point, log-start-offset and replication-offset checkpoints."""

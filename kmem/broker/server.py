@@ -16,6 +16,7 @@ import collections
 import logging
 import os
 import threading
+import time
 
 from kmem.broker.admin import ADMIN_APIS, AdminHandlers
 from kmem.broker.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
@@ -107,12 +108,23 @@ class Broker:
         return f"{host}:{port}"
 
     def _maintain(self):
-        interval = self.settings.retention_check_interval_ms / 1000
-        while not self._stop.wait(interval):
-            try:
-                self.logs.maintain()
-            except Exception:
-                log.exception("log maintenance failed; retrying in %.0f s", interval)
+        """Retention every ``log.retention.check.interval.ms``, producer expiry every
+        ``producer.id.expiration.check.interval.ms``."""
+        tasks = [[self.settings.retention_check_interval_ms / 1000, self.logs.maintain],
+                 [self.settings.storage.producer_id_expiration_check_interval_ms / 1000,
+                  self.logs.remove_expired_producers]]
+        for task in tasks:
+            task.append(time.monotonic() + task[0])
+        while not self._stop.wait(max(min(due for _, _, due in tasks) - time.monotonic(), 0)):
+            for task in tasks:
+                interval, run, due = task
+                if time.monotonic() < due:
+                    continue
+                task[2] = time.monotonic() + interval
+                try:
+                    run()
+                except Exception:
+                    log.exception("log maintenance failed; retrying in %.0f s", interval)
 
     def handle(self, request):
         """The SocketServer handler: decode, answer, encode (bytes or a Send; None for acks=0)."""
