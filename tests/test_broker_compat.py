@@ -11,6 +11,7 @@ import time
 import pytest
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
+from confluent_kafka.admin import NewTopic as ConfluentNewTopic
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KafkaTopicPartition
 from kafka.admin import ConfigResource as KafkaConfigResource
@@ -20,7 +21,7 @@ from kafka.errors import GroupIdNotFoundError, InvalidConfigurationError, Invali
 from kafka.errors import KafkaError as KafkaPythonError
 from kafka.structs import OffsetAndMetadata
 
-from broker_helpers import TIMEOUT, RawConnection, produce_raw, wait_for
+from broker_helpers import TIMEOUT, RawConnection, produce_raw, stored_batches, wait_for
 from kmem.broker import Broker
 from kmem.records import RecordsBuilder
 
@@ -312,3 +313,36 @@ def test_every_advertised_api_is_answered_at_its_newest_version(broker):
             assert payload is not None, f"{ApiKey(api_key).name} v{version}: the broker closed the connection"
             header, _ = decode_response(payload, ApiKey(api_key), version)
             assert header.correlation_id == correlation_id
+
+
+@pytest.mark.parametrize("topic_codec, producer_codec, stored_codec", [
+    ("lz4", "gzip", 3), ("uncompressed", "snappy", 0), ("zstd", "none", 4), ("producer", "gzip", 1)])
+def test_topic_compression_type_recompresses_what_producers_send(broker, topic_codec, producer_codec, stored_codec):
+    """Kafka's LogValidator rebuilds a batch in the topic's codec: the records, headers, timestamps and
+    the idempotent producer's fields survive, and consumers read the same records."""
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    results(admin.create_topics([ConfluentNewTopic("z", 1, 1, config={"compression.type": topic_codec})]))
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
+                         "compression.type": producer_codec, "linger.ms": 50})
+    sent = [(b"key-%d" % i, b"value %d " % i + b"." * 100, [("h", b"%d" % i)], 1_700_000_000_000 + i)
+            for i in range(20)]
+    delivered = []
+    for key, value, headers, timestamp in sent:
+        producer.produce("z", value, key, partition=0, headers=headers, timestamp=timestamp,
+                         on_delivery=lambda error, message: delivered.append(error))
+    producer.flush(TIMEOUT)
+    assert delivered == [None] * len(sent)
+
+    stored = stored_batches(broker.log_dir, "z", 0)
+    assert {compression for _, _, compression, _ in stored} == {stored_codec}
+    assert all(producer_id >= 0 for _, producer_id, _, _ in stored)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, auto_offset_reset="earliest",
+                             consumer_timeout_ms=TIMEOUT * 1000)
+    consumer.assign([KafkaTopicPartition("z", 0)])
+    received = []
+    for record in consumer:
+        received.append((record.key, record.value, [(k, v) for k, v in record.headers], record.timestamp))
+        if len(received) == len(sent):
+            break
+    consumer.close()
+    assert received == sent

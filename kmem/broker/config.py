@@ -20,8 +20,9 @@ Broker setting (default)                       topic setting
 - ``log.message.downconversion.enable`` (true) ``message.downconversion.enable``
 - ``log.index.interval.bytes`` (4096)          ``index.interval.bytes``
 - ``log.index.size.max.bytes`` (10 MiB)        ``segment.index.bytes``
-- ``compression.type`` (producer)              ``compression.type``: only ``producer`` (the batch's own
-  codec is kept, as Kafka does by default); other codecs are refused rather than silently ignored.
+- ``compression.type`` (producer)              ``compression.type``: ``producer`` keeps each batch's codec;
+  ``uncompressed``, ``gzip``, ``snappy``, ``lz4`` or ``zstd`` recompress batches of another codec
+  (``kmem.broker.validator``), as Kafka's ``LogValidator``.
 - ``log.cleanup.policy`` (delete)               ``cleanup.policy``: only ``delete`` (kmem does not compact);
   ``compact`` is refused rather than silently ignored.
 - ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
@@ -70,10 +71,13 @@ def _timestamp_type(name, value):
     return value
 
 
+COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
+
+
 def _compression(name, value):
-    if str(value).lower() != "producer":
-        raise ConfigError(f"{name} = {value!r}: only 'producer' (keep the producer's codec) is supported")
-    return "producer"
+    if str(value).lower() not in COMPRESSION_TYPES:
+        raise ConfigError(f"{name} must be one of {', '.join(COMPRESSION_TYPES)}, not {value!r}")
+    return str(value).lower()
 
 
 def _cleanup_policy(name, value):
