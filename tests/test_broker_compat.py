@@ -346,3 +346,43 @@ def test_topic_compression_type_recompresses_what_producers_send(broker, topic_c
             break
     consumer.close()
     assert received == sent
+
+
+def test_admin_requests_kafka_refuses_are_refused_with_its_error_codes(broker):
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    broker.logs.create_topic("r", 1)
+    consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, group_id="g")
+    consumer.commit({KafkaTopicPartition("r", 0): OffsetAndMetadata(0, "", -1)})
+    consumer.close()
+
+    def error_of(future):
+        with pytest.raises(KafkaException) as refused:
+            future.result(timeout=TIMEOUT)
+        return refused.value.args[0].code()
+
+    assert error_of(admin.create_partitions([NewPartitions("__consumer_offsets", 10)])["__consumer_offsets"]) == \
+        KafkaError.INVALID_REQUEST
+    assert error_of(admin.create_partitions([NewPartitions("r", 2, replica_assignment=[[broker.node_id + 1]])])["r"]) \
+        == KafkaError.INVALID_REPLICA_ASSIGNMENT
+    assert error_of(admin.create_partitions([NewPartitions("nope", 2)])["nope"]) == KafkaError.UNKNOWN_TOPIC_OR_PART
+    results(admin.create_partitions([NewPartitions("r", 3)], validate_only=True))
+    assert broker.logs.topics()["r"].partitions == 1
+
+    unknown = ConfigResource("topic", "nope")
+    assert error_of(admin.describe_configs([unknown])[unknown]) == KafkaError.UNKNOWN_TOPIC_OR_PART
+    # (librdkafka sends a broker's resource to that broker: a raw request asks this one for another)
+    from kafka.protocol.admin import DescribeConfigsRequest, DescribeConfigsResponse
+    resource = DescribeConfigsRequest.DescribeConfigsResource(resource_type=4, resource_name=str(broker.node_id + 1),
+                                                               configuration_keys=None)
+    with RawConnection(broker.bootstrap_servers) as raw:
+        answer = raw.request(DescribeConfigsRequest(resources=[resource], include_synonyms=False),
+                             DescribeConfigsResponse, 4)
+    assert answer.results[0].error_code == KafkaError.INVALID_REQUEST
+    this_broker = ConfigResource("broker", str(broker.node_id), incremental_configs=[
+        ConfigEntry("num.partitions", "3", incremental_operation=AlterConfigOpType.SET)])
+    assert error_of(admin.incremental_alter_configs([this_broker])[this_broker]) == KafkaError.INVALID_REQUEST
+    entries = results(admin.describe_configs([ConfigResource("broker", str(broker.node_id))]))
+    assert next(iter(entries.values()))["num.partitions"].value == "1"
+    compact = ConfigResource("topic", "r", incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
+    assert error_of(admin.incremental_alter_configs([compact])[compact]) == KafkaError.INVALID_CONFIG

@@ -261,6 +261,8 @@ def _apply_operations(resource, overrides):
     """IncrementalAlterConfigs: Kafka's SET, DELETE, APPEND and SUBTRACT on a topic's overrides."""
     for config in resource.configs:
         name, op, value = config.name, config.config_operation, config.value
+        if name not in TOPIC_SETTINGS and op != DELETE:
+            raise _Refused(INVALID_CONFIG, f"unknown topic config {name!r}")
         if op == SET:
             overrides[name] = value
         elif op == DELETE:
@@ -277,6 +279,4 @@ def _apply_operations(resource, overrides):
             overrides[name] = ",".join(items)
         else:
             raise _Refused(INVALID_REQUEST, f"unknown operation {op} on {name}")
-        if name not in TOPIC_SETTINGS and op != DELETE:
-            raise _Refused(INVALID_CONFIG, f"unknown topic config {name!r}")
     return overrides
