@@ -263,6 +263,25 @@ def test_a_transactional_producer_fails_at_once_instead_of_timing_out(broker):
     error = refused.value.args[0]
     assert error.code() == TRANSACTIONAL_ID_AUTHORIZATION_FAILED and error.fatal()
 
+    from kafka.errors import TransactionalIdAuthorizationFailedError
+    kafka_producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id="tx2",
+                                   max_block_ms=TIMEOUT * 1000)
+    with pytest.raises(TransactionalIdAuthorizationFailedError):
+        kafka_producer.init_transactions()
+    kafka_producer.close()
+
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.errors import TransactionalIdAuthorizationFailed
+
+    async def start_transactional():
+        aio = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id="tx3")
+        try:
+            await asyncio.wait_for(aio.start(), TIMEOUT)
+        finally:
+            await aio.stop()
+    with pytest.raises(TransactionalIdAuthorizationFailed):
+        asyncio.run(start_transactional())
+
 
 def idempotent_batch(producer_id, sequence):
     builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0, base_sequence=sequence)
