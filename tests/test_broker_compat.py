@@ -9,7 +9,7 @@ import os
 import time
 
 import pytest
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewPartitions
 from confluent_kafka.admin import NewTopic as ConfluentNewTopic
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
@@ -225,11 +225,12 @@ def test_deleting_groups_and_group_offsets(log_dir):
         broker.logs.create_topic("other", 1)
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
         kafka_admin = kafka_python_admin(broker)
-        consumer = KafkaConsumer("subscribed", bootstrap_servers=broker.bootstrap_servers, group_id="g",
-                                 enable_auto_commit=False, session_timeout_ms=6000, heartbeat_interval_ms=500)
-        wait_for(lambda: consumer.poll(100) is not None and consumer.assignment(), "the consumer's assignment")
-        consumer.commit({KafkaTopicPartition("subscribed", 0): OffsetAndMetadata(0, "", -1),
-                         KafkaTopicPartition("other", 0): OffsetAndMetadata(0, "", -1)})
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "g",
+                             "enable.auto.commit": False, "session.timeout.ms": 6000, "heartbeat.interval.ms": 500})
+        consumer.subscribe(["subscribed"])
+        wait_for(lambda: consumer.poll(0.1) is None and consumer.assignment(), "the consumer's assignment")
+        consumer.commit(offsets=[TopicPartition("subscribed", 0, 0), TopicPartition("other", 0, 0)],
+                        asynchronous=False)
 
         with pytest.raises(KafkaException) as refused:
             results(admin.delete_consumer_groups(["g"]))
