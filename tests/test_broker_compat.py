@@ -344,8 +344,8 @@ def test_topic_compression_type_recompresses_what_producers_send(broker, topic_c
     results(admin.create_topics([ConfluentNewTopic("z", 1, 1, config={"compression.type": topic_codec})]))
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True,
                          "compression.type": producer_codec, "linger.ms": 50})
-    sent = [(b"key-%d" % i, b"value %d " % i + b"." * 100, [("h", b"%d" % i)], 1_700_000_000_000 + i)
-            for i in range(20)]
+    sent = [(None if i % 3 == 0 else b"key-%d" % i, None if i % 5 == 1 else b"value %d " % i + b"." * 100,
+             [("h", b"%d" % i), ("null", None)], 1_700_000_000_000 + i) for i in range(20)]
     delivered = []
     for key, value, headers, timestamp in sent:
         producer.produce("z", value, key, partition=0, headers=headers, timestamp=timestamp,
