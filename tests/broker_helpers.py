@@ -89,6 +89,17 @@ class RawConnection:
         self.close()
 
 
+def produce_raw(connection, topic, records, version=9):
+    """One partition's answer to a Produce (acks=-1) of ``records`` to partition 0 of ``topic``."""
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+    data = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
+    request = ProduceRequest(acks=-1, timeout_ms=1000,
+                             topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[data])])
+    response = connection.request(request, ProduceResponse, version)
+    return response.responses[0].partition_responses[0]
+
+
 def start_broker_process(log_dir, *args, port=0):
     """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens."""
     env = dict(os.environ, PYTHONSAFEPATH="1")

@@ -13,7 +13,8 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 from broker_helpers import RawConnection
 from group_helpers import start_broker
 
-NONE, COORDINATOR_NOT_AVAILABLE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 15, 22, 25
+NONE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 22, 25
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
 def test_a_membership_at_version_0_and_offsets_with_retention(tmp_path):
@@ -24,7 +25,7 @@ def test_a_membership_at_version_0_and_offsets_with_retention(tmp_path):
         found = connection.request(FindCoordinatorRequest(key="g"), FindCoordinatorResponse, 0)
         assert (found.error_code, found.node_id, f"{found.host}:{found.port}") == (NONE, 0, broker.bootstrap_servers)
         transaction = connection.request(FindCoordinatorRequest(key="tx", key_type=1), FindCoordinatorResponse, 1)
-        assert transaction.error_code == COORDINATOR_NOT_AVAILABLE
+        assert transaction.error_code == TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
         joined = connection.request(JoinGroupRequest(
             group_id="g", session_timeout_ms=6000, member_id="", protocol_type="consumer",

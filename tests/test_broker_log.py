@@ -90,8 +90,9 @@ def test_config_names_strings_and_precedence():
 @pytest.mark.parametrize("properties", [
     {"log.segment.bytes": 13}, {"log.segment.bytes": 2**31}, {"num.partitions": 0}, {"num.partitions": "x"},
     {"num.partitions": True}, {"log.message.timestamp.type": "Now"}, {"no.such.setting": 1},
-    {"log.message.downconversion.enable": "yes"}, {"compression.type": "gzip"}, {"log.retention.ms": -2},
-    {"producer.id.expiration.ms": 0},
+    {"log.message.downconversion.enable": "yes"}, {"compression.type": "brotli"}, {"log.retention.ms": -2},
+    {"producer.id.expiration.ms": 0}, {"producer.id.expiration.check.interval.ms": 0},
+    {"log.cleanup.policy": "compact"}, {"log.cleanup.policy": "delete,compact"}, {"min.insync.replicas": 2},
 ])
 def test_config_rejects_bad_values(properties):
     with pytest.raises(ConfigError) as raised:

@@ -111,7 +111,7 @@ def test_evicted_producers_are_read_back_from_the_ledger(tmp_path):
             assert produce(partition_log, pid, 0, 5).error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
 
 
-def test_expired_producers_are_forgotten(tmp_path):
+def test_expired_producers_are_forgotten_at_the_periodic_check(tmp_path):
     clock = [now_ms()]
     with open_manager(tmp_path, clock=lambda: clock[0], producer_id_expiration_ms=60_000) as manager:
         manager.create_topic("t")
@@ -119,7 +119,35 @@ def test_expired_producers_are_forgotten(tmp_path):
         assert produce(partition_log, 1, 0, 0).error_code == ErrorCode.NONE
         assert produce(partition_log, 1, 0, 5).error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
         clock[0] += 61_000
+        # Kafka's removeExpiredProducers runs every producer.id.expiration.check.interval.ms: until then
+        # the producer is known
+        assert produce(partition_log, 1, 0, 5).error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        manager.remove_expired_producers()
         assert produce(partition_log, 1, 0, 5).error_code == ErrorCode.NONE
+
+
+def old_batch(producer_id, sequence, timestamp):
+    builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0, base_sequence=sequence)
+    builder.append(b"backfill-%d" % sequence, timestamp=timestamp)
+    return builder.build()
+
+
+def test_a_producer_writing_timestamps_older_than_the_expiration_is_kept_until_the_check(tmp_path):
+    """A backfill: CreateTime timestamps two days old. Kafka keeps the producer until its next check."""
+    clock = [now_ms()]
+    two_days_ago = clock[0] - 2 * 86_400_000
+    with open_manager(tmp_path, clock=lambda: clock[0]) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        first = partition_log.append(old_batch(7, 0, two_days_ago))
+        retried = partition_log.append(old_batch(7, 0, two_days_ago))
+        assert (retried.duplicate, retried.base_offset) == (True, first.base_offset)
+        assert partition_log.append(old_batch(7, 3, two_days_ago)).error_code == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+        assert partition_log.append(old_batch(7, 1, two_days_ago)).error_code == ErrorCode.NONE
+        clock[0] += 1
+        manager.remove_expired_producers()
+        assert partition_log.append(old_batch(7, 3, two_days_ago)).error_code == ErrorCode.NONE   # unknown now
+        assert partition_log.log_end_offset == 3
 
 
 def test_open_transaction_bounds_the_last_stable_offset(partition_log):

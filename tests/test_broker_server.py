@@ -14,7 +14,7 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest
 
-from broker_helpers import RawConnection, start_broker_process, stored_batches, wait_for
+from broker_helpers import RawConnection, produce_raw, start_broker_process, stored_batches, wait_for
 from kmem.broker import Broker
 from kmem.errors import ConfigError
 from kmem.records import FileRecords, build_records, log_segments
@@ -221,7 +221,8 @@ def test_api_versions_advertise_exactly_what_is_served(broker):
     versions = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
     assert versions == {18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (0, 17), 2: (0, 9), 22: (0, 5), 19: (0, 7),
                         20: (0, 6), 10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (0, 9),
-                        9: (0, 9), 16: (0, 5), 15: (0, 5)}
+                        9: (0, 9), 16: (0, 5), 15: (0, 5), 21: (0, 2), 32: (0, 4), 33: (0, 2), 37: (0, 3),
+                        42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1)}
 
 
 def test_acks_zero_gets_no_response(broker):
@@ -311,16 +312,6 @@ def test_zstd_below_fetch_v10_is_unsupported_compression_type(broker):
 
 
 # --- a retried batch after a restart; TLS ------------------------------------------------------------
-
-def produce_raw(connection, topic, records, version=9):
-    from kafka.protocol.producer import ProduceResponse
-
-    data = ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)
-    request = ProduceRequest(acks=-1, timeout_ms=1000,
-                             topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[data])])
-    response = connection.request(request, ProduceResponse, version)
-    return response.responses[0].partition_responses[0]
-
 
 @pytest.mark.parametrize("stop", ["clean", "sigkill"])
 def test_a_retried_last_batch_is_recognised_after_a_restart(tmp_path, stop):

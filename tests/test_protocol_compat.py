@@ -20,7 +20,8 @@ PEER_MODULES = (kafka.protocol.metadata, kafka.protocol.producer, kafka.protocol
 # kafka-python reads these int32 fields as sets of bit numbers, under a shorter name
 PEER_BITFIELDS = {("MetadataResponse", "cluster_authorized_operations"): "authorized_operations",
                   ("MetadataResponseTopic", "topic_authorized_operations"): "authorized_operations",
-                  ("DescribedGroup", "authorized_operations"): "authorized_operations"}
+                  ("DescribedGroup", "authorized_operations"): "authorized_operations",
+                  ("DescribeClusterResponse", "cluster_authorized_operations"): "authorized_operations"}
 
 CASES = [(key, version, kind) for key, (low, high) in SUPPORTED_VERSIONS.items()
          for version in range(low, high + 1) for kind in ("Request", "Response")]

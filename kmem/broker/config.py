@@ -8,7 +8,8 @@ the topic's own settings. Anything out of range, of the wrong type or unknown ra
 naming the setting.
 
 Broker setting (default)                       topic setting
-- ``num.partitions`` (1), ``auto.create.topics.enable`` (true), ``producer.id.expiration.ms`` (1 day)
+- ``num.partitions`` (1), ``auto.create.topics.enable`` (true), ``producer.id.expiration.ms`` (1 day),
+  ``producer.id.expiration.check.interval.ms`` (10 min: how often expired producers are forgotten)
 - ``log.segment.bytes`` (1 GiB)                 ``segment.bytes``
 - ``log.roll.ms`` / ``log.roll.hours`` (168 h)  ``segment.ms``
 - ``log.roll.jitter.ms`` (0)                    ``segment.jitter.ms``
@@ -19,8 +20,13 @@ Broker setting (default)                       topic setting
 - ``log.message.downconversion.enable`` (true) ``message.downconversion.enable``
 - ``log.index.interval.bytes`` (4096)          ``index.interval.bytes``
 - ``log.index.size.max.bytes`` (10 MiB)        ``segment.index.bytes``
-- ``compression.type`` (producer)              ``compression.type``: only ``producer`` (the batch's own
-  codec is kept, as Kafka does by default); other codecs are refused rather than silently ignored.
+- ``compression.type`` (producer)              ``compression.type``: ``producer`` keeps each batch's codec;
+  ``uncompressed``, ``gzip``, ``snappy``, ``lz4`` or ``zstd`` recompress batches of another codec
+  (``kmem.broker.validator``), as Kafka's ``LogValidator``.
+- ``log.cleanup.policy`` (delete)               ``cleanup.policy``: only ``delete`` (kmem does not compact);
+  ``compact`` is refused rather than silently ignored.
+- ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
+  value would make every ``acks=all`` produce fail with NOT_ENOUGH_REPLICAS, as in Kafka: refused).
 
 As in Kafka, ``log.roll.ms`` wins over ``log.roll.hours`` and ``log.retention.ms`` over the minutes and
 hours forms. kmem's own settings (not Kafka's) are ``node.id`` (1), ``producer.ledger.ids`` (10,000: the
@@ -65,10 +71,20 @@ def _timestamp_type(name, value):
     return value
 
 
+COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
+
+
 def _compression(name, value):
-    if str(value).lower() != "producer":
-        raise ConfigError(f"{name} = {value!r}: only 'producer' (keep the producer's codec) is supported")
-    return "producer"
+    if str(value).lower() not in COMPRESSION_TYPES:
+        raise ConfigError(f"{name} must be one of {', '.join(COMPRESSION_TYPES)}, not {value!r}")
+    return str(value).lower()
+
+
+def _cleanup_policy(name, value):
+    policies = sorted({p.strip().lower() for p in str(value).split(",") if p.strip()})
+    if policies != ["delete"]:
+        raise ConfigError(f"{name} = {value!r}: only 'delete' is supported (kmem broker does not compact logs)")
+    return "delete"
 
 
 # topic-level name -> (LogConfig field, parser with its range)
@@ -84,6 +100,8 @@ TOPIC_SETTINGS = {
     "index.interval.bytes": ("index_interval_bytes", lambda n, v: _int(n, v, 0, INT32_MAX)),
     "segment.index.bytes": ("segment_index_bytes", lambda n, v: _int(n, v, 4, INT32_MAX)),
     "compression.type": ("compression_type", _compression),
+    "cleanup.policy": ("cleanup_policy", _cleanup_policy),
+    "min.insync.replicas": ("min_insync_replicas", lambda n, v: _int(n, v, 1, 1)),
 }
 
 
@@ -101,6 +119,8 @@ class LogConfig:
     index_interval_bytes: int = 4096
     segment_index_bytes: int = 10 << 20
     compression_type: str = "producer"
+    cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
 
     @property
     def log_append_time(self):
@@ -127,6 +147,8 @@ BROKER_SETTINGS = {
     "num.partitions": ("num_partitions", lambda n, v: _int(n, v, 1, INT32_MAX)),
     "auto.create.topics.enable": ("auto_create_topics_enable", _bool),
     "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda n, v: _int(n, v, 1)),
+    "producer.id.expiration.check.interval.ms": ("producer_id_expiration_check_interval_ms",
+                                                 lambda n, v: _int(n, v, 1, INT32_MAX)),
     "log.segment.bytes": ("log_segment_bytes", TOPIC_SETTINGS["segment.bytes"][1]),
     "log.roll.ms": ("log_roll_ms", lambda n, v: _int(n, v, 1)),
     "log.roll.hours": ("log_roll_hours", lambda n, v: _int(n, v, 1, INT32_MAX)),
@@ -141,6 +163,8 @@ BROKER_SETTINGS = {
     "log.index.interval.bytes": ("log_index_interval_bytes", TOPIC_SETTINGS["index.interval.bytes"][1]),
     "log.index.size.max.bytes": ("log_index_size_max_bytes", TOPIC_SETTINGS["segment.index.bytes"][1]),
     "compression.type": ("compression_type", _compression),
+    "log.cleanup.policy": ("log_cleanup_policy", _cleanup_policy),
+    "min.insync.replicas": ("min_insync_replicas", TOPIC_SETTINGS["min.insync.replicas"][1]),
     "producer.ledger.ids": ("producer_ledger_ids", lambda n, v: _int(n, v, 16, INT32_MAX)),
     "producer.state.cache.entries": ("producer_state_cache_entries", lambda n, v: _int(n, v, 1, INT32_MAX)),
 }
@@ -153,6 +177,7 @@ class BrokerConfig:
     num_partitions: int = 1
     auto_create_topics_enable: bool = True
     producer_id_expiration_ms: int = 86_400_000
+    producer_id_expiration_check_interval_ms: int = 600_000
     log_segment_bytes: int = 1 << 30
     log_roll_ms: int | None = None
     log_roll_hours: int = 168
@@ -167,6 +192,8 @@ class BrokerConfig:
     log_index_interval_bytes: int = 4096
     log_index_size_max_bytes: int = 10 << 20
     compression_type: str = "producer"
+    log_cleanup_policy: str = "delete"
+    min_insync_replicas: int = 1
     producer_ledger_ids: int = 10_000
     producer_state_cache_entries: int = 10_000
 
@@ -207,7 +234,8 @@ class BrokerConfig:
             max_message_bytes=self.message_max_bytes, message_timestamp_type=self.log_message_timestamp_type,
             message_downconversion_enable=self.log_message_downconversion_enable,
             index_interval_bytes=self.log_index_interval_bytes, segment_index_bytes=self.log_index_size_max_bytes,
-            compression_type=self.compression_type)
+            compression_type=self.compression_type, cleanup_policy=self.log_cleanup_policy,
+            min_insync_replicas=self.min_insync_replicas)
 
     def topic_config(self, overrides=None):
         """The ``LogConfig`` of a topic with ``overrides`` (topic-level names) over the broker's defaults."""

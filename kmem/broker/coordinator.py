@@ -48,6 +48,7 @@ from kmem.broker.offsets import (
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
 from kmem.broker.validator import COORDINATOR
+from kmem.consumer.group import decode_subscription
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
 from kmem.records import build_records
@@ -66,9 +67,13 @@ INVALID_GROUP_ID = 24
 UNKNOWN_MEMBER_ID = 25
 INVALID_SESSION_TIMEOUT = 26
 REBALANCE_IN_PROGRESS = 27
+NON_EMPTY_GROUP = 68
+GROUP_ID_NOT_FOUND = 69
 MEMBER_ID_REQUIRED = 79
 GROUP_MAX_SIZE_REACHED = 81
 FENCED_INSTANCE_ID = 82
+GROUP_SUBSCRIBED_TO_TOPIC = 86
+CONSUMER_PROTOCOL = "consumer"
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 WAIT_RESERVE_THREADS = 4          # handler threads never taken by waiting JoinGroup/SyncGroup requests
@@ -81,11 +86,12 @@ GROUP_APIS = {
     ApiKey.JOIN_GROUP: "join_group", ApiKey.SYNC_GROUP: "sync_group", ApiKey.HEARTBEAT: "heartbeat",
     ApiKey.LEAVE_GROUP: "leave_group", ApiKey.OFFSET_COMMIT: "offset_commit", ApiKey.OFFSET_FETCH: "offset_fetch",
     ApiKey.LIST_GROUPS: "list_groups", ApiKey.DESCRIBE_GROUPS: "describe_groups",
+    ApiKey.DELETE_GROUPS: "delete_groups", ApiKey.OFFSET_DELETE: "offset_delete",
 }
 GROUP_VERSIONS = {
     ApiKey.JOIN_GROUP: (0, 9), ApiKey.SYNC_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5),
     ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9), ApiKey.LIST_GROUPS: (0, 5),
-    ApiKey.DESCRIBE_GROUPS: (0, 5),
+    ApiKey.DESCRIBE_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 2), ApiKey.OFFSET_DELETE: (0, 0),
 }
 
 
@@ -943,6 +949,87 @@ class GroupCoordinator:
                                      member_assignment=bytes(m.assignment) if stable else b"")
                              for m in group.members.values()]))
         return messages.DescribeGroupsResponse(throttle_time_ms=0, groups=described)
+
+    # --- DeleteGroups, OffsetDelete ------------------------------------------------------------------
+
+    def delete_groups(self, header, request):
+        """Kafka's ``deleteGroups``: an empty group's offsets and metadata become tombstones; a group with
+        members is NON_EMPTY_GROUP, an unknown one GROUP_ID_NOT_FOUND."""
+        Result = messages.DeleteGroupsResponse.DeletableGroupResult
+        results = []
+        with self._lock:
+            for group_id in request.groups_names:
+                results.append(Result(group_id=group_id, error_code=self._delete_group(group_id)))
+        return messages.DeleteGroupsResponse(throttle_time_ms=0, results=results)
+
+    def _delete_group(self, group_id):
+        if self._closed:
+            return COORDINATOR_NOT_AVAILABLE
+        if not group_id:
+            return INVALID_GROUP_ID
+        group = self.groups.get(group_id)
+        if group is None or group.state == DEAD:
+            return GROUP_ID_NOT_FOUND
+        if group.state != EMPTY or group.members:
+            return NON_EMPTY_GROUP
+        entries = [(offset_commit_key(group_id, t, p), None) for t, p in group.offsets]
+        entries.append((group_metadata_key(group_id), None))
+        error = self._append(group_id, entries)
+        if error == NONE:
+            group.set_state(DEAD, _now_ms())
+            del self.groups[group_id]
+        return error
+
+    def offset_delete(self, header, request):
+        """Kafka's ``deleteOffsets`` (KIP-496): the committed offsets of topics the group's members do not
+        subscribe to become tombstones; a subscribed topic's partitions get GROUP_SUBSCRIBED_TO_TOPIC."""
+        Response = messages.OffsetDeleteResponse
+        response = Response(error_code=NONE, throttle_time_ms=0, topics=[])
+        with self._lock:
+            group = self.groups.get(request.group_id)
+            if self._closed:
+                response.error_code = COORDINATOR_NOT_AVAILABLE
+            elif not request.group_id:
+                response.error_code = INVALID_GROUP_ID
+            elif group is None or group.state == DEAD:
+                response.error_code = GROUP_ID_NOT_FOUND
+            elif group.members and group.protocol_type != CONSUMER_PROTOCOL:
+                response.error_code = NON_EMPTY_GROUP      # the topics of other protocols are unknown
+            if response.error_code:
+                return response
+            subscribed = self._subscribed_topics(group)
+            deleted = []
+            for topic in request.topics:
+                topic_result = Response.OffsetDeleteResponseTopic(name=topic.name, partitions=[])
+                response.topics.append(topic_result)
+                for p in topic.partitions:
+                    error = GROUP_SUBSCRIBED_TO_TOPIC if topic.name in subscribed else NONE
+                    topic_result.partitions.append(Response.OffsetDeleteResponsePartition(
+                        partition_index=p.partition_index, error_code=error))
+                    if not error and (topic.name, p.partition_index) in group.offsets:
+                        deleted.append((topic.name, p.partition_index))
+            if deleted:
+                error = self._append(group.group_id, [(offset_commit_key(group.group_id, t, p), None)
+                                                      for t, p in deleted])
+                if error:
+                    response.error_code, response.topics = error, []
+                    return response
+                for key in deleted:
+                    del group.offsets[key]
+        return response
+
+    @staticmethod
+    def _subscribed_topics(group):
+        """The topics the members of a consumer group subscribe to (Kafka's ``isSubscribedToTopic``)."""
+        topics = set()
+        if group.protocol is None:           # no generation yet: Kafka knows no subscription either
+            return topics
+        for member in group.members.values():
+            try:
+                topics.update(decode_subscription(member.metadata(group.protocol)))
+            except CorruptRecordError:
+                log.warning("group %r: member %s has an unreadable subscription", group.group_id, member.member_id)
+        return topics
 
     # --- offset expiry and compaction -----------------------------------------------------------------
 

@@ -3,8 +3,8 @@ response body, as Kafka's ``KafkaApis`` answers them on a single node.
 
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
-groups; COORDINATOR_NOT_AVAILABLE for transactions), and the group APIs of
-``kmem.broker.coordinator.GroupCoordinator``. Transactions are not served: their APIs are not
+groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
+``kmem.broker.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.admin``. Transactions are not served: their APIs are not
 advertised and InitProducerId with a transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 
+from kmem.broker.admin import ADMIN_VERSIONS
 from kmem.broker.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.coordinator import GROUP_VERSIONS
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 # Kafka's error codes answered here beyond the storage layer's (kmem.broker.codes)
 NONE = 0
 UNKNOWN_TOPIC_OR_PARTITION = 3
-COORDINATOR_NOT_AVAILABLE = 15
+INVALID_TOPIC_EXCEPTION = 17
 INVALID_REQUIRED_ACKS = 21
 INVALID_REPLICATION_FACTOR = 38
 INVALID_REQUEST = 42
@@ -54,7 +55,7 @@ INVALID_RECORD = 87
 SERVED_VERSIONS = {
     ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
-    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), **GROUP_VERSIONS,
+    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), **GROUP_VERSIONS, **ADMIN_VERSIONS,
 }
 GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
@@ -103,10 +104,12 @@ class Handlers:
         return response
 
     def find_coordinator(self, header, request):
-        """Every group's coordinator is this broker; transactions have none (not served)."""
+        """Every group's coordinator is this broker. Transactions are not served: a transactional id is
+        refused as Kafka refuses one its ACLs deny (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients
+        take as fatal), not COORDINATOR_NOT_AVAILABLE, which they would retry until their timeout."""
         if header.api_version >= 1 and request.key_type != GROUP_KEY_TYPE:
-            error, message, (node, host, port) = COORDINATOR_NOT_AVAILABLE, "kmem broker serves no transactions", \
-                (-1, "", -1)
+            error, message, (node, host, port) = TRANSACTIONAL_ID_AUTHORIZATION_FAILED, \
+                "kmem broker serves no transactions", (-1, "", -1)
         else:
             error, message = NONE, None
             node, (host, port) = self.node_id, self.endpoint()
@@ -269,6 +272,10 @@ class Handlers:
                 topic_response.partition_responses.append(result)
                 if request.acks not in (0, 1, -1):
                     result.error_code = INVALID_REQUIRED_ACKS
+                    continue
+                if topic.name == OFFSETS_TOPIC:        # Kafka's ReplicaManager: internalTopicsAllowed is false
+                    result.error_code = INVALID_TOPIC_EXCEPTION
+                    result.error_message = f"cannot append to internal topic {OFFSETS_TOPIC}"
                     continue
                 partition_log = self.logs.get_partition(topic.name, data.index)
                 if partition_log is None:

@@ -399,6 +399,28 @@ class PartitionLog:
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         return len(deletable)
 
+    def remove_expired_producers(self, now_ms=None):
+        """Kafka's periodic ``removeExpiredProducers`` (see ``kmem.broker.producer_state``)."""
+        with self._lock:
+            self._check_open()
+            self.producers.remove_expired(self._clock() if now_ms is None else now_ms)
+
+    def delete_records_before(self, offset):
+        """Kafka's ``deleteRecords`` (DeleteRecords, KIP-107): the log start offset moves to ``offset``
+        (-1: the high watermark) and the segments wholly before it are deleted; returns the new log start
+        offset. OFFSET_OUT_OF_RANGE (``LogError``) beyond the high watermark."""
+        _check_int("offset", offset)
+        with self._lock:
+            self._check_open()
+            if offset == -1:
+                offset = self.high_watermark
+            if not 0 <= offset <= self.high_watermark:
+                raise LogError(ErrorCode.OFFSET_OUT_OF_RANGE, f"cannot delete records of {self.topic}-"
+                               f"{self.partition} before offset {offset}: the high watermark is {self.high_watermark}")
+            self.log_start_offset = max(self.log_start_offset, offset)
+            self._delete_segments(lambda segment: segment.next_offset <= offset)
+            return self.log_start_offset
+
     # --- shutdown -----------------------------------------------------------------------------------
 
     def flush(self):
@@ -564,6 +586,52 @@ class LogManager:
                 self._write_topics_file()
             self.checkpoint()
 
+    def add_partitions(self, name, count):
+        """CreatePartitions: grow ``name`` to ``count`` partitions (they get the topic's id and settings).
+        Raises ``LogError``: UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS when ``count`` is not larger."""
+        with self._lock:
+            self._check_open()
+            info = self.topics().get(name)
+            if info is None:
+                raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            self.check_partition_count(info, count)
+            topic_config = self.config.topic_config(self._topic_configs.get(name))
+            for p in range(info.partitions, count):
+                self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
+                                                     topic_id=info.topic_id, clock_ms=self._clock)
+            fsync_directory(self.log_dir)
+            self.checkpoint()
+
+    @staticmethod
+    def check_partition_count(info, count):
+        """INVALID_PARTITIONS (``LogError``) unless ``count`` is more than the topic has now."""
+        if isinstance(count, bool) or not isinstance(count, int) or count <= info.partitions:
+            raise LogError(ErrorCode.INVALID_PARTITIONS, f"topic {info.name!r} has {info.partitions} partitions: "
+                           f"a new count must be larger, not {count!r}")
+
+    def set_topic_configs(self, name, configs, *, validate_only=False):
+        """AlterConfigs: ``configs`` (topic-level names) become the topic's whole set of overrides, applied
+        to its partitions at once. Raises ``LogError``: UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG."""
+        configs = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items() if v is not None}
+        try:
+            topic_config = self.config.topic_config(configs)
+        except ConfigError as e:
+            raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
+        with self._lock:
+            self._check_open()
+            partition_logs = [log for (topic, _), log in self._logs.items() if topic == name]
+            if not partition_logs:
+                raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            if validate_only:
+                return
+            if configs:
+                self._topic_configs[name] = configs
+            else:
+                self._topic_configs.pop(name, None)
+            self._write_topics_file()
+            for partition_log in partition_logs:
+                partition_log.config = topic_config
+
     def _topic_names(self):
         return {topic for topic, _ in self._logs}
 
@@ -603,6 +671,15 @@ class LogManager:
             deleted = sum(partition_log.delete_old_segments(now) for partition_log in self._logs.values())
             self.checkpoint()
             return deleted
+
+    def remove_expired_producers(self, now_ms=None):
+        """Forget expired idempotent producers in every partition; call it every
+        ``producer.id.expiration.check.interval.ms`` (Kafka's default: 10 minutes)."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            for partition_log in self._logs.values():
+                partition_log.remove_expired_producers(now)
 
     def checkpoint(self):
         """Write the recovery-point, log-start-offset and replication-offset checkpoints."""

@@ -14,8 +14,14 @@ Where the state lives:
   the roll offset) and a roll with no producer written since the previous one writes none; deleting a
   segment does not delete a snapshot (its producers may live nowhere else), only expiry does, checked
   when the ledger opens or flushes. The ledger's own files (``ledger-<n>.active``, ``ledger.lock``,
-  ``<offset>.snapshot.bloom``) sit beside Kafka's, which Kafka ignores. Expiry, as Kafka's, counts from
-  the producer's last batch's max timestamp: a producer writing old CreateTime timestamps expires early;
+  ``<offset>.snapshot.bloom``) sit beside Kafka's, which Kafka ignores. Expiry is Kafka's
+  ``removeExpiredProducers``: ``remove_expired(now)``, run every
+  ``producer.id.expiration.check.interval.ms`` (and when the partition opens), forgets the producers
+  whose last batch's max timestamp is ``producer.id.expiration.ms`` older than ``now`` (none with an
+  open transaction). Between checks every producer is kept, also one writing CreateTime timestamps
+  older than the expiration (a backfill): until the next check its duplicates and sequences are
+  checked, as in Kafka. (The ledger judges expiry by the time of the last check; the few producers
+  written since then with such old timestamps are held in memory until the next one.);
 - an LRU of at most ``producer.state.cache.entries`` producers keeps the metadata of their last five
   batches, as Kafka's ``ProducerStateEntry`` does. A producer read back from the ledger (evicted, or
   after a restart) knows its last batch only, which is all a Kafka snapshot keeps too.
@@ -149,17 +155,31 @@ def _in_sequence(last_seq, next_seq):
 class ProducerStateManager:
     """Producer state of one partition directory. Calls are serialised by the partition's lock."""
 
-    def __init__(self, directory, *, ledger_ids, cache_entries, expiration_ms, clock_ms=None):
+    def __init__(self, directory, *, ledger_ids, cache_entries, expiration_ms, clock_ms):
+        self._checked_at = clock_ms()                   # Kafka removes expired producers when it loads them
         self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
-                                clock_ms=clock_ms)
+                                clock_ms=lambda: self._checked_at)
         self.cache_entries = cache_entries
         self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
         self._ongoing = {}                              # pid -> first offset of its open transaction
+        self._stale = {}      # pid -> state written since the last check whose timestamp is already expired
         self._lock = threading.Lock()
+
+    def remove_expired(self, now_ms):
+        """Kafka's ``removeExpiredProducers``: from now on, producers whose last timestamp is
+        ``producer.id.expiration.ms`` older than ``now_ms`` (and no transaction open) are unknown."""
+        with self._lock:
+            self._checked_at = now_ms
+            self._stale.clear()
+            for pid in [pid for pid, state in self._cache.items() if self.ledger.expired(state.to_entry())]:
+                del self._cache[pid]
 
     def state(self, producer_id):
         """The producer's state (None if unknown or expired); a copy the caller may change."""
         with self._lock:
+            state = self._stale.get(producer_id)
+            if state is not None:
+                return state.copy()
             state = self._cache.get(producer_id)
             if state is not None:
                 self._cache.move_to_end(producer_id)
@@ -221,6 +241,10 @@ class ProducerStateManager:
 
     def _remember(self, state):
         with self._lock:
+            if self.ledger.expired(state.to_entry()):      # kept until the next check, as Kafka keeps it
+                self._stale[state.producer_id] = state
+            else:
+                self._stale.pop(state.producer_id, None)
             self._cache[state.producer_id] = state
             self._cache.move_to_end(state.producer_id)
             while len(self._cache) > self.cache_entries:
@@ -261,6 +285,7 @@ class ProducerStateManager:
             return
         with self._lock:
             state = self._cache.pop(pid, None)
+            self._stale.pop(pid, None)
         if state is not None and state.last_offset >= log_end_offset:
             state = None
         if state is None:
@@ -271,8 +296,10 @@ class ProducerStateManager:
 
     def finish_replay(self):
         """After recovery: forget remembered states a replay left behind the ledger (it replayed a segment
-        that is not the last, e.g. to rebuild its index)."""
+        that is not the last, e.g. to rebuild its index), and the expired producers replayed (Kafka removes
+        them once loaded)."""
         with self._lock:
+            self._stale.clear()
             remembered = list(self._cache.values())
         for state in remembered:
             entry = self.ledger.read(state.producer_id)

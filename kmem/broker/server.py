@@ -16,7 +16,9 @@ import collections
 import logging
 import os
 import threading
+import time
 
+from kmem.broker.admin import ADMIN_APIS, AdminHandlers
 from kmem.broker.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
 from kmem.broker.handlers import SERVED_VERSIONS, Handlers
 from kmem.broker.log import LogManager
@@ -52,6 +54,7 @@ class Broker:
         self.server = None
         self.handlers = None
         self.coordinator = None
+        self.admin = None
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._counts_lock = threading.Lock()
@@ -63,6 +66,7 @@ class Broker:
             ApiKey.FIND_COORDINATOR: "find_coordinator",
         }
         self._apis.update(GROUP_APIS)
+        self._apis.update(ADMIN_APIS)
 
     @property
     def node_id(self):
@@ -73,6 +77,7 @@ class Broker:
             raise IllegalStateError("the broker was already started")
         self.logs = LogManager(self.log_dir, self.settings.storage)
         self.handlers = Handlers(self.logs, self.node_id, self.endpoint)
+        self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
         self.server = SocketServer(self.handle, self.settings.network)
         try:
             max_waiting = max(self.settings.network.num_io_threads - WAIT_RESERVE_THREADS, 1)
@@ -103,12 +108,23 @@ class Broker:
         return f"{host}:{port}"
 
     def _maintain(self):
-        interval = self.settings.retention_check_interval_ms / 1000
-        while not self._stop.wait(interval):
-            try:
-                self.logs.maintain()
-            except Exception:
-                log.exception("log maintenance failed; retrying in %.0f s", interval)
+        """Retention every ``log.retention.check.interval.ms``, producer expiry every
+        ``producer.id.expiration.check.interval.ms``."""
+        tasks = [[self.settings.retention_check_interval_ms / 1000, self.logs.maintain],
+                 [self.settings.storage.producer_id_expiration_check_interval_ms / 1000,
+                  self.logs.remove_expired_producers]]
+        for task in tasks:
+            task.append(time.monotonic() + task[0])
+        while not self._stop.wait(max(min(due for _, _, due in tasks) - time.monotonic(), 0)):
+            for task in tasks:
+                interval, run, due = task
+                if time.monotonic() < due:
+                    continue
+                task[2] = time.monotonic() + interval
+                try:
+                    run()
+                except Exception:
+                    log.exception("log maintenance failed; retrying in %.0f s", interval)
 
     def handle(self, request):
         """The SocketServer handler: decode, answer, encode (bytes or a Send; None for acks=0)."""
@@ -127,7 +143,8 @@ class Broker:
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         else:
-            owner = self.coordinator if header.api_key in GROUP_APIS else self.handlers
+            owner = self.coordinator if header.api_key in GROUP_APIS else \
+                self.admin if header.api_key in ADMIN_APIS else self.handlers
             response = getattr(owner, self._apis[header.api_key])(header, body)
         return None if response is None else encode_response(header, response)
 

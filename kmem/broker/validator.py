@@ -15,6 +15,10 @@
 - v0/v1 message sets are up-converted to one v2 batch with the same codec, their records getting
   consecutive offsets (and the broker's time on a ``LogAppendTime`` topic; v0 records have none).
   The converted batch must fit ``max.message.bytes`` too.
+- A topic whose ``compression.type`` is a codec (``uncompressed``, ``gzip``, ``snappy``, ``lz4``,
+  ``zstd``) rather than ``producer`` gets client batches of another codec rebuilt as one batch of that
+  codec, as Kafka's ``LogValidator`` recompresses: same records, timestamps and headers, the first
+  batch's producer id, epoch, base sequence and transactional flag. Control batches stay as they are.
 """
 import struct
 import time
@@ -127,9 +131,20 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
         _check_batch(batch, batches[0], origin, config.max_message_bytes, len(batches))
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     log_append_time = now if config.log_append_time else -1
-    if batches[0].magic == 2:
+    target = _target_codec(config.compression_type)
+    first = batches[0]
+    if first.magic == 2 and (target is None or origin == REPLICATION or first.is_control_batch
+                             or all(batch.compression == target for batch in batches)):
         return _assign_in_place(batches, next_offset, leader_epoch, log_append_time)
-    return _up_convert(batches, next_offset, leader_epoch, log_append_time, config.max_message_bytes)
+    return _rebuild(batches, first.compression if target is None else target, next_offset, leader_epoch,
+                    log_append_time, config.max_message_bytes)
+
+
+def _target_codec(compression_type):
+    """The codec a topic's ``compression.type`` imposes, or None for ``producer`` (keep the batch's)."""
+    if compression_type == "producer":
+        return None
+    return codecs.codec_id("none" if compression_type == "uncompressed" else compression_type)
 
 
 def _assign_in_place(batches, next_offset, leader_epoch, log_append_time):
@@ -163,17 +178,24 @@ def _assign_in_place(batches, next_offset, leader_epoch, log_append_time):
                             log_append_time)
 
 
-def _up_convert(batches, next_offset, leader_epoch, log_append_time, max_message_bytes):
-    codec = batches[0].compression
+def _rebuild(batches, codec, next_offset, leader_epoch, log_append_time, max_message_bytes):
+    """One v2 batch of ``codec`` holding every record of ``batches``: magic 0/1 up-converted, or v2
+    batches recompressed (keeping the first one's producer fields)."""
+    first = batches[0]
+    producer = {}
+    if first.magic == 2 and first.producer_id >= 0:
+        producer = {"producer_id": first.producer_id, "producer_epoch": first.producer_epoch,
+                    "base_sequence": first.base_sequence, "transactional": first.is_transactional}
     if log_append_time >= 0:
         builder = RecordsBuilder(2, codec, TimestampType.LOG_APPEND_TIME, next_offset, log_append_time=log_append_time,
-                                 partition_leader_epoch=leader_epoch)
+                                 partition_leader_epoch=leader_epoch, **producer)
     else:
-        builder = RecordsBuilder(2, codec, base_offset=next_offset, partition_leader_epoch=leader_epoch)
+        builder = RecordsBuilder(2, codec, base_offset=next_offset, partition_leader_epoch=leader_epoch, **producer)
     try:
         for batch in batches:
             for record in batch:
-                builder.append(record.value, key=record.key, timestamp=max(record.timestamp, -1))
+                builder.append(record.value, key=record.key, timestamp=max(record.timestamp, -1),
+                               headers=record.headers)
     except CorruptRecordError as e:
         raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
     data = builder.build()
@@ -181,7 +203,8 @@ def _up_convert(batches, next_offset, leader_epoch, log_append_time, max_message
         raise LogError(ErrorCode.MESSAGE_TOO_LARGE, f"the converted batch of {len(data)} bytes is larger than "
                                                     f"max.message.bytes = {max_message_bytes}")
     converted = next(MemoryRecords(data).batches())
-    info = BatchInfo(-1, -1, -1, -1, converted.base_offset, converted.last_offset, converted.max_timestamp,
-                     False, False)
+    info = BatchInfo(converted.producer_id, converted.producer_epoch, converted.base_sequence,
+                     converted.sequence_of(converted.last_offset), converted.base_offset, converted.last_offset,
+                     converted.max_timestamp, converted.is_transactional, False)
     return ValidatedRecords([data], [info], converted.base_offset, converted.last_offset, converted.max_timestamp,
                             converted.last_offset if converted.max_timestamp >= 0 else -1, log_append_time)

@@ -1,0 +1,282 @@
+"""The admin APIs of ``kmem broker`` (what ``kafka-topics``, ``kafka-configs`` and the admin clients of
+kafka-python, aiokafka and confluent-kafka send), as Kafka's ``KafkaApis`` and its controller answer them
+on a single node:
+
+- CreatePartitions 0-3: a topic grows to the count asked (INVALID_PARTITIONS if not larger,
+  INVALID_REPLICA_ASSIGNMENT for an assignment naming another broker, INVALID_REQUEST for the internal
+  ``__consumer_offsets``, whose partition count places the groups);
+- DescribeConfigs 0-4: a topic's effective settings (its overrides and the broker's defaults, with
+  their source, type and, when asked, synonyms) or the broker's (resource name ``""`` or its node id);
+- AlterConfigs 0-2 (the overrides are replaced as a whole) and IncrementalAlterConfigs 0-1 (SET,
+  DELETE, APPEND and SUBTRACT on list settings) of topics; the broker's settings are static
+  (INVALID_REQUEST naming the setting to put in ``server.properties``);
+- DeleteRecords 0-2 (KIP-107): the log start offset moves up, whole segments before it are deleted;
+- DescribeCluster 0-1 (KIP-700): this broker, its cluster id, itself as controller.
+"""
+from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.config import TOPIC_SETTINGS
+from kmem.broker.offsets import OFFSETS_TOPIC
+from kmem.errors import IllegalStateError
+from kmem.protocol import ApiKey, messages
+
+NONE = 0
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_TOPIC_EXCEPTION = 17
+INVALID_REPLICA_ASSIGNMENT = 39
+INVALID_CONFIG = 40
+INVALID_REQUEST = 42
+UNSUPPORTED_ENDPOINT_TYPE = 119
+
+TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4                    # Kafka's ConfigResource.Type
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3                 # Kafka's AlterConfigOp.OpType
+DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5   # DescribeConfigs config sources
+BROKERS_ENDPOINT = 1                                       # DescribeCluster endpoint type
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+# Kafka's ConfigDef types as DescribeConfigs v3+ numbers them
+BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
+CONFIG_TYPES = {
+    "segment.bytes": INT, "segment.ms": LONG, "segment.jitter.ms": LONG, "retention.ms": LONG,
+    "retention.bytes": LONG, "max.message.bytes": INT, "message.timestamp.type": STRING,
+    "message.downconversion.enable": BOOLEAN, "index.interval.bytes": INT, "segment.index.bytes": INT,
+    "compression.type": STRING, "cleanup.policy": LIST, "min.insync.replicas": INT,
+}
+# topic-level name -> the broker-level name that gives its default (Kafka's synonyms)
+BROKER_SYNONYMS = {
+    "segment.bytes": "log.segment.bytes", "segment.ms": "log.roll.ms", "segment.jitter.ms": "log.roll.jitter.ms",
+    "retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes",
+    "max.message.bytes": "message.max.bytes", "message.timestamp.type": "log.message.timestamp.type",
+    "message.downconversion.enable": "log.message.downconversion.enable",
+    "index.interval.bytes": "log.index.interval.bytes", "segment.index.bytes": "log.index.size.max.bytes",
+    "compression.type": "compression.type", "cleanup.policy": "log.cleanup.policy",
+    "min.insync.replicas": "min.insync.replicas",
+}
+
+ADMIN_APIS = {
+    ApiKey.CREATE_PARTITIONS: "create_partitions", ApiKey.DESCRIBE_CONFIGS: "describe_configs",
+    ApiKey.ALTER_CONFIGS: "alter_configs", ApiKey.INCREMENTAL_ALTER_CONFIGS: "incremental_alter_configs",
+    ApiKey.DELETE_RECORDS: "delete_records", ApiKey.DESCRIBE_CLUSTER: "describe_cluster",
+}
+ADMIN_VERSIONS = {
+    ApiKey.CREATE_PARTITIONS: (0, 3), ApiKey.DESCRIBE_CONFIGS: (0, 4), ApiKey.ALTER_CONFIGS: (0, 2),
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1), ApiKey.DELETE_RECORDS: (0, 2), ApiKey.DESCRIBE_CLUSTER: (0, 1),
+}
+
+
+def config_text(value):
+    """A setting's value as Kafka shows it: ``true``/``false`` for booleans."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+class AdminHandlers:
+    """The admin APIs over a ``LogManager`` (see the module docstring); ``endpoint()`` gives (host, port)."""
+
+    def __init__(self, logs, node_id, endpoint):
+        self.logs = logs
+        self.node_id = node_id
+        self.endpoint = endpoint
+
+    # --- CreatePartitions -----------------------------------------------------------------------------
+
+    def create_partitions(self, header, request):
+        Result = messages.CreatePartitionsResponse.CreatePartitionsTopicResult
+        response = messages.CreatePartitionsResponse(throttle_time_ms=0, results=[])
+        names = [topic.name for topic in request.topics]
+        for topic in request.topics:
+            result = Result(name=topic.name, error_code=NONE, error_message=None)
+            response.results.append(result)
+            try:
+                self._create_partitions(topic, names.count(topic.name), request.validate_only)
+            except LogError as e:
+                result.error_code, result.error_message = int(e.code), str(e)
+            except _Refused as e:
+                result.error_code, result.error_message = e.code, e.message
+        return response
+
+    def _create_partitions(self, topic, times_named, validate_only):
+        if times_named > 1:
+            raise _Refused(INVALID_REQUEST, f"topic {topic.name!r} named twice")
+        if topic.name == OFFSETS_TOPIC:
+            raise _Refused(INVALID_REQUEST, f"the partition count of {OFFSETS_TOPIC} places the groups: "
+                                            "it cannot grow")
+        info = self.logs.topics().get(topic.name)
+        if info is None:
+            raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic.name!r}")
+        self.logs.check_partition_count(info, topic.count)
+        if topic.assignments is not None:
+            if len(topic.assignments) != topic.count - info.partitions:
+                raise _Refused(INVALID_REPLICA_ASSIGNMENT, f"{len(topic.assignments)} assignments for "
+                                                           f"{topic.count - info.partitions} new partitions")
+            if any(a.broker_ids != [self.node_id] for a in topic.assignments):
+                raise _Refused(INVALID_REPLICA_ASSIGNMENT, f"every partition's only replica is broker {self.node_id}")
+        if not validate_only:
+            self.logs.add_partitions(topic.name, topic.count)
+
+    # --- DescribeConfigs ------------------------------------------------------------------------------
+
+    def describe_configs(self, header, request):
+        version = header.api_version
+        Result = messages.DescribeConfigsResponse.DescribeConfigsResult
+        response = messages.DescribeConfigsResponse(throttle_time_ms=0, results=[])
+        for resource in request.resources:
+            result = Result(error_code=NONE, error_message=None, resource_type=resource.resource_type,
+                            resource_name=resource.resource_name, configs=[])
+            response.results.append(result)
+            try:
+                entries = self._config_entries(resource.resource_type, resource.resource_name)
+            except _Refused as e:
+                result.error_code, result.error_message = e.code, e.message
+                continue
+            wanted = resource.configuration_keys
+            synonyms = version >= 1 and request.include_synonyms
+            result.configs = [self._described(name, value, source, default, version, synonyms)
+                              for name, (value, source, default) in entries.items()
+                              if wanted is None or name in wanted]
+        return response
+
+    def _config_entries(self, resource_type, name):
+        """``{name: (value, source, broker default)}`` of a topic or of the broker."""
+        if resource_type == TOPIC_RESOURCE:
+            info = self.logs.topics().get(name)
+            if info is None:
+                raise _Refused(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            defaults = self.logs.config.default_log_config().properties()
+            effective = self.logs.config.topic_config(info.configs).properties()
+            return {key: (value, DYNAMIC_TOPIC_CONFIG if key in info.configs else DEFAULT_CONFIG, defaults.get(key))
+                    for key, value in effective.items()}
+        if resource_type == BROKER_RESOURCE:
+            self._check_broker_name(name)
+            return {key: (value, STATIC_BROKER_CONFIG, None) for key, value in self.logs.config.properties().items()}
+        raise _Refused(INVALID_REQUEST, f"resource type {resource_type} is not served (topics 2, the broker 4)")
+
+    def _check_broker_name(self, name):
+        if name not in ("", str(self.node_id)):
+            raise _Refused(INVALID_REQUEST, f"this broker's id is {self.node_id}, not {name!r}")
+
+    def _described(self, name, value, source, default, version, with_synonyms):
+        Config = messages.DescribeConfigsResponse.DescribeConfigsResourceResult
+        Synonym = messages.DescribeConfigsResponse.DescribeConfigsSynonym
+        synonyms = []
+        if with_synonyms:
+            if source == DYNAMIC_TOPIC_CONFIG:
+                synonyms.append(Synonym(name=name, value=config_text(value), source=source))
+            if default is not None:
+                synonyms.append(Synonym(name=BROKER_SYNONYMS.get(name, name), value=config_text(default),
+                                        source=DEFAULT_CONFIG))
+        return Config(name=name, value=config_text(value), read_only=source == STATIC_BROKER_CONFIG,
+                      is_default=source == DEFAULT_CONFIG, config_source=source, is_sensitive=False,
+                      synonyms=synonyms, config_type=CONFIG_TYPES.get(name, STRING) if version >= 3 else 0,
+                      documentation=None)
+
+    # --- AlterConfigs, IncrementalAlterConfigs --------------------------------------------------------
+
+    def alter_configs(self, header, request):
+        return self._alter(messages.AlterConfigsResponse, request,
+                           lambda resource, current: {c.name: c.value for c in resource.configs})
+
+    def incremental_alter_configs(self, header, request):
+        return self._alter(messages.IncrementalAlterConfigsResponse, request, _apply_operations)
+
+    def _alter(self, response_class, request, new_overrides):
+        """Each resource's new overrides are ``new_overrides(resource, current overrides)``."""
+        response = response_class(throttle_time_ms=0, responses=[])
+        for resource in request.resources:
+            result = response_class.AlterConfigsResourceResponse(
+                error_code=NONE, error_message=None, resource_type=resource.resource_type,
+                resource_name=resource.resource_name)
+            response.responses.append(result)
+            try:
+                if resource.resource_type == BROKER_RESOURCE:
+                    self._check_broker_name(resource.resource_name)
+                    names = ", ".join(c.name for c in resource.configs)
+                    raise _Refused(INVALID_REQUEST, f"kmem broker's settings are static: set {names} in "
+                                                    "server.properties or with --override and restart")
+                if resource.resource_type != TOPIC_RESOURCE:
+                    raise _Refused(INVALID_REQUEST, f"resource type {resource.resource_type} is not served")
+                info = self.logs.topics().get(resource.resource_name)
+                if info is None:
+                    raise _Refused(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {resource.resource_name!r}")
+                overrides = new_overrides(resource, dict(info.configs))
+                self.logs.set_topic_configs(resource.resource_name, overrides, validate_only=request.validate_only)
+            except LogError as e:
+                result.error_code, result.error_message = int(e.code), str(e)
+            except _Refused as e:
+                result.error_code, result.error_message = e.code, e.message
+        return response
+
+    # --- DeleteRecords --------------------------------------------------------------------------------
+
+    def delete_records(self, header, request):
+        Response = messages.DeleteRecordsResponse
+        response = Response(throttle_time_ms=0, topics=[])
+        for topic in request.topics:
+            topic_result = Response.DeleteRecordsTopicResult(name=topic.name, partitions=[])
+            response.topics.append(topic_result)
+            for wanted in topic.partitions:
+                result = Response.DeleteRecordsPartitionResult(partition_index=wanted.partition_index,
+                                                               low_watermark=-1, error_code=NONE)
+                topic_result.partitions.append(result)
+                if topic.name == OFFSETS_TOPIC:      # Kafka's ReplicaManager refuses internal topics here
+                    result.error_code = INVALID_TOPIC_EXCEPTION
+                    continue
+                partition_log = self.logs.get_partition(topic.name, wanted.partition_index)
+                if partition_log is None:
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                try:
+                    result.low_watermark = partition_log.delete_records_before(wanted.offset)
+                except LogError as e:
+                    result.error_code = int(e.code)
+                except IllegalStateError:            # the topic was deleted meanwhile
+                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+        self.logs.checkpoint()                       # the new log start offsets survive a crash
+        return response
+
+    # --- DescribeCluster ------------------------------------------------------------------------------
+
+    def describe_cluster(self, header, request):
+        endpoint_type = request.endpoint_type if header.api_version >= 1 else BROKERS_ENDPOINT
+        response = messages.DescribeClusterResponse(
+            throttle_time_ms=0, error_code=NONE, error_message=None, endpoint_type=endpoint_type,
+            cluster_id=self.logs.cluster_id, controller_id=self.node_id, brokers=[],
+            cluster_authorized_operations=NO_AUTHORIZED_OPERATIONS)
+        if endpoint_type != BROKERS_ENDPOINT:
+            response.error_code = UNSUPPORTED_ENDPOINT_TYPE
+            response.error_message = "kmem broker has no controller endpoints: it is its own controller"
+            return response
+        host, port = self.endpoint()
+        response.brokers = [messages.DescribeClusterResponse.DescribeClusterBroker(
+            broker_id=self.node_id, host=host, port=port, rack=None, is_fenced=False)]
+        return response
+
+
+class _Refused(Exception):
+    """A resource answered with an error code of this module (not the storage layer's)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def _apply_operations(resource, overrides):
+    """IncrementalAlterConfigs: Kafka's SET, DELETE, APPEND and SUBTRACT on a topic's overrides."""
+    for config in resource.configs:
+        name, op, value = config.name, config.config_operation, config.value
+        if name not in TOPIC_SETTINGS and op != DELETE:
+            raise _Refused(INVALID_CONFIG, f"unknown topic config {name!r}")
+        if op == SET:
+            overrides[name] = value
+        elif op == DELETE:
+            overrides.pop(name, None)
+        elif op in (APPEND, SUBTRACT):
+            if CONFIG_TYPES.get(name) != LIST:
+                raise _Refused(INVALID_CONFIG, f"{name} is not a list: APPEND and SUBTRACT do not apply")
+            items = [v for v in str(overrides.get(name, "")).split(",") if v]
+            changes = [v.strip() for v in (value or "").split(",") if v.strip()]
+            if op == APPEND:
+                items += [v for v in changes if v not in items]
+            else:
+                items = [v for v in items if v not in changes]
+            overrides[name] = ",".join(items)
+        else:
+            raise _Refused(INVALID_REQUEST, f"unknown operation {op} on {name}")
+    return overrides
