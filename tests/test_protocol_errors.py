@@ -202,6 +202,34 @@ def test_fetch_response_with_record_sends_is_one_send_the_peer_reads():
         assert [bytes(p.records) for p in peer.responses[0].partitions] == records
 
 
+def test_fetch_partitions_with_or_without_aborted_transactions_reach_the_peer():
+    """A partition's fixed fields, its aborted transactions' count and its records' size are written in one
+    struct call when there are none (empty, or null from v4) and the records are a Send: every mix of
+    the two, at non-flexible and flexible versions, reads back the same with kafka-python."""
+    Aborted = FetchResponse.AbortedTransaction
+    cases = [([], b"a" * 20, True), (None, b"b" * 30, True), ([Aborted(7, 40), Aborted(8, 41)], b"c", True),
+             ([], b"inline", False), ([Aborted(9, 50)], b"inline too", False), (None, None, False), ([], b"", True),
+             ([], b"big" * 10000, True)]
+    for version in (4, 5, 11, 12, 17):
+        partitions = [FetchResponse.PartitionData(partition_index=i, error_code=i, high_watermark=100 + i,
+                                                  last_stable_offset=90 + i, log_start_offset=i, aborted_transactions=a,
+                                                  preferred_read_replica=-1 - i, records=BytesSend(r) if send else r)
+                      for i, (a, r, send) in enumerate(cases)]
+        body = FetchResponse(responses=[FetchResponse.FetchableTopicResponse(topic="t", partitions=partitions)])
+        send = encode_response(RequestHeader(ApiKey.FETCH, version, 3), body)
+        payload = b"".join(_drain(send, step=1000))
+        assert len(payload) == send.size
+        read = PeerFetchResponse.decode(payload, version=version, header=True).responses[0].partitions
+        assert [(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset, p.log_start_offset)
+                for p in read] == [(i, i, 100 + i, 90 + i, i if version >= 5 else -1) for i in range(len(cases))]
+        assert [None if p.aborted_transactions is None else [(t.producer_id, t.first_offset)
+                                                              for t in p.aborted_transactions] for p in read] == \
+            [None if a is None else [(t.producer_id, t.first_offset) for t in a] for a, _, _ in cases]
+        if version >= 11:
+            assert [p.preferred_read_replica for p in read] == [-1 - i for i in range(len(cases))]
+        assert [None if p.records is None else bytes(p.records) for p in read] == [r for _, r, _ in cases]
+
+
 def test_response_without_sends_is_bytes():
     body = FetchResponse(responses=[FetchResponse.FetchableTopicResponse(
         topic="t", partitions=[FetchResponse.PartitionData(records=b"small")])])

@@ -238,10 +238,13 @@ class SplicedSend:
     ``size`` counts both. One object whatever the number of partitions (a ``SequenceSend`` would need
     a part per gap between records)."""
 
-    def __init__(self, data, splices):
+    def __init__(self, data, splices, spliced_bytes=None):
+        """``spliced_bytes``: the sum of the sends' sizes, if the caller counted them already."""
         self._data = memoryview(data)
         self._splices = splices                      # [(offset in data, send)], offsets ascending
-        self.size = self.remaining = len(data) + sum(send.size for _, send in splices)
+        if spliced_bytes is None:
+            spliced_bytes = sum(send.size for _, send in splices)
+        self.size = self.remaining = len(data) + spliced_bytes
         self._position = 0                           # next byte of data to write
         self._next = 0                               # next splice
 
@@ -279,8 +282,8 @@ class SplicedSend:
         return f"<SplicedSend {self.size - self.remaining}/{self.size} bytes, {len(self._splices)} sends>"
 
 
-def _finish(buf, splices):
-    return SplicedSend(bytes(buf), splices) if splices else bytes(buf)
+def _finish(buf, splices, spliced_bytes):
+    return SplicedSend(bytes(buf), splices, spliced_bytes) if splices else bytes(buf)
 
 
 def _api_key_of(body, kind):
@@ -306,8 +309,8 @@ def encode_request(body, api_version, correlation_id, client_id=None, unknown_ta
     except (struct.error, AttributeError, TypeError, codegen._Bad) as e:
         raise InvalidMessageError("RequestHeader", api_version, "correlation_id..client_id", str(e)) from None
     splices = []
-    _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
-    return _finish(buf, splices)
+    spliced_bytes = _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
+    return _finish(buf, splices, spliced_bytes)
 
 
 def encode_response(request_header, body, unknown_tags=None):
@@ -329,8 +332,8 @@ def encode_response(request_header, body, unknown_tags=None):
     except (struct.error, TypeError, codegen._Bad) as e:
         raise InvalidMessageError("ResponseHeader", version, "correlation_id", str(e)) from None
     splices = []
-    _codec(api_key, version, "Response", "encode")(body, buf, splices)
-    return _finish(buf, splices)
+    spliced_bytes = _codec(api_key, version, "Response", "encode")(body, buf, splices)
+    return _finish(buf, splices, spliced_bytes)
 
 
 def api_versions_fallback_response(request_header):

@@ -65,26 +65,27 @@ def tagged_section(tags):
 
 def put_records(buf, splices, records, compact):
     """Write a records field: its length, then small bytes-like records inline; a Send, or bytes-like
-    records larger than INLINE_RECORDS_MAX, is noted in ``splices`` as (offset in ``buf``, send)."""
+    records larger than INLINE_RECORDS_MAX, is noted in ``splices`` as (offset in ``buf``, send).
+    Returns the bytes so noted."""
     if isinstance(records, _BYTES_LIKE):
         view = memoryview(records).cast("B") if type(records) is memoryview else records
         size = len(view)
         buf += uvarint(size + 1) if compact else _I32.pack(size)
         if size <= INLINE_RECORDS_MAX:
             buf += view
-        else:
-            splices.append((len(buf), BytesSend(view)))
-        return
+            return 0
+        splices.append((len(buf), BytesSend(view)))
+        return size
     if getattr(records, "write_to", None) is None:
         try:
             view = memoryview(records).cast("B")
         except TypeError:
             raise _Bad(f"records must be bytes-like, None or a Send, not {type(records).__name__}") from None
-        put_records(buf, splices, view, compact)
-        return
+        return put_records(buf, splices, view, compact)
     size = records.size
     buf += uvarint(size + 1) if compact else _I32.pack(size)
     splices.append((len(buf), records))
+    return size
 
 
 _I32 = struct.Struct(">i")
@@ -330,15 +331,23 @@ class _Encoder:
         fields = [f for f in struct.fields if f.present(version)]
         untagged = [f for f in fields if not (self.flexible and f.is_tagged(version))]
         tagged = [f for f in fields if self.flexible and f.is_tagged(version)]
-        for run in _fixed_runs(untagged):
-            if isinstance(run, list):
-                fmt = ">" + "".join(FIXED_FORMATS[f.type] for f in run)
-                pack = src.constant("pack", _struct_of(fmt).pack)
-                args = [f"{obj}.{f.name}.bytes" if f.type == "uuid" else f"{obj}.{f.name}" for f in run]
-                self._where(indent, _Decoder._path(path, run))
-                src.emit(indent, f"{buf} += {pack}({', '.join(args)})")
+        runs = _fixed_runs(untagged)
+        i = 0
+        while i < len(runs):
+            run = runs[i]
+            following = runs[i + 1] if i + 1 < len(runs) else None
+            if isinstance(run, list) and not self.track and getattr(following, "is_array", False):
+                after = runs[i + 2] if i + 2 < len(runs) and isinstance(runs[i + 2], list) else []
+                i += 3 if after else 2
+                records = runs[i] if after and i < len(runs) and self._fixed_length_records(runs[i]) else None
+                i += records is not None
+                self._runs_around_array(run, following, after, records, obj, buf, indent, path)
+            elif isinstance(run, list):
+                self._run(run, obj, buf, indent, path)
+                i += 1
             else:
                 self.field(run, f"{obj}.{run.name}", buf, indent, path)
+                i += 1
         if not self.flexible:
             return
         tags = src.var("tags")
@@ -356,6 +365,60 @@ class _Encoder:
         self._where(indent, path + "<tagged fields>")
         src.emit(indent, f"if {tags}: {buf} += _tagged_section({tags})")
         src.emit(indent, f"else: {buf}.append(0)")
+
+    @staticmethod
+    def _run_format(run):
+        return "".join(FIXED_FORMATS[f.type] for f in run)
+
+    @staticmethod
+    def _run_args(run, obj):
+        return [f"{obj}.{f.name}.bytes" if f.type == "uuid" else f"{obj}.{f.name}" for f in run]
+
+    def _run(self, run, obj, buf, indent, path):
+        """One struct call for a run of fixed-size fields."""
+        pack = self.src.constant("pack", _struct_of(">" + self._run_format(run)).pack)
+        self._where(indent, _Decoder._path(path, run))
+        self.src.emit(indent, f"{buf} += {pack}({', '.join(self._run_args(run, obj))})")
+
+    def _fixed_length_records(self, field):
+        return not isinstance(field, list) and field.type == "records" and not field.compact(self.flexible)
+
+    def _runs_around_array(self, before, array, after, records, obj, buf, indent, path):
+        """Fixed runs before and after an array that is usually empty (a partition's aborted transactions):
+        when it is empty, or null where allowed, its count joins both runs in one struct call, and so does
+        the size of the ``records`` field that may follow when they are a Send (a broker's Fetch)."""
+        src = self.src
+        value = src.var("x")
+        src.emit(indent, f"{value} = {obj}.{array.name}")
+        count_format, empty, null = ("B", 1, 0) if array.compact(self.flexible) else ("i", 0, -1)
+        if array.is_nullable(self.version):
+            fused, count = f"not {value}", f"{null} if {value} is None else {empty}"
+        else:                                # None goes the general way, which refuses it
+            fused, count = f"{value} is not None and not {value}", str(empty)
+        fmt = ">" + self._run_format(before) + count_format + self._run_format(after)
+        args = self._run_args(before, obj) + [count] + self._run_args(after, obj)
+        if records is None:
+            src.emit(indent, f"if {fused}:")
+        else:
+            send, size = src.var("x"), src.var("rs")
+            src.emit(indent, f"{send} = {obj}.{records.name}")
+            src.emit(indent, f"if {fused} and hasattr({send}, 'write_to'):")
+            src.emit(indent + 1, f"{size} = {send}.size")
+            pack = src.constant("pack", _struct_of(fmt + "i").pack)
+            src.emit(indent + 1, f"{buf} += {pack}({', '.join(args + [size])})")
+            src.emit(indent + 1, f"_splice((len({buf}), {send}))")
+            src.emit(indent + 1, f"spliced += {size}")
+            src.emit(indent, f"elif {fused}:")
+        src.emit(indent + 1, f"{buf} += {src.constant('pack', _struct_of(fmt).pack)}({', '.join(args)})")
+        if records is not None:
+            self.field(records, send, buf, indent + 1, path)
+        src.emit(indent, "else:")
+        self._run(before, obj, buf, indent + 1, path)
+        self.field(array, value, buf, indent + 1, path)
+        if after:
+            self._run(after, obj, buf, indent + 1, path)
+        if records is not None:
+            self.field(records, send, buf, indent + 1, path)
 
     def _not_default(self, field, value):
         """Kafka writes a tagged field only when it differs from its default."""
@@ -461,9 +524,10 @@ class _Encoder:
             src.emit(body, f"elif hasattr({value}, 'write_to'):")
             src.emit(body + 1, f"{size} = {value}.size")
             self._length(field, size, buf, body + 1, wide=True)
-            src.emit(body + 1, f"splices.append((len({buf}), {value}))")
+            src.emit(body + 1, f"_splice((len({buf}), {value}))")
+            src.emit(body + 1, f"spliced += {size}")
             src.emit(body, "else:")
-            src.emit(body + 1, f"_put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
+            src.emit(body + 1, f"spliced += _put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
             return
         body = self._null(field, value, buf, indent)
         raw = src.var("b")
@@ -574,16 +638,18 @@ def decoder(message, version):
 
 def encoder(message, version):
     """``encode(obj, buf, splices)``: appends the body to ``buf``; record Sends (and large records) are
-    appended to ``splices`` as (offset in ``buf``, send) instead.
+    appended to ``splices`` as (offset in ``buf``, send) instead, and their bytes counted in the return value.
 
-    Two copies are generated: the one returned, and one that tracks the field being written, run only
-    after a failure to name the field in the InvalidMessageError."""
+    The copy that tracks the field being written, to name it in the InvalidMessageError, is generated
+    and run only after a failure."""
     build_classes(message)
-    located = _encoder_source(message, version, track=True)
+    located = []                     # the tracking copy, compiled at the first failure
 
     def locate(obj, error):
+        if not located:
+            located.append(_encoder_source(message, version, track=True))
         try:
-            located(obj, bytearray(), [])
+            located[0](obj, bytearray(), [])
         except InvalidMessageError as named:
             return named
         return _invalid(message.name, version, None, error)
@@ -595,9 +661,11 @@ def _encoder_source(message, version, track, locate=None):
     src = _Source(message.name, version)
     src.emit(0, "def encode(obj, buf, splices):")
     src.emit(1, "f = None")
+    src.emit(1, "_splice = splices.append")
+    src.emit(1, "spliced = 0")
     src.emit(1, "try:")
     _Encoder(src, version, message.is_flexible(version), track).struct(message, "obj", "buf", 2, "")
-    src.emit(2, "pass")
+    src.emit(2, "return spliced")
     src.emit(1, "except _CAUGHT as e:")
     if track:
         src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
