@@ -129,17 +129,7 @@ def _view(buf):
 def _read_tags(view, pos, what):
     """Skip a header's tagged fields, keeping them as ``{tag: bytes}`` (or None)."""
     try:
-        count, pos = codegen.read_uvarint(view, pos)
-        tags = None
-        for _ in range(count):
-            tag, pos = codegen.read_uvarint(view, pos)
-            size, pos = codegen.read_uvarint(view, pos)
-            if pos + size > len(view):
-                raise codegen._Bad(f"tagged field of {size} bytes past the end")
-            tags = tags or {}
-            tags[tag] = bytes(view[pos:pos + size])
-            pos += size
-        return tags, pos
+        return codegen.read_unknown_tags(view, pos)
     except (IndexError, codegen._Bad) as e:
         raise CorruptMessageError(what, 0, "<tagged fields>", pos, str(e) or "message ends early") from None
 

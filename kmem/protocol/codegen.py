@@ -39,6 +39,22 @@ def read_uvarint(data, pos):
     raise _Bad("unsigned varint longer than 5 bytes")
 
 
+def read_unknown_tags(data, pos):
+    """A tagged-fields section none of whose tags is known -> ({tag: bytes} or None, pos)."""
+    count, pos = read_uvarint(data, pos)
+    tags = None
+    for _ in range(count):
+        tag, pos = read_uvarint(data, pos)
+        size, pos = read_uvarint(data, pos)
+        if pos + size > len(data):
+            raise _Bad(f"tagged field of {size} bytes past the end")
+        if tags is None:
+            tags = {}
+        tags[tag] = bytes(data[pos:pos + size])
+        pos += size
+    return tags, pos
+
+
 def uvarint(value):
     if 0 <= value < 0x4000:                              # lengths below 16 KiB: one or two bytes
         return bytes((value,)) if value < 0x80 else bytes(((value & 0x7F) | 0x80, value >> 7))
@@ -95,7 +111,7 @@ class _Source:
     def __init__(self, name, version):
         self.lines = []
         self.globals = {"_Bad": _Bad, "_uvarint": read_uvarint, "_enc_uvarint": uvarint,
-                        "_tagged_section": tagged_section, "_put_records": put_records,
+                        "_tagged_section": tagged_section, "_unknown_tags": read_unknown_tags, "_put_records": put_records,
                         "_BYTES_LIKE": _BYTES_LIKE, "_UUID": uuid.UUID, "_unpack_from": struct.unpack_from,
                         "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack,
                         "_pack_varint3": struct.Struct(">BBB").pack,
@@ -186,8 +202,12 @@ class _Decoder:
             for field in tagged:
                 values[field.name] = name = src.var("v")
                 src.emit(indent, f"{name} = {_default_expr(src, field)}")
-            src.emit(indent, f"{unknown} = None")
             src.emit(indent, f"f = {path + '<tagged fields>'!r}")
+            if not tagged:                   # the usual section: empty, else a helper keeps the code short
+                src.emit(indent, f"if data[pos]: {unknown}, pos = _unknown_tags(data, pos)")
+                src.emit(indent, f"else: {unknown}, pos = None, pos + 1")
+        if tagged:
+            src.emit(indent, f"{unknown} = None")
             count, tag, size, stop = src.var("n"), src.var("tag"), src.var("sz"), src.var("te")
             self._uvarint(count, indent)
             src.emit(indent, f"for _ in range({count}) if {count} else ():")
@@ -203,12 +223,10 @@ class _Decoder:
                 decoded = self.field(field, indent + 2, path)
                 src.emit(indent + 2, f"{values[field.name]} = {decoded}")
                 src.emit(indent + 2, f"if pos != {stop}: raise _Bad('tagged field size ' + str({size}) + ' is wrong')")
-            if tagged:
-                src.emit(indent + 1, "else:")
-            body = indent + 2 if tagged else indent + 1
-            src.emit(body, f"if {unknown} is None: {unknown} = {{}}")
-            src.emit(body, f"{unknown}[{tag}] = bytes(data[pos:{stop}])")
-            src.emit(body, f"pos = {stop}")
+            src.emit(indent + 1, "else:")
+            src.emit(indent + 2, f"if {unknown} is None: {unknown} = {{}}")
+            src.emit(indent + 2, f"{unknown}[{tag}] = bytes(data[pos:{stop}])")
+            src.emit(indent + 2, f"pos = {stop}")
         args = [values.get(f.name) or _default_expr(src, f) for f in struct.fields]
         cls = src.constant("cls", struct.cls)
         src.emit(indent, f"{target} = {cls}({', '.join(args + [unknown])})")
