@@ -2,8 +2,8 @@
 version's layout, compiled once and cached.
 
 The generated code is straight-line Python: runs of fixed-size fields are read and written by one
-precompiled ``struct.Struct``; nested structs are inlined. Decoders set ``f`` (the field's path) before
-each field so a failure names it; encoders leave that to a second, tracking copy run after a failure.
+precompiled ``struct.Struct``; nested structs are inlined. A failure is named (the field's path) by a
+second copy that sets ``f`` before each field, generated and run only after a failure.
 Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
 encoding appends to a ``bytearray`` and notes where record ``Send``s go instead of copying them.
 """
@@ -173,8 +173,13 @@ def _default_expr(src, field):
 # ----------------------------------------------------------------------------------------------- decode
 
 class _Decoder:
-    def __init__(self, src, version, flexible):
+    def __init__(self, src, version, flexible, track):
         self.src, self.version, self.flexible = src, version, flexible
+        self.track = track           # set ``f`` before each field (the slower copy run to name a failure)
+
+    def _where(self, indent, path):
+        if self.track:
+            self.src.emit(indent, f"f = {path!r}")
 
     def struct(self, struct, target, indent, path):
         src, version = self.src, self.version
@@ -187,7 +192,7 @@ class _Decoder:
                 fmt = ">" + "".join(FIXED_FORMATS[f.type] for f in run)
                 unpack = src.constant("unpack", _struct_of(fmt).unpack_from)
                 names = [src.var("v") for _ in run]
-                src.emit(indent, f"f = {self._path(path, run)!r}")
+                self._where(indent, self._path(path, run))
                 src.emit(indent, f"{', '.join(names)}, = {unpack}(data, pos)")
                 src.emit(indent, f"pos += {_struct_of(fmt).size}")
                 for field, name in zip(run, names):
@@ -202,7 +207,7 @@ class _Decoder:
             for field in tagged:
                 values[field.name] = name = src.var("v")
                 src.emit(indent, f"{name} = {_default_expr(src, field)}")
-            src.emit(indent, f"f = {path + '<tagged fields>'!r}")
+            self._where(indent, path + "<tagged fields>")
             if not tagged:                   # the usual section: empty, else a helper keeps the code short
                 src.emit(indent, f"if data[pos]: {unknown}, pos = _unknown_tags(data, pos)")
                 src.emit(indent, f"else: {unknown}, pos = None, pos + 1")
@@ -269,7 +274,7 @@ class _Decoder:
         src = self.src
         target = src.var("v")
         here = path + field.name
-        src.emit(indent, f"f = {here!r}")
+        self._where(indent, here)
         if field.is_array:
             count = src.var("n")
             self._length(field, count, indent, wide=True)
@@ -638,19 +643,41 @@ def _build_classes(message):
 
 
 def decoder(message, version):
-    """``decode(data, pos) -> (message object, pos)`` for one version; ``data`` a memoryview of bytes."""
+    """``decode(data, pos) -> (message object, pos)`` for one version; ``data`` a memoryview of bytes.
+
+    The copy that tracks the field being read, to name it in the CorruptMessageError, is generated and
+    run (on the same bytes) only after a failure."""
     build_classes(message)
+    located = []                     # the tracking copy, compiled at the first failure
+
+    def locate(data, start, error):
+        if not located:
+            located.append(_decoder_source(message, version, track=True))
+        try:
+            located[0](data, start)
+        except CorruptMessageError as named:
+            return named
+        return _corrupt(message.name, version, None, start, error)
+
+    return _decoder_source(message, version, track=False, locate=locate)
+
+
+def _decoder_source(message, version, track, locate=None):
     src = _Source(message.name, version)
     src.emit(0, "def decode(data, pos):")
     src.emit(1, "end = len(data)")
-    src.emit(1, "f = None")
+    src.emit(1, "f = None" if track else "start = pos")
     src.emit(1, "try:")
-    _Decoder(src, version, message.is_flexible(version)).struct(message, "obj", 2, "")
+    _Decoder(src, version, message.is_flexible(version), track).struct(message, "obj", 2, "")
     src.emit(1, "except _CAUGHT as e:")
-    src.emit(2, f"raise _corrupt({message.name!r}, {version}, f, pos, e) from None")
+    if track:
+        src.emit(2, f"raise _corrupt({message.name!r}, {version}, f, pos, e) from None")
+    else:
+        src.emit(2, "raise _locate(data, start, e) from None")
     src.emit(1, "return obj, pos")
     src.globals["_CAUGHT"] = (_Bad, struct.error, IndexError, ValueError, TypeError)
     src.globals["_corrupt"] = _corrupt
+    src.globals["_locate"] = locate
     return src.compile("decode")
 
 
