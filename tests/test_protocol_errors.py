@@ -168,6 +168,20 @@ def test_request_header_v2_keeps_tagged_fields_and_a_null_client_id():
     assert offset == 10 + 5          # count, tag, size, "zz"
 
 
+def test_a_tagged_field_cut_short_is_reported_at_its_byte():
+    header = encode_request(ApiVersionsRequest(), 3, 1, client_id=None, unknown_tags={3: b"zz"})
+    with pytest.raises(CorruptMessageError) as caught:
+        decode_request_header(header[:14])           # count, tag, size at bytes 10-12; one byte of "zz"
+    assert caught.value.position == 13 and "tagged field of 2 bytes past the end" in str(caught.value)
+    body = encode_request(ApiVersionsRequest(client_software_name="k", client_software_version="1",
+                                             unknown_tags={5: b"abc"}), 3, 1)
+    with pytest.raises(CorruptMessageError) as caught:
+        decode_request(body[:-1])                    # the body's last tagged field loses a byte
+    error = caught.value
+    assert (error.field, error.position) == ("<tagged fields>", len(body) - 3)
+    assert "tagged field of 3 bytes past the end" in str(error)
+
+
 @pytest.mark.parametrize("cut", range(0, 13))
 def test_truncated_request_header(cut):
     payload = encode_request(ApiVersionsRequest(), 3, 1, client_id="cc")

@@ -130,8 +130,8 @@ def _read_tags(view, pos, what):
     """Skip a header's tagged fields, keeping them as ``{tag: bytes}`` (or None)."""
     try:
         return codegen.read_unknown_tags(view, pos)
-    except (IndexError, codegen._Bad) as e:
-        raise CorruptMessageError(what, 0, "<tagged fields>", pos, str(e) or "message ends early") from None
+    except codegen._Bad as e:
+        raise CorruptMessageError(what, 0, "<tagged fields>", e.pos, str(e)) from None
 
 
 _API_KEYS = {int(key): key for key in ApiKey}

@@ -24,7 +24,12 @@ INLINE_RECORDS_MAX = 16 << 10
 
 
 class _Bad(Exception):
-    """Raised by generated code; turned into a CorruptMessageError / InvalidMessageError naming the field."""
+    """Raised by generated code; turned into a CorruptMessageError / InvalidMessageError naming the field.
+    ``pos``: the byte, when raised by a helper that read past where its caller stands."""
+
+    def __init__(self, reason, pos=None):
+        super().__init__(reason)
+        self.pos = pos
 
 
 def read_uvarint(data, pos):
@@ -40,18 +45,22 @@ def read_uvarint(data, pos):
 
 
 def read_unknown_tags(data, pos):
-    """A tagged-fields section none of whose tags is known -> ({tag: bytes} or None, pos)."""
-    count, pos = read_uvarint(data, pos)
+    """A tagged-fields section none of whose tags is known -> ({tag: bytes} or None, pos); a failure is a
+    ``_Bad`` whose ``pos`` is the byte where it happened."""
     tags = None
-    for _ in range(count):
-        tag, pos = read_uvarint(data, pos)
-        size, pos = read_uvarint(data, pos)
-        if pos + size > len(data):
-            raise _Bad(f"tagged field of {size} bytes past the end")
-        if tags is None:
-            tags = {}
-        tags[tag] = bytes(data[pos:pos + size])
-        pos += size
+    try:
+        count, pos = read_uvarint(data, pos)
+        for _ in range(count):
+            tag, pos = read_uvarint(data, pos)
+            size, pos = read_uvarint(data, pos)
+            if pos + size > len(data):
+                raise _Bad(f"tagged field of {size} bytes past the end")
+            if tags is None:
+                tags = {}
+            tags[tag] = bytes(data[pos:pos + size])
+            pos += size
+    except (IndexError, _Bad) as e:
+        raise _Bad(str(e) if isinstance(e, _Bad) else "message ends early", pos) from None
     return tags, pos
 
 
@@ -208,10 +217,10 @@ class _Decoder:
                 values[field.name] = name = src.var("v")
                 src.emit(indent, f"{name} = {_default_expr(src, field)}")
             self._where(indent, path + "<tagged fields>")
-            if not tagged:                   # the usual section: empty, else a helper keeps the code short
+            if not tagged and not self.track:    # the usual section: empty, else a short helper call
                 src.emit(indent, f"if data[pos]: {unknown}, pos = _unknown_tags(data, pos)")
                 src.emit(indent, f"else: {unknown}, pos = None, pos + 1")
-        if tagged:
+        if tagged or (self.flexible and self.track):     # inline: a failure names its exact byte
             src.emit(indent, f"{unknown} = None")
             count, tag, size, stop = src.var("n"), src.var("tag"), src.var("sz"), src.var("te")
             self._uvarint(count, indent)
@@ -228,10 +237,12 @@ class _Decoder:
                 decoded = self.field(field, indent + 2, path)
                 src.emit(indent + 2, f"{values[field.name]} = {decoded}")
                 src.emit(indent + 2, f"if pos != {stop}: raise _Bad('tagged field size ' + str({size}) + ' is wrong')")
-            src.emit(indent + 1, "else:")
-            src.emit(indent + 2, f"if {unknown} is None: {unknown} = {{}}")
-            src.emit(indent + 2, f"{unknown}[{tag}] = bytes(data[pos:{stop}])")
-            src.emit(indent + 2, f"pos = {stop}")
+            if tagged:
+                src.emit(indent + 1, "else:")
+            body = indent + 2 if tagged else indent + 1
+            src.emit(body, f"if {unknown} is None: {unknown} = {{}}")
+            src.emit(body, f"{unknown}[{tag}] = bytes(data[pos:{stop}])")
+            src.emit(body, f"pos = {stop}")
         args = [values.get(f.name) or _default_expr(src, f) for f in struct.fields]
         cls = src.constant("cls", struct.cls)
         src.emit(indent, f"{target} = {cls}({', '.join(args + [unknown])})")
