@@ -13,11 +13,12 @@ def fsync_directory(directory):
 
 
 @contextlib.contextmanager
-def replaced_atomically(path, fsync=False):
+def replaced_atomically(path, fsync=False, sync_directory=True):
     """Write ``path`` through a temporary file that replaces it once the block completes.
 
     A crash or an exception leaves ``path`` as it was (a crash also leaves a ``.tmp`` file). With ``fsync`` the data
-    and the rename are on disk before the block's caller continues.
+    and the rename are on disk before the block's caller continues; the rename only once the caller syncs the
+    directory itself when ``sync_directory`` is false (one directory sync for several files).
     """
     path = os.fspath(path)
     tmp = path + ".tmp"
@@ -32,5 +33,5 @@ def replaced_atomically(path, fsync=False):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)          # a failed write (a full disk) does not keep its space
         raise
-    if fsync:
+    if fsync and sync_directory:
         fsync_directory(os.path.dirname(path) or ".")

@@ -109,6 +109,28 @@ def test_topic_config_rejects_unknown_and_bad_values():
 
 # --- the log directory's files ----------------------------------------------------------------------------
 
+def test_create_topic_syncs_each_new_directory_once_after_its_files(tmp_path, monkeypatch):
+    """Both checkpoint files' data are synced, then each partition directory once (the renames of both,
+    and the segment files), then the log directory (the new partition directories)."""
+    path = tmp_path / "logs"
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+    with open_manager(path) as manager:
+        monkeypatch.setattr(os, "fsync", fsync)
+        manager.create_topic("orders", 2)
+        monkeypatch.undo()
+    for partition in ("orders-0", "orders-1"):
+        directory = str(path / partition)
+        mine = [p for p in synced if p.startswith(directory)]
+        assert mine == [f"{directory}/partition.metadata.tmp", f"{directory}/leader-epoch-checkpoint.tmp", directory]
+        assert set(os.listdir(directory)) >= {"partition.metadata", "leader-epoch-checkpoint", "00000000000000000000.log"}
+    assert synced[-1] == str(path) and synced.count(str(path)) == 1
+
+
 def test_log_directory_files_are_kafkas(tmp_path):
     path = tmp_path / "logs"
     with open_manager(path) as manager:

@@ -168,6 +168,20 @@ def test_request_header_v2_keeps_tagged_fields_and_a_null_client_id():
     assert offset == 10 + 5          # count, tag, size, "zz"
 
 
+def test_a_tagged_field_cut_short_is_reported_at_its_byte():
+    header = encode_request(ApiVersionsRequest(), 3, 1, client_id=None, unknown_tags={3: b"zz"})
+    with pytest.raises(CorruptMessageError) as caught:
+        decode_request_header(header[:14])           # count, tag, size at bytes 10-12; one byte of "zz"
+    assert caught.value.position == 13 and "tagged field of 2 bytes past the end" in str(caught.value)
+    body = encode_request(ApiVersionsRequest(client_software_name="k", client_software_version="1",
+                                             unknown_tags={5: b"abc"}), 3, 1)
+    with pytest.raises(CorruptMessageError) as caught:
+        decode_request(body[:-1])                    # the body's last tagged field loses a byte
+    error = caught.value
+    assert (error.field, error.position) == ("<tagged fields>", len(body) - 3)
+    assert "tagged field of 3 bytes past the end" in str(error)
+
+
 @pytest.mark.parametrize("cut", range(0, 13))
 def test_truncated_request_header(cut):
     payload = encode_request(ApiVersionsRequest(), 3, 1, client_id="cc")
@@ -200,6 +214,34 @@ def test_fetch_response_with_record_sends_is_one_send_the_peer_reads():
         assert len(payload) == send.size and send.remaining == 0
         peer = PeerFetchResponse.decode(payload, version=version, header=True)
         assert [bytes(p.records) for p in peer.responses[0].partitions] == records
+
+
+def test_fetch_partitions_with_or_without_aborted_transactions_reach_the_peer():
+    """A partition's fixed fields, its aborted transactions' count and its records' size are written in one
+    struct call when there are none (empty, or null from v4) and the records are a Send: every mix of
+    the two, at non-flexible and flexible versions, reads back the same with kafka-python."""
+    Aborted = FetchResponse.AbortedTransaction
+    cases = [([], b"a" * 20, True), (None, b"b" * 30, True), ([Aborted(7, 40), Aborted(8, 41)], b"c", True),
+             ([], b"inline", False), ([Aborted(9, 50)], b"inline too", False), (None, None, False), ([], b"", True),
+             ([], b"big" * 10000, True)]
+    for version in (4, 5, 11, 12, 17):
+        partitions = [FetchResponse.PartitionData(partition_index=i, error_code=i, high_watermark=100 + i,
+                                                  last_stable_offset=90 + i, log_start_offset=i, aborted_transactions=a,
+                                                  preferred_read_replica=-1 - i, records=BytesSend(r) if send else r)
+                      for i, (a, r, send) in enumerate(cases)]
+        body = FetchResponse(responses=[FetchResponse.FetchableTopicResponse(topic="t", partitions=partitions)])
+        send = encode_response(RequestHeader(ApiKey.FETCH, version, 3), body)
+        payload = b"".join(_drain(send, step=1000))
+        assert len(payload) == send.size
+        read = PeerFetchResponse.decode(payload, version=version, header=True).responses[0].partitions
+        assert [(p.partition_index, p.error_code, p.high_watermark, p.last_stable_offset, p.log_start_offset)
+                for p in read] == [(i, i, 100 + i, 90 + i, i if version >= 5 else -1) for i in range(len(cases))]
+        assert [None if p.aborted_transactions is None else [(t.producer_id, t.first_offset)
+                                                              for t in p.aborted_transactions] for p in read] == \
+            [None if a is None else [(t.producer_id, t.first_offset) for t in a] for a, _, _ in cases]
+        if version >= 11:
+            assert [p.preferred_read_replica for p in read] == [-1 - i for i in range(len(cases))]
+        assert [None if p.records is None else bytes(p.records) for p in read] == [r for _, r, _ in cases]
 
 
 def test_response_without_sends_is_bytes():

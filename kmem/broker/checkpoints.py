@@ -68,8 +68,8 @@ def uuid_bytes(text, path="uuid"):
     return raw
 
 
-def _write_text(path, text):
-    with replaced_atomically(path, fsync=True) as file:
+def _write_text(path, text, sync_directory=True):
+    with replaced_atomically(path, fsync=True, sync_directory=sync_directory) as file:
         file.write(text.encode())
 
 
@@ -130,9 +130,10 @@ def read_leader_epoch_checkpoint(path):
     return [tuple(row) for row in _parse_checkpoint(path, 2)]
 
 
-def write_partition_metadata(path, topic_id):
+def write_partition_metadata(path, topic_id, *, sync_directory=True):
+    """``sync_directory=False``: the caller syncs the directory (the rename) itself."""
     uuid_bytes(topic_id, path)
-    _write_text(path, f"version: 0\ntopic_id: {topic_id}")
+    _write_text(path, f"version: 0\ntopic_id: {topic_id}", sync_directory)
 
 
 def read_partition_metadata(path):

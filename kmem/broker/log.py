@@ -120,6 +120,7 @@ class PartitionLog:
         self._listeners = []
         self.leader_epoch = 0
         self._closed = False
+        self._directory_synced = True
         os.makedirs(self.directory, exist_ok=True)
         metadata = os.path.join(self.directory, checkpoints.PARTITION_METADATA)
         if os.path.exists(metadata):
@@ -128,7 +129,9 @@ class PartitionLog:
                 raise IllegalStateError(f"{metadata} holds topic id {self.topic_id}, expected {topic_id}")
         else:
             self.topic_id = topic_id or checkpoints.random_uuid()
-            checkpoints.write_partition_metadata(metadata, self.topic_id)
+            # A new partition: its directory is synced once, after its other files (_load) are there too.
+            checkpoints.write_partition_metadata(metadata, self.topic_id, sync_directory=False)
+            self._directory_synced = False
         self._epochs_path = os.path.join(self.directory, checkpoints.LEADER_EPOCH_CHECKPOINT)
         self._epochs = checkpoints.read_leader_epoch_checkpoint(self._epochs_path)
         self.producers = ProducerStateManager(
@@ -136,6 +139,8 @@ class PartitionLog:
             expiration_ms=broker.producer_id_expiration_ms, clock_ms=self._clock)
         try:
             self._load(recovery_point, log_start_offset, clean)
+            if not self._directory_synced:
+                fsync_directory(self.directory)
         except BaseException:
             self.producers.close()
             raise
@@ -204,6 +209,7 @@ class PartitionLog:
             return
         self._epochs.append((epoch, start_offset))
         checkpoints.write_leader_epoch_checkpoint(self._epochs_path, self._epochs)
+        self._directory_synced = True           # its rename synced the directory
 
     @property
     def active(self):

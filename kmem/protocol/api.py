@@ -140,19 +140,9 @@ def _view(buf):
 def _read_tags(view, pos, what):
     """Skip a header's tagged fields, keeping them as ``{tag: bytes}`` (or None)."""
     try:
-        count, pos = codegen.read_uvarint(view, pos)
-        tags = None
-        for _ in range(count):
-            tag, pos = codegen.read_uvarint(view, pos)
-            size, pos = codegen.read_uvarint(view, pos)
-            if pos + size > len(view):
-                raise codegen._Bad(f"tagged field of {size} bytes past the end")
-            tags = tags or {}
-            tags[tag] = bytes(view[pos:pos + size])
-            pos += size
-        return tags, pos
-    except (IndexError, codegen._Bad) as e:
-        raise CorruptMessageError(what, 0, "<tagged fields>", pos, str(e) or "message ends early") from None
+        return codegen.read_unknown_tags(view, pos)
+    except codegen._Bad as e:
+        raise CorruptMessageError(what, 0, "<tagged fields>", e.pos, str(e)) from None
 
 
 _API_KEYS = {int(key): key for key in ApiKey}
@@ -249,10 +239,13 @@ class SplicedSend:
     ``size`` counts both. One object whatever the number of partitions (a ``SequenceSend`` would need
     a part per gap between records)."""
 
-    def __init__(self, data, splices):
+    def __init__(self, data, splices, spliced_bytes=None):
+        """``spliced_bytes``: the sum of the sends' sizes, if the caller counted them already."""
         self._data = memoryview(data)
         self._splices = splices                      # [(offset in data, send)], offsets ascending
-        self.size = self.remaining = len(data) + sum(send.size for _, send in splices)
+        if spliced_bytes is None:
+            spliced_bytes = sum(send.size for _, send in splices)
+        self.size = self.remaining = len(data) + spliced_bytes
         self._position = 0                           # next byte of data to write
         self._next = 0                               # next splice
 
@@ -290,8 +283,8 @@ class SplicedSend:
         return f"<SplicedSend {self.size - self.remaining}/{self.size} bytes, {len(self._splices)} sends>"
 
 
-def _finish(buf, splices):
-    return SplicedSend(bytes(buf), splices) if splices else bytes(buf)
+def _finish(buf, splices, spliced_bytes):
+    return SplicedSend(bytes(buf), splices, spliced_bytes) if splices else bytes(buf)
 
 
 def _api_key_of(body, kind):
@@ -317,8 +310,8 @@ def encode_request(body, api_version, correlation_id, client_id=None, unknown_ta
     except (struct.error, AttributeError, TypeError, codegen._Bad) as e:
         raise InvalidMessageError("RequestHeader", api_version, "correlation_id..client_id", str(e)) from None
     splices = []
-    _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
-    return _finish(buf, splices)
+    spliced_bytes = _codec(api_key, api_version, "Request", "encode")(body, buf, splices)
+    return _finish(buf, splices, spliced_bytes)
 
 
 def encode_response(request_header, body, unknown_tags=None):
@@ -340,8 +333,8 @@ def encode_response(request_header, body, unknown_tags=None):
     except (struct.error, TypeError, codegen._Bad) as e:
         raise InvalidMessageError("ResponseHeader", version, "correlation_id", str(e)) from None
     splices = []
-    _codec(api_key, version, "Response", "encode")(body, buf, splices)
-    return _finish(buf, splices)
+    spliced_bytes = _codec(api_key, version, "Response", "encode")(body, buf, splices)
+    return _finish(buf, splices, spliced_bytes)
 
 
 def api_versions_fallback_response(request_header):

@@ -2,8 +2,8 @@
 version's layout, compiled once and cached.
 
 The generated code is straight-line Python: runs of fixed-size fields are read and written by one
-precompiled ``struct.Struct``; nested structs are inlined. Decoders set ``f`` (the field's path) before
-each field so a failure names it; encoders leave that to a second, tracking copy run after a failure.
+precompiled ``struct.Struct``; nested structs are inlined. A failure is named (the field's path) by a
+second copy that sets ``f`` before each field, generated and run only after a failure.
 Decoding reads a ``memoryview`` and never copies ``records`` (a slice of the input);
 encoding appends to a ``bytearray`` and notes where record ``Send``s go instead of copying them.
 """
@@ -24,7 +24,12 @@ INLINE_RECORDS_MAX = 16 << 10
 
 
 class _Bad(Exception):
-    """Raised by generated code; turned into a CorruptMessageError / InvalidMessageError naming the field."""
+    """Raised by generated code; turned into a CorruptMessageError / InvalidMessageError naming the field.
+    ``pos``: the byte, when raised by a helper that read past where its caller stands."""
+
+    def __init__(self, reason, pos=None):
+        super().__init__(reason)
+        self.pos = pos
 
 
 def read_uvarint(data, pos):
@@ -37,6 +42,26 @@ def read_uvarint(data, pos):
         if byte < 0x80:
             return value, pos
     raise _Bad("unsigned varint longer than 5 bytes")
+
+
+def read_unknown_tags(data, pos):
+    """A tagged-fields section none of whose tags is known -> ({tag: bytes} or None, pos); a failure is a
+    ``_Bad`` whose ``pos`` is the byte where it happened."""
+    tags = None
+    try:
+        count, pos = read_uvarint(data, pos)
+        for _ in range(count):
+            tag, pos = read_uvarint(data, pos)
+            size, pos = read_uvarint(data, pos)
+            if pos + size > len(data):
+                raise _Bad(f"tagged field of {size} bytes past the end")
+            if tags is None:
+                tags = {}
+            tags[tag] = bytes(data[pos:pos + size])
+            pos += size
+    except (IndexError, _Bad) as e:
+        raise _Bad(str(e) if isinstance(e, _Bad) else "message ends early", pos) from None
+    return tags, pos
 
 
 def uvarint(value):
@@ -65,26 +90,27 @@ def tagged_section(tags):
 
 def put_records(buf, splices, records, compact):
     """Write a records field: its length, then small bytes-like records inline; a Send, or bytes-like
-    records larger than INLINE_RECORDS_MAX, is noted in ``splices`` as (offset in ``buf``, send)."""
+    records larger than INLINE_RECORDS_MAX, is noted in ``splices`` as (offset in ``buf``, send).
+    Returns the bytes so noted."""
     if isinstance(records, _BYTES_LIKE):
         view = memoryview(records).cast("B") if type(records) is memoryview else records
         size = len(view)
         buf += uvarint(size + 1) if compact else _I32.pack(size)
         if size <= INLINE_RECORDS_MAX:
             buf += view
-        else:
-            splices.append((len(buf), BytesSend(view)))
-        return
+            return 0
+        splices.append((len(buf), BytesSend(view)))
+        return size
     if getattr(records, "write_to", None) is None:
         try:
             view = memoryview(records).cast("B")
         except TypeError:
             raise _Bad(f"records must be bytes-like, None or a Send, not {type(records).__name__}") from None
-        put_records(buf, splices, view, compact)
-        return
+        return put_records(buf, splices, view, compact)
     size = records.size
     buf += uvarint(size + 1) if compact else _I32.pack(size)
     splices.append((len(buf), records))
+    return size
 
 
 _I32 = struct.Struct(">i")
@@ -94,7 +120,7 @@ class _Source:
     def __init__(self, name, version):
         self.lines = []
         self.globals = {"_Bad": _Bad, "_uvarint": read_uvarint, "_enc_uvarint": uvarint,
-                        "_tagged_section": tagged_section, "_put_records": put_records,
+                        "_tagged_section": tagged_section, "_unknown_tags": read_unknown_tags, "_put_records": put_records,
                         "_BYTES_LIKE": _BYTES_LIKE, "_UUID": uuid.UUID, "_unpack_from": struct.unpack_from,
                         "_pack": struct.pack, "_pack_varint2": struct.Struct(">BB").pack,
                         "_pack_varint3": struct.Struct(">BBB").pack,
@@ -156,8 +182,13 @@ def _default_expr(src, field):
 # ----------------------------------------------------------------------------------------------- decode
 
 class _Decoder:
-    def __init__(self, src, version, flexible):
+    def __init__(self, src, version, flexible, track):
         self.src, self.version, self.flexible = src, version, flexible
+        self.track = track           # set ``f`` before each field (the slower copy run to name a failure)
+
+    def _where(self, indent, path):
+        if self.track:
+            self.src.emit(indent, f"f = {path!r}")
 
     def struct(self, struct, target, indent, path):
         src, version = self.src, self.version
@@ -170,7 +201,7 @@ class _Decoder:
                 fmt = ">" + "".join(FIXED_FORMATS[f.type] for f in run)
                 unpack = src.constant("unpack", _struct_of(fmt).unpack_from)
                 names = [src.var("v") for _ in run]
-                src.emit(indent, f"f = {self._path(path, run)!r}")
+                self._where(indent, self._path(path, run))
                 src.emit(indent, f"{', '.join(names)}, = {unpack}(data, pos)")
                 src.emit(indent, f"pos += {_struct_of(fmt).size}")
                 for field, name in zip(run, names):
@@ -185,8 +216,12 @@ class _Decoder:
             for field in tagged:
                 values[field.name] = name = src.var("v")
                 src.emit(indent, f"{name} = {_default_expr(src, field)}")
+            self._where(indent, path + "<tagged fields>")
+            if not tagged and not self.track:    # the usual section: empty, else a short helper call
+                src.emit(indent, f"if data[pos]: {unknown}, pos = _unknown_tags(data, pos)")
+                src.emit(indent, f"else: {unknown}, pos = None, pos + 1")
+        if tagged or (self.flexible and self.track):     # inline: a failure names its exact byte
             src.emit(indent, f"{unknown} = None")
-            src.emit(indent, f"f = {path + '<tagged fields>'!r}")
             count, tag, size, stop = src.var("n"), src.var("tag"), src.var("sz"), src.var("te")
             self._uvarint(count, indent)
             src.emit(indent, f"for _ in range({count}) if {count} else ():")
@@ -250,7 +285,7 @@ class _Decoder:
         src = self.src
         target = src.var("v")
         here = path + field.name
-        src.emit(indent, f"f = {here!r}")
+        self._where(indent, here)
         if field.is_array:
             count = src.var("n")
             self._length(field, count, indent, wide=True)
@@ -330,15 +365,23 @@ class _Encoder:
         fields = [f for f in struct.fields if f.present(version)]
         untagged = [f for f in fields if not (self.flexible and f.is_tagged(version))]
         tagged = [f for f in fields if self.flexible and f.is_tagged(version)]
-        for run in _fixed_runs(untagged):
-            if isinstance(run, list):
-                fmt = ">" + "".join(FIXED_FORMATS[f.type] for f in run)
-                pack = src.constant("pack", _struct_of(fmt).pack)
-                args = [f"{obj}.{f.name}.bytes" if f.type == "uuid" else f"{obj}.{f.name}" for f in run]
-                self._where(indent, _Decoder._path(path, run))
-                src.emit(indent, f"{buf} += {pack}({', '.join(args)})")
+        runs = _fixed_runs(untagged)
+        i = 0
+        while i < len(runs):
+            run = runs[i]
+            following = runs[i + 1] if i + 1 < len(runs) else None
+            if isinstance(run, list) and not self.track and getattr(following, "is_array", False):
+                after = runs[i + 2] if i + 2 < len(runs) and isinstance(runs[i + 2], list) else []
+                i += 3 if after else 2
+                records = runs[i] if after and i < len(runs) and self._fixed_length_records(runs[i]) else None
+                i += records is not None
+                self._runs_around_array(run, following, after, records, obj, buf, indent, path)
+            elif isinstance(run, list):
+                self._run(run, obj, buf, indent, path)
+                i += 1
             else:
                 self.field(run, f"{obj}.{run.name}", buf, indent, path)
+                i += 1
         if not self.flexible:
             return
         tags = src.var("tags")
@@ -356,6 +399,60 @@ class _Encoder:
         self._where(indent, path + "<tagged fields>")
         src.emit(indent, f"if {tags}: {buf} += _tagged_section({tags})")
         src.emit(indent, f"else: {buf}.append(0)")
+
+    @staticmethod
+    def _run_format(run):
+        return "".join(FIXED_FORMATS[f.type] for f in run)
+
+    @staticmethod
+    def _run_args(run, obj):
+        return [f"{obj}.{f.name}.bytes" if f.type == "uuid" else f"{obj}.{f.name}" for f in run]
+
+    def _run(self, run, obj, buf, indent, path):
+        """One struct call for a run of fixed-size fields."""
+        pack = self.src.constant("pack", _struct_of(">" + self._run_format(run)).pack)
+        self._where(indent, _Decoder._path(path, run))
+        self.src.emit(indent, f"{buf} += {pack}({', '.join(self._run_args(run, obj))})")
+
+    def _fixed_length_records(self, field):
+        return not isinstance(field, list) and field.type == "records" and not field.compact(self.flexible)
+
+    def _runs_around_array(self, before, array, after, records, obj, buf, indent, path):
+        """Fixed runs before and after an array that is usually empty (a partition's aborted transactions):
+        when it is empty, or null where allowed, its count joins both runs in one struct call, and so does
+        the size of the ``records`` field that may follow when they are a Send (a broker's Fetch)."""
+        src = self.src
+        value = src.var("x")
+        src.emit(indent, f"{value} = {obj}.{array.name}")
+        count_format, empty, null = ("B", 1, 0) if array.compact(self.flexible) else ("i", 0, -1)
+        if array.is_nullable(self.version):
+            fused, count = f"not {value}", f"{null} if {value} is None else {empty}"
+        else:                                # None goes the general way, which refuses it
+            fused, count = f"{value} is not None and not {value}", str(empty)
+        fmt = ">" + self._run_format(before) + count_format + self._run_format(after)
+        args = self._run_args(before, obj) + [count] + self._run_args(after, obj)
+        if records is None:
+            src.emit(indent, f"if {fused}:")
+        else:
+            send, size = src.var("x"), src.var("rs")
+            src.emit(indent, f"{send} = {obj}.{records.name}")
+            src.emit(indent, f"if {fused} and hasattr({send}, 'write_to'):")
+            src.emit(indent + 1, f"{size} = {send}.size")
+            pack = src.constant("pack", _struct_of(fmt + "i").pack)
+            src.emit(indent + 1, f"{buf} += {pack}({', '.join(args + [size])})")
+            src.emit(indent + 1, f"_splice((len({buf}), {send}))")
+            src.emit(indent + 1, f"spliced += {size}")
+            src.emit(indent, f"elif {fused}:")
+        src.emit(indent + 1, f"{buf} += {src.constant('pack', _struct_of(fmt).pack)}({', '.join(args)})")
+        if records is not None:
+            self.field(records, send, buf, indent + 1, path)
+        src.emit(indent, "else:")
+        self._run(before, obj, buf, indent + 1, path)
+        self.field(array, value, buf, indent + 1, path)
+        if after:
+            self._run(after, obj, buf, indent + 1, path)
+        if records is not None:
+            self.field(records, send, buf, indent + 1, path)
 
     def _not_default(self, field, value):
         """Kafka writes a tagged field only when it differs from its default."""
@@ -461,9 +558,10 @@ class _Encoder:
             src.emit(body, f"elif hasattr({value}, 'write_to'):")
             src.emit(body + 1, f"{size} = {value}.size")
             self._length(field, size, buf, body + 1, wide=True)
-            src.emit(body + 1, f"splices.append((len({buf}), {value}))")
+            src.emit(body + 1, f"_splice((len({buf}), {value}))")
+            src.emit(body + 1, f"spliced += {size}")
             src.emit(body, "else:")
-            src.emit(body + 1, f"_put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
+            src.emit(body + 1, f"spliced += _put_records({buf}, splices, {value}, {field.compact(self.flexible)})")
             return
         body = self._null(field, value, buf, indent)
         raw = src.var("b")
@@ -556,34 +654,58 @@ def _build_classes(message):
 
 
 def decoder(message, version):
-    """``decode(data, pos) -> (message object, pos)`` for one version; ``data`` a memoryview of bytes."""
+    """``decode(data, pos) -> (message object, pos)`` for one version; ``data`` a memoryview of bytes.
+
+    The copy that tracks the field being read, to name it in the CorruptMessageError, is generated and
+    run (on the same bytes) only after a failure."""
     build_classes(message)
+    located = []                     # the tracking copy, compiled at the first failure
+
+    def locate(data, start, error):
+        if not located:
+            located.append(_decoder_source(message, version, track=True))
+        try:
+            located[0](data, start)
+        except CorruptMessageError as named:
+            return named
+        return _corrupt(message.name, version, None, start, error)
+
+    return _decoder_source(message, version, track=False, locate=locate)
+
+
+def _decoder_source(message, version, track, locate=None):
     src = _Source(message.name, version)
     src.emit(0, "def decode(data, pos):")
     src.emit(1, "end = len(data)")
-    src.emit(1, "f = None")
+    src.emit(1, "f = None" if track else "start = pos")
     src.emit(1, "try:")
-    _Decoder(src, version, message.is_flexible(version)).struct(message, "obj", 2, "")
+    _Decoder(src, version, message.is_flexible(version), track).struct(message, "obj", 2, "")
     src.emit(1, "except _CAUGHT as e:")
-    src.emit(2, f"raise _corrupt({message.name!r}, {version}, f, pos, e) from None")
+    if track:
+        src.emit(2, f"raise _corrupt({message.name!r}, {version}, f, pos, e) from None")
+    else:
+        src.emit(2, "raise _locate(data, start, e) from None")
     src.emit(1, "return obj, pos")
     src.globals["_CAUGHT"] = (_Bad, struct.error, IndexError, ValueError, TypeError)
     src.globals["_corrupt"] = _corrupt
+    src.globals["_locate"] = locate
     return src.compile("decode")
 
 
 def encoder(message, version):
     """``encode(obj, buf, splices)``: appends the body to ``buf``; record Sends (and large records) are
-    appended to ``splices`` as (offset in ``buf``, send) instead.
+    appended to ``splices`` as (offset in ``buf``, send) instead, and their bytes counted in the return value.
 
-    Two copies are generated: the one returned, and one that tracks the field being written, run only
-    after a failure to name the field in the InvalidMessageError."""
+    The copy that tracks the field being written, to name it in the InvalidMessageError, is generated
+    and run only after a failure."""
     build_classes(message)
-    located = _encoder_source(message, version, track=True)
+    located = []                     # the tracking copy, compiled at the first failure
 
     def locate(obj, error):
+        if not located:
+            located.append(_encoder_source(message, version, track=True))
         try:
-            located(obj, bytearray(), [])
+            located[0](obj, bytearray(), [])
         except InvalidMessageError as named:
             return named
         return _invalid(message.name, version, None, error)
@@ -595,9 +717,11 @@ def _encoder_source(message, version, track, locate=None):
     src = _Source(message.name, version)
     src.emit(0, "def encode(obj, buf, splices):")
     src.emit(1, "f = None")
+    src.emit(1, "_splice = splices.append")
+    src.emit(1, "spliced = 0")
     src.emit(1, "try:")
     _Encoder(src, version, message.is_flexible(version), track).struct(message, "obj", "buf", 2, "")
-    src.emit(2, "pass")
+    src.emit(2, "return spliced")
     src.emit(1, "except _CAUGHT as e:")
     if track:
         src.emit(2, f"raise _invalid({message.name!r}, {version}, f, e) from None")
