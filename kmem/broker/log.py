@@ -559,19 +559,14 @@ class LogManager:
         partitions = self.config.num_partitions if partitions is None else partitions
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions!r}")
-        configs = {k: v for k, v in (configs or {}).items() if v is not None}
-        try:
-            topic_config = self.config.topic_config(configs)
-        except ConfigError as e:
-            raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
+        configs, topic_config = self._checked_topic_configs(configs or {})
         with self._lock:
             self._check_open()
             if name in self._topic_names():
                 raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             topic_id = checkpoints.random_uuid()
             if configs:
-                self._topic_configs[name] = {k: str(v).lower() if isinstance(v, bool) else v
-                                             for k, v in configs.items()}
+                self._topic_configs[name] = configs
                 self._write_topics_file()
             for p in range(partitions):
                 self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
@@ -618,11 +613,7 @@ class LogManager:
     def set_topic_configs(self, name, configs, *, validate_only=False):
         """AlterConfigs: ``configs`` (topic-level names) become the topic's whole set of overrides, applied
         to its partitions at once. Raises ``LogError``: UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG."""
-        configs = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items() if v is not None}
-        try:
-            topic_config = self.config.topic_config(configs)
-        except ConfigError as e:
-            raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
+        configs, topic_config = self._checked_topic_configs(configs)
         with self._lock:
             self._check_open()
             partition_logs = [log for (topic, _), log in self._logs.items() if topic == name]
@@ -637,6 +628,15 @@ class LogManager:
             self._write_topics_file()
             for partition_log in partition_logs:
                 partition_log.config = topic_config
+
+    def _checked_topic_configs(self, configs):
+        """(the overrides as stored: None values dropped, booleans as Kafka spells them; the TopicConfig
+        they make). INVALID_CONFIG (``LogError``) for a name or value kmem refuses."""
+        configs = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items() if v is not None}
+        try:
+            return configs, self.config.topic_config(configs)
+        except ConfigError as e:
+            raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
 
     def _topic_names(self):
         return {topic for topic, _ in self._logs}
