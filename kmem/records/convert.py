@@ -161,7 +161,9 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
             jobs.give(convert_compressed_batches, group, to_magic, max_decompressed_bytes, gzip_level)
         jobs.finish()
     except BaseException:
+        # Batches before the error come first, as one at a time: their own error, if any, is raised.
         jobs.settle()
+        convert_compressed_batches(group, to_magic, max_decompressed_bytes, gzip_level)
         raise
     output.stats.conversion_time_nanos = time.perf_counter_ns() - started
     return ConvertedRecords(output.records(), output.stats)
