@@ -29,9 +29,10 @@ from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER,
 
 ZSTD_DOWN_CONVERSION = "Down-conversion of zstandard-compressed batches is not supported"
 LEGACY_OVERHEAD = (14, 22)     # bytes of a v0/v1 message after the log overhead, key and value excluded
-#: Compressed batches go to a thread in groups of about this many bytes: a hand-off costs tens of
-#: microseconds, converting 32 KiB of gzip a millisecond.
-JOB_BYTES = 32 << 10
+#: Compressed batches go to a thread in groups of about this many bytes: larger groups cost less CPU in
+#: hand-offs (snappy's per-block Python loop contends for the GIL), smaller ones split a lazy send's
+#: 128 KiB chunk between two threads.
+JOB_BYTES = 64 << 10
 
 
 def entry_action(magic, codec, control, to_magic):
