@@ -9,7 +9,7 @@ from records_samples import read_aiokafka, read_kafka_python, read_kmem
 
 from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
 from kmem.records import MemoryRecords, RecordsBuilder, build_control_batch, down_convert, workers
-from kmem.records import codecs
+from kmem.records import codecs, convert
 
 
 def mixed_log(codec, batches=40, seed=1):
@@ -64,20 +64,21 @@ def test_threads_write_into_the_callers_buffer_in_input_order(monkeypatch):
         down_convert(source, 1, out=bytearray(len(expected) // 2))
 
 
-def corrupt_gzip_batch(offset):
+def corrupt_gzip_batch(offset, size=5000):
     builder = RecordsBuilder(2, "gzip", base_offset=offset)
-    builder.append(b"x" * 5000)
+    builder.append(random.Random(offset).randbytes(size))
     batch = bytearray(builder.build())
     batch[-8] ^= 0xFF                       # the gzip trailer's CRC-32 (the batch CRC is not checked)
     return bytes(batch)
 
 
 def gzip_batches(offset, count):
+    """Batches of random bytes: each larger than ``JOB_BYTES`` compressed, so each is a job of its own."""
+    rng = random.Random(offset)
     parts = []
     for i in range(count):
-        builder = RecordsBuilder(2, "gzip", base_offset=offset + i * 100)
-        for j in range(100):
-            builder.append(b"value %d " % j * 100)
+        builder = RecordsBuilder(2, "gzip", base_offset=offset + i)
+        builder.append(rng.randbytes(convert.JOB_BYTES + 1000))
         parts.append(builder.build())
     return b"".join(parts)
 
@@ -85,10 +86,13 @@ def gzip_batches(offset, count):
 def test_the_first_bad_batch_in_input_order_is_the_one_reported(monkeypatch):
     monkeypatch.setattr(workers, "THREADS", 3)
     good = gzip_batches(0, 6)
-    bad = corrupt_gzip_batch(600)
-    zstd = RecordsBuilder(2, "zstd", base_offset=700)
+    bad = corrupt_gzip_batch(6)
+    zstd = RecordsBuilder(2, "zstd", base_offset=13)
     zstd.append(b"z")
-    for source in (good + bad + good, good + bad + gzip_batches(700, 6) + zstd.build()):
+    # a job of its own that fails, then a later group (a small bad batch and a good one) given while it runs
+    big_bad = corrupt_gzip_batch(6, convert.JOB_BYTES + 1000)
+    later_bad = gzip_batches(7, 3) + corrupt_gzip_batch(10) + gzip_batches(11, 3)
+    for source in (good + bad + good, good + bad + gzip_batches(7, 6) + zstd.build(), good + big_bad + later_bad):
         with pytest.raises(CorruptRecordError) as parallel:
             down_convert(source, 1)
         with pytest.raises(CorruptRecordError) as serial:
@@ -96,7 +100,7 @@ def test_the_first_bad_batch_in_input_order_is_the_one_reported(monkeypatch):
         assert parallel.value.offset == serial.value.offset == len(good)
         assert str(parallel.value) == str(serial.value)
     with pytest.raises(UnsupportedCompressionTypeError):
-        down_convert(good + gzip_batches(700, 6) + zstd.build(), 1)
+        down_convert(good + gzip_batches(7, 6) + zstd.build(), 1)
 
 
 def test_ordered_jobs_keep_at_most_threads_plus_one_in_flight_and_hand_results_back_in_order(monkeypatch):

@@ -131,6 +131,12 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     actions = ACTION_TABLES[to_magic]
     jobs = workers.OrderedJobs(output.add_batches)
     group, group_bytes, pos = [], 0, 0
+
+    def give_group():
+        nonlocal group, group_bytes
+        batches, group, group_bytes = group, [], 0
+        jobs.give(convert_compressed_batches, batches, to_magic, max_decompressed_bytes, gzip_level)
+
     try:
         while True:
             # A run's output goes after the batches still converting: while any is, it may only be empty.
@@ -139,8 +145,7 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
                                             out=output.room(in_flight))
             if in_flight and (run.output is None or run.output):
                 if group:
-                    jobs.give(convert_compressed_batches, group, to_magic, max_decompressed_bytes, gzip_level)
-                    group, group_bytes = [], 0
+                    give_group()
                 jobs.finish()
                 if run.output is None:      # it wrote nothing: again, with room
                     continue
@@ -155,11 +160,10 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
             group.append(batch)
             group_bytes += batch.size_in_bytes
             if group_bytes >= JOB_BYTES:
-                jobs.give(convert_compressed_batches, group, to_magic, max_decompressed_bytes, gzip_level)
-                group, group_bytes = [], 0
+                give_group()
             pos += batch.size_in_bytes
         if group:
-            jobs.give(convert_compressed_batches, group, to_magic, max_decompressed_bytes, gzip_level)
+            give_group()
         jobs.finish()
     except BaseException:
         # Batches before the error come first, as one at a time: their own error, if any, is raised.
