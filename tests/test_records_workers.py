@@ -1,7 +1,7 @@
-"""Compressed batches converting on the shared threads: same bytes as one at a time, results in input order,
-bounded work in flight, serial error precedence, and a forked child that still converts."""
-import multiprocessing
+"""gzip batches converting on threads: same bytes as one at a time, results in input order, bounded work in
+flight, serial error precedence, threads that end with the conversion."""
 import random
+import threading
 import tracemalloc
 
 import pytest
@@ -118,12 +118,12 @@ def test_ordered_jobs_keep_at_most_threads_plus_one_in_flight_and_hand_results_b
         codecs.compress(codecs.GZIP, data, 1)
         return i
 
-    jobs = workers.OrderedJobs(take)
-    for i in range(60):
-        given_not_taken += 1
-        jobs.give(job, i, bytes(rng.randrange(256) for _ in range(rng.choice((10, 200_000)))))
-        most = max(most, given_not_taken)
-    jobs.finish()
+    with workers.OrderedJobs(take) as jobs:
+        for i in range(60):
+            given_not_taken += 1
+            jobs.give(job, i, bytes(rng.randrange(256) for _ in range(rng.choice((10, 200_000)))))
+            most = max(most, given_not_taken)
+        jobs.finish()
     assert taken == list(range(60))
     assert 1 < most <= workers.THREADS + 1
 
@@ -150,13 +150,27 @@ def test_memory_in_flight_is_a_few_batches_not_the_whole_input(monkeypatch):
     assert all_batches < (workers.THREADS + 1) * one_batch < len(batches) * one_batch
 
 
-def _convert_in_child(source):
-    return len(down_convert(source, 1).records)
+def codec_threads():
+    return [t for t in threading.enumerate() if t.name.startswith("kmem-codec") and t.is_alive()]
 
 
-def test_a_forked_child_converts_with_its_own_threads(monkeypatch):
+@pytest.mark.parametrize("codec, threaded", [("gzip", True), ("lz4", False), ("snappy", False)])
+def test_threads_start_for_gzip_only_and_end_with_the_conversion(monkeypatch, codec, threaded):
     monkeypatch.setattr(workers, "THREADS", 2)
-    source = gzip_batches(0, 8)
-    expected = len(down_convert(source, 1).records)       # the parent's pool is running now
-    with multiprocessing.get_context("fork").Pool(1) as pool:
-        assert pool.apply_async(_convert_in_child, (source,)).get(timeout=60) == expected
+    seen = []
+    real = workers.ThreadPoolExecutor
+
+    def counted(*args, **kwargs):
+        pool = real(*args, **kwargs)
+        seen.append(pool)
+        return pool
+
+    monkeypatch.setattr(workers, "ThreadPoolExecutor", counted)
+    source = mixed_log(codec, seed=4)
+    converted = down_convert(source, 1)
+    assert bool(seen) == threaded
+    assert codec_threads() == []
+    assert len(converted.records) == len(one_at_a_time(monkeypatch, source, 1).records)
+    with pytest.raises(CorruptRecordError):
+        down_convert(gzip_batches(0, 4) + corrupt_gzip_batch(4) + gzip_batches(5, 4), 1)
+    assert codec_threads() == []

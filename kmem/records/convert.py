@@ -13,9 +13,9 @@ Runs of batches that need no codec are converted by one call into the compiled c
 exact output, allocates it once and writes it with the GIL released. The rules above are decided here
 and handed to the core as a table (``ACTION_TABLES``); the core stops its run at each batch the table
 says to stop at, and this module converts it: compressed batches are decompressed (bounded), converted
-by the core, and recompressed here, on a few shared threads (``workers``) since the codecs release the
-GIL; their results are taken in input order, so the output is the same as one batch at a time. zstd is
-refused.
+by the core, and recompressed here; gzip batches on a few threads (``workers``: libdeflate and zlib-ng
+release the GIL), whose results are taken in input order, so the output is the same as one batch at a
+time. zstd is refused.
 """
 import time
 from dataclasses import dataclass
@@ -110,8 +110,8 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     A compressed batch is refused the same way when its payload exceeds ``max_decompressed_bytes`` or
     its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
     Converted gzip batches are recompressed at ``gzip_level`` (KIP-390's ``compression.gzip.level``).
-    Compressed batches convert on the shared threads of ``workers`` (at most ``workers.THREADS + 1``
-    groups of them at a time), in the same order and to the same bytes as one by one.
+    gzip batches convert on up to ``workers.THREADS`` threads of the call's own (at most that many plus
+    one groups of them given at a time), in the same order and to the same bytes as one by one.
 
     ``out``: a writable buffer (e.g. from a ``BufferPool``) to write the converted records into instead
     of a new bytearray; the result's records are then a view of its start. It must hold the uncompressed
@@ -129,13 +129,21 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     if verify_crc:
         MemoryRecords(view).ensure_valid()
     actions = ACTION_TABLES[to_magic]
-    jobs = workers.OrderedJobs(output.add_batches)
+    with workers.OrderedJobs(output.add_batches) as jobs:
+        _convert_all(view, actions, to_magic, first_offset, max_decompressed_bytes, gzip_level, output, jobs)
+    output.stats.conversion_time_nanos = time.perf_counter_ns() - started
+    return ConvertedRecords(output.records(), output.stats)
+
+
+def _convert_all(view, actions, to_magic, first_offset, limit, gzip_level, output, jobs):
+    """Runs of batches needing no codec through the core; groups of the others to ``jobs``."""
     group, group_bytes, pos = [], 0, 0
 
     def give_group():
         nonlocal group, group_bytes
         batches, group, group_bytes = group, [], 0
-        jobs.give(convert_compressed_batches, batches, to_magic, max_decompressed_bytes, gzip_level)
+        jobs.give(convert_compressed_batches, batches, to_magic, limit, gzip_level,
+                  threaded=any(batch.compression == codecs.GZIP for batch in batches))
 
     try:
         while True:
@@ -168,10 +176,8 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     except BaseException:
         # Batches before the error come first, as one at a time: their own error, if any, is raised.
         jobs.settle()
-        convert_compressed_batches(group, to_magic, max_decompressed_bytes, gzip_level)
+        convert_compressed_batches(group, to_magic, limit, gzip_level)
         raise
-    output.stats.conversion_time_nanos = time.perf_counter_ns() - started
-    return ConvertedRecords(output.records(), output.stats)
 
 
 class _Output:
