@@ -85,8 +85,9 @@ class OrderedJobs:
     def _take_oldest(self):
         future = self._pending.popleft()
         try:
-            result = future.result()
+            self._take(future.result())
         except BaseException:
+            # This job comes before every pending one: nothing after it is wanted.
             for later in self._pending:
                 later.cancel()
             wait(self._pending)
@@ -94,4 +95,3 @@ class OrderedJobs:
             raise
         finally:
             del future          # as in settle: the job's error would hold it and it the error
-        self._take(result)
