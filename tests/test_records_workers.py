@@ -20,7 +20,7 @@ def mixed_log(codec, batches=40, seed=1):
     for i in range(batches):
         builder = RecordsBuilder(2, "none" if i % 9 == 4 else codec, base_offset=offset)
         for _ in range(rng.choice((1, 3, 40, 400))):
-            builder.append(b"v%d " % offset * rng.randint(1, 60), key=b"k%d" % (offset % 7),
+            builder.append(b"v%d " % offset + rng.randbytes(rng.randint(0, 300)), key=b"k%d" % (offset % 7),
                            timestamp=1_700_000_000_000 + offset)
             offset += 1
         parts.append(builder.build())
