@@ -13,20 +13,26 @@ Runs of batches that need no codec are converted by one call into the compiled c
 exact output, allocates it once and writes it with the GIL released. The rules above are decided here
 and handed to the core as a table (``ACTION_TABLES``); the core stops its run at each batch the table
 says to stop at, and this module converts it: compressed batches are decompressed (bounded), converted
-by the core, and recompressed here; zstd is refused.
+by the core, and recompressed here; gzip batches on a few threads (``workers``: libdeflate and zlib-ng
+release the GIL), whose results are taken in input order, so the output is the same as one batch at a
+time. zstd is refused.
 """
 import time
 from dataclasses import dataclass
 
 from kmem import _core
 from kmem.errors import CorruptRecordError, InvalidArgumentError, UnsupportedCompressionTypeError
-from kmem.records import codecs
+from kmem.records import codecs, workers
 from kmem.records.arguments import byte_view, check_bool, check_choice, check_limit, check_long
 from kmem.records.batches import (ATTR_LOG_APPEND_TIME, LOG_OVERHEAD, V2_HEADER, MemoryRecords, RecordBatch,
                                   TimestampType, legacy_absolute_base)
 
 ZSTD_DOWN_CONVERSION = "Down-conversion of zstandard-compressed batches is not supported"
 LEGACY_OVERHEAD = (14, 22)     # bytes of a v0/v1 message after the log overhead, key and value excluded
+#: Compressed batches go to a thread in groups of about this many bytes: larger groups cost less CPU in
+#: hand-offs (snappy's per-block Python loop contends for the GIL), smaller ones split a lazy send's
+#: 128 KiB chunk between two threads.
+JOB_BYTES = 64 << 10
 
 
 def entry_action(magic, codec, control, to_magic):
@@ -104,6 +110,8 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     A compressed batch is refused the same way when its payload exceeds ``max_decompressed_bytes`` or
     its converted records could (up to 27 more bytes per record), so one batch costs at most twice that.
     Converted gzip batches are recompressed at ``gzip_level`` (KIP-390's ``compression.gzip.level``).
+    gzip batches convert on up to ``workers.THREADS`` threads of the call's own (at most that many plus
+    one groups of them given at a time), in the same order and to the same bytes as one by one.
 
     ``out``: a writable buffer (e.g. from a ``BufferPool``) to write the converted records into instead
     of a new bytearray; the result's records are then a view of its start. It must hold the uncompressed
@@ -116,50 +124,111 @@ def down_convert(records, to_magic, first_offset=0, *, verify_crc=False,
     check_bool("verify_crc", verify_crc)
     check_limit("max_decompressed_bytes", max_decompressed_bytes)
     check_choice("gzip_level", gzip_level, codecs.GZIP_LEVELS)
-    target = _output_view(out) if out is not None else None
+    output = _Output(None if out is None else _output_view(out))
     view = source_view(records)
     if verify_crc:
         MemoryRecords(view).ensure_valid()
     actions = ACTION_TABLES[to_magic]
-    pieces, stats = [], RecordConversionStats()
-    pos = written = 0
-    while True:
-        run = _core.run_down_conversion(view, pos, actions=actions, to_magic=to_magic,
-                                        first_offset=first_offset, out=None if target is None else target[written:])
-        if target is not None:
+    with workers.OrderedJobs(output.add_batches) as jobs:
+        _convert_all(view, actions, to_magic, first_offset, max_decompressed_bytes, gzip_level, output, jobs)
+    output.stats.conversion_time_nanos = time.perf_counter_ns() - started
+    return ConvertedRecords(output.records(), output.stats)
+
+
+def _convert_all(view, actions, to_magic, first_offset, limit, gzip_level, output, jobs):
+    """Runs of batches needing no codec through the core; groups of the others to ``jobs``."""
+    group, group_bytes, pos = [], 0, 0
+
+    def give_group():
+        nonlocal group, group_bytes
+        batches, group, group_bytes = group, [], 0
+        jobs.give(convert_compressed_batches, batches, to_magic, limit, gzip_level,
+                  threaded=any(batch.compression == codecs.GZIP for batch in batches))
+
+    try:
+        while True:
+            # A run's output goes after the batches still converting: while any is, it may only be empty.
+            in_flight = bool(group) or jobs.pending
+            run = _core.run_down_conversion(view, pos, actions=actions, to_magic=to_magic, first_offset=first_offset,
+                                            out=output.room(in_flight))
+            if in_flight and (run.output is None or run.output):
+                if group:
+                    give_group()
+                jobs.finish()
+                if run.output is None:      # it wrote nothing: again, with room
+                    continue
+            output.add_run(run)
+            pos = run.stop
+            entry = _core.entry_at(view, pos)
+            if entry is None:       # the end, or a truncated trailing batch
+                break
+            batch = RecordBatch(view, pos, *entry)
+            if batch.magic == 2 and batch.compression == codecs.ZSTD:
+                raise UnsupportedCompressionTypeError(ZSTD_DOWN_CONVERSION)
+            group.append(batch)
+            group_bytes += batch.size_in_bytes
+            if group_bytes >= JOB_BYTES:
+                give_group()
+            pos += batch.size_in_bytes
+        if group:
+            give_group()
+        jobs.finish()
+    except BaseException:
+        # Batches before the error come first, as one at a time: their own error, if any, is raised.
+        jobs.settle()
+        convert_compressed_batches(group, to_magic, limit, gzip_level)
+        raise
+
+
+class _Output:
+    """Where ``down_convert`` puts converted records, in input order: pieces joined at the end, or the
+    caller's buffer; and the stats of what was converted."""
+
+    def __init__(self, target):
+        self.target, self.pieces, self.written = target, [], 0
+        self.stats = RecordConversionStats()
+
+    def room(self, in_flight):
+        """The ``out`` for the core's next run: None (it allocates), or the buffer's free part, or none of
+        it while batches before the run are converting (their sizes are not known yet)."""
+        if self.target is None:
+            return None
+        return self.target[:0] if in_flight else self.target[self.written:]
+
+    def add_run(self, run):
+        if self.target is not None:
             if run.output is None:
-                raise _too_small(target, written + run.written_bytes)
-            written += run.output
+                raise _too_small(self.target, self.written + run.written_bytes)
+            self.written += run.output
         elif run.output:
-            pieces.append(run.output)
-        stats.num_records_converted += run.records
-        stats.temporary_memory_bytes += run.source_bytes + run.written_bytes
-        pos = run.stop
-        entry = _core.entry_at(view, pos)
-        if entry is None:       # the end, or a truncated trailing batch
-            break
-        batch = RecordBatch(view, pos, *entry)
-        if batch.magic == 2 and batch.compression == codecs.ZSTD:
-            raise UnsupportedCompressionTypeError(ZSTD_DOWN_CONVERSION)
-        converted = convert_compressed_batch(batch, to_magic, max_decompressed_bytes, gzip_level)
-        if converted is not None:
+            self.pieces.append(run.output)
+        self.stats.num_records_converted += run.records
+        self.stats.temporary_memory_bytes += run.source_bytes + run.written_bytes
+
+    def add_batches(self, converted_batches):
+        for batch, converted in converted_batches:
+            if converted is None:
+                continue
             converted_bytes, count, uncompressed = converted
-            if target is None:
-                pieces.append(converted_bytes)
-            elif written + len(converted_bytes) > len(target):
-                raise _too_small(target, written + len(converted_bytes))
+            if self.target is None:
+                self.pieces.append(converted_bytes)
+            elif self.written + len(converted_bytes) > len(self.target):
+                raise _too_small(self.target, self.written + len(converted_bytes))
             else:
-                target[written:written + len(converted_bytes)] = converted_bytes
-                written += len(converted_bytes)
-            stats.num_records_converted += count
-            stats.temporary_memory_bytes += batch.size_in_bytes + uncompressed
-        pos += batch.size_in_bytes
-    stats.conversion_time_nanos = time.perf_counter_ns() - started
-    if target is not None:
-        data = target[:written]
-    else:
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-    return ConvertedRecords(MemoryRecords(data), stats)
+                self.target[self.written:self.written + len(converted_bytes)] = converted_bytes
+                self.written += len(converted_bytes)
+            self.stats.num_records_converted += count
+            self.stats.temporary_memory_bytes += batch.size_in_bytes + uncompressed
+
+    def records(self):
+        if self.target is not None:
+            return MemoryRecords(self.target[:self.written])
+        return MemoryRecords(self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces))
+
+
+def convert_compressed_batches(batches, to_magic, limit, gzip_level):
+    """``(batch, convert_compressed_batch(batch, ...))`` for each of ``batches``: one job for a thread."""
+    return [(batch, convert_compressed_batch(batch, to_magic, limit, gzip_level)) for batch in batches]
 
 
 def convert_compressed_batch(batch, to_magic, limit, gzip_level):
