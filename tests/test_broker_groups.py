@@ -165,3 +165,29 @@ def test_a_restarted_static_member_takes_its_partitions_back_without_a_rebalance
         for c in consumers:
             c.stop(signal.SIGKILL)
         broker.close()
+
+
+def test_a_frozen_member_holds_a_newcomers_rebalance_only_for_its_session_timeout(tmp_path):
+    """Kafka removes a member that neither heartbeats nor rejoins during a rebalance at its session timeout
+    (``hasSatisfiedHeartbeat``): kafka-python joins with a 300 s rebalance timeout (``max.poll.interval.ms``),
+    which would otherwise keep a newcomer waiting for a frozen process."""
+    # an initial delay longer than kafka-python's first metadata refresh: the first leader assigns knowing
+    # the topic, so no rebalance of its own follows (see the README on kafka-python's rejoin race)
+    broker = start_broker(tmp_path, **{"group.initial.rebalance.delay.ms": 500})
+    consumers = []
+    try:
+        bootstrap = broker.bootstrap_servers
+        broker.logs.create_topic("orders", 2)
+        consumers.append(ConsumerProcess("kafka-python", bootstrap, "workers", "orders"))
+        wait_for(lambda: consumers[0].state()[0] == {0, 1}, "the first consumer with both partitions", timeout=60)
+        consumers[0].process.send_signal(signal.SIGSTOP)     # alive to the kernel, silent to the broker
+        frozen_at = time.monotonic()
+        consumers.append(ConsumerProcess("kafka-python", bootstrap, "workers", "orders"))
+        wait_for(lambda: consumers[1].state()[0] == {0, 1}, "the newcomer with both partitions",
+                 timeout=SESSION_TIMEOUT_S * 4)
+        assert time.monotonic() - frozen_at < SESSION_TIMEOUT_S * 3
+        assert len(broker.coordinator.groups["workers"].members) == 1
+    finally:
+        for c in consumers:
+            c.stop(signal.SIGKILL)
+        broker.close()
