@@ -172,14 +172,15 @@ def test_a_frozen_member_holds_a_newcomers_rebalance_only_for_its_session_timeou
     (``hasSatisfiedHeartbeat``): kafka-python joins with a 300 s rebalance timeout (``max.poll.interval.ms``),
     which would otherwise keep a newcomer waiting for a frozen process."""
     # an initial delay longer than kafka-python's first metadata refresh: the first leader assigns knowing
-    # the topic, so no rebalance of its own follows (see the README on kafka-python's rejoin race)
-    broker = start_broker(tmp_path, **{"group.initial.rebalance.delay.ms": 500})
+    # the topic, so no rejoin of its own follows (see the README on kafka-python's rejoin race)
+    broker = start_broker(tmp_path, **{"group.initial.rebalance.delay.ms": 1000})
     consumers = []
     try:
         bootstrap = broker.bootstrap_servers
         broker.logs.create_topic("orders", 2)
         consumers.append(ConsumerProcess("kafka-python", bootstrap, "workers", "orders"))
         wait_for(lambda: consumers[0].state()[0] == {0, 1}, "the first consumer with both partitions", timeout=60)
+        assert broker.coordinator.groups["workers"].generation == 1
         consumers[0].process.send_signal(signal.SIGSTOP)     # alive to the kernel, silent to the broker
         frozen_at = time.monotonic()
         consumers.append(ConsumerProcess("kafka-python", bootstrap, "workers", "orders"))
