@@ -15,6 +15,9 @@ from group_helpers import ConsumerProcess, split_evenly, start_broker
 CLIENTS = ["kafka-python", "aiokafka", "confluent-kafka"]
 PARTITIONS = range(6)
 SESSION_TIMEOUT_S = 6
+# longer than kafka-python's first metadata refresh: its first leader assigns knowing the topic, so it does
+# not rejoin by itself at once, a rejoin kafka-python 3.0.12 can lose (see the README, Consumer groups)
+FIRST_JOIN_AFTER_METADATA = {"group.initial.rebalance.delay.ms": 1000}
 
 
 def produce(bootstrap, topic, values, partitions=len(PARTITIONS)):
@@ -31,7 +34,7 @@ def committed_values(consumers):
 
 @pytest.mark.parametrize("client", CLIENTS)
 def test_group_splits_rebalances_and_resumes_after_restart(tmp_path, client):
-    broker = start_broker(tmp_path)
+    broker = start_broker(tmp_path, **FIRST_JOIN_AFTER_METADATA)
     port = int(broker.bootstrap_servers.rsplit(":", 1)[1])
     consumers = []
     try:
@@ -62,7 +65,7 @@ def test_group_splits_rebalances_and_resumes_after_restart(tmp_path, client):
             c.stop(signal.SIGKILL)
         broker.close()
 
-    broker = start_broker(tmp_path, port)
+    broker = start_broker(tmp_path, port, **FIRST_JOIN_AFTER_METADATA)
     try:
         group = broker.coordinator.groups["workers"]
         assert sum(o.offset for o in group.offsets.values()) == len(first)       # replayed from __consumer_offsets
@@ -86,7 +89,7 @@ def test_admin_clients_list_and_describe_the_group(tmp_path):
     from confluent_kafka import ConsumerGroupTopicPartitions
     from confluent_kafka.admin import AdminClient
 
-    broker = start_broker(tmp_path)
+    broker = start_broker(tmp_path, **FIRST_JOIN_AFTER_METADATA)
     consumers = []
     try:
         bootstrap = broker.bootstrap_servers
@@ -161,6 +164,31 @@ def test_a_restarted_static_member_takes_its_partitions_back_without_a_rebalance
         wait_for(lambda: consumers[follower].state()[0] == before, "its partitions back", timeout=SESSION_TIMEOUT_S)
         assert group.generation == generation and group.state == "Stable"      # no rebalance happened
         assert group.static_members[f"app-{follower}"] != old_member          # a new member id took the place
+    finally:
+        for c in consumers:
+            c.stop(signal.SIGKILL)
+        broker.close()
+
+
+def test_a_frozen_member_holds_a_newcomers_rebalance_only_for_its_session_timeout(tmp_path):
+    """Kafka removes a member that neither heartbeats nor rejoins during a rebalance at its session timeout
+    (``hasSatisfiedHeartbeat``): kafka-python joins with a 300 s rebalance timeout (``max.poll.interval.ms``),
+    which would otherwise keep a newcomer waiting for a frozen process."""
+    broker = start_broker(tmp_path, **FIRST_JOIN_AFTER_METADATA)
+    consumers = []
+    try:
+        bootstrap = broker.bootstrap_servers
+        broker.logs.create_topic("orders", 2)
+        consumers.append(ConsumerProcess("kafka-python", bootstrap, "workers", "orders"))
+        wait_for(lambda: consumers[0].state()[0] == {0, 1}, "the first consumer with both partitions", timeout=60)
+        assert broker.coordinator.groups["workers"].generation == 1
+        consumers[0].process.send_signal(signal.SIGSTOP)     # alive to the kernel, silent to the broker
+        frozen_at = time.monotonic()
+        consumers.append(ConsumerProcess("kafka-python", bootstrap, "workers", "orders"))
+        wait_for(lambda: consumers[1].state()[0] == {0, 1}, "the newcomer with both partitions",
+                 timeout=SESSION_TIMEOUT_S * 4)
+        assert time.monotonic() - frozen_at < SESSION_TIMEOUT_S * 3
+        assert len(broker.coordinator.groups["workers"].members) == 1
     finally:
         for c in consumers:
             c.stop(signal.SIGKILL)

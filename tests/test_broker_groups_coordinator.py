@@ -178,6 +178,27 @@ def test_session_expiry_rebalances_without_any_request(logs):
         coord.close()
 
 
+def test_a_silent_member_holds_a_rebalance_for_its_session_timeout_not_the_rebalance_timeout(logs):
+    """Kafka's hasSatisfiedHeartbeat: during PreparingRebalance a member that neither rejoins nor heartbeats
+    is removed at its session timeout and the join completes; one waiting in JoinGroup is kept."""
+    coord = coordinator(logs)
+    try:
+        silent = join_new_member(coord, rebalance_ms=300_000)        # kafka-python's max.poll.interval.ms
+        assert sync(coord, silent.member_id, 1, [(silent.member_id, b"all")]).error_code == NONE
+        newcomer_id = join(coord, rebalance_ms=300_000).member_id        # MEMBER_ID_REQUIRED
+        thread, result = join_async(coord, member_id=newcomer_id, rebalance_ms=300_000)
+        assert _wait(lambda: coord.groups["g"].state == "PreparingRebalance")
+        coord.tick(time.monotonic() + 7)                  # one session timeout (6 s) later: not a rebalance timeout
+        thread.join(10)
+        assert "response" in result, "the join still waits for the silent member"
+        answered = result["response"]
+        assert answered.error_code == NONE and answered.generation_id == 2 and answered.leader == newcomer_id
+        assert [m.member_id for m in answered.members] == [newcomer_id]
+        assert list(coord.groups["g"].members) == [newcomer_id]
+    finally:
+        coord.close()
+
+
 def test_member_ids_handed_out_by_a_join_storm_expire(logs):
     coord = coordinator(logs)
     try:

@@ -12,9 +12,10 @@ Groups move through Kafka's states: Empty -> PreparingRebalance (members (re)joi
   ``group.initial.rebalance.delay.ms`` (extended by each new member, up to the rebalance timeout). The
   members chosen protocol is the one all support that most members prefer; the first member to join
   leads.
-- Members that do not heartbeat within their ``session.timeout.ms``, or do not send SyncGroup within
-  the rebalance timeout after a join, are removed and the group rebalances; a thread checks every
-  deadline, so this happens with no request arriving.
+- Members that do not heartbeat within their ``session.timeout.ms`` (unless waiting in JoinGroup or
+  SyncGroup; during a rebalance too, so a silent member does not hold it for the rebalance timeout), or do
+  not send SyncGroup within the rebalance timeout after a join, are removed and the group rebalances (or
+  completes the join under way); a thread checks every deadline, so this happens with no request arriving.
 - Errors as Kafka's: UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID,
   INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, GROUP_MAX_SIZE_REACHED, INVALID_GROUP_ID...
 
@@ -384,9 +385,11 @@ class GroupCoordinator:
                         self._remove_member(group, member)
                     if missing:
                         self._prepare_rebalance(group, now, "members did not sync in time")
+                # Kafka's ClassicGroupMember.hasSatisfiedHeartbeat: waiting in JoinGroup or SyncGroup counts as
+                # alive; any other member must heartbeat, in PreparingRebalance too (a live one is told
+                # REBALANCE_IN_PROGRESS), so a silent member holds a rebalance for its session timeout only
                 for member in list(group.members.values()):
-                    if (member.join_reply is None and member.sync_reply is None and group.state != PREPARING
-                            and now >= member.heartbeat_deadline):
+                    if member.join_reply is None and member.sync_reply is None and now >= member.heartbeat_deadline:
                         log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
                         self._remove_member_and_rebalance(group, member, now)
             if now >= self._next_expiry:
