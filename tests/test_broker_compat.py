@@ -406,3 +406,82 @@ def test_admin_requests_kafka_refuses_are_refused_with_its_error_codes(broker):
     compact = ConfigResource("topic", "r", incremental_configs=[
         ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
     assert error_of(admin.incremental_alter_configs([compact])[compact]) == KafkaError.INVALID_CONFIG
+
+
+# Kafka 3.9 without an authorizer answers every operation AclEntry.supportedOperations lists (KIP-430)
+TOPIC_OPERATIONS = {"READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "DESCRIBE_CONFIGS", "ALTER_CONFIGS"}
+CLUSTER_OPERATIONS = {"CREATE", "ALTER", "DESCRIBE", "CLUSTER_ACTION", "DESCRIBE_CONFIGS", "ALTER_CONFIGS",
+                      "IDEMPOTENT_WRITE"}
+GROUP_OPERATIONS = {"READ", "DESCRIBE", "DELETE"}
+
+
+def operation_names(operations):
+    return None if operations is None else {operation.name for operation in operations}
+
+
+def test_confluent_kafka_admin_gets_the_authorized_operations_only_when_asked(broker):
+    from confluent_kafka import TopicCollection
+
+    broker.logs.create_topic("ops", 1)
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "ops-group"})
+    consumer.subscribe(["ops"])
+    wait_for(lambda: consumer.poll(0.1) is None and consumer.assignment(), "the consumer's assignment")
+    try:
+        asked = admin.describe_topics(TopicCollection(["ops"]), include_authorized_operations=True)["ops"]
+        assert operation_names(asked.result(timeout=TIMEOUT).authorized_operations) == TOPIC_OPERATIONS
+        not_asked = admin.describe_topics(TopicCollection(["ops"]))["ops"]
+        assert not_asked.result(timeout=TIMEOUT).authorized_operations is None
+
+        asked = admin.describe_cluster(include_authorized_operations=True)
+        assert operation_names(asked.result(timeout=TIMEOUT).authorized_operations) == CLUSTER_OPERATIONS
+        assert admin.describe_cluster().result(timeout=TIMEOUT).authorized_operations is None
+
+        # a group nobody knows is described as Dead without an error, so it gets them too, as in Kafka
+        asked = results(admin.describe_consumer_groups(["ops-group", "no-group"], include_authorized_operations=True))
+        assert {group: operation_names(d.authorized_operations) for group, d in asked.items()} == \
+            {"ops-group": GROUP_OPERATIONS, "no-group": GROUP_OPERATIONS}
+        not_asked = results(admin.describe_consumer_groups(["ops-group"]))["ops-group"]
+        assert not_asked.authorized_operations is None
+    finally:
+        consumer.close()
+
+
+def code_names(codes):            # kafka-python decodes a bit field to its set bits, the default to None
+    from confluent_kafka.admin import AclOperation
+
+    return None if codes is None else operation_names(AclOperation(code) for code in codes)
+
+
+@pytest.mark.parametrize("version", [8, 10, 12])
+def test_metadata_answers_cluster_operations_to_v8_to_10_and_topic_operations_from_v8(broker, version):
+    from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+    broker.logs.create_topic("ops", 1)
+    topics = [MetadataRequest.MetadataRequestTopic(name=name) for name in ("ops", "missing")]
+    with RawConnection(broker.bootstrap_servers) as raw:
+        asked = raw.request(MetadataRequest(topics=topics, allow_auto_topic_creation=False,
+                                            include_cluster_authorized_operations=True,
+                                            include_topic_authorized_operations=True), MetadataResponse, version)
+        not_asked = raw.request(MetadataRequest(topics=topics, allow_auto_topic_creation=False), MetadataResponse,
+                                version, correlation_id=2)
+    # Kafka answers the operations of a topic that does not exist too (it asks the authorizer by name)
+    assert {t.name: code_names(t.authorized_operations) for t in asked.topics} == \
+        {"ops": TOPIC_OPERATIONS, "missing": TOPIC_OPERATIONS}
+    assert [t.authorized_operations for t in not_asked.topics] == [None, None]
+    if version <= 10:               # Metadata v11 dropped the cluster's field (KIP-700 moved it to DescribeCluster)
+        assert code_names(asked.authorized_operations) == CLUSTER_OPERATIONS
+        assert not_asked.authorized_operations is None
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_describe_cluster_answers_the_cluster_operations_when_asked(broker, version):
+    from kafka.protocol.admin import DescribeClusterRequest, DescribeClusterResponse
+
+    with RawConnection(broker.bootstrap_servers) as raw:
+        asked = raw.request(DescribeClusterRequest(include_cluster_authorized_operations=True),
+                            DescribeClusterResponse, version)
+        not_asked = raw.request(DescribeClusterRequest(include_cluster_authorized_operations=False),
+                                DescribeClusterResponse, version, correlation_id=2)
+    assert (asked.error_code, code_names(asked.authorized_operations)) == (NONE, CLUSTER_OPERATIONS)
+    assert (not_asked.error_code, not_asked.authorized_operations) == (NONE, None)

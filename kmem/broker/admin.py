@@ -11,8 +11,10 @@ on a single node:
   DELETE, APPEND and SUBTRACT on list settings) of topics; the broker's settings are static
   (INVALID_REQUEST naming the setting to put in ``server.properties``);
 - DeleteRecords 0-2 (KIP-107): the log start offset moves up, whole segments before it are deleted;
-- DescribeCluster 0-1 (KIP-700): this broker, its cluster id, itself as controller.
+- DescribeCluster 0-1 (KIP-700): this broker, its cluster id, itself as controller and, when asked,
+  the cluster's authorized operations (``kmem.broker.authorized``).
 """
+from kmem.broker.authorized import CLUSTER_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.config import TOPIC_SETTINGS
 from kmem.broker.offsets import OFFSETS_TOPIC
@@ -31,7 +33,6 @@ TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4                    # Kafka's ConfigResour
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3                 # Kafka's AlterConfigOp.OpType
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5   # DescribeConfigs config sources
 BROKERS_ENDPOINT = 1                                       # DescribeCluster endpoint type
-NO_AUTHORIZED_OPERATIONS = -(2**31)
 # Kafka's ConfigDef types as DescribeConfigs v3+ numbers them
 BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
 CONFIG_TYPES = {
@@ -237,12 +238,13 @@ class AdminHandlers:
         endpoint_type = request.endpoint_type if header.api_version >= 1 else BROKERS_ENDPOINT
         response = messages.DescribeClusterResponse(
             throttle_time_ms=0, error_code=NONE, error_message=None, endpoint_type=endpoint_type,
-            cluster_id=self.logs.cluster_id, controller_id=self.node_id, brokers=[],
-            cluster_authorized_operations=NO_AUTHORIZED_OPERATIONS)
+            cluster_id=self.logs.cluster_id, controller_id=self.node_id, brokers=[])
         if endpoint_type != BROKERS_ENDPOINT:
             response.error_code = UNSUPPORTED_ENDPOINT_TYPE
             response.error_message = "kmem broker has no controller endpoints: it is its own controller"
             return response
+        if request.include_cluster_authorized_operations:
+            response.cluster_authorized_operations = CLUSTER_OPERATIONS
         host, port = self.endpoint()
         response.brokers = [messages.DescribeClusterResponse.DescribeClusterBroker(
             broker_id=self.node_id, host=host, port=port, rack=None, is_fenced=False)]

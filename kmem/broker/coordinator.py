@@ -42,6 +42,7 @@ import threading
 import time
 import uuid
 
+from kmem.broker.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.config import INT32_MAX, _int
 from kmem.broker.offsets import (
@@ -951,6 +952,9 @@ class GroupCoordinator:
                                      member_metadata=bytes(m.metadata(group.protocol)) if stable else b"",
                                      member_assignment=bytes(m.assignment) if stable else b"")
                              for m in group.members.values()]))
+        if request.include_authorized_operations:            # decodes as False before v3 (KIP-430)
+            for group in described:
+                group.authorized_operations = GROUP_OPERATIONS
         return messages.DescribeGroupsResponse(throttle_time_ms=0, groups=described)
 
     # --- DeleteGroups, OffsetDelete ------------------------------------------------------------------

@@ -27,6 +27,7 @@ import time
 import uuid
 
 from kmem.broker.admin import ADMIN_VERSIONS
+from kmem.broker.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.coordinator import GROUP_VERSIONS
@@ -135,17 +136,28 @@ class Handlers:
         wanted = request.topics
         if wanted is None or (version == 0 and not wanted):
             response.topics = [self._topic_metadata(info.name, info) for info in topics.values()]
-            return response
+        else:
+            response.topics = self._wanted_topic_metadata(version, request, topics)
+        # both flags decode as False before v8, the cluster one also from v11 (KIP-430)
+        if request.include_cluster_authorized_operations:
+            response.cluster_authorized_operations = CLUSTER_OPERATIONS
+        if request.include_topic_authorized_operations:
+            for topic in response.topics:
+                if topic.error_code != UNKNOWN_TOPIC_ID:         # as Kafka: unknown topic ids get none
+                    topic.topic_authorized_operations = TOPIC_OPERATIONS
+        return response
+
+    def _wanted_topic_metadata(self, version, request, topics):
         auto_create = (request.allow_auto_topic_creation if version >= 4 else True) \
             and self.logs.config.auto_create_topics_enable
-        response.topics = []
-        for requested in wanted:
+        answered = []
+        for requested in request.topics:
             name = requested.name
             if name is None:          # v10+: by topic id
                 topic_id = requested.topic_id
                 name = self.logs.topic_name(_storage_uuid(topic_id))
                 if name is None:
-                    response.topics.append(messages.MetadataResponse.MetadataResponseTopic(
+                    answered.append(messages.MetadataResponse.MetadataResponseTopic(
                         error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id))
                     continue
             info = topics.get(name)
@@ -154,16 +166,16 @@ class Handlers:
                     self.logs.create_topic(name)
                 except LogError as e:
                     if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:          # created meanwhile: fine
-                        response.topics.append(messages.MetadataResponse.MetadataResponseTopic(
+                        answered.append(messages.MetadataResponse.MetadataResponseTopic(
                             error_code=e.code, name=name))
                         continue
                 info = self.logs.topics().get(name)
             if info is None:
-                response.topics.append(messages.MetadataResponse.MetadataResponseTopic(
+                answered.append(messages.MetadataResponse.MetadataResponseTopic(
                     error_code=UNKNOWN_TOPIC_OR_PARTITION, name=name))
                 continue
-            response.topics.append(self._topic_metadata(name, info))
-        return response
+            answered.append(self._topic_metadata(name, info))
+        return answered
 
     def _topic_metadata(self, name, info):
         node = self.node_id
