@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import time
+import uuid
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -465,10 +466,17 @@ def test_metadata_answers_cluster_operations_to_v8_to_10_and_topic_operations_fr
                                             include_topic_authorized_operations=True), MetadataResponse, version)
         not_asked = raw.request(MetadataRequest(topics=topics, allow_auto_topic_creation=False), MetadataResponse,
                                 version, correlation_id=2)
-    # Kafka answers the operations of a topic that does not exist too (it asks the authorizer by name)
+    # Kafka answers the operations of a topic that does not exist too (it asks the authorizer by name),
+    # but not of an unknown topic id
     assert {t.name: code_names(t.authorized_operations) for t in asked.topics} == \
         {"ops": TOPIC_OPERATIONS, "missing": TOPIC_OPERATIONS}
     assert [t.authorized_operations for t in not_asked.topics] == [None, None]
+    if version >= 12:               # topic ids are served from v12, as in Kafka
+        unknown_id = MetadataRequest.MetadataRequestTopic(name=None, topic_id=uuid.uuid4())
+        with RawConnection(broker.bootstrap_servers) as raw:
+            by_id = raw.request(MetadataRequest(topics=[unknown_id], allow_auto_topic_creation=False,
+                                                include_topic_authorized_operations=True), MetadataResponse, version)
+        assert [(t.error_code, t.authorized_operations) for t in by_id.topics] == [(KafkaError.UNKNOWN_TOPIC_ID, None)]
     if version <= 10:               # Metadata v11 dropped the cluster's field (KIP-700 moved it to DescribeCluster)
         assert code_names(asked.authorized_operations) == CLUSTER_OPERATIONS
         assert not_asked.authorized_operations is None
