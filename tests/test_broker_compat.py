@@ -493,3 +493,14 @@ def test_describe_cluster_answers_the_cluster_operations_when_asked(broker, vers
                                 DescribeClusterResponse, version, correlation_id=2)
     assert (asked.error_code, code_names(asked.authorized_operations)) == (NONE, CLUSTER_OPERATIONS)
     assert (not_asked.error_code, not_asked.authorized_operations) == (NONE, None)
+
+
+@pytest.mark.parametrize("endpoint_type,error", [(1, NONE), (2, 114), (3, 115)],
+                         ids=["brokers", "controllers: MISMATCHED_ENDPOINT_TYPE", "unknown: UNSUPPORTED_ENDPOINT_TYPE"])
+def test_describe_cluster_answers_an_endpoint_type_as_a_broker_listener_does(broker, endpoint_type, error):
+    from kafka.protocol.admin import DescribeClusterRequest, DescribeClusterResponse
+
+    with RawConnection(broker.bootstrap_servers) as raw:
+        answer = raw.request(DescribeClusterRequest(endpoint_type=endpoint_type), DescribeClusterResponse, 1)
+    assert answer.error_code == error
+    assert (len(answer.brokers) == 1) == (error == NONE)

@@ -27,12 +27,13 @@ INVALID_TOPIC_EXCEPTION = 17
 INVALID_REPLICA_ASSIGNMENT = 39
 INVALID_CONFIG = 40
 INVALID_REQUEST = 42
-UNSUPPORTED_ENDPOINT_TYPE = 119
+MISMATCHED_ENDPOINT_TYPE = 114
+UNSUPPORTED_ENDPOINT_TYPE = 115
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4                    # Kafka's ConfigResource.Type
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3                 # Kafka's AlterConfigOp.OpType
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5   # DescribeConfigs config sources
-BROKERS_ENDPOINT = 1                                       # DescribeCluster endpoint type
+BROKERS_ENDPOINT, CONTROLLERS_ENDPOINT = 1, 2               # DescribeCluster endpoint types
 # Kafka's ConfigDef types as DescribeConfigs v3+ numbers them
 BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
 CONFIG_TYPES = {
@@ -239,9 +240,13 @@ class AdminHandlers:
         response = messages.DescribeClusterResponse(
             throttle_time_ms=0, error_code=NONE, error_message=None, endpoint_type=endpoint_type,
             cluster_id=self.logs.cluster_id, controller_id=self.node_id, brokers=[])
+        if endpoint_type == CONTROLLERS_ENDPOINT:        # as Kafka's AuthHelper answers on a broker listener
+            response.error_code = MISMATCHED_ENDPOINT_TYPE
+            response.error_message = "The request was sent to an endpoint of type BROKER, but we wanted CONTROLLER"
+            return response
         if endpoint_type != BROKERS_ENDPOINT:
             response.error_code = UNSUPPORTED_ENDPOINT_TYPE
-            response.error_message = "kmem broker has no controller endpoints: it is its own controller"
+            response.error_message = f"Unsupported endpoint type {endpoint_type}"
             return response
         if request.include_cluster_authorized_operations:
             response.cluster_authorized_operations = CLUSTER_OPERATIONS
