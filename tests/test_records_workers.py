@@ -107,9 +107,9 @@ def test_a_full_buffer_is_reported_before_a_bad_batch_after_it(monkeypatch):
     monkeypatch.setattr(workers, "THREADS", 3)
     source = gzip_batches(0, 3) + corrupt_gzip_batch(3) + gzip_batches(4, 4)
     first_two = sum(b.size_in_bytes for b in list(down_convert(gzip_batches(0, 3), 1).records)[:2])
-    for convert in (down_convert, lambda *args, **kwargs: one_at_a_time(monkeypatch, *args, **kwargs)):
+    for converter in (down_convert, lambda *args, **kwargs: one_at_a_time(monkeypatch, *args, **kwargs)):
         with pytest.raises(InvalidArgumentError, match="out holds"):      # the third batch does not fit
-            convert(source, 1, out=bytearray(first_two + 100))
+            converter(source, 1, out=bytearray(first_two + 100))
 
 
 def test_ordered_jobs_keep_at_most_threads_plus_one_in_flight_and_hand_results_back_in_order(monkeypatch):

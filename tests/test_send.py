@@ -11,7 +11,7 @@ import pytest
 
 from kmem.errors import IllegalStateError, InvalidArgumentError
 from kmem.network import NetworkSend, PlaintextTransport, SocketServer, TlsTransport
-from kmem.records import FileRecords, LazyDownConvertRecords, MemoryRecords, RecordsBuilder, segment_file_name
+from kmem.records import FileRecords, LazyDownConvertRecords, RecordsBuilder, segment_file_name
 from kmem.records.convert import down_convert
 from kmem.send import COPY_CHUNK, BytesSend, ChannelTransport, FileRegionSend, Send, SequenceSend, as_transport
 

@@ -21,14 +21,6 @@ from kmem.broker.offsets import OFFSETS_TOPIC
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
 
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC_EXCEPTION = 17
-INVALID_REPLICA_ASSIGNMENT = 39
-INVALID_CONFIG = 40
-INVALID_REQUEST = 42
-MISMATCHED_ENDPOINT_TYPE = 114
-UNSUPPORTED_ENDPOINT_TYPE = 115
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4                    # Kafka's ConfigResource.Type
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3                 # Kafka's AlterConfigOp.OpType
@@ -84,7 +76,7 @@ class AdminHandlers:
         response = messages.CreatePartitionsResponse(throttle_time_ms=0, results=[])
         names = [topic.name for topic in request.topics]
         for topic in request.topics:
-            result = Result(name=topic.name, error_code=NONE, error_message=None)
+            result = Result(name=topic.name, error_code=ErrorCode.NONE, error_message=None)
             response.results.append(result)
             try:
                 self._create_partitions(topic, names.count(topic.name), request.validate_only)
@@ -96,9 +88,9 @@ class AdminHandlers:
 
     def _create_partitions(self, topic, times_named, validate_only):
         if times_named > 1:
-            raise _Refused(INVALID_REQUEST, f"topic {topic.name!r} named twice")
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} named twice")
         if topic.name == OFFSETS_TOPIC:
-            raise _Refused(INVALID_REQUEST, f"the partition count of {OFFSETS_TOPIC} places the groups: "
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"the partition count of {OFFSETS_TOPIC} places the groups: "
                                             "it cannot grow")
         info = self.logs.topics().get(topic.name)
         if info is None:
@@ -106,10 +98,11 @@ class AdminHandlers:
         self.logs.check_partition_count(info, topic.count)
         if topic.assignments is not None:
             if len(topic.assignments) != topic.count - info.partitions:
-                raise _Refused(INVALID_REPLICA_ASSIGNMENT, f"{len(topic.assignments)} assignments for "
+                raise _Refused(ErrorCode.INVALID_REPLICA_ASSIGNMENT, f"{len(topic.assignments)} assignments for "
                                                            f"{topic.count - info.partitions} new partitions")
             if any(a.broker_ids != [self.node_id] for a in topic.assignments):
-                raise _Refused(INVALID_REPLICA_ASSIGNMENT, f"every partition's only replica is broker {self.node_id}")
+                raise _Refused(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
+                               f"every partition's only replica is broker {self.node_id}")
         if not validate_only:
             self.logs.add_partitions(topic.name, topic.count)
 
@@ -120,7 +113,7 @@ class AdminHandlers:
         Result = messages.DescribeConfigsResponse.DescribeConfigsResult
         response = messages.DescribeConfigsResponse(throttle_time_ms=0, results=[])
         for resource in request.resources:
-            result = Result(error_code=NONE, error_message=None, resource_type=resource.resource_type,
+            result = Result(error_code=ErrorCode.NONE, error_message=None, resource_type=resource.resource_type,
                             resource_name=resource.resource_name, configs=[])
             response.results.append(result)
             try:
@@ -140,7 +133,7 @@ class AdminHandlers:
         if resource_type == TOPIC_RESOURCE:
             info = self.logs.topics().get(name)
             if info is None:
-                raise _Refused(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+                raise _Refused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
             defaults = self.logs.config.default_log_config().properties()
             effective = self.logs.config.topic_config(info.configs).properties()
             return {key: (value, DYNAMIC_TOPIC_CONFIG if key in info.configs else DEFAULT_CONFIG, defaults.get(key))
@@ -148,11 +141,12 @@ class AdminHandlers:
         if resource_type == BROKER_RESOURCE:
             self._check_broker_name(name)
             return {key: (value, STATIC_BROKER_CONFIG, None) for key, value in self.logs.config.properties().items()}
-        raise _Refused(INVALID_REQUEST, f"resource type {resource_type} is not served (topics 2, the broker 4)")
+        raise _Refused(ErrorCode.INVALID_REQUEST,
+                       f"resource type {resource_type} is not served (topics 2, the broker 4)")
 
     def _check_broker_name(self, name):
         if name not in ("", str(self.node_id)):
-            raise _Refused(INVALID_REQUEST, f"this broker's id is {self.node_id}, not {name!r}")
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"this broker's id is {self.node_id}, not {name!r}")
 
     def _described(self, name, value, source, default, version, with_synonyms):
         Config = messages.DescribeConfigsResponse.DescribeConfigsResourceResult
@@ -183,20 +177,20 @@ class AdminHandlers:
         response = response_class(throttle_time_ms=0, responses=[])
         for resource in request.resources:
             result = response_class.AlterConfigsResourceResponse(
-                error_code=NONE, error_message=None, resource_type=resource.resource_type,
+                error_code=ErrorCode.NONE, error_message=None, resource_type=resource.resource_type,
                 resource_name=resource.resource_name)
             response.responses.append(result)
             try:
                 if resource.resource_type == BROKER_RESOURCE:
                     self._check_broker_name(resource.resource_name)
                     names = ", ".join(c.name for c in resource.configs)
-                    raise _Refused(INVALID_REQUEST, f"kmem broker's settings are static: set {names} in "
+                    raise _Refused(ErrorCode.INVALID_REQUEST, f"kmem broker's settings are static: set {names} in "
                                                     "server.properties or with --override and restart")
                 if resource.resource_type != TOPIC_RESOURCE:
-                    raise _Refused(INVALID_REQUEST, f"resource type {resource.resource_type} is not served")
+                    raise _Refused(ErrorCode.INVALID_REQUEST, f"resource type {resource.resource_type} is not served")
                 info = self.logs.topics().get(resource.resource_name)
                 if info is None:
-                    raise _Refused(UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {resource.resource_name!r}")
+                    raise _Refused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {resource.resource_name!r}")
                 overrides = new_overrides(resource, dict(info.configs))
                 self.logs.set_topic_configs(resource.resource_name, overrides, validate_only=request.validate_only)
             except LogError as e:
@@ -215,21 +209,21 @@ class AdminHandlers:
             response.topics.append(topic_result)
             for wanted in topic.partitions:
                 result = Response.DeleteRecordsPartitionResult(partition_index=wanted.partition_index,
-                                                               low_watermark=-1, error_code=NONE)
+                                                               low_watermark=-1, error_code=ErrorCode.NONE)
                 topic_result.partitions.append(result)
                 if topic.name == OFFSETS_TOPIC:      # Kafka's ReplicaManager refuses internal topics here
-                    result.error_code = INVALID_TOPIC_EXCEPTION
+                    result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
                     continue
                 partition_log = self.logs.get_partition(topic.name, wanted.partition_index)
                 if partition_log is None:
-                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 try:
                     result.low_watermark = partition_log.delete_records_before(wanted.offset)
                 except LogError as e:
                     result.error_code = int(e.code)
                 except IllegalStateError:            # the topic was deleted meanwhile
-                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         self.logs.checkpoint()                       # the new log start offsets survive a crash
         return response
 
@@ -238,14 +232,14 @@ class AdminHandlers:
     def describe_cluster(self, header, request):
         endpoint_type = request.endpoint_type if header.api_version >= 1 else BROKERS_ENDPOINT
         response = messages.DescribeClusterResponse(
-            throttle_time_ms=0, error_code=NONE, error_message=None, endpoint_type=endpoint_type,
+            throttle_time_ms=0, error_code=ErrorCode.NONE, error_message=None, endpoint_type=endpoint_type,
             cluster_id=self.logs.cluster_id, controller_id=self.node_id, brokers=[])
         if endpoint_type == CONTROLLERS_ENDPOINT:        # as Kafka's AuthHelper answers on a broker listener
-            response.error_code = MISMATCHED_ENDPOINT_TYPE
+            response.error_code = ErrorCode.MISMATCHED_ENDPOINT_TYPE
             response.error_message = "The request was sent to an endpoint of type BROKER, but we wanted CONTROLLER"
             return response
         if endpoint_type != BROKERS_ENDPOINT:
-            response.error_code = UNSUPPORTED_ENDPOINT_TYPE
+            response.error_code = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
             response.error_message = f"Unsupported endpoint type {endpoint_type}"
             return response
         if request.include_cluster_authorized_operations:
@@ -269,14 +263,14 @@ def _apply_operations(resource, overrides):
     for config in resource.configs:
         name, op, value = config.name, config.config_operation, config.value
         if name not in TOPIC_SETTINGS and op != DELETE:
-            raise _Refused(INVALID_CONFIG, f"unknown topic config {name!r}")
+            raise _Refused(ErrorCode.INVALID_CONFIG, f"unknown topic config {name!r}")
         if op == SET:
             overrides[name] = value
         elif op == DELETE:
             overrides.pop(name, None)
         elif op in (APPEND, SUBTRACT):
             if CONFIG_TYPES.get(name) != LIST:
-                raise _Refused(INVALID_CONFIG, f"{name} is not a list: APPEND and SUBTRACT do not apply")
+                raise _Refused(ErrorCode.INVALID_CONFIG, f"{name} is not a list: APPEND and SUBTRACT do not apply")
             items = [v for v in str(overrides.get(name, "")).split(",") if v]
             changes = [v.strip() for v in (value or "").split(",") if v.strip()]
             if op == APPEND:
@@ -285,5 +279,5 @@ def _apply_operations(resource, overrides):
                 items = [v for v in items if v not in changes]
             overrides[name] = ",".join(items)
         else:
-            raise _Refused(INVALID_REQUEST, f"unknown operation {op} on {name}")
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"unknown operation {op} on {name}")
     return overrides

@@ -57,24 +57,6 @@ from kmem.records import build_records
 
 log = logging.getLogger(__name__)
 
-NONE = 0
-UNKNOWN_SERVER_ERROR = -1
-UNKNOWN_TOPIC_OR_PARTITION = 3
-OFFSET_METADATA_TOO_LARGE = 12
-COORDINATOR_LOAD_IN_PROGRESS = 14
-COORDINATOR_NOT_AVAILABLE = 15
-ILLEGAL_GENERATION = 22
-INCONSISTENT_GROUP_PROTOCOL = 23
-INVALID_GROUP_ID = 24
-UNKNOWN_MEMBER_ID = 25
-INVALID_SESSION_TIMEOUT = 26
-REBALANCE_IN_PROGRESS = 27
-NON_EMPTY_GROUP = 68
-GROUP_ID_NOT_FOUND = 69
-MEMBER_ID_REQUIRED = 79
-GROUP_MAX_SIZE_REACHED = 81
-FENCED_INSTANCE_ID = 82
-GROUP_SUBSCRIBED_TO_TOPIC = 86
 CONSUMER_PROTOCOL = "consumer"
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
@@ -279,11 +261,11 @@ class GroupCoordinator:
             result = self._offsets_partition(group_id).append(batch, origin=COORDINATOR)
         except (LogError, IllegalStateError, OSError) as e:
             log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, e)
-            return COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if result.error_code:
             log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, result.error_message)
-            return UNKNOWN_SERVER_ERROR
-        return NONE
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        return ErrorCode.NONE
 
     def _store_group(self, group):
         return self._append(group.group_id, [(group_metadata_key(group.group_id),
@@ -405,7 +387,7 @@ class GroupCoordinator:
                 for member in group.members.values():
                     for reply in (member.join_reply, member.sync_reply):
                         if reply is not None:
-                            reply.set(COORDINATOR_NOT_AVAILABLE)
+                            reply.set(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self._timer.join()
 
     # --- rebalancing ----------------------------------------------------------------------------------
@@ -415,7 +397,7 @@ class GroupCoordinator:
             for member in group.members.values():
                 member.assignment = b""
                 if member.sync_reply is not None:
-                    member.sync_reply.set(REBALANCE_IN_PROGRESS)
+                    member.sync_reply.set(ErrorCode.REBALANCE_IN_PROGRESS)
                     member.sync_reply = None
         log.info("group %r: rebalance (%s), generation %d", group.group_id, reason, group.generation)
         group.join_started = now
@@ -462,7 +444,7 @@ class GroupCoordinator:
             member.is_new = False
             member.heartbeat_deadline = now + member.session_timeout_ms / 1000
 
-    def _join_response(self, group, member, version, error=NONE):
+    def _join_response(self, group, member, version, error=ErrorCode.NONE):
         leader = member.member_id == group.leader
         response = messages.JoinGroupResponse(
             throttle_time_ms=0, error_code=error, generation_id=group.generation, protocol_type=group.protocol_type,
@@ -479,9 +461,9 @@ class GroupCoordinator:
 
     def _remove_member(self, group, member):
         if member.join_reply is not None:
-            member.join_reply.set(UNKNOWN_MEMBER_ID)
+            member.join_reply.set(ErrorCode.UNKNOWN_MEMBER_ID)
         if member.sync_reply is not None:
-            member.sync_reply.set(UNKNOWN_MEMBER_ID)
+            member.sync_reply.set(ErrorCode.UNKNOWN_MEMBER_ID)
         del group.members[member.member_id]
         if member.group_instance_id is not None and group.static_members.get(member.group_instance_id) == \
                 member.member_id:
@@ -522,7 +504,7 @@ class GroupCoordinator:
                 timeout = self.groups[request.group_id].max_rebalance_timeout_ms()    # the join deadline's
         if not isinstance(result, _Reply):
             return result
-        value = self._wait(result, timeout + self.config.initial_rebalance_delay_ms, REBALANCE_IN_PROGRESS)
+        value = self._wait(result, timeout + self.config.initial_rebalance_delay_ms, ErrorCode.REBALANCE_IN_PROGRESS)
         return self._join_error(value, request.member_id) if isinstance(value, int) else value
 
     @staticmethod
@@ -536,26 +518,26 @@ class GroupCoordinator:
         instance_id = request.group_instance_id if version >= 5 else None
         protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
         if not group_id:
-            return self._join_error(INVALID_GROUP_ID, member_id)
+            return self._join_error(ErrorCode.INVALID_GROUP_ID, member_id)
         if not self.config.min_session_timeout_ms <= request.session_timeout_ms <= self.config.max_session_timeout_ms:
-            return self._join_error(INVALID_SESSION_TIMEOUT, member_id)
+            return self._join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
         if self._closed:
-            return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
+            return self._join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
         if not self._may_wait():
-            return self._join_error(COORDINATOR_LOAD_IN_PROGRESS, member_id)
+            return self._join_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, member_id)
         now = time.monotonic()
         group = self.groups.get(group_id)
         if group is None:
             if member_id:
-                return self._join_error(UNKNOWN_MEMBER_ID, member_id)
+                return self._join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
             try:
                 self._offsets_partition(group_id)          # the topic exists before a generation is written
             except (LogError, OSError) as e:
                 log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
-                return self._join_error(COORDINATOR_NOT_AVAILABLE)
+                return self._join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE)
             group = self.groups[group_id] = Group(group_id, _now_ms())
         if group.state == DEAD:
-            return self._join_error(COORDINATOR_NOT_AVAILABLE, member_id)
+            return self._join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
         rebalance_timeout = request.rebalance_timeout_ms if version >= 1 else request.session_timeout_ms
         client = (header.client_id or "", client_host)
         if not member_id:
@@ -565,18 +547,18 @@ class GroupCoordinator:
 
     def _join_new(self, group, client, request, version, instance_id, protocols, rebalance_timeout, now):
         if not group.supports(request.protocol_type, protocols):
-            return self._join_error(INCONSISTENT_GROUP_PROTOCOL)
+            return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
         if instance_id is None and len(group.members) + len(group.pending) >= self.config.max_size:
-            return self._join_error(GROUP_MAX_SIZE_REACHED)
+            return self._join_error(ErrorCode.GROUP_MAX_SIZE_REACHED)
         new_id = f"{instance_id or client[0]}-{uuid.uuid4()}"
         if instance_id is not None and instance_id in group.static_members:
             return self._replace_static_member(group, group.members[group.static_members[instance_id]], new_id,
                                                request, version, protocols, rebalance_timeout, now)
         if instance_id is None and version >= 4:       # KIP-394: the id first, then the real join
             group.pending[new_id] = now + request.session_timeout_ms / 1000
-            return self._join_error(MEMBER_ID_REQUIRED, new_id)
+            return self._join_error(ErrorCode.MEMBER_ID_REQUIRED, new_id)
         if len(group.members) >= self.config.max_size:
-            return self._join_error(GROUP_MAX_SIZE_REACHED)
+            return self._join_error(ErrorCode.GROUP_MAX_SIZE_REACHED)
         return self._add_member(group, new_id, client, request, version, instance_id, protocols,
                                 rebalance_timeout, now)
 
@@ -601,9 +583,9 @@ class GroupCoordinator:
     def _replace_static_member(self, group, old, new_id, request, version, protocols, rebalance_timeout, now):
         """A static member rejoining without its member id: it takes over ``old``'s place under a new id."""
         if old.join_reply is not None:
-            old.join_reply.set(FENCED_INSTANCE_ID)
+            old.join_reply.set(ErrorCode.FENCED_INSTANCE_ID)
         if old.sync_reply is not None:
-            old.sync_reply.set(FENCED_INSTANCE_ID)
+            old.sync_reply.set(ErrorCode.FENCED_INSTANCE_ID)
         del group.members[old.member_id]
         member = dataclasses.replace(old, member_id=new_id, join_reply=None, sync_reply=None,
                                      rebalance_timeout_ms=rebalance_timeout,
@@ -629,18 +611,18 @@ class GroupCoordinator:
                     now):
         if member_id in group.pending:
             if not group.supports(request.protocol_type, protocols):
-                return self._join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+                return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
             del group.pending[member_id]
             return self._add_member(group, member_id, client, request, version, None, protocols, rebalance_timeout,
                                     now)
         member = group.members.get(member_id)
         if instance_id is not None and group.static_members.get(instance_id) not in (None, member_id):
-            return self._join_error(FENCED_INSTANCE_ID, member_id)
+            return self._join_error(ErrorCode.FENCED_INSTANCE_ID, member_id)
         if member is None:
-            return self._join_error(UNKNOWN_MEMBER_ID, member_id)
+            return self._join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
         if not group.supports(request.protocol_type, protocols) and not (
                 len(group.members) == 1 and request.protocol_type == group.protocol_type and protocols):
-            return self._join_error(INCONSISTENT_GROUP_PROTOCOL, member_id)
+            return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
         member.join_version = version
         member.rebalance_timeout_ms, member.session_timeout_ms = rebalance_timeout, request.session_timeout_ms
         if group.state == PREPARING:
@@ -669,7 +651,7 @@ class GroupCoordinator:
                 group = self.groups[request.group_id]
                 timeout = group.max_rebalance_timeout_ms()
         if isinstance(result, _Reply):
-            result = self._wait(result, timeout, REBALANCE_IN_PROGRESS)
+            result = self._wait(result, timeout, ErrorCode.REBALANCE_IN_PROGRESS)
         if isinstance(result, int):
             return messages.SyncGroupResponse(throttle_time_ms=0, error_code=result, protocol_type=None,
                                               protocol_name=None, assignment=b"")
@@ -678,28 +660,28 @@ class GroupCoordinator:
     def _sync(self, request, version):
         group = self.groups.get(request.group_id)
         if self._closed:
-            return COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if group is None or group.state == DEAD:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.UNKNOWN_MEMBER_ID
         error = self._check_generation(group, request.member_id, request.group_instance_id if version >= 3 else None,
                                        request.generation_id)
         if error:
             return error
         if version >= 5 and ((request.protocol_type is not None and request.protocol_type != group.protocol_type) or
                              (request.protocol_name is not None and request.protocol_name != group.protocol)):
-            return INCONSISTENT_GROUP_PROTOCOL
+            return ErrorCode.INCONSISTENT_GROUP_PROTOCOL
         member = group.members[request.member_id]
         now = time.monotonic()
         member.heartbeat_deadline = now + member.session_timeout_ms / 1000
         if group.state == PREPARING:
-            return REBALANCE_IN_PROGRESS
+            return ErrorCode.REBALANCE_IN_PROGRESS
         if group.state == STABLE:
             return self._sync_response(group, member)
         # CompletingRebalance: wait for the leader's assignment (only the leader's is used, as Kafka does)
         if member.sync_reply is not None:
-            member.sync_reply.set(REBALANCE_IN_PROGRESS)       # a duplicate: the newer request waits instead
+            member.sync_reply.set(ErrorCode.REBALANCE_IN_PROGRESS)       # a duplicate: the newer request waits instead
         if not self._may_wait() and member.member_id != group.leader:
-            return REBALANCE_IN_PROGRESS
+            return ErrorCode.REBALANCE_IN_PROGRESS
         reply = member.sync_reply = _Reply()
         if member.member_id == group.leader:
             assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
@@ -718,23 +700,24 @@ class GroupCoordinator:
 
     @staticmethod
     def _sync_response(group, member):
-        return messages.SyncGroupResponse(throttle_time_ms=0, error_code=NONE, protocol_type=group.protocol_type,
-                                          protocol_name=group.protocol, assignment=bytes(member.assignment))
+        return messages.SyncGroupResponse(throttle_time_ms=0, error_code=ErrorCode.NONE,
+                                          protocol_type=group.protocol_type, protocol_name=group.protocol,
+                                          assignment=bytes(member.assignment))
 
     def _check_generation(self, group, member_id, instance_id, generation_id):
         """``_check_member``, then ILLEGAL_GENERATION for another generation than the group's."""
         error = self._check_member(group, member_id, instance_id)
-        return error or (ILLEGAL_GENERATION if generation_id != group.generation else NONE)
+        return error or (ErrorCode.ILLEGAL_GENERATION if generation_id != group.generation else ErrorCode.NONE)
 
     def _check_member(self, group, member_id, instance_id):
         """Kafka's member validation: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID or NONE."""
         if instance_id is not None:
             known = group.static_members.get(instance_id)
             if known is not None and known != member_id:
-                return FENCED_INSTANCE_ID
+                return ErrorCode.FENCED_INSTANCE_ID
         if member_id not in group.members:
-            return UNKNOWN_MEMBER_ID
-        return NONE
+            return ErrorCode.UNKNOWN_MEMBER_ID
+        return ErrorCode.NONE
 
     # --- Heartbeat, LeaveGroup ------------------------------------------------------------------------
 
@@ -746,16 +729,16 @@ class GroupCoordinator:
     def _heartbeat(self, request, version):
         group = self.groups.get(request.group_id)
         if self._closed:
-            return COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if group is None or group.state in (EMPTY, DEAD):
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.UNKNOWN_MEMBER_ID
         error = self._check_generation(group, request.member_id, request.group_instance_id if version >= 3 else None,
                                        request.generation_id)
         if error:
             return error
         member = group.members[request.member_id]
         member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
-        return REBALANCE_IN_PROGRESS if group.state == PREPARING else NONE
+        return ErrorCode.REBALANCE_IN_PROGRESS if group.state == PREPARING else ErrorCode.NONE
 
     def leave_group(self, header, request):
         version = header.api_version
@@ -769,32 +752,33 @@ class GroupCoordinator:
             now = time.monotonic()
             results = []
             for identity in leaving:
-                error = UNKNOWN_MEMBER_ID if group is None or group.state == DEAD else self._leave(group, identity, now)
+                error = (ErrorCode.UNKNOWN_MEMBER_ID if group is None or group.state == DEAD
+                         else self._leave(group, identity, now))
                 results.append(Response.MemberResponse(member_id=identity.member_id,
                                                        group_instance_id=identity.group_instance_id, error_code=error))
         if version < 3:
             return Response(throttle_time_ms=0, error_code=results[0].error_code, members=[])
-        return Response(throttle_time_ms=0, error_code=NONE, members=results)
+        return Response(throttle_time_ms=0, error_code=ErrorCode.NONE, members=results)
 
     def _leave(self, group, identity, now):
         member_id, instance_id = identity.member_id or "", identity.group_instance_id
         if instance_id is not None:
             known = group.static_members.get(instance_id)
             if known is None:
-                return UNKNOWN_MEMBER_ID
+                return ErrorCode.UNKNOWN_MEMBER_ID
             if member_id and member_id != known:
-                return FENCED_INSTANCE_ID
+                return ErrorCode.FENCED_INSTANCE_ID
             member_id = known
         if member_id in group.pending:
             del group.pending[member_id]
             self._maybe_complete_join(group, now)
-            return NONE
+            return ErrorCode.NONE
         member = group.members.get(member_id)
         if member is None:
-            return UNKNOWN_MEMBER_ID
+            return ErrorCode.UNKNOWN_MEMBER_ID
         log.info("group %r: member %s left", group.group_id, member_id)
         self._remove_member_and_rebalance(group, member, now)
-        return NONE
+        return ErrorCode.NONE
 
     # --- OffsetCommit, OffsetFetch --------------------------------------------------------------------
 
@@ -818,10 +802,10 @@ class GroupCoordinator:
                         continue
                     if p.committed_metadata is not None and \
                             len(p.committed_metadata.encode()) > self.config.offset_metadata_max_bytes:
-                        result.error_code = OFFSET_METADATA_TOO_LARGE
+                        result.error_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
                         continue
                     if self.logs.get_partition(topic.name, p.partition_index) is None:
-                        result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                        result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                         continue
                     commit_ts = p.commit_timestamp if version == 1 and p.commit_timestamp >= 0 else now_ms
                     expire_ts = -1
@@ -849,27 +833,27 @@ class GroupCoordinator:
 
     def _check_commit(self, request, version):
         if self._closed:
-            return COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if not request.group_id:
-            return INVALID_GROUP_ID
+            return ErrorCode.INVALID_GROUP_ID
         group = self.groups.get(request.group_id)
         generation = request.generation_id_or_member_epoch if version >= 1 else -1
         member_id = request.member_id if version >= 1 else ""
         if group is None:
-            return NONE if generation < 0 else ILLEGAL_GENERATION
+            return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
         if group.state == DEAD:
-            return COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation < 0 and group.state == EMPTY:
-            return NONE
+            return ErrorCode.NONE
         error = self._check_generation(group, member_id, request.group_instance_id if version >= 7 else None,
                                        generation)
         if error:
             return error
         if group.state == COMPLETING:
-            return REBALANCE_IN_PROGRESS
+            return ErrorCode.REBALANCE_IN_PROGRESS
         member = group.members[member_id]
         member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
-        return NONE
+        return ErrorCode.NONE
 
     def offset_fetch(self, header, request):
         version = header.api_version
@@ -892,7 +876,7 @@ class GroupCoordinator:
             return Response(throttle_time_ms=0, groups=groups)
 
     def _fetch_error(self):
-        return COORDINATOR_NOT_AVAILABLE if self._closed else NONE
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE if self._closed else ErrorCode.NONE
 
     def _fetch_offsets(self, group_id, topics, version):
         """``[(topic, [partition fields])]``: the asked partitions, or every committed one (topics null)."""
@@ -910,7 +894,7 @@ class GroupCoordinator:
             fields = []
             for partition in partitions:
                 found = offsets.get((topic, partition))
-                fields.append({"partition_index": partition, "error_code": NONE,
+                fields.append({"partition_index": partition, "error_code": ErrorCode.NONE,
                                "committed_offset": found.offset if found else -1,
                                "committed_leader_epoch": found.leader_epoch if found else -1,
                                "metadata": found.metadata if found else ""})
@@ -930,7 +914,7 @@ class GroupCoordinator:
                       for g in self.groups.values()
                       if g.state != DEAD and (not states or g.state.lower() in states)
                       and (not types or "classic" in types)]
-        return messages.ListGroupsResponse(throttle_time_ms=0, error_code=NONE, groups=listed)
+        return messages.ListGroupsResponse(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=listed)
 
     def describe_groups(self, header, request):
         Described = messages.DescribeGroupsResponse.DescribedGroup
@@ -940,12 +924,12 @@ class GroupCoordinator:
             for group_id in request.groups:
                 group = self.groups.get(group_id)
                 if group is None:
-                    described.append(Described(error_code=NONE, group_id=group_id, group_state=DEAD, protocol_type="",
-                                               protocol_data="", members=[]))
+                    described.append(Described(error_code=ErrorCode.NONE, group_id=group_id, group_state=DEAD,
+                                               protocol_type="", protocol_data="", members=[]))
                     continue
                 stable = group.state == STABLE
                 described.append(Described(
-                    error_code=NONE, group_id=group_id, group_state=group.state,
+                    error_code=ErrorCode.NONE, group_id=group_id, group_state=group.state,
                     protocol_type=group.protocol_type or "", protocol_data=group.protocol or "" if stable else "",
                     members=[Member_(member_id=m.member_id, group_instance_id=m.group_instance_id,
                                      client_id=m.client_id, client_host=m.client_host,
@@ -971,18 +955,18 @@ class GroupCoordinator:
 
     def _delete_group(self, group_id):
         if self._closed:
-            return COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if not group_id:
-            return INVALID_GROUP_ID
+            return ErrorCode.INVALID_GROUP_ID
         group = self.groups.get(group_id)
         if group is None or group.state == DEAD:
-            return GROUP_ID_NOT_FOUND
+            return ErrorCode.GROUP_ID_NOT_FOUND
         if group.state != EMPTY or group.members:
-            return NON_EMPTY_GROUP
+            return ErrorCode.NON_EMPTY_GROUP
         entries = [(offset_commit_key(group_id, t, p), None) for t, p in group.offsets]
         entries.append((group_metadata_key(group_id), None))
         error = self._append(group_id, entries)
-        if error == NONE:
+        if error == ErrorCode.NONE:
             group.set_state(DEAD, _now_ms())
             del self.groups[group_id]
         return error
@@ -991,17 +975,17 @@ class GroupCoordinator:
         """Kafka's ``deleteOffsets`` (KIP-496): the committed offsets of topics the group's members do not
         subscribe to become tombstones; a subscribed topic's partitions get GROUP_SUBSCRIBED_TO_TOPIC."""
         Response = messages.OffsetDeleteResponse
-        response = Response(error_code=NONE, throttle_time_ms=0, topics=[])
+        response = Response(error_code=ErrorCode.NONE, throttle_time_ms=0, topics=[])
         with self._lock:
             group = self.groups.get(request.group_id)
             if self._closed:
-                response.error_code = COORDINATOR_NOT_AVAILABLE
+                response.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
             elif not request.group_id:
-                response.error_code = INVALID_GROUP_ID
+                response.error_code = ErrorCode.INVALID_GROUP_ID
             elif group is None or group.state == DEAD:
-                response.error_code = GROUP_ID_NOT_FOUND
+                response.error_code = ErrorCode.GROUP_ID_NOT_FOUND
             elif group.members and group.protocol_type != CONSUMER_PROTOCOL:
-                response.error_code = NON_EMPTY_GROUP      # the topics of other protocols are unknown
+                response.error_code = ErrorCode.NON_EMPTY_GROUP      # the topics of other protocols are unknown
             if response.error_code:
                 return response
             subscribed = self._subscribed_topics(group)
@@ -1010,7 +994,7 @@ class GroupCoordinator:
                 topic_result = Response.OffsetDeleteResponseTopic(name=topic.name, partitions=[])
                 response.topics.append(topic_result)
                 for p in topic.partitions:
-                    error = GROUP_SUBSCRIBED_TO_TOPIC if topic.name in subscribed else NONE
+                    error = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC if topic.name in subscribed else ErrorCode.NONE
                     topic_result.partitions.append(Response.OffsetDeleteResponsePartition(
                         partition_index=p.partition_index, error_code=error))
                     if not error and (topic.name, p.partition_index) in group.offsets:
@@ -1065,7 +1049,7 @@ class GroupCoordinator:
                 dead = len(expired) == len(group.offsets) and not group.members
                 if dead:
                     entries.append((group_metadata_key(group.group_id), None))
-                if entries and self._append(group.group_id, entries) == NONE:
+                if entries and self._append(group.group_id, entries) == ErrorCode.NONE:
                     for key in expired:
                         del group.offsets[key]
                     expired_total += len(expired)

@@ -40,17 +40,6 @@ from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fet
 log = logging.getLogger(__name__)
 
 # Kafka's error codes answered here beyond the storage layer's (kmem.broker.codes)
-NONE = 0
-UNKNOWN_TOPIC_OR_PARTITION = 3
-INVALID_TOPIC_EXCEPTION = 17
-INVALID_REQUIRED_ACKS = 21
-INVALID_REPLICATION_FACTOR = 38
-INVALID_REQUEST = 42
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
-FETCH_SESSION_ID_NOT_FOUND = 70
-UNSUPPORTED_COMPRESSION_TYPE = 76
-UNKNOWN_TOPIC_ID = 100
-INVALID_RECORD = 87
 
 # What this broker answers; everything else is refused (and not advertised).
 SERVED_VERSIONS = {
@@ -99,7 +88,7 @@ class Handlers:
     # --- ApiVersions, FindCoordinator -------------------------------------------------------------------
 
     def api_versions(self, header, request):
-        response = messages.ApiVersionsResponse(error_code=NONE, throttle_time_ms=0)
+        response = messages.ApiVersionsResponse(error_code=ErrorCode.NONE, throttle_time_ms=0)
         response.api_keys = [messages.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
                              for key, (low, high) in sorted(SERVED_VERSIONS.items())]
         return response
@@ -109,10 +98,10 @@ class Handlers:
         refused as Kafka refuses one its ACLs deny (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients
         take as fatal), not COORDINATOR_NOT_AVAILABLE, which they would retry until their timeout."""
         if header.api_version >= 1 and request.key_type != GROUP_KEY_TYPE:
-            error, message, (node, host, port) = TRANSACTIONAL_ID_AUTHORIZATION_FAILED, \
+            error, message, (node, host, port) = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, \
                 "kmem broker serves no transactions", (-1, "", -1)
         else:
-            error, message = NONE, None
+            error, message = ErrorCode.NONE, None
             node, (host, port) = self.node_id, self.endpoint()
         response = messages.FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message,
                                                     node_id=node, host=host, port=port)
@@ -143,7 +132,7 @@ class Handlers:
             response.cluster_authorized_operations = CLUSTER_OPERATIONS
         if request.include_topic_authorized_operations:
             for topic in response.topics:
-                if topic.error_code != UNKNOWN_TOPIC_ID:         # as Kafka: unknown topic ids get none
+                if topic.error_code != ErrorCode.UNKNOWN_TOPIC_ID:         # as Kafka: unknown topic ids get none
                     topic.topic_authorized_operations = TOPIC_OPERATIONS
         return response
 
@@ -158,7 +147,7 @@ class Handlers:
                 name = self.logs.topic_name(_storage_uuid(topic_id))
                 if name is None:
                     answered.append(messages.MetadataResponse.MetadataResponseTopic(
-                        error_code=UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id))
+                        error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id))
                     continue
             info = topics.get(name)
             if info is None and auto_create:
@@ -172,7 +161,7 @@ class Handlers:
                 info = self.logs.topics().get(name)
             if info is None:
                 answered.append(messages.MetadataResponse.MetadataResponseTopic(
-                    error_code=UNKNOWN_TOPIC_OR_PARTITION, name=name))
+                    error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, name=name))
                 continue
             answered.append(self._topic_metadata(name, info))
         return answered
@@ -184,11 +173,11 @@ class Handlers:
             partition_log = self.logs.get_partition(name, index)
             epoch = partition_log.leader_epoch if partition_log is not None else 0
             partitions.append(messages.MetadataResponse.MetadataResponsePartition(
-                error_code=NONE, partition_index=index, leader_id=node, leader_epoch=epoch, replica_nodes=[node],
-                isr_nodes=[node], offline_replicas=[]))
+                error_code=ErrorCode.NONE, partition_index=index, leader_id=node, leader_epoch=epoch,
+                replica_nodes=[node], isr_nodes=[node], offline_replicas=[]))
         return messages.MetadataResponse.MetadataResponseTopic(
-            error_code=NONE, name=name, topic_id=protocol_uuid(info.topic_id), is_internal=name == OFFSETS_TOPIC,
-            partitions=partitions)
+            error_code=ErrorCode.NONE, name=name, topic_id=protocol_uuid(info.topic_id),
+            is_internal=name == OFFSETS_TOPIC, partitions=partitions)
 
     # --- CreateTopics, DeleteTopics -------------------------------------------------------------------
 
@@ -203,11 +192,11 @@ class Handlers:
                 partitions = self.logs.config.num_partitions
             configs = {c.name: c.value for c in topic.configs}
             if names.count(topic.name) > 1:
-                result.error_code, result.error_message = INVALID_REQUEST, f"topic {topic.name!r} named twice"
+                result.error_code, result.error_message = ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} named twice"
                 continue
             replicas = {len(a.broker_ids) for a in topic.assignments} or {topic.replication_factor}
             if replicas - {-1, 1}:
-                result.error_code = INVALID_REPLICATION_FACTOR
+                result.error_code = ErrorCode.INVALID_REPLICATION_FACTOR
                 result.error_message = "replication factor must be 1: this cluster has one broker"
                 continue
             try:
@@ -243,7 +232,7 @@ class Handlers:
             if name is None:
                 name = self.logs.topic_name(_storage_uuid(topic_id))
                 if name is None:
-                    result.error_code, result.error_message = UNKNOWN_TOPIC_ID, f"unknown topic id {topic_id}"
+                    result.error_code, result.error_message = ErrorCode.UNKNOWN_TOPIC_ID, f"unknown topic id {topic_id}"
                     continue
                 result.name = name
             try:
@@ -261,10 +250,10 @@ class Handlers:
     def init_producer_id(self, header, request):
         if request.transactional_id is not None:
             return messages.InitProducerIdResponse(
-                throttle_time_ms=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1,
+                throttle_time_ms=0, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1,
                 producer_epoch=-1)
         # An idempotent producer always gets a new id (Kafka's ProducerIdManager), never one issued before.
-        return messages.InitProducerIdResponse(throttle_time_ms=0, error_code=NONE,
+        return messages.InitProducerIdResponse(throttle_time_ms=0, error_code=ErrorCode.NONE,
                                                producer_id=self.logs.allocate_producer_id(), producer_epoch=0)
 
     # --- Produce --------------------------------------------------------------------------------------
@@ -279,19 +268,19 @@ class Handlers:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
             for data in topic.partition_data:
-                result = Partition(index=data.index, error_code=NONE, base_offset=-1, log_append_time_ms=-1,
+                result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
                 if request.acks not in (0, 1, -1):
-                    result.error_code = INVALID_REQUIRED_ACKS
+                    result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
                 if topic.name == OFFSETS_TOPIC:        # Kafka's ReplicaManager: internalTopicsAllowed is false
-                    result.error_code = INVALID_TOPIC_EXCEPTION
+                    result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
                     result.error_message = f"cannot append to internal topic {OFFSETS_TOPIC}"
                     continue
                 partition_log = self.logs.get_partition(topic.name, data.index)
                 if partition_log is None:
-                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 error = _check_produce_records(version, data.records)
                 if error:
@@ -300,7 +289,7 @@ class Handlers:
                 try:
                     appended = partition_log.append(data.records if data.records is not None else b"")
                 except IllegalStateError:            # the topic was deleted meanwhile
-                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 result.error_code = int(appended.error_code)
                 result.log_start_offset = appended.log_start_offset
@@ -322,12 +311,12 @@ class Handlers:
             topic_response = messages.ListOffsetsResponse.ListOffsetsTopicResponse(name=topic.name, partitions=[])
             response.topics.append(topic_response)
             for wanted in topic.partitions:
-                result = Partition(partition_index=wanted.partition_index, error_code=NONE, timestamp=-1,
+                result = Partition(partition_index=wanted.partition_index, error_code=ErrorCode.NONE, timestamp=-1,
                                    offset=-1, leader_epoch=-1, old_style_offsets=[])
                 topic_response.partitions.append(result)
                 partition_log = self.logs.get_partition(topic.name, wanted.partition_index)
                 if partition_log is None:
-                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 try:
                     if wanted.timestamp == -1 and request.isolation_level == READ_COMMITTED:
@@ -335,7 +324,7 @@ class Handlers:
                     else:
                         found = partition_log.offset_for_timestamp(wanted.timestamp)
                 except IllegalStateError:            # the topic was deleted meanwhile
-                    result.error_code = UNKNOWN_TOPIC_OR_PARTITION
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
                 if version == 0:
                     result.old_style_offsets = [found[0]] if found is not None and wanted.max_num_offsets > 0 else []
@@ -348,9 +337,9 @@ class Handlers:
 
     def fetch(self, header, request):
         version = header.api_version
-        response = messages.FetchResponse(throttle_time_ms=0, error_code=NONE, session_id=0, responses=[])
+        response = messages.FetchResponse(throttle_time_ms=0, error_code=ErrorCode.NONE, session_id=0, responses=[])
         if request.session_id != 0 or request.session_epoch > 0:
-            response.error_code = FETCH_SESSION_ID_NOT_FOUND
+            response.error_code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
             return response
         wanted = []                   # (topic response, request partition, PartitionLog or error code)
         for topic in request.topics:
@@ -360,9 +349,9 @@ class Handlers:
             response.responses.append(topic_response)
             for partition in topic.partitions:
                 if name is None:
-                    source = UNKNOWN_TOPIC_ID
+                    source = ErrorCode.UNKNOWN_TOPIC_ID
                 else:
-                    source = self.logs.get_partition(name, partition.partition) or UNKNOWN_TOPIC_OR_PARTITION
+                    source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 wanted.append((topic_response, partition, source))
         is_follower = (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0
         deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
@@ -412,7 +401,7 @@ class Handlers:
         remaining = request.max_bytes if version >= 3 else 2**31 - 1
         first_whole = version >= 3             # KIP-74: the first batch whole; before v3 limits are hard
         for _, partition, source in wanted:
-            result = Partition(partition_index=partition.partition, error_code=NONE, high_watermark=-1,
+            result = Partition(partition_index=partition.partition, error_code=ErrorCode.NONE, high_watermark=-1,
                                last_stable_offset=-1, log_start_offset=-1, records=b"")
             results.append(result)
             if isinstance(source, int):
@@ -438,31 +427,31 @@ class Handlers:
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile
-            return UNKNOWN_TOPIC_OR_PARTITION, None
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None
         result.high_watermark, result.last_stable_offset = data.high_watermark, data.last_stable_offset
         result.log_start_offset = data.log_start_offset
         if data.error_code:
             return int(data.error_code), None
         records = data.records
         if records is None:
-            return NONE, None
+            return ErrorCode.NONE, None
         try:
             if version < 10 and _first_batch_codec(records) == codecs.ZSTD:
-                return UNSUPPORTED_COMPRESSION_TYPE, None
+                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, None
             plan = plan_fetch(version, 2, is_follower=is_follower,
                               topic_config={"message.downconversion.enable":
                                             partition_log.config.message_downconversion_enable})
             if plan.error:
                 return int(plan.error), None
             if plan.to_magic is None:
-                return NONE, records.to_send()
+                return ErrorCode.NONE, records.to_send()
             chunk = {} if self.lazy_chunk_size is None else {"chunk_size": self.lazy_chunk_size}
             # The lazy records keep reading ``records`` as they are sent: not closed here.
             lazy = LazyDownConvertRecords(records, plan.to_magic, partition.fetch_offset, **chunk)
             records = None
-            return NONE, lazy.to_send()
+            return ErrorCode.NONE, lazy.to_send()
         except UnsupportedCompressionTypeError:
-            return UNSUPPORTED_COMPRESSION_TYPE, None
+            return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, None
         finally:
             if records is not None:
                 records.close()
@@ -480,11 +469,11 @@ def _check_produce_records(version, records):
         return None
     magic = memoryview(records).cast("B")[MAGIC_OFFSET]
     if version >= 3 and magic < 2:
-        return INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
+        return ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
     if version < 7 and magic == 2:
         try:
             if any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
-                return UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
+                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
         except CorruptRecordError:
             return None
     return None
