@@ -4,7 +4,6 @@ import logging
 import os
 import shutil
 import struct
-import sys
 import tempfile
 import threading
 
@@ -14,6 +13,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from snapshot_files import kafka_snapshot, random_entries
+from thread_helpers import switching_often
 
 from kmem.bloom import BloomFilter, Shape
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
@@ -558,18 +558,16 @@ def test_updates_from_threads_survive_concurrent_flushes_and_growth(tmp_path):
 
         threads = [threading.Thread(target=writer, args=(n * 10_000,)) for n in range(3)]
         background = threading.Thread(target=flusher)
-        interval = sys.getswitchinterval()
-        sys.setswitchinterval(1e-5)          # switch threads often, inside the update calls' Python parts too
-        try:
-            background.start()
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            done.set()
-            background.join()
-            sys.setswitchinterval(interval)
+        with switching_often(1e-5):          # switch threads inside the update calls' Python parts too
+            try:
+                background.start()
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+            finally:
+                done.set()
+                background.join()
         assert errors == []
         assert len(ledger.snapshot_paths) > 1
         for n in range(3):

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
 from snapshot_files import crc32c_reference, kafka_snapshot
+from thread_helpers import run_racing, switching_often
 
 from kmem import _core
 from kmem.bloom import Shape
@@ -165,20 +166,18 @@ def test_readers_see_each_acknowledged_update_through_flushes(tmp_path):
         while not done.is_set():
             ledger.flush()
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-5)
     threads = [threading.Thread(target=writer, args=(i,)) for i in range(2)]
     others = [threading.Thread(target=reader, args=(i,)) for i in range(2)] + [threading.Thread(target=flusher)]
-    try:
-        for t in threads + others:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        done.set()
-        for t in others:
-            t.join()
-        sys.setswitchinterval(interval)
+    with switching_often(1e-5):
+        try:
+            for t in threads + others:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            done.set()
+            for t in others:
+                t.join()
     assert errors == []
     assert len(ledger.snapshot_paths) > 2
     assert [ledger.read(pid).last_offset for pid in range(400)] == [59] * 400
@@ -227,16 +226,7 @@ def test_ledger_lock_waiting_lets_the_holder_run():
                 value = counter[0]
                 counter[0] = value + 1
 
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        threads = [threading.Thread(target=work) for _ in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    run_racing(work, work, work, work)
     assert counter[0] == 80_000
 
 
@@ -304,8 +294,7 @@ def test_write_snapshot_body_checks_its_arguments(tmp_path):
         _core.write_snapshot_body(-1, raw, np.array([0, 1], np.uint32))
     with pytest.raises(ValueError, match="whole entries"):
         _core.write_snapshot_body(-1, raw[:-1])
-    with open(tmp_path / "r", "wb") as f:
-        pass
+    (tmp_path / "r").touch()
     read_only = os.open(tmp_path / "r", os.O_RDONLY)
     try:
         with pytest.raises(OSError):

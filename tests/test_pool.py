@@ -2,7 +2,6 @@
 import gc
 import logging
 import random
-import sys
 import threading
 import time
 
@@ -10,6 +9,7 @@ import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from thread_helpers import run_racing
 
 from kmem.errors import InvalidArgumentError
 from kmem.pool import NONE, GarbageCollectedMemoryPool, MemoryPool, PooledBuffer, SimpleMemoryPool
@@ -435,16 +435,7 @@ def test_depletion_bookkeeping_survives_racing_threads():
         except Exception as exc:
             errors.append(exc)
 
-    switch_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)     # switch threads inside the hooks, where the races are
-    try:
-        threads = [threading.Thread(target=target) for target in (churn, churn, scrape, scrape)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(switch_interval)
+    run_racing(churn, churn, scrape, scrape)       # switching threads inside the hooks, where the races are
     assert errors == []
     assert pool.available_memory == 100 and pool.metrics()["MemoryPoolDepletedTimeTotal"] > 0
 
