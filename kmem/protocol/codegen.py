@@ -179,9 +179,10 @@ def _default_expr(src, field):
     return _literal(src, field.default())
 
 
-# ----------------------------------------------------------------------------------------------- decode
+class _FieldWriter:
+    """What the decoder and the encoder generators share: the source being written, the version, and
+    whether the copy being generated tracks the field path."""
 
-class _Decoder:
     def __init__(self, src, version, flexible, track):
         self.src, self.version, self.flexible = src, version, flexible
         self.track = track           # set ``f`` before each field (the slower copy run to name a failure)
@@ -190,6 +191,10 @@ class _Decoder:
         if self.track:
             self.src.emit(indent, f"f = {path!r}")
 
+
+# ----------------------------------------------------------------------------------------------- decode
+
+class _Decoder(_FieldWriter):
     def struct(self, struct, target, indent, path):
         src, version = self.src, self.version
         fields = [f for f in struct.fields if f.present(version)]
@@ -351,15 +356,7 @@ class _Decoder:
 
 # ----------------------------------------------------------------------------------------------- encode
 
-class _Encoder:
-    def __init__(self, src, version, flexible, track):
-        self.src, self.version, self.flexible = src, version, flexible
-        self.track = track           # set ``f`` before each field (the slower copy run to name a failure)
-
-    def _where(self, indent, path):
-        if self.track:
-            self.src.emit(indent, f"f = {path!r}")
-
+class _Encoder(_FieldWriter):
     def struct(self, struct, obj, buf, indent, path):
         src, version = self.src, self.version
         fields = [f for f in struct.fields if f.present(version)]
