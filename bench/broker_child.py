@@ -47,7 +47,7 @@ def serve(log_dir, settings, eager, fill_mib):
 
 
 def pids(count, as_dict):
-    from kmem.broker.producer_state import BatchMetadata, ProducerState
+    from kmem.broker.log.producer_state import BatchMetadata, ProducerState
 
     before = status()["RssAnon"]
     started = time.perf_counter()

@@ -10,8 +10,8 @@ import tracemalloc
 import pytest
 
 from kmem.broker import LogManager
-from kmem.broker.coordinator import GroupConfig, GroupCoordinator
-from kmem.broker.offsets import OFFSETS_TOPIC, java_string_hash, partition_for
+from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
+from kmem.broker.group.offsets import OFFSETS_TOPIC, java_string_hash, partition_for
 from kmem.protocol import ApiKey, RequestHeader, messages
 from kmem.records import FileRecords, log_segments
 

@@ -18,7 +18,7 @@ from kmem.broker import (
 )
 from kmem import _core
 from records_samples import read_aiokafka, read_kafka_python
-from kmem.broker import checkpoints
+from kmem.broker.log import checkpoints
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
 

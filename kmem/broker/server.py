@@ -18,9 +18,9 @@ import os
 import threading
 import time
 
-from kmem.broker.admin import ADMIN_APIS, AdminHandlers
-from kmem.broker.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
-from kmem.broker.handlers import SERVED_VERSIONS, Handlers
+from kmem.broker.apis.admin import ADMIN_APIS, AdminHandlers
+from kmem.broker.apis.handlers import SERVED_VERSIONS, Handlers
+from kmem.broker.group.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
 from kmem.broker.log import LogManager
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.errors import IllegalStateError, KmemError

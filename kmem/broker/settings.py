@@ -9,8 +9,8 @@ import socket
 import ssl
 from dataclasses import dataclass
 
-from kmem.broker.config import BROKER_SETTINGS, BrokerConfig, _int
-from kmem.broker.coordinator import GROUP_SETTINGS, GroupConfig
+from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, _int
+from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.errors import ConfigError
 from kmem.network import SocketServerConfig
 
@@ -23,7 +23,7 @@ HANDLER_SETTINGS = ("advertised.listeners", "log.retention.check.interval.ms", "
                     "broker.id")
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(HANDLER_SETTINGS) \
     | frozenset(GROUP_SETTINGS)
-# Kafka's is 8; members waiting in JoinGroup/SyncGroup hold one each here (kmem.broker.coordinator)
+# Kafka's is 8; members waiting in JoinGroup/SyncGroup hold one each here (kmem.broker.group.coordinator)
 DEFAULT_IO_THREADS = 32
 
 

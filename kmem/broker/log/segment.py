@@ -17,7 +17,7 @@ import contextlib
 import os
 import struct
 
-from kmem.broker.index import NO_TIMESTAMP, CorruptIndexError, OffsetIndex, TimeIndex
+from kmem.broker.log.index import NO_TIMESTAMP, CorruptIndexError, OffsetIndex, TimeIndex
 from kmem.errors import CorruptRecordError
 from kmem.records import FileRecords, segment_file_name
 from kmem.records.batches import INT32_MAX, LOG_OVERHEAD

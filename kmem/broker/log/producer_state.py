@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 from kmem.bloom import Shape
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.validator import CLIENT, REPLICATION, BatchInfo
+from kmem.broker.log.validator import CLIENT, REPLICATION, BatchInfo
 from kmem.ledger import NO_TXN, PidLedger, ProducerEntry
 from kmem.records.batches import INT32_MAX
 

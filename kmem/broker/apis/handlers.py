@@ -4,7 +4,7 @@ response body, as Kafka's ``KafkaApis`` answers them on a single node.
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
 groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
-``kmem.broker.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.admin``. Transactions are not served: their APIs are not
+``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``. Transactions are not served: their APIs are not
 advertised and InitProducerId with a transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
@@ -26,12 +26,12 @@ import threading
 import time
 import uuid
 
-from kmem.broker.admin import ADMIN_VERSIONS
-from kmem.broker.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
-from kmem.broker.checkpoints import uuid_bytes, uuid_string
+from kmem.broker.apis.admin import ADMIN_VERSIONS
+from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
+from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.coordinator import GROUP_VERSIONS
-from kmem.broker.offsets import OFFSETS_TOPIC
+from kmem.broker.group.coordinator import GROUP_VERSIONS
+from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, validate_topic_name
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages

@@ -42,14 +42,14 @@ import threading
 import time
 import uuid
 
-from kmem.broker.authorized import GROUP_OPERATIONS
+from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.config import INT32_MAX, _int
-from kmem.broker.offsets import (
+from kmem.broker.log.config import INT32_MAX, _int
+from kmem.broker.group.offsets import (
     OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
-from kmem.broker.validator import COORDINATOR
+from kmem.broker.log.validator import COORDINATOR
 from kmem.consumer.group import decode_subscription
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages

@@ -12,12 +12,12 @@ on a single node:
   (INVALID_REQUEST naming the setting to put in ``server.properties``);
 - DeleteRecords 0-2 (KIP-107): the log start offset moves up, whole segments before it are deleted;
 - DescribeCluster 0-1 (KIP-700): this broker, its cluster id, itself as controller and, when asked,
-  the cluster's authorized operations (``kmem.broker.authorized``).
+  the cluster's authorized operations (``kmem.broker.apis.authorized``).
 """
-from kmem.broker.authorized import CLUSTER_OPERATIONS
+from kmem.broker.apis.authorized import CLUSTER_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.config import TOPIC_SETTINGS
-from kmem.broker.offsets import OFFSETS_TOPIC
+from kmem.broker.log.config import TOPIC_SETTINGS
+from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
 

@@ -22,7 +22,7 @@ Broker setting (default)                       topic setting
 - ``log.index.size.max.bytes`` (10 MiB)        ``segment.index.bytes``
 - ``compression.type`` (producer)              ``compression.type``: ``producer`` keeps each batch's codec;
   ``uncompressed``, ``gzip``, ``snappy``, ``lz4`` or ``zstd`` recompress batches of another codec
-  (``kmem.broker.validator``), as Kafka's ``LogValidator``.
+  (``kmem.broker.log.validator``), as Kafka's ``LogValidator``.
 - ``log.cleanup.policy`` (delete)               ``cleanup.policy``: only ``delete`` (kmem does not compact);
   ``compact`` is refused rather than silently ignored.
 - ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger

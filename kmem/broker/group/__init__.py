@@ -1,0 +1,5 @@
+"""The group coordinator (Kafka's ``GroupCoordinator`` for the classic protocol).
+
+- ``coordinator``: ``GroupCoordinator``, the group state machine, its deadlines and the group APIs.
+- ``offsets``: the key and value layouts of ``__consumer_offsets`` records, and a group's partition.
+"""

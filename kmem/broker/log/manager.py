@@ -1,0 +1,301 @@
+"""The log directory: Kafka's ``LogManager`` for one broker.
+
+``LogManager(log_dir, config)`` owns the directory (``flock`` on ``.lock``, as Kafka: a second manager on
+it raises ``IllegalStateError``): ``meta.properties``, the offset checkpoints at the root
+(recovery point, log start, replication), the clean-shutdown marker (removed on open, written by
+``close``), ``kmem-topics.json`` (each topic's configuration overrides: Kafka keeps them in its metadata
+log), ``kmem-producer-id-block`` (``allocate_producer_id()`` never reissues an id) and the partitions.
+``maintain(now)`` applies retention and writes the checkpoints; call it periodically (Kafka's
+``log.retention.check.interval.ms`` is 5 minutes). Segments roll only when an append arrives, as in
+Kafka; an idle partition's active segment still expires, retention rolling it first.
+"""
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from typing import NamedTuple
+
+from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.log import checkpoints
+from kmem.broker.log.config import BrokerConfig
+from kmem.broker.log.unified_log import PartitionLog, wall_clock_ms
+from kmem.durable import fsync_directory, replaced_atomically
+from kmem.errors import ConfigError, IllegalStateError
+
+log = logging.getLogger(__name__)
+
+TOPICS_FILE = "kmem-topics.json"
+LOCK_FILE = ".lock"             # flock()ed while a LogManager has the directory open, as Kafka's
+MAX_TOPIC_NAME = 249
+LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+
+
+class TopicInfo(NamedTuple):
+    name: str
+    topic_id: str
+    partitions: int
+    configs: dict            # the topic's overrides (topic-level names)
+
+
+def validate_topic_name(name):
+    """Kafka's ``Topic.validate``: 1-249 characters of ``[a-zA-Z0-9._-]``, not '.' or '..'."""
+    if not isinstance(name, str) or not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME \
+            or not LEGAL_TOPIC.match(name):
+        raise LogError(ErrorCode.INVALID_TOPIC_EXCEPTION,
+                       f"topic name {name!r} is not 1 to {MAX_TOPIC_NAME} characters of [a-zA-Z0-9._-] "
+                       "(nor '.' or '..')")
+
+
+class LogManager:
+    """The log directory of one broker (see the module docstring). Thread-safe."""
+
+    def __init__(self, log_dir, config=None, *, clock_ms=None):
+        self.log_dir = os.fspath(log_dir)
+        self.config = config or BrokerConfig()
+        self._clock = clock_ms or wall_clock_ms
+        self._lock = threading.RLock()
+        os.makedirs(self.log_dir, exist_ok=True)
+        self._lock_file = open(self._path(LOCK_FILE), "ab")
+        try:
+            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.close()
+            raise IllegalStateError(f"log directory {self.log_dir} is in use by another LogManager "
+                                    f"(it holds {LOCK_FILE})") from None
+        try:
+            self._open()
+        except BaseException:
+            self._lock_file.close()
+            raise
+
+    def _open(self):
+        self.meta_properties = checkpoints.load_meta_properties(self.log_dir, self.config.node_id)
+        self.cluster_id = self.meta_properties["cluster.id"]
+        marker = os.path.join(self.log_dir, checkpoints.CLEAN_SHUTDOWN)
+        self.had_clean_shutdown = os.path.exists(marker)
+        if self.had_clean_shutdown:
+            os.unlink(marker)
+            fsync_directory(self.log_dir)
+        recovery_points = checkpoints.read_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT))
+        start_offsets = checkpoints.read_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT))
+        self._topic_configs = self._read_topics_file()
+        self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
+        self._logs = {}
+        self._closed = False
+        try:
+            for name in sorted(os.listdir(self.log_dir)):
+                if name.endswith("-delete") and os.path.isdir(self._path(name)):
+                    shutil.rmtree(self._path(name))        # a topic deletion cut short
+                    continue
+                match = PARTITION_DIR.match(name)
+                if not match or not os.path.isdir(self._path(name)):
+                    continue
+                topic, partition = match.group(1), int(match.group(2))
+                key = (topic, partition)
+                self._logs[key] = PartitionLog(
+                    self._path(name), topic, partition, self.config.topic_config(self._topic_configs.get(topic)),
+                    self.config, recovery_point=recovery_points.get(key, 0), log_start_offset=start_offsets.get(key, 0),
+                    clean=self.had_clean_shutdown, clock_ms=self._clock)
+        except BaseException:
+            for opened in self._logs.values():
+                opened.close()
+            raise
+        self.checkpoint()
+
+    def _path(self, name):
+        return os.path.join(self.log_dir, name)
+
+    def _read_topics_file(self):
+        path = self._path(TOPICS_FILE)
+        try:
+            with open(path, "rb") as file:
+                data = json.load(file)
+        except FileNotFoundError:
+            return {}
+        except ValueError as e:
+            raise checkpoints.CorruptCheckpointError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+            raise checkpoints.CorruptCheckpointError(f"{path}: expected {{topic: {{config: value}}}}")
+        return data
+
+    def _write_topics_file(self):
+        with replaced_atomically(self._path(TOPICS_FILE), fsync=True) as file:
+            file.write(json.dumps(self._topic_configs, sort_keys=True, indent=1).encode())
+
+    # --- topics ---------------------------------------------------------------------------------------
+
+    def create_topic(self, name, partitions=None, configs=None):
+        """Create ``name`` with ``partitions`` (default ``num.partitions``) and topic-level ``configs``;
+        returns its topic id. Raises ``LogError``: INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS,
+        INVALID_PARTITIONS, INVALID_CONFIG."""
+        validate_topic_name(name)
+        partitions = self.config.num_partitions if partitions is None else partitions
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
+            raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions!r}")
+        configs, topic_config = self._checked_topic_configs(configs or {})
+        with self._lock:
+            self._check_open()
+            if name in self._topic_names():
+                raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
+            topic_id = checkpoints.random_uuid()
+            if configs:
+                self._topic_configs[name] = configs
+                self._write_topics_file()
+            for p in range(partitions):
+                self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
+                                                     topic_id=topic_id, clock_ms=self._clock)
+            fsync_directory(self.log_dir)
+            return topic_id
+
+    def delete_topic(self, name):
+        """Delete every partition of ``name``; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
+        with self._lock:
+            self._check_open()
+            doomed = [key for key in self._logs if key[0] == name]
+            if not doomed:
+                raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            for key in doomed:
+                self._logs.pop(key).delete()
+            if self._topic_configs.pop(name, None) is not None:
+                self._write_topics_file()
+            self.checkpoint()
+
+    def add_partitions(self, name, count):
+        """CreatePartitions: grow ``name`` to ``count`` partitions (they get the topic's id and settings).
+        Raises ``LogError``: UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS when ``count`` is not larger."""
+        with self._lock:
+            self._check_open()
+            info = self.topics().get(name)
+            if info is None:
+                raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            self.check_partition_count(info, count)
+            topic_config = self.config.topic_config(self._topic_configs.get(name))
+            for p in range(info.partitions, count):
+                self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
+                                                     topic_id=info.topic_id, clock_ms=self._clock)
+            fsync_directory(self.log_dir)
+            self.checkpoint()
+
+    @staticmethod
+    def check_partition_count(info, count):
+        """INVALID_PARTITIONS (``LogError``) unless ``count`` is more than the topic has now."""
+        if isinstance(count, bool) or not isinstance(count, int) or count <= info.partitions:
+            raise LogError(ErrorCode.INVALID_PARTITIONS, f"topic {info.name!r} has {info.partitions} partitions: "
+                           f"a new count must be larger, not {count!r}")
+
+    def set_topic_configs(self, name, configs, *, validate_only=False):
+        """AlterConfigs: ``configs`` (topic-level names) become the topic's whole set of overrides, applied
+        to its partitions at once. Raises ``LogError``: UNKNOWN_TOPIC_OR_PARTITION, INVALID_CONFIG."""
+        configs, topic_config = self._checked_topic_configs(configs)
+        with self._lock:
+            self._check_open()
+            partition_logs = [log for (topic, _), log in self._logs.items() if topic == name]
+            if not partition_logs:
+                raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
+            if validate_only:
+                return
+            if configs:
+                self._topic_configs[name] = configs
+            else:
+                self._topic_configs.pop(name, None)
+            self._write_topics_file()
+            for partition_log in partition_logs:
+                partition_log.config = topic_config
+
+    def _checked_topic_configs(self, configs):
+        """(the overrides as stored: None values dropped, booleans as Kafka spells them; the TopicConfig
+        they make). INVALID_CONFIG (``LogError``) for a name or value kmem refuses."""
+        configs = {k: str(v).lower() if isinstance(v, bool) else v for k, v in configs.items() if v is not None}
+        try:
+            return configs, self.config.topic_config(configs)
+        except ConfigError as e:
+            raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
+
+    def _topic_names(self):
+        return {topic for topic, _ in self._logs}
+
+    def topics(self):
+        """``{name: TopicInfo}`` of every topic."""
+        with self._lock:
+            info = {}
+            for (topic, partition), partition_log in sorted(self._logs.items()):
+                info[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
+                                        dict(self._topic_configs.get(topic, {})))
+            return info
+
+    def topic_name(self, topic_id):
+        """The name of the topic with ``topic_id`` (Fetch v13+ and Metadata v10+ name topics by id), or None."""
+        with self._lock:
+            return next((p.topic for p in self._logs.values() if p.topic_id == topic_id), None)
+
+    def get_partition(self, topic, partition):
+        """The ``PartitionLog``, or None when the topic or partition does not exist."""
+        return self._logs.get((topic, partition))
+
+    def partitions(self):
+        with self._lock:
+            return dict(self._logs)
+
+    def allocate_producer_id(self):
+        """A producer id never handed out before by this log directory (InitProducerId)."""
+        return self.producer_ids.allocate()
+
+    # --- upkeep ---------------------------------------------------------------------------------------
+
+    def maintain(self, now_ms=None):
+        """Retention for every partition, then the checkpoints; returns the number of segments deleted."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            deleted = sum(partition_log.delete_old_segments(now) for partition_log in self._logs.values())
+            self.checkpoint()
+            return deleted
+
+    def remove_expired_producers(self, now_ms=None):
+        """Forget expired idempotent producers in every partition; call it every
+        ``producer.id.expiration.check.interval.ms`` (Kafka's default: 10 minutes)."""
+        now = self._clock() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            for partition_log in self._logs.values():
+                partition_log.remove_expired_producers(now)
+
+    def checkpoint(self):
+        """Write the recovery-point, log-start-offset and replication-offset checkpoints."""
+        with self._lock:
+            logs = self._logs.items()
+            checkpoints.write_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT),
+                                                {k: v.recovery_point for k, v in logs})
+            checkpoints.write_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT),
+                                                {k: v.log_start_offset for k, v in logs})
+            checkpoints.write_offset_checkpoint(self._path(checkpoints.REPLICATION_OFFSET_CHECKPOINT),
+                                                {k: v.high_watermark for k, v in logs})
+
+    def _check_open(self):
+        if self._closed:
+            raise IllegalStateError(f"log manager of {self.log_dir} is closed")
+
+    def close(self, broker_epoch=-1):
+        """Flush and close every partition, write the checkpoints, then the clean-shutdown marker
+        (``{"version":0,"brokerEpoch":<broker_epoch>}``, as Kafka's ``CleanShutdownFileHandler``)."""
+        with self._lock:
+            if self._closed:
+                return
+            for partition_log in self._logs.values():
+                partition_log.close()
+            self.checkpoint()
+            with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True) as marker:
+                marker.write(json.dumps({"version": 0, "brokerEpoch": broker_epoch}, separators=(",", ":")).encode())
+            self._lock_file.close()
+            self._closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
