@@ -2,6 +2,7 @@
 them over): Kafka's error codes for wrong generations and members, a SyncGroup from a non-leader,
 JoinGroup storms, session expiry without requests, static membership, the initial rebalance delay,
 and committed offsets as Kafka's ``__consumer_offsets`` records (layout, expiry, compaction, reload)."""
+import queue
 import struct
 import threading
 import time
@@ -10,12 +11,12 @@ import tracemalloc
 import pytest
 
 from kmem.broker import LogManager
-from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
+from kmem.broker.group.coordinator import DelayedResponse, GroupConfig, GroupCoordinator
 from kmem.broker.group.offsets import OFFSETS_TOPIC, java_string_hash, partition_for
 from kmem.protocol import ApiKey, RequestHeader, messages
 from kmem.records import FileRecords, log_segments
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_LOAD_IN_PROGRESS = 0, 3, 14
+NONE, UNKNOWN_TOPIC_OR_PARTITION = 0, 3
 ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS = 22, 25, 27
 INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, FENCED_INSTANCE_ID = 26, 79, 82
 INCONSISTENT_GROUP_PROTOCOL = 23
@@ -29,9 +30,18 @@ def logs(tmp_path):
         yield manager
 
 
-def coordinator(logs, max_waiting=None, **settings):
+def coordinator(logs, **settings):
     config = GroupConfig(**{"initial_rebalance_delay_ms": 0, "offsets_topic_partitions": 3, **settings})
-    return GroupCoordinator(logs, config, max_waiting=max_waiting)
+    return GroupCoordinator(logs, config)
+
+
+def settled(result, timeout=10):
+    """A response, waiting for it if the coordinator answered with a DelayedResponse (as a client would)."""
+    if not isinstance(result, DelayedResponse):
+        return result
+    answered = queue.SimpleQueue()
+    result.start(answered.put)
+    return answered.get(timeout=timeout)
 
 
 def header(api_key, version, client_id="c"):
@@ -45,7 +55,7 @@ def join_request(member_id="", instance_id=None, protocols=(("range", b"sub"),),
 
 
 def join(coord, version=7, **kwargs):
-    return coord.join_group(header(ApiKey.JOIN_GROUP, version), join_request(**kwargs))
+    return settled(coord.join_group(header(ApiKey.JOIN_GROUP, version), join_request(**kwargs)))
 
 
 def join_new_member(coord, **kwargs):
@@ -67,7 +77,7 @@ def sync(coord, member_id, generation, assignments=(), instance_id=None, version
     request = S(group_id="g", generation_id=generation, member_id=member_id, group_instance_id=instance_id,
                 protocol_type="consumer", protocol_name="range",
                 assignments=[S.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in assignments])
-    return coord.sync_group(header(ApiKey.SYNC_GROUP, version), request)
+    return settled(coord.sync_group(header(ApiKey.SYNC_GROUP, version), request))
 
 
 def heartbeat(coord, member_id, generation, instance_id=None):
@@ -235,19 +245,30 @@ def test_a_join_storm_over_many_group_ids_leaves_nothing_behind(logs):
         coord.close()
 
 
-def test_waiting_joins_never_take_every_handler_thread(logs):
-    coord = coordinator(logs, max_waiting=3, initial_rebalance_delay_ms=1000)
+def test_waiting_joins_hold_no_thread_and_are_answered_by_the_rebalance(logs):
+    """JoinGroups during the initial delay are parked DelayedResponses, however many: a thousand wait at
+    once with no thread each, the coordinator keeps answering, and the rebalance answers every one."""
+    coord = coordinator(logs, initial_rebalance_delay_ms=500)
     try:
-        joins = [join_async(coord, version=3) for _ in range(3)]     # v3: no member id round-trip
-        assert _wait(lambda: coord._waiting == 3)
-        assert join(coord, version=3).error_code == COORDINATOR_LOAD_IN_PROGRESS   # retriable
-        for thread, _ in joins:
-            thread.join(10)
-        answered = [result["response"] for _, result in joins]
-        assert [r.error_code for r in answered] == [NONE] * 3 and {r.generation_id for r in answered} == {1}
-        assert coord._waiting == 0
+        threads_before = threading.active_count()
+        parked = [coord.join_group(header(ApiKey.JOIN_GROUP, 3), join_request()) for _ in range(1000)]
+        assert all(isinstance(p, DelayedResponse) for p in parked)    # v3: no member id round-trip
+        assert threading.active_count() == threads_before
+        assert coord.describe_groups(header(ApiKey.DESCRIBE_GROUPS, 5), messages.DescribeGroupsRequest(
+            groups=["g"], include_authorized_operations=False)).groups[0].group_state == "PreparingRebalance"
+        answered = [settled(p) for p in parked]                         # the timer completes the join
+        assert {r.error_code for r in answered} == {NONE} and {r.generation_id for r in answered} == {1}
+        assert sum(r.leader == r.member_id for r in answered) == 1
     finally:
         coord.close()
+
+
+def test_close_answers_parked_joins_coordinator_not_available(logs):
+    coord = coordinator(logs, initial_rebalance_delay_ms=60_000)
+    parked = coord.join_group(header(ApiKey.JOIN_GROUP, 3), join_request())
+    assert isinstance(parked, DelayedResponse)
+    coord.close()
+    assert settled(parked, timeout=1).error_code == 15             # COORDINATOR_NOT_AVAILABLE
 
 
 def test_static_member_rejoining_fences_its_old_id(logs):

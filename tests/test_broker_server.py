@@ -264,7 +264,7 @@ def test_a_long_poll_is_woken_by_a_produce(broker):
         waiter = threading.Thread(target=lambda: results.append(
             (fetch(connection, 11, "poll", offset=1, max_wait_ms=60_000, min_bytes=1), time.monotonic())))
         waiter.start()
-        wait_for(lambda: broker.server.requests.qsize() == 0 and broker.handlers._waiters, "the fetch to wait")
+        wait_for(lambda: len(broker.handlers.fetch_purgatory) == 1, "the fetch to be parked")
         produced_at = time.monotonic()
         produce_records(broker, "poll", [b"new"])
         waiter.join(60)

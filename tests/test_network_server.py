@@ -10,7 +10,7 @@ import time
 import pytest
 
 from kmem.errors import ConfigError, IllegalStateError
-from kmem.network import SocketServer, SocketServerConfig
+from kmem.network import SocketServer, SocketServerConfig, offloaded
 
 from network_helpers import closed_by_peer, connect, frame, recv_frame, request, tls_contexts, wait_until  # noqa: F401
 
@@ -104,24 +104,26 @@ def test_handler_failure_releases_memory_and_closes_connection():
         assert wait_until(lambda: server.pool.available_memory == 1 << 16)
 
 
+@pytest.mark.parametrize("offload", [False, True], ids=["network-thread", "io-thread"])
 @pytest.mark.parametrize("exception", [asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit])
-def test_handler_raising_a_base_exception_closes_only_its_connection(exception, caplog):
+def test_handler_raising_a_base_exception_closes_only_its_connection(exception, offload, caplog):
     """Not an Exception (asyncio handlers raise CancelledError): the connection is closed, its memory
-    released, and the only handler thread keeps serving."""
+    released, and the thread that ran the handler (the only processor, or the only io thread) keeps
+    serving."""
     def handler(req):
         if bytes(req.payload) == b"boom":
             raise exception()
         return b"ok"
 
-    with SocketServer(handler, num_io_threads=1, queued_max_request_bytes=1 << 16,
-                      socket_request_max_bytes=1 << 16) as server:
+    with SocketServer(offloaded(handler) if offload else handler, num_io_threads=1, num_network_threads=1,
+                      queued_max_request_bytes=1 << 16, socket_request_max_bytes=1 << 16) as server:
         for _ in range(2):
             with connect(server.address) as sock:
                 sock.sendall(frame(b"boom"))
                 assert closed_by_peer(sock)
         assert request(server.address, b"fine") == b"ok"
         assert wait_until(lambda: server.pool.available_memory == 1 << 16)
-        assert len(threads_named("kmem-request-handler-")) == 1
+        assert len(threads_named("kmem-io-thread-")) == 1 and len(threads_named("kmem-network-processor-")) == 1
     assert exception.__name__ in caplog.text
 
 
@@ -132,16 +134,17 @@ class FailingRelease:
         raise TypeError("release failed")
 
 
-def test_failing_release_still_answers_and_keeps_the_handler_thread(caplog):
+@pytest.mark.parametrize("offload", [False, True], ids=["network-thread", "io-thread"])
+def test_failing_release_still_answers_and_keeps_the_handler_thread(offload, caplog):
     def handler(req):
         payload = bytes(req.payload)
         req._receive.close()
-        req._receive = FailingRelease()     # what the handler thread releases after this returns
+        req._receive = FailingRelease()     # what the server releases after this returns
         return payload
 
-    with SocketServer(handler, num_io_threads=1) as server:
+    with SocketServer(offloaded(handler) if offload else handler, num_io_threads=1, num_network_threads=1) as server:
         assert request(server.address, b"first") == b"first"
-        assert request(server.address, b"second") == b"second"     # the only handler thread is alive
+        assert request(server.address, b"second") == b"second"     # the thread that answered is alive
     assert "release failed" in caplog.text
 
 
@@ -210,7 +213,8 @@ def test_memory_is_released_when_handling_ends_not_when_sent():
         gate.wait(10)
         return b"r" * 100
 
-    with SocketServer(handler, queued_max_request_bytes=1 << 16, socket_request_max_bytes=1 << 16) as server:
+    with SocketServer(offloaded(handler), queued_max_request_bytes=1 << 16,
+                      socket_request_max_bytes=1 << 16) as server:
         with connect(server.address) as sock:
             sock.sendall(frame(b"x" * 1000))
             assert wait_until(lambda: server.pool.available_memory == (1 << 16) - 1000)
@@ -228,7 +232,8 @@ def test_client_disconnect_mid_request_and_mid_handling():
         gate.wait(10)
         return bytes(req.payload)
 
-    with SocketServer(handler, queued_max_request_bytes=1 << 20, socket_request_max_bytes=1 << 20) as server:
+    with SocketServer(offloaded(handler), queued_max_request_bytes=1 << 20,
+                      socket_request_max_bytes=1 << 20) as server:
         size = 1 << 20
         with connect(server.address) as sock:          # half a frame, then gone
             sock.sendall(struct.pack(">i", 4096) + b"x" * 100)
@@ -304,7 +309,7 @@ def test_client_that_stops_reading_its_response_is_cut_off_by_the_idle_timeout()
             return b"done"
         return big
 
-    with SocketServer(handler, connections_max_idle_ms=300, num_network_threads=1) as server:
+    with SocketServer(offloaded(handler), connections_max_idle_ms=300, num_network_threads=1) as server:
         selector = server.processors[0].selector
         with connect(server.address) as slow, socket.socket() as stalled:
             slow.sendall(frame(b"slow"))
@@ -328,10 +333,10 @@ def test_request_queue_bounds_the_count():
         gate.wait(10)
         return b"ok"
 
-    with SocketServer(handler, queued_max_requests=2, num_io_threads=1, num_network_threads=1) as server:
+    with SocketServer(offloaded(handler), queued_max_requests=2, num_io_threads=1, num_network_threads=1) as server:
         offered = []
-        real_enqueue = server.enqueue
-        server.enqueue = lambda request: offered.append(request) or real_enqueue(request)
+        real_offload = server.offload
+        server.offload = lambda request, *rest: offered.append(request) or real_offload(request, *rest)
         socks = [connect(server.address) for _ in range(6)]
         for sock in socks:
             sock.sendall(frame(b"q"))

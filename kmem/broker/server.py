@@ -3,6 +3,11 @@
 - requests are read into a pool bounded by ``queued.max.request.bytes`` (KIP-72, ``kmem.network``), and
   decoded without copying their records (``kmem.protocol``): a Produce appends from the pooled request
   memory, before the handler returns and that memory goes back to the pool;
+- each request is answered on the network thread that read it (``kmem.broker.apis.dispatch``); one that
+  waits is parked without a thread (``kmem.broker.apis.purgatory``, the group coordinator's delayed
+  responses) and one that may block on the disk runs on an io thread; every deadline (parked fetches,
+  group sessions and rebalances, offset expiry) is a task on one ``kmem.broker.timer.Timer``, so the
+  broker's threads do not grow with its clients: ``num.network.threads`` + ``num.io.threads`` + 4;
 - Fetch responses are ``kmem.send.Send``s: file regions of the segments for Fetch v4+ (sendfile on plain
   sockets), lazily down-converted chunks for Fetch v0-3 (KIP-283);
 - the log directory is Kafka's (``kmem.broker.LogManager``), idempotent producers' state lives in a
@@ -18,30 +23,17 @@ import os
 import threading
 import time
 
-from kmem.broker.apis.admin import ADMIN_APIS, AdminHandlers
-from kmem.broker.apis.handlers import SERVED_VERSIONS, Handlers
-from kmem.broker.group.coordinator import GROUP_APIS, WAIT_RESERVE_THREADS, GroupCoordinator
+from kmem.broker.apis.admin import AdminHandlers
+from kmem.broker.apis.dispatch import RequestDispatcher
+from kmem.broker.apis.handlers import Handlers
+from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
-from kmem.errors import IllegalStateError, KmemError
+from kmem.broker.timer import Timer
+from kmem.errors import IllegalStateError
 from kmem.network import SocketServer
-from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
-                           encode_response)
 
 log = logging.getLogger(__name__)
-
-
-def _client_host(request):
-    """The client's address as Kafka's group coordinator records it (``/127.0.0.1``); "" once gone."""
-    channel = request.processor.selector.channel(request.connection_id)
-    try:
-        return "/" + channel.transport.sock.getpeername()[0]
-    except (AttributeError, OSError):
-        return ""
-
-
-class RequestRefused(KmemError):
-    """A request Kafka answers by closing the connection: an API or version the broker does not serve."""
 
 
 class Broker:
@@ -55,18 +47,10 @@ class Broker:
         self.handlers = None
         self.coordinator = None
         self.admin = None
+        self.timer = None
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
-        self._counts_lock = threading.Lock()
         self._maintenance = None
-        self._apis = {
-            ApiKey.API_VERSIONS: "api_versions", ApiKey.METADATA: "metadata", ApiKey.PRODUCE: "produce",
-            ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets", ApiKey.INIT_PRODUCER_ID: "init_producer_id",
-            ApiKey.CREATE_TOPICS: "create_topics", ApiKey.DELETE_TOPICS: "delete_topics",
-            ApiKey.FIND_COORDINATOR: "find_coordinator",
-        }
-        self._apis.update(GROUP_APIS)
-        self._apis.update(ADMIN_APIS)
 
     @property
     def node_id(self):
@@ -76,16 +60,18 @@ class Broker:
         if self.logs is not None:
             raise IllegalStateError("the broker was already started")
         self.logs = LogManager(self.log_dir, self.settings.storage)
-        self.handlers = Handlers(self.logs, self.node_id, self.endpoint)
-        self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
-        self.server = SocketServer(self.handle, self.settings.network)
+        self.timer = Timer()
         try:
-            max_waiting = max(self.settings.network.num_io_threads - WAIT_RESERVE_THREADS, 1)
-            self.coordinator = GroupCoordinator(self.logs, self.settings.groups, max_waiting=max_waiting)
+            self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer)
+            self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
+            self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)
+            dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served)
+            self.server = SocketServer(dispatcher, self.settings.network)
             self.server.start()
         except BaseException:
             if self.coordinator is not None:
                 self.coordinator.close()
+            self.timer.close()
             self.logs.close()
             raise
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
@@ -126,36 +112,15 @@ class Broker:
                 except Exception:
                     log.exception("log maintenance failed; retrying in %.0f s", interval)
 
-    def handle(self, request):
-        """The SocketServer handler: decode, answer, encode (bytes or a Send; None for acks=0)."""
-        try:
-            header, body = decode_request(request.payload)
-        except UnsupportedVersionError as e:
-            if e.api_key == ApiKey.API_VERSIONS and e.header is not None:
-                return api_versions_fallback_response(e.header)
-            raise
-        served = SERVED_VERSIONS.get(header.api_key)
-        if served is None or not served[0] <= header.api_version <= served[1]:
-            raise RequestRefused(f"{header.api_key.name} v{header.api_version} is not served by kmem broker "
-                                 f"(client {header.client_id!r})")
-        with self._counts_lock:
-            self.requests_served[(int(header.api_key), header.api_version)] += 1
-        if header.api_key == ApiKey.JOIN_GROUP:
-            response = self.coordinator.join_group(header, body, client_host=_client_host(request))
-        else:
-            owner = self.coordinator if header.api_key in GROUP_APIS else \
-                self.admin if header.api_key in ADMIN_APIS else self.handlers
-            response = getattr(owner, self._apis[header.api_key])(header, body)
-        return None if response is None else encode_response(header, response)
-
     def close(self):
         """Stop serving, then close the logs: checkpoints and the clean-shutdown marker are written."""
         if self.logs is None:
             return
         self._stop.set()
-        self.handlers.wake_all()
+        self.handlers.complete_all()
         self.coordinator.close()
         self.server.close()
+        self.timer.close()
         if self._maintenance is not None:
             self._maintenance.join()
         self.logs.close()

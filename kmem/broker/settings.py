@@ -23,8 +23,9 @@ HANDLER_SETTINGS = ("advertised.listeners", "log.retention.check.interval.ms", "
                     "broker.id")
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(HANDLER_SETTINGS) \
     | frozenset(GROUP_SETTINGS)
-# Kafka's is 8; members waiting in JoinGroup/SyncGroup hold one each here (kmem.broker.group.coordinator)
-DEFAULT_IO_THREADS = 32
+# Kafka's socket.listen.backlog.size is 50: a burst of 5,000 connections then took 55 s to accept here
+# (refused SYNs are retried after 1, 3, 7... s), 1.0 s with 1,024. Linux caps it at net.core.somaxconn.
+DEFAULT_LISTEN_BACKLOG = 1024
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class BrokerSettings:
             storage.setdefault("node.id", merged["broker.id"])
         storage.setdefault("node.id", 0)
         network = {name: merged[name] for name in NETWORK_SETTINGS if name in merged}
-        network.setdefault("num.io.threads", DEFAULT_IO_THREADS)
+        network.setdefault("socket.listen.backlog.size", DEFAULT_LISTEN_BACKLOG)
         if ssl_context is None and merged.get("ssl.keystore.location"):
             ssl_context = _ssl_context(merged)
         advertised = merged.get("advertised.listeners")

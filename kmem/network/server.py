@@ -1,14 +1,23 @@
-"""``SocketServer``: Kafka's broker network architecture for a user-supplied request handler.
+"""``SocketServer``: Kafka's broker network layer, with requests handled where they are read.
 
 An acceptor thread hands new connections round-robin to N processor threads, each with its own
 ``Selector``; all share one memory pool (``queued_max_request_bytes``) into which requests are read.
-Complete requests go through one bounded queue (``queued_max_requests``) to handler threads that call
-``handler(request)``; the returned bytes, or ``kmem.send.Send``, are sent back as a size-prefixed frame
-whose prefix is their size. A connection has one request in flight: it is muted from the moment its
-request is complete until the last byte of its response is written.
+A processor calls ``handler(request)`` itself as soon as a request is complete: handing each request to
+another thread costs more in Python than most requests take to answer. What the handler returns is sent
+back as a size-prefixed frame: bytes, a ``kmem.send.Send``, or None for no response. A request that
+cannot be answered at once is deferred instead:
 
-A request's memory goes back to the pool when the handler returns or raises (not when the response is
-sent), and when its connection closes before that.
+- ``request.defer()`` parks it: the handler returns the ``Deferred`` and someone calls its
+  ``complete(response)`` later, from any thread (Kafka's purgatory completes a delayed operation so). The
+  request's memory goes back to the pool when the handler returns; a parked request holds none.
+- ``request.offload(fn)`` runs ``fn(request)`` on one of ``num_io_threads`` threads (through a queue
+  bounded by ``queued_max_requests``): for work that blocks, such as fsync. The request's memory is kept
+  until ``fn`` returns. ``offloaded(fn)`` makes a handler that offloads every request.
+
+A connection has one request in flight: it is muted from the moment its request is complete until the
+last byte of its response is written, so responses go out in the order of the requests whether answered
+at once or deferred. A connection that closes while its request is deferred cancels the ``Deferred``
+(its ``on_cancel`` callbacks run, so what was parked can be freed).
 """
 import dataclasses
 import errno
@@ -33,6 +42,9 @@ log = logging.getLogger(__name__)
 # How long a processor or acceptor waits in select before rechecking for shutdown, new connections and
 # responses (all of which also wake it at once), as Kafka's processors poll every 300 ms.
 POLL_SECONDS = 0.3
+# At shutdown, how long processors keep sending the responses already made (deferred ones a stopping
+# broker completes included) before closing their connections.
+DRAIN_SECONDS = 2.0
 # Out of descriptors (or kernel memory), accept() fails while the listener stays readable: the acceptor
 # stops listening for a pause that doubles, within these bounds, until an accept succeeds.
 ACCEPT_BACKOFF_MIN_SECONDS = 0.01
@@ -95,6 +107,15 @@ class SocketServerConfig:
         return cls(**values)
 
 
+def _somaxconn():
+    """Linux's cap on a listen backlog (``net.core.somaxconn``), or None where it cannot be read."""
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 def _dotted(name):
     return name.replace("_", ".")
 
@@ -102,8 +123,9 @@ def _dotted(name):
 class Request:
     """A complete request handed to the handler: ``payload`` is its bytes (without the size prefix).
 
-    The payload's memory returns to the pool when the handler returns; a handler that needs the bytes
-    longer must copy them (``bytes(request.payload)``).
+    The payload's memory returns to the pool when the handler returns (unless the request is offloaded:
+    then when the offloaded function returns); a handler that needs the bytes longer must copy them
+    (``bytes(request.payload)``).
     """
 
     __slots__ = ("connection_id", "processor", "_receive")
@@ -120,15 +142,84 @@ class Request:
     def release(self):
         self._receive.close()
 
+    def defer(self):
+        """Park this request: return the ``Deferred`` from the handler and ``complete`` it later."""
+        return Deferred(self)
+
+    def offload(self, fn):
+        """Answer this request with ``fn(request)`` run on an io thread; return the ``Deferred`` from the
+        handler. The payload stays valid until ``fn`` returns."""
+        deferred = Deferred(self, keeps_payload=True)
+        if not self.processor.server.offload(self, fn, deferred):
+            deferred.cancel()           # the server is stopping
+        return deferred
+
     def __repr__(self):
         return f"<Request from {self.connection_id} {self._receive.size} bytes>"
+
+
+class Deferred:
+    """The response to a parked or offloaded request, to ``complete`` exactly once from any thread.
+
+    ``complete(response)`` sends ``response`` (bytes, a ``Send``, or None for none) and returns True; later
+    calls, and calls after ``cancel``, return False. ``fail()`` closes the connection instead. ``cancel()``
+    (the connection closed, or the server stopped) runs the ``on_cancel`` callbacks instead of sending.
+    """
+
+    __slots__ = ("connection_id", "_processor", "keeps_payload", "_done", "_on_cancel", "__weakref__")
+
+    def __init__(self, request, *, keeps_payload=False):
+        self.connection_id = request.connection_id
+        self._processor = request.processor
+        self.keeps_payload = keeps_payload
+        self._done = threading.Lock()   # taken once, by whichever of complete, fail or cancel comes first
+        self._on_cancel = []
+
+    @property
+    def done(self):
+        return self._done.locked()
+
+    def on_cancel(self, callback):
+        """Call ``callback()`` if the deferred is cancelled (at once if it already was)."""
+        self._on_cancel.append(callback)
+
+    def complete(self, response):
+        if not self._done.acquire(blocking=False):
+            return False
+        send = None if response is None else NetworkSend(self.connection_id, response)
+        self._processor.respond(self.connection_id, send)
+        return True
+
+    def fail(self):
+        if not self._done.acquire(blocking=False):
+            return False
+        self._processor.respond(self.connection_id, _CLOSE)
+        return True
+
+    def cancel(self):
+        if not self._done.acquire(blocking=False):
+            return False
+        for callback in self._on_cancel:
+            try:
+                callback()
+            except Exception:
+                log.exception("a cancel callback of the deferred response to %s failed", self.connection_id)
+        return True
+
+    def __repr__(self):
+        return f"<Deferred response to {self.connection_id}{' done' if self.done else ''}>"
+
+
+def offloaded(handler):
+    """A handler that runs ``handler(request)`` on an io thread for every request (one that may block)."""
+    return lambda request: request.offload(handler)
 
 
 _CLOSE = object()       # the response that tells a processor to close the connection
 
 
 class _Processor(threading.Thread):
-    """Runs one selector: new connections, responses, reads; complete requests go to the request queue."""
+    """Runs one selector: new connections, responses, reads; each complete request is handled here."""
 
     def __init__(self, server, index):
         super().__init__(name=f"kmem-network-processor-{index}", daemon=True)
@@ -139,6 +230,7 @@ class _Processor(threading.Thread):
         self._index = index
         self._new_connections = queue.SimpleQueue()
         self._responses = queue.SimpleQueue()
+        self._deferred = {}             # connection id -> Deferred of its request in flight
         self._ids = itertools.count()
 
     def accept(self, sock):
@@ -146,7 +238,7 @@ class _Processor(threading.Thread):
         self.selector.wakeup()
 
     def respond(self, connection_id, send):
-        """From a handler thread: ``send`` is a ``NetworkSend`` (a framed response), None (no response) or
+        """From any thread: ``send`` is a ``NetworkSend`` (a framed response), None (no response) or
         ``_CLOSE``."""
         self._responses.put((connection_id, send))
         self.selector.wakeup()
@@ -160,6 +252,7 @@ class _Processor(threading.Thread):
                     self.selector.poll(POLL_SECONDS)
                     self._process_completed_receives()
                     self._process_completed_sends()
+                    self._process_disconnected()
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -167,10 +260,31 @@ class _Processor(threading.Thread):
                     # most one per poll interval.
                     log.exception("network processor %d failed; continuing", self._index)
                     time.sleep(POLL_SECONDS)
+            self._drain()
         finally:
+            for deferred in list(self._deferred.values()):
+                deferred.cancel()
+            self._deferred.clear()
             self.selector.close()
             while not self._new_connections.empty():
                 self._new_connections.get().close()
+
+    def _drain(self):
+        """At shutdown: send the responses already made (deferred ones completed by the stop included), for
+        at most ``DRAIN_SECONDS``; new requests are not read."""
+        deadline = time.monotonic() + DRAIN_SECONDS
+        for channel in self.selector.channels:
+            self.selector.mute(channel.id)
+        while True:
+            self._process_responses()
+            pending = any(channel.send is not None for channel in self.selector.channels)
+            remaining = deadline - time.monotonic()
+            if not pending or remaining <= 0:
+                return
+            self.selector.poll(min(remaining, POLL_SECONDS))
+            for receive in self.selector.completed_receives:
+                receive.close()
+            self._process_disconnected()
 
     def _configure_new_connections(self):
         while not self._new_connections.empty():
@@ -185,15 +299,18 @@ class _Processor(threading.Thread):
     def _process_responses(self):
         while not self._responses.empty():
             connection_id, send = self._responses.get()
-            channel = self.selector.channel(connection_id)
-            if channel is None:
-                continue        # the client left while its request was handled
-            if send is _CLOSE:
-                self.selector.close(connection_id)
-            elif send is None:
-                self._response_sent(connection_id)
-            else:
-                self.selector.send(send)
+            self._deferred.pop(connection_id, None)
+            self._respond_now(connection_id, send)
+
+    def _respond_now(self, connection_id, send):
+        if self.selector.channel(connection_id) is None:
+            return              # the client left while its request was handled
+        if send is _CLOSE:
+            self.selector.close(connection_id)
+        elif send is None:
+            self._response_sent(connection_id)
+        else:
+            self.selector.send(send)
 
     def _process_completed_receives(self):
         for receive in self.selector.completed_receives:
@@ -204,12 +321,42 @@ class _Processor(threading.Thread):
                 continue
             self.selector.mute(connection_id)
             channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
-            if not self.server.enqueue(Request(connection_id, self, receive)):
-                receive.close()
+            self._handle(Request(connection_id, self, receive))
+
+    def _handle(self, request):
+        keep_payload = False
+        try:
+            response = self.server.handler(request)
+            if isinstance(response, Deferred):
+                keep_payload = response.keeps_payload
+                if not response.done:
+                    self._deferred[request.connection_id] = response
+                send = response
+            else:
+                # Framed before the payload is released, so a response that views the request's memory
+                # keeps that memory alive until it is sent.
+                send = None if response is None else NetworkSend(request.connection_id, response)
+        except BaseException:
+            # Whatever it is: an asyncio handler's CancelledError, even KeyboardInterrupt or SystemExit
+            # (signals go to the main thread, so here they come from the handler's own code). It ends this
+            # connection, not the processor; close() is how a server stops.
+            log.exception("request handler failed for %r; closing the connection", request)
+            send = _CLOSE
+        finally:
+            if not keep_payload:
+                self.server.release(request)
+        if not isinstance(send, Deferred):
+            self._respond_now(request.connection_id, send)
 
     def _process_completed_sends(self):
         for connection_id in self.selector.completed_sends:
             self._response_sent(connection_id)
+
+    def _process_disconnected(self):
+        for connection_id in self.selector.disconnected:
+            deferred = self._deferred.pop(connection_id, None)
+            if deferred is not None:
+                deferred.cancel()
 
     def _response_sent(self, connection_id):
         channel = self.selector.channel(connection_id)
@@ -282,13 +429,15 @@ class _Acceptor(threading.Thread):
 
 
 class SocketServer:
-    """A threaded TCP (or TLS) server for size-prefixed requests, with bounded request memory.
+    """A TCP (or TLS) server for size-prefixed requests, with bounded request memory.
 
-    ``handler(request)`` runs in a handler thread and returns the response payload: any bytes-like
-    object, or a ``kmem.send.Send`` (a file region, a lazy down-conversion, a ``SequenceSend`` of a header
-    and records...) that the processor writes a non-blocking write at a time, prefixed with its ``size``;
-    or None to send nothing. A handler that raises anything, ``BaseException`` included, gets its
-    connection closed; its thread keeps serving.
+    ``handler(request)`` runs on the network thread that read the request and returns the response
+    payload: any bytes-like object, or a ``kmem.send.Send`` (a file region, a lazy down-conversion, a
+    ``SequenceSend`` of a header and records...) that the processor writes a non-blocking write at a time,
+    prefixed with its ``size``; None to send nothing; or a ``Deferred`` from ``request.defer()`` or
+    ``request.offload(fn)`` (see the module docstring). A handler must not block: what may, it offloads.
+    A handler that raises anything, ``BaseException`` included, gets its connection closed; the thread
+    keeps serving.
 
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
     """
@@ -318,53 +467,56 @@ class SocketServer:
                                              backlog=self.config.socket_listen_backlog_size)
         listen_socket.setblocking(False)
         self.address = listen_socket.getsockname()[:2]
+        backlog = self.config.socket_listen_backlog_size
+        effective = min(backlog, _somaxconn() or backlog)
+        log.info("accept backlog on %s:%d: %d%s", *self.address, effective,
+                 "" if effective == backlog else f" (socket.listen.backlog.size {backlog} capped by net.core.somaxconn)")
         self.running = True
         self.processors = [_Processor(self, i) for i in range(self.config.num_network_threads)]
         self._acceptor = _Acceptor(self, listen_socket)
-        self._handlers = [threading.Thread(target=self._handle_requests, name=f"kmem-request-handler-{i}",
-                                           daemon=True) for i in range(self.config.num_io_threads)]
+        self._handlers = [threading.Thread(target=self._run_offloaded, name=f"kmem-io-thread-{i}", daemon=True)
+                          for i in range(self.config.num_io_threads)]
         for thread in self._handlers + self.processors + [self._acceptor]:
             thread.start()
         return self
 
-    def enqueue(self, request):
-        """From a processor: queue a request, waiting while the queue is full (Kafka's back-pressure)."""
+    def offload(self, request, fn, deferred):
+        """From a processor: queue ``fn(request)`` for an io thread, waiting while the queue is full (Kafka's
+        back-pressure). False once the server stops."""
         while self.running:
             try:
-                self.requests.put(request, timeout=POLL_SECONDS)
+                self.requests.put((request, fn, deferred), timeout=POLL_SECONDS)
                 return True
             except queue.Full:
                 continue
         return False
 
-    def _handle_requests(self):
+    def _run_offloaded(self):
         while True:
-            request = self.requests.get()
-            if request is None:
+            item = self.requests.get()
+            if item is None:
                 return
+            request, fn, deferred = item
             if not self.running:
-                self._release(request)
+                self.release(request)
+                deferred.cancel()
                 continue
             try:
-                response = self.handler(request)
-                # Framed before the payload is released, so a response that views the request's memory
-                # keeps that memory alive until it is sent.
-                send = None if response is None else NetworkSend(request.connection_id, response)
+                response = fn(request)
+                # Framed (in complete) before the payload is released: a response viewing the request's
+                # memory keeps it alive until sent.
+                deferred.complete(response)
             except BaseException:
-                # Whatever it is: an asyncio handler's CancelledError, even KeyboardInterrupt or SystemExit
-                # (signals go to the main thread, so here they come from the handler's own code). Letting
-                # it end this thread would leave the connection muted and, thread by thread, the server
-                # deaf; close() is how a server stops.
+                # As on a processor: whatever it is, it ends this connection, not the thread.
                 log.exception("request handler failed for %r; closing the connection", request)
-                send = _CLOSE
+                deferred.fail()
             finally:
-                self._release(request)
-            request.processor.respond(request.connection_id, send)
+                self.release(request)
 
     @staticmethod
-    def _release(request):
-        # A failed release must neither kill the handler thread nor leave the connection without its
-        # response (it would stay muted, and muted connections are not idle-expired).
+    def release(request):
+        """Return a request's memory to the pool; a failure is logged, never raised (the connection must
+        still get its response: it stays muted until then, and muted connections are not idle-expired)."""
         try:
             request.release()
         except Exception:

@@ -15,24 +15,24 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
   UNSUPPORTED_COMPRESSION_TYPE (judged on the first batch returned);
 - KIP-74 (v3+): ``max_bytes`` bounds the response, ``partition_max_bytes`` each partition, but the first
   batch of the first non-empty partition is returned whole; before v3 a partition's limit is hard;
-- long polling: with fewer than ``min_bytes`` available, the handler thread waits up to ``max_wait_ms``
-  for an append to one of the fetched partitions (each waiting fetch holds a handler thread, so the
-  server's ``num.io.threads`` bounds how many consumers can long-poll at once);
+- long polling: with fewer than ``min_bytes`` available, the request is parked as a ``DelayedFetch`` in
+  the fetch purgatory (no thread waits), completed by an append to a fetched partition or at
+  ``max_wait_ms``;
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches.
 """
 import logging
 import struct
-import threading
 import time
 import uuid
 
 from kmem.broker.apis.admin import ADMIN_VERSIONS
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
-from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
+from kmem.broker.apis.purgatory import DelayedOperation, DelayedOperationPurgatory
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
-from kmem.broker.log import READ_COMMITTED, validate_topic_name
+from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
+from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
 from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
@@ -69,21 +69,19 @@ def _first_batch_codec(records):
 class Handlers:
     """Answers decoded requests from a ``LogManager``; ``endpoint()`` gives the advertised (host, port)."""
 
-    def __init__(self, logs, node_id, endpoint, *, lazy_chunk_size=None):
+    def __init__(self, logs, node_id, endpoint, timer, *, lazy_chunk_size=None):
         self.logs = logs
         self.node_id = node_id
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
-        self._waiters = set()              # events of long-polling fetches, set at shutdown
-        self._waiters_lock = threading.Lock()
         self.closing = False
+        self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
+        logs.add_listener(self.fetch_purgatory.check_and_complete)
 
-    def wake_all(self):
-        """Shutdown: end every long poll now."""
+    def complete_all(self):
+        """Shutdown: every parked fetch is answered now with what is there."""
         self.closing = True
-        with self._waiters_lock:
-            for event in self._waiters:
-                event.set()
+        self.fetch_purgatory.complete_all()
 
     # --- ApiVersions, FindCoordinator -------------------------------------------------------------------
 
@@ -135,6 +133,14 @@ class Handlers:
                 if topic.error_code != ErrorCode.UNKNOWN_TOPIC_ID:         # as Kafka: unknown topic ids get none
                     topic.topic_authorized_operations = TOPIC_OPERATIONS
         return response
+
+    def metadata_creates_topics(self, version, request):
+        """Whether this Metadata request would create topics (which fsyncs: run it where blocking is fine)."""
+        if not (request.allow_auto_topic_creation if version >= 4 else True) \
+                or not self.logs.config.auto_create_topics_enable or not request.topics:
+            return False
+        topics = self.logs.topics()
+        return any(requested.name is not None and requested.name not in topics for requested in request.topics)
 
     def _wanted_topic_metadata(self, version, request, topics):
         auto_create = (request.allow_auto_topic_creation if version >= 4 else True) \
@@ -354,45 +360,22 @@ class Handlers:
                     source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 wanted.append((topic_response, partition, source))
         is_follower = (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0
-        deadline = time.monotonic() + max(request.max_wait_ms, 0) / 1000
-        event = None
+        results, size, errors = self._read_all(version, request, wanted, is_follower)
+        if size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing:
+            return self._fetch_response(response, wanted, results)
+        # Kafka's DelayedFetch: parked until enough bytes arrive (or a segment rolls) or max_wait_ms passes
         try:
-            while True:
-                results, size, errors = self._read_all(version, request, wanted, is_follower)
-                if (size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing
-                        or time.monotonic() >= deadline):
-                    break
-                if event is None:         # listen first, then read again, so no append slips between
-                    event = self._listen(wanted)
-                    continue
-                event.wait(deadline - time.monotonic())
-                event.clear()
-        finally:
-            if event is not None:
-                self._unlisten(wanted, event)
+            fetched = [(source, partition, source.offset_metadata(partition.fetch_offset))
+                       for _, partition, source in wanted]
+        except IllegalStateError:            # a topic was deleted meanwhile: answer at once
+            return self._fetch_response(response, wanted, self._read_all(version, request, wanted, is_follower)[0])
+        return DelayedFetch(self, version, request, response, wanted, fetched, is_follower)
+
+    @staticmethod
+    def _fetch_response(response, wanted, results):
         for (topic_response, _, _), result in zip(wanted, results):
             topic_response.partitions.append(result)
         return response
-
-    def _listen(self, wanted):
-        event = threading.Event()
-        with self._waiters_lock:
-            self._waiters.add(event)
-        event.on_append = lambda _log: event.set()
-        for _, _, source in wanted:
-            if not isinstance(source, int):
-                source.add_listener(event.on_append)
-        return event
-
-    def _unlisten(self, wanted, event):
-        with self._waiters_lock:
-            self._waiters.discard(event)
-        for _, _, source in wanted:
-            if not isinstance(source, int):
-                try:
-                    source.remove_listener(event.on_append)
-                except ValueError:
-                    pass
 
     def _read_all(self, version, request, wanted, is_follower):
         """One pass over the fetched partitions: ``([PartitionData], bytes returned, any error)``."""
@@ -455,6 +438,57 @@ class Handlers:
         finally:
             if records is not None:
                 records.close()
+
+
+class DelayedFetch(DelayedOperation):
+    """A Fetch parked until it can be answered (Kafka's ``DelayedFetch.tryComplete``): a fetched partition
+    is gone; a fetch offset now lies on an older segment than the upper bound (the high watermark, or the
+    last stable offset for READ_COMMITTED), after a roll or for a lagging reader; or the bytes between
+    each fetch offset and its upper bound, capped at the partition's max bytes, reach ``min_bytes``.
+    Otherwise it is answered at ``max_wait_ms`` with what is there. Watched by the fetched partitions'
+    logs. ``start(send)`` parks it; ``send(response)`` is called once, when it completes."""
+
+    def __init__(self, handlers, version, request, response, wanted, fetched, is_follower):
+        super().__init__(time.monotonic() + request.max_wait_ms / 1000)
+        self._handlers = handlers
+        self._version = version
+        self._request = request
+        self._response = response
+        self._wanted = wanted
+        self._fetched = fetched         # [(PartitionLog, request partition, LogOffsetMetadata or None)]
+        self._is_follower = is_follower
+        self._isolation = request.isolation_level if version >= 4 else READ_UNCOMMITTED
+        self._send = None
+
+    def start(self, send):
+        self._send = send
+        self._handlers.fetch_purgatory.try_complete_else_watch(self, [source for source, _, _ in self._fetched])
+
+    def try_complete(self):
+        accumulated = 0
+        for source, partition, fetch_position in self._fetched:
+            try:
+                end = source.fetch_upper_bound(self._isolation)
+            except IllegalStateError:              # the topic was deleted
+                return self.force_complete()
+            if fetch_position is None or end is None:
+                return self.force_complete()       # the fetch offset left the log (records deleted)
+            if end.offset == fetch_position.offset:
+                continue
+            if end.segment_base_offset != fetch_position.segment_base_offset:
+                return self.force_complete()       # a roll, a lagging reader, or a truncation
+            if fetch_position.offset < end.offset:
+                accumulated += min(end.position - fetch_position.position, partition.partition_max_bytes)
+        if accumulated >= self._request.min_bytes:
+            return self.force_complete()
+        return False
+
+    def on_complete(self):
+        results, _, _ = self._handlers._read_all(self._version, self._request, self._wanted, self._is_follower)
+        self._send(self._handlers._fetch_response(self._response, self._wanted, results))
+
+    def __repr__(self):
+        return f"<DelayedFetch of {len(self._fetched)} partitions>"
 
 
 def _storage_uuid(topic_id):

@@ -15,15 +15,16 @@ Groups move through Kafka's states: Empty -> PreparingRebalance (members (re)joi
 - Members that do not heartbeat within their ``session.timeout.ms`` (unless waiting in JoinGroup or
   SyncGroup; during a rebalance too, so a silent member does not hold it for the rebalance timeout), or do
   not send SyncGroup within the rebalance timeout after a join, are removed and the group rebalances (or
-  completes the join under way); a thread checks every deadline, so this happens with no request arriving.
+  completes the join under way), with no request arriving: each group has one task on the broker's
+  ``Timer`` at its earliest deadline (pending ids, the join or sync deadline, a member's session, its
+  offsets' expiry). A heartbeat only pushes a deadline later, so it schedules nothing; when the task
+  fires early for that reason it finds nothing due and moves to the new earliest deadline. An idle
+  broker's groups cost nothing per tick, however many there are.
 - Errors as Kafka's: UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID,
   INCONSISTENT_GROUP_PROTOCOL, INVALID_SESSION_TIMEOUT, GROUP_MAX_SIZE_REACHED, INVALID_GROUP_ID...
 
-JoinGroup and SyncGroup are delayed responses: the request's handler thread waits (at most until the
-rebalance deadline) for the rebalance to reach it. So that waiting members cannot take every handler
-thread from the heartbeats and commits that end a rebalance, at most ``num.io.threads`` - 4 requests
-wait at once; a JoinGroup beyond that is answered COORDINATOR_LOAD_IN_PROGRESS, which clients retry
-(the broker defaults ``num.io.threads`` to 32 for this reason).
+JoinGroup and SyncGroup may answer later (Kafka's ``DelayedJoin`` and pending sync callbacks): they
+return a ``DelayedResponse`` that the rebalance completes, and no thread waits for it.
 
 Offsets and group metadata are records of the internal ``__consumer_offsets`` topic (created on the
 first group request, ``offsets.topic.num.partitions`` partitions; a group's records go to partition
@@ -31,10 +32,10 @@ first group request, ``offsets.topic.num.partitions`` partitions; a group's reco
 and replayed when the broker starts: a Stable group comes back Stable with its members, who carry on
 heartbeating (or rejoin) as with a Kafka coordinator fail-over. Offsets expire
 ``offsets.retention.minutes`` after the group became empty (after their commit for groups that only
-commit, or at the expire timestamp OffsetCommit v1-4 gave); tombstones mark them gone, and a partition
-whose log grew past ``offsets.topic.segment.bytes`` and twice its live records is rewritten with only
-its live records (then the older segments are deleted), which keeps the topic bounded as Kafka's
-compaction does.
+commit, or at the expire timestamp OffsetCommit v1-4 gave), at that deadline; tombstones mark them gone.
+Every ``offsets.retention.check.interval.ms`` a partition whose log grew past
+``offsets.topic.segment.bytes`` and twice its live records is rewritten with only its live records (then
+the older segments are deleted), which keeps the topic bounded as Kafka's compaction does.
 """
 import dataclasses
 import logging
@@ -44,12 +45,13 @@ import uuid
 
 from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.log.config import INT32_MAX, _int
 from kmem.broker.group.offsets import (
     OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
+from kmem.broker.log.config import INT32_MAX, _int
 from kmem.broker.log.validator import COORDINATOR
+from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
@@ -60,8 +62,6 @@ log = logging.getLogger(__name__)
 CONSUMER_PROTOCOL = "consumer"
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
-WAIT_RESERVE_THREADS = 4          # handler threads never taken by waiting JoinGroup/SyncGroup requests
-TICK_SECONDS = 0.05
 LOAD_CHUNK_BYTES = 1 << 20
 COMPACT_BATCH_RECORDS = 1000           # records per batch when a partition is rewritten
 
@@ -122,18 +122,40 @@ def _now_ms():
     return time.time_ns() // 1_000_000
 
 
-class _Reply:
-    """A delayed response: the waiting handler thread gets ``value`` once ``set``."""
-    __slots__ = ("event", "value")
+class DelayedResponse:
+    """A JoinGroup or SyncGroup response that the group's progress decides: ``set(value)`` (a response, or
+    an error code that ``to_response`` turns into one) once; ``start(send)`` hands it to ``send``, now if
+    it is already set, else when it is. ``cancel()`` (the client left) drops ``send``."""
+    __slots__ = ("_lock", "_value", "_is_set", "_send", "_to_response")
 
-    def __init__(self):
-        self.event = threading.Event()
-        self.value = None
+    def __init__(self, to_response):
+        self._lock = threading.Lock()
+        self._value = None
+        self._is_set = False
+        self._send = None
+        self._to_response = to_response
 
     def set(self, value):
-        if not self.event.is_set():
-            self.value = value
-            self.event.set()
+        with self._lock:
+            if self._is_set:
+                return
+            self._value, self._is_set, send = value, True, self._send
+        if send is not None:
+            send(self._response())
+
+    def start(self, send):
+        with self._lock:
+            self._send = send
+            ready = self._is_set
+        if ready:
+            send(self._response())
+
+    def cancel(self):
+        with self._lock:
+            self._send = None
+
+    def _response(self):
+        return self._to_response(self._value) if isinstance(self._value, int) else self._value
 
 
 @dataclasses.dataclass(eq=False)
@@ -147,8 +169,8 @@ class Member:
     protocol_type: str
     protocols: list                    # [(name, metadata bytes)] in the member's order of preference
     assignment: bytes = b""
-    join_reply: _Reply | None = None    # set while the member waits in JoinGroup
-    sync_reply: _Reply | None = None    # set while the member waits in SyncGroup
+    join_reply: DelayedResponse | None = None    # set while the member waits in JoinGroup
+    sync_reply: DelayedResponse | None = None    # set while the member waits in SyncGroup
     heartbeat_deadline: float = 0.0    # monotonic seconds
     is_new: bool = True
     join_version: int = 0
@@ -178,6 +200,7 @@ class Group:
         self.join_delay_ms = 0         # > 0 while the initial rebalance delay runs
         self.join_started = 0.0
         self.sync_deadline = None      # CompletingRebalance: when members that did not sync are removed
+        self.timer_task = None         # the Timer's task at the group's earliest deadline
 
     def set_state(self, state, now_ms):
         self.state = state
@@ -223,18 +246,21 @@ class GroupCoordinator:
     """Kafka's classic group coordinator over a ``LogManager`` (see the module docstring). One method
     per API, from a decoded request to a response; ``close()`` answers every waiting request."""
 
-    def __init__(self, logs, config=None, *, max_waiting=None):
+    def __init__(self, logs, config=None, *, timer=None):
+        """``timer``: the broker's ``kmem.broker.timer.Timer`` (by default one of its own)."""
         self.logs = logs
         self.config = config or GroupConfig()
-        self.max_waiting = max_waiting
         self.groups = {}
         self._lock = threading.RLock()
-        self._waiting = 0
         self._closed = False
-        self._next_expiry = time.monotonic() + self.config.offsets_retention_check_interval_ms / 1000
+        self._own_timer = timer is None
+        self._timer = Timer("kmem-group-timer") if timer is None else timer
         self._load()
-        self._timer = threading.Thread(target=self._run_timers, name="kmem-group-coordinator", daemon=True)
-        self._timer.start()
+        with self._lock:
+            for group in self.groups.values():
+                self._schedule(group)
+            self._compaction_task = None
+            self._schedule_compaction()
 
     # --- __consumer_offsets ---------------------------------------------------------------------------
 
@@ -252,6 +278,15 @@ class GroupCoordinator:
                     raise
         count = self.logs.topics()[OFFSETS_TOPIC].partitions
         return self.logs.get_partition(OFFSETS_TOPIC, partition_for(group_id, count))
+
+    def create_offsets_topic(self):
+        """Create ``__consumer_offsets`` if it is missing, as Kafka does for the first FindCoordinator (its
+        fsyncs then happen before a JoinGroup needs the topic); a failure is left to the requests that
+        write to it."""
+        try:
+            self._offsets_partition("")
+        except (LogError, OSError) as e:
+            log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
 
     def _append(self, group_id, entries):
         """Write ``[(key, value or None)]`` to the group's partition; returns a Kafka error code."""
@@ -334,61 +369,130 @@ class GroupCoordinator:
         group.set_state(STABLE if group.members else EMPTY,
                         record.state_timestamp if record.state_timestamp >= 0 else now_ms)
 
-    # --- timers ---------------------------------------------------------------------------------------
+    # --- deadlines ------------------------------------------------------------------------------------
 
-    def _run_timers(self):
-        while not self._closed:
-            time.sleep(TICK_SECONDS)
+    def _next_deadline(self, group, now, now_ms):
+        """The group's earliest deadline (monotonic seconds), or None."""
+        deadlines = list(group.pending.values())
+        if group.state == PREPARING:
+            deadlines.append(group.join_deadline)
+        elif group.state == COMPLETING:
+            deadlines.append(group.sync_deadline)
+        deadlines.extend(m.heartbeat_deadline for m in group.members.values()
+                         if m.join_reply is None and m.sync_reply is None)
+        expiry_ms = self._offsets_expiry_ms(group)
+        if expiry_ms is not None:
+            deadlines.append(now + max(expiry_ms - now_ms, 0) / 1000)
+        return min(deadlines, default=None)
+
+    def _schedule(self, group):
+        """Keep the group's timer task at (or before) its earliest deadline; under the lock."""
+        if self._closed:
+            return
+        deadline = self._next_deadline(group, time.monotonic(), _now_ms())
+        task = group.timer_task
+        if task is not None and not task.cancelled and task.action is not None:
+            if deadline is not None and task.deadline <= deadline:
+                return                  # it fires first and reschedules then
+            task.cancel()
+        group.timer_task = None
+        if deadline is not None:
+            group_id = group.group_id
+            group.timer_task = self._timer.schedule(deadline, lambda: self._deadline_reached(group_id))
+
+    def _forget(self, group):
+        del self.groups[group.group_id]
+        if group.timer_task is not None:
+            group.timer_task.cancel()
+
+    def _schedule_if_idle(self, group):
+        """After an offset commit: the first offsets of a group without a task need one (their expiry)."""
+        task = group.timer_task
+        if task is None or task.cancelled or task.action is None:
+            self._schedule(group)
+
+    def _deadline_reached(self, group_id):
+        with self._lock:
+            group = self.groups.get(group_id)
+            if group is None or self._closed:
+                return
+            group.timer_task = None
+            now = time.monotonic()
             try:
-                self.tick()
-            except Exception:
-                log.exception("group coordinator timers failed")
+                self._check_group(group, now, _now_ms())
+            finally:
+                if self.groups.get(group_id) is group:
+                    self._schedule(group)
 
-    def tick(self, now=None):
-        """Fire every deadline due: rebalances to complete, members to expire, offsets to expire."""
-        now = time.monotonic() if now is None else now
+    def _schedule_compaction(self):
+        interval = self.config.offsets_retention_check_interval_ms / 1000
+        self._compaction_task = self._timer.schedule(time.monotonic() + interval, self._compact_periodically)
+
+    def _compact_periodically(self):
         with self._lock:
             if self._closed:
                 return
+            try:
+                self.compact()
+            finally:
+                self._schedule_compaction()
+
+    def tick(self, now=None, now_ms=None):
+        """Fire every group's deadlines due by ``now`` (monotonic seconds) at once, as the timer does for
+        each group at its earliest deadline: for tests and tools that move time on."""
+        now = time.monotonic() if now is None else now
+        now_ms = _now_ms() if now_ms is None else now_ms
+        with self._lock:
             for group in list(self.groups.values()):
-                if any(now >= deadline for deadline in group.pending.values()):
-                    # a new dict: one emptied by deletions would keep the size of its largest storm
-                    group.pending = {m: deadline for m, deadline in group.pending.items() if now < deadline}
-                    self._maybe_complete_join(group, now)
-                    if group.state == EMPTY and group.generation == 0 and not (group.members or group.pending
-                                                                               or group.offsets):
-                        del self.groups[group.group_id]      # only ever handed out ids: nothing to keep
-                        continue
-                if group.state == PREPARING and now >= group.join_deadline:
-                    self._complete_join(group, now)
-                elif group.state == COMPLETING and now >= group.sync_deadline:
-                    missing = [m for m in group.members.values() if m.sync_reply is None]
-                    for member in missing:
-                        log.info("group %r: member %s sent no SyncGroup in time", group.group_id, member.member_id)
-                        self._remove_member(group, member)
-                    if missing:
-                        self._prepare_rebalance(group, now, "members did not sync in time")
-                # Kafka's ClassicGroupMember.hasSatisfiedHeartbeat: waiting in JoinGroup or SyncGroup counts as
-                # alive; any other member must heartbeat, in PreparingRebalance too (a live one is told
-                # REBALANCE_IN_PROGRESS), so a silent member holds a rebalance for its session timeout only
-                for member in list(group.members.values()):
-                    if member.join_reply is None and member.sync_reply is None and now >= member.heartbeat_deadline:
-                        log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
-                        self._remove_member_and_rebalance(group, member, now)
-            if now >= self._next_expiry:
-                self._next_expiry = now + self.config.offsets_retention_check_interval_ms / 1000
-                self.expire_offsets()
+                self._check_group(group, now, now_ms)
+                if self.groups.get(group.group_id) is group:
+                    self._schedule(group)
+
+    def _check_group(self, group, now, now_ms):
+        """Everything due for ``group`` by ``now``: rebalances to complete, members and offsets to expire."""
+        if self._closed:
+            return
+        if any(now >= deadline for deadline in group.pending.values()):
+            # a new dict: one emptied by deletions would keep the size of its largest storm
+            group.pending = {m: deadline for m, deadline in group.pending.items() if now < deadline}
+            self._maybe_complete_join(group, now)
+            if group.state == EMPTY and group.generation == 0 and not (group.members or group.pending
+                                                                       or group.offsets):
+                self._forget(group)                  # only ever handed out ids: nothing to keep
+                return
+        if group.state == PREPARING and now >= group.join_deadline:
+            self._complete_join(group, now)
+        elif group.state == COMPLETING and now >= group.sync_deadline:
+            missing = [m for m in group.members.values() if m.sync_reply is None]
+            for member in missing:
+                log.info("group %r: member %s sent no SyncGroup in time", group.group_id, member.member_id)
+                self._remove_member(group, member)
+            if missing:
+                self._prepare_rebalance(group, now, "members did not sync in time")
+        # Kafka's ClassicGroupMember.hasSatisfiedHeartbeat: waiting in JoinGroup or SyncGroup counts as
+        # alive; any other member must heartbeat, in PreparingRebalance too (a live one is told
+        # REBALANCE_IN_PROGRESS), so a silent member holds a rebalance for its session timeout only
+        for member in list(group.members.values()):
+            if member.join_reply is None and member.sync_reply is None and now >= member.heartbeat_deadline:
+                log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
+                self._remove_member_and_rebalance(group, member, now)
+        self._expire_group_offsets(group, now_ms)
 
     def close(self):
-        """Stop the timers; every waiting JoinGroup/SyncGroup is answered COORDINATOR_NOT_AVAILABLE."""
+        """Stop the deadlines; every waiting JoinGroup/SyncGroup is answered COORDINATOR_NOT_AVAILABLE
+        (clients look for the coordinator again)."""
         with self._lock:
             self._closed = True
+            self._compaction_task.cancel()
             for group in self.groups.values():
+                if group.timer_task is not None:
+                    group.timer_task.cancel()
                 for member in group.members.values():
                     for reply in (member.join_reply, member.sync_reply):
                         if reply is not None:
                             reply.set(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        self._timer.join()
+        if self._own_timer:
+            self._timer.close()
 
     # --- rebalancing ----------------------------------------------------------------------------------
 
@@ -478,34 +582,20 @@ class GroupCoordinator:
         elif group.state == PREPARING:
             self._maybe_complete_join(group, now)
 
-    # --- waiting for a delayed response ---------------------------------------------------------------
-
-    def _wait(self, reply, timeout_ms, error):
-        try:
-            if not reply.event.wait(timeout_ms / 1000 + 5):
-                reply.set(error)        # the timers should have answered by now; never hold a thread forever
-            return reply.value
-        finally:
-            with self._lock:
-                self._waiting -= 1
-
-    def _may_wait(self):
-        return self.max_waiting is None or self._waiting < self.max_waiting
-
     # --- JoinGroup ------------------------------------------------------------------------------------
 
     def join_group(self, header, request, client_host=""):
         """``client_host``: the client's address as DescribeGroups shows it (Kafka's ``/127.0.0.1``)."""
-        version = header.api_version
         with self._lock:
-            result = self._join(header, request, version, client_host)
-            if isinstance(result, _Reply):
-                self._waiting += 1
-                timeout = self.groups[request.group_id].max_rebalance_timeout_ms()    # the join deadline's
-        if not isinstance(result, _Reply):
+            result = self._join(header, request, header.api_version, client_host)
+            group = self.groups.get(request.group_id)
+            if group is not None:
+                self._schedule(group)
             return result
-        value = self._wait(result, timeout + self.config.initial_rebalance_delay_ms, ErrorCode.REBALANCE_IN_PROGRESS)
-        return self._join_error(value, request.member_id) if isinstance(value, int) else value
+
+    def _join_reply(self, request):
+        member_id = request.member_id or ""
+        return DelayedResponse(lambda code: self._join_error(code, member_id))
 
     @staticmethod
     def _join_error(code, member_id=""):
@@ -523,8 +613,6 @@ class GroupCoordinator:
             return self._join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
         if self._closed:
             return self._join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id)
-        if not self._may_wait():
-            return self._join_error(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, member_id)
         now = time.monotonic()
         group = self.groups.get(group_id)
         if group is None:
@@ -566,7 +654,7 @@ class GroupCoordinator:
                     now):
         member = Member(member_id, instance_id, *client, rebalance_timeout,
                         request.session_timeout_ms, request.protocol_type, protocols, join_version=version)
-        reply = member.join_reply = _Reply()
+        reply = member.join_reply = self._join_reply(request)
         if not group.members:
             group.protocol_type = request.protocol_type
             group.leader = member_id
@@ -600,7 +688,7 @@ class GroupCoordinator:
             response = self._join_response(group, member, version)
             return response
         member.protocols = protocols
-        reply = member.join_reply = _Reply()
+        reply = member.join_reply = self._join_reply(request)
         if group.state == PREPARING:
             self._maybe_complete_join(group, now)
         else:
@@ -627,7 +715,7 @@ class GroupCoordinator:
         member.rebalance_timeout_ms, member.session_timeout_ms = rebalance_timeout, request.session_timeout_ms
         if group.state == PREPARING:
             member.protocols = protocols
-            reply = member.join_reply = _Reply()
+            reply = member.join_reply = self._join_reply(request)
             self._maybe_complete_join(group, now)
             return reply
         if group.state == COMPLETING and member.matches(protocols):
@@ -636,26 +724,24 @@ class GroupCoordinator:
             member.heartbeat_deadline = now + member.session_timeout_ms / 1000
             return self._join_response(group, member, version)
         member.protocols = protocols
-        reply = member.join_reply = _Reply()
+        reply = member.join_reply = self._join_reply(request)
         self._prepare_rebalance(group, now, f"member {member_id} rejoined")
         return reply
 
     # --- SyncGroup ------------------------------------------------------------------------------------
 
     def sync_group(self, header, request):
-        version = header.api_version
         with self._lock:
-            result = self._sync(request, version)
-            if isinstance(result, _Reply):
-                self._waiting += 1
-                group = self.groups[request.group_id]
-                timeout = group.max_rebalance_timeout_ms()
-        if isinstance(result, _Reply):
-            result = self._wait(result, timeout, ErrorCode.REBALANCE_IN_PROGRESS)
-        if isinstance(result, int):
-            return messages.SyncGroupResponse(throttle_time_ms=0, error_code=result, protocol_type=None,
-                                              protocol_name=None, assignment=b"")
-        return result
+            result = self._sync(request, header.api_version)
+            group = self.groups.get(request.group_id)
+            if group is not None:
+                self._schedule(group)
+        return self._sync_error(result) if isinstance(result, int) else result
+
+    @staticmethod
+    def _sync_error(code):
+        return messages.SyncGroupResponse(throttle_time_ms=0, error_code=code, protocol_type=None, protocol_name=None,
+                                          assignment=b"")
 
     def _sync(self, request, version):
         group = self.groups.get(request.group_id)
@@ -680,9 +766,7 @@ class GroupCoordinator:
         # CompletingRebalance: wait for the leader's assignment (only the leader's is used, as Kafka does)
         if member.sync_reply is not None:
             member.sync_reply.set(ErrorCode.REBALANCE_IN_PROGRESS)       # a duplicate: the newer request waits instead
-        if not self._may_wait() and member.member_id != group.leader:
-            return ErrorCode.REBALANCE_IN_PROGRESS
-        reply = member.sync_reply = _Reply()
+        reply = member.sync_reply = DelayedResponse(self._sync_error)
         if member.member_id == group.leader:
             assignments = {a.member_id: bytes(a.assignment) for a in request.assignments}
             for m in group.members.values():
@@ -756,6 +840,8 @@ class GroupCoordinator:
                          else self._leave(group, identity, now))
                 results.append(Response.MemberResponse(member_id=identity.member_id,
                                                        group_instance_id=identity.group_instance_id, error_code=error))
+            if group is not None and self.groups.get(request.group_id) is group:
+                self._schedule(group)
         if version < 3:
             return Response(throttle_time_ms=0, error_code=results[0].error_code, members=[])
         return Response(throttle_time_ms=0, error_code=ErrorCode.NONE, members=results)
@@ -829,6 +915,10 @@ class GroupCoordinator:
                     if group is None:       # a group that only commits (generation -1, no member id)
                         group = self.groups[request.group_id] = Group(request.group_id, now_ms)
                     group.offsets.update(accepted)
+                    if retention >= 0 or version == 1:
+                        self._schedule(group)       # an expiry of its own may come first
+                    else:
+                        self._schedule_if_idle(group)
         return response
 
     def _check_commit(self, request, version):
@@ -968,7 +1058,7 @@ class GroupCoordinator:
         error = self._append(group_id, entries)
         if error == ErrorCode.NONE:
             group.set_state(DEAD, _now_ms())
-            del self.groups[group_id]
+            self._forget(group)
         return error
 
     def offset_delete(self, header, request):
@@ -1025,39 +1115,47 @@ class GroupCoordinator:
     # --- offset expiry and compaction -----------------------------------------------------------------
 
     def expire_offsets(self, now_ms=None):
-        """Kafka's ``cleanupGroupMetadata``: offsets past their retention become tombstones; an empty
-        group without offsets is removed (a group tombstone). Then partitions that grew too large are
-        rewritten with their live records. Returns the number of offsets expired."""
+        """Kafka's ``cleanupGroupMetadata`` for every group at once (each group's timer does it for that
+        group at its deadline), then ``compact``. Returns the number of offsets expired."""
         now_ms = _now_ms() if now_ms is None else now_ms
-        retention_ms = self.config.offsets_retention_minutes * 60_000
-        expired_total = 0
         with self._lock:
-            for group in list(self.groups.values()):
-                if group.state != EMPTY:
-                    continue                    # a group with members keeps its offsets
-                expired = []
-                for key, offset in group.offsets.items():
-                    if offset.expire_timestamp >= 0:
-                        due = offset.expire_timestamp
-                    elif group.protocol_type is not None:
-                        due = group.state_timestamp + retention_ms
-                    else:
-                        due = offset.commit_timestamp + retention_ms
-                    if now_ms >= due:
-                        expired.append(key)
-                entries = [(offset_commit_key(group.group_id, t, p), None) for t, p in expired]
-                dead = len(expired) == len(group.offsets) and not group.members
-                if dead:
-                    entries.append((group_metadata_key(group.group_id), None))
-                if entries and self._append(group.group_id, entries) == ErrorCode.NONE:
-                    for key in expired:
-                        del group.offsets[key]
-                    expired_total += len(expired)
-                    if dead:
-                        group.set_state(DEAD, now_ms)
-                        del self.groups[group.group_id]
+            expired = sum(self._expire_group_offsets(group, now_ms) for group in list(self.groups.values()))
             self.compact()
-        return expired_total
+        return expired
+
+    def _offset_due_ms(self, group, offset):
+        if offset.expire_timestamp >= 0:
+            return offset.expire_timestamp
+        retention_ms = self.config.offsets_retention_minutes * 60_000
+        if group.protocol_type is not None:
+            return group.state_timestamp + retention_ms
+        return offset.commit_timestamp + retention_ms
+
+    def _offsets_expiry_ms(self, group):
+        """When the group's first offset expires (wall-clock ms), or None: a group with members keeps its
+        offsets."""
+        if group.state != EMPTY or not group.offsets:
+            return None
+        return min(self._offset_due_ms(group, offset) for offset in group.offsets.values())
+
+    def _expire_group_offsets(self, group, now_ms):
+        """The group's offsets past their retention become tombstones; an empty group left without offsets
+        is removed (a group tombstone). Returns the number of offsets expired."""
+        if group.state != EMPTY:
+            return 0
+        expired = [key for key, offset in group.offsets.items() if now_ms >= self._offset_due_ms(group, offset)]
+        entries = [(offset_commit_key(group.group_id, t, p), None) for t, p in expired]
+        dead = len(expired) == len(group.offsets) and not group.members
+        if dead:
+            entries.append((group_metadata_key(group.group_id), None))
+        if not entries or self._append(group.group_id, entries) != ErrorCode.NONE:
+            return 0
+        for key in expired:
+            del group.offsets[key]
+        if dead:
+            group.set_state(DEAD, now_ms)
+            self._forget(group)
+        return len(expired)
 
     def _live_entries(self, index, count):
         entries = []

@@ -59,6 +59,7 @@ class LogManager:
         self.config = config or BrokerConfig()
         self._clock = clock_ms or wall_clock_ms
         self._lock = threading.RLock()
+        self._listeners = []
         os.makedirs(self.log_dir, exist_ok=True)
         self._lock_file = open(self._path(LOCK_FILE), "ab")
         try:
@@ -97,7 +98,7 @@ class LogManager:
                     continue
                 topic, partition = match.group(1), int(match.group(2))
                 key = (topic, partition)
-                self._logs[key] = PartitionLog(
+                self._logs[key] = self._new_log(
                     self._path(name), topic, partition, self.config.topic_config(self._topic_configs.get(topic)),
                     self.config, recovery_point=recovery_points.get(key, 0), log_start_offset=start_offsets.get(key, 0),
                     clean=self.had_clean_shutdown, clock_ms=self._clock)
@@ -147,8 +148,8 @@ class LogManager:
                 self._topic_configs[name] = configs
                 self._write_topics_file()
             for p in range(partitions):
-                self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
-                                                     topic_id=topic_id, clock_ms=self._clock)
+                self._logs[(name, p)] = self._new_log(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
+                                                      topic_id=topic_id, clock_ms=self._clock)
             fsync_directory(self.log_dir)
             return topic_id
 
@@ -159,11 +160,29 @@ class LogManager:
             doomed = [key for key in self._logs if key[0] == name]
             if not doomed:
                 raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
-            for key in doomed:
-                self._logs.pop(key).delete()
+            deleted = [self._logs.pop(key) for key in doomed]
+            for partition_log in deleted:
+                partition_log.delete()
             if self._topic_configs.pop(name, None) is not None:
                 self._write_topics_file()
             self.checkpoint()
+        for partition_log in deleted:
+            self._changed(partition_log)
+
+    def add_listener(self, listener):
+        """``listener(partition_log)`` after every append to any partition and after a partition's deletion
+        (outside the locks): how parked fetches learn that they may complete."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def _new_log(self, *args, **kwargs):
+        partition_log = PartitionLog(*args, **kwargs)
+        partition_log.add_listener(self._changed)
+        return partition_log
+
+    def _changed(self, partition_log):
+        for listener in self._listeners:
+            listener(partition_log)
 
     def add_partitions(self, name, count):
         """CreatePartitions: grow ``name`` to ``count`` partitions (they get the topic's id and settings).
@@ -176,8 +195,8 @@ class LogManager:
             self.check_partition_count(info, count)
             topic_config = self.config.topic_config(self._topic_configs.get(name))
             for p in range(info.partitions, count):
-                self._logs[(name, p)] = PartitionLog(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
-                                                     topic_id=info.topic_id, clock_ms=self._clock)
+                self._logs[(name, p)] = self._new_log(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
+                                                      topic_id=info.topic_id, clock_ms=self._clock)
             fsync_directory(self.log_dir)
             self.checkpoint()
 

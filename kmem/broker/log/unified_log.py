@@ -15,7 +15,9 @@
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
-- ``add_listener(fn)``: ``fn(log)`` after every append (outside the lock), to wake long-polling fetches.
+- ``add_listener(fn)``: ``fn(log)`` after every append (outside the lock), to wake parked fetches.
+- ``offset_metadata(offset)``, ``fetch_upper_bound(isolation)``: where an offset sits (segment, file
+  position), so a parked fetch can count the bytes that arrived (Kafka's ``LogOffsetMetadata``).
 - ``delete_old_segments(now)``: retention as Kafka's ``deleteOldSegments``: by ``retention.ms`` (a
   segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first, rolling
   first when every segment goes; the log start offset moves to the first segment left.
@@ -73,6 +75,14 @@ class FetchData(NamedTuple):
     log_start_offset: int
     last_stable_offset: int
     error_code: ErrorCode = ErrorCode.NONE
+
+
+class LogOffsetMetadata(NamedTuple):
+    """Where an offset sits (Kafka's ``LogOffsetMetadata``): the segment's base offset and the file
+    position of the batch holding it (for the log end offset, the active segment's size)."""
+    offset: int
+    segment_base_offset: int
+    position: int
 
 
 class OffsetAndTimestamp(NamedTuple):
@@ -314,6 +324,28 @@ class PartitionLog:
                 records = FileRecords(segment.log_path, first.position, first.position + size)
                 return FetchData(records, hw, start, lso)
             return FetchData(None, hw, start, lso)
+
+    def offset_metadata(self, offset):
+        """The ``LogOffsetMetadata`` of ``offset``, or None when it is outside the log."""
+        with self._lock:
+            self._check_open()
+            if offset == self.log_end_offset:
+                return LogOffsetMetadata(offset, self.active.base_offset, self.active.size)
+            if not self.log_start_offset <= offset < self.log_end_offset:
+                return None
+            bases = [s.base_offset for s in self.segments]
+            for segment in self.segments[max(bisect.bisect_right(bases, offset) - 1, 0):]:
+                batch = segment.translate_offset(offset)
+                if batch is not None:
+                    return LogOffsetMetadata(offset, segment.base_offset, batch.position)
+            return None
+
+    def fetch_upper_bound(self, isolation):
+        """The ``LogOffsetMetadata`` a fetch reads up to: the high watermark, or for READ_COMMITTED the last
+        stable offset."""
+        with self._lock:
+            return self.offset_metadata(self.last_stable_offset if isolation == READ_COMMITTED
+                                        else self.high_watermark)
 
     def offset_for_timestamp(self, timestamp):
         """ListOffsets for one partition: an ``OffsetAndTimestamp``, or None when no record qualifies."""

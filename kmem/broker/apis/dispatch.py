@@ -1,0 +1,108 @@
+"""``RequestDispatcher``: a request from bytes to its answer, on the network thread that read it.
+
+It decodes the request, picks its handler (``Handlers``, ``AdminHandlers`` or the ``GroupCoordinator``)
+and answers in one of three ways (see ``kmem.network.server``):
+
+- at once, for nearly every request: Metadata, Produce (an append into the page cache), a Fetch that has
+  its bytes, the group APIs, ListOffsets...;
+- later, for a request that waits: a Fetch short of ``min_bytes`` (a ``DelayedFetch`` in the fetch
+  purgatory), a JoinGroup or SyncGroup during a rebalance (a ``DelayedResponse`` the group completes).
+  The request is deferred and its memory goes back to the pool; nothing holds a thread;
+- on an io thread (``num.io.threads``), for what may block on the disk: topic creation and deletion (each
+  partition fsyncs its files), the admin APIs, a Metadata request that auto-creates topics, and
+  FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
+  (FindCoordinator creates it, as Kafka's does).
+"""
+import threading
+
+from kmem.broker.apis.admin import ADMIN_APIS
+from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
+from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
+from kmem.broker.group.offsets import OFFSETS_TOPIC
+from kmem.errors import KmemError
+from kmem.protocol import ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request, encode_response
+
+# api key -> Handlers method (the group and admin APIs have their own tables)
+DATA_APIS = {
+    ApiKey.API_VERSIONS: "api_versions", ApiKey.METADATA: "metadata", ApiKey.PRODUCE: "produce",
+    ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets", ApiKey.INIT_PRODUCER_ID: "init_producer_id",
+    ApiKey.CREATE_TOPICS: "create_topics", ApiKey.DELETE_TOPICS: "delete_topics",
+    ApiKey.FIND_COORDINATOR: "find_coordinator",
+}
+# APIs answered on an io thread: they write files and fsync them
+BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, *ADMIN_APIS})
+
+
+class RequestRefused(KmemError):
+    """A request Kafka answers by closing the connection: an API or version the broker does not serve."""
+
+
+def _client_host(request):
+    """The client's address as Kafka's group coordinator records it (``/127.0.0.1``); "" once gone."""
+    channel = request.processor.selector.channel(request.connection_id)
+    try:
+        return "/" + channel.transport.sock.getpeername()[0]
+    except (AttributeError, OSError):
+        return ""
+
+
+class RequestDispatcher:
+    """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
+    requests answered by (api key, version)."""
+
+    def __init__(self, handlers, admin, coordinator, served):
+        self.handlers = handlers
+        self.coordinator = coordinator
+        self._served = served
+        self._served_lock = threading.Lock()       # processors count concurrently
+        self._methods = {key: getattr(handlers, name) for key, name in DATA_APIS.items()}
+        self._methods.update({key: getattr(coordinator, name) for key, name in GROUP_APIS.items()})
+        self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
+
+    def __call__(self, request):
+        try:
+            header, body = decode_request(request.payload)
+        except UnsupportedVersionError as e:
+            if e.api_key == ApiKey.API_VERSIONS and e.header is not None:
+                return api_versions_fallback_response(e.header)
+            raise
+        served = SERVED_VERSIONS.get(header.api_key)
+        if served is None or not served[0] <= header.api_version <= served[1]:
+            raise RequestRefused(f"{header.api_key.name} v{header.api_version} is not served by kmem broker "
+                                 f"(client {header.client_id!r})")
+        with self._served_lock:
+            self._served[(int(header.api_key), header.api_version)] += 1
+        if self._blocks(header, body):
+            return request.offload(lambda _: self._answer_blocking(request, header, body))
+        response = self._answer(request, header, body)
+        if isinstance(response, (DelayedFetch, DelayedResponse)):
+            deferred = request.defer()
+            deferred.on_cancel(response.cancel)
+            response.start(lambda value: deferred.complete(encode_response(header, value)))
+            return deferred
+        return response
+
+    def _blocks(self, header, body):
+        api = header.api_key
+        if api in BLOCKING_APIS:
+            return True
+        if api == ApiKey.METADATA:
+            return self.handlers.metadata_creates_topics(header.api_version, body)
+        if api in GROUP_APIS and api not in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP) or api == ApiKey.FIND_COORDINATOR:
+            return self.handlers.logs.get_partition(OFFSETS_TOPIC, 0) is None
+        return False
+
+    def _answer_blocking(self, request, header, body):
+        if header.api_key == ApiKey.FIND_COORDINATOR:
+            self.coordinator.create_offsets_topic()
+        return self._answer(request, header, body)
+
+    def _answer(self, request, header, body):
+        """The response (encoded), None (acks=0), or a delayed response to start."""
+        if header.api_key == ApiKey.JOIN_GROUP:
+            response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        else:
+            response = self._methods[header.api_key](header, body)
+        if response is None or isinstance(response, (DelayedFetch, DelayedResponse)):
+            return response
+        return encode_response(header, response)
