@@ -363,3 +363,87 @@ def test_metrics_exported():
         with pytest.raises(IllegalStateError, match="queued.max.request.bytes"):
             unbounded.register_metrics("unbounded", registry)
         assert "MemoryPoolUsed" not in unbounded.metrics()
+
+
+class Parking:
+    """A handler that parks every request whose payload starts with ``wait``; the test completes them."""
+
+    def __init__(self):
+        self.parked = []                # [(payload, Deferred)]
+        self.cancelled = []
+        self.threads = set()
+
+    def __call__(self, req):
+        self.threads.add(threading.current_thread().name)
+        payload = bytes(req.payload)
+        if not payload.startswith(b"wait"):
+            return payload
+        deferred = req.defer()
+        deferred.on_cancel(lambda: self.cancelled.append(payload))
+        self.parked.append((payload, deferred))
+        return deferred
+
+
+def test_deferred_requests_hold_no_thread_nor_memory_and_are_answered_from_any_thread():
+    handler = Parking()
+    with SocketServer(handler, num_network_threads=1, queued_max_request_bytes=1 << 16,
+                      socket_request_max_bytes=1 << 16) as server:
+        waiting = [connect(server.address) for _ in range(50)]
+        for i, sock in enumerate(waiting):
+            sock.sendall(frame(b"wait %d" % i + b"x" * 1000))
+        assert wait_until(lambda: len(handler.parked) == 50)
+        # Parked on the only network thread: it still answers others, and the pool holds no parked bytes.
+        assert request(server.address, b"meanwhile") == b"meanwhile"
+        assert wait_until(lambda: server.pool.available_memory == 1 << 16)
+        assert handler.threads == {"kmem-network-processor-0"}
+        finisher = threading.Thread(target=lambda: [d.complete(p[:7]) for p, d in reversed(handler.parked)])
+        finisher.start()
+        finisher.join()
+        answers = [recv_frame(sock) for sock in waiting]
+        assert answers == [(b"wait %d" % i + b"x" * 1000)[:7] for i in range(50)]
+        assert all(not d.complete(b"again") for _, d in handler.parked)     # exactly once
+        for sock in waiting:
+            sock.close()
+
+
+def test_pipelined_requests_behind_a_deferred_one_wait_their_turn():
+    handler = Parking()
+    with SocketServer(handler) as server:
+        with connect(server.address) as sock:
+            sock.sendall(frame(b"wait first") + frame(b"second") + frame(b"third"))
+            assert wait_until(lambda: handler.parked)
+            sock.settimeout(0.2)
+            with pytest.raises(socket.timeout):             # muted until the first is answered
+                sock.recv(1)
+            sock.settimeout(10)
+            handler.parked[0][1].complete(b"first")
+            assert [recv_frame(sock) for _ in range(3)] == [b"first", b"second", b"third"]
+
+
+def test_a_client_leaving_while_deferred_cancels_its_response():
+    handler = Parking()
+    with SocketServer(handler, num_network_threads=1) as server:
+        with connect(server.address) as sock:
+            sock.sendall(frame(b"wait gone"))
+            assert wait_until(lambda: handler.parked)
+        assert wait_until(lambda: handler.cancelled == [b"wait gone"])
+        assert not handler.parked[0][1].complete(b"too late")
+        assert server.processors[0]._deferred == {}
+        assert request(server.address, b"still serving") == b"still serving"
+
+
+def test_close_sends_responses_completed_as_it_stops_and_cancels_the_rest():
+    handler = Parking()
+    server = SocketServer(handler).start()
+    answered, left = connect(server.address), connect(server.address)
+    try:
+        answered.sendall(frame(b"wait answered"))
+        left.sendall(frame(b"wait left"))
+        assert wait_until(lambda: len(handler.parked) == 2)
+        dict(handler.parked)[b"wait answered"].complete(b"answered at shutdown")
+        server.close()
+        assert recv_frame(answered) == b"answered at shutdown"
+        assert handler.cancelled == [b"wait left"] and closed_by_peer(left)
+    finally:
+        answered.close()
+        left.close()

@@ -45,6 +45,9 @@ POLL_SECONDS = 0.3
 # At shutdown, how long processors keep sending the responses already made (deferred ones a stopping
 # broker completes included) before closing their connections.
 DRAIN_SECONDS = 2.0
+# A muted connection is not read, so a client that leaves while its request is deferred is found by a
+# peek at its socket this often (a parked JoinGroup may otherwise wait minutes for its rebalance).
+DEFERRED_PEER_CHECK_SECONDS = 1.0
 # Out of descriptors (or kernel memory), accept() fails while the listener stays readable: the acceptor
 # stops listening for a pause that doubles, within these bounds, until an accept succeeds.
 ACCEPT_BACKOFF_MIN_SECONDS = 0.01
@@ -231,6 +234,7 @@ class _Processor(threading.Thread):
         self._new_connections = queue.SimpleQueue()
         self._responses = queue.SimpleQueue()
         self._deferred = {}             # connection id -> Deferred of its request in flight
+        self._next_peer_check = 0.0
         self._ids = itertools.count()
 
     def accept(self, sock):
@@ -253,6 +257,7 @@ class _Processor(threading.Thread):
                     self._process_completed_receives()
                     self._process_completed_sends()
                     self._process_disconnected()
+                    self._check_deferred_peers()
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -357,6 +362,24 @@ class _Processor(threading.Thread):
             deferred = self._deferred.pop(connection_id, None)
             if deferred is not None:
                 deferred.cancel()
+
+    def _check_deferred_peers(self):
+        """Cancel the deferred requests of clients that closed their end (an EOF seen by a peek)."""
+        now = time.monotonic()
+        if now < self._next_peer_check or not self._deferred:
+            return
+        self._next_peer_check = now + DEFERRED_PEER_CHECK_SECONDS
+        for connection_id in list(self._deferred):
+            channel = self.selector.channel(connection_id)
+            try:
+                if channel is not None and channel.transport.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    continue            # pipelined bytes: the client is there
+            except (BlockingIOError, InterruptedError):
+                continue                # nothing to read: still connected
+            except OSError:
+                pass                    # reset: gone
+            self._deferred.pop(connection_id).cancel()
+            self.selector.close(connection_id)
 
     def _response_sent(self, connection_id):
         channel = self.selector.channel(connection_id)

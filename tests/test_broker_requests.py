@@ -1,0 +1,271 @@
+"""The broker's request path: requests answered on the network thread that read them, long polls and
+rebalances parked without a thread. Real clients long-poll while another produces; hundreds of parked
+requests neither hold threads nor stop anyone else; a parked request whose client leaves leaks nothing;
+a parked fetch completes on a roll, when enough bytes arrive over several partitions, or when its topic
+goes; shutdown answers what is parked and never hangs. Raw requests use kafka-python's own codec."""
+import os
+import threading
+import time
+
+import pytest
+from kafka.protocol.consumer import FetchRequest, FetchResponse, JoinGroupRequest, JoinGroupResponse
+from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse, MetadataRequest, \
+    MetadataResponse
+
+from broker_helpers import RawConnection, wait_for
+from kmem.broker import Broker
+from kmem.records import build_records
+
+NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE = 0, 3, 15
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "logs", num_partitions=1, properties={"num.io.threads": "1"}) as running:
+        yield running
+
+
+def append(broker, topic, values, partition=0):
+    if broker.logs.get_partition(topic, partition) is None:
+        broker.logs.create_topic(topic, partition + 1)
+    assert broker.logs.get_partition(topic, partition).append(build_records(values, magic=2)).error_code == 0
+
+
+def fetch_request(topics, max_wait_ms=60_000, min_bytes=1):
+    """``topics``: {name: [(partition, offset)]}."""
+    return FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=1 << 20, topics=[
+        FetchRequest.FetchTopic(topic=name, partitions=[
+            FetchRequest.FetchTopic.FetchPartition(partition=p, fetch_offset=offset, partition_max_bytes=1 << 20)
+            for p, offset in partitions]) for name, partitions in topics.items()])
+
+
+class ParkedFetch:
+    """A raw Fetch v11 sent on its own connection; ``answer()`` waits for the response."""
+
+    def __init__(self, broker, topics, **kwargs):
+        self.connection = RawConnection(broker.bootstrap_servers)
+        request = fetch_request(topics, **kwargs)
+        request.with_header(correlation_id=7, client_id="parked")
+        self.connection.send_frame(request.encode(version=11, header=True))
+
+    def answer(self):
+        payload = self.connection.receive_frame()
+        assert payload is not None, "the broker closed the connection"
+        return FetchResponse.decode(payload, version=11, header=True)
+
+    def close(self):
+        self.connection.close()
+
+
+def parked(broker):
+    return len(broker.handlers.fetch_purgatory)
+
+
+def records_of(response):
+    return [p.records for topic in response.responses for p in topic.partitions]
+
+
+def test_hundreds_of_parked_fetches_hold_no_thread_and_a_produce_wakes_them(broker):
+    append(broker, "idle", [b"first"])
+    threads = threading.active_count()
+    fetches = [ParkedFetch(broker, {"idle": [(0, 1)]}) for _ in range(200)]
+    try:
+        wait_for(lambda: parked(broker) == 200, "200 fetches to be parked")
+        assert threading.active_count() == threads          # with num.io.threads=1 too
+        with RawConnection(broker.bootstrap_servers) as other:   # everyone else is answered meanwhile
+            metadata = other.request(MetadataRequest[1](topics=["idle"]), MetadataResponse, 1)
+            assert metadata.topics[0][0] == NONE
+        append(broker, "idle", [b"wake"])
+        answers = [fetch.answer() for fetch in fetches]
+        assert all(records_of(answer)[0] for answer in answers)
+        assert parked(broker) == 0 and len(broker.timer) == broker_timer_baseline(broker)
+    finally:
+        for fetch in fetches:
+            fetch.close()
+
+
+def broker_timer_baseline(broker):
+    """Timer tasks of an idle broker: the coordinator's compaction check and one per group."""
+    return 1 + sum(group.timer_task is not None for group in broker.coordinator.groups.values())
+
+
+def test_a_parked_fetch_whose_client_leaves_leaks_nothing(broker):
+    append(broker, "idle", [b"first"])
+    fds = len(os.listdir("/proc/self/fd"))
+    threads = threading.active_count()
+    pool = broker.server.pool.available_memory
+    fetches = [ParkedFetch(broker, {"idle": [(0, 1)]}) for _ in range(50)]
+    wait_for(lambda: parked(broker) == 50, "50 fetches to be parked")
+    for fetch in fetches:
+        fetch.close()
+    wait_for(lambda: parked(broker) == 0, "the purgatory to drop the fetches of clients that left")
+    wait_for(lambda: len(os.listdir("/proc/self/fd")) == fds, "the connections' descriptors to close")
+    assert threading.active_count() == threads
+    assert broker.server.pool.available_memory == pool
+    assert all(not processor._deferred for processor in broker.server.processors)
+    assert broker.handlers.fetch_purgatory.watched(broker.logs.get_partition("idle", 0)) == 0
+    assert len(broker.timer) == broker_timer_baseline(broker)
+
+
+def test_min_bytes_counts_the_bytes_of_every_fetched_partition(broker):
+    broker.logs.create_topic("two", 2)
+    batch_size = len(build_records([b"x" * 100], magic=2))
+    fetch = ParkedFetch(broker, {"two": [(0, 0), (1, 0)]}, min_bytes=batch_size + 1)
+    try:
+        wait_for(lambda: parked(broker) == 1, "the fetch to be parked")
+        append(broker, "two", [b"x" * 100], partition=0)
+        assert parked(broker) == 1                      # one batch is not min_bytes
+        append(broker, "two", [b"x" * 100], partition=1)
+        assert all(records_of(fetch.answer()))
+    finally:
+        fetch.close()
+
+
+def test_a_roll_completes_a_parked_fetch(broker):
+    """Kafka's case: the fetch offset is now on an older segment than the high watermark."""
+    append(broker, "rolled", [b"x"])
+    fetch = ParkedFetch(broker, {"rolled": [(0, 1)]}, min_bytes=1 << 20)
+    try:
+        wait_for(lambda: parked(broker) == 1, "the fetch to be parked")
+        partition_log = broker.logs.get_partition("rolled", 0)
+        partition_log.roll()
+        append(broker, "rolled", [b"y"])                # a small append to the new segment
+        assert records_of(fetch.answer())[0]
+    finally:
+        fetch.close()
+
+
+def test_deleting_a_fetched_topic_completes_the_parked_fetch(broker):
+    append(broker, "doomed", [b"x"])
+    fetch = ParkedFetch(broker, {"doomed": [(0, 1)]})
+    try:
+        wait_for(lambda: parked(broker) == 1, "the fetch to be parked")
+        broker.logs.delete_topic("doomed")
+        partitions = fetch.answer().responses[0].partitions
+        assert partitions[0].error_code == UNKNOWN_TOPIC_OR_PARTITION
+    finally:
+        fetch.close()
+
+
+def test_close_answers_parked_fetches_and_joins_and_never_hangs(tmp_path):
+    broker = Broker(tmp_path / "logs", num_partitions=1, properties={"group.initial.rebalance.delay.ms": "60000"})
+    broker.start()
+    try:
+        append(broker, "t", [b"there"])
+        fetch = ParkedFetch(broker, {"t": [(0, 0), (0, 1)]}, min_bytes=1 << 20)
+        joiner = RawConnection(broker.bootstrap_servers)
+        joiner.request(FindCoordinatorRequest[0](key="g"), FindCoordinatorResponse, 0)
+        join = JoinGroupRequest[3](group_id="g", session_timeout_ms=10_000, rebalance_timeout_ms=60_000,
+                                   member_id="", protocol_type="consumer", protocols=[("range", b"")])
+        join.with_header(correlation_id=3, client_id="joiner")
+        joiner.send_frame(join.encode(version=3, header=True))
+        wait_for(lambda: parked(broker) == 1 and "g" in broker.coordinator.groups, "the fetch and the join to park")
+        closer = threading.Thread(target=broker.close)
+        closer.start()
+        answer = fetch.answer()                       # what is there
+        assert records_of(answer)[0]
+        joined = JoinGroupResponse[3].decode(joiner.receive_frame(), version=3, header=True)
+        assert joined.error_code == COORDINATOR_NOT_AVAILABLE
+        closer.join(30)
+        assert not closer.is_alive()
+        fetch.close()
+        joiner.close()
+    finally:
+        broker.close()
+
+
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python", "aiokafka"])
+def test_real_clients_long_polling_get_records_as_soon_as_they_arrive(broker, client):
+    """A consumer waits with a long fetch.wait.max.ms on an empty topic; the record produced meanwhile
+    reaches it long before that deadline (woken by the append, not answered at max_wait_ms)."""
+    append(broker, "poll", [b"before"])
+    consumer = LongPollingConsumer.start(client, broker.bootstrap_servers, "poll", wait_ms=20_000)
+    try:
+        assert consumer.next() == b"before"
+        received = []
+        reader = threading.Thread(target=lambda: received.append((consumer.next(), time.monotonic())))
+        reader.start()                                       # kafka-python fetches only inside poll()
+        wait_for(lambda: parked(broker) == 1, "the consumer's fetch to be parked")
+        produced_at = time.monotonic()
+        append(broker, "poll", [b"after"])
+        reader.join(30)
+        value, received_at = received[0]
+        assert value == b"after"
+        assert received_at - produced_at < 10                # the deadline was 20 s away
+    finally:
+        consumer.close()
+
+
+class LongPollingConsumer:
+    """One of the Python clients reading a topic from offset 0 with a long fetch wait."""
+
+    @staticmethod
+    def start(client, bootstrap, topic, wait_ms):
+        return {"confluent-kafka": _Confluent, "kafka-python": _KafkaPython, "aiokafka": _AioKafka}[client](
+            bootstrap, topic, wait_ms)
+
+
+class _Confluent:
+    def __init__(self, bootstrap, topic, wait_ms):
+        from confluent_kafka import Consumer, TopicPartition
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused", "fetch.wait.max.ms": wait_ms,
+                                  "enable.auto.commit": False})
+        self.consumer.assign([TopicPartition(topic, 0, 0)])
+
+    def next(self):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            message = self.consumer.poll(0.5)
+            if message is not None and not message.error():
+                return message.value()
+        raise AssertionError("no record")
+
+    def close(self):
+        self.consumer.close()
+
+
+class _KafkaPython:
+    def __init__(self, bootstrap, topic, wait_ms):
+        from kafka import KafkaConsumer, TopicPartition
+        self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=wait_ms,
+                                      request_timeout_ms=wait_ms + 10_000, enable_auto_commit=False)
+        self.consumer.assign([TopicPartition(topic, 0)])
+        self.consumer.seek(TopicPartition(topic, 0), 0)
+        self.pending = []
+
+    def next(self):
+        deadline = time.monotonic() + 30
+        while not self.pending and time.monotonic() < deadline:
+            for records in self.consumer.poll(500).values():
+                self.pending += [record.value for record in records]
+        assert self.pending, "no record"
+        return self.pending.pop(0)
+
+    def close(self):
+        self.consumer.close()
+
+
+class _AioKafka:
+    def __init__(self, bootstrap, topic, wait_ms):
+        import asyncio
+
+        from aiokafka import AIOKafkaConsumer, TopicPartition
+        async def started():
+            consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, fetch_max_wait_ms=wait_ms,
+                                        request_timeout_ms=wait_ms + 10_000, enable_auto_commit=False)
+            await consumer.start()
+            consumer.assign([TopicPartition(topic, 0)])
+            consumer.seek(TopicPartition(topic, 0), 0)
+            return consumer
+
+        self.loop = asyncio.new_event_loop()
+        self.consumer = self.loop.run_until_complete(started())
+
+    def next(self):
+        import asyncio
+        record = self.loop.run_until_complete(asyncio.wait_for(self.consumer.getone(), 30))
+        return record.value
+
+    def close(self):
+        self.loop.run_until_complete(self.consumer.stop())
+        self.loop.close()
