@@ -9,6 +9,7 @@
         (the Produce handler's path), or N producer entries in a dict (Kafka's in-heap map); prints JSON
         with RssAnon before and after.
 """
+import gc
 import json
 import os
 import sys
@@ -31,6 +32,7 @@ def serve(log_dir, settings, eager, fill_mib):
     from kmem.records import build_records
 
     broker = Broker(log_dir, **settings).start()
+    gc.freeze()             # as `kmem broker` does once started
     if eager:
         broker.handlers.lazy_chunk_size = (1 << 31) - 1
     if fill_mib:

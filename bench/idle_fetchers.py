@@ -4,17 +4,21 @@
 
 opens COUNT connections and on each sends Fetch v11 for TOPIC partition 0 at its end offset with
 ``max_wait_ms`` WAIT_MS and ``min_bytes`` 1, again as soon as each answer arrives: what COUNT
-consumers caught up on an empty topic send (librdkafka's ``fetch.wait.max.ms``). Prints ``READY`` once
-every connection has had one answer, then on stdin EOF prints the number of answers as JSON and exits.
+consumers caught up on an empty topic send (librdkafka's ``fetch.wait.max.ms``). Their first fetches
+are spread at random over the first WAIT_MS, as consumers started independently are (all at once, every
+deadline would fall in the same millisecond forever after). Prints ``READY`` once every connection has
+had one answer, then on stdin EOF prints the number of answers as JSON and exits.
 One selector loop, so a thousand consumers cost a few processes, not a thousand.
 """
 import json
 import os
+import random
 import selectors
 import socket
 import struct
 import sys
 import threading
+import time
 
 from kafka.protocol.consumer import FetchRequest, ListOffsetsRequest, ListOffsetsResponse
 
@@ -64,19 +68,25 @@ def main(bootstrap, topic, count, wait_ms):
         11)
     selector = selectors.DefaultSelector()
     pending = {}
+    started = time.monotonic()
+    first_fetches = []                  # (when, socket), sorted
     for _ in range(count):
         sock = socket.create_connection(address)
         sock.setblocking(False)
-        sock.sendall(fetch)         # a few hundred bytes: the socket buffer takes them at once
         selector.register(sock, selectors.EVENT_READ)
         pending[sock] = bytearray()
+        first_fetches.append((started + random.uniform(0, wait_ms / 1000), sock))
+    first_fetches.sort(key=lambda entry: entry[0])
     answers = 0
     answered = set()
     stop = threading.Event()
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     ready = False
     while not stop.is_set():
-        for key, _ in selector.select(0.2):
+        while first_fetches and first_fetches[0][0] <= time.monotonic():
+            first_fetches.pop(0)[1].sendall(fetch)     # a few hundred bytes: the socket buffer takes them
+        timeout = max(first_fetches[0][0] - time.monotonic(), 0) if first_fetches else 0.2
+        for key, _ in selector.select(timeout):
             sock = key.fileobj
             data = sock.recv(1 << 16)
             if not data:

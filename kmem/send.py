@@ -105,9 +105,12 @@ class BytesSend:
         if not self.remaining:
             return 0
         written = as_transport(transport).write([self._pending])
-        self._pending = self._pending[written:]
-        self.remaining -= written
+        self._advance(written)
         return written
+
+    def _advance(self, count):
+        self._pending = self._pending[count:]
+        self.remaining -= count
 
     def __repr__(self):
         return f"<BytesSend {self.size - self.remaining}/{self.size} bytes>"
@@ -163,10 +166,17 @@ class FileRegionSend:
 
 
 class SequenceSend:
-    """Several sends (or bytes-like objects) written in order as one; ``size`` is their sum."""
+    """Several sends (or bytes-like objects) written in order as one; ``size`` is their sum. Consecutive
+    bytes parts go out in one vectored write (a frame's size prefix with its header: one packet, not
+    two), and a ``SequenceSend`` part is spliced in."""
 
     def __init__(self, sends):
-        self._sends = [send if hasattr(send, "write_to") else BytesSend(send) for send in sends]
+        self._sends = []
+        for send in sends:
+            if isinstance(send, SequenceSend) and send.remaining == send.size:
+                self._sends.extend(send._sends[send._current:])
+            else:
+                self._sends.append(send if hasattr(send, "write_to") else BytesSend(send))
         self.size = sum(send.size for send in self._sends)
         self.remaining = self.size
         self._current = 0
@@ -180,14 +190,38 @@ class SequenceSend:
         written = 0
         while self._current < len(self._sends):
             send = self._sends[self._current]
-            n = send.write_to(transport)
+            if isinstance(send, BytesSend):
+                n, done = self._write_bytes_run(transport)
+            else:
+                n = send.write_to(transport)
+                done = send.completed
             written += n
-            if not send.completed:
+            if not done:
                 break
             self._sends[self._current] = None      # let a written part's memory go
             self._current += 1
         self.remaining -= written
         return written
+
+    def _write_bytes_run(self, transport):
+        """Write the bytes parts from the current one on in one call; ``(written, all of them written)``.
+        The parts wholly written but the last are passed over here."""
+        end = self._current
+        while end < len(self._sends) and isinstance(self._sends[end], BytesSend):
+            end += 1
+        run = self._sends[self._current:end]
+        written = transport.write([part._pending for part in run if part.remaining])
+        left = written
+        for part in run:
+            step = min(left, part.remaining)
+            part._advance(step)
+            left -= step
+            if part.remaining:
+                return written, False
+            if part is not run[-1]:
+                self._sends[self._current] = None
+                self._current += 1
+        return written, True
 
     def __repr__(self):
         return f"<SequenceSend {self.size - self.remaining}/{self.size} bytes in {len(self._sends)} parts>"

@@ -40,7 +40,7 @@ def settled(result, timeout=10):
     if not isinstance(result, DelayedResponse):
         return result
     answered = queue.SimpleQueue()
-    result.start(answered.put)
+    result.start(lambda build: answered.put(build()))
     return answered.get(timeout=timeout)
 
 

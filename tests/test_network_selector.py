@@ -15,6 +15,7 @@ from kmem.network import (ChannelMuteEvent, ChannelMuteState, KafkaChannel, Netw
 from kmem.pool import SimpleMemoryPool
 
 from network_helpers import Sender, closed_by_peer, frame, recv_frame, tls_contexts  # noqa: F401
+from thread_helpers import switching_often
 
 
 @pytest.fixture
@@ -605,3 +606,84 @@ def test_wakeup_from_another_thread_while_closing_is_silent():
         stop_waking.set()
         waker.join()
     assert errors == []
+
+
+def test_no_wakeup_is_lost_while_another_one_is_pending():
+    """A wakeup skips its write while one is pending: work queued before a drain is seen after it, and
+    the first wakeup after a drain writes again, so a poll never sleeps through queued work."""
+    selector = Selector()
+    queued, seen = [], 0
+    done = threading.Event()
+
+    def produce():
+        for i in range(20_000):
+            queued.append(i)
+            selector.wakeup()
+        done.set()
+
+    longest = 0.0
+    with switching_often():
+        producer = threading.Thread(target=produce)
+        producer.start()
+        while not (done.is_set() and seen == len(queued)):
+            if seen == len(queued):
+                before = time.monotonic()
+                selector.poll(1.0)          # returns at once if a wakeup is due
+                longest = max(longest, time.monotonic() - before)
+            seen = len(queued)
+        producer.join()
+    selector.close()
+    assert longest < 0.5, f"a poll slept {longest:.2f} s through queued work (a wakeup was lost)"
+
+
+def test_a_muted_channel_watched_for_close_reports_the_peer_leaving(listener):
+    with Selector() as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["parked"])
+        client.sendall(frame(b"request"))
+        assert [bytes(r.payload) for r in poll_until(selector, lambda r: r)] == [b"request"]
+        selector.mute("parked")
+        selector.watch_close("parked")
+        selector.poll(0.05)
+        assert selector.disconnected == {} and selector.channel("parked") is not None
+        client.close()
+        gone = []
+        poll_until(selector, lambda r: gone.extend(selector.disconnected) or gone)
+        assert gone == ["parked"] and selector.channel("parked") is None
+
+
+def test_a_pipelined_request_ends_the_close_watch_and_waits_for_the_unmute(listener):
+    with Selector() as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["parked"])
+        client.sendall(frame(b"first"))
+        poll_until(selector, lambda r: r)
+        selector.mute("parked")
+        selector.watch_close("parked")
+        client.sendall(frame(b"second"))        # pipelined while the first waits
+        for _ in range(5):                        # not read, not reported as a close, not spinning
+            selector.poll(0.05)
+            assert selector.completed_receives == [] and selector.disconnected == {}
+        assert "parked" not in selector._registered_events
+        selector.unmute("parked")
+        assert [bytes(r.payload) for r in poll_until(selector, lambda r: r)] == [b"second"]
+        client.close()
+
+
+def test_write_now_completes_a_small_send_without_a_poll(listener):
+    with Selector() as selector:
+        client = socket.create_connection(listener.getsockname())
+        accept(listener, selector, ["c"])
+        poll_until(selector, lambda r: selector.channel("c").ready, poll_timeout=0.01)
+        assert selector.send(NetworkSend("c", b"answer"), write_now=True)
+        client.settimeout(5)
+        assert recv_frame(client) == b"answer"
+        selector.poll(0)
+        assert selector.completed_sends == []         # the caller knew at once
+        big = NetworkSend("c", b"x" * (64 << 20))   # more than a socket buffer: the rest by polls
+        assert not selector.send(big, write_now=True)
+        reader = threading.Thread(target=lambda: recv_frame(client))
+        reader.start()
+        poll_until(selector, lambda r: selector.completed_sends == ["c"])
+        reader.join()
+        client.close()

@@ -252,3 +252,49 @@ def test_a_send_that_raises_closes_its_connection_and_the_server_keeps_serving(e
         assert request(server.address, b"fine") == b"ok"
         assert server.processors[0].is_alive()
     assert "send failed" in caplog.text
+
+
+class RecordingTransport:
+    """A transport that takes everything and records each call's views."""
+
+    def __init__(self):
+        self.calls = []
+
+    def write(self, views):
+        self.calls.append([bytes(v) for v in views])
+        return sum(len(v) for v in views)
+
+    def send_file(self, fd, offset, count):
+        self.calls.append(("file", count))
+        return count
+
+
+def test_a_frame_goes_out_in_one_vectored_write_per_run_of_bytes(tmp_path):
+    """The size prefix with the header (and any bytes parts after it) in one write: one packet."""
+    path = tmp_path / "region"
+    path.write_bytes(b"r" * 100)
+    body = SequenceSend([b"header", FileRegionSend(os.open(path, os.O_RDONLY), 0, 100), b"tail1", b"tail2"])
+    send = NetworkSend("c", body)
+    transport = RecordingTransport()
+    assert send.write_to(transport) == send.size and send.completed
+    assert transport.calls == [[(6 + 100 + 10).to_bytes(4, "big"), b"header"], ("file", 100),
+                               [b"tail1", b"tail2"]]
+    small = NetworkSend("c", b"answer")
+    transport = RecordingTransport()
+    small.write_to(transport)
+    assert transport.calls == [[(6).to_bytes(4, "big"), b"answer"]]
+
+
+def test_a_vectored_write_taken_in_part_resumes_mid_part():
+    send = SequenceSend([b"abc", b"defg", b"hi"])
+
+    class Stingy(RecordingTransport):
+        def write(self, views):
+            joined = b"".join(bytes(v) for v in views)[:2]
+            self.calls.append(joined)
+            return len(joined)
+
+    transport = Stingy()
+    while not send.completed:
+        send.write_to(transport)
+    assert b"".join(transport.calls) == b"abcdefghi" and send.remaining == 0

@@ -70,6 +70,7 @@ class Timer:
             if task.cancelled or task.action is None:
                 return
             task.cancelled = True
+            task.action = None              # drop the reference (often a cycle back to its owner)
             self._cancelled += 1
             if self._cancelled > len(self._heap) // 2 and len(self._heap) >= PURGE_MIN_ENTRIES:
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]

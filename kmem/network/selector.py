@@ -64,6 +64,10 @@ class Selector:
         self._channels = {}
         self._registered_events = {}          # channel id -> events the OS selector waits for (absent: none)
         self._explicitly_muted = set()
+        self._watching_close = set()          # muted ids whose socket is watched for the peer's EOF only
+        # Ids whose watched events may have changed (mutes, unmutes): the OS selector learns them at the
+        # next poll, so a mute and an unmute between two polls (a request answered at once) cost nothing.
+        self._dirty = set()
         self._buffered_read = set()           # ids whose transport holds bytes the socket will not announce
         self._idle = collections.OrderedDict()  # id -> last activity, oldest first; explicit mutes excluded
         self._out_of_memory = False
@@ -124,12 +128,25 @@ class Selector:
         """True while some channel is memory-muted and the selector has not yet seen the pool recover."""
         return self._out_of_memory
 
-    def send(self, send):
-        """Queue a ``NetworkSend`` on its destination channel (one send at a time per channel)."""
+    def send(self, send, *, write_now=False):
+        """Queue a ``NetworkSend`` on its destination channel (one send at a time per channel).
+
+        ``write_now``: write what the socket takes at once, without waiting for a poll; True when that
+        completed the send (then it is not reported in ``completed_sends``). A small response then costs
+        no wait for writability and no change of what the OS selector watches."""
         channel = self._existing(send.destination)
         channel.set_send(send)
         self._touch(channel.id)     # now the client must read it: its idle clock runs
+        if write_now and channel.ready:
+            try:
+                if channel.write() is not None:
+                    self._dirty.add(channel.id)
+                    return True
+            except _CONNECTION_ERRORS as exc:
+                self._close_channel(channel, exc)
+                return False
         self._sync_events(channel)
+        return False
 
     def mute(self, channel_id):
         """Stop reading from a channel until ``unmute`` (memory recovery does not lift this mute)."""
@@ -138,13 +155,23 @@ class Selector:
         if channel.send is None:
             self._idle.pop(channel_id, None)    # waiting on us, not on the client
         channel.mute()
-        self._sync_events(channel)
+        self._dirty.add(channel_id)
 
     def unmute(self, channel_id):
         channel = self._existing(channel_id)
         if self._unmute(channel):
             self._explicitly_muted.discard(channel_id)
+            self._watching_close.discard(channel_id)
             self._touch(channel_id)
+
+    def watch_close(self, channel_id):
+        """While ``channel_id`` stays explicitly muted, report the peer closing it (in ``disconnected``)
+        instead of ignoring its socket: a request parked for minutes must not outlive its client. Bytes
+        the client sends meanwhile (a pipelined request) end the watch: they wait for the unmute."""
+        channel = self._existing(channel_id)
+        if channel_id in self._explicitly_muted:
+            self._watching_close.add(channel_id)
+            self._dirty.add(channel.id)
 
     def close(self, channel_id=None):
         """Close one channel, or (no argument) every channel and the selector itself."""
@@ -196,12 +223,21 @@ class Selector:
         self.disconnected = {}
         if self._out_of_memory and self.pool.available_memory >= self._memory_needed:
             self._lift_memory_mutes()       # only once a retry can succeed, or refusals would spin
+        for channel_id in self._dirty:
+            channel = self._channels.get(channel_id)
+            if channel is not None:
+                self._sync_events(channel)
+        self._dirty.clear()
         if self._buffered_read and self._made_read_progress_last_poll:
             timeout = 0     # buffered bytes can progress without the socket: do not wait for it
         timeout = self._limit_by_idle_expiry(timeout)
         self._made_read_progress_last_poll = False
         ready = {}
-        for key, mask in self._selector.select(timeout):
+        _s = time.monotonic()
+        _events = self._selector.select(timeout)
+        self._select_wall = time.monotonic() - _s
+        self._select_timeout = timeout
+        for key, mask in _events:
             if self._waker.owns(key):
                 self._waker.drain()
             else:
@@ -222,7 +258,7 @@ class Selector:
     def _unmute(self, channel):
         unmuted = channel.maybe_unmute()
         if unmuted:
-            self._sync_events(channel)
+            self._dirty.add(channel.id)
             if channel.has_bytes_buffered:
                 # The socket will not announce these bytes again: read them on the next poll, promptly.
                 self._buffered_read.add(channel.id)
@@ -255,6 +291,8 @@ class Selector:
                 self.connected.append(channel.id)
                 self._touch(channel.id)
         explicitly_muted = channel.id in self._explicitly_muted
+        if explicitly_muted and channel.id in self._watching_close and mask & selectors.EVENT_READ:
+            self._check_peer_closed(channel)
         if (channel.ready and (mask & selectors.EVENT_READ or channel.has_bytes_buffered)
                 and not explicitly_muted):
             self._attempt_read(channel)
@@ -267,6 +305,13 @@ class Selector:
                 self.completed_sends.append(send.destination)
             if send.remaining < remaining:
                 self._touch(channel.id)     # the client reads its response: progress
+        self._sync_events(channel)
+
+    def _check_peer_closed(self, channel):
+        """A muted channel watched for its peer's EOF is readable: closed (raise), or it sent bytes."""
+        if not channel.transport.sock.recv(1, socket.MSG_PEEK):
+            raise EOFError("connection closed by peer")
+        self._watching_close.discard(channel.id)       # a pipelined request: it waits for the unmute
         self._sync_events(channel)
 
     def _attempt_read(self, channel):
@@ -298,6 +343,8 @@ class Selector:
     def _sync_events(self, channel):
         """Make the OS selector wait for what the channel needs now (unregistered when nothing)."""
         events = 0 if channel.closed else channel.events
+        if not events and channel.id in self._watching_close and not channel.closed:
+            events = selectors.EVENT_READ
         current = self._registered_events.get(channel.id, 0)
         if events == current:
             return
@@ -345,6 +392,8 @@ class Selector:
         channel.close()
         del self._channels[channel_id]
         self._explicitly_muted.discard(channel_id)
+        self._watching_close.discard(channel_id)
+        self._dirty.discard(channel_id)
         self._buffered_read.discard(channel_id)
         self._idle.pop(channel_id, None)
         self.disconnected[channel_id] = reason

@@ -45,9 +45,10 @@ POLL_SECONDS = 0.3
 # At shutdown, how long processors keep sending the responses already made (deferred ones a stopping
 # broker completes included) before closing their connections.
 DRAIN_SECONDS = 2.0
-# A muted connection is not read, so a client that leaves while its request is deferred is found by a
-# peek at its socket this often (a parked JoinGroup may otherwise wait minutes for its rebalance).
-DEFERRED_PEER_CHECK_SECONDS = 1.0
+# Responses a processor builds for deferred requests (complete_with) take at most this long per turn of
+# its loop before it reads again: a burst of parked fetches expiring together delays a request that
+# arrives meanwhile by one such slice, not by the whole burst.
+BUILD_SLICE_SECONDS = 0.002
 # Out of descriptors (or kernel memory), accept() fails while the listener stays readable: the acceptor
 # stops listening for a pause that doubles, within these bounds, until an accept succeeds.
 ACCEPT_BACKOFF_MIN_SECONDS = 0.01
@@ -165,8 +166,11 @@ class Deferred:
     """The response to a parked or offloaded request, to ``complete`` exactly once from any thread.
 
     ``complete(response)`` sends ``response`` (bytes, a ``Send``, or None for none) and returns True; later
-    calls, and calls after ``cancel``, return False. ``fail()`` closes the connection instead. ``cancel()``
-    (the connection closed, or the server stopped) runs the ``on_cancel`` callbacks instead of sending.
+    calls, and calls after ``cancel``, return False. ``complete_with(build)`` does the same with
+    ``build()``, called on the network thread of the connection, in slices of its loop: the thread that
+    completes the request (an append, the timer) only queues it. ``fail()`` closes the connection
+    instead. ``cancel()`` (the connection closed, or the server stopped) runs the ``on_cancel``
+    callbacks instead of sending.
     """
 
     __slots__ = ("connection_id", "_processor", "keeps_payload", "_done", "_on_cancel", "__weakref__")
@@ -183,26 +187,37 @@ class Deferred:
         return self._done.locked()
 
     def on_cancel(self, callback):
-        """Call ``callback()`` if the deferred is cancelled (at once if it already was)."""
-        self._on_cancel.append(callback)
+        """Call ``callback()`` if the deferred is cancelled."""
+        if self._on_cancel is not None:
+            self._on_cancel.append(callback)
 
     def complete(self, response):
         if not self._done.acquire(blocking=False):
             return False
+        self._on_cancel = None          # never needed now; they often refer back to this deferred
         send = None if response is None else NetworkSend(self.connection_id, response)
         self._processor.respond(self.connection_id, send)
+        return True
+
+    def complete_with(self, build):
+        if not self._done.acquire(blocking=False):
+            return False
+        self._on_cancel = None
+        self._processor.respond(self.connection_id, build)
         return True
 
     def fail(self):
         if not self._done.acquire(blocking=False):
             return False
+        self._on_cancel = None
         self._processor.respond(self.connection_id, _CLOSE)
         return True
 
     def cancel(self):
         if not self._done.acquire(blocking=False):
             return False
-        for callback in self._on_cancel:
+        callbacks, self._on_cancel = self._on_cancel, None
+        for callback in callbacks:
             try:
                 callback()
             except Exception:
@@ -234,7 +249,6 @@ class _Processor(threading.Thread):
         self._new_connections = queue.SimpleQueue()
         self._responses = queue.SimpleQueue()
         self._deferred = {}             # connection id -> Deferred of its request in flight
-        self._next_peer_check = 0.0
         self._ids = itertools.count()
 
     def accept(self, sock):
@@ -242,8 +256,8 @@ class _Processor(threading.Thread):
         self.selector.wakeup()
 
     def respond(self, connection_id, send):
-        """From any thread: ``send`` is a ``NetworkSend`` (a framed response), None (no response) or
-        ``_CLOSE``."""
+        """From any thread: ``send`` is a ``NetworkSend`` (a framed response), None (no response),
+        ``_CLOSE``, or a callable that builds the response payload here."""
         self._responses.put((connection_id, send))
         self.selector.wakeup()
 
@@ -253,11 +267,10 @@ class _Processor(threading.Thread):
                 try:
                     self._configure_new_connections()
                     self._process_responses()
-                    self.selector.poll(POLL_SECONDS)
+                    self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
                     self._process_completed_receives()
                     self._process_completed_sends()
                     self._process_disconnected()
-                    self._check_deferred_peers()
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -302,10 +315,29 @@ class _Processor(threading.Thread):
                 sock.close()
 
     def _process_responses(self):
+        """Send the responses queued for this thread, building those that need it for one slice."""
+        until = time.monotonic() + BUILD_SLICE_SECONDS
         while not self._responses.empty():
             connection_id, send = self._responses.get()
             self._deferred.pop(connection_id, None)
-            self._respond_now(connection_id, send)
+            if callable(send):
+                if self.selector.channel(connection_id) is None:
+                    continue
+                send = self._build(connection_id, send)
+                self._respond_now(connection_id, send)
+                if time.monotonic() >= until:
+                    return          # the rest after the next poll (which then does not wait)
+            else:
+                self._respond_now(connection_id, send)
+
+    @staticmethod
+    def _build(connection_id, build):
+        try:
+            response = build()
+            return None if response is None else NetworkSend(connection_id, response)
+        except BaseException:
+            log.exception("building the deferred response to %s failed; closing the connection", connection_id)
+            return _CLOSE
 
     def _respond_now(self, connection_id, send):
         if self.selector.channel(connection_id) is None:
@@ -314,8 +346,8 @@ class _Processor(threading.Thread):
             self.selector.close(connection_id)
         elif send is None:
             self._response_sent(connection_id)
-        else:
-            self.selector.send(send)
+        elif self.selector.send(send, write_now=True):
+            self._response_sent(connection_id)
 
     def _process_completed_receives(self):
         for receive in self.selector.completed_receives:
@@ -336,6 +368,7 @@ class _Processor(threading.Thread):
                 keep_payload = response.keeps_payload
                 if not response.done:
                     self._deferred[request.connection_id] = response
+                    self.selector.watch_close(request.connection_id)
                 send = response
             else:
                 # Framed before the payload is released, so a response that views the request's memory
@@ -362,24 +395,6 @@ class _Processor(threading.Thread):
             deferred = self._deferred.pop(connection_id, None)
             if deferred is not None:
                 deferred.cancel()
-
-    def _check_deferred_peers(self):
-        """Cancel the deferred requests of clients that closed their end (an EOF seen by a peek)."""
-        now = time.monotonic()
-        if now < self._next_peer_check or not self._deferred:
-            return
-        self._next_peer_check = now + DEFERRED_PEER_CHECK_SECONDS
-        for connection_id in list(self._deferred):
-            channel = self.selector.channel(connection_id)
-            try:
-                if channel is not None and channel.transport.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
-                    continue            # pipelined bytes: the client is there
-            except (BlockingIOError, InterruptedError):
-                continue                # nothing to read: still connected
-            except OSError:
-                pass                    # reset: gone
-            self._deferred.pop(connection_id).cancel()
-            self.selector.close(connection_id)
 
     def _response_sent(self, connection_id):
         channel = self.selector.channel(connection_id)

@@ -15,6 +15,7 @@ class Waker:
         self._reader.setblocking(False)
         self._writer.setblocking(False)
         self._closed = False
+        self._pending = False       # a byte is in the pair, not yet drained: more wakeups need no write
         selector.register(self._reader, selectors.EVENT_READ, None)
         self.count = 0      # wakeups drained, for tests and diagnostics
 
@@ -22,8 +23,9 @@ class Waker:
         return key.fileobj is self._reader
 
     def wakeup(self):
-        if self._closed:
+        if self._closed or self._pending:
             return
+        self._pending = True
         try:
             self._writer.send(b"\0")
         except (BlockingIOError, InterruptedError):
@@ -40,6 +42,9 @@ class Waker:
                 pass
         except (BlockingIOError, InterruptedError):
             pass
+        # After reading: a wakeup that skipped its write since then had its work queued before this
+        # drain returned, so the owner sees it; cleared before reading, a wakeup could be swallowed.
+        self._pending = False
 
     def close(self):
         self._closed = True

@@ -78,7 +78,7 @@ class RequestDispatcher:
         if isinstance(response, (DelayedFetch, DelayedResponse)):
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
-            response.start(lambda value: deferred.complete(encode_response(header, value)))
+            response.start(lambda build: deferred.complete_with(lambda: encode_response(header, build())))
             return deferred
         return response
 

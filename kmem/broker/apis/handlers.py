@@ -446,7 +446,8 @@ class DelayedFetch(DelayedOperation):
     last stable offset for READ_COMMITTED), after a roll or for a lagging reader; or the bytes between
     each fetch offset and its upper bound, capped at the partition's max bytes, reach ``min_bytes``.
     Otherwise it is answered at ``max_wait_ms`` with what is there. Watched by the fetched partitions'
-    logs. ``start(send)`` parks it; ``send(response)`` is called once, when it completes."""
+    logs. ``start(complete)`` parks it; ``complete(build)`` is called once, when it completes, and
+    ``build()`` reads the partitions and makes the response (on the client's network thread)."""
 
     def __init__(self, handlers, version, request, response, wanted, fetched, is_follower):
         super().__init__(time.monotonic() + request.max_wait_ms / 1000)
@@ -458,10 +459,10 @@ class DelayedFetch(DelayedOperation):
         self._fetched = fetched         # [(PartitionLog, request partition, LogOffsetMetadata or None)]
         self._is_follower = is_follower
         self._isolation = request.isolation_level if version >= 4 else READ_UNCOMMITTED
-        self._send = None
+        self._complete = None
 
-    def start(self, send):
-        self._send = send
+    def start(self, complete):
+        self._complete = complete
         self._handlers.fetch_purgatory.try_complete_else_watch(self, [source for source, _, _ in self._fetched])
 
     def try_complete(self):
@@ -484,8 +485,12 @@ class DelayedFetch(DelayedOperation):
         return False
 
     def on_complete(self):
+        complete, self._complete = self._complete, None     # it refers back to this operation
+        complete(self._build)
+
+    def _build(self):
         results, _, _ = self._handlers._read_all(self._version, self._request, self._wanted, self._is_follower)
-        self._send(self._handlers._fetch_response(self._response, self._wanted, results))
+        return self._handlers._fetch_response(self._response, self._wanted, results)
 
     def __repr__(self):
         return f"<DelayedFetch of {len(self._fetched)} partitions>"

@@ -52,6 +52,7 @@ class DelayedOperation:
             return False
         if self._timer_task is not None:
             self._timer_task.cancel()
+            self._timer_task = None         # the task refers back to this operation: no cycle left
         if self._purgatory is not None:
             self._purgatory._unwatch(self)
         return True

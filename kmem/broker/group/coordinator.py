@@ -124,8 +124,9 @@ def _now_ms():
 
 class DelayedResponse:
     """A JoinGroup or SyncGroup response that the group's progress decides: ``set(value)`` (a response, or
-    an error code that ``to_response`` turns into one) once; ``start(send)`` hands it to ``send``, now if
-    it is already set, else when it is. ``cancel()`` (the client left) drops ``send``."""
+    an error code that ``to_response`` turns into one) once; ``start(complete)`` calls ``complete(build)``
+    with a ``build()`` giving the response, now if it is already set, else when it is. ``cancel()`` (the
+    client left) drops ``complete``."""
     __slots__ = ("_lock", "_value", "_is_set", "_send", "_to_response")
 
     def __init__(self, to_response):
@@ -141,14 +142,14 @@ class DelayedResponse:
                 return
             self._value, self._is_set, send = value, True, self._send
         if send is not None:
-            send(self._response())
+            send(self._response)
 
-    def start(self, send):
+    def start(self, complete):
         with self._lock:
-            self._send = send
+            self._send = complete
             ready = self._is_set
         if ready:
-            send(self._response())
+            complete(self._response)
 
     def cancel(self):
         with self._lock:

@@ -310,6 +310,8 @@ class ProducerStateManager:
     @property
     def first_unstable_offset(self):
         """The first offset of the oldest open transaction, or None."""
+        if not self._ongoing:           # read on every fetch: no lock when no transaction is open
+            return None
         with self._lock:
             return min(self._ongoing.values(), default=None)
 
