@@ -18,7 +18,7 @@
    distinct idempotent producer ids appended through the broker's storage layer vs a dict of
    Kafka-style producer entries.
 
-Brokers run in a child process (``bench/broker_child.py``) so their RSS is their own.
+Brokers run in a child process (``bench/peers.py``) so their RSS is their own.
 """
 import json
 import os
@@ -31,7 +31,8 @@ import time
 
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from peers import HERE, BrokerProcess, MockCluster, create_topics
+
 KIB, MIB = 1 << 10, 1 << 20
 TOTAL_MB = int(os.environ.get("KMEM_BENCH_BROKER_MB", "16"))
 ROUND_MB = 2           # per topic: the mock cluster drops a partition's older data beyond a few MB
@@ -49,54 +50,6 @@ def report():
     print("\n" + "\n".join(results))
 
 
-class BrokerProcess:
-    def __init__(self, log_dir, settings=None, *extra):
-        self.process = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "broker_child.py"), "serve", str(log_dir), json.dumps(settings or {}),
-             *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-            env=dict(os.environ, PYTHONSAFEPATH="1"))
-        line = self.process.stdout.readline().split()
-        assert line and line[0] == "READY", line
-        self.bootstrap = f"127.0.0.1:{line[1]}"
-        self.filled_end_offset = int(line[2])
-
-    def status(self):
-        self.process.stdin.write("status\n")
-        self.process.stdin.flush()
-        return json.loads(self.process.stdout.readline())
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait(60)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
-def mock_cluster():
-    """librdkafka's mock cluster: it lives as long as this handle."""
-    import confluent_kafka
-
-    handle = confluent_kafka.Producer({"test.mock.num.brokers": 1})
-    brokers = handle.list_topics(timeout=10).brokers
-    return handle, ",".join(f"{b.host}:{b.port}" for b in brokers.values())
-
-
-def create_topics(producer, topics):
-    """Have the broker create ``topics`` by asking for their metadata (a producer's Metadata requests
-    allow auto-creation; the mock cluster serves no CreateTopics), waiting until each has a leader."""
-    for topic in topics:
-        deadline = time.perf_counter() + 30
-        while True:
-            metadata = producer.list_topics(topic, timeout=10).topics[topic]
-            if metadata.error is None and metadata.partitions and metadata.partitions[0].leader >= 0:
-                break
-            assert time.perf_counter() < deadline, f"topic {topic} not created: {metadata.error}"
-
-
 def produce_consume(bootstrap, size, precreate):
     """(produce MB/s, consume MB/s, produce p99 ms): TOTAL_MB in ROUND_MB topics (one partition each),
     auto-created by the first produce or, with ``precreate``, created (and one message produced to a
@@ -112,7 +65,7 @@ def produce_consume(bootstrap, size, precreate):
     latencies = []
     producer = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all"})
     if precreate:       # and a first produce, so neither broker meets a request type for the first time
-        create_topics(producer, topics + [f"bench-{size}-warm-up"])
+        create_topics(bootstrap, topics + [f"bench-{size}-warm-up"])
         producer.produce(f"bench-{size}-warm-up", payload, partition=0)
         assert producer.flush(30) == 0
 
@@ -158,9 +111,8 @@ def produce_consume(bootstrap, size, precreate):
 @pytest.mark.parametrize("precreate", [False, True], ids=["auto-created", "warm"])
 @pytest.mark.parametrize("size", [KIB, 100 * KIB], ids=["1KiB", "100KiB"])
 def test_produce_consume_vs_mock_cluster(tmp_path, size, precreate):
-    handle, mock_bootstrap = mock_cluster()
-    mock = produce_consume(mock_bootstrap, size, precreate)
-    del handle
+    with MockCluster() as peer:
+        mock = produce_consume(peer.bootstrap, size, precreate)
     with BrokerProcess(tmp_path / "logs", {"message_max_bytes": 4 * MIB}) as broker:
         kmem = produce_consume(broker.bootstrap, size, precreate)
     topics = "topics created and broker warmed first" if precreate else "topics auto-created"

@@ -9,8 +9,13 @@ do; then one confluent-kafka producer (acks=1, ``linger.ms`` 0) sends 200 messag
 latency p50 / p99, the slowest ApiVersions of a new connection (a new client's first request, five
 tries), the broker's CPU over the window, and the idle fetches it answered per second.
 
+Also a burst of ``KMEM_BENCH_BURST`` (default 5000) new clients connecting at once (1,000 per process),
+each sending ApiVersions: seconds until all are answered, kmem with its default accept backlog (1,024)
+and with Kafka's ``socket.listen.backlog.size`` of 50, and Tansu.
+
 Tansu and the mock cluster keep their data in memory; kmem writes its log directory to disk.
 """
+import json
 import os
 import socket
 import struct
@@ -129,3 +134,21 @@ def test_produce_latency_with_idle_consumers(tmp_path, count):
             finally:
                 answers = stop(idle)
             rows.append((count, name, p50, p99, new_client, cpu, answers / (time.perf_counter() - idle_since)))
+
+
+def test_connection_burst(tmp_path):
+    total = int(os.environ.get("KMEM_BENCH_BURST", "5000"))
+    contenders = [("kmem", lambda: BrokerProcess(tmp_path / "default", {})),
+                  ("kmem, backlog 50", lambda: BrokerProcess(tmp_path / "fifty", {"socket_listen_backlog_size": 50}))]
+    if Tansu.available():
+        contenders.append(("tansu", Tansu))
+    figures = []
+    for name, start in contenders:
+        with start() as broker:
+            clients = [subprocess.Popen([sys.executable, os.path.join(HERE, "connection_burst.py"), broker.bootstrap,
+                                         str(min(1000, total - first))], stdout=subprocess.PIPE, text=True,
+                                        env=CHILD_ENV) for first in range(0, total, 1000)]
+            seconds = [json.loads(client.communicate(timeout=300)[0]) for client in clients]
+            figures.append(f"{name} {max(seconds):.1f} s" if None not in seconds else f"{name}: not all answered")
+    print(f"\n{total:,} clients connecting at once, all answered after: " + "; ".join(figures))
+

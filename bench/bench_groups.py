@@ -6,7 +6,11 @@ rebalance after one of them leaves, on kmem broker and on librdkafka's mock clus
 Both sides get the same consumers (session.timeout.ms 6000, heartbeat.interval.ms 500) on a topic of
 4 partitions (the partitions the mock cluster auto-creates). kmem broker runs with Kafka's defaults
 (``group.initial.rebalance.delay.ms`` 3000) and, as a second contender, with no initial delay.
+
+Also: the CPU an idle kmem broker uses with ``KMEM_BENCH_IDLE_GROUPS`` (default 50000) groups that hold
+committed offsets (each with its offset-expiry deadline on the timer), over 10 s.
 """
+import os
 import tempfile
 import threading
 import time
@@ -15,6 +19,7 @@ import pytest
 from confluent_kafka import Consumer, Producer
 
 from kmem.broker import Broker
+from peers import BrokerProcess
 
 MEMBERS = 10
 PARTITIONS = 4
@@ -131,3 +136,13 @@ def test_rebalance_after_one_leaves(compare, cluster):
     compare("group of 10 consumers: rebalance after one leaves", name, one_leaves, rounds=3, setup=form_group)
     for member in state["members"][1:]:
         member.close()
+
+
+def test_idle_broker_cpu_with_many_groups(tmp_path):
+    count = int(os.environ.get("KMEM_BENCH_IDLE_GROUPS", "50000"))
+    with BrokerProcess(tmp_path / "logs", {}, "--groups", str(count)) as broker:
+        cpu, started = broker.cpu_seconds(), time.perf_counter()
+        time.sleep(10)              # the figure: what ten idle seconds cost
+        share = (broker.cpu_seconds() - cpu) / (time.perf_counter() - started)
+    print(f"\nidle kmem broker with {count:,} groups: {share * 100:.2f}% of a core (goal: under 2%)")
+

@@ -1,8 +1,9 @@
 """A process of its own for bench_broker.py, so that its RSS is its own and it shares no GIL with clients.
 
-    python broker_child.py serve LOG_DIR SETTINGS_JSON [--eager] [--fill-mib N]
+    python broker_child.py serve LOG_DIR SETTINGS_JSON [--eager] [--fill-mib N] [--groups N]
         a Broker on 127.0.0.1:0 (``--fill-mib``: first N MiB of 1 KiB records in topic "old", 16 a batch;
-        ``--eager``: Fetch v0-3 converted in one chunk, i.e. the whole response in memory at once); prints
+        ``--eager``: Fetch v0-3 converted in one chunk, i.e. the whole response in memory at once;
+        ``--groups``: N groups, each with an offset committed to topic "idle", as OffsetCommit makes them); prints
         ``READY <port> <log end offset of "old">``, then on each stdin line one JSON line: VmRSS and VmHWM (peak) in bytes.
     python broker_child.py pids N [--dict]
         N distinct idempotent producers appended to one partition through the broker's storage layer
@@ -27,7 +28,21 @@ def status():
     return fields
 
 
-def serve(log_dir, settings, eager, fill_mib):
+def commit_groups(broker, count):
+    from kmem.protocol import ApiKey, RequestHeader, messages
+
+    broker.logs.create_topic("idle")
+    R = messages.OffsetCommitRequest
+    header = RequestHeader(ApiKey.OFFSET_COMMIT, 8, 1, "bench")
+    for i in range(count):
+        request = R(group_id=f"group-{i}", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+                    retention_time_ms=-1, topics=[R.OffsetCommitRequestTopic(name="idle", partitions=[
+                        R.OffsetCommitRequestPartition(partition_index=0, committed_offset=i, committed_leader_epoch=-1,
+                                                       committed_metadata="")])])
+        assert broker.coordinator.offset_commit(header, request).topics[0].partitions[0].error_code == 0
+
+
+def serve(log_dir, settings, eager, fill_mib, groups):
     from kmem.broker import Broker
     from kmem.records import build_records
 
@@ -41,6 +56,8 @@ def serve(log_dir, settings, eager, fill_mib):
         batch = build_records([os.urandom(1024) for _ in range(16)], magic=2)
         for _ in range(fill_mib * (1 << 20) // len(batch)):
             assert partition.append(batch).error_code == 0
+    if groups:
+        commit_groups(broker, groups)
     end = broker.logs.get_partition("old", 0).log_end_offset if fill_mib else 0
     print("READY", broker.server.address[1], end, flush=True)
     for _ in sys.stdin:
@@ -82,6 +99,7 @@ if __name__ == "__main__":
     command = sys.argv[1]
     if command == "serve":
         fill = int(sys.argv[sys.argv.index("--fill-mib") + 1]) if "--fill-mib" in sys.argv else 0
-        serve(sys.argv[2], json.loads(sys.argv[3]), "--eager" in sys.argv, fill)
+        groups = int(sys.argv[sys.argv.index("--groups") + 1]) if "--groups" in sys.argv else 0
+        serve(sys.argv[2], json.loads(sys.argv[3]), "--eager" in sys.argv, fill, groups)
     else:
         pids(int(sys.argv[2]), "--dict" in sys.argv)

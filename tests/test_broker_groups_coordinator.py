@@ -398,3 +398,46 @@ def test_bad_group_settings_raise_config_error_naming_them(tmp_path, name, value
     from kmem.errors import ConfigError
     with pytest.raises(ConfigError, match=name):
         Broker(tmp_path, properties={name: value})
+
+
+def test_deadlines_fire_on_their_own_without_any_request(logs):
+    """No tick, no request: the group's timer task expires a silent member at its session timeout and
+    empties the group, which goes one offsets.retention.check.interval.ms later (it has no offsets); a
+    member that heartbeats stays."""
+    coord = coordinator(logs, min_session_timeout_ms=100, offsets_retention_check_interval_ms=500)
+    try:
+        silent = join(coord, version=3, session_ms=300)              # v3: no member id round-trip
+        assert silent.error_code == NONE
+        assert sync(coord, silent.member_id, 1, [(silent.member_id, b"a")]).error_code == NONE
+        assert coord.groups["g"].timer_task is not None
+        assert _wait(lambda: coord.groups["g"].state == "Empty" and not coord.groups["g"].members)
+        assert _wait(lambda: "g" not in coord.groups)
+
+        alive = join(coord, version=3, session_ms=300)
+        assert sync(coord, alive.member_id, alive.generation_id, [(alive.member_id, b"a")]).error_code == NONE
+        deadline = time.monotonic() + 1.0                                 # over three session timeouts
+        while time.monotonic() < deadline:
+            assert heartbeat(coord, alive.member_id, alive.generation_id) == NONE
+            time.sleep(0.05)
+        assert list(coord.groups["g"].members) == [alive.member_id]
+    finally:
+        coord.close()
+
+
+def test_an_idle_coordinator_schedules_one_task_per_group_and_scans_nothing(logs):
+    """Thousands of groups with offsets: each has one timer task (its offsets' expiry, days away), and
+    time passing runs none of them."""
+    coord = coordinator(logs)
+    try:
+        for i in range(2000):
+            assert commit(coord, {("t", 0): i}, group=f"g{i}") == {("t", 0): NONE}
+        tasks = {id(group.timer_task) for group in coord.groups.values()}
+        assert len(coord.groups) == 2000 and len(tasks) == 2000 and None not in tasks
+        assert len(coord._timer) == 2000 + 1                           # and the compaction check
+        checked = []
+        real_check = coord._check_group
+        coord._check_group = lambda *args: checked.append(args) or real_check(*args)
+        time.sleep(0.2)
+        assert checked == []
+    finally:
+        coord.close()

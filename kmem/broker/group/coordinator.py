@@ -1134,15 +1134,19 @@ class GroupCoordinator:
 
     def _offsets_expiry_ms(self, group):
         """When the group's first offset expires (wall-clock ms), or None: a group with members keeps its
-        offsets."""
-        if group.state != EMPTY or not group.offsets:
+        offsets. An empty group without offsets goes one ``offsets.retention.check.interval.ms`` after it
+        became empty, as Kafka's periodic cleanup finds it within an interval."""
+        if group.state != EMPTY:
             return None
+        if not group.offsets:
+            return group.state_timestamp + self.config.offsets_retention_check_interval_ms
         return min(self._offset_due_ms(group, offset) for offset in group.offsets.values())
 
     def _expire_group_offsets(self, group, now_ms):
         """The group's offsets past their retention become tombstones; an empty group left without offsets
         is removed (a group tombstone). Returns the number of offsets expired."""
-        if group.state != EMPTY:
+        due = self._offsets_expiry_ms(group)
+        if due is None or now_ms < due:
             return 0
         expired = [key for key, offset in group.offsets.items() if now_ms >= self._offset_due_ms(group, offset)]
         entries = [(offset_commit_key(group.group_id, t, p), None) for t, p in expired]
