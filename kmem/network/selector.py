@@ -138,13 +138,12 @@ class Selector:
         channel.set_send(send)
         self._touch(channel.id)     # now the client must read it: its idle clock runs
         if write_now and channel.ready:
-            try:
-                if channel.write() is not None:
-                    self._dirty.add(channel.id)
-                    return True
-            except _CONNECTION_ERRORS as exc:
-                self._close_channel(channel, exc)
+            completed = self._guarded(channel, channel.write)
+            if channel.closed:
                 return False
+            if completed is not None:
+                self._dirty.add(channel.id)
+                return True
         self._sync_events(channel)
         return False
 
@@ -273,17 +272,23 @@ class Selector:
             if channel is None:
                 continue
             mask = masks.get(channel_id, 0)
-            try:
-                self._handle_channel(channel, mask)
-            except _CONNECTION_ERRORS as exc:
-                self._close_channel(channel, exc)
-            except BaseException as exc:
-                # A bug, a failed malloc, a send's own error (even a CancelledError): it ends this channel,
-                # not the poll (and the other channels'). KeyboardInterrupt and SystemExit still propagate.
-                log.exception("closing channel %s after an unexpected error", channel_id)
-                self._close_channel(channel, exc)
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
+            self._guarded(channel, self._handle_channel, channel, mask)
+
+    def _guarded(self, channel, action, *args):
+        """``action(*args)``'s result; an error in it closes ``channel`` (and None is returned) instead of
+        reaching the caller."""
+        try:
+            return action(*args)
+        except _CONNECTION_ERRORS as exc:
+            self._close_channel(channel, exc)
+        except BaseException as exc:
+            # A bug, a failed malloc, a send's own error (even a CancelledError): it ends this channel,
+            # not the poll (and the other channels'). KeyboardInterrupt and SystemExit still propagate.
+            log.exception("closing channel %s after an unexpected error", channel.id)
+            self._close_channel(channel, exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+        return None
 
     def _handle_channel(self, channel, mask):
         if not channel.ready:

@@ -173,7 +173,7 @@ class Deferred:
     callbacks instead of sending.
     """
 
-    __slots__ = ("connection_id", "_processor", "keeps_payload", "_done", "_on_cancel", "__weakref__")
+    __slots__ = ("connection_id", "_processor", "keeps_payload", "_done", "_on_cancel")
 
     def __init__(self, request, *, keeps_payload=False):
         self.connection_id = request.connection_id
@@ -192,37 +192,46 @@ class Deferred:
             self._on_cancel.append(callback)
 
     def complete(self, response):
-        if not self._done.acquire(blocking=False):
+        if self._claim() is None:
             return False
-        self._on_cancel = None          # never needed now; they often refer back to this deferred
-        send = None if response is None else NetworkSend(self.connection_id, response)
+        try:
+            send = None if response is None else NetworkSend(self.connection_id, response)
+        except BaseException:
+            self._processor.respond(self.connection_id, _CLOSE)     # unframable: the connection ends
+            raise
         self._processor.respond(self.connection_id, send)
         return True
 
     def complete_with(self, build):
-        if not self._done.acquire(blocking=False):
+        if self._claim() is None:
             return False
-        self._on_cancel = None
         self._processor.respond(self.connection_id, build)
         return True
 
     def fail(self):
-        if not self._done.acquire(blocking=False):
+        if self._claim() is None:
             return False
-        self._on_cancel = None
         self._processor.respond(self.connection_id, _CLOSE)
         return True
 
     def cancel(self):
-        if not self._done.acquire(blocking=False):
+        callbacks = self._claim()
+        if callbacks is None:
             return False
-        callbacks, self._on_cancel = self._on_cancel, None
         for callback in callbacks:
             try:
                 callback()
             except Exception:
                 log.exception("a cancel callback of the deferred response to %s failed", self.connection_id)
         return True
+
+    def _claim(self):
+        """Take the one way this deferred ends: its cancel callbacks (dropped here, as they often refer
+        back to it), or None if it has ended already."""
+        if not self._done.acquire(blocking=False):
+            return None
+        callbacks, self._on_cancel = self._on_cancel, None
+        return callbacks
 
     def __repr__(self):
         return f"<Deferred response to {self.connection_id}{' done' if self.done else ''}>"

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import threading
-import uuid
 from typing import NamedTuple
 
 from kmem.broker.codes import ErrorCode, LogError
