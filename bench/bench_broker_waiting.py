@@ -104,7 +104,8 @@ def produce_latencies(bootstrap):
         due = started + i / RATE
         while (now := time.perf_counter()) < due:
             producer.poll(min(due - now, 0.001))
-        producer.produce("latency", payload, partition=0, on_delivery=lambda e, m, s=time.perf_counter(): delivered(e, m, s))
+        sent = time.perf_counter()
+        producer.produce("latency", payload, partition=0, on_delivery=lambda e, m, s=sent: delivered(e, m, s))
         producer.poll(0)
     assert producer.flush(300) == 0
     latencies.sort()

@@ -433,7 +433,7 @@ def test_an_idle_coordinator_schedules_one_task_per_group_and_scans_nothing(logs
             assert commit(coord, {("t", 0): i}, group=f"g{i}") == {("t", 0): NONE}
         tasks = {id(group.timer_task) for group in coord.groups.values()}
         assert len(coord.groups) == 2000 and len(tasks) == 2000 and None not in tasks
-        assert len(coord._timer) == 2000 + 1                           # and the compaction check
+        assert len(coord._timer) == 2000
         checked = []
         real_check = coord._check_group
         coord._check_group = lambda *args: checked.append(args) or real_check(*args)
@@ -441,3 +441,18 @@ def test_an_idle_coordinator_schedules_one_task_per_group_and_scans_nothing(logs
         assert checked == []
     finally:
         coord.close()
+
+
+def test_the_broker_compacts_the_offsets_topic_every_check_interval(tmp_path):
+    """Compaction runs on the broker's log maintenance thread (it writes and fsyncs), not on the timer."""
+    from kmem.broker import Broker
+
+    with Broker(tmp_path / "logs", properties={"offsets.retention.check.interval.ms": "100",
+                                              "offsets.topic.segment.bytes": "4096",
+                                              "offsets.topic.num.partitions": "3"}) as broker:
+        broker.logs.create_topic("t", 2)
+        for i in range(200):
+            assert commit(broker.coordinator, {("t", 0): i, ("t", 1): 2 * i}) == {("t", 0): NONE, ("t", 1): NONE}
+        partition = broker.logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
+        assert _wait(lambda: partition.size_in_bytes < 512)      # one batch of the two live offsets
+        assert fetch(broker.coordinator) == {("t", 0): 199, ("t", 1): 398}

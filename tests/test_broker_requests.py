@@ -85,8 +85,8 @@ def test_hundreds_of_parked_fetches_hold_no_thread_and_a_produce_wakes_them(brok
 
 
 def broker_timer_baseline(broker):
-    """Timer tasks of an idle broker: the coordinator's compaction check and one per group."""
-    return 1 + sum(group.timer_task is not None for group in broker.coordinator.groups.values())
+    """Timer tasks of an idle broker: one per group."""
+    return sum(group.timer_task is not None for group in broker.coordinator.groups.values())
 
 
 def test_a_parked_fetch_whose_client_leaves_leaks_nothing(broker):

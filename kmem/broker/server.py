@@ -96,10 +96,12 @@ class Broker:
 
     def _maintain(self):
         """Retention every ``log.retention.check.interval.ms``, producer expiry every
-        ``producer.id.expiration.check.interval.ms``."""
+        ``producer.id.expiration.check.interval.ms``, ``__consumer_offsets`` compaction every
+        ``offsets.retention.check.interval.ms``: on a thread of their own, as they write and fsync files."""
         tasks = [[self.settings.retention_check_interval_ms / 1000, self.logs.maintain],
                  [self.settings.storage.producer_id_expiration_check_interval_ms / 1000,
-                  self.logs.remove_expired_producers]]
+                  self.logs.remove_expired_producers],
+                 [self.settings.groups.offsets_retention_check_interval_ms / 1000, self.coordinator.compact]]
         for task in tasks:
             task.append(time.monotonic() + task[0])
         while not self._stop.wait(max(min(due for _, _, due in tasks) - time.monotonic(), 0)):

@@ -516,8 +516,9 @@ class SocketServer:
         self.address = listen_socket.getsockname()[:2]
         backlog = self.config.socket_listen_backlog_size
         effective = min(backlog, _somaxconn() or backlog)
-        log.info("accept backlog on %s:%d: %d%s", *self.address, effective,
-                 "" if effective == backlog else f" (socket.listen.backlog.size {backlog} capped by net.core.somaxconn)")
+        capped = ("" if effective == backlog
+                  else f" (socket.listen.backlog.size {backlog}, capped by net.core.somaxconn)")
+        log.info("accept backlog on %s:%d: %d%s", *self.address, effective, capped)
         self.running = True
         self.processors = [_Processor(self, i) for i in range(self.config.num_network_threads)]
         self._acceptor = _Acceptor(self, listen_socket)

@@ -20,7 +20,8 @@ from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.errors import KmemError
-from kmem.protocol import ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request, encode_response
+from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
+                           encode_response)
 
 # api key -> Handlers method (the group and admin APIs have their own tables)
 DATA_APIS = {

@@ -4,8 +4,9 @@ response body, as Kafka's ``KafkaApis`` answers them on a single node.
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
 groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
-``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``. Transactions are not served: their APIs are not
-advertised and InitProducerId with a transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
+Transactions are not served: their APIs are not advertised and InitProducerId with a transactional id is
+answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 

@@ -33,9 +33,10 @@ and replayed when the broker starts: a Stable group comes back Stable with its m
 heartbeating (or rejoin) as with a Kafka coordinator fail-over. Offsets expire
 ``offsets.retention.minutes`` after the group became empty (after their commit for groups that only
 commit, or at the expire timestamp OffsetCommit v1-4 gave), at that deadline; tombstones mark them gone.
-Every ``offsets.retention.check.interval.ms`` a partition whose log grew past
-``offsets.topic.segment.bytes`` and twice its live records is rewritten with only its live records (then
-the older segments are deleted), which keeps the topic bounded as Kafka's compaction does.
+``compact()`` (the broker's log maintenance calls it every ``offsets.retention.check.interval.ms``)
+rewrites a partition whose log grew past ``offsets.topic.segment.bytes`` and twice its live records with
+only its live records (then the older segments are deleted), which keeps the topic bounded as Kafka's
+compaction does.
 """
 import dataclasses
 import logging
@@ -260,8 +261,6 @@ class GroupCoordinator:
         with self._lock:
             for group in self.groups.values():
                 self._schedule(group)
-            self._compaction_task = None
-            self._schedule_compaction()
 
     # --- __consumer_offsets ---------------------------------------------------------------------------
 
@@ -425,19 +424,6 @@ class GroupCoordinator:
                 if self.groups.get(group_id) is group:
                     self._schedule(group)
 
-    def _schedule_compaction(self):
-        interval = self.config.offsets_retention_check_interval_ms / 1000
-        self._compaction_task = self._timer.schedule(time.monotonic() + interval, self._compact_periodically)
-
-    def _compact_periodically(self):
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                self.compact()
-            finally:
-                self._schedule_compaction()
-
     def tick(self, now=None, now_ms=None):
         """Fire every group's deadlines due by ``now`` (monotonic seconds) at once, as the timer does for
         each group at its earliest deadline: for tests and tools that move time on."""
@@ -484,7 +470,6 @@ class GroupCoordinator:
         (clients look for the coordinator again)."""
         with self._lock:
             self._closed = True
-            self._compaction_task.cancel()
             for group in self.groups.values():
                 if group.timer_task is not None:
                     group.timer_task.cancel()
