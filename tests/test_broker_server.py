@@ -276,8 +276,11 @@ def test_a_long_poll_is_woken_by_a_produce(broker):
 def test_a_long_poll_without_data_answers_empty_after_max_wait(broker):
     produce_records(broker, "idle", [b"only"])
     with RawConnection(broker.bootstrap_servers) as connection:
-        partition = fetch(connection, 11, "idle", offset=1, max_wait_ms=100, min_bytes=1)
+        started = time.monotonic()
+        partition = fetch(connection, 11, "idle", offset=1, max_wait_ms=300, min_bytes=1)
+        waited = time.monotonic() - started
     assert partition.error_code == 0 and not partition.records and partition.high_watermark == 1
+    assert waited >= 0.29                   # parked until its deadline, not answered at once
 
 
 def test_fetch_v3_returns_the_first_batch_whole_and_v2_does_not(broker):
