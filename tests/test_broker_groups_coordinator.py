@@ -406,19 +406,19 @@ def test_deadlines_fire_on_their_own_without_any_request(logs):
     member that heartbeats stays."""
     coord = coordinator(logs, min_session_timeout_ms=100, offsets_retention_check_interval_ms=500)
     try:
-        silent = join(coord, version=3, session_ms=300)              # v3: no member id round-trip
+        silent = join(coord, version=3, session_ms=500)              # v3: no member id round-trip
         assert silent.error_code == NONE
         assert sync(coord, silent.member_id, 1, [(silent.member_id, b"a")]).error_code == NONE
         assert coord.groups["g"].timer_task is not None
         assert _wait(lambda: coord.groups["g"].state == "Empty" and not coord.groups["g"].members)
         assert _wait(lambda: "g" not in coord.groups)
 
-        alive = join(coord, version=3, session_ms=300)
+        alive = join(coord, version=3, session_ms=1000)
         assert sync(coord, alive.member_id, alive.generation_id, [(alive.member_id, b"a")]).error_code == NONE
-        deadline = time.monotonic() + 1.0                                 # over three session timeouts
+        deadline = time.monotonic() + 3.0                                 # three session timeouts
         while time.monotonic() < deadline:
             assert heartbeat(coord, alive.member_id, alive.generation_id) == NONE
-            time.sleep(0.05)
+            time.sleep(0.1)
         assert list(coord.groups["g"].members) == [alive.member_id]
     finally:
         coord.close()

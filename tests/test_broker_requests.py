@@ -71,7 +71,7 @@ def test_hundreds_of_parked_fetches_hold_no_thread_and_a_produce_wakes_them(brok
     fetches = [ParkedFetch(broker, {"idle": [(0, 1)]}) for _ in range(200)]
     try:
         wait_for(lambda: parked(broker) == 200, "200 fetches to be parked")
-        assert threading.active_count() == threads          # with num.io.threads=1 too
+        assert threading.active_count() <= threads          # with num.io.threads=1 too
         with RawConnection(broker.bootstrap_servers) as other:   # everyone else is answered meanwhile
             metadata = other.request(MetadataRequest[1](topics=["idle"]), MetadataResponse, 1)
             assert metadata.topics[0][0] == NONE
@@ -100,7 +100,7 @@ def test_a_parked_fetch_whose_client_leaves_leaks_nothing(broker):
         fetch.close()
     wait_for(lambda: parked(broker) == 0, "the purgatory to drop the fetches of clients that left")
     wait_for(lambda: len(os.listdir("/proc/self/fd")) == fds, "the connections' descriptors to close")
-    assert threading.active_count() == threads
+    assert threading.active_count() <= threads
     assert broker.server.pool.available_memory == pool
     assert all(not processor._deferred for processor in broker.server.processors)
     assert broker.handlers.fetch_purgatory.watched(broker.logs.get_partition("idle", 0)) == 0

@@ -628,12 +628,12 @@ def test_no_wakeup_is_lost_while_another_one_is_pending():
         while not (done.is_set() and seen == len(queued)):
             if seen == len(queued):
                 before = time.monotonic()
-                selector.poll(1.0)          # returns at once if a wakeup is due
+                selector.poll(5.0)          # returns at once if a wakeup is due
                 longest = max(longest, time.monotonic() - before)
             seen = len(queued)
         producer.join()
     selector.close()
-    assert longest < 0.5, f"a poll slept {longest:.2f} s through queued work (a wakeup was lost)"
+    assert longest < 3.0, f"a poll slept {longest:.2f} s through queued work (a wakeup was lost)"
 
 
 def test_a_muted_channel_watched_for_close_reports_the_peer_leaving(listener):
