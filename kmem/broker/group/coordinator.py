@@ -141,14 +141,15 @@ class DelayedResponse:
         with self._lock:
             if self._is_set:
                 return
-            self._value, self._is_set, send = value, True, self._send
+            self._value, self._is_set, send, self._send = value, True, self._send, None
         if send is not None:
             send(self._response)
 
     def start(self, complete):
         with self._lock:
-            self._send = complete
             ready = self._is_set
+            if not ready:
+                self._send = complete
         if ready:
             complete(self._response)
 
