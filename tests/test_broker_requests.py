@@ -21,7 +21,9 @@ NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE = 0, 3, 15
 
 @pytest.fixture
 def broker(tmp_path):
-    with Broker(tmp_path / "logs", num_partitions=1, properties={"num.io.threads": "1"}) as running:
+    # a bounded request pool, so that what a parked request holds of it shows
+    settings = {"num.io.threads": "1", "queued.max.request.bytes": str(200 << 20)}
+    with Broker(tmp_path / "logs", num_partitions=1, properties=settings) as running:
         yield running
 
 
@@ -96,6 +98,7 @@ def test_a_parked_fetch_whose_client_leaves_leaks_nothing(broker):
     pool = broker.server.pool.available_memory
     fetches = [ParkedFetch(broker, {"idle": [(0, 1)]}) for _ in range(50)]
     wait_for(lambda: parked(broker) == 50, "50 fetches to be parked")
+    assert broker.server.bounded and broker.server.pool.available_memory == pool     # parked: none held
     for fetch in fetches:
         fetch.close()
     wait_for(lambda: parked(broker) == 0, "the purgatory to drop the fetches of clients that left")
