@@ -31,6 +31,11 @@ class TimerTask:
         self.action = action
         self.cancelled = False
 
+    @property
+    def pending(self):
+        """Neither run (nor running) nor cancelled."""
+        return not self.cancelled and self.action is not None
+
     def cancel(self):
         """Stop the task from running (nothing happens if it already ran or was cancelled)."""
         self._timer._cancel(self)
@@ -67,7 +72,7 @@ class Timer:
 
     def _cancel(self, task):
         with self._condition:
-            if task.cancelled or task.action is None:
+            if not task.pending:
                 return
             task.cancelled = True
             task.action = None              # drop the reference (often a cycle back to its owner)

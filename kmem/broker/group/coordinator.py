@@ -392,7 +392,7 @@ class GroupCoordinator:
             return
         deadline = self._next_deadline(group, time.monotonic(), _now_ms())
         task = group.timer_task
-        if task is not None and not task.cancelled and task.action is not None:
+        if task is not None and task.pending:
             if deadline is not None and task.deadline <= deadline:
                 return                  # it fires first and reschedules then
             task.cancel()
@@ -408,8 +408,7 @@ class GroupCoordinator:
 
     def _schedule_if_idle(self, group):
         """After an offset commit: the first offsets of a group without a task need one (their expiry)."""
-        task = group.timer_task
-        if task is None or task.cancelled or task.action is None:
+        if group.timer_task is None or not group.timer_task.pending:
             self._schedule(group)
 
     def _deadline_reached(self, group_id):
@@ -418,12 +417,7 @@ class GroupCoordinator:
             if group is None or self._closed:
                 return
             group.timer_task = None
-            now = time.monotonic()
-            try:
-                self._check_group(group, now, _now_ms())
-            finally:
-                if self.groups.get(group_id) is group:
-                    self._schedule(group)
+            self._fire(group, time.monotonic(), _now_ms())
 
     def tick(self, now=None, now_ms=None):
         """Fire every group's deadlines due by ``now`` (monotonic seconds) at once, as the timer does for
@@ -432,9 +426,15 @@ class GroupCoordinator:
         now_ms = _now_ms() if now_ms is None else now_ms
         with self._lock:
             for group in list(self.groups.values()):
-                self._check_group(group, now, now_ms)
-                if self.groups.get(group.group_id) is group:
-                    self._schedule(group)
+                self._fire(group, now, now_ms)
+
+    def _fire(self, group, now, now_ms):
+        """``_check_group``, then the group's task moves to its next deadline (unless the group went)."""
+        try:
+            self._check_group(group, now, now_ms)
+        finally:
+            if self.groups.get(group.group_id) is group:
+                self._schedule(group)
 
     def _check_group(self, group, now, now_ms):
         """Everything due for ``group`` by ``now``: rebalances to complete, members and offsets to expire."""

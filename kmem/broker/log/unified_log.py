@@ -288,10 +288,6 @@ class PartitionLog:
         with self._lock:
             self._listeners.append(listener)
 
-    def remove_listener(self, listener):
-        with self._lock:
-            self._listeners.remove(listener)
-
     # --- reads --------------------------------------------------------------------------------------
 
     def read(self, fetch_offset, max_bytes, *, min_one_message=True, isolation=READ_UNCOMMITTED):
