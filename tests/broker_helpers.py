@@ -1,6 +1,7 @@
 """Helpers for the broker tests: waiting for records, reading the broker's log directory back, and raw
 requests built with kafka-python's own codec (``kafka.protocol``), which nobody here wrote."""
 import os
+import resource
 import socket
 import struct
 import subprocess
@@ -100,12 +101,17 @@ def produce_raw(connection, topic, records, version=9):
     return response.responses[0].partition_responses[0]
 
 
-def start_broker_process(log_dir, *args, port=0):
-    """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens."""
+def start_broker_process(log_dir, *args, port=0, open_files=None):
+    """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens.
+    ``open_files``: the child's RLIMIT_NOFILE (soft and hard)."""
     env = dict(os.environ, PYTHONSAFEPATH="1")
+
+    def limit_open_files():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
     process = subprocess.Popen(
         [sys.executable, "-m", "kmem.cli", "broker", "--log-dir", str(log_dir), "--port", str(port), *args],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True)
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True,
+        preexec_fn=None if open_files is None else limit_open_files)
     deadline = time.monotonic() + TIMEOUT
     lines = []
     while time.monotonic() < deadline:

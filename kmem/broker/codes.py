@@ -1,5 +1,7 @@
 """Kafka's error codes, for every answer of kmem broker, and the exception the storage layer raises with one."""
 import enum
+import errno
+import resource
 
 from kmem.errors import KmemError
 
@@ -54,3 +56,13 @@ class LogError(KmemError):
     def __init__(self, code, message):
         super().__init__(f"{ErrorCode(code).name}: {message}")
         self.code = ErrorCode(code)
+
+
+def storage_error(error, action):
+    """The ``LogError`` (KAFKA_STORAGE_ERROR) for an ``OSError`` raised while ``action``; running out of
+    file descriptors names the limit to raise."""
+    message = f"{action} failed: {error.strerror or error}"
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        message += f" (open files limit RLIMIT_NOFILE: {soft}, hard limit {hard}; raise it, e.g. ulimit -n)"
+    return LogError(ErrorCode.KAFKA_STORAGE_ERROR, message)

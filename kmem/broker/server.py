@@ -21,6 +21,7 @@ Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (se
 import collections
 import logging
 import os
+import resource
 import threading
 import time
 
@@ -35,6 +36,19 @@ from kmem.errors import IllegalStateError
 from kmem.network import SocketServer
 
 log = logging.getLogger(__name__)
+
+
+def raise_open_files_limit():
+    """Raise the soft limit on open files to the hard limit, as the JVM does at start (``MaxFDLimit``): a
+    broker holds a descriptor per partition and per connection, and 1,024 is a common default."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:      # an unlimited hard limit cannot be the soft one
+            log.info("open files limit (RLIMIT_NOFILE) stays at %d (hard limit %d): %s", soft, hard, e)
+            return
+    log.info("open files limit (RLIMIT_NOFILE): %d (was %d, hard limit %d)", hard, soft, hard)
 
 
 class Broker:
@@ -60,6 +74,7 @@ class Broker:
     def start(self):
         if self.logs is not None:
             raise IllegalStateError("the broker was already started")
+        raise_open_files_limit()
         self.logs = LogManager(self.log_dir, self.settings.storage)
         self.timer = Timer()
         try:

@@ -7,7 +7,7 @@ import struct
 from typing import NamedTuple
 
 from kmem import _core
-from kmem.errors import InvalidArgumentError
+from kmem.errors import CorruptRecordError, InvalidArgumentError
 from kmem.records.arguments import byte_view, check_int, check_long
 from kmem.records.batches import INT64_MAX, LOG_OVERHEAD, MemoryRecords, RecordBatch
 from kmem.send import FileRegionSend, as_transport
@@ -35,11 +35,17 @@ def log_segments(directory):
 def read_entries(source, position, max_read):
     """``(view, end position)`` of the complete entries of ``source`` (anything with ``read`` and
     ``size_in_bytes``) from ``position`` that fit in ``max_read`` bytes, or of the first entry alone when it
-    is larger; None when no complete entry is left (a truncated trailing entry is ignored, as Kafka does)."""
+    is larger; None when no complete entry is left (a truncated trailing entry is ignored, as Kafka does).
+    A corrupt entry (``CorruptRecordError``) is raised only once every entry before it was returned."""
     window = byte_view("data", source.read(position, max(max_read, LOG_OVERHEAD)))
     end = 0
-    while (entry := _core.entry_at(window, end)) is not None:
-        end += entry[0]
+    try:
+        while (entry := _core.entry_at(window, end)) is not None:
+            end += entry[0]
+    except CorruptRecordError:
+        if end == 0:
+            raise
+        # The entries before the bad one are returned; the next read starts at the bad one and raises.
     if end == 0:        # the first entry is larger than the window, or truncated
         if len(window) < LOG_OVERHEAD:
             return None

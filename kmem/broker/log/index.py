@@ -11,9 +11,9 @@ index that cannot be trusted (length not a multiple of the entry size, offsets n
 outside the segment) fails ``sanity_check`` and is rebuilt from the segment by the caller.
 
 Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file (about 20 reads
-for a full index) and keep nothing in memory but the last entry. Only the active segment's indexes keep
-their file open (``hold``); an older segment's are opened for each use, so a long log does not hold
-three descriptors per segment.
+for a full index) and keep nothing in memory but the last entry. The files are opened for each use and
+never kept open, so that a partition holds one descriptor (its active segment's log) however long its
+log is: Kafka maps its indexes and closes their files for the same reason.
 """
 import contextlib
 import os
@@ -40,34 +40,16 @@ class _Index:
         self.base_offset = base_offset
         self.max_index_size = max_index_size - max_index_size % self.ENTRY.size
         self.max_entries = self.max_index_size // self.ENTRY.size
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
-        try:
-            self.entries = os.fstat(self._fd).st_size // self.ENTRY.size
+        with self._file(os.O_CREAT) as fd:
+            self.entries = os.fstat(fd).st_size // self.ENTRY.size
             if writable:
                 self.resize(self.max_index_size)
-            self._last = self._entry(self._fd, self.entries - 1) if self.entries else None
-        finally:
-            if not writable:
-                self.release()
-
-    def hold(self):
-        """Keep the file open (the active segment's indexes); otherwise each use opens it."""
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
-
-    def release(self):
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    close = release
+            self._last = self._entry(fd, self.entries - 1) if self.entries else None
 
     @contextlib.contextmanager
-    def _file(self):
-        if self._fd is not None:
-            yield self._fd
-            return
-        fd = os.open(self.path, os.O_RDWR | _CLOEXEC)
+    def _file(self, flags=0):
+        # Opened for each use: a partition's only open descriptor is its active segment's log.
+        fd = os.open(self.path, os.O_RDWR | _CLOEXEC | flags, 0o644)
         try:
             yield fd
         finally:
@@ -81,6 +63,15 @@ class _Index:
             os.pwrite(fd, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size)
         self.entries += 1
         self._last = fields
+
+    def mark(self):
+        """The index's state, to ``rewind`` to if an append it is part of fails."""
+        return self.entries, self._last
+
+    def rewind(self, mark):
+        """Forget the entries written since ``mark`` (their bytes lie past the valid entries, as in a
+        preallocated file)."""
+        self.entries, self._last = mark
 
     @property
     def is_full(self):

@@ -18,7 +18,7 @@ import shutil
 import threading
 from typing import NamedTuple
 
-from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.log import checkpoints
 from kmem.broker.log.config import BrokerConfig
 from kmem.broker.log.unified_log import PartitionLog, wall_clock_ms
@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 TOPICS_FILE = "kmem-topics.json"
 LOCK_FILE = ".lock"             # flock()ed while a LogManager has the directory open, as Kafka's
 MAX_TOPIC_NAME = 249
-LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
-PARTITION_DIR = re.compile(r"^(.+)-(\d+)$")
+LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")        # matched over the whole name (fullmatch)
+PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
 
 
 class TopicInfo(NamedTuple):
@@ -44,7 +44,7 @@ class TopicInfo(NamedTuple):
 def validate_topic_name(name):
     """Kafka's ``Topic.validate``: 1-249 characters of ``[a-zA-Z0-9._-]``, not '.' or '..'."""
     if not isinstance(name, str) or not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME \
-            or not LEGAL_TOPIC.match(name):
+            or not LEGAL_TOPIC.fullmatch(name):
         raise LogError(ErrorCode.INVALID_TOPIC_EXCEPTION,
                        f"topic name {name!r} is not 1 to {MAX_TOPIC_NAME} characters of [a-zA-Z0-9._-] "
                        "(nor '.' or '..')")
@@ -74,6 +74,15 @@ class LogManager:
             raise
 
     def _open(self):
+        if not os.path.exists(self._path(checkpoints.META_PROPERTIES)):
+            held = [name for name in os.listdir(self.log_dir)
+                    if PARTITION_DIR.fullmatch(name) and os.path.isdir(self._path(name))]
+            if held:
+                # Formatting it afresh would give its data a new cluster id, silently (Kafka refuses any
+                # directory without meta.properties; kmem formats only an empty one).
+                raise IllegalStateError(
+                    f"log directory {self.log_dir} holds {len(held)} partitions (e.g. {held[0]}) but no "
+                    f"{checkpoints.META_PROPERTIES}: restore it, or move the partitions away to start a new cluster")
         self.meta_properties = checkpoints.load_meta_properties(self.log_dir, self.config.node_id)
         self.cluster_id = self.meta_properties["cluster.id"]
         marker = os.path.join(self.log_dir, checkpoints.CLEAN_SHUTDOWN)
@@ -81,8 +90,18 @@ class LogManager:
         if self.had_clean_shutdown:
             os.unlink(marker)
             fsync_directory(self.log_dir)
-        recovery_points = checkpoints.read_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT))
-        start_offsets = checkpoints.read_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT))
+        clean = self.had_clean_shutdown
+        try:
+            recovery_points = checkpoints.read_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT))
+        except checkpoints.CorruptCheckpointError as e:
+            log.warning("%s; recovering every partition from its first segment", e)
+            recovery_points, clean = {}, False
+        try:
+            start_offsets = checkpoints.read_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT))
+        except checkpoints.CorruptCheckpointError as e:
+            log.warning("%s; each partition's log starts at its first segment again (records deleted by "
+                        "DeleteRecords above it are readable again)", e)
+            start_offsets = {}
         self._topic_configs = self._read_topics_file()
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
@@ -92,7 +111,7 @@ class LogManager:
                 if name.endswith("-delete") and os.path.isdir(self._path(name)):
                     shutil.rmtree(self._path(name))        # a topic deletion cut short
                     continue
-                match = PARTITION_DIR.match(name)
+                match = PARTITION_DIR.fullmatch(name)
                 if not match or not os.path.isdir(self._path(name)):
                     continue
                 topic, partition = match.group(1), int(match.group(2))
@@ -100,7 +119,7 @@ class LogManager:
                 self._logs[key] = self._new_log(
                     self._path(name), topic, partition, self.config.topic_config(self._topic_configs.get(topic)),
                     self.config, recovery_point=recovery_points.get(key, 0), log_start_offset=start_offsets.get(key, 0),
-                    clean=self.had_clean_shutdown, clock_ms=self._clock)
+                    clean=clean, clock_ms=self._clock)
         except BaseException:
             for opened in self._logs.values():
                 opened.close()
@@ -143,14 +162,44 @@ class LogManager:
             if name in self._topic_names():
                 raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             topic_id = checkpoints.random_uuid()
-            if configs:
-                self._topic_configs[name] = configs
-                self._write_topics_file()
-            for p in range(partitions):
-                self._logs[(name, p)] = self._new_log(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
-                                                      topic_id=topic_id, clock_ms=self._clock)
-            fsync_directory(self.log_dir)
+
+            def write_configs():
+                if configs:
+                    self._topic_configs[name] = configs
+                    try:
+                        self._write_topics_file()
+                    except BaseException:
+                        del self._topic_configs[name]
+                        raise
+            self._create_partitions(name, range(partitions), topic_config, topic_id, write_configs)
             return topic_id
+
+    def _create_partitions(self, name, numbers, topic_config, topic_id, then=None):
+        """Create the partitions ``numbers`` of ``name``, then call ``then``; all or nothing: when a file
+        cannot be made (a full disk, no descriptor left) the partitions made are removed again and
+        KAFKA_STORAGE_ERROR (``LogError``) is raised."""
+        created = []
+        try:
+            for p in numbers:
+                path = self._path(f"{name}-{p}")
+                try:
+                    created.append(self._new_log(path, name, p, topic_config, self.config, topic_id=topic_id,
+                                                 clock_ms=self._clock))
+                except BaseException:
+                    shutil.rmtree(path, ignore_errors=True)
+                    raise
+            if then is not None:
+                then()
+            fsync_directory(self.log_dir)
+        except OSError as e:
+            for partition_log in created:          # closed first: their descriptors serve the removal
+                partition_log.close()
+            for partition_log in created:
+                shutil.rmtree(partition_log.directory, ignore_errors=True)
+            log.error("creating partitions of %s failed, none kept: %s", name, e)
+            raise storage_error(e, f"creating partitions of topic {name!r}") from None
+        for p, partition_log in zip(numbers, created):
+            self._logs[(name, p)] = partition_log
 
     def delete_topic(self, name):
         """Delete every partition of ``name``; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
@@ -193,10 +242,7 @@ class LogManager:
                 raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
             self.check_partition_count(info, count)
             topic_config = self.config.topic_config(self._topic_configs.get(name))
-            for p in range(info.partitions, count):
-                self._logs[(name, p)] = self._new_log(self._path(f"{name}-{p}"), name, p, topic_config, self.config,
-                                                      topic_id=info.topic_id, clock_ms=self._clock)
-            fsync_directory(self.log_dir)
+            self._create_partitions(name, range(info.partitions, count), topic_config, info.topic_id)
             self.checkpoint()
 
     @staticmethod

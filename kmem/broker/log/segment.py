@@ -10,8 +10,9 @@ increasing), truncates it at the first invalid or partial batch and rebuilds bot
 ``LogSegment.recover``; the indexes it writes are the ones the appends wrote when each append held one
 batch (what clients send).
 
-Only the active segment keeps its three files open; an older segment opens them for each use (under
-the partition's lock), so a long log does not pin three descriptors per segment.
+Only the active segment keeps a file open, its ``.log`` (the indexes are opened for each use); an older
+segment opens its files for each use (under the partition's lock), so a partition holds one descriptor
+however long its log is.
 """
 import contextlib
 import os
@@ -55,11 +56,17 @@ class LogSegment:
         self.log_path = os.path.join(directory, segment_file_name(base_offset))
         stem = self.log_path[:-len(".log")]
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
-        self.size = os.fstat(self._fd).st_size
-        if not active:          # an older segment's files are opened for each use
+        try:
+            self.size = os.fstat(self._fd).st_size
+            self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, config.segment_index_bytes,
+                                            writable=active)
+            self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes,
+                                        writable=active)
+        except BaseException:
             self._release_log()
-        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, config.segment_index_bytes, writable=active)
-        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes, writable=active)
+            raise
+        if not active:          # an older segment's log is opened for each use
+            self._release_log()
         self.created_ms = now_ms
         self.rolling_based_timestamp = None     # largest timestamp of the first append (Kafka's)
         self.max_timestamp_so_far = NO_TIMESTAMP
@@ -168,39 +175,44 @@ class LogSegment:
     # --- writing --------------------------------------------------------------------------------------
 
     def append(self, largest_offset, largest_timestamp, offset_of_max_timestamp, pieces):
-        """Write ``pieces`` (bytes-like views of whole batches, in order) at the end of the segment."""
+        """Write ``pieces`` (bytes-like views of whole batches, in order) at the end of the segment.
+
+        All or nothing: when a write fails (a full disk), the file and both indexes are left as they were
+        and the ``OSError`` is raised."""
         size = sum(len(p) for p in pieces)
         if not size:
             return
         position = self.size
-        if position == 0:
-            self.rolling_based_timestamp = largest_timestamp
         if not self.can_convert_to_relative_offset(largest_offset):
             raise CorruptIndexError(f"{self.log_path}: offset {largest_offset} does not fit this segment")
+        max_timestamp, offset_of_max = self.max_timestamp_so_far, self.offset_of_max_timestamp
+        if largest_timestamp > max_timestamp:
+            max_timestamp, offset_of_max = largest_timestamp, offset_of_max_timestamp
+        index_due = self.bytes_since_last_index_entry > self.config.index_interval_bytes
+        marks = self.offset_index.mark(), self.time_index.mark()
         written = 0
         try:
             while written < size:
                 written += os.pwritev(self._fd, _remaining(pieces, written), position + written)
+            if index_due:
+                self.offset_index.append(largest_offset, position)
+                self.time_index.maybe_append(max_timestamp, offset_of_max)
         except OSError:
-            os.ftruncate(self._fd, position)        # a full disk: leave no partial batch behind
+            self.offset_index.rewind(marks[0])
+            self.time_index.rewind(marks[1])
+            os.ftruncate(self._fd, position)        # leave no partial batch behind
             raise
+        if position == 0:
+            self.rolling_based_timestamp = largest_timestamp
         self.size += size
         self.next_offset = largest_offset + 1
-        if largest_timestamp > self.max_timestamp_so_far:
-            self.max_timestamp_so_far, self.offset_of_max_timestamp = largest_timestamp, offset_of_max_timestamp
-        if self.bytes_since_last_index_entry > self.config.index_interval_bytes:
-            self.offset_index.append(largest_offset, position)
-            self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp)
-            self.bytes_since_last_index_entry = 0
-        self.bytes_since_last_index_entry += size
+        self.max_timestamp_so_far, self.offset_of_max_timestamp = max_timestamp, offset_of_max
+        self.bytes_since_last_index_entry = size if index_due else self.bytes_since_last_index_entry + size
 
     def recover(self, on_batch=None, on_discarded=None):
         """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
         truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order;
         ``on_discarded(batch)`` the batches that can still be parsed in the part cut off."""
-        active = self._fd is not None
-        self.offset_index.hold()
-        self.time_index.hold()
         self.offset_index.reset()
         self.time_index.reset()
         self.max_timestamp_so_far, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
@@ -240,9 +252,6 @@ class LogSegment:
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
-        if not active:
-            self.offset_index.release()
-            self.time_index.release()
         self.rolling_based_timestamp = None
         return truncated
 
@@ -251,7 +260,6 @@ class LogSegment:
         if self._fd is None:
             self._fd = os.open(self.log_path, os.O_RDWR | _CLOEXEC)
         for index in (self.offset_index, self.time_index):
-            index.hold()
             index.resize(index.max_index_size)
 
     def on_become_inactive(self):
@@ -271,8 +279,6 @@ class LogSegment:
 
     def close(self):
         self._release_log()
-        self.offset_index.close()
-        self.time_index.close()
 
     def delete(self):
         self.close()

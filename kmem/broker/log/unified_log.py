@@ -40,7 +40,7 @@ import time
 import uuid
 from typing import NamedTuple
 
-from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.log import checkpoints
 from kmem.broker.log.index import CorruptIndexError
 from kmem.broker.log.producer_state import ProducerStateManager
@@ -134,6 +134,8 @@ class PartitionLog:
             if not self._directory_synced:
                 fsync_directory(self.directory)
         except BaseException:
+            for segment in getattr(self, "segments", ()):
+                segment.close()
             self.producers.close()
             raise
 
@@ -250,9 +252,10 @@ class PartitionLog:
                 segment = self._maybe_roll(validated, now)
                 segment.append(validated.last_offset, validated.max_timestamp, validated.offset_of_max_timestamp,
                                validated.pieces)
-            except OSError as e:
-                log.error("%s: append failed: %s", self.directory, e)
-                return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, -1, self.log_start_offset, str(e))
+            except OSError as e:        # nothing of the append was kept (LogSegment.append, roll)
+                error = storage_error(e, f"appending to {self.topic}-{self.partition}")
+                log.error("%s: %s", self.directory, error)
+                return AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error))
             self.log_end_offset = validated.last_offset + 1
             self.producers.apply(updated)
             result = AppendResult(ErrorCode.NONE, validated.first_offset, validated.last_offset,
@@ -278,8 +281,14 @@ class PartitionLog:
             old = self.active
             if old.size == 0:
                 return old
-            old.on_become_inactive()          # also fsyncs it
-            self.segments.append(self._new_segment(self.log_end_offset, active=True))
+            new = self._new_segment(self.log_end_offset, active=True)
+            try:
+                old.on_become_inactive()          # also fsyncs it
+            except BaseException:                 # still the active segment: the new one goes
+                new.close()
+                delete_segment_files(self.directory, new.base_offset)
+                raise
+            self.segments.append(new)
             self.producers.take_snapshot()
             self.recovery_point = self.log_end_offset
             return self.active
@@ -302,24 +311,28 @@ class PartitionLog:
             upper = lso if isolation == READ_COMMITTED else hw
             if fetch_offset < start or fetch_offset > self.log_end_offset:
                 return FetchData(None, hw, start, lso, ErrorCode.OFFSET_OUT_OF_RANGE)
-            bases = [s.base_offset for s in self.segments]
-            for segment in self.segments[max(bisect.bisect_right(bases, fetch_offset) - 1, 0):]:
-                if fetch_offset >= upper:
-                    break
-                first = segment.translate_offset(fetch_offset)
-                if first is None:
-                    continue
-                max_position = segment.size
-                if upper < segment.next_offset:
-                    bound = segment.translate_offset(upper)
-                    max_position = bound.position if bound is not None else segment.size
-                wanted = max(max_bytes, first.size) if min_one_message else max_bytes
-                size = min(max_position - first.position, wanted)
-                if size <= 0:
-                    break
-                records = FileRecords(segment.log_path, first.position, first.position + size)
-                return FetchData(records, hw, start, lso)
-            return FetchData(None, hw, start, lso)
+            try:
+                bases = [s.base_offset for s in self.segments]
+                for segment in self.segments[max(bisect.bisect_right(bases, fetch_offset) - 1, 0):]:
+                    if fetch_offset >= upper:
+                        break
+                    first = segment.translate_offset(fetch_offset)
+                    if first is None:
+                        continue
+                    max_position = segment.size
+                    if upper < segment.next_offset:
+                        bound = segment.translate_offset(upper)
+                        max_position = bound.position if bound is not None else segment.size
+                    wanted = max(max_bytes, first.size) if min_one_message else max_bytes
+                    size = min(max_position - first.position, wanted)
+                    if size <= 0:
+                        break
+                    records = FileRecords(segment.log_path, first.position, first.position + size)
+                    return FetchData(records, hw, start, lso)
+                return FetchData(None, hw, start, lso)
+            except OSError as e:        # no descriptor left, an I/O error
+                log.error("%s: %s", self.directory, storage_error(e, f"reading {self.topic}-{self.partition}"))
+                return FetchData(None, hw, start, lso, ErrorCode.KAFKA_STORAGE_ERROR)
 
     def offset_metadata(self, offset):
         """The ``LogOffsetMetadata`` of ``offset``, or None when it is outside the log."""
