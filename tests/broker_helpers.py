@@ -102,7 +102,8 @@ def produce_raw(connection, topic, records, version=9):
 
 
 def start_broker_process(log_dir, *args, port=0, open_files=None):
-    """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens.
+    """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens;
+    ``process.log_lines`` collects its log.
     ``open_files``: the child's RLIMIT_NOFILE (soft and hard)."""
     env = dict(os.environ, PYTHONSAFEPATH="1")
 
@@ -121,8 +122,9 @@ def start_broker_process(log_dir, *args, port=0, open_files=None):
         lines.append(line)
         if "listening on " in line:
             address = line.rsplit("listening on ", 1)[1].strip()
-            # keep reading its log: a full pipe would block the broker's next log line
-            threading.Thread(target=process.stderr.read, daemon=True).start()
+            # keep reading its log (a full pipe would block the broker's next log line) into ``log_lines``
+            process.log_lines = lines
+            threading.Thread(target=lambda: lines.extend(process.stderr), daemon=True).start()
             return process, address
     process.kill()
     raise AssertionError("kmem broker did not start:\n" + "".join(lines))

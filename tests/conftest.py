@@ -4,6 +4,8 @@ import os
 
 import pytest
 
+import filesystem_helpers
+
 # Child interpreters (crash tests, servers in subprocesses, Spark's Python workers) started with -c or -m
 # would put the working directory first on sys.path; run from a checkout, that is the uncompiled source
 # tree instead of the kmem under test.
@@ -27,3 +29,16 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """``make(size)``: a ``filesystem_helpers.SmallFilesystem`` of ``size`` (e.g. "16m") under the test's directory."""
+    made = []
+
+    def make(size):
+        made.append(filesystem_helpers.SmallFilesystem(str(tmp_path / f"fs{len(made)}"), size))
+        return made[-1]
+    yield make
+    for filesystem in made:
+        filesystem.unmount()

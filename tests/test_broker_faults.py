@@ -4,12 +4,14 @@ import errno
 import os
 
 import pytest
+from confluent_kafka import KafkaError
 
-from kmem.broker import ErrorCode, LogError
+from kmem.broker import Broker, ErrorCode, LogError
 from kmem.broker.log import index as index_module, segment as segment_module
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.records import FileRecords
 
+from broker_helpers import TIMEOUT, RawConnection, produce_raw, start_broker_process, wait_for
 from test_broker_log_recovery import batch, crash, open_manager, populate, values
 
 
@@ -131,3 +133,143 @@ def test_a_directory_with_partitions_but_no_meta_properties_is_refused(tmp_path)
     empty = tmp_path / "empty"
     with open_manager(empty) as manager:                   # an empty directory is formatted, as before
         assert manager.cluster_id
+
+
+# --- file descriptors -------------------------------------------------------------------------------------
+
+def open_descriptors(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def partition_directories(log_dir, topic):
+    return sorted(n for n in os.listdir(log_dir) if n.startswith(f"{topic}-") and os.path.isdir(log_dir / n))
+
+
+def test_a_partition_holds_one_descriptor(tmp_path):
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    process, bootstrap = start_broker_process(tmp_path, "--override", "log.segment.bytes=2000")
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin.create_topics([NewTopic("warm", 1, 1)])["warm"].result(30)     # the broker's own files are open
+        before = open_descriptors(process.pid)
+        admin.create_topics([NewTopic("many", 100, 1)])["many"].result(30)
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        for i in range(3000):                # every partition rolls segments and writes producer snapshots
+            producer.produce("many", b"x" * 100, partition=i % 100)
+        assert producer.flush(30) == 0
+        assert len(os.listdir(tmp_path / "many-0")) > 6
+        assert open_descriptors(process.pid) - before <= 100 + 8      # one per partition; connections
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_running_out_of_descriptors_creates_nothing_and_the_broker_starts_again(tmp_path):
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    process, bootstrap = start_broker_process(tmp_path, open_files=160)
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        with pytest.raises(KafkaException) as refused:
+            admin.create_topics([NewTopic("wide", 250, 1)])["wide"].result(30)
+        error = refused.value.args[0]
+        assert error.code() == ErrorCode.KAFKA_STORAGE_ERROR
+        assert "RLIMIT_NOFILE: 160" in error.str()
+        assert partition_directories(tmp_path, "wide") == []
+        admin.create_topics([NewTopic("narrow", 4, 1)])["narrow"].result(30)      # the broker goes on
+    finally:
+        process.kill()
+        process.wait()
+    process, bootstrap = start_broker_process(tmp_path, open_files=160)
+    try:
+        topics = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+        assert "narrow" in topics and "wide" not in topics
+    finally:
+        process.terminate()
+        process.wait()
+
+
+# --- a full disk ------------------------------------------------------------------------------------------
+
+def read_partition(bootstrap, topic):
+    """Every value of partition 0 of ``topic``, read from offset 0 to its end (read_committed)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.partition.eof": True,
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        found = []
+        while True:
+            message = consumer.poll(TIMEOUT)
+            assert message is not None, "no end of partition"
+            if message.error():
+                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
+                return found
+            found.append(message.value())
+    finally:
+        consumer.close()
+
+
+def test_a_full_disk_under_an_idempotent_producer_loses_and_repeats_nothing(small_filesystem):
+    from confluent_kafka import Producer
+
+    filesystem = small_filesystem("24m")
+    log_dir = os.path.join(filesystem.path, "kafka-logs")
+    settings = ("--override", "log.segment.bytes=1048576", "--override", "auto.create.topics.enable=true")
+    process, bootstrap = start_broker_process(log_dir, *settings)
+    try:
+        acknowledged, refused = [], []
+
+        def delivered(error, message):
+            (refused if error else acknowledged).append(message.value())
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 2,
+                             "batch.num.messages": 50, "delivery.timeout.ms": 120000})
+        sent = [b"record-%06d-" % i + b"x" * 300 for i in range(16000)]
+        for value in sent[:4000]:
+            producer.produce("t", value, partition=0, on_delivery=delivered)
+            producer.poll(0)
+        assert producer.flush(TIMEOUT) == 0 and len(acknowledged) == 4000
+        filesystem.fill()
+        for value in sent[4000:]:
+            producer.produce("t", value, partition=0, on_delivery=delivered)
+            producer.poll(0)
+        wait_for(lambda: producer.poll(0.05) >= 0 and sum("No space left" in line for line in process.log_lines) > 3,
+                 "produce requests refused by the full disk")
+        assert read_partition(bootstrap, "t")[:4000] == sent[:4000]          # reads go on
+        filesystem.free()
+        assert producer.flush(60) == 0
+        assert refused == [] and sorted(acknowledged) == sent
+        assert read_partition(bootstrap, "t") == sent                        # each once, in order
+    finally:
+        process.kill()
+        process.wait()
+    process, bootstrap = start_broker_process(log_dir, *settings)       # recovery after SIGKILL
+    try:
+        assert read_partition(bootstrap, "t") == sent
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_a_full_disk_while_the_producer_ledger_grows_stores_no_batch_twice(small_filesystem):
+    # The ledger's active file grows (its blocks reserved) when its first 1,024 rows are taken: that
+    # reservation fails on the full disk, and no batch may be kept or acknowledged without its producer.
+    filesystem = small_filesystem("8m")
+    with Broker(os.path.join(filesystem.path, "logs")) as broker, RawConnection(broker.bootstrap_servers) as client:
+        broker.logs.create_topic("t", 1)
+        first = [batch(b"producer-%d" % pid, sequence=0, producer_id=pid) for pid in range(1, 1101)]
+        for records in first[:1000]:
+            assert produce_raw(client, "t", records).error_code == ErrorCode.NONE
+        filesystem.fill()
+        answers = [produce_raw(client, "t", records).error_code for records in first[1000:]]
+        assert set(answers) <= {ErrorCode.NONE, ErrorCode.KAFKA_STORAGE_ERROR}
+        assert ErrorCode.KAFKA_STORAGE_ERROR in answers
+        filesystem.free()
+        retried = [produce_raw(client, "t", records) for records in first[1000:]]      # every retry
+        assert all(r.error_code == ErrorCode.NONE for r in retried)
+        kept = [value for _, value in values(broker.logs.get_partition("t", 0))]
+        assert kept == [b"producer-%d" % pid for pid in range(1, 1101)]
