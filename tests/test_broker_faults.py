@@ -273,3 +273,17 @@ def test_a_full_disk_while_the_producer_ledger_grows_stores_no_batch_twice(small
         assert all(r.error_code == ErrorCode.NONE for r in retried)
         kept = [value for _, value in values(broker.logs.get_partition("t", 0))]
         assert kept == [b"producer-%d" % pid for pid in range(1, 1101)]
+
+
+def test_closing_on_a_full_disk_keeps_everything_for_the_next_start(small_filesystem):
+    filesystem = small_filesystem("4m")
+    log_dir = os.path.join(filesystem.path, "logs")
+    manager = open_manager(log_dir, log_segment_bytes=1 << 20)
+    manager.create_topic("t")
+    for i in range(50):
+        assert manager.get_partition("t", 0).append(batch(b"kept-%d" % i)).error_code == ErrorCode.NONE
+    filesystem.fill()
+    manager.close()                     # trimming, checkpoints or the marker fail: no exception, no marker
+    filesystem.free()
+    with open_manager(log_dir, log_segment_bytes=1 << 20) as manager:
+        assert [v for _, v in values(manager.get_partition("t", 0))] == [b"kept-%d" % i for i in range(50)]

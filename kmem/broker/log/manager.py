@@ -350,13 +350,24 @@ class LogManager:
         with self._lock:
             if self._closed:
                 return
-            for partition_log in self._logs.values():
-                partition_log.close()
-            self.checkpoint()
-            with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True) as marker:
-                marker.write(json.dumps({"version": 0, "brokerEpoch": broker_epoch}, separators=(",", ":")).encode())
-            self._lock_file.close()
             self._closed = True
+            failed = False
+            for partition_log in self._logs.values():
+                try:
+                    partition_log.close()
+                except OSError as e:
+                    log.error("closing %s failed: %s", partition_log.directory, e)
+                    failed = True
+            try:
+                self.checkpoint()
+                if not failed:          # else the next start recovers what could not be flushed
+                    with replaced_atomically(self._path(checkpoints.CLEAN_SHUTDOWN), fsync=True) as marker:
+                        marker.write(json.dumps({"version": 0, "brokerEpoch": broker_epoch},
+                                                separators=(",", ":")).encode())
+            except OSError as e:
+                log.error("%s: no clean shutdown: %s", self.log_dir, e)
+            finally:
+                self._lock_file.close()
 
     def __enter__(self):
         return self

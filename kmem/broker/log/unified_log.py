@@ -464,12 +464,14 @@ class PartitionLog:
         with self._lock:
             if self._closed:
                 return
-            self.active.on_become_inactive()
-            self.recovery_point = self.log_end_offset
-            for segment in self.segments:
-                segment.close()
-            self.producers.close()
             self._closed = True
+            try:
+                self.active.on_become_inactive()
+                self.recovery_point = self.log_end_offset
+            finally:                    # the files are closed also when the last writes fail (a full disk)
+                for segment in self.segments:
+                    segment.close()
+                self.producers.close()
 
     def delete(self):
         """Close the log and remove its directory (Kafka renames it ``-delete`` first, as done here)."""
