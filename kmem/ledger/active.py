@@ -8,13 +8,13 @@ the row table directly, which is exact and cheaper than the filter's k bit reads
 
 The file starts with room for ``INITIAL_ROWS`` and doubles when the rows run out, up to ``capacity``.
 Each growth reserves the new blocks (``posix_fallocate``) before the mapping covers them, so a full disk
-is an ``OSError`` from ``put``, never SIGBUS at a store into the mapping.
+is an ``OSError`` from ``put``, never SIGBUS at a store into the mapping. The mapping
+(``_core.FileMapping``) holds no file descriptor.
 
 An entry is written before the count that makes it visible, so a process killed at any instant leaves
 every row whose ``put`` returned readable when the file is reopened (the page cache holds the mapping's
 writes). Power loss is another matter: only ``sync()`` (msync) makes the rows durable.
 """
-import mmap
 import os
 import re
 import numpy as np
@@ -75,8 +75,7 @@ class ActiveFile:
             if size < HEADER.size + ENTRY_SIZE:
                 raise CorruptSnapshotError(f"{self.path}: active ledger file of {size} bytes is truncated or foreign")
             self.rows = (size - HEADER.size) // ENTRY_SIZE
-            self._map = mmap.mmap(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE,
-                                  access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
+            self._map = _core.FileMapping(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE, writable=not read_only)
         version, _, count = HEADER.unpack_from(self._map)
         if version != VERSION or not 0 <= count <= self.rows:
             self._map.close()
@@ -184,7 +183,7 @@ class ActiveFile:
         rows = min(self.capacity, max(2 * self.rows, wanted))
         with open(self.path, "r+b") as f:
             _reserve(f, HEADER.size + rows * ENTRY_SIZE)
-            mapping = mmap.mmap(f.fileno(), HEADER.size + rows * ENTRY_SIZE)
+            mapping = _core.FileMapping(f.fileno(), HEADER.size + rows * ENTRY_SIZE, writable=True)
         self._table.bind(mapping, True)                 # new slots for the new rows
         self._map, self.rows, previous = mapping, rows, self._map
         self._set_limit()

@@ -15,6 +15,10 @@ A read-only ledger (``read_only=True``) writes nothing: no lock file, no active 
 order (built in the heap when missing), no deletions. It takes a shared ``flock`` on ``ledger.lock`` when
 that file exists, so it cannot open while a writer has the directory, nor a writer while it is open.
 
+Descriptors: an open ledger holds one, its ``ledger.lock``. The active file and the Bloom sidecars are
+mapped without keeping a descriptor (``_core.FileMapping``) and a snapshot is opened for each search (one
+``open``, ``pread``, ``close``), so a process may keep the ledgers of thousands of partitions open.
+
 Durability: everything ``update`` returned for survives a crash of the process (the mapping's writes are
 in the page cache; a reopened ledger finds them, finishing any flush that was cut short). Surviving
 power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
@@ -497,6 +501,7 @@ class PidLedger:
             gone = view.snapshots[keep:]
             self._publish(view._replace(filters=view.filters[:keep], snapshots=view.snapshots[:keep]))
         for snapshot in gone:
+            snapshot.retire()           # a reader still searching it finds nothing once it is gone
             for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
                 try:
                     os.unlink(snapshot.path + suffix)
