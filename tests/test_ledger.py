@@ -395,6 +395,59 @@ def test_a_second_ledger_on_one_directory_is_refused(tmp_path, caplog):
     assert "foreign" not in caplog.text
 
 
+def test_a_ledger_under_the_callers_lock_makes_no_lock_file(tmp_path):
+    before = open_fds()
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), lock_directory=False) as ledger:
+        assert open_fds() == before
+        for pid in range(300):                             # a flush on the way
+            ledger.update(entry(pid))
+        assert ledger.snapshot_paths and "ledger.lock" not in os.listdir(tmp_path)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), read_only=True, lock_directory=False) as reader:
+        assert all(reader.read(pid) == entry(pid) for pid in range(300))
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:     # by default it locks, as before
+        assert "ledger.lock" in os.listdir(tmp_path) and ledger.read(299) == entry(299)
+
+
+def ledger_with_every_kind_of_file(directory):
+    """A ledger with sorted snapshots and their sidecars, a Kafka-ordered one with its row order, and an
+    active file that grew; returns what it holds."""
+    kafka = random_entries(300, seed=5)
+    os.makedirs(directory)
+    with open(os.path.join(directory, snapshot_name(2**40)), "wb") as f:
+        f.write(kafka_snapshot(kafka))
+    expected = {e.producer_id: e for e in kafka}
+    with PidLedger(directory, SMALL, clock_ms=Clock(), producer_id_expiration_ms=2**62) as ledger:
+        for pid in range(1000):                            # five flushes of SMALL, then a file that grows
+            ledger.update(expected.setdefault(pid, entry(pid, offset=2**41 + pid)))
+        ledger.update_many([entry(pid, offset=2**41 + pid) for pid in range(10**6, 10**6 + 3000)])
+    expected.update((pid, entry(pid, offset=2**41 + pid)) for pid in range(10**6, 10**6 + 3000))
+    return expected
+
+
+@pytest.mark.parametrize("lock_directory", [False, True])
+def test_open_ledgers_hold_no_descriptor_for_their_files(tmp_path, lock_directory):
+    ledgers = 8
+    expected = ledger_with_every_kind_of_file(str(tmp_path / "0"))
+    for n in range(1, ledgers):
+        shutil.copytree(tmp_path / "0", tmp_path / str(n))
+    big = Shape.from_np(100_000, 0.01)                     # room for the active file to grow while open
+    before = open_fds()
+    opened = [PidLedger(tmp_path / str(n), big, clock_ms=Clock(), producer_id_expiration_ms=2**62,
+                        lock_directory=lock_directory) for n in range(ledgers)]
+    kinds = {name.rsplit(".", 1)[-1] for name in os.listdir(tmp_path / "0")}
+    assert {"snapshot", "bloom", "order", "active"} <= kinds and len(opened[0].snapshot_paths) >= 6
+    for ledger in opened:
+        for pid in range(5000, 8000):                      # the active file grows: new mappings
+            ledger.update(entry(pid))
+        assert all(ledger.read(pid) == e for pid, e in expected.items())
+        assert ledger.read_many(np.array(list(expected), np.int64))[0].all()
+        ledger.flush()
+    assert open_fds() == before + (ledgers if lock_directory else 0)        # ledger.lock or nothing
+    for ledger in opened:
+        ledger.close()
+    assert open_fds() == before
+
+
 def test_only_the_ledgers_own_temporary_files_are_deleted(tmp_path):
     foreign = ["leader-epoch-checkpoint.tmp", "partition.metadata.tmp"]      # Kafka's, mid-rename
     own = [snapshot_name(10) + ".tmp", snapshot_name(10) + ".bloom.tmp", snapshot_name(10) + ".order.tmp",
@@ -726,6 +779,7 @@ def test_a_growth_on_a_full_disk_is_an_oserror_and_loses_nothing(tmp_path, monke
     ({"flush_interval_ms": 2.5}, "flush_interval_ms"),
     ({"fsync": "yes"}, "fsync"),
     ({"read_only": 1}, "read_only"),
+    ({"lock_directory": "no"}, "lock_directory"),
     ({"clock_ms": 17}, "clock_ms"),
     ({"read_only": True, "flush_interval_ms": 100}, "flush_interval_ms"),
 ])

@@ -14,10 +14,13 @@ active file into a sorted snapshot and its sidecar (see ``flush``).
 A read-only ledger (``read_only=True``) writes nothing: no lock file, no active file, no sidecar or row
 order (built in the heap when missing), no deletions. It takes a shared ``flock`` on ``ledger.lock`` when
 that file exists, so it cannot open while a writer has the directory, nor a writer while it is open.
+``lock_directory=False`` takes no lock and creates no ``ledger.lock``: for a caller that already holds an
+exclusive lock covering the directory (the broker's LogManager ``flock``s ``<log.dir>/.lock``).
 
-Descriptors: an open ledger holds one, its ``ledger.lock``. The active file and the Bloom sidecars are
-mapped without keeping a descriptor (``_core.FileMapping``) and a snapshot is opened for each search (one
-``open``, ``pread``, ``close``), so a process may keep the ledgers of thousands of partitions open.
+Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The
+active file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``) and a
+snapshot is opened for each search (one ``open``, ``pread``, ``close``), so a process may keep the
+ledgers of thousands of partitions open.
 
 Durability: everything ``update`` returned for survives a crash of the process (the mapping's writes are
 in the page cache; a reopened ledger finds them, finishing any flush that was cut short). Surviving
@@ -157,7 +160,10 @@ class PidLedger:
     """The producer-id ledger of one partition directory. Thread-safe."""
 
     def __init__(self, directory, shape=DEFAULT_SHAPE, *, producer_id_expiration_ms=DEFAULT_EXPIRATION_MS,
-                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False):
+                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False, lock_directory=True):
+        """``lock_directory=False``: no ``ledger.lock`` (no file, no descriptor, no ``flock``); the caller
+        guarantees that no other ledger opens the directory meanwhile, e.g. by an exclusive lock covering
+        it. Two writing ledgers on one directory would lose acknowledged updates."""
         self.directory = _require_path("directory", directory)
         self.shape = _require_shape("shape", shape)
         self.expiration_ms = _require_int("producer_id_expiration_ms", producer_id_expiration_ms, 1)
@@ -165,6 +171,7 @@ class PidLedger:
             _require_int("flush_interval_ms", flush_interval_ms, 1)
         self.fsync = _require_bool("fsync", fsync)
         self.read_only = _require_bool("read_only", read_only)
+        self.lock_directory = _require_bool("lock_directory", lock_directory)
         if clock_ms is not None and not callable(clock_ms):
             raise InvalidArgumentError(f"clock_ms must be a function returning milliseconds: {clock_ms!r}")
         if read_only and flush_interval_ms is not None:
@@ -210,6 +217,8 @@ class PidLedger:
         # Two ledgers on one directory would append to one active file at their own counts and lose
         # acknowledged updates; the kernel drops the lock when the process dies. Readers share the lock,
         # so a writer cannot change files under them; a directory no writer opened has no lock file.
+        if not self.lock_directory:
+            return None                 # the caller's lock covers the directory
         path = os.path.join(self.directory, LOCK_NAME)
         if self.read_only:
             try:
