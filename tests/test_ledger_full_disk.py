@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from snapshot_files import kafka_snapshot
 
 from kmem.bloom import Shape
 from kmem.ledger import PidLedger, ProducerEntry
@@ -136,3 +137,22 @@ def test_room_for_a_new_active_file_but_not_its_snapshot(disk):
     ledger.close()
     with PidLedger(directory, SMALL) as ledger:
         assert all(ledger.read(pid) == entry(pid) for pid in range(251))
+
+
+def test_opening_a_directory_whose_derived_files_cannot_be_written(disk):
+    # A Kafka-written snapshot needs a sidecar and a row order written beside it when a ledger opens it.
+    directory = disk.root / "ledger"
+    directory.mkdir()
+    kafka = [entry(pid) for pid in range(5000, 3000, -1)]      # Kafka's order: not sorted by id
+    (directory / "00000000000000009000.snapshot").write_bytes(kafka_snapshot(kafka))
+    disk.fill()
+    before = contents(directory)
+    with pytest.raises(OSError) as failed:
+        PidLedger(directory, LARGE, lock_directory=False)
+    assert failed.value.errno == errno.ENOSPC and contents(directory) == before      # no temporary file left
+    with PidLedger(directory, LARGE, read_only=True) as reader:    # a reader needs no space
+        assert all(reader.read(e.producer_id) == e for e in kafka)
+    disk.empty()
+    with PidLedger(directory, LARGE, lock_directory=False) as ledger:
+        assert all(ledger.read(e.producer_id) == e for e in kafka)
+    assert {"00000000000000009000.snapshot.bloom", "00000000000000009000.snapshot.order"} <= set(contents(directory))
