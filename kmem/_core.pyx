@@ -18,6 +18,7 @@ from libc.string cimport memcpy
 
 include "_pool.pxi"
 include "_bloom.pxi"
+include "_mapping.pxi"
 include "_search.pxi"
 include "_checksums.pxi"
 include "_record_format.pxi"

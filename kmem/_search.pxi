@@ -10,8 +10,10 @@
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
-from libc.errno cimport EINTR, errno
-from posix.unistd cimport pread, pwrite
+from libc.errno cimport EINTR, ENOENT, EPERM, errno
+from libc.string cimport strerror
+from posix.fcntl cimport O_CLOEXEC, O_RDONLY, open as open_fd
+from posix.unistd cimport close as close_fd, pread, pwrite
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 
 cdef extern from "<pthread.h>" nogil:
@@ -251,42 +253,39 @@ DEF WINDOW = 16       # rows read around the interpolated position: 736 bytes, o
 
 
 cdef int sorted_find_row(int fd, Py_ssize_t count, const int64_t* fences, Py_ssize_t n_fences,
-                         Py_ssize_t stride, int64_t pid, uint8_t* out) except -1:
+                         Py_ssize_t stride, int64_t pid, uint8_t* out) noexcept nogil:
     """Copy the row of ``pid`` in a sorted snapshot file into ``out`` (46 bytes): 1, or 0 if absent, 2 if
-    the file is shorter than ``count`` entries (it shrank). The fences pick the stride, one ``pread``
-    brings it (or the window around the interpolated row), a binary search finds the row.
+    the file is shorter than ``count`` entries (it shrank), -1 if a read failed (``errno`` says why).
+    The fences pick the stride, one ``pread`` brings it (or the window around the interpolated row), a
+    binary search finds the row.
 
     Between two fences ids are usually spread evenly (Kafka hands producer ids out in blocks), so the
     id's row is first guessed by interpolation and only ``WINDOW`` rows around it are read; when the id
     lies outside them, the whole stride is read. Reading 5.9 KB of a file larger than the CPU cache cost
     ~2 us; the window ~0.5 us."""
-    if n_fences == 0:
-        return 0
     cdef uint8_t block[MAX_STRIDE * ENTRY_SIZE]
     cdef Py_ssize_t fence, first, rows, start = 0, size = 0, got = 0, lo, hi, mid
     cdef int64_t found
     cdef bint windowed = False
-    with nogil:
-        fence = last_fence_at_most(fences, n_fences, pid)
-        if fence >= 0:
-            first = fence * stride
-            rows = min(stride, count - first)
-            if rows > 2 * WINDOW and fence + 1 < n_fences:
-                # fences[fence] <= pid < fences[fence + 1], the id of row first + stride
-                start = <Py_ssize_t>((<double>pid - <double>fences[fence]) /
-                                     (<double>fences[fence + 1] - <double>fences[fence]) * stride) - WINDOW // 2
-                start = max(0, min(start, rows - WINDOW))
-                size = WINDOW * ENTRY_SIZE
-                got = pread(fd, block, size, SNAPSHOT_HEADER + (first + start) * ENTRY_SIZE)
-                windowed = got == size and (start == 0 or row_pid(block, 0) <= pid) and \
-                    (start + WINDOW == rows or pid <= row_pid(block, WINDOW - 1))
-            if not windowed and got == size:
-                start, size = 0, rows * ENTRY_SIZE
-                got = pread(fd, block, size, SNAPSHOT_HEADER + first * ENTRY_SIZE)
+    fence = last_fence_at_most(fences, n_fences, pid)
     if fence < 0:
         return 0
+    first = fence * stride
+    rows = min(stride, count - first)
+    if rows > 2 * WINDOW and fence + 1 < n_fences:
+        # fences[fence] <= pid < fences[fence + 1], the id of row first + stride
+        start = <Py_ssize_t>((<double>pid - <double>fences[fence]) /
+                             (<double>fences[fence + 1] - <double>fences[fence]) * stride) - WINDOW // 2
+        start = max(0, min(start, rows - WINDOW))
+        size = WINDOW * ENTRY_SIZE
+        got = pread(fd, block, size, SNAPSHOT_HEADER + (first + start) * ENTRY_SIZE)
+        windowed = got == size and (start == 0 or row_pid(block, 0) <= pid) and \
+            (start + WINDOW == rows or pid <= row_pid(block, WINDOW - 1))
+    if not windowed and got == size:
+        start, size = 0, rows * ENTRY_SIZE
+        got = pread(fd, block, size, SNAPSHOT_HEADER + first * ENTRY_SIZE)
     if got < 0:
-        raise OSError(errno, "pread of a snapshot failed")
+        return -1
     if got != size:
         return 2
     lo, hi = 0, size // ENTRY_SIZE
@@ -315,34 +314,86 @@ def sorted_snapshot_find(int fd, Py_ssize_t count, const int64_t[::1] fences, Py
     if the file is shorter than ``count`` entries (it shrank). See ``sorted_find_row``."""
     check_fences(count, fences, stride)
     cdef uint8_t row[ENTRY_SIZE]
-    cdef int got = sorted_find_row(fd, count, &fences[0] if fences.shape[0] else NULL, fences.shape[0], stride,
-                                   pid, row)
+    cdef int got, error = 0
+    with nogil:
+        got = sorted_find_row(fd, count, &fences[0] if fences.shape[0] else NULL, fences.shape[0], stride, pid, row)
+        if got < 0:
+            error = errno
+    if got < 0:
+        raise OSError(error, "pread of a snapshot failed")
     if got == 2:
         return False
     return producer_entry_at(row, cls) if got else None
 
 
+cdef extern from *:
+    """
+    #include <fcntl.h>
+    #ifndef O_NOATIME
+    #define O_NOATIME 0
+    #endif
+    """
+    enum: O_NOATIME
+
+
 @cython.final
 cdef class SnapshotIndex:
-    """What the core needs to search one sorted snapshot file: its descriptor, count and fences (every
-    ``stride``-th id, in the heap). ``close`` makes later searches raise instead of reading whatever file
-    reuses the descriptor number."""
-    cdef int fd
+    """What the core needs to search one sorted snapshot file: its path, count and fences (every
+    ``stride``-th id, in the heap). Each search opens the file, reads it with ``pread`` and closes it, so
+    no descriptor is held between searches: a broker keeps an index per snapshot of every partition, and
+    descriptors are bounded per log segment. An id below the first fence is answered without a read.
+
+    O_NOATIME where allowed (the file's owner): updating the access time cost a tenth of the read.
+    ``retire``: the file is about to be deleted; a search that then finds no file finds no entry (the
+    ledger deletes a snapshot once every entry in it has expired). ``close``: later searches raise."""
+    cdef bytes name                     # the path for open(2); None once closed
+    cdef int flags
+    cdef bint retired
     cdef Py_ssize_t count, stride
     cdef const int64_t[::1] fences
     cdef readonly object path           # for messages
 
-    def __init__(self, int fd, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride, path):
+    def __init__(self, path, Py_ssize_t count, const int64_t[::1] fences, Py_ssize_t stride):
+        import os
         check_fences(count, fences, stride)
-        self.fd, self.count, self.fences, self.stride, self.path = fd, count, fences, stride, path
+        name = os.fsencode(path)
+        if b"\0" in name:
+            raise ValueError(f"a path holds no NUL byte: {path!r}")
+        self.name, self.path = name, os.fsdecode(name)
+        self.count, self.fences, self.stride = count, fences, stride
+        self.flags = O_RDONLY | O_CLOEXEC | O_NOATIME
 
     cdef int find_row(self, int64_t pid, uint8_t* out) except -1:
-        """``sorted_find_row`` on this file."""
-        if self.fd < 0:
+        """``sorted_find_row`` on this file, opened for the search."""
+        cdef bytes name = self.name            # held while the GIL is released, even if closed meanwhile
+        if name is None:
             from kmem.errors import IllegalStateError
             raise IllegalStateError("the snapshot is closed")
-        return sorted_find_row(self.fd, self.count, &self.fences[0] if self.fences.shape[0] else NULL,
-                               self.fences.shape[0], self.stride, pid, out)
+        cdef const char* path = name
+        cdef Py_ssize_t n_fences = self.fences.shape[0]
+        if n_fences == 0 or pid < self.fences[0]:
+            return 0
+        cdef const int64_t* fences = &self.fences[0]
+        cdef int fd, got = 0, error = 0
+        with nogil:
+            fd = open_fd(path, self.flags)
+            if fd < 0 and errno == EPERM and self.flags & O_NOATIME:     # not the file's owner
+                self.flags &= ~O_NOATIME
+                fd = open_fd(path, self.flags)
+            if fd < 0:
+                error = errno
+            else:
+                got = sorted_find_row(fd, self.count, fences, n_fences, self.stride, pid, out)
+                if got < 0:
+                    error = errno
+                close_fd(fd)
+        if fd < 0:
+            if error == ENOENT and self.retired:
+                return 0
+            raise OSError(error, strerror(error).decode(), self.path)
+        if got < 0:
+            raise OSError(error, f"pread of snapshot {self.path} failed")
+        return got
 
     def __repr__(self):
         return f"SnapshotIndex({self.path!r}, {self.count} entries)"
@@ -356,8 +407,11 @@ cdef class SnapshotIndex:
             return False
         return producer_entry_at(row, cls) if got else None
 
+    def retire(self):
+        self.retired = True
+
     def close(self):
-        self.fd = -1
+        self.name = None
 
 
 cdef inline Py_ssize_t last_fence_at_most(const int64_t* fences, Py_ssize_t n, int64_t pid) noexcept nogil:

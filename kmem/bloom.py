@@ -7,14 +7,13 @@ Java from the same ids have the same bits. ``indices(shape, pid)`` gives the k i
 checking other implementations.
 
 A ``BloomFilter`` lives on the heap or over a memory-mapped ``.bloom`` sidecar (read-only, not loaded
-into memory). The sidecar is ``numberOfBits i32 | numberOfHashFunctions i32 | ceil(m/64) longs``,
-big-endian as Java's DataOutputStream writes it; the filter keeps that layout in memory too, so writing
-a file copies bytes. Hashing and bit loops run in the compiled core; batch calls release the GIL.
+into memory, holding no file descriptor). The sidecar is ``numberOfBits i32 | numberOfHashFunctions i32 |
+ceil(m/64) longs``, big-endian as Java's DataOutputStream writes it; the filter keeps that layout in memory
+too, so writing a file copies bytes. Hashing and bit loops run in the compiled core; batch calls release the GIL.
 
 Threads: queries may run concurrently; adds to one filter need the caller's lock (as in Java).
 """
 import math
-import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -277,16 +276,18 @@ class BloomFilter(_core.BloomBits):
     def open(cls, path):
         """Map a sidecar file read-only: queries test bits in the file's pages, nothing is loaded.
 
-        ``close()`` (or the ``with`` block) unmaps it.
+        The mapping holds no file descriptor (``_core.FileMapping``); ``close()`` (or the ``with`` block)
+        unmaps it.
         """
         path = os.fspath(path)
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size < _HEADER.size:
                 raise CorruptSnapshotError(f"{path}: Bloom sidecar truncated ({size} bytes, header needs 8)")
-            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            mapping = _core.FileMapping(f.fileno())
         try:
-            shape = _sidecar_shape(mapping, path)
+            with memoryview(mapping) as data:
+                shape = _sidecar_shape(data, path)
             bitmap = np.frombuffer(mapping, np.uint8, count=shape.bitmap_bytes, offset=_HEADER.size)
             return cls(shape, bitmap, mapping, path)
         except BaseException:

@@ -395,6 +395,59 @@ def test_a_second_ledger_on_one_directory_is_refused(tmp_path, caplog):
     assert "foreign" not in caplog.text
 
 
+def test_a_ledger_under_the_callers_lock_makes_no_lock_file(tmp_path):
+    before = open_fds()
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), lock_directory=False) as ledger:
+        assert open_fds() == before
+        for pid in range(300):                             # a flush on the way
+            ledger.update(entry(pid))
+        assert ledger.snapshot_paths and "ledger.lock" not in os.listdir(tmp_path)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), read_only=True, lock_directory=False) as reader:
+        assert all(reader.read(pid) == entry(pid) for pid in range(300))
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:     # by default it locks, as before
+        assert "ledger.lock" in os.listdir(tmp_path) and ledger.read(299) == entry(299)
+
+
+def ledger_with_every_kind_of_file(directory):
+    """A ledger with sorted snapshots and their sidecars, a Kafka-ordered one with its row order, and an
+    active file that grew; returns what it holds."""
+    kafka = random_entries(300, seed=5)
+    os.makedirs(directory)
+    with open(os.path.join(directory, snapshot_name(2**40)), "wb") as f:
+        f.write(kafka_snapshot(kafka))
+    expected = {e.producer_id: e for e in kafka}
+    with PidLedger(directory, SMALL, clock_ms=Clock(), producer_id_expiration_ms=2**62) as ledger:
+        for pid in range(1000):                            # five flushes of SMALL, then a file that grows
+            ledger.update(expected.setdefault(pid, entry(pid, offset=2**41 + pid)))
+        ledger.update_many([entry(pid, offset=2**41 + pid) for pid in range(10**6, 10**6 + 3000)])
+    expected.update((pid, entry(pid, offset=2**41 + pid)) for pid in range(10**6, 10**6 + 3000))
+    return expected
+
+
+@pytest.mark.parametrize("lock_directory", [False, True])
+def test_open_ledgers_hold_no_descriptor_for_their_files(tmp_path, lock_directory):
+    ledgers = 8
+    expected = ledger_with_every_kind_of_file(str(tmp_path / "0"))
+    for n in range(1, ledgers):
+        shutil.copytree(tmp_path / "0", tmp_path / str(n))
+    big = Shape.from_np(100_000, 0.01)                     # room for the active file to grow while open
+    before = open_fds()
+    opened = [PidLedger(tmp_path / str(n), big, clock_ms=Clock(), producer_id_expiration_ms=2**62,
+                        lock_directory=lock_directory) for n in range(ledgers)]
+    kinds = {name.rsplit(".", 1)[-1] for name in os.listdir(tmp_path / "0")}
+    assert {"snapshot", "bloom", "order", "active"} <= kinds and len(opened[0].snapshot_paths) >= 6
+    for ledger in opened:
+        for pid in range(5000, 8000):                      # the active file grows: new mappings
+            ledger.update(entry(pid))
+        assert all(ledger.read(pid) == e for pid, e in expected.items())
+        assert ledger.read_many(np.array(list(expected), np.int64))[0].all()
+        ledger.flush()
+    assert open_fds() == before + (ledgers if lock_directory else 0)        # ledger.lock or nothing
+    for ledger in opened:
+        ledger.close()
+    assert open_fds() == before
+
+
 def test_only_the_ledgers_own_temporary_files_are_deleted(tmp_path):
     foreign = ["leader-epoch-checkpoint.tmp", "partition.metadata.tmp"]      # Kafka's, mid-rename
     own = [snapshot_name(10) + ".tmp", snapshot_name(10) + ".bloom.tmp", snapshot_name(10) + ".order.tmp",
@@ -717,6 +770,152 @@ def test_a_growth_on_a_full_disk_is_an_oserror_and_loses_nothing(tmp_path, monke
         assert ledger.read(INITIAL_ROWS) == entry(INITIAL_ROWS) and len(ledger) == INITIAL_ROWS + 1
 
 
+def test_a_growth_cut_short_leaves_the_file_at_its_size(tmp_path, monkeypatch):
+    # Some file systems (ext4) extend the file before they run out of blocks: rows mapped over blocks
+    # that are not there would be SIGBUS at the first store, in this process or after a reopen.
+    from kmem.ledger.active import INITIAL_ROWS
+
+    def extend_then_fail(fd, offset, length):
+        os.ftruncate(fd, offset + length)
+        raise OSError(28, "No space left on device")
+    shape = Shape.from_np(100_000, 0.01)
+    with PidLedger(tmp_path, shape, clock_ms=Clock()) as ledger:
+        for pid in range(INITIAL_ROWS):
+            ledger.update(entry(pid))
+        size = os.path.getsize(ledger._active.path)
+        with monkeypatch.context() as m:
+            m.setattr(os, "posix_fallocate", extend_then_fail)
+            for call in (lambda: ledger.update(entry(INITIAL_ROWS)), lambda: ledger.reserve(1)):
+                with pytest.raises(OSError):
+                    call()
+                assert os.path.getsize(ledger._active.path) == size
+    with PidLedger(tmp_path, shape, clock_ms=Clock()) as ledger:
+        assert ledger._active.rows == INITIAL_ROWS and len(ledger) == INITIAL_ROWS
+
+
+def without_io(m):
+    """Make every way an update could touch the disk (growth, a new active file, a flush) fail."""
+    import kmem.ledger.active as active_module
+    import kmem.ledger.ledger as ledger_module
+    from kmem import _core
+    full = fail_with(OSError(28, "No space left on device"))
+    for module, name in [(os, "posix_fallocate"), (os, "ftruncate"), (_core, "FileMapping"),
+                         (active_module, "replaced_atomically"), (ledger_module, "ActiveFile"),
+                         (ledger_module, "write_entries"), (BloomFilter, "write")]:
+        m.setattr(module, name, full)
+
+
+@pytest.mark.parametrize("shape, filled, count", [
+    (SMALL, 150, 100),                          # the filter cannot take 100 more: a flush makes room
+    (Shape.from_np(100_000, 0.01), 1000, 3000),     # rows for 1024: the file grows
+    (Shape.from_np(100_000, 0.01), 10, 50),        # room already
+])
+def test_after_reserve_the_next_updates_need_no_io(tmp_path, monkeypatch, shape, filled, count):
+    with PidLedger(tmp_path / "unreserved", shape, clock_ms=Clock()) as ledger:
+        for pid in range(filled):
+            ledger.update(entry(pid))
+        if count > 50:
+            with monkeypatch.context() as m, pytest.raises(OSError):     # without reserve they would
+                without_io(m)
+                for pid in range(filled, filled + count):
+                    ledger.update(entry(pid))
+    with PidLedger(tmp_path / "reserved", shape, clock_ms=Clock()) as ledger:
+        for pid in range(filled):
+            ledger.update(entry(pid))
+        ledger.reserve(count)
+        snapshots = ledger.snapshot_paths
+        with monkeypatch.context() as m:
+            without_io(m)
+            for pid in range(filled, filled + count):                   # each a new id: the most room
+                ledger.update(entry(pid))
+            ledger.update(entry(3, epoch=4))                            # known ids are updated in place
+        assert ledger.snapshot_paths == snapshots
+        assert all(ledger.read(pid) == entry(pid) for pid in range(filled + count) if pid != 3)
+    with PidLedger(tmp_path / "reserved", shape, clock_ms=Clock()) as ledger:
+        assert ledger.read(3) == entry(3, epoch=4) and ledger.read(filled + count - 1) is not None
+
+
+def test_a_flush_between_reserve_and_the_updates_keeps_the_room(tmp_path, monkeypatch):
+    with PidLedger(tmp_path, Shape.from_np(100_000, 0.01), clock_ms=Clock()) as ledger:
+        ledger.update(entry(1))
+        ledger.reserve(5000)
+        ledger.flush()                          # the timer's, say: its new active file has the room
+        with monkeypatch.context() as m:
+            without_io(m)
+            for pid in range(2, 5002):
+                ledger.update(entry(pid))
+        assert all(ledger.read(pid) == entry(pid) for pid in range(1, 5002))
+
+
+def test_a_reserve_that_cannot_flush_leaves_the_ledger_as_it_was(tmp_path, monkeypatch):
+    import kmem.ledger.ledger as ledger_module
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(150):
+            ledger.update(entry(pid))
+        active, listing = ledger._active, sorted(os.listdir(tmp_path))
+        for step in ("write_entries", "Snapshot", "ActiveFile"):       # sealing, or the new active file
+            with monkeypatch.context() as m:
+                m.setattr(ledger_module, step, fail_with(OSError(28, "No space left on device")))
+                with pytest.raises(OSError):
+                    ledger.reserve(100)
+            assert ledger._active is active and ledger._view.sealing == () and ledger.snapshot_paths == []
+            assert sorted(os.listdir(tmp_path)) == listing          # no new active file, sidecar or snapshot
+            assert all(ledger.read(pid) == entry(pid) for pid in range(150))
+        ledger.reserve(100)                                          # room again
+        for pid in range(150, 250):
+            ledger.update(entry(pid))
+        assert len(ledger.snapshot_paths) == 1
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        assert all(ledger.read(pid) == entry(pid) for pid in range(250))
+
+
+def test_a_reserve_whose_flush_sealed_but_could_not_delete_keeps_the_snapshot(tmp_path, monkeypatch):
+    real_unlink = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if str(path).endswith(".active"):
+            raise PermissionError(13, "Permission denied", path)
+        real_unlink(path, *args, **kwargs)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for pid in range(150):
+            ledger.update(entry(pid))
+        old = ledger._active
+        with monkeypatch.context() as m:
+            m.setattr(os, "unlink", unlink)
+            with pytest.raises(PermissionError):
+                ledger.reserve(100)
+        # Sealed: the old file is not taken back (its entries are in the snapshot now)
+        assert ledger._active is not old and ledger._view.sealing == () and len(ledger.snapshot_paths) == 1
+        ledger.reserve(100)
+        for pid in range(150, 250):
+            ledger.update(entry(pid))
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:      # the undeleted file is recognised
+        assert all(ledger.read(pid) == entry(pid) for pid in range(250)) and len(ledger.snapshot_paths) == 1
+        assert not os.path.exists(old.path)
+
+
+def test_reserve_checks_its_count_and_the_ledger(tmp_path):
+    ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())
+    assert 1 <= ledger.max_reservation <= ledger.capacity
+    for bad in (-1, ledger.max_reservation + 1, True, 2.0, "3"):
+        with pytest.raises(InvalidArgumentError, match="count"):
+            ledger.reserve(bad)
+    pid = 0
+    while not ledger._active.full:
+        ledger.update(entry(pid))
+        pid += 1
+    ledger.reserve(0)                                   # nothing to make room for: no flush
+    assert ledger.snapshot_paths == []
+    ledger.reserve(ledger.max_reservation)
+    assert len(ledger.snapshot_paths) == 1
+    ledger.close()
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), read_only=True) as reader:
+        with pytest.raises(IllegalStateError, match="read-only"):
+            reader.reserve(1)
+    with pytest.raises(IllegalStateError, match="closed"):
+        ledger.reserve(1)
+
+
 @pytest.mark.parametrize("kwargs, name", [
     ({"shape": 1_000_000}, "shape"),
     ({"directory": 5}, "directory"),
@@ -726,6 +925,7 @@ def test_a_growth_on_a_full_disk_is_an_oserror_and_loses_nothing(tmp_path, monke
     ({"flush_interval_ms": 2.5}, "flush_interval_ms"),
     ({"fsync": "yes"}, "fsync"),
     ({"read_only": 1}, "read_only"),
+    ({"lock_directory": "no"}, "lock_directory"),
     ({"clock_ms": 17}, "clock_ms"),
     ({"read_only": True, "flush_interval_ms": 100}, "flush_interval_ms"),
 ])

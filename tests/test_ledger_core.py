@@ -351,16 +351,23 @@ def test_a_row_table_keeps_its_identity_when_its_file_grows(tmp_path):
         table.get(555, dict)
 
 
-def test_sorted_snapshot_index_refuses_use_after_close(tmp_path):
+def test_sorted_snapshot_index_opens_its_file_per_search_and_refuses_use_after_close(tmp_path):
     path = tmp_path / snapshot_name(3)
     write_snapshot(path, [ProducerEntry(1, 0, 0, 2, 0, NOW, 0, -1)])
-    with open(path, "rb") as f:
-        data = np.frombuffer(path.read_bytes(), np.uint8)
-        index = _core.SnapshotIndex(f.fileno(), 1, _core.snapshot_fences(data, 1, 128), 128, str(path))
-        assert index.find(1, ProducerEntry).last_offset == 2
-        index.close()
-        with pytest.raises(IllegalStateError, match="closed"):
-            index.find(1, ProducerEntry)
+    data = np.frombuffer(path.read_bytes(), np.uint8)
+    index = _core.SnapshotIndex(path, 1, _core.snapshot_fences(data, 1, 128), 128)
+    assert index.find(1, ProducerEntry).last_offset == 2 and index.find(0, ProducerEntry) is None
+    os.unlink(path)                                  # no descriptor held: the file is gone for the index too
+    with pytest.raises(FileNotFoundError, match=snapshot_name(3)):
+        index.find(1, ProducerEntry)
+    assert index.find(0, ProducerEntry) is None      # below the first id: answered without the file
+    index.retire()                                   # deleted by retention: a search finds nothing
+    assert index.find(1, ProducerEntry) is None
+    index.close()
+    with pytest.raises(IllegalStateError, match="closed"):
+        index.find(1, ProducerEntry)
+    with pytest.raises(ValueError, match="NUL"):
+        _core.SnapshotIndex(str(path) + "\0", 1, _core.snapshot_fences(data, 1, 128), 128)
 
 
 class Holder:
@@ -440,3 +447,74 @@ def test_an_entry_class_with_its_own_len_runs_no_python_under_the_lock(tmp_path)
         stored = ledger.update(Sneaky((1, 0, 0, 5, 0, NOW, 0, -1)))
         assert stored == ProducerEntry(1, 0, 0, 5, 0, NOW, 0, -1)
         assert ledger.read(1) == stored
+
+
+# --- FileMapping: a shared mapping that keeps no descriptor -------------------------------------------------
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_file_mapping_keeps_no_descriptor_and_is_a_buffer(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 64)
+    before = open_descriptors()
+    with open(path, "r+b") as f:
+        whole = _core.FileMapping(f.fileno())
+        head = _core.FileMapping(f.fileno(), 4096, writable=True)
+    assert open_descriptors() == before
+    assert len(whole) == 16384 and len(head) == 4096 and not whole.writable and head.writable
+    assert bytes(memoryview(whole)[250:258]) == bytes([250, 251, 252, 253, 254, 255, 0, 1])
+    assert not np.frombuffer(whole, np.uint8).flags.writeable
+    with pytest.raises(TypeError):
+        memoryview(whole)[0] = 7
+    with pytest.raises(BufferError):
+        _core.RowTable(4).bind(whole, True)                 # asks for a writable buffer
+    np.frombuffer(head, np.uint8)[:3] = [9, 8, 7]
+    head.flush()
+    assert path.read_bytes()[:4] == bytes([9, 8, 7, 3]) and memoryview(whole)[1] == 8   # one shared page
+    os.unlink(path)
+    assert memoryview(whole)[2] == 7                         # the mapping outlives the name
+    head.close()
+    whole.close()
+
+
+def test_a_file_mapping_refuses_to_close_while_exported_and_any_use_after_close(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    with open(path, "rb") as f:
+        mapping = _core.FileMapping(f.fileno())
+    rows = np.frombuffer(mapping, np.uint8)
+    with pytest.raises(BufferError):
+        mapping.close()
+    assert rows[99] == ord("x") and not mapping.closed
+    del rows
+    mapping.close()
+    mapping.close()                                          # twice: nothing more to do
+    assert mapping.closed and "closed" in repr(mapping)
+    for use in (lambda: memoryview(mapping), lambda: np.frombuffer(mapping, np.uint8), mapping.flush,
+                lambda: mapping.madvise(0)):
+        with pytest.raises(ValueError, match="closed"):
+            use()
+
+
+def test_a_file_mapping_checks_its_length_and_reports_system_errors(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    (tmp_path / "empty").write_bytes(b"")
+    with open(path, "rb") as f, open(tmp_path / "empty", "rb") as empty:
+        for length in (101, 0, -1):                          # past the end would be SIGBUS at the first load
+            with pytest.raises(ValueError, match="cannot map"):
+                _core.FileMapping(f.fileno(), length)
+        with pytest.raises(ValueError, match="cannot map"):
+            _core.FileMapping(empty.fileno())
+        with pytest.raises(PermissionError):                 # opened read-only: no writable mapping
+            _core.FileMapping(f.fileno(), writable=True)
+        mapping = _core.FileMapping(f.fileno())
+        closed = f.fileno()
+    with pytest.raises(OSError):
+        _core.FileMapping(closed)                            # a closed descriptor
+    with pytest.raises(OSError):
+        mapping.madvise(-1)                                  # no such advice
+    assert len(memoryview(mapping)) == 100
+    mapping.close()

@@ -125,16 +125,43 @@ def test_foreign_arrays_out_of_range_are_refused_not_wrapped():
             entries_array(array)
 
 
-def test_a_sorted_snapshot_holds_one_fd_and_closes_it(tmp_path):
+def mapped_paths():
+    with open("/proc/self/maps") as maps:
+        return [line.split(maxsplit=5)[5].strip() for line in maps if len(line.split(maxsplit=5)) == 6]
+
+
+def test_snapshots_hold_no_descriptor(tmp_path):
     entries = random_entries(300, seed=9)
     write_snapshot(tmp_path / "s", entries)
+    (tmp_path / "k").write_bytes(kafka_snapshot(entries))          # Kafka's order: searched mapped
+    Snapshot(tmp_path / "k").close()                                # writes its row order (k.order)
     before = len(os.listdir("/proc/self/fd"))
-    snapshot = Snapshot(tmp_path / "s")
-    assert len(os.listdir("/proc/self/fd")) == before + 1        # searched with pread: no mapping kept
-    assert all(snapshot.find(e.producer_id) == e for e in entries)
-    assert [ProducerEntry(*row) for row in snapshot.entries().tolist()] == sorted(entries)
-    snapshot.close()
+    searched_by_read, mapped = Snapshot(tmp_path / "s"), Snapshot(tmp_path / "k")
     assert len(os.listdir("/proc/self/fd")) == before
+    assert str(tmp_path / "s") not in mapped_paths()                # opened per search, not mapped
+    assert str(tmp_path / "k") in mapped_paths() and str(tmp_path / "k.order") in mapped_paths()
+    for snapshot in (searched_by_read, mapped):
+        assert all(snapshot.find(e.producer_id) == e for e in entries)
+        found, rows = snapshot.find_many(np.array([e.producer_id for e in entries], np.int64))
+        assert found.all() and [ProducerEntry(*row) for row in rows.tolist()] == entries
+        assert sorted(ProducerEntry(*row) for row in snapshot.entries().tolist()) == sorted(entries)
+        assert len(os.listdir("/proc/self/fd")) == before
+        snapshot.close()
+    assert str(tmp_path / "k") not in mapped_paths() and str(tmp_path / "k.order") not in mapped_paths()
+
+
+def test_a_retired_snapshot_deleted_under_a_reader_finds_nothing(tmp_path):
+    entries = random_entries(300, seed=10)
+    write_snapshot(tmp_path / "s", entries)
+    snapshot = Snapshot(tmp_path / "s")
+    os.unlink(tmp_path / "s")
+    with pytest.raises(FileNotFoundError):             # deleted by someone else: not hidden
+        snapshot.find(entries[0].producer_id)
+    snapshot.retire()                                  # deleted by retention: its entries had expired
+    assert snapshot.find(entries[0].producer_id) is None
+    found, rows = snapshot.find_many(np.array([e.producer_id for e in entries], np.int64))
+    assert not found.any() and len(rows) == 0
+    snapshot.close()
 
 
 def test_numpy_entries_in_any_byte_order(tmp_path):

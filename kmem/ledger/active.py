@@ -8,13 +8,14 @@ the row table directly, which is exact and cheaper than the filter's k bit reads
 
 The file starts with room for ``INITIAL_ROWS`` and doubles when the rows run out, up to ``capacity``.
 Each growth reserves the new blocks (``posix_fallocate``) before the mapping covers them, so a full disk
-is an ``OSError`` from ``put``, never SIGBUS at a store into the mapping.
+is an ``OSError`` from ``put``, never SIGBUS at a store into the mapping; a growth that fails leaves the
+file at its size. ``reserve(n)`` makes room ahead, so that ``n`` new ids are then stored without I/O.
+The mapping (``_core.FileMapping``) holds no file descriptor.
 
 An entry is written before the count that makes it visible, so a process killed at any instant leaves
 every row whose ``put`` returned readable when the file is reopened (the page cache holds the mapping's
 writes). Power loss is another matter: only ``sync()`` (msync) makes the rows durable.
 """
-import mmap
 import os
 import re
 import numpy as np
@@ -42,18 +43,31 @@ def active_sequence(name):
 
 
 def _reserve(file, size):
-    """Give ``file`` ``size`` bytes with their blocks allocated (where the platform can)."""
-    if hasattr(os, "posix_fallocate"):
-        os.posix_fallocate(file.fileno(), 0, size)
-    else:
+    """Give ``file`` ``size`` bytes with their blocks allocated (where the platform can). On failure (a
+    full disk) the file keeps its size: a file system may have extended it before running out, and
+    rows mapped over blocks that are not there would be SIGBUS at the first store."""
+    if not hasattr(os, "posix_fallocate"):
         file.truncate(size)
+        return
+    before = os.fstat(file.fileno()).st_size
+    try:
+        os.posix_fallocate(file.fileno(), 0, size)
+    except OSError:
+        os.ftruncate(file.fileno(), before)
+        raise
+
+
+def room_for(shape, cardinality):
+    """New ids that cannot bring a filter of ``shape`` with ``cardinality`` bits set to saturation (half
+    its bits set): each sets at most k bits."""
+    return (shape.number_of_bits // 2 - cardinality) // shape.number_of_hash_functions
 
 
 class ActiveFile:
     """One active ledger file. Not thread-safe: the ledger serialises ``put`` against ``find``."""
 
-    def __init__(self, path, shape, capacity=None, fsync=False, *, read_only=False):
-        """Open ``path``, creating it (room for ``min(INITIAL_ROWS, capacity)`` rows) if it does not exist.
+    def __init__(self, path, shape, capacity=None, fsync=False, *, read_only=False, rows=INITIAL_ROWS):
+        """Open ``path``, creating it (room for ``min(rows, capacity)`` rows) if it does not exist.
 
         ``capacity``: the most rows the file may grow to (at least what it holds). The blocks are reserved
         on creation; ``fsync`` makes the new file and its name durable. ``read_only`` maps it read-only
@@ -67,7 +81,7 @@ class ActiveFile:
                 f.write(HEADER.pack(VERSION, 0, 0))
                 f.flush()
                 # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
-                _reserve(f, HEADER.size + min(INITIAL_ROWS, capacity) * ENTRY_SIZE)
+                _reserve(f, HEADER.size + min(rows, capacity) * ENTRY_SIZE)
         with open(self.path, "rb" if read_only else "r+b") as f:
             size = os.fstat(f.fileno()).st_size
             # No room for a row would leave update() flushing an empty file forever. Bytes past the last
@@ -75,8 +89,7 @@ class ActiveFile:
             if size < HEADER.size + ENTRY_SIZE:
                 raise CorruptSnapshotError(f"{self.path}: active ledger file of {size} bytes is truncated or foreign")
             self.rows = (size - HEADER.size) // ENTRY_SIZE
-            self._map = mmap.mmap(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE,
-                                  access=mmap.ACCESS_READ if read_only else mmap.ACCESS_WRITE)
+            self._map = _core.FileMapping(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE, writable=not read_only)
         version, _, count = HEADER.unpack_from(self._map)
         if version != VERSION or not 0 <= count <= self.rows:
             self._map.close()
@@ -91,7 +104,6 @@ class ActiveFile:
             raise CorruptSnapshotError(f"{self.path}: producer id {duplicate} appears twice")
         self._table.bind(self._map, not read_only)
         self._filter = BloomFilter(shape)
-        self._half_the_bits = shape.number_of_bits // 2
         self._filtered = 0                  # rows 0 .. _filtered - 1 are in the filter
         self.cardinality = 0
         self._catch_up()
@@ -111,8 +123,8 @@ class ActiveFile:
             self._filter.add_many(ids)
             cardinality = self._filter.cardinality()
         self.cardinality = cardinality
-        self._saturated = cardinality >= self._half_the_bits
-        self.room = (self._half_the_bits - cardinality) // self._filter.shape.number_of_hash_functions
+        self.room = room_for(self._filter.shape, cardinality)
+        self._saturated = cardinality >= self._filter.shape.number_of_bits // 2
         self._set_limit()
 
     def _set_limit(self):
@@ -169,6 +181,19 @@ class ActiveFile:
             done += self._table.put_many(raw[done * ENTRY_SIZE:], min(self.capacity, self._filtered + max(1, self.room)))
         return done
 
+    def reserve(self, count):
+        """Make room for ``count`` new rows that ``put`` then adds in the core, with no I/O and no check of
+        the filter: True; False if the file cannot take them (the filter could saturate, or past
+        ``capacity``): flush it. Grows the file if its rows are short (OSError: nothing changed)."""
+        if self._filtered < self.count:
+            self._catch_up()
+        room = 0 if self._saturated else max(1, self.room)     # one row past the room: see _set_limit
+        if count > room or self.count + count > self.capacity:
+            return False
+        if self.count + count > self.rows:
+            self._grow(self.count + count)
+        return True
+
     def find_many(self, pids):
         """(row found per id, their entries as stored) for an int64 array of ids."""
         rows = np.empty(len(pids), np.int64)
@@ -184,7 +209,7 @@ class ActiveFile:
         rows = min(self.capacity, max(2 * self.rows, wanted))
         with open(self.path, "r+b") as f:
             _reserve(f, HEADER.size + rows * ENTRY_SIZE)
-            mapping = mmap.mmap(f.fileno(), HEADER.size + rows * ENTRY_SIZE)
+            mapping = _core.FileMapping(f.fileno(), HEADER.size + rows * ENTRY_SIZE, writable=True)
         self._table.bind(mapping, True)                 # new slots for the new rows
         self._map, self.rows, previous = mapping, rows, self._map
         self._set_limit()

@@ -14,12 +14,26 @@ active file into a sorted snapshot and its sidecar (see ``flush``).
 A read-only ledger (``read_only=True``) writes nothing: no lock file, no active file, no sidecar or row
 order (built in the heap when missing), no deletions. It takes a shared ``flock`` on ``ledger.lock`` when
 that file exists, so it cannot open while a writer has the directory, nor a writer while it is open.
+``lock_directory=False`` takes no lock and creates no ``ledger.lock``: for a caller that already holds an
+exclusive lock covering the directory (the broker's LogManager ``flock``s ``<log.dir>/.lock``).
+
+Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The
+active file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``) and a
+snapshot is opened for each search (one ``open``, ``pread``, ``close``), so a process may keep the
+ledgers of thousands of partitions open.
+
+A full disk is an ``OSError`` where it happens and leaves nothing half-made: a growth of the active file
+or a new one reserves its blocks first, a flush that cannot write its snapshot deletes what it wrote and
+keeps the filled file readable (sealed by the next flush). ``reserve(n)`` makes room ahead, so that the
+next ``n`` updates need no I/O: for a caller that must not fail after it acted (the broker appends a
+batch to its log, then updates the producer's entry).
 
 Durability: everything ``update`` returned for survives a crash of the process (the mapping's writes are
 in the page cache; a reopened ledger finds them, finishing any flush that was cut short). Surviving
 power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
 and ``sync()`` msyncs the active file; without it, recent updates can be lost with the machine.
 """
+import contextlib
 import fcntl
 import logging
 import operator
@@ -34,7 +48,7 @@ from kmem import _core
 from kmem.bloom import SIDECAR_SUFFIX, BloomFilter, Shape
 from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
-from kmem.ledger.active import ActiveFile, active_name, active_sequence
+from kmem.ledger.active import INITIAL_ROWS, ActiveFile, active_name, active_sequence, room_for
 from kmem.ledger.snapshot import (
     ENTRY_DTYPE, ENTRY_SIZE, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view,
     kafka_view_array, scatter, snapshot_name,
@@ -153,7 +167,10 @@ class PidLedger:
     """The producer-id ledger of one partition directory. Thread-safe."""
 
     def __init__(self, directory, shape=DEFAULT_SHAPE, *, producer_id_expiration_ms=DEFAULT_EXPIRATION_MS,
-                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False):
+                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False, lock_directory=True):
+        """``lock_directory=False``: no ``ledger.lock`` (no file, no descriptor, no ``flock``); the caller
+        guarantees that no other ledger opens the directory meanwhile, e.g. by an exclusive lock covering
+        it. Two writing ledgers on one directory would lose acknowledged updates."""
         self.directory = _require_path("directory", directory)
         self.shape = _require_shape("shape", shape)
         self.expiration_ms = _require_int("producer_id_expiration_ms", producer_id_expiration_ms, 1)
@@ -161,6 +178,7 @@ class PidLedger:
             _require_int("flush_interval_ms", flush_interval_ms, 1)
         self.fsync = _require_bool("fsync", fsync)
         self.read_only = _require_bool("read_only", read_only)
+        self.lock_directory = _require_bool("lock_directory", lock_directory)
         if clock_ms is not None and not callable(clock_ms):
             raise InvalidArgumentError(f"clock_ms must be a function returning milliseconds: {clock_ms!r}")
         if read_only and flush_interval_ms is not None:
@@ -169,6 +187,9 @@ class PidLedger:
         self._clock_ms = clock_ms or (lambda: time.time_ns() // 1_000_000)
         # Room for the rows the filter takes before saturating, with margin for its randomness.
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
+        # What an empty active file takes with no check of its filter: the most ``reserve`` promises.
+        self.max_reservation = min(self.capacity, max(1, room_for(shape, 0)))
+        self._reserved = 0                  # rows a new active file is made with, beyond INITIAL_ROWS
         # update() and read() in the core: the lock, the active file's row table and the read path
         # (published by _publish) and the expiry rule in one call each; _update_decided only when needed.
         # The instance's update and read are those callables themselves: a Python frame around them cost
@@ -206,6 +227,8 @@ class PidLedger:
         # Two ledgers on one directory would append to one active file at their own counts and lose
         # acknowledged updates; the kernel drops the lock when the process dies. Readers share the lock,
         # so a writer cannot change files under them; a directory no writer opened has no lock file.
+        if not self.lock_directory:
+            return None                 # the caller's lock covers the directory
         path = os.path.join(self.directory, LOCK_NAME)
         if self.read_only:
             try:
@@ -306,7 +329,7 @@ class PidLedger:
 
     def _new_active(self):
         active = ActiveFile(os.path.join(self.directory, active_name(self._sequence + 1)),
-                            self.shape, self.capacity, self.fsync)
+                            self.shape, self.capacity, self.fsync, rows=max(INITIAL_ROWS, self._reserved))
         self._sequence += 1
         return active
 
@@ -429,22 +452,76 @@ class PidLedger:
              swap, so no reader can miss an id in between.
         8.   The old file is deleted; its mapping goes when the last reader holding it is done.
 
-        If sealing fails (a full disk, no file descriptors), the old file stays on the read path, pending,
-        and the next flush seals it before anything newer, so snapshots keep the order of their data.
+        If sealing fails (a full disk, no file descriptors), what it wrote is deleted, the old file stays on
+        the read path, pending, and the next flush seals it before anything newer, so snapshots keep the
+        order of their data.
         """
         self._check_writable()
         with self._flush_lock:
             self._seal_pending()
-            with self._lock:
-                old = self._current()
-                if old.count == 0:
-                    return None
-                self._active = self._new_active()          # may fail: then nothing has changed
-                view = self._view
-                self._publish(view._replace(sealing=(old,) + view.sealing))
+            old = self._rotate()
+            if old is None:
+                return None
             path = self._seal(old)
             self._apply_retention()
         return path
+
+    def reserve(self, count):
+        """Make room for ``count`` updates that then perform no I/O that can fail.
+
+        After it returns, the next ``count`` ``update`` calls, each for any producer id, new or known, only
+        store into the active file's mapped rows, whose blocks are allocated: no growth, no flush, no new
+        file. Making room may grow the active file, or flush it when its filter or rows cannot take
+        ``count`` more ids. If room cannot be made (a full disk) it raises OSError and the ledger is as it
+        was: the same active file, nothing half-made, every entry readable.
+
+        For a caller that must not fail after it acted (the broker reserves, appends a batch to its log,
+        then updates the producer's entry): it serialises its updates, as the broker's partition lock
+        does; a flush meanwhile (``flush_interval_ms``) makes the new active file with room for them.
+        ``count``: 0 to ``max_reservation``, what an empty active file takes.
+        """
+        self._check_writable()
+        _require_int("count", count, 0, self.max_reservation)
+        with self._flush_lock:
+            self._reserved = count
+            while True:
+                with self._lock:
+                    if self._current().reserve(count):      # may grow it: OSError changes nothing
+                        return
+                # Full for ``count`` ids, so not empty: flush it, or leave it as it was.
+                self._seal_pending()
+                old = self._rotate()
+                try:
+                    self._seal(old)
+                except BaseException:
+                    self._take_back(old)
+                    raise
+                self._apply_retention()
+
+    def _rotate(self):
+        """Steps 1-3 of ``flush``: a new active file takes the writes and the old one joins the sealing
+        list; returns it (None when empty: nothing to flush). On failure nothing has changed."""
+        with self._lock:
+            old = self._current()
+            if old.count == 0:
+                return None
+            self._active = self._new_active()
+            view = self._view
+            self._publish(view._replace(sealing=(old,) + view.sealing))
+        return old
+
+    def _take_back(self, old):
+        """Undo ``_rotate`` after sealing ``old`` failed: ``old`` is the active file again and the new one is
+        deleted. Not if an update went to the new file meanwhile (``old`` stays pending), nor if ``old``
+        left the read path (sealed; only deleting its file or syncing the directory failed)."""
+        with self._lock:
+            new, view = self._active, self._view
+            if new.count or old not in view.sealing:
+                return
+            self._active = old
+            self._publish(view._replace(sealing=tuple(a for a in view.sealing if a is not old)))
+        new.close()
+        os.unlink(new.path)
 
     def _seal_pending(self):
         """Seal the active files an earlier flush failed to seal (or a crash left), oldest first."""
@@ -465,9 +542,15 @@ class PidLedger:
             offset = max(int(array["last_offset"].max()) + 1 if len(array) else 0,
                          newest.offset + 1 if newest is not None else 0)
             path = os.path.join(self.directory, snapshot_name(offset))
-            old.bloom.write(path + SIDECAR_SUFFIX, fsync=self.fsync)                 # step 4
-            stats = write_entries(path, array, order, fsync=self.fsync)                # step 5
-            added = [(BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats))]
+            try:
+                old.bloom.write(path + SIDECAR_SUFFIX, fsync=self.fsync)             # step 4
+                stats = write_entries(path, array, order, fsync=self.fsync)            # step 5
+                added = [(BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats))]
+            except BaseException:
+                for written in (path, path + SIDECAR_SUFFIX):      # nothing half-made; the retry writes both
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(written)
+                raise
         with self._lock:                                                                # steps 6-7
             view = self._view
             self._publish(_ReadPath(tuple(a for a in view.sealing if a is not old),
@@ -497,6 +580,7 @@ class PidLedger:
             gone = view.snapshots[keep:]
             self._publish(view._replace(filters=view.filters[:keep], snapshots=view.snapshots[:keep]))
         for snapshot in gone:
+            snapshot.retire()           # a reader still searching it finds nothing once it is gone
             for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
                 try:
                     os.unlink(snapshot.path + suffix)

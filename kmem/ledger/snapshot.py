@@ -1,4 +1,4 @@
-"""Kafka producer-state snapshot files: read, write, and search them memory-mapped.
+"""Kafka producer-state snapshot files: read, write, and search them without holding a descriptor.
 
 Layout (big-endian): ``version i16 (= 1) | crc u32 | count i32`` then ``count`` entries of 46 bytes
 ``producerId i64 | epoch i16 | lastSequence i32 | lastOffset i64 | offsetDelta i32 | timestamp i64 |
@@ -279,18 +279,23 @@ def verify_snapshot(path):
 
 
 class Snapshot:
-    """A verified snapshot file, searchable by producer id without loading it into the heap.
+    """A verified snapshot file, searchable by producer id without loading it into the heap, holding no
+    file descriptor (a broker keeps the snapshots of every partition open).
 
     Every FENCE_STRIDE-th id stays in the heap ("fences"). A search picks the stride that may hold the
-    id from the fences, reads with one ``pread`` the 16 rows (736 bytes) around the row interpolated
-    between the two fences, or the stride's 5.9 KB when the id is not among them, and binary-searches
-    them in the core. Reading rather than touching a mapping is deliberate: Linux maps a whole page-cache folio (up
-    to 2 MB) on a fault, so mapped lookups either grow the resident set by about a megabyte per search
-    or pay a fault and an unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
+    id from the fences, opens the file, reads with one ``pread`` the 16 rows (736 bytes) around the row
+    interpolated between the two fences, or the stride's 5.9 KB when the id is not among them, closes it
+    and binary-searches the rows, all in one call to the core (``SnapshotIndex``). Reading rather than
+    touching a mapping is deliberate: Linux maps a whole page-cache folio (up to 2 MB) on a fault, so
+    mapped lookups either grow the resident set by about a megabyte per search or pay a fault and an
+    unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
 
     Unsorted (Kafka-written) files get a row order (``<name>.order``) built once (kept in the heap when
-    opened ``read_only``); they are searched
-    through the read-only mapping and the order, unmapping what the search touched afterwards.
+    opened ``read_only``); they are searched through read-only mappings of the file and the order
+    (``FileMapping``s, which hold no descriptor), unmapping what the search touched afterwards.
+
+    ``retire()`` before deleting the file: a search by a reader still holding the snapshot then finds
+    nothing once the file is gone, instead of failing.
     """
 
     def __init__(self, path, stats=None, *, read_only=False):
@@ -300,29 +305,27 @@ class Snapshot:
         self.offset = snapshot_offset(self.path)
         self.stats = stats or verify_snapshot(self.path)
         self.count = self.stats.count
+        self._retired = False
         self._order_map = None
         self._order = None
-        self._file = open(self.path, "rb", buffering=0, opener=_open_without_atime)
-        self._fd = self._file.fileno()
-        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self._map = _map_file(self.path)
         _advise_random(self._map)
         self._data = memoryview(self._map)
         if not _core.snapshot_sorted(self._data, self.count):
             self._order = self._load_order()
         self._fences = _core.snapshot_fences(self._data, self.count, FENCE_STRIDE, self._order)
-        if self._order is None:     # searched with pread: the mapping, and the fd it holds, can go
+        self._index = None
+        if self._order is None:     # searched with pread: no mapping kept
             self._data.release()
             self._map.close()
             self._data = self._map = None
-        self._index = _core.SnapshotIndex(self._fd, self.count, self._fences, FENCE_STRIDE, self.path) \
-            if self._order is None else None
+            self._index = _core.SnapshotIndex(self.path, self.count, self._fences, FENCE_STRIDE)
         self.trim()         # the checks above read every page; none needs to stay mapped
 
     def _load_order(self):
         order_path = self.path + ORDER_SUFFIX
         try:
-            with open(order_path, "rb") as f:
-                self._order_map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            self._order_map = _map_file(order_path)
             order = np.frombuffer(self._order_map, "<u4")
             if _core.snapshot_sorted(self._data, self.count, order):
                 return order
@@ -350,7 +353,7 @@ class Snapshot:
 
     def find(self, pid):
         """The entry of producer ``pid``, or None."""
-        if self._order is None:        # fences, a pread around the guessed row, its search: one call to the core
+        if self._order is None:        # fences, open, a pread around the guessed row, its search: one call to the core
             entry = self._index.find(pid, ProducerEntry)
             if entry is False:
                 raise CorruptSnapshotError(f"{self.path}: snapshot shrank while in use")
@@ -366,7 +369,15 @@ class Snapshot:
 
         A sorted file is mapped for the call and unmapped after it (a batch amortises the mapping).
         """
-        data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        if self._data is not None:
+            data = self._data
+        else:
+            try:
+                data = _map_file(self.path)
+            except FileNotFoundError:
+                if not self._retired:
+                    raise
+                return np.zeros(len(pids), np.bool_), np.zeros(0, ENTRY_DTYPE)
         try:
             rows = np.full(len(pids), -1, np.int64)
             _core.snapshot_search_many(data, self.count, pids, rows, self._order, self._fences, FENCE_STRIDE)
@@ -384,7 +395,7 @@ class Snapshot:
 
         Sorted files are mapped for the call; the mapping goes with the array.
         """
-        data = self._data if self._data is not None else mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        data = self._data if self._data is not None else _map_file(self.path)
         return kafka_view_array(np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size))
 
     def trim(self):
@@ -393,27 +404,37 @@ class Snapshot:
             if m is not None and hasattr(mmap, "MADV_DONTNEED"):
                 m.madvise(mmap.MADV_DONTNEED)
 
+    def retire(self):
+        """The file is about to be deleted: searches that no longer find it find no entry."""
+        self._retired = True
+        if self._index is not None:
+            self._index.retire()
+
     def close(self):
-        """Close the file and unmap it and the row order (see ``unmap``)."""
+        """Unmap the file and the row order (see ``unmap``); sorted files' searches raise from now on."""
         if self._index is not None:
             self._index.close()
         self._data = self._order = None
         for m in (self._map, self._order_map):
             if m is not None:
                 unmap(m)
-        self._file.close()
 
     def __repr__(self):
         return f"Snapshot({self.path!r}, {self.count} entries{'' if self.sorted else ', unsorted'})"
 
 
 def _open_without_atime(path, flags):
-    # A search is one pread; updating the file's access time on it cost a tenth of the read. Only the
-    # file's owner may ask (else EPERM): others open it plainly.
+    # Only the file's owner may ask for O_NOATIME (else EPERM): others open it plainly.
     try:
         return os.open(path, flags | getattr(os, "O_NOATIME", 0))
     except PermissionError:
         return os.open(path, flags)
+
+
+def _map_file(path):
+    """All of ``path`` mapped read-only (a ``FileMapping``: the file is closed on return)."""
+    with open(path, "rb", buffering=0, opener=_open_without_atime) as f:
+        return _core.FileMapping(f.fileno())
 
 
 def unmap(mapping):
