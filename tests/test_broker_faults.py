@@ -156,9 +156,10 @@ def test_a_partition_holds_one_descriptor(tmp_path):
         before = open_descriptors(process.pid)
         admin.create_topics([NewTopic("many", 100, 1)])["many"].result(30)
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
-        for i in range(3000):                # every partition rolls segments and writes producer snapshots
-            producer.produce("many", b"x" * 100, partition=i % 100)
-        assert producer.flush(30) == 0
+        for _ in range(4):                   # every partition rolls segments and writes producer snapshots
+            for partition in range(100):
+                producer.produce("many", b"x" * 1000, partition=partition)
+            assert producer.flush(30) == 0
         assert len(os.listdir(tmp_path / "many-0")) > 6
         assert open_descriptors(process.pid) - before <= 100 + 8      # one per partition; connections
     finally:

@@ -13,8 +13,11 @@ Where the state lives:
   Differences from Kafka's files: a snapshot is named by the offset after its newest entry (at most
   the roll offset) and a roll with no producer written since the previous one writes none; deleting a
   segment does not delete a snapshot (its producers may live nowhere else), only expiry does, checked
-  when the ledger opens or flushes. The ledger's own files (``ledger-<n>.active``, ``ledger.lock``,
-  ``<offset>.snapshot.bloom``) sit beside Kafka's, which Kafka ignores. Expiry is Kafka's
+  when the ledger opens or flushes. The ledger's own files (``ledger-<n>.active``,
+  ``<offset>.snapshot.bloom``) sit beside Kafka's, which Kafka ignores; it takes no ``ledger.lock`` (the
+  log manager's lock on the log directory covers it) and holds no descriptor between calls. Before a batch
+  is written, ``reserve`` makes room for its producers' entries, so that a full disk fails the append
+  before anything of it is kept, never after. Expiry is Kafka's
   ``removeExpiredProducers``: ``remove_expired(now)``, run every
   ``producer.id.expiration.check.interval.ms`` (and when the partition opens), forgets the producers
   whose last batch's max timestamp is ``producer.id.expiration.ms`` older than ``now`` (none with an
@@ -157,8 +160,9 @@ class ProducerStateManager:
 
     def __init__(self, directory, *, ledger_ids, cache_entries, expiration_ms, clock_ms):
         self._checked_at = clock_ms()                   # Kafka removes expired producers when it loads them
+        # The log manager's flock on the log directory covers the ledger: no ledger.lock, no descriptor.
         self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
-                                clock_ms=lambda: self._checked_at)
+                                clock_ms=lambda: self._checked_at, lock_directory=False)
         self.cache_entries = cache_entries
         self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
         self._ongoing = {}                              # pid -> first offset of its open transaction
@@ -233,8 +237,17 @@ class ProducerStateManager:
                            f"out of order sequence number for producer {state.producer_id}: {first} (incoming), "
                            f"{state.last_seq} (current end sequence number)")
 
+    def reserve(self, updated):
+        """Make room in the ledger for the states ``check`` returned, before their batches are written:
+        ``apply`` then does no I/O that can fail. Raises OSError (nothing changed) or, for more producers
+        than one append may carry, INVALID_RECORD (``LogError``)."""
+        if len(updated) > self.ledger.max_reservation:
+            raise LogError(ErrorCode.INVALID_RECORD, f"{len(updated)} producers in one append: at most "
+                                                     f"{self.ledger.max_reservation}")
+        self.ledger.reserve(len(updated))
+
     def apply(self, updated):
-        """Store the states ``check`` returned, once their batches are in the log."""
+        """Store the states ``check`` returned, once their batches are in the log (after ``reserve``)."""
         for state in updated.values():
             self.ledger.update(state.to_entry())
             self._remember(state)

@@ -243,16 +243,18 @@ class PartitionLog:
                 validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
                                                 leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
                 duplicate, updated = self.producers.check(validated.batches, origin)
-            except LogError as e:
-                return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e))
-            if duplicate is not None:
-                return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
-                                    duplicate.timestamp, self.log_start_offset, duplicate=True)
-            try:
+                if duplicate is not None:
+                    return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
+                                        duplicate.timestamp, self.log_start_offset, duplicate=True)
+                # All or nothing: whatever can fail (a full disk, no descriptor left) fails before the
+                # batch is in the log, or takes it out again (LogSegment.append).
                 segment = self._maybe_roll(validated, now)
+                self.producers.reserve(updated)
                 segment.append(validated.last_offset, validated.max_timestamp, validated.offset_of_max_timestamp,
                                validated.pieces)
-            except OSError as e:        # nothing of the append was kept (LogSegment.append, roll)
+            except LogError as e:
+                return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e))
+            except OSError as e:
                 error = storage_error(e, f"appending to {self.topic}-{self.partition}")
                 log.error("%s: %s", self.directory, error)
                 return AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error))
