@@ -3,17 +3,20 @@ own classes (``kafka.protocol``): a whole membership at v0, retention times of O
 ListGroups' state filter, DescribeGroups of an unknown group, FindCoordinator for a transaction."""
 import time
 
-from kafka.protocol.admin import DescribeGroupsRequest, DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse
+import pytest
+from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
+                                  DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse)
 from kafka.protocol.consumer import (HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
                                      LeaveGroupRequest, LeaveGroupResponse, OffsetCommitRequest,
                                      OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest,
                                      SyncGroupResponse)
 from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
 
-from broker_helpers import RawConnection
+from broker_helpers import RawConnection, fail_appends
 from group_helpers import start_broker
+from kmem.broker.group.offsets import OFFSETS_TOPIC
 
-NONE, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 22, 25
+NONE, NOT_COORDINATOR, ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID = 0, 16, 22, 25
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 53
 
 
@@ -68,3 +71,48 @@ def test_a_membership_at_version_0_and_offsets_with_retention(tmp_path):
         assert [(g.group_id, g.group_state) for g in listed.groups] == [("g", "Empty")]
     finally:
         broker.close()
+
+
+@pytest.mark.parametrize("how", ["result", "raise"])
+def test_a_full_disk_answers_not_coordinator_and_keeps_what_was_committed(tmp_path, monkeypatch, how):
+    """Kafka maps a storage error of ``__consumer_offsets`` to NOT_COORDINATOR (clients look the coordinator
+    up again and retry), for offset commits and group metadata alike; nothing half-written is kept."""
+    broker = start_broker(tmp_path)
+    try:
+        broker.logs.create_topic("t", 1)
+        connection = RawConnection(broker.bootstrap_servers)
+        connection.request(FindCoordinatorRequest(key="g"), FindCoordinatorResponse, 0)   # creates the topic
+        assert commit(connection, "solo", 5) == NONE
+        joined = connection.request(JoinGroupRequest(
+            group_id="g", session_timeout_ms=6000, rebalance_timeout_ms=6000, member_id="", group_instance_id="i",
+            protocol_type="consumer", protocols=[("range", b"meta")]), JoinGroupResponse, 5)
+        member = joined.member_id
+        assert joined.error_code == NONE
+
+        fail_appends(monkeypatch, broker.logs, OFFSETS_TOPIC, how)
+        assert commit(connection, "solo", 6) == NOT_COORDINATOR
+        assert committed(connection, "solo") == 5
+        synced = connection.request(SyncGroupRequest(group_id="g", generation_id=1, member_id=member,
+                                                     group_instance_id="i", assignments=[(member, b"all")]),
+                                    SyncGroupResponse, 3)
+        assert synced.error_code == NOT_COORDINATOR                 # the assignment was not stored
+        deleted = connection.request(DeleteGroupsRequest(groups_names=["solo"]), DeleteGroupsResponse, 2)
+        assert deleted.results[0].error_code == NOT_COORDINATOR
+        assert committed(connection, "solo") == 5
+
+        monkeypatch.undo()
+        assert commit(connection, "solo", 7) == NONE
+        assert committed(connection, "solo") == 7
+    finally:
+        broker.close()
+
+
+def commit(connection, group, offset, version=8):
+    committed = connection.request(OffsetCommitRequest(group_id=group, topics=[("t", [(0, offset, -1, None)])]),
+                                   OffsetCommitResponse, version)
+    return committed.topics[0].partitions[0].error_code
+
+
+def committed(connection, group):
+    fetched = connection.request(OffsetFetchRequest(group_id=group, topics=[("t", [0])]), OffsetFetchResponse, 7)
+    return fetched.topics[0].partitions[0].committed_offset

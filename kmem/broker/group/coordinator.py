@@ -30,7 +30,9 @@ Offsets and group metadata are records of the internal ``__consumer_offsets`` to
 first group request, ``offsets.topic.num.partitions`` partitions; a group's records go to partition
 ``abs(hashCode(group)) % partitions``), written before a commit or a new generation is acknowledged
 and replayed when the broker starts: a Stable group comes back Stable with its members, who carry on
-heartbeating (or rejoin) as with a Kafka coordinator fail-over. Offsets expire
+heartbeating (or rejoin) as with a Kafka coordinator fail-over. A write that fails changes nothing and
+is answered as Kafka 3.9 maps its error (``GROUP_WRITE_ERRORS``): a failing or full disk is NOT_COORDINATOR,
+which clients retry after finding the coordinator again. Offsets expire
 ``offsets.retention.minutes`` after the group became empty (after their commit for groups that only
 commit, or at the expire timestamp OffsetCommit v1-4 gave), at that deadline; tombstones mark them gone.
 ``compact()`` (the broker's log maintenance calls it every ``offsets.retention.check.interval.ms``)
@@ -78,6 +80,20 @@ GROUP_VERSIONS = {
     ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9), ApiKey.LIST_GROUPS: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 2), ApiKey.OFFSET_DELETE: (0, 0),
 }
+
+
+# A failed write to __consumer_offsets is answered as Kafka 3.9 maps the append's error, for group metadata
+# (``GroupMetadataManager.storeGroup``; ``GroupCoordinatorService.handleOperationException`` for deletions)
+# and for offset commits (``GroupMetadataManager.maybeConvertOffsetCommitError``): a failing or full disk
+# is NOT_COORDINATOR, which clients retry after finding the coordinator again. Other errors go as they are.
+GROUP_WRITE_ERRORS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+}
+COMMIT_WRITE_ERRORS = {**GROUP_WRITE_ERRORS, ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+                       ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE}
 
 
 def _ranged(name, low=1, high=INT32_MAX):
@@ -289,19 +305,29 @@ class GroupCoordinator:
         except (LogError, OSError) as e:
             log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
 
-    def _append(self, group_id, entries):
-        """Write ``[(key, value or None)]`` to the group's partition; returns a Kafka error code."""
+    def _append(self, group_id, entries, errors=GROUP_WRITE_ERRORS):
+        """Write ``[(key, value or None)]`` to the group's partition; returns the Kafka error code to answer:
+        NONE, or the append's error as ``errors`` maps it (see ``GROUP_WRITE_ERRORS``)."""
         now = _now_ms()
         batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries])
         try:
-            result = self._offsets_partition(group_id).append(batch, origin=COORDINATOR)
-        except (LogError, IllegalStateError, OSError) as e:
-            log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, e)
+            partition_log = self._offsets_partition(group_id)
+        except (LogError, OSError) as e:
+            log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if result.error_code:
-            log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, result.error_message)
-            return ErrorCode.UNKNOWN_SERVER_ERROR
-        return ErrorCode.NONE
+        try:
+            result = partition_log.append(batch, origin=COORDINATOR)
+            error, message = result.error_code, result.error_message
+        except IllegalStateError as e:              # the topic was deleted meanwhile
+            error, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(e)
+        except OSError as e:                        # the disk failed outside what the append reports
+            error, message = ErrorCode.KAFKA_STORAGE_ERROR, str(e)
+        if not error:
+            return ErrorCode.NONE
+        answer = ErrorCode(errors.get(error, error))
+        log.error("writing to %s for group %r failed (answered %s): %s", OFFSETS_TOPIC, group_id, answer.name,
+                  message)
+        return answer
 
     def _store_group(self, group):
         return self._append(group.group_id, [(group_metadata_key(group.group_id),
@@ -661,6 +687,7 @@ class GroupCoordinator:
             old.join_reply.set(ErrorCode.FENCED_INSTANCE_ID)
         if old.sync_reply is not None:
             old.sync_reply.set(ErrorCode.FENCED_INSTANCE_ID)
+        members_before = dict(group.members)
         del group.members[old.member_id]
         member = dataclasses.replace(old, member_id=new_id, join_reply=None, sync_reply=None,
                                      rebalance_timeout_ms=rebalance_timeout,
@@ -670,10 +697,14 @@ class GroupCoordinator:
         if group.leader == old.member_id:
             group.leader = new_id
         if group.state == STABLE and member.matches(protocols) and group.leader != new_id:
+            error = self._store_group(group)
+            if error:       # as Kafka's updateStaticMemberAndRebalance: the old member id stays, the join fails
+                group.members = members_before
+                group.static_members[old.group_instance_id] = old.member_id
+                old.heartbeat_deadline = now + old.session_timeout_ms / 1000
+                return self._join_error(error)
             member.heartbeat_deadline = now + member.session_timeout_ms / 1000
-            self._store_group(group)
-            response = self._join_response(group, member, version)
-            return response
+            return self._join_response(group, member, version)
         member.protocols = protocols
         reply = member.join_reply = self._join_reply(request)
         if group.state == PREPARING:
@@ -893,7 +924,7 @@ class GroupCoordinator:
                     accepted.append(((topic.name, p.partition_index), offset))
                     results.append(result)
             if entries:
-                stored = self._append(request.group_id, entries)
+                stored = self._append(request.group_id, entries, COMMIT_WRITE_ERRORS)
                 if stored:
                     for result in results:
                         result.error_code = stored
