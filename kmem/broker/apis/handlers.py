@@ -19,7 +19,8 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
 - long polling: with fewer than ``min_bytes`` available, the request is parked as a ``DelayedFetch`` in
   the fetch purgatory (no thread waits), completed by an append to a fetched partition or at
   ``max_wait_ms``;
-- no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches.
+- no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
+- a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
 """
 import logging
 import struct
@@ -349,17 +350,17 @@ class Handlers:
             response.error_code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
             return response
         wanted = []                   # (topic response, request partition, PartitionLog or error code)
-        for topic in request.topics:
-            name = topic.topic if version < 13 else self.logs.topic_name(_storage_uuid(topic.topic_id))
-            topic_response = messages.FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=topic.topic_id,
-                                                                          partitions=[])
-            response.responses.append(topic_response)
-            for partition in topic.partitions:
-                if name is None:
-                    source = ErrorCode.UNKNOWN_TOPIC_ID
-                else:
-                    source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                wanted.append((topic_response, partition, source))
+        topic_response = None         # as Kafka's FetchResponse: one topic per run of partitions of a topic
+        for (topic_id, name, _), partition in _fetched_partitions(version, request, self.logs).items():
+            if topic_response is None or (topic_response.topic_id, topic_response.topic) != (topic_id, name or ""):
+                topic_response = messages.FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=topic_id,
+                                                                              partitions=[])
+                response.responses.append(topic_response)
+            if name is None:
+                source = ErrorCode.UNKNOWN_TOPIC_ID
+            else:
+                source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            wanted.append((topic_response, partition, source))
         is_follower = (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0
         results, size, errors = self._read_all(version, request, wanted, is_follower)
         if size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing:
@@ -499,6 +500,18 @@ class DelayedFetch(DelayedOperation):
 
 def _storage_uuid(topic_id):
     return uuid_string(topic_id.bytes)
+
+
+def _fetched_partitions(version, request, logs):
+    """Kafka's ``FetchRequest.fetchData``, every version: ``{(topic id, name, partition): request partition}``
+    in request order, the name None for an unknown topic id (v13+). A partition listed again keeps its
+    first place and takes the last listing's fields (offset, max bytes...): it is read and answered once."""
+    fetched = {}
+    for topic in request.topics:
+        name = topic.topic if version < 13 else logs.topic_name(_storage_uuid(topic.topic_id))
+        for partition in topic.partitions:
+            fetched[(topic.topic_id, name, partition.partition)] = partition
+    return fetched
 
 
 def _check_produce_records(version, records):
