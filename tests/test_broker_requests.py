@@ -4,6 +4,7 @@ requests neither hold threads nor stop anyone else; a parked request whose clien
 a parked fetch completes on a roll, when enough bytes arrive over several partitions, or when its topic
 goes; shutdown answers what is parked and never hangs. Raw requests use kafka-python's own codec."""
 import os
+import socket
 import struct
 import threading
 import time
@@ -177,6 +178,32 @@ def test_close_answers_parked_fetches_and_joins_and_never_hangs(tmp_path):
         joiner.close()
     finally:
         broker.close()
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_fetch_listing_a_partition_thousands_of_times_holds_one_descriptor_and_frees_it_when_the_client_leaves(
+        broker):
+    """One Fetch lists a partition 3,000 times (Kafka reads and answers it once), parks, is answered at its
+    deadline, and its client leaves without reading: no descriptor per listing, and the one of the
+    response's file region is closed as soon as the connection is, with no other request served."""
+    for _ in range(32):
+        append(broker, "big", [b"x" * (512 << 10)])                    # 16 MiB: more than the sockets take
+    baseline = open_descriptors()
+    connection = RawConnection(broker.bootstrap_servers)
+    connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = fetch_request({"big": [(0, 0)] * 3000}, max_wait_ms=100, min_bytes=1 << 30)
+    for partition in request.topics[0].partitions:
+        partition.partition_max_bytes = 16 << 20
+    request.max_bytes = 1 << 30
+    request.with_header(correlation_id=1, client_id="repeats")
+    connection.send_frame(request.encode(version=11, header=True))
+    assert connection.sock.recv(4, socket.MSG_PEEK)                 # its response is under way
+    assert open_descriptors() - baseline <= 10                      # the two ends of the connection, the region
+    connection.close()
+    wait_for(lambda: open_descriptors() <= baseline, "the response's descriptors to close")
 
 
 @pytest.mark.parametrize("version", [11, 13])

@@ -110,11 +110,17 @@ class Timer:
 
     def _run(self):
         while self._running:
-            for action, task in self._due():
-                try:
-                    action()
-                except Exception:
-                    log.exception("timer task %r failed", task)
+            self._run_all(self._due())
+
+    @staticmethod
+    def _run_all(due):
+        # A method of its own: nothing of the last action (and what it refers to, such as a parked request's
+        # response) stays referenced while the thread waits for the next deadline.
+        for action, task in due:
+            try:
+                action()
+            except Exception:
+                log.exception("timer task %r failed", task)
 
     def close(self):
         with self._condition:

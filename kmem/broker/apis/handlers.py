@@ -491,8 +491,11 @@ class DelayedFetch(DelayedOperation):
         complete(self._build)
 
     def _build(self):
-        results, _, _ = self._handlers._read_all(self._version, self._request, self._wanted, self._is_follower)
-        return self._handlers._fetch_response(self._response, self._wanted, results)
+        # Called once: from now on the response belongs to its send alone, whoever still refers to this
+        # operation (its records' descriptors go as soon as the send is written or dropped).
+        wanted, response, self._wanted, self._response = self._wanted, self._response, None, None
+        results, _, _ = self._handlers._read_all(self._version, self._request, wanted, self._is_follower)
+        return self._handlers._fetch_response(response, wanted, results)
 
     def __repr__(self):
         return f"<DelayedFetch of {len(self._fetched)} partitions>"
