@@ -12,14 +12,15 @@ import time
 import pytest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse
-from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker_helpers import RawConnection, produce_raw, start_broker_process, stored_batches, wait_for
 from kmem.broker import Broker
 from kmem.errors import ConfigError
-from kmem.records import FileRecords, build_records, log_segments
+from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
-UNSUPPORTED_VERSION = 35
+UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 35, 53
 
 
 @pytest.fixture
@@ -237,6 +238,43 @@ def test_acks_zero_gets_no_response(broker):
         # the next frame on this connection answers the next request: nothing came for the produce
         assert connection.request(ApiVersionsRequest(), ApiVersionsResponse, 3, correlation_id=2).error_code == 0
     assert broker.logs.get_partition("quiet", 0).log_end_offset == 1
+
+
+def hand_built_batch(value, transactional, producer_id):
+    """A v2 batch built by kafka-python's own builder, transactional or not."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=transactional,
+                                        producer_id=producer_id, producer_epoch=0, base_sequence=0,
+                                        batch_size=1 << 20)
+    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+@pytest.mark.parametrize("transactional_id", [None, "tx"])
+def test_transactional_batches_are_refused_whole_and_read_committed_fetches_go_on(broker, transactional_id):
+    """kmem serves no transactions (InitProducerId and FindCoordinator refuse transactional ids), so a
+    Produce with a transactional batch is TRANSACTIONAL_ID_AUTHORIZATION_FAILED as a whole, as Kafka answers
+    it when its ACLs deny the transactional id: nothing is appended, no open transaction holds the last
+    stable offset back."""
+    broker.logs.create_topic("t", 2)
+    producer_id = init_producer_id(broker)
+    Topic, Partition = ProduceRequest.TopicProduceData, ProduceRequest.TopicProduceData.PartitionProduceData
+    request = ProduceRequest(transactional_id=transactional_id, acks=-1, timeout_ms=1000, topic_data=[
+        Topic(name="t", partition_data=[Partition(index=1, records=hand_built_batch(b"plain", False, producer_id)),
+                                        Partition(index=0, records=hand_built_batch(b"txn", True, producer_id))])])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        answered = connection.request(request, ProduceResponse, 9).responses[0].partition_responses
+        assert [(p.index, p.error_code, p.base_offset) for p in answered] == \
+            [(1, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1), (0, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)]
+        assert [broker.logs.get_partition("t", p).log_end_offset for p in (0, 1)] == [0, 0]
+
+        assert produce_raw(connection, "t", hand_built_batch(b"after", False, -1)).error_code == 0
+        fetched = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=1,
+                               topics=[FetchRequest.FetchTopic(topic="t", partitions=[
+                                   FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0,
+                                                                          partition_max_bytes=1 << 20)])])
+        partition = connection.request(fetched, FetchResponse, 11).responses[0].partitions[0]
+    assert (partition.error_code, partition.high_watermark, partition.last_stable_offset) == (0, 1, 1)
+    assert [record.value for batch in MemoryRecords(partition.records).batches() for record in batch] == [b"after"]
 
 
 # --- producer ids, long polling, KIP-74 -------------------------------------------------------------

@@ -5,8 +5,9 @@ Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fe
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
 groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
 ``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
-Transactions are not served: their APIs are not advertised and InitProducerId with a transactional id is
-answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+Transactions are not served: their APIs are not advertised, and InitProducerId with a transactional id and
+a Produce carrying transactional batches (with a transactional id or not) are answered
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers them when its ACLs deny the transactional id.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 
@@ -272,6 +273,12 @@ class Handlers:
         version = header.api_version
         Partition = messages.ProduceResponse.PartitionProduceResponse
         response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
+        # Kafka's KafkaApis.handleProduceRequest: transactional batches need a transactional id the broker
+        # lets write. kmem serves no transactions and refuses every transactional id, as FindCoordinator and
+        # InitProducerId do, so such a request is refused as a whole: its batches would otherwise hold the
+        # last stable offset back for good (no coordinator ever writes their markers).
+        transactional = any(_first_batch_transactional(data.records)
+                            for topic in request.topic_data for data in topic.partition_data)
         for topic in request.topic_data:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
@@ -279,6 +286,10 @@ class Handlers:
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
+                if transactional:
+                    result.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                    result.error_message = "kmem broker serves no transactions: transactional batches are refused"
+                    continue
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
@@ -515,6 +526,17 @@ def _fetched_partitions(version, request, logs):
         for partition in topic.partitions:
             fetched[(topic.topic_id, name, partition.partition)] = partition
     return fetched
+
+
+def _first_batch_transactional(records):
+    """Whether the first complete batch of a partition's records is transactional: Kafka's
+    ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
+    Corrupt records are left to the validator."""
+    try:
+        first = next(MemoryRecords(records).batches(), None) if records is not None else None
+    except CorruptRecordError:
+        return False
+    return first is not None and first.is_transactional
 
 
 def _check_produce_records(version, records):
