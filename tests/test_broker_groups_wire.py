@@ -1,15 +1,16 @@
 """The group APIs over the wire at old and new versions, requests and responses coded by kafka-python's
-own classes (``kafka.protocol``): a whole membership at v0, retention times of OffsetCommit v2,
-ListGroups' state filter, DescribeGroups of an unknown group, FindCoordinator for a transaction."""
+own classes (``kafka.protocol``): a whole membership at v0, retention times of OffsetCommit v2 (up to the
+int64 limit, across a restart), ListGroups' state filter, DescribeGroups of an unknown group,
+FindCoordinator for a transaction, and the answers of a coordinator whose disk is full."""
 import time
 
 import pytest
 from kafka.protocol.admin import (DeleteGroupsRequest, DeleteGroupsResponse, DescribeGroupsRequest,
                                   DescribeGroupsResponse, ListGroupsRequest, ListGroupsResponse)
-from kafka.protocol.consumer import (HeartbeatRequest, HeartbeatResponse, JoinGroupRequest, JoinGroupResponse,
-                                     LeaveGroupRequest, LeaveGroupResponse, OffsetCommitRequest,
-                                     OffsetCommitResponse, OffsetFetchRequest, OffsetFetchResponse, SyncGroupRequest,
-                                     SyncGroupResponse)
+from kafka.protocol.consumer import (FetchRequest, FetchResponse, HeartbeatRequest, HeartbeatResponse,
+                                     JoinGroupRequest, JoinGroupResponse, LeaveGroupRequest, LeaveGroupResponse,
+                                     OffsetCommitRequest, OffsetCommitResponse, OffsetFetchRequest,
+                                     OffsetFetchResponse, SyncGroupRequest, SyncGroupResponse)
 from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorResponse
 
 from broker_helpers import RawConnection, fail_appends
@@ -116,3 +117,42 @@ def commit(connection, group, offset, version=8):
 def committed(connection, group):
     fetched = connection.request(OffsetFetchRequest(group_id=group, topics=[("t", [0])]), OffsetFetchResponse, 7)
     return fetched.topics[0].partitions[0].committed_offset
+
+
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
+def test_a_commit_time_or_retention_at_the_int64_limit_is_kept_for_ever_across_a_restart(tmp_path, version):
+    """OffsetCommit v1's commit timestamp, or v2-4's retention time, at Long.MAX_VALUE: Kafka accepts it; the
+    expiry is capped at the largest timestamp a record holds, and the broker's deadlines keep running."""
+    int64_max = 2**63 - 1
+    if version == 1:
+        request = OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=-1, member_id="",
+                                      topics=[("t", [(0, 5, int64_max, "x")])])
+    else:
+        request = OffsetCommitRequest(group_id="g", generation_id_or_member_epoch=-1, member_id="",
+                                      retention_time_ms=int64_max, topics=[("t", [(0, 5, "x")])])
+    broker = start_broker(tmp_path)
+    try:
+        broker.logs.create_topic("t", 1)
+        with RawConnection(broker.bootstrap_servers) as connection:
+            committed_ = connection.request(request, OffsetCommitResponse, version)
+            assert committed_.topics[0].partitions[0].error_code == NONE
+            assert committed(connection, "g") == 5
+            assert long_poll(connection) == NONE
+    finally:
+        broker.close()
+    broker = start_broker(tmp_path)
+    try:
+        assert broker.coordinator.groups["g"].offsets[("t", 0)].expire_timestamp == int64_max
+        with RawConnection(broker.bootstrap_servers) as connection:
+            assert committed(connection, "g") == 5
+            assert long_poll(connection) == NONE
+    finally:
+        broker.close()
+
+
+def long_poll(connection):
+    """A Fetch without data, answered at its max wait by the broker's timer."""
+    request = FetchRequest(replica_id=-1, max_wait_ms=10, min_bytes=1, max_bytes=1 << 20, topics=[
+        FetchRequest.FetchTopic(topic="t", partitions=[
+            FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+    return connection.request(request, FetchResponse, 4).responses[0].partitions[0].error_code

@@ -49,7 +49,7 @@ import uuid
 from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.group.offsets import (
-    OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
+    INT64_MAX, OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
 from kmem.broker.log.config import INT32_MAX, _int
@@ -917,6 +917,8 @@ class GroupCoordinator:
                         expire_ts = p.commit_timestamp + self.config.offsets_retention_minutes * 60_000
                     elif retention >= 0:
                         expire_ts = commit_ts + retention
+                    # a commit time or retention near the int64 limit: never expires (Kafka's long wraps)
+                    expire_ts = min(expire_ts, INT64_MAX)
                     offset = OffsetAndMetadata(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1,
                                                p.committed_metadata or "", commit_ts, expire_ts)
                     entries.append((offset_commit_key(request.group_id, topic.name, p.partition_index),
