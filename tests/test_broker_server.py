@@ -8,9 +8,10 @@ import socket
 import struct
 import threading
 import time
+import uuid
 
 import pytest
-from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -20,7 +21,7 @@ from kmem.broker import Broker
 from kmem.errors import ConfigError
 from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
-UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 35, 53
+INVALID_REQUEST, UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 42, 35, 53, 100
 
 
 @pytest.fixture
@@ -275,6 +276,26 @@ def test_transactional_batches_are_refused_whole_and_read_committed_fetches_go_o
         partition = connection.request(fetched, FetchResponse, 11).responses[0].partitions[0]
     assert (partition.error_code, partition.high_watermark, partition.last_stable_offset) == (0, 1, 1)
     assert [record.value for batch in MemoryRecords(partition.records).batches() for record in batch] == [b"after"]
+
+
+@pytest.mark.parametrize("version", [10, 11])
+def test_metadata_v10_and_v11_asking_by_topic_id_is_invalid_request_for_every_topic(broker, version):
+    """Topic ids are served from Metadata v12 (a null name cannot be answered before): Kafka refuses such a
+    request as a whole, INVALID_REQUEST for every topic asked, and creates nothing."""
+    broker.logs.create_topic("named", 1)
+    by_id = uuid.uuid4()
+    topics = [MetadataRequest.MetadataRequestTopic(name="named"), MetadataRequest.MetadataRequestTopic(name="new"),
+              MetadataRequest.MetadataRequestTopic(name=None, topic_id=by_id)]
+    with RawConnection(broker.bootstrap_servers) as connection:
+        refused = connection.request(MetadataRequest(topics=topics, allow_auto_topic_creation=True), MetadataResponse,
+                                     version)
+        assert [(t.error_code, t.name, t.topic_id, t.partitions) for t in refused.topics] == [
+            (INVALID_REQUEST, "named", None, []), (INVALID_REQUEST, "new", None, []),     # None: the zero uuid
+            (INVALID_REQUEST, "", by_id, [])]
+        assert "new" not in broker.logs.topics()
+        served = connection.request(MetadataRequest(topics=topics[2:], allow_auto_topic_creation=False),
+                                    MetadataResponse, 12, correlation_id=2)       # the connection goes on
+        assert [(t.error_code, t.topic_id) for t in served.topics] == [(UNKNOWN_TOPIC_ID, by_id)]
 
 
 # --- producer ids, long polling, KIP-74 -------------------------------------------------------------

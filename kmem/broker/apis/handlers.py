@@ -8,6 +8,8 @@ groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs 
 Transactions are not served: their APIs are not advertised, and InitProducerId with a transactional id and
 a Produce carrying transactional batches (with a transactional id or not) are answered
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers them when its ACLs deny the transactional id.
+Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
+topic, as Kafka answers it.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 
@@ -117,6 +119,8 @@ class Handlers:
 
     def metadata(self, header, request):
         version = header.api_version
+        if version < 12 and request.topics and any(t.name is None or t.topic_id != ZERO_UUID for t in request.topics):
+            return _topic_ids_before_v12(request)
         host, port = self.endpoint()
         response = messages.MetadataResponse(
             throttle_time_ms=0, cluster_id=self.logs.cluster_id, controller_id=self.node_id,
@@ -510,6 +514,17 @@ class DelayedFetch(DelayedOperation):
 
     def __repr__(self):
         return f"<DelayedFetch of {len(self._fetched)} partitions>"
+
+
+def _topic_ids_before_v12(request):
+    """Kafka's ``KafkaApis.handleTopicMetadataRequest``: Metadata v10-11 can carry topic ids but not be
+    answered by them (the response has no null names before v12), so such a request is refused as a whole,
+    ``MetadataRequest.getErrorResponse``: INVALID_REQUEST for every topic asked, named "" if by id."""
+    Topic = messages.MetadataResponse.MetadataResponseTopic
+    return messages.MetadataResponse(throttle_time_ms=0, brokers=[], cluster_id=None, controller_id=-1, topics=[
+        Topic(error_code=ErrorCode.INVALID_REQUEST, name=topic.name or "", topic_id=topic.topic_id, is_internal=False,
+              partitions=[])
+        for topic in request.topics])
 
 
 def _storage_uuid(topic_id):
