@@ -156,3 +156,30 @@ def long_poll(connection):
         FetchRequest.FetchTopic(topic="t", partitions=[
             FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
     return connection.request(request, FetchResponse, 4).responses[0].partitions[0].error_code
+
+
+def test_a_static_member_named_with_the_longest_instance_id_joins_and_is_stored(tmp_path):
+    """The member id is the instance id, "-" and a uuid: cut to the 32767 bytes of a protocol string."""
+    instance = "é" * (32766 // 2) + "i"                              # 32767 bytes, two-byte characters
+    broker = start_broker(tmp_path)
+    try:
+        with RawConnection(broker.bootstrap_servers) as connection:
+            connection.request(FindCoordinatorRequest(key="g"), FindCoordinatorResponse, 0)
+            joined = connection.request(JoinGroupRequest(
+                group_id="g", session_timeout_ms=6000, rebalance_timeout_ms=6000, member_id="",
+                group_instance_id=instance, protocol_type="consumer", protocols=[("range", b"meta")]),
+                JoinGroupResponse, 5)
+            member = joined.member_id
+            assert joined.error_code == NONE and len(member.encode()) <= 32767
+            assert member.startswith("é" * 100) and member.rsplit("-", 5)[0] == instance[:len(member) - 37]
+            synced = connection.request(SyncGroupRequest(group_id="g", generation_id=1, member_id=member,
+                                                         group_instance_id=instance, assignments=[(member, b"all")]),
+                                        SyncGroupResponse, 3)
+            assert (synced.error_code, synced.assignment) == (NONE, b"all")
+    finally:
+        broker.close()
+    broker = start_broker(tmp_path)
+    try:
+        assert list(broker.coordinator.groups["g"].members) == [member]
+    finally:
+        broker.close()

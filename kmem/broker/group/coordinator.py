@@ -66,6 +66,7 @@ CONSUMER_PROTOCOL = "consumer"
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 LOAD_CHUNK_BYTES = 1 << 20
+MEMBER_ID_PREFIX_BYTES = 32767 - 37    # a protocol string's bytes, less "-" and a uuid
 COMPACT_BATCH_RECORDS = 1000           # records per batch when a partition is rewritten
 
 # api key -> GroupCoordinator method (FindCoordinator stays with the other handlers)
@@ -137,6 +138,12 @@ class GroupConfig:
 
 def _now_ms():
     return time.time_ns() // 1_000_000
+
+
+def _member_id_prefix(name):
+    """Kafka's member id is ``<group.instance.id or client id>-<uuid>``, a protocol string (32767 bytes at
+    most): the name is cut, at a character, so that the id fits whatever the name's length."""
+    return name.encode()[:MEMBER_ID_PREFIX_BYTES].decode(errors="ignore")
 
 
 class DelayedResponse:
@@ -651,7 +658,7 @@ class GroupCoordinator:
             return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
         if instance_id is None and len(group.members) + len(group.pending) >= self.config.max_size:
             return self._join_error(ErrorCode.GROUP_MAX_SIZE_REACHED)
-        new_id = f"{instance_id or client[0]}-{uuid.uuid4()}"
+        new_id = f"{_member_id_prefix(instance_id or client[0])}-{uuid.uuid4()}"
         if instance_id is not None and instance_id in group.static_members:
             return self._replace_static_member(group, group.members[group.static_members[instance_id]], new_id,
                                                request, version, protocols, rebalance_timeout, now)
