@@ -18,9 +18,11 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker_helpers import RawConnection, produce_raw, start_broker_process, stored_batches, wait_for
 from kmem.broker import Broker
+from kmem.broker.apis.handlers import protocol_uuid
 from kmem.errors import ConfigError
 from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
+NONE, UNKNOWN_SERVER_ERROR = 0, -1
 INVALID_REQUEST, UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 42, 35, 53, 100
 
 
@@ -296,6 +298,31 @@ def test_metadata_v10_and_v11_asking_by_topic_id_is_invalid_request_for_every_to
         served = connection.request(MetadataRequest(topics=topics[2:], allow_auto_topic_creation=False),
                                     MetadataResponse, 12, correlation_id=2)       # the connection goes on
         assert [(t.error_code, t.topic_id) for t in served.topics] == [(UNKNOWN_TOPIC_ID, by_id)]
+
+
+@pytest.mark.parametrize("version", [4, 11, 13])
+def test_a_fetch_at_an_unknown_isolation_level_is_unknown_server_error(broker, version):
+    """Kafka's ``IsolationLevel.forId`` refuses the level while a consumer's partitions are read: the answer
+    is ``FetchRequest.getErrorResponse``'s; a follower's level is not read (``FetchIsolation.of``)."""
+    produce_records(broker, "t", [b"x"])
+    topic_id = protocol_uuid(broker.logs.topics()["t"].topic_id)
+    with RawConnection(broker.bootstrap_servers) as connection:
+        for replica_id, isolation_level in ((-1, 2), (-1, -1), (1, 2)):
+            request = FetchRequest(replica_id=replica_id, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+                                   isolation_level=isolation_level, topics=[
+                                       FetchRequest.FetchTopic(topic="t", topic_id=topic_id, partitions=[
+                                           FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0,
+                                                                                  partition_max_bytes=1 << 20)])])
+            answer = connection.request(request, FetchResponse, version)
+            partitions = [(p.error_code, bool(p.records)) for t in answer.responses for p in t.partitions]
+            if replica_id >= 0:
+                assert partitions == [(NONE, True)]
+            elif version < 13:
+                assert partitions == [(UNKNOWN_SERVER_ERROR, False)]
+            else:
+                assert (answer.error_code, partitions) == (UNKNOWN_SERVER_ERROR, [])
+            if version >= 7:
+                assert answer.error_code == (NONE if replica_id >= 0 else UNKNOWN_SERVER_ERROR)
 
 
 # --- producer ids, long polling, KIP-74 -------------------------------------------------------------

@@ -377,6 +377,10 @@ class Handlers:
                 source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             wanted.append((topic_response, partition, source))
         is_follower = (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0
+        if _fetch_isolation(version, request, is_follower) not in (READ_UNCOMMITTED, READ_COMMITTED) and \
+                any(not isinstance(source, int) for _, _, source in wanted):
+            # Kafka's IsolationLevel.forId fails as a consumer's partitions are read: UNKNOWN_SERVER_ERROR
+            return _fetch_refused(version, request, ErrorCode.UNKNOWN_SERVER_ERROR)
         results, size, errors = self._read_all(version, request, wanted, is_follower)
         if size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing:
             return self._fetch_response(response, wanted, results)
@@ -423,7 +427,7 @@ class Handlers:
                         result):
         """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
-        isolation = request.isolation_level if version >= 4 else 0
+        isolation = _fetch_isolation(version, request, is_follower)
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile
@@ -475,7 +479,7 @@ class DelayedFetch(DelayedOperation):
         self._wanted = wanted
         self._fetched = fetched         # [(PartitionLog, request partition, LogOffsetMetadata or None)]
         self._is_follower = is_follower
-        self._isolation = request.isolation_level if version >= 4 else READ_UNCOMMITTED
+        self._isolation = _fetch_isolation(version, request, is_follower)
         self._complete = None
 
     def start(self, complete):
@@ -529,6 +533,24 @@ def _topic_ids_before_v12(request):
 
 def _storage_uuid(topic_id):
     return uuid_string(topic_id.bytes)
+
+
+def _fetch_isolation(version, request, is_follower):
+    """The isolation level a Fetch reads at (Kafka's ``FetchIsolation.of``): a follower's is ignored."""
+    return request.isolation_level if version >= 4 and not is_follower else READ_UNCOMMITTED
+
+
+def _fetch_refused(version, request, error):
+    """Kafka's ``FetchRequest.getErrorResponse``: ``error`` at the top and, before v13 (no top-level error
+    code for older clients), in every partition asked."""
+    Response = messages.FetchResponse
+    topics = [] if version >= 13 else [
+        Response.FetchableTopicResponse(topic=topic.topic, topic_id=topic.topic_id, partitions=[
+            Response.PartitionData(partition_index=partition.partition, error_code=error, high_watermark=-1,
+                                   last_stable_offset=-1, log_start_offset=-1, records=b"")
+            for partition in topic.partitions])
+        for topic in request.topics]
+    return Response(throttle_time_ms=0, error_code=error, session_id=request.session_id, responses=topics)
 
 
 def _fetched_partitions(version, request, logs):
