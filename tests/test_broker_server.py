@@ -22,7 +22,7 @@ from kmem.broker.apis.handlers import protocol_uuid
 from kmem.errors import ConfigError
 from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
-NONE, UNKNOWN_SERVER_ERROR = 0, -1
+NONE, UNKNOWN_SERVER_ERROR, INVALID_RECORD = 0, -1, 87
 INVALID_REQUEST, UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 42, 35, 53, 100
 
 
@@ -241,6 +241,21 @@ def test_acks_zero_gets_no_response(broker):
         # the next frame on this connection answers the next request: nothing came for the produce
         assert connection.request(ApiVersionsRequest(), ApiVersionsResponse, 3, correlation_id=2).error_code == 0
     assert broker.logs.get_partition("quiet", 0).log_end_offset == 1
+
+
+def test_produce_v3_and_later_carries_exactly_one_batch_a_partition(broker):
+    """Kafka's ``ProduceRequest.validateRecords``: two batches in one partition of Produce v3+ are
+    INVALID_RECORD (nothing appended); older versions are not checked."""
+    broker.logs.create_topic("t")
+    with RawConnection(broker.bootstrap_servers) as connection:
+        two = build_records([b"a"], magic=2) + build_records([b"b"], magic=2)
+        refused = produce_raw(connection, "t", two, version=9)
+        assert (refused.error_code, refused.base_offset) == (INVALID_RECORD, -1)
+        assert broker.logs.get_partition("t", 0).log_end_offset == 0
+        assert produce_raw(connection, "t", build_records([b"a"], magic=2), version=9).error_code == NONE
+        legacy = build_records([b"b"], magic=1) + build_records([b"c"], magic=1)
+        assert produce_raw(connection, "t", legacy, version=2).error_code == NONE
+    assert broker.logs.get_partition("t", 0).log_end_offset == 3
 
 
 def hand_built_batch(value, transactional, producer_id):

@@ -25,6 +25,7 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
 - a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
 """
+import itertools
 import logging
 import struct
 import time
@@ -577,20 +578,22 @@ def _first_batch_transactional(records):
 
 
 def _check_produce_records(version, records):
-    """Kafka's ``ProduceRequest`` checks: v3+ carries magic 2 only (every batch has the first one's magic,
-    which the log's validator checks); zstd needs v7+. ``(code, message)`` or None. Corrupt input is left
-    to the validator, which names what is wrong."""
+    """Kafka's ``ProduceRequest.validateRecords``: v3+ carries exactly one batch, of magic 2; zstd needs v7+.
+    ``(code, message)`` or None. Corrupt input is left to the validator, which names what is wrong."""
     if records is None or len(records) <= MAGIC_OFFSET:
         return None
     magic = memoryview(records).cast("B")[MAGIC_OFFSET]
     if version >= 3 and magic < 2:
         return ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
-    if version < 7 and magic == 2:
-        try:
-            if any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
-                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
-        except CorruptRecordError:
-            return None
+    try:
+        batches = list(itertools.islice(MemoryRecords(records).batches(), 2)) if version >= 3 else []
+        if len(batches) > 1:
+            return ErrorCode.INVALID_RECORD, f"Produce v{version} carries exactly one record batch a partition"
+        if version < 7 and magic == 2 and any(batch.compression == codecs.ZSTD
+                                              for batch in MemoryRecords(records).batches()):
+            return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
+    except CorruptRecordError:
+        return None
     return None
 
 
