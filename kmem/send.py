@@ -9,6 +9,9 @@ transport is full. The transport (plaintext or TLS) decides how bytes move; a se
 - ``SequenceSend``: sends written back to back, e.g. a response header followed by per-partition records.
 - ``LazyDownConvertRecordsSend`` (``kmem.records``): records down-converted a chunk at a time (KIP-283).
 
+A send that holds resources (a file descriptor, the source of a conversion) lets them go once completed
+and on ``close()``: whoever drops a send unfinished (its connection closed) calls ``close_send``.
+
 A transport has ``write(views)`` (bytes accepted now) and ``send_file(fd, offset, count)`` (bytes of the
 file sent now); ``kmem.network``'s transports are such. ``write_to`` also accepts a plain socket, a TLS
 socket (``ssl.SSLSocket``) or any object with ``write``, seen through ``as_transport``.
@@ -35,6 +38,13 @@ class Send(Protocol):
     def completed(self) -> bool: ...
 
     def write_to(self, transport) -> int: ...
+
+
+def close_send(send):
+    """Release what an unfinished ``send`` holds: its ``close()``, for the sends that have one."""
+    close = getattr(send, "close", None)
+    if close is not None:
+        close()
 
 
 def sendfile_once(sock, fd, offset, count):
@@ -202,6 +212,13 @@ class SequenceSend:
             self._current += 1
         self.remaining -= written
         return written
+
+    def close(self):
+        """Release the parts not yet written (idempotent)."""
+        for index in range(self._current, len(self._sends)):
+            close_send(self._sends[index])
+            self._sends[index] = None
+        self._current = len(self._sends)
 
     def _write_bytes_run(self, transport):
         """Write the bytes parts from the current one on in one call; ``(written, all of them written)``.

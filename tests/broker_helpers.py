@@ -1,5 +1,6 @@
 """Helpers for the broker tests: waiting for records, reading the broker's log directory back, and raw
 requests built with kafka-python's own codec (``kafka.protocol``), which nobody here wrote."""
+import errno
 import os
 import resource
 import socket
@@ -9,6 +10,8 @@ import sys
 import threading
 import time
 
+from kmem.broker.codes import ErrorCode
+from kmem.broker.log import AppendResult
 from kmem.records import FileRecords, log_segments
 
 TIMEOUT = 30
@@ -128,3 +131,16 @@ def start_broker_process(log_dir, *args, port=0, open_files=None):
             return process, address
     process.kill()
     raise AssertionError("kmem broker did not start:\n" + "".join(lines))
+
+
+def fail_appends(monkeypatch, logs, topic, how):
+    """Every append to ``topic``'s partitions fails as on a full disk: ``how`` is "result" (the
+    ``AppendResult`` with KAFKA_STORAGE_ERROR that ``PartitionLog.append`` gives) or "raise" (OSError
+    ENOSPC escaping it). ``monkeypatch.undo()`` gives the disk back."""
+    def full(*args, **kwargs):
+        if how == "raise":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, -1, 0, "No space left on device")
+
+    for partition in range(logs.topics()[topic].partitions):
+        monkeypatch.setattr(logs.get_partition(topic, partition), "append", full)

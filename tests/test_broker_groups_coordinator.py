@@ -10,13 +10,14 @@ import tracemalloc
 
 import pytest
 
+from broker_helpers import fail_appends
 from kmem.broker import LogManager
 from kmem.broker.group.coordinator import DelayedResponse, GroupConfig, GroupCoordinator
 from kmem.broker.group.offsets import OFFSETS_TOPIC, java_string_hash, partition_for
 from kmem.protocol import ApiKey, RequestHeader, messages
 from kmem.records import FileRecords, log_segments
 
-NONE, UNKNOWN_TOPIC_OR_PARTITION = 0, 3
+NONE, UNKNOWN_TOPIC_OR_PARTITION, NOT_COORDINATOR, INVALID_COMMIT_OFFSET_SIZE = 0, 3, 16, 28
 ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS = 22, 25, 27
 INVALID_SESSION_TIMEOUT, MEMBER_ID_REQUIRED, FENCED_INSTANCE_ID = 26, 79, 82
 INCONSISTENT_GROUP_PROTOCOL = 23
@@ -456,3 +457,42 @@ def test_the_broker_compacts_the_offsets_topic_every_check_interval(tmp_path):
         partition = broker.logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
         assert _wait(lambda: partition.size_in_bytes < 512)      # one batch of the two live offsets
         assert fetch(broker.coordinator) == {("t", 0): 199, ("t", 1): 398}
+
+
+def test_a_static_member_whose_new_id_cannot_be_stored_keeps_its_old_one(logs, monkeypatch):
+    """Kafka's ``updateStaticMemberAndRebalance``: a restarted static member gets a new member id only once
+    the group holding it is stored; on a failing disk the join fails (NOT_COORDINATOR) and the old id stays."""
+    coord = coordinator(logs)
+    try:
+        leader = join(coord, instance_id="a")
+        assert sync(coord, leader.member_id, 1, [(leader.member_id, b"A")], instance_id="a").error_code == NONE
+        thread, result = join_async(coord, instance_id="b")
+        assert _wait(lambda: heartbeat(coord, leader.member_id, 1, "a") == REBALANCE_IN_PROGRESS)
+        assert join(coord, member_id=leader.member_id, instance_id="a").generation_id == 2
+        thread.join(10)
+        follower = result["response"].member_id
+        assert sync(coord, leader.member_id, 2, [(leader.member_id, b"A"), (follower, b"B")],
+                    instance_id="a").error_code == NONE
+
+        fail_appends(monkeypatch, logs, OFFSETS_TOPIC, "result")
+        refused = join(coord, instance_id="b")                    # restarted without its member id
+        assert (refused.error_code, refused.member_id) == (NOT_COORDINATOR, "")
+        assert heartbeat(coord, follower, 2, "b") == NONE
+        assert set(coord.groups["g"].members) == {leader.member_id, follower}
+
+        monkeypatch.undo()
+        rejoined = join(coord, instance_id="b")
+        assert rejoined.error_code == NONE and rejoined.member_id != follower
+        assert heartbeat(coord, follower, 2, "b") == FENCED_INSTANCE_ID
+    finally:
+        coord.close()
+
+
+def test_a_commit_too_large_for_the_offsets_topic_is_invalid_commit_offset_size(logs):
+    coord = coordinator(logs, offsets_topic_segment_bytes=100)
+    try:
+        assert commit(coord, {("t", 0): 1, ("t", 1): 2}) == {("t", 0): INVALID_COMMIT_OFFSET_SIZE,
+                                                             ("t", 1): INVALID_COMMIT_OFFSET_SIZE}
+        assert fetch(coord) == {}
+    finally:
+        coord.close()

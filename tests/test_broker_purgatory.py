@@ -38,6 +38,17 @@ def test_an_earlier_deadline_wakes_the_sleeping_timer(timer):
     assert len(timer) == 1
 
 
+def test_a_deadline_centuries_away_does_not_stop_the_timer(timer):
+    """An offset committed to be kept for ever is due in 2**63 ms: too far for one wait on the clock."""
+    timer.schedule(time.monotonic() + (2**63 - 1) / 1000, lambda: None)
+    first, second = threading.Event(), threading.Event()
+    timer.schedule(time.monotonic(), first.set)
+    assert first.wait(5)                                         # then the thread sleeps towards the far one
+    timer.schedule(time.monotonic(), second.set)
+    assert second.wait(5)
+    assert len(timer) == 1
+
+
 def test_a_cancelled_task_never_runs_and_cancelling_twice_or_late_is_harmless(timer):
     ran = []
     task = timer.schedule(time.monotonic() + 0.05, lambda: ran.append("cancelled"))

@@ -4,6 +4,8 @@ requests neither hold threads nor stop anyone else; a parked request whose clien
 a parked fetch completes on a roll, when enough bytes arrive over several partitions, or when its topic
 goes; shutdown answers what is parked and never hangs. Raw requests use kafka-python's own codec."""
 import os
+import socket
+import struct
 import threading
 import time
 
@@ -14,6 +16,7 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 
 from broker_helpers import RawConnection, wait_for
 from kmem.broker import Broker
+from kmem.broker.apis.handlers import protocol_uuid
 from kmem.records import build_records
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE = 0, 3, 15
@@ -155,7 +158,7 @@ def test_close_answers_parked_fetches_and_joins_and_never_hangs(tmp_path):
     broker.start()
     try:
         append(broker, "t", [b"there"])
-        fetch = ParkedFetch(broker, {"t": [(0, 0), (0, 1)]}, min_bytes=1 << 20)
+        fetch = ParkedFetch(broker, {"t": [(0, 0)]}, min_bytes=1 << 20)
         joiner = RawConnection(broker.bootstrap_servers)
         joiner.request(FindCoordinatorRequest[0](key="g"), FindCoordinatorResponse, 0)
         join = JoinGroupRequest[3](group_id="g", session_timeout_ms=10_000, rebalance_timeout_ms=60_000,
@@ -175,6 +178,55 @@ def test_close_answers_parked_fetches_and_joins_and_never_hangs(tmp_path):
         joiner.close()
     finally:
         broker.close()
+
+
+def open_descriptors():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_fetch_listing_a_partition_thousands_of_times_holds_one_descriptor_and_frees_it_when_the_client_leaves(
+        broker):
+    """One Fetch lists a partition 3,000 times (Kafka reads and answers it once), parks, is answered at its
+    deadline, and its client leaves without reading: no descriptor per listing, and the one of the
+    response's file region is closed as soon as the connection is, with no other request served."""
+    for _ in range(32):
+        append(broker, "big", [b"x" * (512 << 10)])                    # 16 MiB: more than the sockets take
+    baseline = open_descriptors()
+    connection = RawConnection(broker.bootstrap_servers)
+    connection.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    request = fetch_request({"big": [(0, 0)] * 3000}, max_wait_ms=100, min_bytes=1 << 30)
+    for partition in request.topics[0].partitions:
+        partition.partition_max_bytes = 16 << 20
+    request.max_bytes = 1 << 30
+    request.with_header(correlation_id=1, client_id="repeats")
+    connection.send_frame(request.encode(version=11, header=True))
+    assert connection.sock.recv(4, socket.MSG_PEEK)                 # its response is under way
+    assert open_descriptors() - baseline <= 10                      # the two ends of the connection, the region
+    connection.close()
+    wait_for(lambda: open_descriptors() <= baseline, "the response's descriptors to close")
+
+
+@pytest.mark.parametrize("version", [11, 13])
+def test_a_partition_listed_again_is_answered_once_in_its_first_place_with_its_last_fields(broker, version):
+    """Kafka's ``FetchRequest.fetchData``: one entry per partition, first place, last fields; the response
+    has one topic per run of partitions of a topic."""
+    append(broker, "t", [b"zero"])
+    append(broker, "t", [b"one"])
+    append(broker, "u", [b"u"])
+    topic_ids = {name: protocol_uuid(info.topic_id) for name, info in broker.logs.topics().items()}
+    listed = [("t", 0, 0, 1 << 20), ("u", 0, 0, 1 << 20), ("t", 0, 1, 1 << 20), ("u", 0, 0, 0)]
+    request = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, topics=[
+        FetchRequest.FetchTopic(topic=name, topic_id=topic_ids[name], partitions=[
+            FetchRequest.FetchTopic.FetchPartition(partition=p, fetch_offset=offset, partition_max_bytes=limit)])
+        for name, p, offset, limit in listed])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        response = connection.request(request, FetchResponse, version)
+    answered = [(topic.topic if version < 13 else topic.topic_id, [p.partition_index for p in topic.partitions])
+                for topic in response.responses]
+    assert answered == [("t", [0]), ("u", [0])] if version < 13 else [(topic_ids["t"], [0]), (topic_ids["u"], [0])]
+    t_records, u_records = records_of(response)
+    assert struct.unpack_from(">q", t_records)[0] == 1              # from the last listing's offset
+    assert not u_records                                            # the last listing's max bytes: 0
 
 
 @pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python", "aiokafka"])

@@ -8,18 +8,22 @@ import socket
 import struct
 import threading
 import time
+import uuid
 
 import pytest
-from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse
+from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
 from kafka.protocol.consumer import FetchRequest, FetchResponse
-from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse, ProduceRequest, ProduceResponse
+from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker_helpers import RawConnection, produce_raw, start_broker_process, stored_batches, wait_for
 from kmem.broker import Broker
+from kmem.broker.apis.handlers import protocol_uuid
 from kmem.errors import ConfigError
-from kmem.records import FileRecords, build_records, log_segments
+from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
-UNSUPPORTED_VERSION = 35
+NONE, UNKNOWN_SERVER_ERROR, INVALID_RECORD = 0, -1, 87
+INVALID_REQUEST, UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 42, 35, 53, 100
 
 
 @pytest.fixture
@@ -237,6 +241,103 @@ def test_acks_zero_gets_no_response(broker):
         # the next frame on this connection answers the next request: nothing came for the produce
         assert connection.request(ApiVersionsRequest(), ApiVersionsResponse, 3, correlation_id=2).error_code == 0
     assert broker.logs.get_partition("quiet", 0).log_end_offset == 1
+
+
+def test_produce_v3_and_later_carries_exactly_one_batch_a_partition(broker):
+    """Kafka's ``ProduceRequest.validateRecords``: two batches in one partition of Produce v3+ are
+    INVALID_RECORD (nothing appended); older versions are not checked."""
+    broker.logs.create_topic("t")
+    with RawConnection(broker.bootstrap_servers) as connection:
+        two = build_records([b"a"], magic=2) + build_records([b"b"], magic=2)
+        refused = produce_raw(connection, "t", two, version=9)
+        assert (refused.error_code, refused.base_offset) == (INVALID_RECORD, -1)
+        assert broker.logs.get_partition("t", 0).log_end_offset == 0
+        assert produce_raw(connection, "t", build_records([b"a"], magic=2), version=9).error_code == NONE
+        legacy = build_records([b"b"], magic=1) + build_records([b"c"], magic=1)
+        assert produce_raw(connection, "t", legacy, version=2).error_code == NONE
+    assert broker.logs.get_partition("t", 0).log_end_offset == 3
+
+
+def hand_built_batch(value, transactional, producer_id):
+    """A v2 batch built by kafka-python's own builder, transactional or not."""
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=transactional,
+                                        producer_id=producer_id, producer_epoch=0, base_sequence=0,
+                                        batch_size=1 << 20)
+    builder.append(0, timestamp=int(time.time() * 1000), key=None, value=value, headers=[])
+    return bytes(builder.build())
+
+
+@pytest.mark.parametrize("transactional_id", [None, "tx"])
+def test_transactional_batches_are_refused_whole_and_read_committed_fetches_go_on(broker, transactional_id):
+    """kmem serves no transactions (InitProducerId and FindCoordinator refuse transactional ids), so a
+    Produce with a transactional batch is TRANSACTIONAL_ID_AUTHORIZATION_FAILED as a whole, as Kafka answers
+    it when its ACLs deny the transactional id: nothing is appended, no open transaction holds the last
+    stable offset back."""
+    broker.logs.create_topic("t", 2)
+    producer_id = init_producer_id(broker)
+    Topic, Partition = ProduceRequest.TopicProduceData, ProduceRequest.TopicProduceData.PartitionProduceData
+    request = ProduceRequest(transactional_id=transactional_id, acks=-1, timeout_ms=1000, topic_data=[
+        Topic(name="t", partition_data=[Partition(index=1, records=hand_built_batch(b"plain", False, producer_id)),
+                                        Partition(index=0, records=hand_built_batch(b"txn", True, producer_id))])])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        answered = connection.request(request, ProduceResponse, 9).responses[0].partition_responses
+        assert [(p.index, p.error_code, p.base_offset) for p in answered] == \
+            [(1, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1), (0, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, -1)]
+        assert [broker.logs.get_partition("t", p).log_end_offset for p in (0, 1)] == [0, 0]
+
+        assert produce_raw(connection, "t", hand_built_batch(b"after", False, -1)).error_code == 0
+        fetched = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=1,
+                               topics=[FetchRequest.FetchTopic(topic="t", partitions=[
+                                   FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0,
+                                                                          partition_max_bytes=1 << 20)])])
+        partition = connection.request(fetched, FetchResponse, 11).responses[0].partitions[0]
+    assert (partition.error_code, partition.high_watermark, partition.last_stable_offset) == (0, 1, 1)
+    assert [record.value for batch in MemoryRecords(partition.records).batches() for record in batch] == [b"after"]
+
+
+@pytest.mark.parametrize("version", [10, 11])
+def test_metadata_v10_and_v11_asking_by_topic_id_is_invalid_request_for_every_topic(broker, version):
+    """Topic ids are served from Metadata v12 (a null name cannot be answered before): Kafka refuses such a
+    request as a whole, INVALID_REQUEST for every topic asked, and creates nothing."""
+    broker.logs.create_topic("named", 1)
+    by_id = uuid.uuid4()
+    topics = [MetadataRequest.MetadataRequestTopic(name="named"), MetadataRequest.MetadataRequestTopic(name="new"),
+              MetadataRequest.MetadataRequestTopic(name=None, topic_id=by_id)]
+    with RawConnection(broker.bootstrap_servers) as connection:
+        refused = connection.request(MetadataRequest(topics=topics, allow_auto_topic_creation=True), MetadataResponse,
+                                     version)
+        assert [(t.error_code, t.name, t.topic_id, t.partitions) for t in refused.topics] == [
+            (INVALID_REQUEST, "named", None, []), (INVALID_REQUEST, "new", None, []),     # None: the zero uuid
+            (INVALID_REQUEST, "", by_id, [])]
+        assert "new" not in broker.logs.topics()
+        served = connection.request(MetadataRequest(topics=topics[2:], allow_auto_topic_creation=False),
+                                    MetadataResponse, 12, correlation_id=2)       # the connection goes on
+        assert [(t.error_code, t.topic_id) for t in served.topics] == [(UNKNOWN_TOPIC_ID, by_id)]
+
+
+@pytest.mark.parametrize("version", [4, 11, 13])
+def test_a_fetch_at_an_unknown_isolation_level_is_unknown_server_error(broker, version):
+    """Kafka's ``IsolationLevel.forId`` refuses the level while a consumer's partitions are read: the answer
+    is ``FetchRequest.getErrorResponse``'s; a follower's level is not read (``FetchIsolation.of``)."""
+    produce_records(broker, "t", [b"x"])
+    topic_id = protocol_uuid(broker.logs.topics()["t"].topic_id)
+    with RawConnection(broker.bootstrap_servers) as connection:
+        for replica_id, isolation_level in ((-1, 2), (-1, -1), (1, 2)):
+            request = FetchRequest(replica_id=replica_id, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+                                   isolation_level=isolation_level, topics=[
+                                       FetchRequest.FetchTopic(topic="t", topic_id=topic_id, partitions=[
+                                           FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0,
+                                                                                  partition_max_bytes=1 << 20)])])
+            answer = connection.request(request, FetchResponse, version)
+            partitions = [(p.error_code, bool(p.records)) for t in answer.responses for p in t.partitions]
+            if replica_id >= 0:
+                assert partitions == [(NONE, True)]
+            elif version < 13:
+                assert partitions == [(UNKNOWN_SERVER_ERROR, False)]
+            else:
+                assert (answer.error_code, partitions) == (UNKNOWN_SERVER_ERROR, [])
+            if version >= 7:
+                assert answer.error_code == (NONE if replica_id >= 0 else UNKNOWN_SERVER_ERROR)
 
 
 # --- producer ids, long polling, KIP-74 -------------------------------------------------------------

@@ -16,7 +16,7 @@ from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, Inva
                            decode_request, decode_request_header, decode_response, encode_request,
                            encode_response, message_class)
 from kmem.protocol.api import message
-from kmem.protocol.messages import ApiVersionsRequest, FetchResponse, ProduceRequest
+from kmem.protocol.messages import ApiVersionsRequest, FetchResponse, JoinGroupRequest, ProduceRequest
 from kmem.send import BytesSend, Send
 
 CASES = [(key, version, kind) for key, (low, high) in SUPPORTED_VERSIONS.items()
@@ -119,6 +119,28 @@ def test_absurd_string_and_records_lengths():
                + struct.pack(">i", 2**31 - 1) + b"abc")
     with pytest.raises(CorruptMessageError, match=r"partition_data\[\]\.records"):
         decode_request(header + records)
+
+
+def test_a_compact_string_longer_than_32767_bytes_is_corrupt_as_in_kafka():
+    """Kafka's readers refuse a string of more than 32767 bytes in every version, a compact one too (which
+    its length could announce): a broker never takes a group id or instance id it could not store."""
+    def join(group_id):
+        request = encode_request(JoinGroupRequest(group_id="?", session_timeout_ms=6000, rebalance_timeout_ms=6000,
+                                                  member_id="", protocol_type="consumer", protocols=[]), 7, 1, "c")
+        cut = request.index(b"\x02?")                         # the compact group id: length + 1, then "?"
+        return request[:cut] + uvarint(len(group_id) + 1) + group_id + request[cut + 2:]
+
+    assert decode_request(join(b"g" * 32767))[1].group_id == "g" * 32767
+    with pytest.raises(CorruptMessageError, match=r"JoinGroupRequest v7: field group_id .*32768 bytes \(at most 32767"):
+        decode_request(join(b"g" * 32768))
+
+
+def uvarint(value):
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    return bytes(out + bytes([value]))
 
 
 def test_bad_varint_and_bad_utf8():

@@ -13,7 +13,9 @@ from kmem.errors import IllegalStateError, InvalidArgumentError
 from kmem.network import NetworkSend, PlaintextTransport, SocketServer, TlsTransport
 from kmem.records import FileRecords, LazyDownConvertRecords, RecordsBuilder, segment_file_name
 from kmem.records.convert import down_convert
-from kmem.send import COPY_CHUNK, BytesSend, ChannelTransport, FileRegionSend, Send, SequenceSend, as_transport
+from kmem.protocol import SplicedSend
+from kmem.send import (COPY_CHUNK, BytesSend, ChannelTransport, FileRegionSend, Send, SequenceSend, as_transport,
+                       close_send)
 
 from network_helpers import closed_by_peer, connect, frame, recv_exactly, recv_frame, request, tls_contexts  # noqa: F401
 
@@ -147,6 +149,27 @@ def test_file_region_closes_its_descriptor_when_written(tmp_path):
     assert len(os.listdir("/proc/self/fd")) == before + 1
     drain(send, io.BytesIO())
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_sends_dropped_unfinished_release_their_descriptors_and_lazy_ones_their_records(segment):
+    """``close_send``, as a connection that closes under its response calls it; a lazy send lets go of
+    its source records once written too."""
+    path, _ = segment
+    before = len(os.listdir("/proc/self/fd"))
+    with open(path, "rb") as f:
+        regions = [FileRegionSend(f, 0, 1000) for _ in range(3)]
+    lazy = LazyDownConvertRecords(FileRecords(path), 1, chunk_size=2048).to_send()
+    framed = NetworkSend("c", SequenceSend([b"header", regions[0], SplicedSend(b"ab", [(1, regions[1])]), lazy]))
+    spliced = SplicedSend(b"cd", [(1, regions[2])])
+    assert len(os.listdir("/proc/self/fd")) == before + 4
+    framed.write_to(PartialWrites())
+    for send in (framed, spliced):
+        close_send(send)
+        close_send(send)                                   # idempotent
+    assert len(os.listdir("/proc/self/fd")) == before
+    written = LazyDownConvertRecords(FileRecords(path), 1, chunk_size=2048).to_send()
+    drain(written, io.BytesIO())
+    assert len(os.listdir("/proc/self/fd")) == before               # while the send itself is still referenced
 
 
 def test_a_frame_too_large_for_its_size_prefix_is_refused():

@@ -2,10 +2,10 @@
 
 ``schedule(deadline, action)`` runs ``action()`` on the timer's thread once ``time.monotonic()`` reaches
 ``deadline`` and returns a ``TimerTask`` whose ``cancel()`` stops it. Deadlines wait in a heap, so the
-thread sleeps until the earliest one and the cost of a deadline is O(log n) when it is scheduled and when
-it fires: nothing is scanned per tick, however many wait. Cancelled tasks stay in the heap until they
-come up, unless more than half the heap is cancelled: then it is rebuilt without them, which keeps its
-size within twice the live tasks.
+thread sleeps until the earliest one (an hour at most at a time) and the cost of a deadline is O(log n)
+when it is scheduled and when it fires: nothing is scanned per tick, however many wait. Cancelled tasks
+stay in the heap until they come up, unless more than half the heap is cancelled: then it is rebuilt
+without them, which keeps its size within twice the live tasks.
 
 Actions run one at a time, outside the timer's lock (they may schedule and cancel); an action that raises
 is logged and the timer carries on.
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 # Below this many entries a heap full of cancelled tasks is left alone (rebuilding costs more).
 PURGE_MIN_ENTRIES = 64
+# The longest the thread sleeps at once: a deadline centuries away (an offset committed to be kept for
+# ever) is waited for in such steps, as a wait that long overflows the platform's clock.
+MAX_SLEEP_SECONDS = 3600.0
 
 
 class TimerTask:
@@ -95,7 +98,7 @@ class Timer:
                 now = time.monotonic()
                 delay = self._heap[0][0] - now
                 if delay > 0:
-                    self._condition.wait(delay)
+                    self._condition.wait(min(delay, MAX_SLEEP_SECONDS))
                     continue
                 due = []
                 while self._heap and self._heap[0][0] <= now:
@@ -110,11 +113,17 @@ class Timer:
 
     def _run(self):
         while self._running:
-            for action, task in self._due():
-                try:
-                    action()
-                except Exception:
-                    log.exception("timer task %r failed", task)
+            self._run_all(self._due())
+
+    @staticmethod
+    def _run_all(due):
+        # A method of its own: nothing of the last action (and what it refers to, such as a parked request's
+        # response) stays referenced while the thread waits for the next deadline.
+        for action, task in due:
+            try:
+                action()
+            except Exception:
+                log.exception("timer task %r failed", task)
 
     def close(self):
         with self._condition:

@@ -10,6 +10,7 @@ import selectors
 from kmem.errors import IllegalStateError
 from kmem.network.receive import UNLIMITED, NetworkReceive
 from kmem.pool import NONE
+from kmem.send import close_send
 
 
 class ChannelMuteState(enum.Enum):
@@ -136,14 +137,17 @@ class KafkaChannel:
         return None
 
     def close(self):
-        """Close the socket and release the memory of a partial receive (idempotent)."""
+        """Close the socket and release the memory of a partial receive and what an unfinished send holds
+        (idempotent)."""
         if self.closed:
             return
         self.closed = True
         if self.receive is not None:
             self.receive.close()
             self.receive = None
-        self.send = None
+        if self.send is not None:
+            close_send(self.send)
+            self.send = None
         self.transport.close()
 
     def __repr__(self):

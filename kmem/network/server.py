@@ -17,7 +17,8 @@ cannot be answered at once is deferred instead:
 A connection has one request in flight: it is muted from the moment its request is complete until the
 last byte of its response is written, so responses go out in the order of the requests whether answered
 at once or deferred. A connection that closes while its request is deferred cancels the ``Deferred``
-(its ``on_cancel`` callbacks run, so what was parked can be freed).
+(its ``on_cancel`` callbacks run, so what was parked can be freed); a response it leaves unsent, or one
+made for it after it closed, is closed (``kmem.send.close_send``): its file descriptors go at once.
 """
 import dataclasses
 import errno
@@ -36,6 +37,7 @@ from kmem.network.receive import NetworkSend
 from kmem.network.selector import Selector
 from kmem.network.waker import Waker
 from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
+from kmem.send import close_send
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +195,7 @@ class Deferred:
 
     def complete(self, response):
         if self._claim() is None:
+            close_send(response)            # never sent: what it holds goes now
             return False
         try:
             send = None if response is None else NetworkSend(self.connection_id, response)
@@ -295,6 +298,8 @@ class _Processor(threading.Thread):
             self.selector.close()
             while not self._new_connections.empty():
                 self._new_connections.get().close()
+            while not self._responses.empty():
+                close_send(self._responses.get()[1])
 
     def _drain(self):
         """At shutdown: send the responses already made (deferred ones completed by the stop included), for
@@ -350,7 +355,8 @@ class _Processor(threading.Thread):
 
     def _respond_now(self, connection_id, send):
         if self.selector.channel(connection_id) is None:
-            return              # the client left while its request was handled
+            close_send(send)    # the client left while its request was handled
+            return
         if send is _CLOSE:
             self.selector.close(connection_id)
         elif send is None:
@@ -540,26 +546,25 @@ class SocketServer:
         return False
 
     def _run_offloaded(self):
-        while True:
-            item = self.requests.get()
-            if item is None:
-                return
-            request, fn, deferred = item
-            if not self.running:
-                self.release(request)
-                deferred.cancel()
-                continue
-            try:
-                response = fn(request)
-                # Framed (in complete) before the payload is released: a response viewing the request's
-                # memory keeps it alive until sent.
-                deferred.complete(response)
-            except BaseException:
-                # As on a processor: whatever it is, it ends this connection, not the thread.
-                log.exception("request handler failed for %r; closing the connection", request)
-                deferred.fail()
-            finally:
-                self.release(request)
+        while (item := self.requests.get()) is not None:
+            self._answer_offloaded(*item)
+            item = None         # nothing of the last request (its response) is kept while waiting for the next
+
+    def _answer_offloaded(self, request, fn, deferred):
+        if not self.running:
+            self.release(request)
+            deferred.cancel()
+            return
+        try:
+            # Framed (in complete) before the payload is released: a response viewing the request's
+            # memory keeps it alive until sent.
+            deferred.complete(fn(request))
+        except BaseException:
+            # As on a processor: whatever it is, it ends this connection, not the thread.
+            log.exception("request handler failed for %r; closing the connection", request)
+            deferred.fail()
+        finally:
+            self.release(request)
 
     @staticmethod
     def release(request):

@@ -3,7 +3,7 @@ import enum
 import functools
 import struct
 
-from kmem.send import as_transport
+from kmem.send import as_transport, close_send
 
 from . import codegen, schema
 from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
@@ -278,6 +278,13 @@ class SplicedSend:
             self._splices[self._next] = None         # let a written send's memory go
             self._next += 1
         return written
+
+    def close(self):
+        """Release the sends not yet written (idempotent)."""
+        for index in range(self._next, len(self._splices)):
+            close_send(self._splices[index][1])
+            self._splices[index] = None
+        self._next = len(self._splices)
 
     def __repr__(self):
         return f"<SplicedSend {self.size - self.remaining}/{self.size} bytes, {len(self._splices)} sends>"

@@ -342,6 +342,9 @@ class _Decoder(_FieldWriter):
         length, stop = src.var("n"), src.var("e")
         self._length(field, length, indent, wide=kind != "string")
         body = self._null_check(field, length, target, indent)
+        if kind == "string" and field.compact(self.flexible):
+            # as Kafka's readers: a string holds at most 32767 bytes in every version, compact ones too
+            src.emit(body, f"if {length} > 32767: raise _Bad('string of ' + str({length}) + ' bytes (at most 32767)')")
         src.emit(body, f"{stop} = pos + {length}")
         src.emit(body, f"if {stop} > end: raise _Bad(str({length}) + ' bytes announced, ' + str(end - pos) + ' left')")
         if kind == "string":

@@ -124,7 +124,8 @@ class LazyDownConvertRecordsSend:
     Each ``write_to(transport)`` makes at most one write and converts at most one chunk; call it until
     ``completed``. It holds one converted chunk at a time, whatever S. ``transport`` may also be a socket,
     a TLS socket or an object with ``write`` (see ``kmem.send.as_transport``). ``stats`` accumulates the
-    conversion stats of every chunk converted.
+    conversion stats of every chunk converted. Once completed, or on ``close()``, it lets go of the
+    ``LazyDownConvertRecords`` (and so of records only they refer to, such as a ``FileRecords``).
     """
 
     def __init__(self, lazy_records):
@@ -161,4 +162,13 @@ class LazyDownConvertRecordsSend:
         written = as_transport(transport).write([self._pending])
         self._pending = self._pending[written:]
         self.remaining -= written
+        if self.remaining <= 0:
+            self.close()
         return written
+
+    def close(self):
+        """Let go of the source records and the chunk in hand (idempotent)."""
+        if self._chunks is not None:
+            self._chunks.close()
+            self._chunks = None
+        self._pending = memoryview(b"")

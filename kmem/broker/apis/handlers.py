@@ -5,8 +5,11 @@ Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fe
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
 groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
 ``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
-Transactions are not served: their APIs are not advertised and InitProducerId with a transactional id is
-answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+Transactions are not served: their APIs are not advertised, and InitProducerId with a transactional id and
+a Produce carrying transactional batches (with a transactional id or not) are answered
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers them when its ACLs deny the transactional id.
+Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
+topic, as Kafka answers it.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 
@@ -19,8 +22,10 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
 - long polling: with fewer than ``min_bytes`` available, the request is parked as a ``DelayedFetch`` in
   the fetch purgatory (no thread waits), completed by an append to a fetched partition or at
   ``max_wait_ms``;
-- no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches.
+- no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
+- a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
 """
+import itertools
 import logging
 import struct
 import time
@@ -115,6 +120,8 @@ class Handlers:
 
     def metadata(self, header, request):
         version = header.api_version
+        if version < 12 and request.topics and any(t.name is None or t.topic_id != ZERO_UUID for t in request.topics):
+            return _topic_ids_before_v12(request)
         host, port = self.endpoint()
         response = messages.MetadataResponse(
             throttle_time_ms=0, cluster_id=self.logs.cluster_id, controller_id=self.node_id,
@@ -271,6 +278,12 @@ class Handlers:
         version = header.api_version
         Partition = messages.ProduceResponse.PartitionProduceResponse
         response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
+        # Kafka's KafkaApis.handleProduceRequest: transactional batches need a transactional id the broker
+        # lets write. kmem serves no transactions and refuses every transactional id, as FindCoordinator and
+        # InitProducerId do, so such a request is refused as a whole: its batches would otherwise hold the
+        # last stable offset back for good (no coordinator ever writes their markers).
+        transactional = any(_first_batch_transactional(data.records)
+                            for topic in request.topic_data for data in topic.partition_data)
         for topic in request.topic_data:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
@@ -278,6 +291,10 @@ class Handlers:
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
+                if transactional:
+                    result.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+                    result.error_message = "kmem broker serves no transactions: transactional batches are refused"
+                    continue
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
@@ -349,18 +366,22 @@ class Handlers:
             response.error_code = ErrorCode.FETCH_SESSION_ID_NOT_FOUND
             return response
         wanted = []                   # (topic response, request partition, PartitionLog or error code)
-        for topic in request.topics:
-            name = topic.topic if version < 13 else self.logs.topic_name(_storage_uuid(topic.topic_id))
-            topic_response = messages.FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=topic.topic_id,
-                                                                          partitions=[])
-            response.responses.append(topic_response)
-            for partition in topic.partitions:
-                if name is None:
-                    source = ErrorCode.UNKNOWN_TOPIC_ID
-                else:
-                    source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                wanted.append((topic_response, partition, source))
+        topic_response = None         # as Kafka's FetchResponse: one topic per run of partitions of a topic
+        for (topic_id, name, _), partition in _fetched_partitions(version, request, self.logs).items():
+            if topic_response is None or (topic_response.topic_id, topic_response.topic) != (topic_id, name or ""):
+                topic_response = messages.FetchResponse.FetchableTopicResponse(topic=name or "", topic_id=topic_id,
+                                                                              partitions=[])
+                response.responses.append(topic_response)
+            if name is None:
+                source = ErrorCode.UNKNOWN_TOPIC_ID
+            else:
+                source = self.logs.get_partition(name, partition.partition) or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            wanted.append((topic_response, partition, source))
         is_follower = (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0
+        if _fetch_isolation(version, request, is_follower) not in (READ_UNCOMMITTED, READ_COMMITTED) and \
+                any(not isinstance(source, int) for _, _, source in wanted):
+            # Kafka's IsolationLevel.forId fails as a consumer's partitions are read: UNKNOWN_SERVER_ERROR
+            return _fetch_refused(version, request, ErrorCode.UNKNOWN_SERVER_ERROR)
         results, size, errors = self._read_all(version, request, wanted, is_follower)
         if size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing:
             return self._fetch_response(response, wanted, results)
@@ -407,7 +428,7 @@ class Handlers:
                         result):
         """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
-        isolation = request.isolation_level if version >= 4 else 0
+        isolation = _fetch_isolation(version, request, is_follower)
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile
@@ -459,7 +480,7 @@ class DelayedFetch(DelayedOperation):
         self._wanted = wanted
         self._fetched = fetched         # [(PartitionLog, request partition, LogOffsetMetadata or None)]
         self._is_follower = is_follower
-        self._isolation = request.isolation_level if version >= 4 else READ_UNCOMMITTED
+        self._isolation = _fetch_isolation(version, request, is_follower)
         self._complete = None
 
     def start(self, complete):
@@ -490,32 +511,89 @@ class DelayedFetch(DelayedOperation):
         complete(self._build)
 
     def _build(self):
-        results, _, _ = self._handlers._read_all(self._version, self._request, self._wanted, self._is_follower)
-        return self._handlers._fetch_response(self._response, self._wanted, results)
+        # Called once: from now on the response belongs to its send alone, whoever still refers to this
+        # operation (its records' descriptors go as soon as the send is written or dropped).
+        wanted, response, self._wanted, self._response = self._wanted, self._response, None, None
+        results, _, _ = self._handlers._read_all(self._version, self._request, wanted, self._is_follower)
+        return self._handlers._fetch_response(response, wanted, results)
 
     def __repr__(self):
         return f"<DelayedFetch of {len(self._fetched)} partitions>"
+
+
+def _topic_ids_before_v12(request):
+    """Kafka's ``KafkaApis.handleTopicMetadataRequest``: Metadata v10-11 can carry topic ids but not be
+    answered by them (the response has no null names before v12), so such a request is refused as a whole,
+    ``MetadataRequest.getErrorResponse``: INVALID_REQUEST for every topic asked, named "" if by id."""
+    Topic = messages.MetadataResponse.MetadataResponseTopic
+    return messages.MetadataResponse(throttle_time_ms=0, brokers=[], cluster_id=None, controller_id=-1, topics=[
+        Topic(error_code=ErrorCode.INVALID_REQUEST, name=topic.name or "", topic_id=topic.topic_id, is_internal=False,
+              partitions=[])
+        for topic in request.topics])
 
 
 def _storage_uuid(topic_id):
     return uuid_string(topic_id.bytes)
 
 
+def _fetch_isolation(version, request, is_follower):
+    """The isolation level a Fetch reads at (Kafka's ``FetchIsolation.of``): a follower's is ignored."""
+    return request.isolation_level if version >= 4 and not is_follower else READ_UNCOMMITTED
+
+
+def _fetch_refused(version, request, error):
+    """Kafka's ``FetchRequest.getErrorResponse``: ``error`` at the top and, before v13 (no top-level error
+    code for older clients), in every partition asked."""
+    Response = messages.FetchResponse
+    topics = [] if version >= 13 else [
+        Response.FetchableTopicResponse(topic=topic.topic, topic_id=topic.topic_id, partitions=[
+            Response.PartitionData(partition_index=partition.partition, error_code=error, high_watermark=-1,
+                                   last_stable_offset=-1, log_start_offset=-1, records=b"")
+            for partition in topic.partitions])
+        for topic in request.topics]
+    return Response(throttle_time_ms=0, error_code=error, session_id=request.session_id, responses=topics)
+
+
+def _fetched_partitions(version, request, logs):
+    """Kafka's ``FetchRequest.fetchData``, every version: ``{(topic id, name, partition): request partition}``
+    in request order, the name None for an unknown topic id (v13+). A partition listed again keeps its
+    first place and takes the last listing's fields (offset, max bytes...): it is read and answered once."""
+    fetched = {}
+    for topic in request.topics:
+        name = topic.topic if version < 13 else logs.topic_name(_storage_uuid(topic.topic_id))
+        for partition in topic.partitions:
+            fetched[(topic.topic_id, name, partition.partition)] = partition
+    return fetched
+
+
+def _first_batch_transactional(records):
+    """Whether the first complete batch of a partition's records is transactional: Kafka's
+    ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
+    Corrupt records are left to the validator."""
+    try:
+        first = next(MemoryRecords(records).batches(), None) if records is not None else None
+    except CorruptRecordError:
+        return False
+    return first is not None and first.is_transactional
+
+
 def _check_produce_records(version, records):
-    """Kafka's ``ProduceRequest`` checks: v3+ carries magic 2 only (every batch has the first one's magic,
-    which the log's validator checks); zstd needs v7+. ``(code, message)`` or None. Corrupt input is left
-    to the validator, which names what is wrong."""
+    """Kafka's ``ProduceRequest.validateRecords``: v3+ carries exactly one batch, of magic 2; zstd needs v7+.
+    ``(code, message)`` or None. Corrupt input is left to the validator, which names what is wrong."""
     if records is None or len(records) <= MAGIC_OFFSET:
         return None
     magic = memoryview(records).cast("B")[MAGIC_OFFSET]
     if version >= 3 and magic < 2:
         return ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
-    if version < 7 and magic == 2:
-        try:
-            if any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
-                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
-        except CorruptRecordError:
-            return None
+    try:
+        batches = list(itertools.islice(MemoryRecords(records).batches(), 2)) if version >= 3 else []
+        if len(batches) > 1:
+            return ErrorCode.INVALID_RECORD, f"Produce v{version} carries exactly one record batch a partition"
+        if version < 7 and magic == 2 and any(batch.compression == codecs.ZSTD
+                                              for batch in MemoryRecords(records).batches()):
+            return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
+    except CorruptRecordError:
+        return None
     return None
 
 

@@ -30,7 +30,9 @@ Offsets and group metadata are records of the internal ``__consumer_offsets`` to
 first group request, ``offsets.topic.num.partitions`` partitions; a group's records go to partition
 ``abs(hashCode(group)) % partitions``), written before a commit or a new generation is acknowledged
 and replayed when the broker starts: a Stable group comes back Stable with its members, who carry on
-heartbeating (or rejoin) as with a Kafka coordinator fail-over. Offsets expire
+heartbeating (or rejoin) as with a Kafka coordinator fail-over. A write that fails changes nothing and
+is answered as Kafka 3.9 maps its error (``GROUP_WRITE_ERRORS``): a failing or full disk is NOT_COORDINATOR,
+which clients retry after finding the coordinator again. Offsets expire
 ``offsets.retention.minutes`` after the group became empty (after their commit for groups that only
 commit, or at the expire timestamp OffsetCommit v1-4 gave), at that deadline; tombstones mark them gone.
 ``compact()`` (the broker's log maintenance calls it every ``offsets.retention.check.interval.ms``)
@@ -47,7 +49,7 @@ import uuid
 from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.group.offsets import (
-    OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
+    INT64_MAX, OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
 from kmem.broker.log.config import INT32_MAX, _int
@@ -64,6 +66,7 @@ CONSUMER_PROTOCOL = "consumer"
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 LOAD_CHUNK_BYTES = 1 << 20
+MEMBER_ID_PREFIX_BYTES = 32767 - 37    # a protocol string's bytes, less "-" and a uuid
 COMPACT_BATCH_RECORDS = 1000           # records per batch when a partition is rewritten
 
 # api key -> GroupCoordinator method (FindCoordinator stays with the other handlers)
@@ -78,6 +81,20 @@ GROUP_VERSIONS = {
     ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9), ApiKey.LIST_GROUPS: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 2), ApiKey.OFFSET_DELETE: (0, 0),
 }
+
+
+# A failed write to __consumer_offsets is answered as Kafka 3.9 maps the append's error, for group metadata
+# (``GroupMetadataManager.storeGroup``; ``GroupCoordinatorService.handleOperationException`` for deletions)
+# and for offset commits (``GroupMetadataManager.maybeConvertOffsetCommitError``): a failing or full disk
+# is NOT_COORDINATOR, which clients retry after finding the coordinator again. Other errors go as they are.
+GROUP_WRITE_ERRORS = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
+}
+COMMIT_WRITE_ERRORS = {**GROUP_WRITE_ERRORS, ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+                       ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE}
 
 
 def _ranged(name, low=1, high=INT32_MAX):
@@ -121,6 +138,12 @@ class GroupConfig:
 
 def _now_ms():
     return time.time_ns() // 1_000_000
+
+
+def _member_id_prefix(name):
+    """Kafka's member id is ``<group.instance.id or client id>-<uuid>``, a protocol string (32767 bytes at
+    most): the name is cut, at a character, so that the id fits whatever the name's length."""
+    return name.encode()[:MEMBER_ID_PREFIX_BYTES].decode(errors="ignore")
 
 
 class DelayedResponse:
@@ -289,19 +312,29 @@ class GroupCoordinator:
         except (LogError, OSError) as e:
             log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
 
-    def _append(self, group_id, entries):
-        """Write ``[(key, value or None)]`` to the group's partition; returns a Kafka error code."""
+    def _append(self, group_id, entries, errors=GROUP_WRITE_ERRORS):
+        """Write ``[(key, value or None)]`` to the group's partition; returns the Kafka error code to answer:
+        NONE, or the append's error as ``errors`` maps it (see ``GROUP_WRITE_ERRORS``)."""
         now = _now_ms()
         batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries])
         try:
-            result = self._offsets_partition(group_id).append(batch, origin=COORDINATOR)
-        except (LogError, IllegalStateError, OSError) as e:
-            log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, e)
+            partition_log = self._offsets_partition(group_id)
+        except (LogError, OSError) as e:
+            log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if result.error_code:
-            log.error("writing to %s for group %r failed: %s", OFFSETS_TOPIC, group_id, result.error_message)
-            return ErrorCode.UNKNOWN_SERVER_ERROR
-        return ErrorCode.NONE
+        try:
+            result = partition_log.append(batch, origin=COORDINATOR)
+            error, message = result.error_code, result.error_message
+        except IllegalStateError as e:              # the topic was deleted meanwhile
+            error, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(e)
+        except OSError as e:                        # the disk failed outside what the append reports
+            error, message = ErrorCode.KAFKA_STORAGE_ERROR, str(e)
+        if not error:
+            return ErrorCode.NONE
+        answer = ErrorCode(errors.get(error, error))
+        log.error("writing to %s for group %r failed (answered %s): %s", OFFSETS_TOPIC, group_id, answer.name,
+                  message)
+        return answer
 
     def _store_group(self, group):
         return self._append(group.group_id, [(group_metadata_key(group.group_id),
@@ -625,7 +658,7 @@ class GroupCoordinator:
             return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
         if instance_id is None and len(group.members) + len(group.pending) >= self.config.max_size:
             return self._join_error(ErrorCode.GROUP_MAX_SIZE_REACHED)
-        new_id = f"{instance_id or client[0]}-{uuid.uuid4()}"
+        new_id = f"{_member_id_prefix(instance_id or client[0])}-{uuid.uuid4()}"
         if instance_id is not None and instance_id in group.static_members:
             return self._replace_static_member(group, group.members[group.static_members[instance_id]], new_id,
                                                request, version, protocols, rebalance_timeout, now)
@@ -661,6 +694,7 @@ class GroupCoordinator:
             old.join_reply.set(ErrorCode.FENCED_INSTANCE_ID)
         if old.sync_reply is not None:
             old.sync_reply.set(ErrorCode.FENCED_INSTANCE_ID)
+        members_before = dict(group.members)
         del group.members[old.member_id]
         member = dataclasses.replace(old, member_id=new_id, join_reply=None, sync_reply=None,
                                      rebalance_timeout_ms=rebalance_timeout,
@@ -670,10 +704,14 @@ class GroupCoordinator:
         if group.leader == old.member_id:
             group.leader = new_id
         if group.state == STABLE and member.matches(protocols) and group.leader != new_id:
+            error = self._store_group(group)
+            if error:       # as Kafka's updateStaticMemberAndRebalance: the old member id stays, the join fails
+                group.members = members_before
+                group.static_members[old.group_instance_id] = old.member_id
+                old.heartbeat_deadline = now + old.session_timeout_ms / 1000
+                return self._join_error(error)
             member.heartbeat_deadline = now + member.session_timeout_ms / 1000
-            self._store_group(group)
-            response = self._join_response(group, member, version)
-            return response
+            return self._join_response(group, member, version)
         member.protocols = protocols
         reply = member.join_reply = self._join_reply(request)
         if group.state == PREPARING:
@@ -886,6 +924,8 @@ class GroupCoordinator:
                         expire_ts = p.commit_timestamp + self.config.offsets_retention_minutes * 60_000
                     elif retention >= 0:
                         expire_ts = commit_ts + retention
+                    # a commit time or retention near the int64 limit: never expires (Kafka's long wraps)
+                    expire_ts = min(expire_ts, INT64_MAX)
                     offset = OffsetAndMetadata(p.committed_offset, p.committed_leader_epoch if version >= 6 else -1,
                                                p.committed_metadata or "", commit_ts, expire_ts)
                     entries.append((offset_commit_key(request.group_id, topic.name, p.partition_index),
@@ -893,7 +933,7 @@ class GroupCoordinator:
                     accepted.append(((topic.name, p.partition_index), offset))
                     results.append(result)
             if entries:
-                stored = self._append(request.group_id, entries)
+                stored = self._append(request.group_id, entries, COMMIT_WRITE_ERRORS)
                 if stored:
                     for result in results:
                         result.error_code = stored
