@@ -288,3 +288,36 @@ def test_closing_on_a_full_disk_keeps_everything_for_the_next_start(small_filesy
     filesystem.free()
     with open_manager(log_dir, log_segment_bytes=1 << 20) as manager:
         assert [v for _, v in values(manager.get_partition("t", 0))] == [b"kept-%d" % i for i in range(50)]
+
+
+def test_init_producer_id_on_a_full_disk_is_retriable(small_filesystem):
+    from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
+
+    filesystem = small_filesystem("4m")
+    with Broker(os.path.join(filesystem.path, "logs")) as broker, RawConnection(broker.bootstrap_servers) as client:
+        def init_producer_id():
+            return client.request(InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=-1),
+                                  InitProducerIdResponse, 1)
+        filesystem.fill()           # the first id needs a block of ids reserved on disk
+        refused = init_producer_id()
+        assert (refused.error_code, refused.producer_id) == (ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, -1)
+        filesystem.free()
+        granted = init_producer_id()
+        assert granted.error_code == ErrorCode.NONE and granted.producer_id >= 0
+
+
+def test_a_partition_listed_twice_in_one_produce_is_appended_once(tmp_path):
+    from kafka.protocol.producer import ProduceRequest, ProduceResponse
+
+    with Broker(tmp_path) as broker, RawConnection(broker.bootstrap_servers) as client:
+        broker.logs.create_topic("t", 2)
+        Data = ProduceRequest.TopicProduceData.PartitionProduceData
+        listed = [Data(index=0, records=batch(b"first")), Data(index=1, records=batch(b"other")),
+                  Data(index=0, records=batch(b"last"))]
+        request = ProduceRequest(acks=-1, timeout_ms=1000,
+                                 topic_data=[ProduceRequest.TopicProduceData(name="t", partition_data=listed)])
+        response = client.request(request, ProduceResponse, 9)
+        answered = [(p.index, p.error_code) for t in response.responses for p in t.partition_responses]
+        assert answered == [(0, 0), (1, 0)]
+        assert [v for _, v in values(broker.logs.get_partition("t", 0))] == [b"last"]
+        assert [v for _, v in values(broker.logs.get_partition("t", 1))] == [b"other"]

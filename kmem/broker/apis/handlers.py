@@ -34,7 +34,7 @@ import uuid
 from kmem.broker.apis.admin import ADMIN_VERSIONS
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.purgatory import DelayedOperation, DelayedOperationPurgatory
-from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
@@ -267,8 +267,16 @@ class Handlers:
                 throttle_time_ms=0, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1,
                 producer_epoch=-1)
         # An idempotent producer always gets a new id (Kafka's ProducerIdManager), never one issued before.
+        try:
+            producer_id = self.logs.allocate_producer_id()
+        except OSError as e:
+            # The next block of ids could not be reserved on disk (a full disk). Kafka answers a producer id
+            # manager without a block COORDINATOR_LOAD_IN_PROGRESS, which clients retry.
+            log.error("InitProducerId: %s", storage_error(e, "reserving producer ids"))
+            return messages.InitProducerIdResponse(throttle_time_ms=0, producer_id=-1, producer_epoch=-1,
+                                                   error_code=ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
         return messages.InitProducerIdResponse(throttle_time_ms=0, error_code=ErrorCode.NONE,
-                                               producer_id=self.logs.allocate_producer_id(), producer_epoch=0)
+                                               producer_id=producer_id, producer_epoch=0)
 
     # --- Produce --------------------------------------------------------------------------------------
 
@@ -284,10 +292,16 @@ class Handlers:
         # last stable offset back for good (no coordinator ever writes their markers).
         transactional = any(_first_batch_transactional(data.records)
                             for topic in request.topic_data for data in topic.partition_data)
+        # A partition listed again is appended and answered once, with its last listing's records (Kafka
+        # keys the request's partitions by TopicPartition), in its first place.
+        latest = {(topic.name, data.index): data for topic in request.topic_data for data in topic.partition_data}
         for topic in request.topic_data:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
             for data in topic.partition_data:
+                data = latest.pop((topic.name, data.index), None)
+                if data is None:
+                    continue
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
