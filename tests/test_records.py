@@ -347,6 +347,21 @@ def test_zstd_bomb_of_a_gigabyte_is_refused_quickly():
         codecs.decompress(codecs.ZSTD, frame, 2)
 
 
+def test_zstd_past_the_limit_holds_one_buffer_at_a_time():
+    # cramjam's zstd decoder writes into a buffer sized beforehand, grown 4x at a time up to the limit + 1:
+    # the one before is freed first (the limit's and the limit + 1's used to be held together).
+    limit = 4 << 20
+    payload = codecs.compress(codecs.ZSTD, bytes(limit + 1), 2)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecompressionLimitError):
+            codecs.decompress(codecs.ZSTD, payload, 2, limit=limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert limit < peak < limit * 5 // 4 + len(payload), peak
+
+
 def _peak_counting(batch, n):
     """tracemalloc's peak while iterating ``batch``, checked to hold ``n`` records without key or value."""
     tracemalloc.start()
@@ -417,8 +432,8 @@ def test_lz4_magic0_uses_kafka_3160_checksum():
 
 def _streamed(codec, magic, data, piece):
     """``data`` compressed by ``codecs.compressor`` fed ``piece`` bytes at a time."""
-    stream = codecs.compressor(codec, magic)
-    parts = [stream.compress(data[i:i + piece]) for i in range(0, len(data), piece)]
+    stream, view = codecs.compressor(codec, magic), memoryview(data)
+    parts = [stream.compress(view[i:i + piece]) for i in range(0, len(view), piece)]
     return b"".join(map(bytes, parts + [stream.flush()]))
 
 

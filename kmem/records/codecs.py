@@ -157,7 +157,8 @@ def _too_large(limit, position):
 
 
 def _bounded_into(decompress_into, data, size, limit, position):
-    """Decompress into a buffer grown up to ``limit + 1`` bytes; filling that one means too large."""
+    """Decompress into a buffer grown 4x at a time up to ``limit + 1`` bytes (the one before is freed
+    first); filling that one means too large."""
     size = min(size, limit + 1)
     while True:
         out = bytearray(size)
@@ -171,7 +172,8 @@ def _bounded_into(decompress_into, data, size, limit, position):
             return memoryview(out)[:n]
         if size > limit:
             raise _too_large(limit, position)
-        size = min(size * 4, limit + 1)
+        out = None
+        size = size * 4 if size * 4 < limit else limit + 1
 
 
 def _unzstd(data, magic, limit, position):
@@ -356,7 +358,7 @@ class _Zstd:
         self._stream = cramjam.zstd.Compressor()
 
     def compress(self, data):
-        self._stream.compress(data)
+        self._stream.compress(data if type(data) is bytes else bytes(data))      # it takes bytes only
         return bytes(self._stream.flush())
 
     def flush(self):
