@@ -4,8 +4,9 @@
 - Per batch, in order: a v2 batch from a client must have base offset 0 (INVALID_RECORD); a batch
   larger than ``max.message.bytes`` is MESSAGE_TOO_LARGE; a bad CRC or an unparsable batch is
   CORRUPT_MESSAGE; magic differing from the first batch's, an offset range that disagrees with the record
-  count, a count of 0, a control batch or a negative sequence with a producer id from a client, and a
-  compressed v2 batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
+  count, a count of 0, a control batch or a negative sequence with a producer id from a client, a
+  control batch whose marker key is not one (Kafka's ``ControlRecordType.parse``), and a compressed v2
+  batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
   Kafka trims it; input without any complete batch is INVALID_RECORD. More bytes than ``segment.bytes``
   is RECORD_LIST_TOO_LARGE.
 - v2 batches are written as they came, each behind a rewritten 61-byte header: base offset, partition
@@ -113,6 +114,11 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
     if batch.magic == 2:
         if check_records:       # else rebuilding reads every record
             _check_records(batch)
+        if batch.is_control_batch:
+            try:
+                batch.control_type
+            except CorruptRecordError as e:
+                raise LogError(ErrorCode.INVALID_RECORD, str(e)) from None
         if batch.is_compressed and batches_total > 1:
             raise LogError(ErrorCode.INVALID_RECORD, "compressed outer record has more than one batch")
         if origin == CLIENT:
