@@ -32,14 +32,17 @@ cdef inline unsigned char* put_bytes(unsigned char* p, const unsigned char* data
 
 
 cdef Py_ssize_t headers_size(const Fields* f) noexcept nogil:
-    """Bytes of a parsed record's headers written with canonical varints (parse_v2_record checked them)."""
+    """Bytes of a parsed record's headers written with canonical varints, or -1 when they no longer parse
+    (parse_v2_record checked them: only data changed meanwhile, by another thread, does not)."""
     cdef Cursor h = Cursor(f.headers, f.headers_end, f.headers, OK, 0)
     cdef int64_t key_len = 0, value_len = 0, i
     cdef Py_ssize_t size = 0
     for i in range(f.header_count):
-        read_varlong(&h, 5, &key_len)
+        if read_varlong(&h, 5, &key_len) < 0 or not 0 <= key_len <= h.end - h.p:
+            return -1
         h.p += key_len
-        read_varlong(&h, 5, &value_len)
+        if read_varlong(&h, 5, &value_len) < 0 or not -1 <= value_len <= h.end - h.p:
+            return -1
         if value_len > 0:
             h.p += value_len
         size += field_size(key_len) + field_size(value_len)
@@ -51,7 +54,7 @@ cdef int append_record(Rewrite* rw, Cursor* c, const unsigned char* begin, const
     """Write a parsed record (from ``begin``) as the batch's next one: 0, or 1 when it does not fit the
     slice (rw.needed says its size), or -1 on an error."""
     cdef int64_t first, ts_delta, key_len = 0, value_len = 0, i
-    cdef Py_ssize_t body, size
+    cdef Py_ssize_t headers, body, size
     cdef unsigned char* p
     cdef const unsigned char* end
     cdef Cursor h
@@ -62,8 +65,11 @@ cdef int append_record(Rewrite* rw, Cursor* c, const unsigned char* begin, const
     first = timestamp if rw.records == 0 else rw.first_timestamp
     if kmem_add_overflows(timestamp, -first, &ts_delta):      # first >= -1: its negation fits
         return fail(c, ERR_TIMESTAMP, begin)
+    headers = headers_size(f)
+    if headers < 0:
+        return fail(c, ERR_CHANGED, begin)
     body = 1 + varint_size(ts_delta) + varint_size(rw.records) + field_size(f.key_len) + field_size(f.value_len) \
-        + varint_size(f.header_count) + headers_size(f)
+        + varint_size(f.header_count) + headers
     size = varint_size(body) + body
     if size > rw.capacity - rw.written:
         rw.needed = size
@@ -75,8 +81,8 @@ cdef int append_record(Rewrite* rw, Cursor* c, const unsigned char* begin, const
     p = put_varint(put_varint(p + 1, ts_delta), rw.records)
     p = put_bytes(put_bytes(p, f.key, f.key_len), f.value, f.value_len)
     p = put_varint(p, f.header_count)
-    # The headers are read a second time: every length is checked again, so that data changed meanwhile
-    # (by another thread) cannot make this read or write out of bounds.
+    # The headers are read again: every length is checked again, so that data changed meanwhile (by
+    # another thread) cannot make this read or write out of bounds.
     h = Cursor(f.headers, f.headers_end, f.headers, OK, 0)
     for i in range(f.header_count):
         if read_varlong(&h, 5, &key_len) < 0 or not 0 <= key_len <= h.end - h.p or field_size(key_len) > end - p:
