@@ -32,6 +32,7 @@ cdef enum:
     ERR_BATCH_SIZE = 14
     ERR_CHANGED = 15
     ERR_OFFSET = 16
+    ERR_TOO_MANY = 17
 
 # What the down-conversion loop does with a batch, looked up in the table its caller passes.
 cdef enum:
@@ -80,3 +81,19 @@ cdef struct Conversion:
     int64_t records
     int64_t last_written_offset
     int64_t max_timestamp
+
+
+cdef struct Rewrite:
+    unsigned char* out              # the slice being written
+    Py_ssize_t capacity
+    Py_ssize_t written
+    Py_ssize_t slice_bytes          # a slice ends once it holds this much
+    Py_ssize_t needed               # size of a record larger than an empty slice's capacity
+    int64_t records                 # records written: the next offset delta
+    int64_t first_timestamp         # the batch's base timestamp
+    int64_t max_timestamp
+    bint legacy                     # the section being read: v0/v1 messages, else a v2 records section
+    int64_t left                    # v2: records the section still holds
+    int64_t base_timestamp          # v2: the section's batch's
+    bint log_append                 # records take log_append_time (a LogAppendTime batch or wrapper)
+    int64_t log_append_time

@@ -80,7 +80,7 @@ class FileMapping:
     def close(self) -> None: ...
 
 # -- record formats (_checksums.pxi, _record_format.pxi, _record_encode.pxi, _record_convert.pxi,
-#    _record_decode.pxi) ---------------------------------------------------------------------------------
+#    _record_decode.pxi, _record_rebuild.pxi) ----------------------------------------------------------
 
 _ERRORS: dict[int, str]
 ACTION_TABLE_SIZE: Final[int]
@@ -105,6 +105,20 @@ class LegacyScan:
     last: int
     lowest: int
     highest: int
+
+class RecordsRewriter:
+    @property
+    def records(self) -> int: ...
+    @property
+    def first_timestamp(self) -> int: ...
+    @property
+    def max_timestamp(self) -> int: ...
+    section_records: int
+    def __init__(self, slice_bytes: int) -> None: ...
+    def start_v2(self, *, count: int, base_timestamp: int, log_append: bool, log_append_time: int) -> None: ...
+    def start_legacy(self, *, log_append: bool, log_append_time: int) -> None: ...
+    # (end position, records read, the records written)
+    def rewrite(self, data: Buffer, pos: int, *, final: bool, base: int = ...) -> tuple[int, int, bytearray]: ...
 
 def run_down_conversion(data: Buffer, pos: int, *, actions: Buffer, to_magic: int,
                         first_offset: int, out: Buffer | None = ...) -> ConversionRun: ...

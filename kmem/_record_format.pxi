@@ -42,6 +42,7 @@ _ERRORS = {
     ERR_BATCH_SIZE: "v2 batch is smaller than its 61-byte header",
     ERR_CHANGED: "record data changed while being converted",
     ERR_OFFSET: "record offset is outside the int64 range",
+    ERR_TOO_MANY: "more records than one v2 batch holds (2**31 - 1)",
 }
 
 

@@ -32,6 +32,11 @@ class CorruptRecordError(KmemError, ValueError):
         self.offset = offset
 
 
+class DecompressionLimitError(CorruptRecordError):
+    """Compressed record data expands beyond the decompression limit (``kmem.records.MAX_DECOMPRESSED_BYTES``
+    unless the caller sets another): refused before more memory is spent, as a decompression bomb."""
+
+
 class UnsupportedCompressionTypeError(KmemError):
     """The codec cannot be used here (e.g. zstd below magic 2)."""
 

@@ -1,10 +1,14 @@
 """kmem.broker storage: configuration, the log directory's files, appends and reads, indexes, rolls,
 retention, ListOffsets and topics."""
+import json
 import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
+import zlib
 
 import pytest
 from aiokafka.record.default_records import DefaultRecordBatchBuilder as AioDefaultBuilder
@@ -17,10 +21,10 @@ from kmem.broker import (
     OffsetAndTimestamp,
 )
 from kmem import _core
-from records_samples import read_aiokafka, read_kafka_python
-from kmem.broker.log import checkpoints
+from records_samples import MINIMAL_RECORD, read_aiokafka, read_kafka_python, v2_batch_of
+from kmem.broker.log import checkpoints, validator
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
-from kmem.records import MemoryRecords, RecordsBuilder, TimestampType
+from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
 
 NOW = 1_700_000_000_000
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -255,11 +259,11 @@ def test_round_trip_every_magic_and_codec(manager, builder, magic, codec):
     manager.create_topic("t")
     partition_log = manager.get_partition("t", 0)
     stamp = now_ms()
-    expected, codecs = [], []
+    expected, sent_codecs = [], []
     for round_ in range(3):
         values = [b"r%d-%d" % (round_, i) * (round_ + 1) for i in range(4)]
         data = BUILDERS[builder](magic, codec, values, stamp)
-        codecs.append(next(iter(MemoryRecords(data))).compression)   # clients send small batches uncompressed
+        sent_codecs.append(next(iter(MemoryRecords(data))).compression)   # small batches go uncompressed
         result = partition_log.append(data)
         assert result.error_code == ErrorCode.NONE, result
         assert (result.base_offset, result.last_offset) == (4 * round_, 4 * round_ + 3)
@@ -273,7 +277,7 @@ def test_round_trip_every_magic_and_codec(manager, builder, magic, codec):
     with fetched.records as records:
         stored = list(records)
     assert {b.magic for b in stored} == {2}, "v0/v1 input is stored as magic 2"
-    assert [b.compression for b in stored] == codecs[1:], "the producer's codec is kept"
+    assert [b.compression for b in stored] == sent_codecs[1:], "the producer's codec is kept"
     assert all(b.is_valid() and b.partition_leader_epoch == 0 for b in stored)
     assert stored[0].base_offset == 4 and fetched.high_watermark == 12 == fetched.last_stable_offset
 
@@ -405,6 +409,211 @@ def test_listeners_are_told_of_appends(manager):
     partition_log.append(batch([b"a", b"b"]))
     partition_log.append(b"")                  # refused: no wake-up
     assert seen == [2]
+
+
+# --- rebuilding batches: recompression (compression.type) and up-conversion ---------------------------
+
+REBUILT_SOURCES = [(2, codec) for codec in CODECS] + [(magic, codec) for magic in (0, 1) for codec in CODECS[:4]]
+
+
+def _client_batch(magic, codec, producer_id):
+    """Records of every shape: null and empty keys and values, headers (v2), timestamps out of order; v2
+    with an idempotent (odd ids: transactional) producer's fields."""
+    fields = {}
+    if magic == 2:
+        fields = {"producer_id": producer_id, "producer_epoch": 3, "base_sequence": 5,
+                  "transactional": producer_id % 2 == 1}
+    builder = RecordsBuilder(magic, codec, **fields)
+    for i in range(40):
+        builder.append(None if i % 9 == 4 else b"value %d " % i * (i % 5), key=None if i % 3 == 0 else b"k%d" % i,
+                       timestamp=NOW + (i * 37) % 50 if magic else -1,
+                       headers=[("h", b"%d" % i), ("null", None)] if magic == 2 and i % 2 else ())
+    return builder.build()
+
+
+def _rebuilt_by_builder(sources, codec, base_offset, **fields):
+    """The batch Kafka's way of rebuilding makes of ``sources`` (every record appended to a new batch)."""
+    first = next(iter(MemoryRecords(sources[0])))
+    if first.magic == 2 and first.producer_id >= 0:
+        fields.update(producer_id=first.producer_id, producer_epoch=first.producer_epoch,
+                      base_sequence=first.base_sequence, transactional=first.is_transactional)
+    builder = RecordsBuilder(2, codec, base_offset=base_offset, partition_leader_epoch=0, **fields)
+    for source in sources:
+        for record in MemoryRecords(source).records():
+            builder.append(record.value, key=record.key, timestamp=max(record.timestamp, -1), headers=record.headers)
+    (rebuilt,) = MemoryRecords(builder.build())
+    return rebuilt
+
+
+def _assert_same_batch(stored, expected):
+    header = ("magic", "attributes", "base_offset", "last_offset", "base_timestamp", "max_timestamp", "producer_id",
+              "producer_epoch", "base_sequence", "records_count", "partition_leader_epoch")
+    assert [getattr(stored, f) for f in header] == [getattr(expected, f) for f in header]
+    assert stored.is_valid() and list(stored) == list(expected)
+    codec = stored.compression
+    if codec in (codecs.NONE, codecs.SNAPPY, codecs.LZ4):        # the same blocks: the same bytes
+        assert bytes(stored.buffer) == bytes(expected.buffer)
+    else:       # gzip and zstd compress a stream: other bytes, the same records section
+        assert bytes(codecs.decompress(codec, stored.buffer[61:], 2)) == \
+            bytes(codecs.decompress(codec, expected.buffer[61:], 2))
+
+
+@pytest.mark.parametrize("topic_codec", ["uncompressed", "gzip", "snappy", "lz4", "zstd"])
+def test_rebuilt_batches_hold_the_same_records_as_before(manager, topic_codec):
+    manager.create_topic("t", 1, {"compression.type": topic_codec})
+    partition_log = manager.get_partition("t", 0)
+    target = codecs.codec_id("none" if topic_codec == "uncompressed" else topic_codec)
+    requests = [[_client_batch(magic, codec, producer_id)]
+                for producer_id, (magic, codec) in enumerate(REBUILT_SOURCES)]
+    if target != codecs.NONE:       # uncompressed batches, rebuilt as one
+        requests.append([batch([b"a", b"b"]), batch([b"c"], timestamp=NOW - 5)])
+    for sources in requests:
+        result = partition_log.append(b"".join(sources))
+        assert result.error_code == ErrorCode.NONE, result
+        with partition_log.read(result.base_offset, 1 << 20).records as records:
+            (stored,) = records
+            _assert_same_batch(stored, _rebuilt_by_builder(sources, target, result.base_offset))
+    assert partition_log.log_end_offset == 40 * len(REBUILT_SOURCES) + (3 if target != codecs.NONE else 0)
+
+
+def test_rebuilt_batch_on_a_log_append_time_topic(manager):
+    manager.create_topic("t", 1, {"compression.type": "lz4", "message.timestamp.type": "LogAppendTime"})
+    partition_log = manager.get_partition("t", 0)
+    sources = [_client_batch(2, "gzip", 1)]
+    result = partition_log.append(sources[0], now_ms=NOW + 1000)
+    with partition_log.read(0, 1 << 20).records as records:
+        (stored,) = records
+        _assert_same_batch(stored, _rebuilt_by_builder(sources, codecs.LZ4, 0, log_append_time=NOW + 1000,
+                                                       timestamp_type=TimestampType.LOG_APPEND_TIME))
+    assert result.log_append_time == NOW + 1000 == stored.max_timestamp
+
+
+def _with_crc(data):
+    data = bytearray(data)
+    struct.pack_into(">I", data, 17, _core.crc32c(memoryview(data)[21:]))
+    return bytes(data)
+
+
+def test_rebuilding_refuses_bad_records_with_kafkas_codes(manager):
+    manager.create_topic("t", 1, {"compression.type": "lz4"})
+    manager.create_topic("p", 1)        # compression.type=producer: v0/v1 keep their codec
+    gzip_batch = batch([b"a", b"b"], codec="gzip")
+    garbled = _with_crc(gzip_batch[:70] + bytes(len(gzip_batch) - 80) + gzip_batch[-10:])
+    empty_gzip = v2_batch_of(b"", 2, codecs.GZIP)          # two records declared
+    wrapper = bytearray(batch([b"a"], magic=1, codec="gzip"))
+    unknown_codec = wrapper[:17] + b"\x05" + wrapper[18:]          # codec 5 names none
+    inner = _core.encode_legacy_entries(1, codecs.GZIP, [(0, 1, None, b"")])     # compressed inside compressed
+    nested = _core.encode_legacy_entries(1, codecs.GZIP, [(0, 1, None, codecs.compress(codecs.GZIP, inner, 1))])
+    hollow = _core.encode_legacy_entries(1, codecs.GZIP, [(0, 1, None, codecs.compress(codecs.GZIP, b"", 1))])
+    bomb = v2_batch_of(_core.encode_v2_records([(0, 0, None, bytes(codecs.MAX_DECOMPRESSED_BYTES), [])]), 1,
+                       codecs.ZSTD)
+    cases = [("t", garbled, ErrorCode.INVALID_RECORD, "cannot decompress"),
+             ("t", empty_gzip, ErrorCode.INVALID_RECORD, "count does not match"),
+             ("t", bomb, ErrorCode.CORRUPT_MESSAGE, "exceeds the limit"),
+             ("p", bomb, ErrorCode.CORRUPT_MESSAGE, "exceeds the limit"),      # checked in place: the same code
+             ("p", _with_crc_legacy(unknown_codec), ErrorCode.CORRUPT_MESSAGE, "unknown compression codec 5"),
+             ("t", nested, ErrorCode.CORRUPT_MESSAGE, "nested"),
+             ("t", hollow, ErrorCode.CORRUPT_MESSAGE, "no inner messages")]
+    for topic, data, code, message in cases:
+        partition_log = manager.get_partition(topic, 0)
+        result = partition_log.append(data)
+        assert (result.error_code, partition_log.log_end_offset) == (code, 0), (topic, message, result)
+        assert message in result.error_message
+
+
+def _with_crc_legacy(entry):
+    entry = bytearray(entry)
+    struct.pack_into(">I", entry, 12, zlib.crc32(memoryview(entry)[16:]))
+    return bytes(entry)
+
+
+# A child interpreter appends one batch and reports its peak RSS during the append (native allocations
+# of zlib and zstd included, which tracemalloc does not see) over its RSS before: the kernel's high-water
+# mark (VmHWM), reset just before. (ru_maxrss would not do: a child's starts at its parent's RSS.)
+APPEND_MEASURED = """
+import json, sys, tempfile
+from kmem.broker import BrokerConfig, LogManager
+
+def memory(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(field + ":"))
+
+path, compression = sys.argv[1:]
+data = open(path, "rb").read()
+with tempfile.TemporaryDirectory() as directory:
+    manager = LogManager(directory, BrokerConfig.from_properties())
+    manager.create_topic("t", 1, {"compression.type": compression})
+    partition_log = manager.get_partition("t", 0)
+    with open("/proc/self/clear_refs", "w") as clear_refs:
+        clear_refs.write("5")       # resets VmHWM to the RSS now
+    before = memory("VmRSS")
+    result = partition_log.append(data)
+    print(json.dumps({"code": int(result.error_code), "message": result.error_message,
+                      "growth": memory("VmHWM") - before, "end": partition_log.log_end_offset}))
+    manager.close()
+"""
+
+
+def _append_measured(tmp_path, data, compression):
+    path = tmp_path / "batch"
+    path.write_bytes(data)
+    child = subprocess.run([sys.executable, "-c", APPEND_MEASURED, str(path), compression], capture_output=True,
+                           text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    return json.loads(child.stdout)
+
+
+def _hostile_batches(topic_codec):
+    """(name, batch, decompressed input the rebuild holds) of tiny batches expanding to millions of records,
+    in codecs other than ``topic_codec`` (a batch of the topic's codec is not rebuilt)."""
+    many = 2_000_000
+    batches = [(f"{codecs.codec_name(codec)}, 2 M empty records",
+                v2_batch_of(MINIMAL_RECORD * many, many, codec),
+                4 * len(MINIMAL_RECORD) * many if codec == codecs.ZSTD else 2 * codecs.CHUNK_BYTES)
+               for codec in (codecs.ZSTD, codecs.GZIP, codecs.LZ4) if codecs.codec_name(codec) != topic_codec]
+    empty_v1 = _core.encode_legacy_entries(1, 0, [(0, 1, None, b"")])
+    many = 1_900_000        # 65 MB once inflated
+    wrapper = _core.encode_legacy_entries(1, codecs.GZIP, [(many - 1, 1, None,
+                                                            codecs.compress(codecs.GZIP, empty_v1 * many, 1))])
+    return batches + [("v1 gzip wrapper, 1.9 M empty messages", wrapper, 2 * codecs.CHUNK_BYTES)]
+
+
+@pytest.mark.parametrize("topic_codec", ["gzip", "lz4"])
+def test_rebuilding_hostile_batches_stays_in_its_memory_bound(tmp_path, topic_codec):
+    """Tiny batches of millions of records rebuilt in another codec exceed max.message.bytes once rebuilt:
+    refused as soon as the output does, within the bound validator.py states (2.25 x max.message.bytes, the
+    decompressed input held (zstd comes whole, in a buffer grown 4x at a time) and the overhead). They used to
+    cost 0.5-1.2 GB of Python objects."""
+    limit = BrokerConfig.from_properties().topic_config().max_message_bytes
+    for name, data, held in _hostile_batches(topic_codec):
+        assert len(data) < 400_000, name
+        measured = _append_measured(tmp_path, data, topic_codec)
+        assert (measured["code"], measured["end"]) == (ErrorCode.MESSAGE_TOO_LARGE, 0), (name, measured)
+        assert measured["growth"] < 9 * limit // 4 + held + validator.REBUILD_OVERHEAD_BYTES, (name, measured)
+    # fewer records fit once rebuilt: accepted, within the same bound
+    many = 200_000
+    data = v2_batch_of(MINIMAL_RECORD * many, many, codecs.ZSTD)
+    measured = _append_measured(tmp_path, data, topic_codec)
+    assert (measured["code"], measured["end"]) == (ErrorCode.NONE, many), measured
+    held = 4 * len(MINIMAL_RECORD) * many
+    assert measured["growth"] < 9 * limit // 4 + held + validator.REBUILD_OVERHEAD_BYTES, measured
+
+
+@pytest.mark.parametrize("codec", [codecs.GZIP, codecs.ZSTD])
+def test_rebuilding_one_record_as_large_as_the_decompression_limit_stays_in_its_memory_bound(tmp_path, codec):
+    """One record of MAX_DECOMPRESSED_BYTES in a few KB: CORRUPT_MESSAGE once the limit is passed, and a
+    little less is rebuilt (a value of zeros compresses under max.message.bytes), both within the worst
+    case validator.py states (the record as read and as rewritten, beside the input held)."""
+    limit = BrokerConfig.from_properties().topic_config().max_message_bytes
+    bound = 9 * limit // 4 + 3 * codecs.MAX_DECOMPRESSED_BYTES + validator.REBUILD_OVERHEAD_BYTES
+    for size, code in [(codecs.MAX_DECOMPRESSED_BYTES, ErrorCode.CORRUPT_MESSAGE),
+                       (codecs.MAX_DECOMPRESSED_BYTES - (4 << 20), ErrorCode.NONE)]:
+        data = v2_batch_of(_core.encode_v2_records([(0, 0, None, bytes(size), [])]), 1, codec)
+        assert len(data) < 100_000
+        measured = _append_measured(tmp_path, data, "lz4")
+        assert (measured["code"], measured["end"]) == (code, 1 if code == ErrorCode.NONE else 0), measured
+        assert code == ErrorCode.NONE or "exceeds the limit" in measured["message"]
+        assert measured["growth"] < bound, measured
 
 
 # --- indexes ------------------------------------------------------------------------------------------

@@ -162,6 +162,10 @@ def test_open_transaction_bounds_the_last_stable_offset(partition_log):
     assert partition_log.append(marker, origin="client").error_code == ErrorCode.INVALID_RECORD
     assert partition_log.append(marker, origin="coordinator").error_code == ErrorCode.NONE
     assert partition_log.last_stable_offset == partition_log.log_end_offset == 5
+    keyless = RecordsBuilder(2, "none", producer_id=2, producer_epoch=0, transactional=True, control=True)
+    keyless.append(b"", key=b"\0")        # a marker key is 4 bytes: version and type
+    refused = partition_log.append(keyless.build(), origin="coordinator")
+    assert (refused.error_code, partition_log.log_end_offset) == (ErrorCode.INVALID_RECORD, 5)
 
 
 def test_memory_stays_flat_as_producer_ids_grow(tmp_path):

@@ -10,7 +10,7 @@ import xxhash
 from records_samples import CODECS, MINIMAL_RECORD, read_kmem, scenario_batches, scenario_records, v2_batch_of
 
 from kmem import _core
-from kmem.errors import CorruptRecordError, InvalidArgumentError
+from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
 from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
                           build_records)
 from kmem.records import codecs
@@ -347,6 +347,21 @@ def test_zstd_bomb_of_a_gigabyte_is_refused_quickly():
         codecs.decompress(codecs.ZSTD, frame, 2)
 
 
+def test_zstd_past_the_limit_holds_one_buffer_at_a_time():
+    # cramjam's zstd decoder writes into a buffer sized beforehand, grown 4x at a time up to the limit + 1:
+    # the one before is freed first (the limit's and the limit + 1's used to be held together).
+    limit = 4 << 20
+    payload = codecs.compress(codecs.ZSTD, bytes(limit + 1), 2)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecompressionLimitError):
+            codecs.decompress(codecs.ZSTD, payload, 2, limit=limit)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert limit < peak < limit * 5 // 4 + len(payload), peak
+
+
 def _peak_counting(batch, n):
     """tracemalloc's peak while iterating ``batch``, checked to hold ``n`` records without key or value."""
     tracemalloc.start()
@@ -413,6 +428,70 @@ def test_lz4_magic0_uses_kafka_3160_checksum():
     assert bytes(codecs.decompress(codecs.LZ4, frame, 0)) == b"x" * 100
     with pytest.raises(CorruptRecordError):      # magic 1 readers check the header checksum
         codecs.decompress(codecs.LZ4, frame, 1)
+
+
+def _streamed(codec, magic, data, piece):
+    """``data`` compressed by ``codecs.compressor`` fed ``piece`` bytes at a time."""
+    stream, view = codecs.compressor(codec, magic), memoryview(data)
+    parts = [stream.compress(view[i:i + piece]) for i in range(0, len(view), piece)]
+    return b"".join(map(bytes, parts + [stream.flush()]))
+
+
+@pytest.mark.parametrize("magic, codec", [(magic, codec) for magic in (0, 1, 2) for codec in (1, 2, 3, 4)
+                                          if codec != codecs.ZSTD or magic == 2])
+def test_streamed_codecs_join_to_the_whole(magic, codec):
+    data = os.urandom(100_000) + bytes(900_000) + os.urandom(1000)
+    for piece in (1000, 77_777, len(data)):
+        streamed = _streamed(codec, magic, data, piece)
+        assert bytes(codecs.decompress(codec, streamed, magic)) == data
+        if codec in (codecs.SNAPPY, codecs.LZ4):        # the same blocks as compress makes
+            assert streamed == codecs.compress(codec, data, magic)
+    chunks = [bytes(c) for c in codecs.decompress_chunks(codec, codecs.compress(codec, data, magic), magic)]
+    assert b"".join(chunks) == data
+    if codec != codecs.ZSTD:        # cramjam decodes zstd only whole
+        assert len(chunks) > 1 and max(map(len, chunks)) <= codecs.CHUNK_BYTES
+    assert bytes(codecs.decompress(codec, _streamed(codec, magic, b"", 1), magic)) == b""
+
+
+def test_decompress_chunks_reads_every_framing_and_refuses_what_decompress_refuses():
+    import cramjam
+
+    data = os.urandom(5000) + bytes(70_000)
+    members = codecs.compress(codecs.GZIP, data, 1) + codecs.compress(codecs.GZIP, b"more", 1)
+    foreign = [(codecs.SNAPPY, cramjam.snappy.compress_raw(data), data),
+               (codecs.LZ4, cramjam.lz4.compress(data), data),        # linked blocks and a content checksum
+               (codecs.GZIP, members, data + b"more")]
+    for codec, payload, expected in foreign:
+        assert b"".join(map(bytes, codecs.decompress_chunks(codec, bytes(payload), 1))) == expected
+    for codec in (1, 2, 3, 4):
+        for payload in (b"", os.urandom(64), codecs.compress(codec, b"hello" * 100, 2)[:-3]):
+            if codec == codecs.SNAPPY and not payload:
+                continue      # a valid raw block of nothing
+            with pytest.raises(CorruptRecordError):
+                list(codecs.decompress_chunks(codec, payload, 2))
+    frame = bytearray(codecs.compress(codecs.LZ4, b"x" * 100, 1))
+    frame[6] ^= 1
+    with pytest.raises(CorruptRecordError, match="header checksum"):
+        list(codecs.decompress_chunks(codecs.LZ4, bytes(frame), 1))
+    assert b"".join(map(bytes, codecs.decompress_chunks(codecs.LZ4, codecs.compress(codecs.LZ4, b"x", 0), 0))) == b"x"
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_decompress_chunks_stops_at_the_limit_as_it_reads(codec):
+    payload = codecs.compress(codec, bytes(8 << 20), 2)
+    read = 0
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecompressionLimitError, match="exceeds the limit of 1048576 bytes") as info:
+            for chunk in codecs.decompress_chunks(codec, payload, 2, limit=1 << 20, position=7):
+                read += len(chunk)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert isinstance(info.value, CorruptRecordError) and info.value.offset == 7
+    assert read <= 1 << 20
+    if codec == codecs.GZIP:        # inflated a piece at a time: the 8 MiB are never all held
+        assert peak < 3 * codecs.CHUNK_BYTES + len(payload), peak
 
 
 def test_scenario_reads_back():

@@ -4,8 +4,9 @@
 - Per batch, in order: a v2 batch from a client must have base offset 0 (INVALID_RECORD); a batch
   larger than ``max.message.bytes`` is MESSAGE_TOO_LARGE; a bad CRC or an unparsable batch is
   CORRUPT_MESSAGE; magic differing from the first batch's, an offset range that disagrees with the record
-  count, a count of 0, a control batch or a negative sequence with a producer id from a client, and a
-  compressed v2 batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
+  count, a count of 0, a control batch or a negative sequence with a producer id from a client, a
+  control batch whose marker key is not one (Kafka's ``ControlRecordType.parse``), and a compressed v2
+  batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
   Kafka trims it; input without any complete batch is INVALID_RECORD. More bytes than ``segment.bytes``
   is RECORD_LIST_TOO_LARGE.
 - v2 batches are written as they came, each behind a rewritten 61-byte header: base offset, partition
@@ -19,6 +20,33 @@
   ``zstd``) rather than ``producer`` gets client batches of another codec rebuilt as one batch of that
   codec, as Kafka's ``LogValidator`` recompresses: same records, timestamps and headers, the first
   batch's producer id, epoch, base sequence and transactional flag. Control batches stay as they are.
+
+Rebuilding (recompressing or up-converting) streams: each batch's payload is decompressed a piece at a
+time (``codecs.decompress_chunks``), its records are rewritten by the core a slice of
+``REBUILD_SLICE_BYTES`` at a time (``_core.RecordsRewriter``: records are never made into objects) and
+each slice is compressed as it comes (``codecs.compressor``). After every slice the output so far is
+checked against ``max.message.bytes`` (MESSAGE_TOO_LARGE) and the decompressed bytes of a batch against
+``codecs.MAX_DECOMPRESSED_BYTES`` (CORRUPT_MESSAGE, as is corrupt v0/v1 data); records that do not parse
+are INVALID_RECORD. Nothing is written until the whole batch is built.
+
+Memory of one rebuild, beyond the request's own bytes, stays below
+``2.25 × max.message.bytes + H + 2 × R + REBUILD_OVERHEAD_BYTES``:
+
+- ``2.25 × max.message.bytes``: the output so far (checked after every compressed slice, in a buffer
+  reserving up to an eighth more), and a v0/v1 wrapper's compressed value (the batch fits
+  ``max.message.bytes``);
+- ``H``, the decompressed input held: the piece being rewritten and the next one (gzip:
+  ``codecs.CHUNK_BYTES`` each; xerial snappy and Kafka's lz4 frame: a block each), or for zstd, raw
+  snappy and lz4 frames of linked blocks, which come whole, the payload's buffer: under 4 × the payload
+  (it grows 4x at a time) and at most ``MAX_DECOMPRESSED_BYTES + 1``;
+- ``R``, the largest record, held while split between two pieces and once rewritten (at most
+  ``MAX_DECOMPRESSED_BYTES``);
+- ``REBUILD_OVERHEAD_BYTES``: the slices in flight (``REBUILD_SLICE_BYTES`` each), the codecs' state and
+  the reserve of the buffer holding a split record.
+
+A batch decompresses to at most ``MAX_DECOMPRESSED_BYTES``, so at worst (one record that large) the peak
+is below ``2.25 × max.message.bytes + 3 × MAX_DECOMPRESSED_BYTES + REBUILD_OVERHEAD_BYTES``; a batch of
+small records in gzip or lz4 costs about ``max.message.bytes`` plus a few MiB, however many it holds.
 """
 import struct
 import time
@@ -26,13 +54,17 @@ from dataclasses import dataclass, field
 
 from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.errors import CorruptRecordError, InvalidArgumentError
-from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
+from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
+from kmem.records import MemoryRecords, codecs
 from kmem.records.arguments import byte_view
-from kmem.records.batches import ATTR_LOG_APPEND_TIME, V2_HEADER
+from kmem.records.batches import ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, NO_SEQUENCE, V2_HEADER
 
 V2_HEADER_SIZE = V2_HEADER.size
 CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
+#: Records rewritten (and handed to the compressor) at a time while rebuilding a batch.
+REBUILD_SLICE_BYTES = 256 << 10
+#: Allowance for the slices, pieces and codec state of a rebuild (zstd's compressor takes a few MiB).
+REBUILD_OVERHEAD_BYTES = 16 << 20
 
 
 @dataclass
@@ -65,7 +97,7 @@ class ValidatedRecords:
         self.size = sum(len(p) for p in self.pieces)
 
 
-def _check_batch(batch, first, origin, max_message_bytes, batches_total):
+def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_records):
     if batch.magic == 2 and origin == CLIENT and batch.base_offset != 0:
         raise LogError(ErrorCode.INVALID_RECORD,
                        f"the base offset of the record batch should be 0, but it is {batch.base_offset}")
@@ -80,7 +112,13 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total):
         raise LogError(ErrorCode.INVALID_RECORD, f"batch magic {batch.magic} is not the same as the first batch's "
                                                  f"magic {first.magic}")
     if batch.magic == 2:
-        _check_records(batch)
+        if check_records:       # else rebuilding reads every record
+            _check_records(batch)
+        if batch.is_control_batch:
+            try:
+                batch.control_type
+            except CorruptRecordError as e:
+                raise LogError(ErrorCode.INVALID_RECORD, str(e)) from None
         if batch.is_compressed and batches_total > 1:
             raise LogError(ErrorCode.INVALID_RECORD, "compressed outer record has more than one batch")
         if origin == CLIENT:
@@ -107,6 +145,8 @@ def _check_records(batch):
         if batch.is_compressed:
             body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
         _core.count_v2_objects(body, count=batch.records_count, base=batch.position + V2_HEADER_SIZE)
+    except DecompressionLimitError as e:
+        raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
     except CorruptRecordError as e:
         raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
 
@@ -127,15 +167,18 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
     if valid_bytes > config.segment_bytes:
         raise LogError(ErrorCode.RECORD_LIST_TOO_LARGE, f"{valid_bytes} bytes of records are more than "
                                                         f"segment.bytes = {config.segment_bytes}")
-    for batch in batches:
-        _check_batch(batch, batches[0], origin, config.max_message_bytes, len(batches))
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    log_append_time = now if config.log_append_time else -1
     target = _target_codec(config.compression_type)
     first = batches[0]
-    if first.magic == 2 and (target is None or origin == REPLICATION or first.is_control_batch
-                             or all(batch.compression == target for batch in batches)):
+    in_place = first.magic == 2 and (target is None or origin == REPLICATION or first.is_control_batch
+                                     or all(batch.compression == target for batch in batches))
+    for batch in batches:
+        _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    log_append_time = now if config.log_append_time else -1
+    if in_place:
         return _assign_in_place(batches, next_offset, leader_epoch, log_append_time)
+    if target is None and not isinstance(first.compression, codecs.CompressionType):
+        raise LogError(ErrorCode.CORRUPT_MESSAGE, f"unknown compression codec {first.compression}")
     return _rebuild(batches, first.compression if target is None else target, next_offset, leader_epoch,
                     log_append_time, config.max_message_bytes)
 
@@ -180,31 +223,118 @@ def _assign_in_place(batches, next_offset, leader_epoch, log_append_time):
 
 def _rebuild(batches, codec, next_offset, leader_epoch, log_append_time, max_message_bytes):
     """One v2 batch of ``codec`` holding every record of ``batches``: magic 0/1 up-converted, or v2
-    batches recompressed (keeping the first one's producer fields)."""
-    first = batches[0]
-    producer = {}
+    batches recompressed (keeping the first one's producer fields); built as the module docstring says."""
+    rewriter = _core.RecordsRewriter(REBUILD_SLICE_BYTES)
+    compressor = codecs.compressor(codec)
+    payload = bytearray()
+
+    def add(compressed):
+        payload.extend(compressed)
+        if V2_HEADER_SIZE + len(payload) > max_message_bytes:
+            raise LogError(ErrorCode.MESSAGE_TOO_LARGE, f"the rebuilt batch is larger than max.message.bytes = "
+                                                        f"{max_message_bytes} ({rewriter.records} records in)")
+
+    def add_slice(records):
+        view = memoryview(records)
+        for i in range(0, len(view), REBUILD_SLICE_BYTES):     # a record larger than a slice, in slices
+            add(compressor.compress(view[i:i + REBUILD_SLICE_BYTES]))
+
+    for batch in batches:
+        try:
+            _rewrite_batch(batch, rewriter, add_slice)
+        except DecompressionLimitError as e:
+            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        except CorruptRecordError as e:
+            if batch.magic == 2:
+                raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
+            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+    add(compressor.flush())
+    return _rebuilt_batch(batches[0], codec, rewriter, payload, next_offset, leader_epoch, log_append_time)
+
+
+def _rewrite_batch(batch, rewriter, add_slice):
+    """Rewrite ``batch``'s records through ``rewriter``, decompressing its payload a piece at a time."""
+    if batch.magic == 2:
+        rewriter.start_v2(count=batch.records_count, base_timestamp=batch.base_timestamp,
+                          log_append=bool(batch.attributes & ATTR_LOG_APPEND_TIME),
+                          log_append_time=batch.max_timestamp)
+        body = batch.buffer[V2_HEADER_SIZE:]
+        if not batch.is_compressed:
+            _rewrite_pieces(rewriter, [body], add_slice, batch.position + V2_HEADER_SIZE)
+            return
+        pieces = codecs.decompress_chunks(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
+        _rewrite_pieces(rewriter, pieces, add_slice, batch.position)
+        return
+    if not batch.is_compressed:      # one v0/v1 message, with its own timestamp
+        rewriter.start_legacy(log_append=False, log_append_time=-1)
+        _rewrite_pieces(rewriter, [batch.buffer], add_slice, batch.position)
+        return
+    ((_, _, _, _, _, _, value),) = _core.decode_legacy_entries(batch.buffer, base=batch.position)
+    if value is None:
+        raise CorruptRecordError("compressed legacy entry without a value", batch.position)
+    rewriter.start_legacy(log_append=bool(batch.attributes & ATTR_LOG_APPEND_TIME),
+                          log_append_time=batch.max_timestamp)
+    pieces = codecs.decompress_chunks(batch.compression, value, batch.magic, codecs.MAX_DECOMPRESSED_BYTES,
+                                      batch.position)
+    _rewrite_pieces(rewriter, pieces, add_slice, batch.position)
+    if not rewriter.section_records:
+        raise CorruptRecordError("compressed legacy entry with no inner messages", batch.position)
+
+
+def _rewrite_pieces(rewriter, pieces, add_slice, base):
+    """Rewrite the section ``pieces`` join to, holding back only a record split between two pieces;
+    ``base`` is the section's position, for errors."""
+    pending = bytearray()       # the section's bytes from ``base`` on that are not rewritten yet
+    pieces = iter(pieces)
+    piece = next(pieces, None)
+    while piece is not None:
+        following = next(pieces, None)      # None: the last piece is final (not copied when it is whole)
+        if pending:
+            pending += piece
+            data = pending
+        else:
+            data = memoryview(piece)
+        used = _rewrite_slices(rewriter, data, following is None, add_slice, base)
+        base += used
+        if data is pending:
+            del pending[:used]
+        else:
+            pending = bytearray(data[used:])
+        piece = following
+    _rewrite_slices(rewriter, pending, True, add_slice, base)      # no pieces at all: the count is checked
+
+
+def _rewrite_slices(rewriter, data, final, add_slice, base):
+    """Rewrite the records of ``data`` a slice at a time; returns the bytes used (records split at its end
+    are left unless ``final``)."""
+    pos = 0
+    while True:
+        pos, read, records = rewriter.rewrite(data, pos, final=final, base=base)
+        if records:
+            add_slice(records)
+        if not read:
+            return pos
+
+
+def _rebuilt_batch(first, codec, rewriter, payload, next_offset, leader_epoch, log_append_time):
+    """The ``ValidatedRecords`` of the batch ``rewriter`` wrote and ``payload`` holds (compressed)."""
+    count = rewriter.records
+    if not count:
+        raise LogError(ErrorCode.INVALID_RECORD, "the records hold no record")
+    producer_id, producer_epoch, base_sequence, transactional = -1, -1, NO_SEQUENCE, False
     if first.magic == 2 and first.producer_id >= 0:
-        producer = {"producer_id": first.producer_id, "producer_epoch": first.producer_epoch,
-                    "base_sequence": first.base_sequence, "transactional": first.is_transactional}
-    if log_append_time >= 0:
-        builder = RecordsBuilder(2, codec, TimestampType.LOG_APPEND_TIME, next_offset, log_append_time=log_append_time,
-                                 partition_leader_epoch=leader_epoch, **producer)
-    else:
-        builder = RecordsBuilder(2, codec, base_offset=next_offset, partition_leader_epoch=leader_epoch, **producer)
-    try:
-        for batch in batches:
-            for record in batch:
-                builder.append(record.value, key=record.key, timestamp=max(record.timestamp, -1),
-                               headers=record.headers)
-    except CorruptRecordError as e:
-        raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
-    data = builder.build()
-    if len(data) > max_message_bytes:
-        raise LogError(ErrorCode.MESSAGE_TOO_LARGE, f"the converted batch of {len(data)} bytes is larger than "
-                                                    f"max.message.bytes = {max_message_bytes}")
-    converted = next(MemoryRecords(data).batches())
-    info = BatchInfo(converted.producer_id, converted.producer_epoch, converted.base_sequence,
-                     converted.sequence_of(converted.last_offset), converted.base_offset, converted.last_offset,
-                     converted.max_timestamp, converted.is_transactional, False)
-    return ValidatedRecords([data], [info], converted.base_offset, converted.last_offset, converted.max_timestamp,
-                            converted.last_offset if converted.max_timestamp >= 0 else -1, log_append_time)
+        producer_id, producer_epoch, base_sequence = first.producer_id, first.producer_epoch, first.base_sequence
+        transactional = first.is_transactional
+    attributes = codec | (ATTR_LOG_APPEND_TIME if log_append_time >= 0 else 0) \
+        | (ATTR_TRANSACTIONAL if transactional else 0)
+    max_timestamp = log_append_time if log_append_time >= 0 else rewriter.max_timestamp
+    header = bytearray(V2_HEADER.pack(next_offset, V2_HEADER_SIZE - 12 + len(payload), leader_epoch, 2, 0, attributes,
+                                      count - 1, rewriter.first_timestamp, max_timestamp, producer_id, producer_epoch,
+                                      base_sequence, count))
+    struct.pack_into(">I", header, 17, _core.crc32c(payload, _core.crc32c(memoryview(header)[21:])))
+    last_offset = next_offset + count - 1
+    last_sequence = NO_SEQUENCE if base_sequence == NO_SEQUENCE else (base_sequence + count - 1) % (INT32_MAX + 1)
+    info = BatchInfo(producer_id, producer_epoch, base_sequence, last_sequence, next_offset, last_offset,
+                     max_timestamp, transactional, False)
+    return ValidatedRecords([header, payload], [info], next_offset, last_offset, max_timestamp,
+                            last_offset if max_timestamp >= 0 else -1, log_append_time)
