@@ -9,25 +9,26 @@ cdef class LegacyScan:
         return (f"LegacyScan(count={self.count}, first={self.first}, last={self.last}, lowest={self.lowest}, "
                 f"highest={self.highest})")
 
-def entry_at(const unsigned char[::1] data, Py_ssize_t pos):
+def entry_at(const unsigned char[::1] data, Py_ssize_t pos, Py_ssize_t base=0):
     """``(size, magic)`` of the top-level entry at ``pos``, or None when no complete entry is left.
 
     Raises CorruptRecordError for a size below the minimum overhead or an unknown magic (Kafka's
-    ByteBufferLogInputStream checks); a truncated trailing entry is not an error.
+    ByteBufferLogInputStream checks), its position given as ``base + pos`` (where ``data`` starts in a file,
+    say); a truncated trailing entry is not an error.
     """
     cdef Py_ssize_t n = data.shape[0]
     if pos < 0 or n - pos < LOG_OVERHEAD:
         return None
     cdef int64_t size = be32(&data[pos + 8])
     if size < LEGACY_V0_OVERHEAD:
-        raise _corrupt(ERR_ENTRY_SIZE, pos)
+        raise _corrupt(ERR_ENTRY_SIZE, pos, base)
     if size > n - pos - LOG_OVERHEAD:
         return None
     cdef int magic = data[pos + 16]
     if magic > 2:
-        raise _corrupt(ERR_MAGIC, pos)
+        raise _corrupt(ERR_MAGIC, pos, base)
     if magic == 2 and size + LOG_OVERHEAD < V2_HEADER:
-        raise _corrupt(ERR_BATCH_SIZE, pos)
+        raise _corrupt(ERR_BATCH_SIZE, pos, base)
     return LOG_OVERHEAD + size, magic
 
 

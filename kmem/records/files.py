@@ -39,8 +39,9 @@ def read_entries(source, position, max_read):
     A corrupt entry (``CorruptRecordError``) is raised only once every entry before it was returned."""
     window = byte_view("data", source.read(position, max(max_read, LOG_OVERHEAD)))
     end = 0
+    base = getattr(source, "start", 0) + position      # errors name the position in the file
     try:
-        while (entry := _core.entry_at(window, end)) is not None:
+        while (entry := _core.entry_at(window, end, base)) is not None:
             end += entry[0]
     except CorruptRecordError:
         if end == 0:
