@@ -6,12 +6,16 @@
   checks idempotent producers (``kmem.broker.log.producer_state``), rolls the segment when Kafka would
   (``segment.bytes``, ``segment.ms`` measured from the first batch's timestamp, a full index, an offset
   beyond the segment's 32-bit range), writes, and returns an ``AppendResult`` carrying Kafka's error code
-  instead of raising. At each roll the old segment's indexes are trimmed, its files fsynced, the
-  recovery point moved to the new segment and a producer snapshot taken.
+  instead of raising. An append is all or nothing: the producers' ledger rows are reserved before the
+  batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
+  KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
+  old segment's indexes are trimmed, its files fsynced, the recovery point moved to the new segment and a
+  producer snapshot taken.
 - ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
   descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
   but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
-  ``[log_start_offset, log_end_offset]``. On one node the high watermark is the log end offset.
+  ``[log_start_offset, log_end_offset]``, KAFKA_STORAGE_ERROR when a file cannot be opened. On one node
+  the high watermark is the log end offset.
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
