@@ -321,3 +321,43 @@ def test_a_partition_listed_twice_in_one_produce_is_appended_once(tmp_path):
         assert answered == [(0, 0), (1, 0)]
         assert [v for _, v in values(broker.logs.get_partition("t", 0))] == [b"last"]
         assert [v for _, v in values(broker.logs.get_partition("t", 1))] == [b"other"]
+
+
+# --- starting -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_start_that_fails_leaves_no_formatted_directory(tmp_path, existed):
+    import socket
+
+    log_dir = tmp_path / "logs"
+    if existed:
+        log_dir.mkdir()
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(OSError):
+            Broker(log_dir, port=busy.getsockname()[1]).start()
+    assert os.path.isdir(log_dir) == existed and (not existed or os.listdir(log_dir) == [])
+    with Broker(log_dir) as broker:         # and a start that works formats it
+        assert broker.logs.cluster_id
+
+
+def test_a_second_broker_on_a_directory_is_told_who_holds_it(tmp_path):
+    with Broker(tmp_path):
+        with pytest.raises(IllegalStateError, match="in use by another kmem broker"):
+            Broker(tmp_path).start()
+
+
+def test_the_log_says_what_happened_to_topics_and_recovery(tmp_path, caplog):
+    caplog.set_level("INFO", logger="kmem.broker.log.manager")
+    with open_manager(tmp_path) as manager:
+        manager.create_topic("t", 2, {"retention.ms": 1000})
+        manager.add_partitions("t", 3)
+        manager.create_topic("u")
+        manager.delete_topic("u")
+    crash(tmp_path)
+    open_manager(tmp_path).close()
+    assert "created topic t (2 partitions, retention.ms=1000)" in caplog.text
+    assert "topic t grown from 2 to 3 partitions" in caplog.text
+    assert "deleted topic u (1 partition)" in caplog.text
+    assert "recovered 3 partitions" in caplog.text

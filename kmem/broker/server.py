@@ -22,6 +22,7 @@ import collections
 import logging
 import os
 import resource
+import shutil
 import threading
 import time
 
@@ -51,6 +52,18 @@ def raise_open_files_limit():
     log.info("open files limit (RLIMIT_NOFILE): %d (was %d, hard limit %d)", hard, soft, hard)
 
 
+def _remove_contents(directory, *, remove_directory):
+    if remove_directory:
+        shutil.rmtree(directory, ignore_errors=True)
+        return
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+
+
 class Broker:
     """A Kafka broker on one node (see the module docstring). ``start()``/``close()`` or ``with``."""
 
@@ -75,6 +88,8 @@ class Broker:
         if self.logs is not None:
             raise IllegalStateError("the broker was already started")
         raise_open_files_limit()
+        existed = os.path.isdir(self.log_dir)
+        fresh = not existed or not os.listdir(self.log_dir)
         self.logs = LogManager(self.log_dir, self.settings.storage)
         self.timer = Timer()
         try:
@@ -89,6 +104,9 @@ class Broker:
                 self.coordinator.close()
             self.timer.close()
             self.logs.close()
+            self.logs = None
+            if fresh:               # a start that failed (a busy port) leaves no formatted directory behind
+                _remove_contents(self.log_dir, remove_directory=not existed)
             raise
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
         self._maintenance.start()

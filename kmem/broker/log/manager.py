@@ -34,6 +34,10 @@ LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")        # matched over the whole nam
 PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
 
 
+def _count(n, noun):
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 class TopicInfo(NamedTuple):
     name: str
     topic_id: str
@@ -65,8 +69,8 @@ class LogManager:
             fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._lock_file.close()
-            raise IllegalStateError(f"log directory {self.log_dir} is in use by another LogManager "
-                                    f"(it holds {LOCK_FILE})") from None
+            raise IllegalStateError(f"log directory {self.log_dir} is in use by another kmem broker (or "
+                                    f"LogManager), which holds its {LOCK_FILE}") from None
         try:
             self._open()
         except BaseException:
@@ -124,6 +128,9 @@ class LogManager:
             for opened in self._logs.values():
                 opened.close()
             raise
+        if self._logs and not clean:
+            log.info("recovered %s in %s after an unclean shutdown", _count(len(self._logs), "partition"),
+                     self.log_dir)
         self.checkpoint()
 
     def _path(self, name):
@@ -172,6 +179,8 @@ class LogManager:
                         del self._topic_configs[name]
                         raise
             self._create_partitions(name, range(partitions), topic_config, topic_id, write_configs)
+            log.info("created topic %s (%s%s)", name, _count(partitions, "partition"),
+                     ", " + ", ".join(f"{k}={v}" for k, v in sorted(configs.items())) if configs else "")
             return topic_id
 
     def _create_partitions(self, name, numbers, topic_config, topic_id, then=None):
@@ -211,6 +220,7 @@ class LogManager:
             deleted = [self._logs.pop(key) for key in doomed]
             for partition_log in deleted:
                 partition_log.delete()
+            log.info("deleted topic %s (%s)", name, _count(len(deleted), "partition"))
             if self._topic_configs.pop(name, None) is not None:
                 self._write_topics_file()
             self.checkpoint()
@@ -243,6 +253,7 @@ class LogManager:
             self.check_partition_count(info, count)
             topic_config = self.config.topic_config(self._topic_configs.get(name))
             self._create_partitions(name, range(info.partitions, count), topic_config, info.topic_id)
+            log.info("topic %s grown from %d to %d partitions", name, info.partitions, count)
             self.checkpoint()
 
     @staticmethod
