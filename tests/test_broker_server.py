@@ -315,6 +315,22 @@ def test_metadata_v10_and_v11_asking_by_topic_id_is_invalid_request_for_every_to
         assert [(t.error_code, t.topic_id) for t in served.topics] == [(UNKNOWN_TOPIC_ID, by_id)]
 
 
+@pytest.mark.parametrize("name", ["", "other", None])
+def test_metadata_v12_by_topic_id_uses_the_id_whatever_the_name(broker, name):
+    """The Java AdminClient's describeTopics(TopicCollection.ofTopicIds(...)) sends each id with name "": Kafka
+    answers by the id whenever it is not zero, UNKNOWN_TOPIC_ID for an unknown one, and creates no topic."""
+    broker.logs.create_topic("named", 2)
+    known, unknown = protocol_uuid(broker.logs.topics()["named"].topic_id), uuid.uuid4()
+    topics = [MetadataRequest.MetadataRequestTopic(name=name, topic_id=known),
+              MetadataRequest.MetadataRequestTopic(name=name, topic_id=unknown)]
+    with RawConnection(broker.bootstrap_servers) as connection:
+        response = connection.request(MetadataRequest(topics=topics, allow_auto_topic_creation=True),
+                                      MetadataResponse, 12)
+    assert [(t.error_code, t.name, t.topic_id, len(t.partitions)) for t in response.topics] == [
+        (0, "named", known, 2), (UNKNOWN_TOPIC_ID, None, unknown, 0)]
+    assert set(broker.logs.topics()) == {"named"}
+
+
 @pytest.mark.parametrize("version", [4, 11, 13])
 def test_a_fetch_at_an_unknown_isolation_level_is_unknown_server_error(broker, version):
     """Kafka's ``IsolationLevel.forId`` refuses the level while a consumer's partitions are read: the answer

@@ -9,7 +9,9 @@ Transactions are not served: their APIs are not advertised, and InitProducerId w
 a Produce carrying transactional batches (with a transactional id or not) are answered
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers them when its ACLs deny the transactional id.
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
-topic, as Kafka answers it.
+topic, as Kafka answers it. A request naming any topic by a non-zero id is answered by its ids alone, whatever
+the names beside them hold (the Java client sends ``name=""``), UNKNOWN_TOPIC_ID for an unknown one, and
+creates no topic.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 
@@ -147,22 +149,24 @@ class Handlers:
         if not (request.allow_auto_topic_creation if version >= 4 else True) \
                 or not self.logs.config.auto_create_topics_enable or not request.topics:
             return False
+        if _topic_ids_asked(request):
+            return False
         topics = self.logs.topics()
         return any(requested.name is not None and requested.name not in topics for requested in request.topics)
 
     def _wanted_topic_metadata(self, version, request, topics):
+        topic_ids = _topic_ids_asked(request)
+        if topic_ids:
+            return [self._topic_id_metadata(topic_id, topics) for topic_id in topic_ids]
         auto_create = (request.allow_auto_topic_creation if version >= 4 else True) \
             and self.logs.config.auto_create_topics_enable
         answered = []
         for requested in request.topics:
             name = requested.name
-            if name is None:          # v10+: by topic id
-                topic_id = requested.topic_id
-                name = self.logs.topic_name(_storage_uuid(topic_id))
-                if name is None:
-                    answered.append(messages.MetadataResponse.MetadataResponseTopic(
-                        error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id))
-                    continue
+            if name is None:          # v12, with the zero id: no topic to find
+                answered.append(messages.MetadataResponse.MetadataResponseTopic(
+                    error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=requested.topic_id))
+                continue
             info = topics.get(name)
             if info is None and auto_create:
                 try:
@@ -179,6 +183,14 @@ class Handlers:
                 continue
             answered.append(self._topic_metadata(name, info))
         return answered
+
+    def _topic_id_metadata(self, topic_id, topics):
+        name = self.logs.topic_name(_storage_uuid(topic_id))
+        info = topics.get(name) if name is not None else None
+        if info is None:
+            return messages.MetadataResponse.MetadataResponseTopic(error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None,
+                                                                   topic_id=topic_id)
+        return self._topic_metadata(name, info)
 
     def _topic_metadata(self, name, info):
         node = self.node_id
@@ -544,6 +556,15 @@ def _topic_ids_before_v12(request):
         Topic(error_code=ErrorCode.INVALID_REQUEST, name=topic.name or "", topic_id=topic.topic_id, is_internal=False,
               partitions=[])
         for topic in request.topics])
+
+
+def _topic_ids_asked(request):
+    """Kafka's ``KafkaApis.handleTopicMetadataRequest``: a Metadata request (v12; v10-11 are refused before)
+    naming any topic by a non-zero id is answered by its ids alone, once each, whatever the names hold (the
+    Java client sends ``name=""`` with the id), and creates no topic. ``[]`` when it asks by name."""
+    if not request.topics:
+        return []
+    return list(dict.fromkeys(t.topic_id for t in request.topics if t.topic_id != ZERO_UUID))
 
 
 def _storage_uuid(topic_id):
