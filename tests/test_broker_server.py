@@ -3,6 +3,7 @@ hostile clients, and the protocol details real clients rely on (ApiVersions fall
 polling, KIP-74 limits, producer ids never reissued). Raw requests are built and decoded with
 kafka-python's codec (``kafka.protocol``), which nobody here wrote."""
 import os
+import pathlib
 import signal
 import socket
 import struct
@@ -24,6 +25,7 @@ from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
 NONE, UNKNOWN_SERVER_ERROR, INVALID_RECORD = 0, -1, 87
 INVALID_REQUEST, UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 42, 35, 53, 100
+UNSUPPORTED_COMPRESSION_TYPE = 76
 
 
 @pytest.fixture
@@ -423,12 +425,34 @@ def test_down_conversion_disabled_answers_unsupported_version(tmp_path):
             assert fetch(connection, 4, "new").error_code == 0
 
 
-def test_zstd_below_fetch_v10_is_unsupported_compression_type(broker):
-    produce_records(broker, "z", [b"a" * 100], codec="zstd")
+def test_zstd_batches_go_to_fetch_v4_and_later_as_stored_unless_the_topic_is_zstd(broker):
+    """Kafka's KafkaApis decides by the topic's compression.type, not by the batches: a `producer` topic's
+    zstd batches go to Fetch v4-9 as they are (a Sarama client at v4 reads them); only down-conversion to
+    magic 0/1 (v0-3) cannot hold them."""
+    produce_records(broker, "z", [b"a" * 100], codec="gzip")
+    produce_records(broker, "z", [b"b" * 100], codec="zstd")
+    stored = (pathlib.Path(broker.logs.log_dir) / "z-0" / "00000000000000000000.log").read_bytes()
+    gzip_size = 12 + struct.unpack_from(">i", stored, 8)[0]
     with RawConnection(broker.bootstrap_servers) as connection:
-        assert fetch(connection, 3, "z").error_code == 76
-        assert fetch(connection, 9, "z").error_code == 76
-        assert fetch(connection, 10, "z").records
+        for version in (4, 9, 10):
+            whole = fetch(connection, version, "z")
+            assert (whole.error_code, whole.records) == (0, stored)
+            zstd_first = fetch(connection, version, "z", offset=1)
+            assert (zstd_first.error_code, zstd_first.records) == (0, stored[gzip_size:])
+        assert fetch(connection, 3, "z", offset=1).error_code == UNSUPPORTED_COMPRESSION_TYPE
+
+
+@pytest.mark.parametrize("version", [0, 3, 4, 9])
+def test_a_zstd_topic_below_fetch_v10_is_unsupported_compression_type_whatever_it_holds(broker, version):
+    broker.logs.create_topic("zt", 1, {"compression.type": "gzip"})
+    produce_records(broker, "zt", [b"a" * 100])                      # stored gzip
+    broker.logs.set_topic_configs("zt", {"compression.type": "zstd"})
+    with RawConnection(broker.bootstrap_servers) as connection:
+        for offset in (0, 1):                                         # data, or nothing yet to read
+            refused = fetch(connection, version, "zt", offset=offset)
+            assert (refused.error_code, refused.high_watermark, refused.records) == (UNSUPPORTED_COMPRESSION_TYPE,
+                                                                                    -1, b"")
+        assert fetch(connection, 10, "zt").records                   # the gzip batch, as stored
 
 
 # --- a retried batch after a restart; TLS ------------------------------------------------------------

@@ -17,8 +17,10 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
 
 - data stored as magic 2 goes out as a file region (``os.sendfile`` on plain sockets) to Fetch v4 and
   later; Fetch v0-1 get magic 0 and v2-3 magic 1 by lazy chunked down-conversion (KIP-283), unless
-  ``message.downconversion.enable`` is off (UNSUPPORTED_VERSION); zstd data below Fetch v10 is
-  UNSUPPORTED_COMPRESSION_TYPE (judged on the first batch returned);
+  ``message.downconversion.enable`` is off (UNSUPPORTED_VERSION, whatever is read); a topic whose
+  ``compression.type`` is zstd is UNSUPPORTED_COMPRESSION_TYPE below Fetch v10, whatever its batches hold;
+  otherwise Fetch v4-9 get zstd batches as stored and v0-3 UNSUPPORTED_COMPRESSION_TYPE when the first
+  batch to convert is zstd (magic 0 and 1 have no zstd);
 - KIP-74 (v3+): ``max_bytes`` bounds the response, ``partition_max_bytes`` each partition, but the first
   batch of the first non-empty partition is returned whole; before v3 a partition's limit is hard;
 - long polling: with fewer than ``min_bytes`` available, the request is parked as a ``DelayedFetch`` in
@@ -29,7 +31,6 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
 """
 import itertools
 import logging
-import struct
 import time
 import uuid
 
@@ -57,21 +58,12 @@ SERVED_VERSIONS = {
 }
 GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
-V2_ATTRIBUTES = struct.Struct(">bxxxxh")       # magic, crc (skipped), attributes: bytes 16-22 of a batch
-V2_ATTRIBUTES_OFFSET = MAGIC_OFFSET = 16
+MAGIC_OFFSET = 16                  # of a batch's magic byte
 
 
 def protocol_uuid(text):
     """A storage topic id (Kafka's base64 ``Uuid`` string) as the protocol's ``uuid.UUID``."""
     return uuid.UUID(bytes=uuid_bytes(text))
-
-
-def _first_batch_codec(records):
-    header = records.read(0, V2_ATTRIBUTES_OFFSET + V2_ATTRIBUTES.size)
-    if len(header) < V2_ATTRIBUTES_OFFSET + V2_ATTRIBUTES.size:
-        return codecs.NONE
-    magic, attributes = V2_ATTRIBUTES.unpack_from(header, V2_ATTRIBUTES_OFFSET)
-    return attributes & 0x07 if magic == 2 else codecs.NONE
 
 
 class Handlers:
@@ -455,6 +447,13 @@ class Handlers:
         """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
         isolation = _fetch_isolation(version, request, is_follower)
+        config = partition_log.config
+        # Kafka's KafkaApis decides by the topic's configs, whatever is read: zstd needs Fetch v10 when the topic
+        # is zstd (otherwise the stored batches go out as they are); down-conversion may be off.
+        plan = plan_fetch(version, 2, topic_compression=config.compression_type, is_follower=is_follower,
+                          topic_config={"message.downconversion.enable": config.message_downconversion_enable})
+        if plan.error:
+            return int(plan.error), None
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile
@@ -467,13 +466,6 @@ class Handlers:
         if records is None:
             return ErrorCode.NONE, None
         try:
-            if version < 10 and _first_batch_codec(records) == codecs.ZSTD:
-                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, None
-            plan = plan_fetch(version, 2, is_follower=is_follower,
-                              topic_config={"message.downconversion.enable":
-                                            partition_log.config.message_downconversion_enable})
-            if plan.error:
-                return int(plan.error), None
             if plan.to_magic is None:
                 return ErrorCode.NONE, records.to_send()
             chunk = {} if self.lazy_chunk_size is None else {"chunk_size": self.lazy_chunk_size}
@@ -481,7 +473,8 @@ class Handlers:
             lazy = LazyDownConvertRecords(records, plan.to_magic, partition.fetch_offset, **chunk)
             records = None
             return ErrorCode.NONE, lazy.to_send()
-        except UnsupportedCompressionTypeError:
+        except UnsupportedCompressionTypeError:        # a zstd batch first: magic 0 and 1 cannot hold it
+            result.high_watermark = result.last_stable_offset = result.log_start_offset = -1
             return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, None
         finally:
             if records is not None:
