@@ -3,7 +3,7 @@ response body, as Kafka's ``KafkaApis`` answers them on a single node.
 
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
-groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
+groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), OffsetForLeaderEpoch 0-4, the group APIs of
 ``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
 Transactions are not served: their APIs are not advertised, and InitProducerId with a transactional id and
 a Produce carrying transactional batches (with a transactional id or not) are answered
@@ -28,7 +28,18 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
   ``max_wait_ms``;
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
 - a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
+
+Leader epochs (KIP-320): the partition's leader epoch is the one Metadata reports. OffsetForLeaderEpoch
+answers from the partition's leader epoch cache (``leader-epoch-checkpoint``) as Kafka's
+``LeaderEpochFileCache.endOffsetFor``: for the latest epoch, the log end offset; for an older one, the
+largest epoch at or below it and the start of the next; for one below the first, itself and the first
+start; -1/-1 (UNDEFINED_EPOCH) for -1, for one above every epoch and for an empty cache. The Java consumer
+validates its position with it (and detects truncation) after a seek with an epoch or a committed offset.
+OffsetForLeaderEpoch, ListOffsets (v4+) and Fetch (v9+) carrying a ``current_leader_epoch`` are checked as
+Kafka's ``Partition.checkCurrentLeaderEpoch``: an older one is FENCED_LEADER_EPOCH, a newer one
+UNKNOWN_LEADER_EPOCH (-1 is none; in Fetch any negative one).
 """
+import bisect
 import itertools
 import logging
 import time
@@ -54,10 +65,12 @@ log = logging.getLogger(__name__)
 SERVED_VERSIONS = {
     ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
-    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), **GROUP_VERSIONS, **ADMIN_VERSIONS,
+    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
+    **GROUP_VERSIONS, **ADMIN_VERSIONS,
 }
 GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
+NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
 MAGIC_OFFSET = 16                  # of a batch's magic byte
 
 
@@ -360,6 +373,9 @@ class Handlers:
                 if partition_log is None:
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
+                result.error_code = _leader_epoch_error(partition_log, wanted.current_leader_epoch)
+                if result.error_code:
+                    continue
                 try:
                     if wanted.timestamp == -1 and request.isolation_level == READ_COMMITTED:
                         found = (partition_log.last_stable_offset, -1)
@@ -373,6 +389,30 @@ class Handlers:
                 elif found is not None and found[0] >= 0:
                     result.offset, result.timestamp = found
                     result.leader_epoch = partition_log.leader_epoch
+        return response
+
+    # --- OffsetForLeaderEpoch -------------------------------------------------------------------------
+
+    def offset_for_leader_epoch(self, header, request):
+        """Kafka's ``ReplicaManager.lastOffsetForLeaderEpoch`` (see the module docstring); every partition is
+        led here, so an existing one is answered from its cache and any other is UNKNOWN_TOPIC_OR_PARTITION."""
+        Response = messages.OffsetForLeaderEpochResponse
+        response = Response(throttle_time_ms=0, topics=[])
+        for topic in request.topics:
+            topic_response = Response.OffsetForLeaderTopicResult(topic=topic.topic, partitions=[])
+            response.topics.append(topic_response)
+            for wanted in topic.partitions:
+                result = Response.EpochEndOffset(partition=wanted.partition, error_code=ErrorCode.NONE,
+                                                 leader_epoch=NO_EPOCH, end_offset=UNDEFINED_EPOCH_OFFSET)
+                topic_response.partitions.append(result)
+                partition_log = self.logs.get_partition(topic.topic, wanted.partition)
+                if partition_log is None:
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                result.error_code = _leader_epoch_error(partition_log, wanted.current_leader_epoch)
+                if not result.error_code:
+                    result.leader_epoch, result.end_offset = _epoch_end_offset(
+                        partition_log.leader_epochs, wanted.leader_epoch, partition_log.log_end_offset)
         return response
 
     # --- Fetch ----------------------------------------------------------------------------------------
@@ -454,6 +494,10 @@ class Handlers:
                           topic_config={"message.downconversion.enable": config.message_downconversion_enable})
         if plan.error:
             return int(plan.error), None
+        # FetchRequest.PartitionData: any negative current leader epoch (v9+) is none
+        error = _leader_epoch_error(partition_log, max(partition.current_leader_epoch, NO_EPOCH))
+        if error:
+            return error, None
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile
@@ -549,6 +593,29 @@ def _topic_ids_before_v12(request):
         Topic(error_code=ErrorCode.INVALID_REQUEST, name=topic.name or "", topic_id=topic.topic_id, is_internal=False,
               partitions=[])
         for topic in request.topics])
+
+
+def _epoch_end_offset(epochs, requested_epoch, log_end_offset):
+    """Kafka's ``LeaderEpochFileCache.endOffsetFor`` over ``[(epoch, start offset)]`` in order:
+    ``(epoch, end offset)``, ``(-1, -1)`` when undefined (see the module docstring)."""
+    if requested_epoch == NO_EPOCH or not epochs:
+        return NO_EPOCH, UNDEFINED_EPOCH_OFFSET
+    if epochs[-1][0] == requested_epoch:
+        return requested_epoch, log_end_offset
+    higher = bisect.bisect_right(epochs, requested_epoch, key=lambda entry: entry[0])
+    if higher == len(epochs):
+        return NO_EPOCH, UNDEFINED_EPOCH_OFFSET
+    floor_epoch = epochs[higher - 1][0] if higher else requested_epoch
+    return floor_epoch, epochs[higher][1]
+
+
+def _leader_epoch_error(partition_log, current_leader_epoch):
+    """Kafka's ``Partition.checkCurrentLeaderEpoch``: a client's epoch older than the partition's is
+    FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH; -1 (none) or the same, NONE."""
+    epoch = partition_log.leader_epoch
+    if current_leader_epoch == NO_EPOCH or current_leader_epoch == epoch:
+        return ErrorCode.NONE
+    return ErrorCode.FENCED_LEADER_EPOCH if current_leader_epoch < epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
 
 
 def _topic_ids_asked(request):
