@@ -3,6 +3,7 @@ hostile clients, and the protocol details real clients rely on (ApiVersions fall
 polling, KIP-74 limits, producer ids never reissued). Raw requests are built and decoded with
 kafka-python's codec (``kafka.protocol``), which nobody here wrote."""
 import os
+import pathlib
 import signal
 import socket
 import struct
@@ -24,6 +25,7 @@ from kmem.records import FileRecords, MemoryRecords, build_records, log_segments
 
 NONE, UNKNOWN_SERVER_ERROR, INVALID_RECORD = 0, -1, 87
 INVALID_REQUEST, UNSUPPORTED_VERSION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, UNKNOWN_TOPIC_ID = 42, 35, 53, 100
+UNSUPPORTED_COMPRESSION_TYPE = 76
 
 
 @pytest.fixture
@@ -226,7 +228,7 @@ def test_api_versions_advertise_exactly_what_is_served(broker):
     assert versions == {18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (0, 17), 2: (0, 9), 22: (0, 5), 19: (0, 7),
                         20: (0, 6), 10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (0, 9),
                         9: (0, 9), 16: (0, 5), 15: (0, 5), 21: (0, 2), 32: (0, 4), 33: (0, 2), 37: (0, 3),
-                        42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1)}
+                        42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1), 23: (0, 4)}
 
 
 def test_acks_zero_gets_no_response(broker):
@@ -313,6 +315,22 @@ def test_metadata_v10_and_v11_asking_by_topic_id_is_invalid_request_for_every_to
         served = connection.request(MetadataRequest(topics=topics[2:], allow_auto_topic_creation=False),
                                     MetadataResponse, 12, correlation_id=2)       # the connection goes on
         assert [(t.error_code, t.topic_id) for t in served.topics] == [(UNKNOWN_TOPIC_ID, by_id)]
+
+
+@pytest.mark.parametrize("name", ["", "other", None])
+def test_metadata_v12_by_topic_id_uses_the_id_whatever_the_name(broker, name):
+    """The Java AdminClient's describeTopics(TopicCollection.ofTopicIds(...)) sends each id with name "": Kafka
+    answers by the id whenever it is not zero, UNKNOWN_TOPIC_ID for an unknown one, and creates no topic."""
+    broker.logs.create_topic("named", 2)
+    known, unknown = protocol_uuid(broker.logs.topics()["named"].topic_id), uuid.uuid4()
+    topics = [MetadataRequest.MetadataRequestTopic(name=name, topic_id=known),
+              MetadataRequest.MetadataRequestTopic(name=name, topic_id=unknown)]
+    with RawConnection(broker.bootstrap_servers) as connection:
+        response = connection.request(MetadataRequest(topics=topics, allow_auto_topic_creation=True),
+                                      MetadataResponse, 12)
+    assert [(t.error_code, t.name, t.topic_id, len(t.partitions)) for t in response.topics] == [
+        (0, "named", known, 2), (UNKNOWN_TOPIC_ID, None, unknown, 0)]
+    assert set(broker.logs.topics()) == {"named"}
 
 
 @pytest.mark.parametrize("version", [4, 11, 13])
@@ -407,12 +425,34 @@ def test_down_conversion_disabled_answers_unsupported_version(tmp_path):
             assert fetch(connection, 4, "new").error_code == 0
 
 
-def test_zstd_below_fetch_v10_is_unsupported_compression_type(broker):
-    produce_records(broker, "z", [b"a" * 100], codec="zstd")
+def test_zstd_batches_go_to_fetch_v4_and_later_as_stored_unless_the_topic_is_zstd(broker):
+    """Kafka's KafkaApis decides by the topic's compression.type, not by the batches: a `producer` topic's
+    zstd batches go to Fetch v4-9 as they are (a Sarama client at v4 reads them); only down-conversion to
+    magic 0/1 (v0-3) cannot hold them."""
+    produce_records(broker, "z", [b"a" * 100], codec="gzip")
+    produce_records(broker, "z", [b"b" * 100], codec="zstd")
+    stored = (pathlib.Path(broker.logs.log_dir) / "z-0" / "00000000000000000000.log").read_bytes()
+    gzip_size = 12 + struct.unpack_from(">i", stored, 8)[0]
     with RawConnection(broker.bootstrap_servers) as connection:
-        assert fetch(connection, 3, "z").error_code == 76
-        assert fetch(connection, 9, "z").error_code == 76
-        assert fetch(connection, 10, "z").records
+        for version in (4, 9, 10):
+            whole = fetch(connection, version, "z")
+            assert (whole.error_code, whole.records) == (0, stored)
+            zstd_first = fetch(connection, version, "z", offset=1)
+            assert (zstd_first.error_code, zstd_first.records) == (0, stored[gzip_size:])
+        assert fetch(connection, 3, "z", offset=1).error_code == UNSUPPORTED_COMPRESSION_TYPE
+
+
+@pytest.mark.parametrize("version", [0, 3, 4, 9])
+def test_a_zstd_topic_below_fetch_v10_is_unsupported_compression_type_whatever_it_holds(broker, version):
+    broker.logs.create_topic("zt", 1, {"compression.type": "gzip"})
+    produce_records(broker, "zt", [b"a" * 100])                      # stored gzip
+    broker.logs.set_topic_configs("zt", {"compression.type": "zstd"})
+    with RawConnection(broker.bootstrap_servers) as connection:
+        for offset in (0, 1):                                         # data, or nothing yet to read
+            refused = fetch(connection, version, "zt", offset=offset)
+            assert (refused.error_code, refused.high_watermark, refused.records) == (UNSUPPORTED_COMPRESSION_TYPE,
+                                                                                    -1, b"")
+        assert fetch(connection, 10, "zt").records                   # the gzip batch, as stored
 
 
 # --- a retried batch after a restart; TLS ------------------------------------------------------------

@@ -50,6 +50,8 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_TOPIC_ID = 100
     MISMATCHED_ENDPOINT_TYPE = 114
     UNSUPPORTED_ENDPOINT_TYPE = 115
+    FENCED_LEADER_EPOCH = 74
+    UNKNOWN_LEADER_EPOCH = 75
 
 
 class LogError(KmemError):

@@ -28,7 +28,7 @@ DATA_APIS = {
     ApiKey.API_VERSIONS: "api_versions", ApiKey.METADATA: "metadata", ApiKey.PRODUCE: "produce",
     ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets", ApiKey.INIT_PRODUCER_ID: "init_producer_id",
     ApiKey.CREATE_TOPICS: "create_topics", ApiKey.DELETE_TOPICS: "delete_topics",
-    ApiKey.FIND_COORDINATOR: "find_coordinator",
+    ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.OFFSET_FOR_LEADER_EPOCH: "offset_for_leader_epoch",
 }
 # APIs answered on an io thread: they write files and fsync them
 BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, *ADMIN_APIS})

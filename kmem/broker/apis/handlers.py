@@ -3,20 +3,24 @@ response body, as Kafka's ``KafkaApis`` answers them on a single node.
 
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
 0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
-groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), the group APIs of
+groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), OffsetForLeaderEpoch 0-4, the group APIs of
 ``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
 Transactions are not served: their APIs are not advertised, and InitProducerId with a transactional id and
 a Produce carrying transactional batches (with a transactional id or not) are answered
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers them when its ACLs deny the transactional id.
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
-topic, as Kafka answers it.
+topic, as Kafka answers it. A request naming any topic by a non-zero id is answered by its ids alone, whatever
+the names beside them hold (the Java client sends ``name=""``), UNKNOWN_TOPIC_ID for an unknown one, and
+creates no topic.
 
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 
 - data stored as magic 2 goes out as a file region (``os.sendfile`` on plain sockets) to Fetch v4 and
   later; Fetch v0-1 get magic 0 and v2-3 magic 1 by lazy chunked down-conversion (KIP-283), unless
-  ``message.downconversion.enable`` is off (UNSUPPORTED_VERSION); zstd data below Fetch v10 is
-  UNSUPPORTED_COMPRESSION_TYPE (judged on the first batch returned);
+  ``message.downconversion.enable`` is off (UNSUPPORTED_VERSION, whatever is read); a topic whose
+  ``compression.type`` is zstd is UNSUPPORTED_COMPRESSION_TYPE below Fetch v10, whatever its batches hold;
+  otherwise Fetch v4-9 get zstd batches as stored and v0-3 UNSUPPORTED_COMPRESSION_TYPE when the first
+  batch to convert is zstd (magic 0 and 1 have no zstd);
 - KIP-74 (v3+): ``max_bytes`` bounds the response, ``partition_max_bytes`` each partition, but the first
   batch of the first non-empty partition is returned whole; before v3 a partition's limit is hard;
 - long polling: with fewer than ``min_bytes`` available, the request is parked as a ``DelayedFetch`` in
@@ -24,10 +28,20 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
   ``max_wait_ms``;
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
 - a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
+
+Leader epochs (KIP-320): the partition's leader epoch is the one Metadata reports. OffsetForLeaderEpoch
+answers from the partition's leader epoch cache (``leader-epoch-checkpoint``) as Kafka's
+``LeaderEpochFileCache.endOffsetFor``: for the latest epoch, the log end offset; for an older one, the
+largest epoch at or below it and the start of the next; for one below the first, itself and the first
+start; -1/-1 (UNDEFINED_EPOCH) for -1, for one above every epoch and for an empty cache. The Java consumer
+validates its position with it (and detects truncation) after a seek with an epoch or a committed offset.
+OffsetForLeaderEpoch, ListOffsets (v4+) and Fetch (v9+) carrying a ``current_leader_epoch`` are checked as
+Kafka's ``Partition.checkCurrentLeaderEpoch``: an older one is FENCED_LEADER_EPOCH, a newer one
+UNKNOWN_LEADER_EPOCH (-1 is none; in Fetch any negative one).
 """
+import bisect
 import itertools
 import logging
-import struct
 import time
 import uuid
 
@@ -51,25 +65,18 @@ log = logging.getLogger(__name__)
 SERVED_VERSIONS = {
     ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
-    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), **GROUP_VERSIONS, **ADMIN_VERSIONS,
+    ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
+    **GROUP_VERSIONS, **ADMIN_VERSIONS,
 }
 GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
-V2_ATTRIBUTES = struct.Struct(">bxxxxh")       # magic, crc (skipped), attributes: bytes 16-22 of a batch
-V2_ATTRIBUTES_OFFSET = MAGIC_OFFSET = 16
+NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
+MAGIC_OFFSET = 16                  # of a batch's magic byte
 
 
 def protocol_uuid(text):
     """A storage topic id (Kafka's base64 ``Uuid`` string) as the protocol's ``uuid.UUID``."""
     return uuid.UUID(bytes=uuid_bytes(text))
-
-
-def _first_batch_codec(records):
-    header = records.read(0, V2_ATTRIBUTES_OFFSET + V2_ATTRIBUTES.size)
-    if len(header) < V2_ATTRIBUTES_OFFSET + V2_ATTRIBUTES.size:
-        return codecs.NONE
-    magic, attributes = V2_ATTRIBUTES.unpack_from(header, V2_ATTRIBUTES_OFFSET)
-    return attributes & 0x07 if magic == 2 else codecs.NONE
 
 
 class Handlers:
@@ -147,22 +154,24 @@ class Handlers:
         if not (request.allow_auto_topic_creation if version >= 4 else True) \
                 or not self.logs.config.auto_create_topics_enable or not request.topics:
             return False
+        if _topic_ids_asked(request):
+            return False
         topics = self.logs.topics()
         return any(requested.name is not None and requested.name not in topics for requested in request.topics)
 
     def _wanted_topic_metadata(self, version, request, topics):
+        topic_ids = _topic_ids_asked(request)
+        if topic_ids:
+            return [self._topic_id_metadata(topic_id, topics) for topic_id in topic_ids]
         auto_create = (request.allow_auto_topic_creation if version >= 4 else True) \
             and self.logs.config.auto_create_topics_enable
         answered = []
         for requested in request.topics:
             name = requested.name
-            if name is None:          # v10+: by topic id
-                topic_id = requested.topic_id
-                name = self.logs.topic_name(_storage_uuid(topic_id))
-                if name is None:
-                    answered.append(messages.MetadataResponse.MetadataResponseTopic(
-                        error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=topic_id))
-                    continue
+            if name is None:          # v12, with the zero id: no topic to find
+                answered.append(messages.MetadataResponse.MetadataResponseTopic(
+                    error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None, topic_id=requested.topic_id))
+                continue
             info = topics.get(name)
             if info is None and auto_create:
                 try:
@@ -179,6 +188,14 @@ class Handlers:
                 continue
             answered.append(self._topic_metadata(name, info))
         return answered
+
+    def _topic_id_metadata(self, topic_id, topics):
+        name = self.logs.topic_name(_storage_uuid(topic_id))
+        info = topics.get(name) if name is not None else None
+        if info is None:
+            return messages.MetadataResponse.MetadataResponseTopic(error_code=ErrorCode.UNKNOWN_TOPIC_ID, name=None,
+                                                                   topic_id=topic_id)
+        return self._topic_metadata(name, info)
 
     def _topic_metadata(self, name, info):
         node = self.node_id
@@ -356,6 +373,9 @@ class Handlers:
                 if partition_log is None:
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
+                result.error_code = _leader_epoch_error(partition_log, wanted.current_leader_epoch)
+                if result.error_code:
+                    continue
                 try:
                     if wanted.timestamp == -1 and request.isolation_level == READ_COMMITTED:
                         found = (partition_log.last_stable_offset, -1)
@@ -369,6 +389,30 @@ class Handlers:
                 elif found is not None and found[0] >= 0:
                     result.offset, result.timestamp = found
                     result.leader_epoch = partition_log.leader_epoch
+        return response
+
+    # --- OffsetForLeaderEpoch -------------------------------------------------------------------------
+
+    def offset_for_leader_epoch(self, header, request):
+        """Kafka's ``ReplicaManager.lastOffsetForLeaderEpoch`` (see the module docstring); every partition is
+        led here, so an existing one is answered from its cache and any other is UNKNOWN_TOPIC_OR_PARTITION."""
+        Response = messages.OffsetForLeaderEpochResponse
+        response = Response(throttle_time_ms=0, topics=[])
+        for topic in request.topics:
+            topic_response = Response.OffsetForLeaderTopicResult(topic=topic.topic, partitions=[])
+            response.topics.append(topic_response)
+            for wanted in topic.partitions:
+                result = Response.EpochEndOffset(partition=wanted.partition, error_code=ErrorCode.NONE,
+                                                 leader_epoch=NO_EPOCH, end_offset=UNDEFINED_EPOCH_OFFSET)
+                topic_response.partitions.append(result)
+                partition_log = self.logs.get_partition(topic.topic, wanted.partition)
+                if partition_log is None:
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                result.error_code = _leader_epoch_error(partition_log, wanted.current_leader_epoch)
+                if not result.error_code:
+                    result.leader_epoch, result.end_offset = _epoch_end_offset(
+                        partition_log.leader_epochs, wanted.leader_epoch, partition_log.log_end_offset)
         return response
 
     # --- Fetch ----------------------------------------------------------------------------------------
@@ -443,6 +487,17 @@ class Handlers:
         """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
         isolation = _fetch_isolation(version, request, is_follower)
+        config = partition_log.config
+        # Kafka's KafkaApis decides by the topic's configs, whatever is read: zstd needs Fetch v10 when the topic
+        # is zstd (otherwise the stored batches go out as they are); down-conversion may be off.
+        plan = plan_fetch(version, 2, topic_compression=config.compression_type, is_follower=is_follower,
+                          topic_config={"message.downconversion.enable": config.message_downconversion_enable})
+        if plan.error:
+            return int(plan.error), None
+        # FetchRequest.PartitionData: any negative current leader epoch (v9+) is none
+        error = _leader_epoch_error(partition_log, max(partition.current_leader_epoch, NO_EPOCH))
+        if error:
+            return error, None
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile
@@ -455,13 +510,6 @@ class Handlers:
         if records is None:
             return ErrorCode.NONE, None
         try:
-            if version < 10 and _first_batch_codec(records) == codecs.ZSTD:
-                return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, None
-            plan = plan_fetch(version, 2, is_follower=is_follower,
-                              topic_config={"message.downconversion.enable":
-                                            partition_log.config.message_downconversion_enable})
-            if plan.error:
-                return int(plan.error), None
             if plan.to_magic is None:
                 return ErrorCode.NONE, records.to_send()
             chunk = {} if self.lazy_chunk_size is None else {"chunk_size": self.lazy_chunk_size}
@@ -469,7 +517,8 @@ class Handlers:
             lazy = LazyDownConvertRecords(records, plan.to_magic, partition.fetch_offset, **chunk)
             records = None
             return ErrorCode.NONE, lazy.to_send()
-        except UnsupportedCompressionTypeError:
+        except UnsupportedCompressionTypeError:        # a zstd batch first: magic 0 and 1 cannot hold it
+            result.high_watermark = result.last_stable_offset = result.log_start_offset = -1
             return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, None
         finally:
             if records is not None:
@@ -544,6 +593,38 @@ def _topic_ids_before_v12(request):
         Topic(error_code=ErrorCode.INVALID_REQUEST, name=topic.name or "", topic_id=topic.topic_id, is_internal=False,
               partitions=[])
         for topic in request.topics])
+
+
+def _epoch_end_offset(epochs, requested_epoch, log_end_offset):
+    """Kafka's ``LeaderEpochFileCache.endOffsetFor`` over ``[(epoch, start offset)]`` in order:
+    ``(epoch, end offset)``, ``(-1, -1)`` when undefined (see the module docstring)."""
+    if requested_epoch == NO_EPOCH or not epochs:
+        return NO_EPOCH, UNDEFINED_EPOCH_OFFSET
+    if epochs[-1][0] == requested_epoch:
+        return requested_epoch, log_end_offset
+    higher = bisect.bisect_right(epochs, requested_epoch, key=lambda entry: entry[0])
+    if higher == len(epochs):
+        return NO_EPOCH, UNDEFINED_EPOCH_OFFSET
+    floor_epoch = epochs[higher - 1][0] if higher else requested_epoch
+    return floor_epoch, epochs[higher][1]
+
+
+def _leader_epoch_error(partition_log, current_leader_epoch):
+    """Kafka's ``Partition.checkCurrentLeaderEpoch``: a client's epoch older than the partition's is
+    FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH; -1 (none) or the same, NONE."""
+    epoch = partition_log.leader_epoch
+    if current_leader_epoch == NO_EPOCH or current_leader_epoch == epoch:
+        return ErrorCode.NONE
+    return ErrorCode.FENCED_LEADER_EPOCH if current_leader_epoch < epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+def _topic_ids_asked(request):
+    """Kafka's ``KafkaApis.handleTopicMetadataRequest``: a Metadata request (v12; v10-11 are refused before)
+    naming any topic by a non-zero id is answered by its ids alone, once each, whatever the names hold (the
+    Java client sends ``name=""`` with the id), and creates no topic. ``[]`` when it asks by name."""
+    if not request.topics:
+        return []
+    return list(dict.fromkeys(t.topic_id for t in request.topics if t.topic_id != ZERO_UUID))
 
 
 def _storage_uuid(topic_id):

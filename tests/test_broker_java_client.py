@@ -1,0 +1,146 @@
+"""kmem broker against Apache's Java clients (kafka-clients 3.9.1, the jar inside the PyPI wheel
+``shigawire-apache-flink-libraries``; its lz4, snappy, zstd and slf4j jars are pyspark's): an AdminClient
+describing topics by id, a consumer validating a seek with its leader epoch (KIP-320), an idempotent producer
+with each codec, and a consumer group reading back and resuming from its commit.
+
+tests/java/KafkaClientProbe.java is compiled here with javac and runs in one JVM for the whole module,
+taking a command a line and answering a JSON line each. Skipped without a JDK or the jar's wheel; the jar's
+SHA-256 is checked before use."""
+import glob
+import hashlib
+import importlib.metadata
+import json
+import os
+import select
+import shutil
+import subprocess
+
+import pytest
+
+from broker_helpers import TIMEOUT, stored_batches
+from kmem.broker import Broker
+from kmem.broker.log.checkpoints import random_uuid
+from kmem.records import build_records
+
+PROBE_SOURCE = os.path.join(os.path.dirname(__file__), "java", "KafkaClientProbe.java")
+KAFKA_CLIENTS_WHEEL, KAFKA_CLIENTS_JAR = "shigawire-apache-flink-libraries", "pyflink/lib/kafka-clients.jar"
+KAFKA_CLIENTS_SHA256 = "7568b998572d256f0b7bc0afdc1b7a2588b8b08415c62ce314c864a6851ae9d9"     # kafka-clients 3.9.1
+RUNTIME_JARS = ("lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")                  # in pyspark's jars/
+CODEC_IDS = {"lz4": 3, "snappy": 2, "zstd": 4}
+OFFSET_FOR_LEADER_EPOCH_V4 = (23, 4)
+
+
+def kafka_clients_jar():
+    try:
+        path = importlib.metadata.distribution(KAFKA_CLIENTS_WHEEL).locate_file(KAFKA_CLIENTS_JAR)
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip(f"{KAFKA_CLIENTS_WHEEL} (the test extra) is not installed: no Java Kafka client")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert digest == KAFKA_CLIENTS_SHA256, f"{path} is not the kafka-clients 3.9.1 jar this test knows: {digest}"
+    return str(path)
+
+
+def runtime_jars():
+    pyspark = pytest.importorskip("pyspark")
+    found = [glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", f"{prefix}*.jar"))
+             for prefix in RUNTIME_JARS]
+    assert all(len(jars) == 1 for jars in found), found
+    return [jars[0] for jars in found]
+
+
+class JavaProbe:
+    """The probe's JVM: ``probe(*words)`` sends one command and returns its decoded answer."""
+
+    def __init__(self, classpath, log_path):
+        self.log_path = log_path
+        with open(log_path, "w") as log:
+            self.process = subprocess.Popen(["java", "-cp", classpath, "KafkaClientProbe"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=log, text=True)
+
+    def __call__(self, *words):
+        self.process.stdin.write(" ".join(str(word) for word in words) + "\n")
+        self.process.stdin.flush()
+        # every command answers within its own deadlines (30 s a step); this only catches a dead JVM
+        ready, _, _ = select.select([self.process.stdout], [], [], 4 * TIMEOUT)
+        line = self.process.stdout.readline() if ready else ""
+        assert line, f"the Java probe gave no answer to {words}:\n{open(self.log_path).read()[-4000:]}"
+        return json.loads(line)
+
+    def close(self):
+        self.process.stdin.close()
+        self.process.wait(TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def probe(tmp_path_factory):
+    if shutil.which("javac") is None or shutil.which("java") is None:
+        pytest.skip("no JDK (javac and java): the Java client tests need one")
+    classpath = [kafka_clients_jar(), *runtime_jars()]
+    classes = tmp_path_factory.mktemp("java-probe")
+    compiled = subprocess.run(["javac", "-d", str(classes), "-cp", os.pathsep.join(classpath), PROBE_SOURCE],
+                              capture_output=True, text=True, timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    running = JavaProbe(os.pathsep.join([str(classes), *classpath]), classes / "probe.log")
+    yield running
+    running.close()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with Broker(tmp_path_factory.mktemp("java-broker"), num_partitions=1,
+                properties={"group.initial.rebalance.delay.ms": 0}) as running:
+        yield running
+
+
+def append(broker, topic, values):
+    if broker.logs.get_partition(topic, 0) is None:
+        broker.logs.create_topic(topic, 1)
+    assert broker.logs.get_partition(topic, 0).append(build_records(values)).error_code == 0
+
+
+def test_admin_client_describes_topics_by_id(broker, probe):
+    """describeTopics(TopicCollection.ofTopicIds(...)) sends Metadata v12 with each id and name "": the
+    topic is found by its id, an unknown id is UnknownTopicIdException, and no topic is created."""
+    broker.logs.create_topic("described", 3)
+    known, unknown = broker.logs.topics()["described"].topic_id, random_uuid()
+    topics_before = set(broker.logs.topics())
+    answer = probe("describe-ids", broker.bootstrap_servers, known, unknown)
+    assert answer[known] == {"name": "described", "topic_id": known, "partitions": 3}
+    assert answer[unknown]["error"] == "UnknownTopicIdException"
+    assert set(broker.logs.topics()) == topics_before
+
+
+def test_a_consumer_validates_a_seek_with_offset_for_leader_epoch_and_reads_on(broker, probe):
+    append(broker, "validated", [b"%d" % i for i in range(10)])
+    validations = broker.requests_served[OFFSET_FOR_LEADER_EPOCH_V4]
+    assert probe("seek", broker.bootstrap_servers, "validated", 0, 3, 0, 7) == {"offsets": list(range(3, 10))}
+    assert broker.requests_served[OFFSET_FOR_LEADER_EPOCH_V4] > validations
+
+
+def test_a_consumer_detects_truncation_past_the_end_of_its_epoch(broker, probe):
+    """Epoch 0 ends at the log end, 10: a position at 20 in it was truncated (Kafka's LogTruncationException,
+    with no reset policy), not out of range."""
+    append(broker, "truncated", [b"%d" % i for i in range(10)])
+    assert probe("seek", broker.bootstrap_servers, "truncated", 0, 20, 0, 1) == {
+        "offsets": [], "error": "LogTruncationException", "divergent_offset": 10, "divergent_epoch": 0}
+
+
+@pytest.mark.parametrize("codec", ["lz4", "snappy", "zstd"])
+def test_an_idempotent_producer_is_stored_in_its_codec(broker, probe, codec):
+    topic = f"produced-{codec}"
+    assert probe("produce", broker.bootstrap_servers, topic, codec, 20) == {"offsets": list(range(20))}
+    stored = stored_batches(broker.log_dir, topic, 0)
+    assert {(compression, producer_id >= 0) for _, producer_id, compression, _ in stored} == {(CODEC_IDS[codec], True)}
+    assert [value for *_, values in stored for value in values] == [b"%s-%d" % (codec.encode(), i) for i in range(20)]
+
+
+def test_a_consumer_group_reads_back_and_resumes_from_its_commit(broker, probe):
+    """The second member starts from the committed offset, whose leader epoch it validates first (KIP-320)."""
+    assert probe("produce", broker.bootstrap_servers, "grouped", "lz4", 5) == {"offsets": list(range(5))}
+    assert probe("group-read", broker.bootstrap_servers, "grouped", "readers", 5) == {
+        "values": [f"lz4-{i}" for i in range(5)]}
+    append(broker, "grouped", [b"later-%d" % i for i in range(3)])
+    validations = broker.requests_served[OFFSET_FOR_LEADER_EPOCH_V4]
+    assert probe("group-read", broker.bootstrap_servers, "grouped", "readers", 3) == {
+        "values": [f"later-{i}" for i in range(3)]}
+    assert broker.requests_served[OFFSET_FOR_LEADER_EPOCH_V4] > validations
