@@ -1,22 +1,28 @@
 """Topic configs as Kafka 3.9's ``LogConfig`` defines them: every one is accepted, with Kafka's types,
 ranges and valid values (what Kafka refuses is INVALID_CONFIG), kept, and described with Kafka's defaults,
-types and synonyms."""
+types and synonyms; KIP-937's timestamp bounds are enforced on produce."""
+import time
+
 import pytest
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from kafka import KafkaProducer
+from kafka.errors import InvalidTimestampError
 from kafka.protocol.admin import (
     AlterConfigsRequest, AlterConfigsResponse, DescribeConfigsRequest, DescribeConfigsResponse,
 )
 
 from broker_helpers import TIMEOUT, RawConnection
-from kmem.broker import Broker, BrokerConfig, ErrorCode
+from kmem.broker import Broker, BrokerConfig, ErrorCode, LogManager
 from kmem.errors import ConfigError
+from kmem.records import RecordsBuilder
 
 SETTINGS = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 3}
 TOPIC, BROKER = 2, 4                               # ConfigResource types
 DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG, STATIC_BROKER_CONFIG = 1, 5, 4
 BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
 INT64_MAX = 2**63 - 1
+HOUR_MS = 3_600_000
 
 # Kafka 3.9's LogConfig: name -> (ConfigDef type, default, broker synonym or None)
 KAFKA_TOPIC_CONFIGS = {
@@ -213,3 +219,52 @@ def test_describe_configs_gives_kafkas_types_and_synonyms(broker):
             assert (entry.config_source, entry.value, synonyms) == (DEFAULT_CONFIG, default, defaults), name
     brokers = describe(broker, BROKER, str(broker.node_id))
     assert brokers["num.partitions"].config_type == INT and brokers["log.cleanup.policy"].config_type == LIST
+
+
+# --- KIP-937: timestamps out of bounds are refused --------------------------------------------------------
+
+NOW = 1_700_000_000_000
+
+
+def records_at(*timestamps, magic=2):
+    builder = RecordsBuilder(magic, "none")
+    for timestamp in timestamps:
+        builder.append(b"v", timestamp=timestamp)
+    return builder.build()
+
+
+@pytest.mark.parametrize("configs, timestamps, magic, refused", [
+    ({"message.timestamp.after.max.ms": "60000"}, [NOW + 60_000], 2, False),
+    ({"message.timestamp.after.max.ms": "60000"}, [NOW + 60_001], 2, True),
+    ({"message.timestamp.after.max.ms": "60000"}, [NOW, NOW + HOUR_MS], 2, True),     # the batch's largest
+    ({"message.timestamp.before.max.ms": "60000"}, [NOW - 60_000], 2, False),
+    ({"message.timestamp.before.max.ms": "60000"}, [NOW - 60_001, NOW], 2, True),     # the batch's first
+    ({"message.timestamp.before.max.ms": "60000"}, [NOW - HOUR_MS], 1, True),         # a v1 message's own
+    ({"message.timestamp.before.max.ms": "0", "message.timestamp.after.max.ms": "0"}, [-1], 2, False),
+    ({"message.timestamp.difference.max.ms": "60000"}, [NOW + HOUR_MS], 2, True),     # deprecated, still used
+    ({"message.timestamp.difference.max.ms": "60000"}, [NOW - HOUR_MS], 2, True),
+    ({"message.timestamp.difference.max.ms": "60000", "message.timestamp.before.max.ms": str(2 * HOUR_MS)},
+     [NOW - HOUR_MS], 2, False),                                                     # ... unless overridden
+    ({"message.timestamp.after.max.ms": "0", "message.timestamp.type": "LogAppendTime"}, [NOW + HOUR_MS], 2,
+     False),
+    ({}, [NOW + 100 * 365 * 24 * HOUR_MS], 2, False),
+])
+def test_timestamps_beyond_the_topics_bounds_are_invalid_timestamp(tmp_path, configs, timestamps, magic, refused):
+    with LogManager(tmp_path) as logs:
+        logs.create_topic("t", 1, configs)
+        result = logs.get_partition("t", 0).append(records_at(*timestamps, magic=magic), now_ms=NOW)
+        assert result.error_code == (ErrorCode.INVALID_TIMESTAMP if refused else ErrorCode.NONE)
+        assert logs.get_partition("t", 0).log_end_offset == (0 if refused else len(timestamps))
+
+
+def test_a_producer_with_a_clock_an_hour_ahead_is_refused(broker):
+    broker.logs.create_topic("t", 1, {"message.timestamp.after.max.ms": "60000"})
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, retries=0)
+    try:
+        now = time.time_ns() // 1_000_000
+        assert producer.send("t", b"on time", partition=0, timestamp_ms=now).get(TIMEOUT).offset == 0
+        with pytest.raises(InvalidTimestampError):
+            producer.send("t", b"from the future", partition=0, timestamp_ms=now + HOUR_MS).get(TIMEOUT)
+    finally:
+        producer.close()
+    assert broker.logs.get_partition("t", 0).log_end_offset == 1

@@ -50,6 +50,7 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_TOPIC_ID = 100
     MISMATCHED_ENDPOINT_TYPE = 114
     UNSUPPORTED_ENDPOINT_TYPE = 115
+    INVALID_TIMESTAMP = 32
 
 
 class LogError(KmemError):

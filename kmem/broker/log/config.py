@@ -33,6 +33,10 @@ and default (values trimmed, names and values case-sensitive, as Kafka's ``Confi
 ``compression.type`` and ``cleanup.policy`` take any case), and kept and described, but some have no
 effect here:
 
+- ``message.timestamp.before.max.ms`` and ``message.timestamp.after.max.ms`` (KIP-937; each, while at its
+  default, falls back to the deprecated ``message.timestamp.difference.max.ms``) are enforced on a
+  CreateTime topic, on each batch's first and largest timestamp (``kmem.broker.log.validator``:
+  INVALID_TIMESTAMP).
 - No effect, nothing to act on a single node without compaction or tiered storage:
   ``delete.retention.ms``, ``min.compaction.lag.ms``, ``max.compaction.lag.ms`` and
   ``min.cleanable.dirty.ratio`` (compaction; ``min.compaction.lag.ms`` above ``max.compaction.lag.ms`` is
@@ -41,8 +45,6 @@ effect here:
   ``local.retention.ms``, ``local.retention.bytes`` (-2: ``retention.*``), ``remote.log.copy.disable`` and
   ``remote.log.delete.on.disable`` (tiered storage; ``remote.storage.enable=true`` is refused, as Kafka
   refuses it while ``remote.log.storage.system.enable`` is false).
-- No effect yet: ``message.timestamp.before.max.ms``, ``message.timestamp.after.max.ms`` and
-  ``message.timestamp.difference.max.ms`` (KIP-937).
 - No effect, kmem keeps its own behaviour: ``flush.messages`` and ``flush.ms`` (a partition is fsynced
   when its segment rolls and at shutdown, as with Kafka's defaults), ``file.delete.delay.ms`` (files are
   deleted at once), ``preallocate`` (segment files grow as written, as Kafka's default),
@@ -212,10 +214,10 @@ TOPIC_SETTINGS = {
     "compression.type": ("compression_type", _compression),
     "cleanup.policy": ("cleanup_policy", _cleanup_policy),
     "min.insync.replicas": ("min_insync_replicas", _at_least(1, 1)),
-    # kept and described, no effect here (see the module docstring)
     "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _at_least(0)),
     "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _at_least(0)),
     "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", _at_least(0)),
+    # kept and described, no effect here (see the module docstring)
     "compression.gzip.level": ("compression_gzip_level", _gzip_level),
     "compression.lz4.level": ("compression_lz4_level", _at_least(1, 17)),
     "compression.zstd.level": ("compression_zstd_level", _at_least(-131072, 22)),
@@ -282,6 +284,21 @@ class LogConfig:
     @property
     def log_append_time(self):
         return self.message_timestamp_type == LOG_APPEND_TIME
+
+    @property
+    def timestamp_before_max_ms(self):
+        """How far before the broker's time a CreateTime timestamp may be: ``message.timestamp.before.max.ms``,
+        or the deprecated ``message.timestamp.difference.max.ms`` while the former is at its default."""
+        if self.message_timestamp_before_max_ms != INT64_MAX:
+            return self.message_timestamp_before_max_ms
+        return self.message_timestamp_difference_max_ms
+
+    @property
+    def timestamp_after_max_ms(self):
+        """How far after the broker's time a CreateTime timestamp may be (as ``timestamp_before_max_ms``)."""
+        if self.message_timestamp_after_max_ms != INT64_MAX:
+            return self.message_timestamp_after_max_ms
+        return self.message_timestamp_difference_max_ms
 
     def properties(self):
         """``{topic-level name: value}`` of every setting (what DescribeConfigs shows)."""
