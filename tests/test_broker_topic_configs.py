@@ -1,6 +1,6 @@
 """Topic configs as Kafka 3.9's ``LogConfig`` defines them: every one is accepted, with Kafka's types,
 ranges and valid values (what Kafka refuses is INVALID_CONFIG), kept, and described with Kafka's defaults,
-types and synonyms; KIP-937's timestamp bounds are enforced on produce."""
+types, synonyms and, when asked, documentation; KIP-937's timestamp bounds are enforced on produce."""
 import time
 
 import pytest
@@ -75,12 +75,12 @@ def broker(tmp_path):
         yield running
 
 
-def describe(broker, resource_type, name):
+def describe(broker, resource_type, name, documentation=True):
     resource = DescribeConfigsRequest.DescribeConfigsResource(resource_type=resource_type, resource_name=name,
                                                                configuration_keys=None)
     with RawConnection(broker.bootstrap_servers) as raw:
         answer = raw.request(DescribeConfigsRequest(resources=[resource], include_synonyms=True,
-                                                    include_documentation=False),
+                                                    include_documentation=documentation),
                              DescribeConfigsResponse, 4)
     [result] = answer.results
     assert result.error_code == ErrorCode.NONE
@@ -203,13 +203,14 @@ def test_create_topics_and_alter_configs_accept_kafkas_configs_and_describe_them
     assert set(described) == set(KAFKA_TOPIC_CONFIGS)
 
 
-def test_describe_configs_gives_kafkas_types_and_synonyms(broker):
+def test_describe_configs_gives_kafkas_types_synonyms_and_documentation(broker):
     broker.logs.create_topic("t", 1, {"delete.retention.ms": "1000", "remote.log.copy.disable": "true"})
     described = describe(broker, TOPIC, "t")
     assert set(described) == set(KAFKA_TOPIC_CONFIGS)
     for name, (config_type, default, synonym) in KAFKA_TOPIC_CONFIGS.items():
         entry = described[name]
         assert entry.config_type == config_type, name
+        assert entry.documentation and len(entry.documentation) > 40, name
         synonyms = [(s.name, s.value, s.source) for s in entry.synonyms]
         defaults = [(synonym, default, DEFAULT_CONFIG)] if synonym else []
         if name in ("delete.retention.ms", "remote.log.copy.disable"):
@@ -217,8 +218,14 @@ def test_describe_configs_gives_kafkas_types_and_synonyms(broker):
             assert synonyms == [(name, entry.value, DYNAMIC_TOPIC_CONFIG)] + defaults, name
         else:
             assert (entry.config_source, entry.value, synonyms) == (DEFAULT_CONFIG, default, defaults), name
+    assert "tombstone" in described["delete.retention.ms"].documentation
+    assert "tiered storage" in described["remote.log.copy.disable"].documentation
+
+    assert all(c.documentation is None for c in describe(broker, TOPIC, "t", documentation=False).values())
     brokers = describe(broker, BROKER, str(broker.node_id))
     assert brokers["num.partitions"].config_type == INT and brokers["log.cleanup.policy"].config_type == LIST
+    undocumented = [name for name, c in brokers.items() if not c.documentation]
+    assert not undocumented and "partitions" in brokers["num.partitions"].documentation
 
 
 # --- KIP-937: timestamps out of bounds are refused --------------------------------------------------------

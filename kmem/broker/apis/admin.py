@@ -6,8 +6,8 @@ on a single node:
   INVALID_REPLICA_ASSIGNMENT for an assignment naming another broker, INVALID_REQUEST for the internal
   ``__consumer_offsets``, whose partition count places the groups);
 - DescribeConfigs 0-4: a topic's effective settings, every topic config Kafka 3.9 defines (its overrides
-  and the broker's defaults, with their source, type and, when asked, synonyms) or the broker's
-  (resource name ``""`` or its node id);
+  and the broker's defaults, with their source, type and, when asked, synonyms and documentation,
+  ``kmem.broker.apis.config_docs``) or the broker's (resource name ``""`` or its node id);
 - AlterConfigs 0-2 (the overrides are replaced as a whole) and IncrementalAlterConfigs 0-1 (SET,
   DELETE, APPEND and SUBTRACT on list settings) of topics; the broker's settings are static
   (INVALID_REQUEST naming the setting to put in ``server.properties``);
@@ -16,6 +16,7 @@ on a single node:
   the cluster's authorized operations (``kmem.broker.apis.authorized``).
 """
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS
+from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import TOPIC_SETTINGS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
@@ -154,7 +155,9 @@ class AdminHandlers:
                 continue
             wanted = resource.configuration_keys
             synonyms = version >= 1 and request.include_synonyms
-            result.configs = [self._described(name, value, source, default, version, synonyms)
+            docs = (BROKER_DOCS if resource.resource_type == BROKER_RESOURCE else TOPIC_DOCS) \
+                if version >= 3 and request.include_documentation else {}
+            result.configs = [self._described(name, value, source, default, version, synonyms, docs.get(name))
                               for name, (value, source, default) in entries.items()
                               if wanted is None or name in wanted]
         return response
@@ -179,7 +182,7 @@ class AdminHandlers:
         if name not in ("", str(self.node_id)):
             raise _Refused(ErrorCode.INVALID_REQUEST, f"this broker's id is {self.node_id}, not {name!r}")
 
-    def _described(self, name, value, source, default, version, with_synonyms):
+    def _described(self, name, value, source, default, version, with_synonyms, documentation):
         Config = messages.DescribeConfigsResponse.DescribeConfigsResourceResult
         Synonym = messages.DescribeConfigsResponse.DescribeConfigsSynonym
         synonyms = []
@@ -192,7 +195,7 @@ class AdminHandlers:
         return Config(name=name, value=config_text(value), read_only=source == STATIC_BROKER_CONFIG,
                       is_default=source == DEFAULT_CONFIG, config_source=source, is_sensitive=False,
                       synonyms=synonyms, config_type=CONFIG_TYPES.get(name, STRING) if version >= 3 else 0,
-                      documentation=None)
+                      documentation=documentation)
 
     # --- AlterConfigs, IncrementalAlterConfigs --------------------------------------------------------
 
