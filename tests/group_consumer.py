@@ -1,5 +1,5 @@
 """A consumer process for the group tests: ``python group_consumer.py CLIENT BOOTSTRAP GROUP TOPIC
-[INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member; confluent-kafka only).
+[INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member).
 
 Consumes with kafka-python, aiokafka or confluent-kafka, commits after every non-empty poll, and prints
 JSON lines: ``{"assigned": [partitions]}`` when its assignment changes, ``{"records": [[partition, offset,
@@ -37,11 +37,11 @@ class Reporter:
             say(records=records)
 
 
-def run_kafka_python(bootstrap, group, topic):
+def run_kafka_python(bootstrap, group, topic, instance_id=None):
     from kafka import KafkaConsumer
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=SESSION_TIMEOUT_MS,
                              heartbeat_interval_ms=HEARTBEAT_MS, auto_offset_reset="earliest",
-                             enable_auto_commit=False)
+                             enable_auto_commit=False, group_instance_id=instance_id)
     reporter = Reporter()
     while not stopping:
         batches = consumer.poll(200)
@@ -52,13 +52,14 @@ def run_kafka_python(bootstrap, group, topic):
     consumer.close()
 
 
-def run_aiokafka(bootstrap, group, topic):
+def run_aiokafka(bootstrap, group, topic, instance_id=None):
     from aiokafka import AIOKafkaConsumer
 
     async def main():
         consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group,
                                     session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=HEARTBEAT_MS,
-                                    auto_offset_reset="earliest", enable_auto_commit=False)
+                                    auto_offset_reset="earliest", enable_auto_commit=False,
+                                    group_instance_id=instance_id)
         await consumer.start()
         reporter = Reporter()
         try:

@@ -170,6 +170,34 @@ def test_a_restarted_static_member_takes_its_partitions_back_without_a_rebalance
         broker.close()
 
 
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_restarted_static_leader_takes_its_partitions_back_without_a_rebalance(tmp_path, client):
+    """Kafka's ``updateStaticMemberAndRebalance``: the group stays Stable (same generation, so no member sees
+    a revocation) and the returning leader, under a new member id, gets its assignment again."""
+    broker = start_broker(tmp_path, **FIRST_JOIN_AFTER_METADATA)
+    consumers = []
+    try:
+        bootstrap = broker.bootstrap_servers
+        broker.logs.create_topic("orders", 4)
+        consumers = [ConsumerProcess(client, bootstrap, "static", "orders", f"app-{i}") for i in range(2)]
+        wait_for(lambda: split_evenly(consumers, range(4)), "two static members with two partitions each", timeout=60)
+        group = broker.coordinator.groups["static"]
+        generation, leader_id = group.generation, group.leader
+        leader = next(i for i in range(2) if group.static_members[f"app-{i}"] == leader_id)
+        before = [c.state()[0] for c in consumers]
+        consumers[leader].stop(signal.SIGKILL)                 # gone without LeaveGroup (static: none sent)
+        consumers[leader] = ConsumerProcess(client, bootstrap, "static", "orders", f"app-{leader}")
+        wait_for(lambda: consumers[leader].state()[0] == before[leader], "its partitions back",
+                 timeout=SESSION_TIMEOUT_S)
+        assert group.generation == generation and group.state == "Stable"      # no rebalance happened
+        assert group.leader == group.static_members[f"app-{leader}"] != leader_id
+        assert consumers[1 - leader].state()[0] == before[1 - leader]
+    finally:
+        for c in consumers:
+            c.stop(signal.SIGKILL)
+        broker.close()
+
+
 def test_a_frozen_member_holds_a_newcomers_rebalance_only_for_its_session_timeout(tmp_path):
     """Kafka removes a member that neither heartbeats nor rejoins during a rebalance at its session timeout
     (``hasSatisfiedHeartbeat``): kafka-python joins with a 300 s rebalance timeout (``max.poll.interval.ms``),

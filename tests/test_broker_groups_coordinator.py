@@ -455,8 +455,81 @@ def test_the_broker_compacts_the_offsets_topic_every_check_interval(tmp_path):
         for i in range(200):
             assert commit(broker.coordinator, {("t", 0): i, ("t", 1): 2 * i}) == {("t", 0): NONE, ("t", 1): NONE}
         partition = broker.logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
-        assert _wait(lambda: partition.size_in_bytes < 512)      # one batch of the two live offsets
+        # the 200 commits took some 30 KiB; compacted, the partition holds the two live offsets and the
+        # commits since its last compaction, which run it at most to offsets.topic.segment.bytes
+        assert _wait(lambda: partition.size_in_bytes <= 4096)
         assert fetch(broker.coordinator) == {("t", 0): 199, ("t", 1): 398}
+
+
+def static_pair(coord, protocols=(("range", b"sub"),)):
+    """Two static members, "a" leading (assigned b"A") and "b" (b"B"), Stable in generation 2; returns
+    their member ids."""
+    leader = join(coord, instance_id="a", protocols=protocols)
+    assert sync(coord, leader.member_id, 1, [(leader.member_id, b"A")], instance_id="a").error_code == NONE
+    thread, result = join_async(coord, instance_id="b", protocols=protocols)
+    assert _wait(lambda: heartbeat(coord, leader.member_id, 1, "a") == REBALANCE_IN_PROGRESS)
+    assert join(coord, member_id=leader.member_id, instance_id="a", protocols=protocols).generation_id == 2
+    thread.join(10)
+    follower = result["response"].member_id
+    assert sync(coord, leader.member_id, 2, [(leader.member_id, b"A"), (follower, b"B")],
+                instance_id="a").error_code == NONE
+    assert sync(coord, follower, 2, instance_id="b").assignment == b"B"
+    return leader.member_id, follower
+
+
+@pytest.mark.parametrize("version", [7, 9])
+def test_a_restarted_static_leader_takes_its_place_back_without_a_rebalance(logs, version):
+    """Kafka's ``updateStaticMemberAndRebalance`` in a Stable group: the new member id takes the leader's
+    place and assignment; before JoinGroup v9 it is given the old leader id (so it syncs as a follower),
+    from v9 (KIP-814) its own with the members and ``skip_assignment``. The other member sees nothing."""
+    coord = coordinator(logs)
+    try:
+        leader, follower = static_pair(coord)
+        rejoined = join(coord, version=version, instance_id="a")         # restarted without its member id
+        new_id = rejoined.member_id
+        assert rejoined.error_code == NONE and new_id not in ("", leader) and rejoined.generation_id == 2
+        if version >= 9:
+            assert (rejoined.leader, rejoined.skip_assignment) == (new_id, True)
+            assert {m.member_id: (m.group_instance_id, m.metadata) for m in rejoined.members} == {
+                new_id: ("a", b"sub"), follower: ("b", b"sub")}
+        else:
+            assert (rejoined.leader, rejoined.skip_assignment, rejoined.members) == (leader, False, [])
+        group = coord.groups["g"]
+        assert (group.state, group.generation, group.leader) == ("Stable", 2, new_id)
+        assert heartbeat(coord, follower, 2, "b") == NONE                  # no rebalance for the follower
+        assert sync(coord, follower, 2, instance_id="b").assignment == b"B"
+        assert sync(coord, new_id, 2, instance_id="a").assignment == b"A"  # the leader's old assignment
+        assert heartbeat(coord, leader, 2, "a") == FENCED_INSTANCE_ID
+    finally:
+        coord.close()
+    reloaded = coordinator(logs)                                          # the new id was stored
+    try:
+        group = reloaded.groups["g"]
+        assert (group.state, group.generation, group.leader) == ("Stable", 2, new_id)
+        assert group.members[new_id].assignment == b"A" and leader not in group.members
+    finally:
+        reloaded.close()
+
+
+def test_a_restarted_static_member_rebalances_the_group_only_when_its_protocol_changes(logs):
+    """As Kafka: new metadata under the same selected protocol is stored without a rebalance; a rejoin
+    that changes the protocol the group would select starts one."""
+    coord = coordinator(logs)
+    try:
+        leader, follower = static_pair(coord, protocols=(("range", b"sub"), ("roundrobin", b"sub")))
+        changed = join(coord, instance_id="b", protocols=(("range", b"new"), ("roundrobin", b"new")))
+        assert (changed.error_code, changed.generation_id, changed.leader) == (NONE, 2, leader)
+        assert coord.groups["g"].members[changed.member_id].metadata("range") == b"new"
+        assert heartbeat(coord, leader, 2, "a") == NONE
+
+        thread, result = join_async(coord, instance_id="b", protocols=(("roundrobin", b"rr"),))
+        assert _wait(lambda: heartbeat(coord, leader, 2, "a") == REBALANCE_IN_PROGRESS)
+        again = join(coord, member_id=leader, instance_id="a", protocols=(("range", b"sub"), ("roundrobin", b"sub")))
+        thread.join(10)
+        assert (again.generation_id, again.protocol_name) == (3, "roundrobin")
+        assert result["response"].generation_id == 3
+    finally:
+        coord.close()
 
 
 def test_a_static_member_whose_new_id_cannot_be_stored_keeps_its_old_one(logs, monkeypatch):
@@ -464,21 +537,12 @@ def test_a_static_member_whose_new_id_cannot_be_stored_keeps_its_old_one(logs, m
     the group holding it is stored; on a failing disk the join fails (NOT_COORDINATOR) and the old id stays."""
     coord = coordinator(logs)
     try:
-        leader = join(coord, instance_id="a")
-        assert sync(coord, leader.member_id, 1, [(leader.member_id, b"A")], instance_id="a").error_code == NONE
-        thread, result = join_async(coord, instance_id="b")
-        assert _wait(lambda: heartbeat(coord, leader.member_id, 1, "a") == REBALANCE_IN_PROGRESS)
-        assert join(coord, member_id=leader.member_id, instance_id="a").generation_id == 2
-        thread.join(10)
-        follower = result["response"].member_id
-        assert sync(coord, leader.member_id, 2, [(leader.member_id, b"A"), (follower, b"B")],
-                    instance_id="a").error_code == NONE
-
+        leader, follower = static_pair(coord)
         fail_appends(monkeypatch, logs, OFFSETS_TOPIC, "result")
         refused = join(coord, instance_id="b")                    # restarted without its member id
         assert (refused.error_code, refused.member_id) == (NOT_COORDINATOR, "")
         assert heartbeat(coord, follower, 2, "b") == NONE
-        assert set(coord.groups["g"].members) == {leader.member_id, follower}
+        assert set(coord.groups["g"].members) == {leader, follower}
 
         monkeypatch.undo()
         rejoined = join(coord, instance_id="b")

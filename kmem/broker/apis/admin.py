@@ -5,8 +5,9 @@ on a single node:
 - CreatePartitions 0-3: a topic grows to the count asked (INVALID_PARTITIONS if not larger,
   INVALID_REPLICA_ASSIGNMENT for an assignment naming another broker, INVALID_REQUEST for the internal
   ``__consumer_offsets``, whose partition count places the groups);
-- DescribeConfigs 0-4: a topic's effective settings (its overrides and the broker's defaults, with
-  their source, type and, when asked, synonyms) or the broker's (resource name ``""`` or its node id);
+- DescribeConfigs 0-4: a topic's effective settings, every topic config Kafka 3.9 defines (its overrides
+  and the broker's defaults, with their source, type and, when asked, synonyms and documentation,
+  ``kmem.broker.apis.config_docs``) or the broker's (resource name ``""`` or its node id);
 - AlterConfigs 0-2 (the overrides are replaced as a whole) and IncrementalAlterConfigs 0-1 (SET,
   DELETE, APPEND and SUBTRACT on list settings) of topics; the broker's settings are static
   (INVALID_REQUEST naming the setting to put in ``server.properties``);
@@ -15,6 +16,7 @@ on a single node:
   the cluster's authorized operations (``kmem.broker.apis.authorized``).
 """
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS
+from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import TOPIC_SETTINGS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
@@ -27,14 +29,31 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3                 # Kafka's AlterConfig
 DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5   # DescribeConfigs config sources
 BROKERS_ENDPOINT, CONTROLLERS_ENDPOINT = 1, 2               # DescribeCluster endpoint types
 # Kafka's ConfigDef types as DescribeConfigs v3+ numbers them
-BOOLEAN, STRING, INT, LONG, LIST = 1, 2, 3, 5, 7
-CONFIG_TYPES = {
+BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
+CONFIG_TYPES = {      # topic-level and broker-level names
     "segment.bytes": INT, "segment.ms": LONG, "segment.jitter.ms": LONG, "retention.ms": LONG,
     "retention.bytes": LONG, "max.message.bytes": INT, "message.timestamp.type": STRING,
     "message.downconversion.enable": BOOLEAN, "index.interval.bytes": INT, "segment.index.bytes": INT,
     "compression.type": STRING, "cleanup.policy": LIST, "min.insync.replicas": INT,
+    "message.timestamp.before.max.ms": LONG, "message.timestamp.after.max.ms": LONG,
+    "message.timestamp.difference.max.ms": LONG, "compression.gzip.level": INT, "compression.lz4.level": INT,
+    "compression.zstd.level": INT, "delete.retention.ms": LONG, "min.compaction.lag.ms": LONG,
+    "max.compaction.lag.ms": LONG, "min.cleanable.dirty.ratio": DOUBLE, "file.delete.delay.ms": LONG,
+    "flush.messages": LONG, "flush.ms": LONG, "preallocate": BOOLEAN, "message.format.version": STRING,
+    "unclean.leader.election.enable": BOOLEAN, "leader.replication.throttled.replicas": LIST,
+    "follower.replication.throttled.replicas": LIST, "remote.storage.enable": BOOLEAN,
+    "local.retention.ms": LONG, "local.retention.bytes": LONG, "remote.log.copy.disable": BOOLEAN,
+    "remote.log.delete.on.disable": BOOLEAN,
+    "node.id": INT, "num.partitions": INT, "auto.create.topics.enable": BOOLEAN, "producer.id.expiration.ms": INT,
+    "producer.id.expiration.check.interval.ms": INT, "log.segment.bytes": INT, "log.roll.ms": LONG,
+    "log.roll.hours": INT, "log.roll.jitter.ms": LONG, "log.retention.ms": LONG, "log.retention.minutes": INT,
+    "log.retention.hours": INT, "log.retention.bytes": LONG, "message.max.bytes": INT,
+    "log.message.timestamp.type": STRING, "log.message.downconversion.enable": BOOLEAN,
+    "log.index.interval.bytes": INT, "log.index.size.max.bytes": INT, "log.cleanup.policy": LIST,
+    "producer.ledger.ids": INT, "producer.state.cache.entries": INT,
 }
-# topic-level name -> the broker-level name that gives its default (Kafka's synonyms)
+# topic-level name -> the broker-level name that gives its default (Kafka's ServerTopicConfigSynonyms); the
+# tiered storage switches and the replication throttles have none
 BROKER_SYNONYMS = {
     "segment.bytes": "log.segment.bytes", "segment.ms": "log.roll.ms", "segment.jitter.ms": "log.roll.jitter.ms",
     "retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes",
@@ -43,6 +62,19 @@ BROKER_SYNONYMS = {
     "index.interval.bytes": "log.index.interval.bytes", "segment.index.bytes": "log.index.size.max.bytes",
     "compression.type": "compression.type", "cleanup.policy": "log.cleanup.policy",
     "min.insync.replicas": "min.insync.replicas",
+    "message.timestamp.before.max.ms": "log.message.timestamp.before.max.ms",
+    "message.timestamp.after.max.ms": "log.message.timestamp.after.max.ms",
+    "message.timestamp.difference.max.ms": "log.message.timestamp.difference.max.ms",
+    "compression.gzip.level": "compression.gzip.level", "compression.lz4.level": "compression.lz4.level",
+    "compression.zstd.level": "compression.zstd.level", "delete.retention.ms": "log.cleaner.delete.retention.ms",
+    "min.compaction.lag.ms": "log.cleaner.min.compaction.lag.ms",
+    "max.compaction.lag.ms": "log.cleaner.max.compaction.lag.ms",
+    "min.cleanable.dirty.ratio": "log.cleaner.min.cleanable.ratio",
+    "file.delete.delay.ms": "log.segment.delete.delay.ms",
+    "flush.messages": "log.flush.interval.messages", "flush.ms": "log.flush.interval.ms",
+    "preallocate": "log.preallocate", "message.format.version": "log.message.format.version",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
+    "local.retention.ms": "log.local.retention.ms", "local.retention.bytes": "log.local.retention.bytes",
 }
 
 ADMIN_APIS = {
@@ -123,7 +155,9 @@ class AdminHandlers:
                 continue
             wanted = resource.configuration_keys
             synonyms = version >= 1 and request.include_synonyms
-            result.configs = [self._described(name, value, source, default, version, synonyms)
+            docs = (BROKER_DOCS if resource.resource_type == BROKER_RESOURCE else TOPIC_DOCS) \
+                if version >= 3 and request.include_documentation else {}
+            result.configs = [self._described(name, value, source, default, version, synonyms, docs.get(name))
                               for name, (value, source, default) in entries.items()
                               if wanted is None or name in wanted]
         return response
@@ -148,20 +182,20 @@ class AdminHandlers:
         if name not in ("", str(self.node_id)):
             raise _Refused(ErrorCode.INVALID_REQUEST, f"this broker's id is {self.node_id}, not {name!r}")
 
-    def _described(self, name, value, source, default, version, with_synonyms):
+    def _described(self, name, value, source, default, version, with_synonyms, documentation):
         Config = messages.DescribeConfigsResponse.DescribeConfigsResourceResult
         Synonym = messages.DescribeConfigsResponse.DescribeConfigsSynonym
         synonyms = []
         if with_synonyms:
             if source == DYNAMIC_TOPIC_CONFIG:
                 synonyms.append(Synonym(name=name, value=config_text(value), source=source))
-            if default is not None:
-                synonyms.append(Synonym(name=BROKER_SYNONYMS.get(name, name), value=config_text(default),
+            if default is not None and name in BROKER_SYNONYMS:
+                synonyms.append(Synonym(name=BROKER_SYNONYMS[name], value=config_text(default),
                                         source=DEFAULT_CONFIG))
         return Config(name=name, value=config_text(value), read_only=source == STATIC_BROKER_CONFIG,
                       is_default=source == DEFAULT_CONFIG, config_source=source, is_sensitive=False,
                       synonyms=synonyms, config_type=CONFIG_TYPES.get(name, STRING) if version >= 3 else 0,
-                      documentation=None)
+                      documentation=documentation)
 
     # --- AlterConfigs, IncrementalAlterConfigs --------------------------------------------------------
 

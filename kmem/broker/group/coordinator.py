@@ -6,7 +6,10 @@ Groups move through Kafka's states: Empty -> PreparingRebalance (members (re)joi
 
 - JoinGroup v4+ without a member id is answered MEMBER_ID_REQUIRED with a new id, which stays pending
   for one session timeout; ``group.instance.id`` (static membership) joins directly and a later join with
-  the same instance id takes over the member (the old id is then FENCED_INSTANCE_ID).
+  the same instance id takes over the member (the old id is then FENCED_INSTANCE_ID). In a Stable group
+  whose selected protocol that join leaves unchanged, the new id keeps the member's assignment without a
+  rebalance, also for the leader (answered, as Kafka, with the previous leader id before JoinGroup v9 and
+  with KIP-814's ``skip_assignment`` from v9).
 - A rebalance completes when every member has rejoined, or at the rebalance deadline (the members'
   largest ``rebalance.timeout.ms``) without those that did not; a group starting from Empty waits
   ``group.initial.rebalance.delay.ms`` (extended by each new member, up to the rebalance timeout). The
@@ -689,36 +692,52 @@ class GroupCoordinator:
         return reply
 
     def _replace_static_member(self, group, old, new_id, request, version, protocols, rebalance_timeout, now):
-        """A static member rejoining without its member id: it takes over ``old``'s place under a new id."""
+        """A static member rejoining without its member id: it takes over ``old``'s place, and assignment,
+        under a new id (Kafka's ``updateStaticMemberAndRebalance``). A Stable group whose protocol stays the
+        same does not rebalance: the group is stored with the new id and the member answered at once."""
         if old.join_reply is not None:
             old.join_reply.set(ErrorCode.FENCED_INSTANCE_ID)
         if old.sync_reply is not None:
             old.sync_reply.set(ErrorCode.FENCED_INSTANCE_ID)
-        members_before = dict(group.members)
+        members_before, leader_before = dict(group.members), group.leader
         del group.members[old.member_id]
-        member = dataclasses.replace(old, member_id=new_id, join_reply=None, sync_reply=None,
+        member = dataclasses.replace(old, member_id=new_id, join_reply=None, sync_reply=None, protocols=protocols,
                                      rebalance_timeout_ms=rebalance_timeout,
                                      session_timeout_ms=request.session_timeout_ms, join_version=version)
         group.members[new_id] = member
         group.static_members[member.group_instance_id] = new_id
         if group.leader == old.member_id:
             group.leader = new_id
-        if group.state == STABLE and member.matches(protocols) and group.leader != new_id:
+        if group.state == STABLE and group.select_protocol() == group.protocol:
             error = self._store_group(group)
-            if error:       # as Kafka's updateStaticMemberAndRebalance: the old member id stays, the join fails
-                group.members = members_before
+            if error:       # as Kafka: the old member id stays, the join fails
+                group.members, group.leader = members_before, leader_before
                 group.static_members[old.group_instance_id] = old.member_id
                 old.heartbeat_deadline = now + old.session_timeout_ms / 1000
-                return self._join_error(error)
+                response = self._join_response(group, old, version, error)
+                response.member_id, response.members = "", []
+                return response
             member.heartbeat_deadline = now + member.session_timeout_ms / 1000
-            return self._join_response(group, member, version)
-        member.protocols = protocols
+            return self._static_rejoin_response(group, member, version, leader_before)
         reply = member.join_reply = self._join_reply(request)
         if group.state == PREPARING:
             self._maybe_complete_join(group, now)
         else:
             self._prepare_rebalance(group, now, f"static member {member.group_instance_id} rejoined")
         return reply
+
+    def _static_rejoin_response(self, group, member, version, leader_before):
+        """The JoinGroup answer of a static member that took its place back in a Stable group. From v9 on
+        (KIP-814) a returning leader is told it leads, with the members, but to skip the assignment; before
+        v9 it is given the previous leader's id, so that it syncs as a follower: either way the group's
+        assignment stays as it is and no member sees a revocation."""
+        response = self._join_response(group, member, version)
+        if member.member_id == group.leader:
+            if version >= 9:
+                response.skip_assignment = True
+            else:
+                response.leader, response.members = leader_before, []
+        return response
 
     def _join_known(self, group, client, request, version, member_id, instance_id, protocols, rebalance_timeout,
                     now):

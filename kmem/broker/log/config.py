@@ -5,7 +5,7 @@ dotted broker names (values as ints, bools or the strings of a ``server.properti
 snake_case overrides of the same settings. ``broker.topic_config({"retention.ms": "1000"})`` gives a
 ``LogConfig``: the broker's defaults under their topic-level names (Kafka's ``LogConfig``), overridden by
 the topic's own settings. Anything out of range, of the wrong type or unknown raises ``ConfigError``
-naming the setting.
+naming the setting (INVALID_CONFIG on the wire).
 
 Broker setting (default)                       topic setting
 - ``num.partitions`` (1), ``auto.create.topics.enable`` (true), ``producer.id.expiration.ms`` (1 day),
@@ -28,11 +28,36 @@ Broker setting (default)                       topic setting
 - ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
   value would make every ``acks=all`` produce fail with NOT_ENOUGH_REPLICAS, as in Kafka: refused).
 
+Every other topic config of Kafka 3.9's ``LogConfig`` is accepted with Kafka's type, range, valid values
+and default (values trimmed, names and values case-sensitive, as Kafka's ``ConfigDef``, except that
+``compression.type`` and ``cleanup.policy`` take any case), and kept and described, but some have no
+effect here:
+
+- ``message.timestamp.before.max.ms`` and ``message.timestamp.after.max.ms`` (KIP-937; each, while at its
+  default, falls back to the deprecated ``message.timestamp.difference.max.ms``) are enforced on a
+  CreateTime topic, on each batch's first and largest timestamp (``kmem.broker.log.validator``:
+  INVALID_TIMESTAMP).
+- No effect, nothing to act on a single node without compaction or tiered storage:
+  ``delete.retention.ms``, ``min.compaction.lag.ms``, ``max.compaction.lag.ms`` and
+  ``min.cleanable.dirty.ratio`` (compaction; ``min.compaction.lag.ms`` above ``max.compaction.lag.ms`` is
+  refused, as Kafka does); ``unclean.leader.election.enable``, ``leader.replication.throttled.replicas``
+  and ``follower.replication.throttled.replicas`` (replication: ``*`` or ``partition:broker`` lists);
+  ``local.retention.ms``, ``local.retention.bytes`` (-2: ``retention.*``), ``remote.log.copy.disable`` and
+  ``remote.log.delete.on.disable`` (tiered storage; ``remote.storage.enable=true`` is refused, as Kafka
+  refuses it while ``remote.log.storage.system.enable`` is false).
+- No effect, kmem keeps its own behaviour: ``flush.messages`` and ``flush.ms`` (a partition is fsynced
+  when its segment rolls and at shutdown, as with Kafka's defaults), ``file.delete.delay.ms`` (files are
+  deleted at once), ``preallocate`` (segment files grow as written, as Kafka's default),
+  ``compression.gzip.level``, ``compression.lz4.level`` and ``compression.zstd.level`` (KIP-390:
+  recompression uses kmem's default level of each codec) and ``message.format.version`` (deprecated;
+  Kafka 3.x ignores it too; any version Kafka's ``MetadataVersion`` reads is accepted, e.g. ``0.10.0.0``).
+
 As in Kafka, ``log.roll.ms`` wins over ``log.roll.hours`` and ``log.retention.ms`` over the minutes and
 hours forms. kmem's own settings (not Kafka's) are ``node.id`` (1), ``producer.ledger.ids`` (10,000: the
 producer ids a partition's ledger file holds before it becomes a snapshot) and
 ``producer.state.cache.entries`` (10,000: producers per partition whose last five batches stay in memory).
 """
+import re
 from dataclasses import dataclass, replace
 
 from kmem.errors import ConfigError
@@ -40,21 +65,36 @@ from kmem.errors import ConfigError
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 LEGACY_RECORD_OVERHEAD_V0 = 14       # Kafka's minimum for segment.bytes
-CREATE_TIME, LOG_APPEND_TIME = "CreateTime", "LogAppendTime"
 HOUR_MS = 3_600_000
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_LIST_SEPARATOR = re.compile(r"\s*,\s*")
+_THROTTLED_REPLICA = re.compile(r"([0-9]+:[0-9]+)?")     # partitionId:brokerId (an empty item is allowed)
 
 
 def _int(name, value, low, high=INT64_MAX):
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(f"{name} must be an integer, not {value!r}")
     if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise ConfigError(f"{name} must be an integer, not {value!r}") from None
+        if not _INTEGER.fullmatch(value.strip()):
+            raise ConfigError(f"{name} must be an integer, not {value!r}")
+        value = int(value.strip())
     if not low <= value <= high:
         raise ConfigError(f"{name} = {value} is out of range [{low}, {high}]")
     return value
+
+
+def _ratio(name, value):
+    """A DOUBLE between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or \
+            isinstance(value, str) and not _DECIMAL.fullmatch(value.strip()):
+        raise ConfigError(f"{name} must be a number, not {value!r}")
+    number = float(value)
+    if not 0 <= number <= 1:
+        raise ConfigError(f"{name} = {value} is out of range [0, 1]")
+    return number
 
 
 def _bool(name, value):
@@ -65,43 +105,139 @@ def _bool(name, value):
     raise ConfigError(f"{name} must be true or false, not {value!r}")
 
 
-def _timestamp_type(name, value):
-    if value not in (CREATE_TIME, LOG_APPEND_TIME):
-        raise ConfigError(f"{name} must be {CREATE_TIME} or {LOG_APPEND_TIME}, not {value!r}")
-    return value
+def _string(name, value):
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, not {value!r}")
+    return value.strip()
 
 
+def _one_of(*choices):
+    def parse(name, value):
+        text = _string(name, value)
+        if text not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+        return text
+    return parse
+
+
+def _list(name, value):
+    """A LIST: the comma-separated items, trimmed (none for an empty string)."""
+    text = _string(name, value)
+    return _LIST_SEPARATOR.split(text) if text else []
+
+
+CREATE_TIME, LOG_APPEND_TIME = "CreateTime", "LogAppendTime"
+_timestamp_type = _one_of(CREATE_TIME, LOG_APPEND_TIME)
 COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
 
 
+# compression.type and cleanup.policy take any case (Kafka only lower case), as kmem always did: topics
+# stored with such values still load
 def _compression(name, value):
-    if str(value).lower() not in COMPRESSION_TYPES:
-        raise ConfigError(f"{name} must be one of {', '.join(COMPRESSION_TYPES)}, not {value!r}")
-    return str(value).lower()
+    return _one_of(*COMPRESSION_TYPES)(name, _string(name, value).lower())
 
 
 def _cleanup_policy(name, value):
-    policies = sorted({p.strip().lower() for p in str(value).split(",") if p.strip()})
-    if policies != ["delete"]:
+    policies = [p.lower() for p in _list(name, value)]
+    unknown = [p for p in policies if p not in ("compact", "delete")]
+    if unknown:
+        raise ConfigError(f"{name} = {value!r}: {unknown[0]!r} is not a cleanup policy (compact, delete)")
+    if "compact" in policies:
         raise ConfigError(f"{name} = {value!r}: only 'delete' is supported (kmem broker does not compact logs)")
+    if not policies:
+        raise ConfigError(f"{name} is empty: only 'delete' is supported (kmem broker applies retention to "
+                          "every topic)")
     return "delete"
+
+
+def _throttled_replicas(name, value):
+    replicas = _list(name, value)
+    if "".join(replicas) != "*" and not all(_THROTTLED_REPLICA.fullmatch(r) for r in replicas):
+        raise ConfigError(f"{name} = {value!r}: must be '*' or a list of partitionId:brokerId")
+    return ",".join(replicas)
+
+
+# Kafka 3.9's MetadataVersion: each release and how many internal versions it has ("2.8", "2.8-IV0",
+# "2.8-IV1"), plus the unreleased 4.0 ones; 0.x versions have three parts.
+_RELEASES = {"0.8.0": 0, "0.8.1": 0, "0.8.2": 0, "0.9.0": 0, "0.10.0": 2, "0.10.1": 3, "0.10.2": 1, "0.11.0": 3,
+             "1.0": 1, "1.1": 1, "2.0": 2, "2.1": 3, "2.2": 2, "2.3": 2, "2.4": 2, "2.5": 1, "2.6": 1, "2.7": 3,
+             "2.8": 2, "3.0": 2, "3.1": 1, "3.2": 1, "3.3": 4, "3.4": 1, "3.5": 3, "3.6": 3, "3.7": 5, "3.8": 1,
+             "3.9": 1}
+METADATA_VERSIONS = frozenset(_RELEASES) | {f"{release}-IV{i}" for release, count in _RELEASES.items()
+                                            for i in range(count)} | {"4.0-IV0", "4.0-IV1"}
+
+
+def _message_format_version(name, value):
+    """Any version Kafka's ``MetadataVersion.fromVersionString`` reads: a release or internal version,
+    parts beyond a release's ignored (``0.10.0.0`` is 0.10.0, ``2.8.1`` is 2.8)."""
+    version = _string(name, value)
+    parts = version.split(".")
+    while parts and not parts[-1]:          # as Java's String.split
+        parts.pop()
+    release_parts = 3 if version.startswith("0.") else 2
+    key = version if release_parts >= len(parts) else ".".join(parts[:release_parts])
+    if key not in METADATA_VERSIONS:
+        raise ConfigError(f"{name} = {value!r} is not a valid version (e.g. 0.10.0, 2.8, 3.0-IV1)")
+    return version
+
+
+def _gzip_level(name, value):
+    level = _int(name, value, -1, 9)
+    if level == 0:
+        raise ConfigError(f"{name} must be between 1 and 9 or -1 (the default level), not 0")
+    return level
+
+
+def _remote_storage(name, value):
+    if _bool(name, value):
+        raise ConfigError(f"{name} = true: kmem broker has no tiered storage (as Kafka while "
+                          "remote.log.storage.system.enable is false)")
+    return False
+
+
+def _at_least(low, high=INT64_MAX):
+    return lambda name, value: _int(name, value, low, high)
 
 
 # topic-level name -> (LogConfig field, parser with its range)
 TOPIC_SETTINGS = {
-    "segment.bytes": ("segment_bytes", lambda n, v: _int(n, v, LEGACY_RECORD_OVERHEAD_V0, INT32_MAX)),
-    "segment.ms": ("segment_ms", lambda n, v: _int(n, v, 1)),
-    "segment.jitter.ms": ("segment_jitter_ms", lambda n, v: _int(n, v, 0)),
-    "retention.ms": ("retention_ms", lambda n, v: _int(n, v, -1)),
-    "retention.bytes": ("retention_bytes", lambda n, v: _int(n, v, -(2**63))),
-    "max.message.bytes": ("max_message_bytes", lambda n, v: _int(n, v, 0, INT32_MAX)),
+    "segment.bytes": ("segment_bytes", _at_least(LEGACY_RECORD_OVERHEAD_V0, INT32_MAX)),
+    "segment.ms": ("segment_ms", _at_least(1)),
+    "segment.jitter.ms": ("segment_jitter_ms", _at_least(0)),
+    "retention.ms": ("retention_ms", _at_least(-1)),
+    "retention.bytes": ("retention_bytes", _at_least(-(2**63))),
+    "max.message.bytes": ("max_message_bytes", _at_least(0, INT32_MAX)),
     "message.timestamp.type": ("message_timestamp_type", _timestamp_type),
     "message.downconversion.enable": ("message_downconversion_enable", _bool),
-    "index.interval.bytes": ("index_interval_bytes", lambda n, v: _int(n, v, 0, INT32_MAX)),
-    "segment.index.bytes": ("segment_index_bytes", lambda n, v: _int(n, v, 4, INT32_MAX)),
+    "index.interval.bytes": ("index_interval_bytes", _at_least(0, INT32_MAX)),
+    "segment.index.bytes": ("segment_index_bytes", _at_least(4, INT32_MAX)),
     "compression.type": ("compression_type", _compression),
     "cleanup.policy": ("cleanup_policy", _cleanup_policy),
-    "min.insync.replicas": ("min_insync_replicas", lambda n, v: _int(n, v, 1, 1)),
+    "min.insync.replicas": ("min_insync_replicas", _at_least(1, 1)),
+    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _at_least(0)),
+    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _at_least(0)),
+    "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", _at_least(0)),
+    # kept and described, no effect here (see the module docstring)
+    "compression.gzip.level": ("compression_gzip_level", _gzip_level),
+    "compression.lz4.level": ("compression_lz4_level", _at_least(1, 17)),
+    "compression.zstd.level": ("compression_zstd_level", _at_least(-131072, 22)),
+    "delete.retention.ms": ("delete_retention_ms", _at_least(0)),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", _at_least(0)),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", _at_least(1)),
+    "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _ratio),
+    "file.delete.delay.ms": ("file_delete_delay_ms", _at_least(0)),
+    "flush.messages": ("flush_messages", _at_least(1)),
+    "flush.ms": ("flush_ms", _at_least(0)),
+    "preallocate": ("preallocate", _bool),
+    "message.format.version": ("message_format_version", _message_format_version),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
+    "leader.replication.throttled.replicas": ("leader_replication_throttled_replicas", _throttled_replicas),
+    "follower.replication.throttled.replicas": ("follower_replication_throttled_replicas", _throttled_replicas),
+    "remote.storage.enable": ("remote_storage_enable", _remote_storage),
+    "local.retention.ms": ("local_retention_ms", _at_least(-2)),
+    "local.retention.bytes": ("local_retention_bytes", _at_least(-2)),
+    "remote.log.copy.disable": ("remote_log_copy_disable", _bool),
+    "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _bool),
 }
 
 
@@ -121,10 +257,48 @@ class LogConfig:
     compression_type: str = "producer"
     cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
+    message_timestamp_before_max_ms: int = INT64_MAX
+    message_timestamp_after_max_ms: int = INT64_MAX
+    message_timestamp_difference_max_ms: int = INT64_MAX
+    compression_gzip_level: int = -1
+    compression_lz4_level: int = 9
+    compression_zstd_level: int = 3
+    delete_retention_ms: int = 86_400_000
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = INT64_MAX
+    min_cleanable_dirty_ratio: float = 0.5
+    file_delete_delay_ms: int = 60_000
+    flush_messages: int = INT64_MAX
+    flush_ms: int = INT64_MAX
+    preallocate: bool = False
+    message_format_version: str = "3.0-IV1"
+    unclean_leader_election_enable: bool = False
+    leader_replication_throttled_replicas: str = ""
+    follower_replication_throttled_replicas: str = ""
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
+    remote_log_copy_disable: bool = False
+    remote_log_delete_on_disable: bool = False
 
     @property
     def log_append_time(self):
         return self.message_timestamp_type == LOG_APPEND_TIME
+
+    @property
+    def timestamp_before_max_ms(self):
+        """How far before the broker's time a CreateTime timestamp may be: ``message.timestamp.before.max.ms``,
+        or the deprecated ``message.timestamp.difference.max.ms`` while the former is at its default."""
+        if self.message_timestamp_before_max_ms != INT64_MAX:
+            return self.message_timestamp_before_max_ms
+        return self.message_timestamp_difference_max_ms
+
+    @property
+    def timestamp_after_max_ms(self):
+        """How far after the broker's time a CreateTime timestamp may be (as ``timestamp_before_max_ms``)."""
+        if self.message_timestamp_after_max_ms != INT64_MAX:
+            return self.message_timestamp_after_max_ms
+        return self.message_timestamp_difference_max_ms
 
     def properties(self):
         """``{topic-level name: value}`` of every setting (what DescribeConfigs shows)."""
@@ -138,7 +312,11 @@ class LogConfig:
                 raise ConfigError(f"unknown topic config {name!r}")
             attr, parse = TOPIC_SETTINGS[name]
             changes[attr] = parse(name, value)
-        return replace(self, **changes)
+        config = replace(self, **changes)
+        if config.min_compaction_lag_ms > config.max_compaction_lag_ms:     # Kafka's LogConfig.validateValues
+            raise ConfigError(f"min.compaction.lag.ms ({config.min_compaction_lag_ms}) is larger than "
+                              f"max.compaction.lag.ms ({config.max_compaction_lag_ms})")
+        return config
 
 
 # broker-level name -> (BrokerConfig field, parser)

@@ -9,6 +9,11 @@
   batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
   Kafka trims it; input without any complete batch is INVALID_RECORD. More bytes than ``segment.bytes``
   is RECORD_LIST_TOO_LARGE.
+- On a CreateTime topic (KIP-937), a batch from a client whose first or largest timestamp (a v2 header's
+  base and max timestamps, a v0/v1 entry's own) lies more than ``message.timestamp.before.max.ms`` before
+  the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP. Kafka
+  checks every record; here a record older than its batch's first one, or an inner message of a
+  compressed v0/v1 entry (whose own timestamp is their largest), escapes the lower bound.
 - v2 batches are written as they came, each behind a rewritten 61-byte header: base offset, partition
   leader epoch and, on a ``LogAppendTime`` topic, the timestamp type bit, the broker's time as max
   timestamp and the CRC. The records after the header are never copied: they are written from the
@@ -54,6 +59,7 @@ from dataclasses import dataclass, field
 
 from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.log.index import NO_TIMESTAMP
 from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
 from kmem.records import MemoryRecords, codecs
 from kmem.records.arguments import byte_view
@@ -138,6 +144,19 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
                                                          f"batch with producer id {batch.producer_id}")
 
 
+def _check_timestamps(batches, now, before_max_ms, after_max_ms):
+    """KIP-937 on a CreateTime topic: INVALID_TIMESTAMP when a batch's first or largest timestamp (a v2
+    header's base and max timestamps, a v0/v1 entry's own) lies more than ``before_max_ms`` before ``now``
+    or more than ``after_max_ms`` after it; -1 (no timestamp) passes."""
+    for index, batch in enumerate(batches):
+        for timestamp in (batch.base_timestamp, batch.max_timestamp):
+            if timestamp != NO_TIMESTAMP and not -after_max_ms <= now - timestamp <= before_max_ms:
+                raise LogError(ErrorCode.INVALID_TIMESTAMP,
+                               f"timestamp {timestamp} of batch {index} is out of range: it should be within "
+                               f"[{now - before_max_ms}, {now + after_max_ms}] (message.timestamp.before.max.ms, "
+                               "message.timestamp.after.max.ms)")
+
+
 def _check_records(batch):
     """Every record of a v2 batch must parse, exactly filling the batch (Kafka iterates them too)."""
     body = batch.buffer[V2_HEADER_SIZE:]
@@ -174,6 +193,8 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
     for batch in batches:
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    if not config.log_append_time and origin != REPLICATION:
+        _check_timestamps(batches, now, config.timestamp_before_max_ms, config.timestamp_after_max_ms)
     log_append_time = now if config.log_append_time else -1
     if in_place:
         return _assign_in_place(batches, next_offset, leader_epoch, log_append_time)
