@@ -560,3 +560,18 @@ def test_a_commit_too_large_for_the_offsets_topic_is_invalid_commit_offset_size(
         assert fetch(coord) == {}
     finally:
         coord.close()
+
+
+def test_the_log_says_when_a_group_is_stable_and_with_whom(logs, caplog):
+    caplog.set_level("INFO", logger="kmem.broker.group.coordinator")
+    coord = coordinator(logs)
+    try:
+        leader, follower = stable_pair(coord)
+        thread = threading.Thread(target=sync, args=(coord, follower, 2))
+        thread.start()
+        assert _wait(lambda: coord.groups["g"].members[follower].sync_reply is not None)
+        sync(coord, leader, 2, [(leader, b"L"), (follower, b"F")])
+        thread.join(10)
+        assert f"group 'g': stable at generation 2, 2 members (range): {leader}, {follower}" in caplog.text
+    finally:
+        coord.close()

@@ -120,6 +120,12 @@ GROUP_SETTINGS = {
 }
 
 
+def _some(names, shown=5):
+    """The first ``shown`` of ``names``, for a log line."""
+    names = list(names)
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class GroupConfig:
     """The coordinator's settings, Kafka's names and defaults (``from_properties`` takes dotted names)."""
@@ -824,6 +830,10 @@ class GroupCoordinator:
                 m.heartbeat_deadline = now + m.session_timeout_ms / 1000
             if error:
                 self._prepare_rebalance(group, now, "its assignment could not be stored")
+            else:
+                log.info("group %r: stable at generation %d, %d member%s (%s): %s", group.group_id, group.generation,
+                         len(group.members), "" if len(group.members) == 1 else "s", group.protocol,
+                         _some(group.members))
         return reply
 
     @staticmethod
