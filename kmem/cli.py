@@ -1,11 +1,29 @@
-"""``kmem`` command line. ``kmem pipeline demo`` is the main job: a generated sample log directory run
-through every pipeline job on embedded local Spark, with the outputs checked against each other."""
+"""The ``kmem`` command line: ``kmem broker`` (a single-node Kafka broker) and ``kmem pipeline`` (Spark
+jobs over Kafka log directories; ``kmem pipeline demo``, run by ``make run``, puts a generated sample
+log directory through every job on embedded local Spark and checks the outputs against each other)."""
 import argparse
 import gc
 import json
 import logging
 import os
 import sys
+
+DESCRIPTION = """\
+kmem broker runs a Kafka broker (no JVM) on a log directory; kmem pipeline runs Spark jobs over Kafka
+log directories. 'kmem COMMAND --help' tells more."""
+
+BROKER_DESCRIPTION = """\
+Run a single-node Kafka broker on a log directory until SIGTERM or SIGINT (Ctrl-C), for any Kafka
+client. It logs "listening on HOST:PORT" when ready; the log directory is Kafka 3.9's.
+
+Settings take Kafka's names: from a server.properties file (--config), then --override. The listener
+(host and port) comes from the file's listeners (a controller listener is ignored), else
+127.0.0.1:9092; --host and --port replace it."""
+
+BROKER_EXIT_CODES = """\
+exit codes:
+  0  stopped by SIGTERM or SIGINT, checkpoints written
+  2  not started: a bad setting, log directory or port (one line says which)"""
 
 EXIT_CODES = """\
 exit codes:
@@ -38,10 +56,12 @@ def _parser(version):
     def parser_of(add, name, **kwargs):
         return add(name, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
-    parser = argparse.ArgumentParser(prog="kmem", description=__doc__, epilog=EXIT_CODES,
+    parser = argparse.ArgumentParser(prog="kmem", description=DESCRIPTION,
+                                     epilog=f"kmem broker's {BROKER_EXIT_CODES}\n\nkmem pipeline's {EXIT_CODES}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kmem {version}")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_broker_command(commands)
     pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
                          description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
                                      "offset>.log), on embedded local Spark or the spark-submit master. "
@@ -77,7 +97,6 @@ def _parser(version):
     convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1, help="message format to write")
     convert.add_argument("--chunk-size", type=_positive, default=128 << 10, help="bytes converted at a time per task")
     convert.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_broker_command(commands)
     return parser
 
 
@@ -207,43 +226,76 @@ PIPELINE_JOBS = {"demo": _run_demo, "report": _run_report, "ledger": _run_ledger
 
 def add_broker_command(commands):
     """``kmem broker``: a single-node Kafka broker serving a log directory until SIGTERM or SIGINT."""
-    broker = commands.add_parser("broker", help="run a single-node Kafka broker on a log directory")
-    broker.add_argument("--log-dir", help="the broker's log directory (default: log.dirs of --config)")
-    broker.add_argument("--port", type=int, default=9092)
-    broker.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    broker.add_argument("--config", help="a server.properties file (settings kmem does not know are ignored)")
+    broker = commands.add_parser("broker", help="run a single-node Kafka broker on a log directory",
+                                 description=BROKER_DESCRIPTION, epilog=BROKER_EXIT_CODES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    broker.add_argument("--log-dir", help="the broker's log directory, created if missing (default: log.dirs of "
+                                          "--config)")
+    broker.add_argument("--port", type=int, help="port to listen on (default: the port of --config's listeners, "
+                                                 "else 9092; 0: any free port)")
+    broker.add_argument("--host", help="address to listen on (default: the host of --config's listeners, else "
+                                       "127.0.0.1; 0.0.0.0: every interface)")
+    broker.add_argument("--config", metavar="FILE", help="a server.properties file (settings kmem does not use are "
+                                                         "listed and ignored)")
     broker.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="a broker setting under Kafka's name; repeatable")
+                        help="a broker setting under Kafka's name, e.g. num.partitions=3; repeatable")
     broker.set_defaults(run=_run_broker)
 
 
+def _broker_settings(args):
+    """``(log_dir, properties, host, port)`` from --config, --override, --log-dir, --host and --port."""
+    from kmem.broker.settings import KNOWN_SETTINGS, log_dir_of, read_properties_file
+    from kmem.errors import ConfigError
+
+    log_dirs = ("log.dirs", "log.dir")
+    properties = read_properties_file(args.config) if args.config else {}
+    ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS and name not in log_dirs)
+    if ignored:
+        logging.getLogger("kmem.broker").warning("%s: ignoring settings kmem broker does not use: %s", args.config,
+                                                 ", ".join(ignored))
+    properties = {name: value for name, value in properties.items() if name not in ignored}
+    for override in args.override:
+        name, sep, value = override.partition("=")
+        if not sep:
+            raise ConfigError(f"--override takes key=value, not {override!r}")
+        properties[name.strip()] = value.strip()
+    log_dir = args.log_dir or log_dir_of(properties)
+    if not log_dir:
+        raise ConfigError("--log-dir (or log.dirs in --config) is required")
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ConfigError(f"log directory {log_dir} is not a directory")
+    properties = {name: value for name, value in properties.items() if name not in log_dirs}
+    port = args.port if args.port is not None or "listeners" in properties else DEFAULT_BROKER_PORT
+    return log_dir, properties, args.host, port
+
+
+DEFAULT_BROKER_PORT = 9092     # Kafka's
+
+
 def _run_broker(args):
+    import errno
     import signal
     import threading
 
     from kmem.broker import Broker
-    from kmem.broker.settings import KNOWN_SETTINGS, read_properties_file
-    from kmem.errors import ConfigError, KmemError
+    from kmem.errors import KmemError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("kmem.broker")
+    broker = None
     try:
-        properties = read_properties_file(args.config) if args.config else {}
-        log_dir = args.log_dir or properties.get("log.dirs", properties.get("log.dir", "")).split(",")[0]
-        ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS)
-        if ignored:
-            log.warning("%s: ignoring settings kmem broker does not use: %s", args.config, ", ".join(ignored))
-        properties = {name: value for name, value in properties.items() if name in KNOWN_SETTINGS}
-        for override in args.override:
-            name, sep, value = override.partition("=")
-            if not sep:
-                raise ConfigError(f"--override takes key=value, not {override!r}")
-            properties[name.strip()] = value.strip()
-        if not log_dir:
-            raise ConfigError("--log-dir (or log.dirs in --config) is required")
-        broker = Broker(log_dir, args.port, host=args.host, properties=properties)
+        log_dir, properties, host, port = _broker_settings(args)
+        broker = Broker(log_dir, port, host=host, properties=properties)
         broker.start()
-    except (KmemError, OSError) as e:
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE or broker is None:
+            print(f"kmem broker: {e}", file=sys.stderr)
+            return FAILED
+        listener = broker.settings.network
+        print(f"kmem broker: cannot listen on {listener.host or '0.0.0.0'}:{listener.port}: the address is in use "
+              "(another broker?): stop it, or choose another port with --port", file=sys.stderr)
+        return FAILED
+    except KmemError as e:
         print(f"kmem broker: {e}", file=sys.stderr)
         return FAILED
     # This process is the broker: what starting it allocated (modules, generated codecs) lives as long as

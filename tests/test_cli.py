@@ -1,14 +1,18 @@
 """The ``kmem`` command line as a user runs it (a child process, from outside the source tree): what it
-checks before Spark starts, in one line each, and the exit codes its help documents."""
+checks before Spark starts, in one line each, and the exit codes its help documents; ``kmem broker``'s
+settings (Kafka's sample ``server.properties``, listeners) and the messages of a start that fails."""
 import os
 import pathlib
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 
 import pytest
 
 import kmem
+from broker_helpers import start_broker_process
 from kmem.records import build_records
 
 SOURCE_TREE = pathlib.Path(__file__).resolve().parent.parent / "kmem"
@@ -129,3 +133,201 @@ def test_a_source_tree_without_its_compiled_core_says_how_to_fix_the_import(tmp_
                             cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(tmp_path)))
     assert result.returncode != 0
     assert "unbuilt source tree" in result.stderr and "build_ext --inplace" in result.stderr
+
+
+# --- kmem broker ------------------------------------------------------------------------------------
+
+# The settings of Kafka's sample config/kraft/server.properties (a combined broker and controller)
+KRAFT_SAMPLE = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@localhost:9093
+listeners=PLAINTEXT://:9092,CONTROLLER://:9093
+inter.broker.listener.name=PLAINTEXT
+advertised.listeners=PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,\
+SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
+num.network.threads=3
+num.io.threads=8
+socket.send.buffer.bytes=102400
+socket.receive.buffer.bytes=102400
+socket.request.max.bytes=104857600
+log.dirs={log_dir}
+num.partitions=1
+num.recovery.threads.per.data.dir=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+log.retention.hours=168
+log.segment.bytes=1073741824
+log.retention.check.interval.ms=300000
+"""
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def produce_and_read_back(bootstrap, topic):
+    """A kafka-python producer and consumer through ``bootstrap``: what the broker advertises must work."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap)
+    producer.send(topic, b"hello").get(timeout=30)
+    producer.close()
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest",
+                             consumer_timeout_ms=10000)
+    values = [record.value for record in consumer]
+    consumer.close()
+    return values
+
+
+def stop(process):
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 0
+
+
+def test_kafkas_sample_kraft_config_starts_the_broker_on_its_broker_listener(tmp_path):
+    config = tmp_path / "server.properties"
+    config.write_text(KRAFT_SAMPLE.format(log_dir=tmp_path / "kraft-logs"))
+    process, address = start_broker_process(None, "--config", config, port=0)
+    try:
+        port = int(address.rsplit(":", 1)[1])
+        assert address == f"0.0.0.0:{port}"        # PLAINTEXT://:9092 binds every interface, at --port's port
+        # advertised.listeners named the listener's port, so it names the port served
+        assert produce_and_read_back(f"127.0.0.1:{port}", "sample") == [b"hello"]
+    finally:
+        stop(process)
+    log = "".join(process.log_lines)
+    assert log.count("ignoring the controller listener CONTROLLER://:9093 (controller.listener.names)") == 1
+    ignored = [line for line in process.log_lines if "ignoring settings kmem broker does not use" in line]
+    assert len(ignored) == 1
+    assert ignored[0].rsplit(": ", 1)[1].strip().split(", ") == [
+        "controller.quorum.voters", "inter.broker.listener.name", "num.recovery.threads.per.data.dir",
+        "offsets.topic.replication.factor", "process.roles", "socket.receive.buffer.bytes", "socket.send.buffer.bytes",
+        "transaction.state.log.min.isr", "transaction.state.log.replication.factor"]
+    assert (tmp_path / "kraft-logs" / "meta.properties").exists()      # log.dirs is used
+
+
+def test_the_listener_host_and_port_come_from_listeners_and_clients_reach_the_advertised_one(tmp_path):
+    port = free_port()
+    config = tmp_path / "server.properties"
+    config.write_text(f"listeners=PLAINTEXT://127.0.0.1:{port}\nadvertised.listeners=PLAINTEXT://localhost:{port}\n"
+                      f"log.dirs={tmp_path / 'logs'}\n")
+    process, address = start_broker_process(None, "--config", config, port=None)
+    try:
+        assert address == f"127.0.0.1:{port}"
+        assert produce_and_read_back(f"localhost:{port}", "configured") == [b"hello"]
+    finally:
+        stop(process)
+    assert not any("ignoring settings" in line for line in process.log_lines)
+
+
+def run_broker_cli(*args, cwd):
+    return kmem_cli("broker", *args, cwd=cwd, timeout=60)
+
+
+def test_several_log_dirs_are_refused_in_one_line(tmp_path):
+    config = tmp_path / "server.properties"
+    config.write_text(f"log.dirs={tmp_path / 'a'},{tmp_path / 'b'}\n")
+    result = run_broker_cli("--config", config, "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"kmem broker: log.dirs names 2 directories ({tmp_path / 'a'}, "
+                                          f"{tmp_path / 'b'}): kmem broker serves one log directory"]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_a_log_dir_that_is_a_file_is_not_a_directory(tmp_path):
+    (tmp_path / "logs").write_text("")
+    result = run_broker_cli("--log-dir", tmp_path / "logs", "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"kmem broker: log directory {tmp_path / 'logs'} is not a directory"]
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_busy_port_names_port_option_and_leaves_no_log_directory_behind(tmp_path, existing):
+    log_dir = tmp_path / "new" / "logs"
+    if existing:
+        log_dir.mkdir(parents=True)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_broker_cli("--log-dir", log_dir, "--port", port, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] == (f"kmem broker: cannot listen on 127.0.0.1:{port}: the address is in use "
+                                              "(another broker?): stop it, or choose another port with --port")
+    assert os.listdir(log_dir) == [] if existing else not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("listeners, message", [
+    ("PLAINTEXT://:9092,SSL://:9093", "listeners must name one broker listener for kmem broker to serve, not 2"),
+    ("SASL_SSL://:9092", "listener SASL_SSL://:9092 is SASL_SSL: kmem broker serves PLAINTEXT and SSL listeners"),
+    ("SSL://:9092", "listener SSL://:9092 is SSL: set ssl.keystore.location (a PEM keystore)"),
+    ("CONTROLLER://:9093", "listeners must name one broker listener for kmem broker to serve, not 0"),
+    ("EXTERNAL://:9092", "listener EXTERNAL has no security protocol in listener.security.protocol.map"),
+    ("localhost:9092", "listeners must look like PLAINTEXT://host:port"),
+])
+def test_listeners_kmem_cannot_serve_are_refused_naming_them(tmp_path, listeners, message):
+    from kmem.broker import Broker
+    from kmem.errors import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        Broker(tmp_path, properties={"listeners": listeners, "controller.listener.names": "CONTROLLER"})
+    assert str(refused.value).startswith(message)
+
+
+def test_the_listener_from_listeners_is_replaced_by_host_and_port_and_advertised_as_kafka_does(tmp_path):
+    from kmem.broker import Broker
+    from kmem.errors import ConfigError
+
+    sample = {"listeners": "PLAINTEXT://:9092,CONTROLLER://:9093", "controller.listener.names": "CONTROLLER",
+              "advertised.listeners": "PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093"}
+    settings = Broker(tmp_path, **{k.replace(".", "_"): v for k, v in sample.items()}).settings
+    assert (settings.network.host, settings.network.port) == ("", 9092)
+    assert (settings.advertised.host, settings.advertised.port) == ("localhost", 9092)
+    settings = Broker(tmp_path, 9095, host="127.0.0.1", properties=sample).settings
+    assert (settings.network.host, settings.network.port) == ("127.0.0.1", 9095)
+    assert (settings.advertised.host, settings.advertised.port) == ("localhost", 9095)   # it named the served port
+    forwarded = dict(sample, **{"advertised.listeners": "PLAINTEXT://gateway:29092"})     # NAT: Kafka allows it
+    settings = Broker(tmp_path, 9095, properties=forwarded).settings
+    assert (settings.advertised.host, settings.advertised.port) == ("gateway", 29092)
+    with pytest.raises(ConfigError, match="advertised.listeners names EXTERNAL, not the listener kmem broker serves"):
+        Broker(tmp_path, properties=dict(sample, **{"advertised.listeners": "EXTERNAL://gateway:29092"}))
+    with pytest.raises(ConfigError, match="cannot use the nonroutable meta-address 0.0.0.0"):
+        Broker(tmp_path, properties=dict(sample, **{"advertised.listeners": "PLAINTEXT://0.0.0.0:9092"}))
+
+
+def test_an_embedded_broker_whose_start_fails_leaves_no_log_directory(tmp_path):
+    from kmem.broker import Broker
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        broker = Broker(tmp_path / "new" / "logs", busy.getsockname()[1])
+        with pytest.raises(OSError):
+            broker.start()
+    assert not (tmp_path / "new").exists()
+    broker.settings = Broker(tmp_path / "new" / "logs").settings       # a free port this time: it starts
+    with broker:
+        assert (tmp_path / "new" / "logs" / "meta.properties").exists()
+
+
+def test_broker_help_describes_the_command_and_every_option(tmp_path):
+    result = kmem_cli("broker", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "Run a single-node Kafka broker on a log directory" in result.stdout
+    options = result.stdout.split("options:")[1].split("exit codes:")[0]
+    described = {entry.split()[0]: entry.split()[2:] for entry in options.split("\n  -")[1:]}
+    assert sorted(described) == ["-config", "-host", "-log-dir", "-override", "-port", "h,"]
+    assert all(len(words) > 4 for words in described.values()), described
+    assert "  2  not started" in result.stdout
+
+
+def test_top_level_help_is_plain_text_and_names_both_commands_exit_codes(tmp_path):
+    result = kmem_cli("--help", cwd=tmp_path)
+    assert "``" not in result.stdout
+    assert "kmem broker's exit codes:" in result.stdout and "kmem pipeline's exit codes:" in result.stdout
