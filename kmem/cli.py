@@ -3,6 +3,7 @@ jobs over Kafka log directories; ``kmem pipeline demo``, run by ``make run``, pu
 log directory through every job on embedded local Spark and checks the outputs against each other)."""
 import argparse
 import gc
+import importlib.util
 import json
 import logging
 import os
@@ -34,6 +35,8 @@ exit codes:
   3  nothing to do: no Kafka log segments under the input directory (a warning says so)"""
 
 DONE, PARTIAL, FAILED, NOTHING_TO_DO = 0, 1, 2, 3
+# what kmem pipeline imports, the spark extra of pyproject.toml
+SPARK_EXTRA = ("pyspark", "pyarrow", "matplotlib", "tqdm")
 
 
 def main(argv=None):
@@ -45,6 +48,12 @@ def main(argv=None):
     if args.command == "broker":
         return args.run(args)
     _log_warnings_to_stderr()
+    missing = [name for name in SPARK_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"kmem: error: kmem pipeline needs the spark extra ({', '.join(SPARK_EXTRA)}), and "
+              f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: pip install 'kmem[spark]'",
+              file=sys.stderr)
+        return FAILED
     try:
         return PIPELINE_JOBS[args.job](args)
     except KmemError as exc:        # checked before Spark starts: one line, no traceback
@@ -83,17 +92,19 @@ def _parser(version):
 
     report = job("report", "counts, bytes, formats and producer-id cardinality per partition")
     report.add_argument("input", help="Kafka log directory")
-    report.add_argument("--output", help="directory for report.json and report.png")
+    report.add_argument("--output", help="directory for report.json and report.png (apart from the input)")
     report.add_argument("--json", action="store_true", help="print the result as JSON")
 
     ledger = job("ledger", "rebuild producer state and write a kmem ledger per partition")
     ledger.add_argument("input", help="Kafka log directory")
-    ledger.add_argument("output", help="directory for one ledger per partition")
+    ledger.add_argument("output", help="directory for one ledger per partition: a new or empty directory apart from "
+                                       "the input, or a previous ledger output (only its ledgers are replaced)")
     ledger.add_argument("--json", action="store_true", help="print the result as JSON")
 
     convert = job("convert", "down-convert every segment to an older message format")
     convert.add_argument("input", help="Kafka log directory")
-    convert.add_argument("output", help="directory for the converted segments")
+    convert.add_argument("output", help="directory for the converted segments: a new or empty directory apart from "
+                                        "the input, or a previous convert output (only its partitions are replaced)")
     convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1, help="message format to write")
     convert.add_argument("--chunk-size", type=_positive, default=128 << 10, help="bytes converted at a time per task")
     convert.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -120,8 +131,10 @@ def _log_warnings_to_stderr():
 
 def _session(args):
     from kmem.spark import get_session
+    from kmem.spark.session import quiet_jvm_start
 
-    spark = get_session(args.master)
+    with quiet_jvm_start():
+        spark = get_session(args.master)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -143,7 +156,10 @@ def _has_segments(args):
 
 def _run_report(args):
     from kmem.spark import jobs
+    from kmem.spark.outputs import check_apart
 
+    if args.output is not None:
+        check_apart(args.output, args.input, "report output", may_hold=True)
     if not _has_segments(args):
         return NOTHING_TO_DO
     spark = _session(args)
@@ -158,9 +174,11 @@ def _run_report(args):
 
 def _run_ledger(args):
     from kmem.spark import jobs
+    from kmem.spark.outputs import prepare_partition_output
 
     if not _has_segments(args):
         return NOTHING_TO_DO
+    prepare_partition_output(args.output, "ledger", args.input)     # before Spark starts
     spark = _session(args)
     with _progress(spark, args, "ledger"):
         result = jobs.ledger(spark, args.input, args.output)
@@ -181,9 +199,11 @@ def _run_ledger(args):
 
 def _run_convert(args):
     from kmem.spark import jobs
+    from kmem.spark.outputs import prepare_partition_output
 
     if not _has_segments(args):
         return NOTHING_TO_DO
+    prepare_partition_output(args.output, "convert", args.input)    # before Spark starts
     spark = _session(args)
     with _progress(spark, args, f"convert to v{args.to_magic}"):
         result = jobs.convert(spark, args.input, args.output, args.to_magic, args.chunk_size)
@@ -313,19 +333,21 @@ def _run_broker(args):
 
 
 def print_report(result, stream=None):
+    """The report as a table, its first column as wide as the longest topic-partition name."""
     stream = stream or sys.stdout
-    header = (f"{'partition':<16}{'records':>9}{'batches':>9}{'bytes':>11}{'unread':>8}{'pids':>6}{'bloom m/k':>14}"
-              "  formats")
-    print(header, file=stream)
-    for p in result["partitions"]:
+    names = [f"{p['topic']}-{p['partition']}" for p in result["partitions"]]
+    width = max([len("partition"), *map(len, names)]) + 2
+    print(f"{'partition':<{width}}{'records':>9}{'batches':>9}{'bytes':>11}{'unread':>8}{'pids':>6}{'bloom m/k':>14}"
+          "  formats", file=stream)
+    for name, p in zip(names, result["partitions"]):
         shape = p["bloom_shape"]
-        formats = ", ".join(f"{name}:{count}" for name, count in sorted(p["batches_by_format"].items()))
+        formats = ", ".join(f"{kind}:{count}" for kind, count in sorted(p["batches_by_format"].items()))
         bloom = f"{shape['bits']}/{shape['hash_functions']}"
-        print(f"{p['topic'] + '-' + str(p['partition']):<16}{p['records']:>9}{p['batches']:>9}{p['bytes']:>11}"
+        print(f"{name:<{width}}{p['records']:>9}{p['batches']:>9}{p['bytes']:>11}"
               f"{p['unread_bytes']:>8}{p['producer_ids']:>6}{bloom:>14}  {formats}", file=stream)
     totals = result["totals"]
-    print(f"{'total':<16}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}{totals['unread_bytes']:>8}"
-          f"{totals['producer_ids']:>6}", file=stream)
+    print(f"{'total':<{width}}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}"
+          f"{totals['unread_bytes']:>8}{totals['producer_ids']:>6}", file=stream)
     for corrupt in result["corrupt_segments"]:
         print(f"CORRUPT {corrupt['topic']}-{corrupt['partition']}/{corrupt['segment']}: {corrupt['unread_bytes']} "
               f"bytes unread from byte {corrupt['position']}: {corrupt['error']}", file=stream)

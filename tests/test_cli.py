@@ -1,17 +1,23 @@
 """The ``kmem`` command line as a user runs it (a child process, from outside the source tree): what it
 checks before Spark starts, in one line each, and the exit codes its help documents; ``kmem broker``'s
 settings (Kafka's sample ``server.properties``, listeners) and the messages of a start that fails."""
+import fcntl
+import io
 import os
 import pathlib
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
+import types
 
 import pytest
 
 import kmem
+import kmem.errors
 from broker_helpers import start_broker_process
 from kmem.records import build_records
 
@@ -106,6 +112,63 @@ def test_the_demo_refuses_a_non_empty_directory_it_did_not_write_and_deletes_not
     assert os.listdir(tmp_path / "mine") == ["notes.txt"]
     result = kmem_cli("pipeline", "demo", "--output", ".", cwd=tmp_path / "mine")
     assert result.returncode == 2 and os.listdir(tmp_path / "mine") == ["notes.txt"]
+
+
+def no_java(tmp_path):
+    """An environment where Spark cannot start: what is refused there is refused before Spark starts."""
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    return dict(env, PATH=str(tmp_path / "no-bin"))
+
+
+def tree(directory):
+    return {str(path.relative_to(directory)): path.read_bytes() if path.is_file() else None
+            for path in sorted(directory.rglob("*"))}
+
+
+@pytest.mark.parametrize("job", ["convert", "ledger"])
+@pytest.mark.parametrize("output, where", [(".", "is"), ("out", "is inside"), ("..", "holds")])
+def test_an_output_that_is_the_input_inside_it_or_holding_it_is_refused_before_spark_starts(tmp_path, logs, job,
+                                                                                           output, where):
+    before = tree(logs)
+    result = kmem_cli("pipeline", job, logs, logs / output, cwd=tmp_path, env=no_java(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"kmem: error: {job} output directory {logs / output} {where} the input "
+                                          f"directory {logs}: give a directory apart from it"]
+    assert tree(logs) == before
+
+
+def test_a_report_output_inside_the_input_is_refused(tmp_path, logs):
+    result = kmem_cli("pipeline", "report", logs, "--output", logs, cwd=tmp_path, env=no_java(tmp_path))
+    assert result.returncode == 2
+    assert "report output directory" in result.stderr and "is the input directory" in result.stderr
+    assert not (logs / "report.json").exists()
+
+
+@pytest.mark.parametrize("job", ["convert", "ledger"])
+def test_a_non_empty_output_the_job_did_not_write_is_refused_and_left_alone(tmp_path, logs, job):
+    (tmp_path / "mine" / "orders-0").mkdir(parents=True)
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    result = kmem_cli("pipeline", job, logs, tmp_path / "mine", cwd=tmp_path, env=no_java(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"kmem: error: {job} output directory {tmp_path / 'mine'} is not empty and "
+                                          f"is not a previous {job} output (no .kmem-{job} file): give a new or empty "
+                                          "directory"]
+    assert tree(tmp_path / "mine") == {"notes.txt": b"keep me", "orders-0": None}
+
+
+def test_a_previous_ledger_or_convert_output_loses_only_its_partition_directories(tmp_path, logs):
+    from kmem.spark.outputs import prepare_partition_output
+
+    output = tmp_path / "out"
+    prepare_partition_output(output, "convert", logs)
+    assert os.listdir(output) == [".kmem-convert"]
+    (output / "orders-0").mkdir()
+    (output / "orders-0" / "00000000000000000000.log").write_bytes(b"old")
+    (output / "notes-1").write_text("a file, not a partition directory")
+    prepare_partition_output(output, "convert", logs)
+    assert sorted(os.listdir(output)) == [".kmem-convert", "notes-1"]
+    with pytest.raises(kmem.errors.InvalidArgumentError, match="is not a previous ledger output"):
+        prepare_partition_output(output, "ledger", logs)
 
 
 def test_a_previous_demo_output_loses_only_what_the_demo_wrote(tmp_path):
@@ -331,3 +394,95 @@ def test_top_level_help_is_plain_text_and_names_both_commands_exit_codes(tmp_pat
     result = kmem_cli("--help", cwd=tmp_path)
     assert "``" not in result.stdout
     assert "kmem broker's exit codes:" in result.stdout and "kmem pipeline's exit codes:" in result.stdout
+
+
+# --- kmem pipeline as a person sees it ---------------------------------------------------------------
+
+def test_without_the_spark_extra_the_pipeline_says_what_to_install(tmp_path, logs):
+    script = ("import sys; sys.modules['pyspark'] = None; from kmem.cli import main; "
+              f"sys.exit(main(['pipeline', 'report', {str(logs)!r}]))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                            env=dict(os.environ, PYTHONSAFEPATH="1"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["kmem: error: kmem pipeline needs the spark extra (pyspark, pyarrow, "
+                                          "matplotlib, tqdm), and pyspark is not installed: pip install 'kmem[spark]'"]
+
+
+def test_the_report_table_keeps_its_columns_for_long_partition_names():
+    from kmem.cli import print_report
+
+    def partition(topic, number, records):
+        return {"topic": topic, "partition": number, "records": records, "batches": 1, "bytes": 85, "unread_bytes": 0,
+                "producer_ids": 0, "bloom_shape": {"bits": 10, "hash_functions": 7}, "batches_by_format": {"v2/none": 1}}
+    result = {"partitions": [partition("a", 0, 3), partition("orders.eu-west.payments-v2", 11, 123456)],
+              "totals": {"records": 123459, "batches": 2, "bytes": 170, "unread_bytes": 0, "producer_ids": 0},
+              "corrupt_segments": []}
+    stream = io.StringIO()
+    print_report(result, stream)
+    lines = stream.getvalue().splitlines()
+    assert [line.split() for line in lines] == [
+        ["partition", "records", "batches", "bytes", "unread", "pids", "bloom", "m/k", "formats"],
+        ["a-0", "3", "1", "85", "0", "0", "10/7", "v2/none:1"],
+        ["orders.eu-west.payments-v2-11", "123456", "1", "85", "0", "0", "10/7", "v2/none:1"],
+        ["total", "123459", "2", "170", "0", "0"]]
+    records_end = lines[0].index("records") + len("records")
+    assert all(line[:records_end].endswith(words.split()[1]) for line, words in zip(lines[1:], lines[1:]))
+
+
+class FakeTracker:
+    """A SparkContext status tracker whose one stage has finished its 4 tasks."""
+
+    def getActiveStageIds(self):
+        return [0]
+
+    def getStageInfo(self, stage_id):
+        return types.SimpleNamespace(numCompletedTasks=4, numTasks=4)
+
+
+def terminal(columns):
+    """A pseudo-terminal of ``columns`` columns (0: one that reports no size): (its writer, its reader fd)."""
+    reader, writer = os.openpty()
+    fcntl.ioctl(writer, termios.TIOCSWINSZ, struct.pack("HHHH", 0, columns, 0, 0))
+    return os.fdopen(writer, "w"), reader
+
+
+@pytest.mark.parametrize("columns", [0, 100])
+def test_the_progress_bar_draws_on_a_terminal_also_one_that_reports_no_size(columns):
+    pytest.importorskip("tqdm")
+    from kmem.spark.progress import stage_progress
+
+    spark = types.SimpleNamespace(sparkContext=types.SimpleNamespace(statusTracker=FakeTracker))
+    stream, reader = terminal(columns)
+    with stream:
+        with stage_progress(spark, "report", stream=stream, interval=0.01):
+            pass
+    drawn = os.read(reader, 65536).decode()
+    os.close(reader)
+    assert "report: 100%" in drawn and "4/4" in drawn
+
+
+def test_a_pipeline_run_on_a_terminal_shows_progress_and_no_jvm_start_notices(tmp_path, logs):
+    (logs / "orders.eu-west.payments-v2-11").mkdir()
+    (logs / "orders-0" / "00000000000000000000.log").rename(
+        logs / "orders.eu-west.payments-v2-11" / "00000000000000000000.log")
+    stream, reader = terminal(0)
+    with stream:
+        process = subprocess.Popen([sys.executable, "-m", "kmem.cli", "pipeline", "report", logs], cwd=tmp_path,
+                                   stdout=subprocess.PIPE, stderr=stream, env=dict(os.environ, PYTHONSAFEPATH="1"))
+    shown = b""
+    while chunk := _read_terminal(reader):
+        shown += chunk
+    out = process.stdout.read().decode()
+    assert process.wait(120) == 0
+    os.close(reader)
+    lines = [line for line in shown.decode().replace("\r\n", "\n").split("\n") if line.strip()]
+    assert len(lines) == 1 and "report: 100%" in lines[0], lines        # the bar, redrawn in place with \r
+    assert out.splitlines()[1].split() == ["orders.eu-west.payments-v2-11", "3", "1", "85", "0", "0", "10/7",
+                                           "v2/none:1"]
+
+
+def _read_terminal(reader):
+    try:
+        return os.read(reader, 65536)
+    except OSError:             # EIO: every writer has closed the terminal
+        return b""
