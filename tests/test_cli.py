@@ -413,7 +413,8 @@ def test_the_report_table_keeps_its_columns_for_long_partition_names():
 
     def partition(topic, number, records):
         return {"topic": topic, "partition": number, "records": records, "batches": 1, "bytes": 85, "unread_bytes": 0,
-                "producer_ids": 0, "bloom_shape": {"bits": 10, "hash_functions": 7}, "batches_by_format": {"v2/none": 1}}
+                "producer_ids": 0, "bloom_shape": {"bits": 10, "hash_functions": 7},
+                "batches_by_format": {"v2/none": 1}}
     result = {"partitions": [partition("a", 0, 3), partition("orders.eu-west.payments-v2", 11, 123456)],
               "totals": {"records": 123459, "batches": 2, "bytes": 170, "unread_bytes": 0, "producer_ids": 0},
               "corrupt_segments": []}
