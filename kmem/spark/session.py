@@ -45,7 +45,7 @@ def get_session(master=None, app_name="kmem", conf=None):
         check_java()
 
     # Workers must import the same compiled core as the driver. On a cluster, ship the wheel with a
-    # packed virtual environment and set spark.pyspark.python to its interpreter (see README).
+    # packed virtual environment and set spark.pyspark.python to its interpreter (docs/pipeline.md).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Workers start as `python -m pyspark.daemon` in the driver's directory; without this, a driver run
