@@ -184,5 +184,5 @@ def test_runtime_dependencies_and_extras_are_what_kmem_imports():
         assert extras[extra] == _imported_distributions(files) - runtime, extra
     # the tests import their peers and references from the test extra, which includes every optional part
     assert _imported_distributions((ROOT / "tests").glob("*.py")) - runtime <= \
-        extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"] | extras["pytest"]
+        extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"] | extras["pytest"] | extras["docs"]
     assert "kmem" in extras["test"]

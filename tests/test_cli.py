@@ -457,7 +457,10 @@ def test_the_progress_bar_draws_on_a_terminal_also_one_that_reports_no_size(colu
     with stream:
         with stage_progress(spark, "report", stream=stream, interval=0.01):
             pass
-    drawn = os.read(reader, 65536).decode()
+    drawn = b""
+    while chunk := _read_terminal(reader):
+        drawn += chunk
+    drawn = drawn.decode()
     os.close(reader)
     assert "report: 100%" in drawn and "4/4" in drawn
 
