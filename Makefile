@@ -15,7 +15,7 @@ SOURCES := $(wildcard kmem/*.py kmem/*/*.py kmem/*.pyx kmem/*.pxi kmem/*.pyi kme
 	setup.py pyproject.toml MANIFEST.in README.md
 WHEEL := $$(ls $(WHEEL_DIR)/kmem-*.whl)
 
-.PHONY: test test-slow quick dev bench run wheel sdist clean
+.PHONY: test test-slow quick dev bench run docs wheel sdist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,12 @@ run: $(INSTALLED)
 	$(PIP) install "$(WHEEL)[spark]"
 	$(VENV)/bin/kmem pipeline demo --output out/demo
 
+# The documentation site (docs/, mkdocs.yml) into site/: MkDocs with the Material theme, the API reference
+# from the docstrings (mkdocstrings). The test suite builds it too and runs its examples.
+docs: $(INSTALLED)
+	$(PIP) install "$(WHEEL)[docs]"
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 wheel: $(WHEEL_BUILT)
 	mkdir -p dist && cp $(WHEEL_DIR)/kmem-*.whl dist/
 
@@ -65,4 +71,4 @@ sdist: $(PY)
 	$(PY) -m build --sdist
 
 clean:
-	rm -rf build dist *.egg-info kmem/_core.c kmem/*.so kmem/*.html .pytest_cache .benchmarks $(INSTALLED)
+	rm -rf build dist site *.egg-info kmem/_core.c kmem/*.so kmem/*.html .pytest_cache .benchmarks $(INSTALLED)

@@ -1,11 +1,30 @@
-"""``kmem`` command line. ``kmem pipeline demo`` is the main job: a generated sample log directory run
-through every pipeline job on embedded local Spark, with the outputs checked against each other."""
+"""The ``kmem`` command line: ``kmem broker`` (a single-node Kafka broker) and ``kmem pipeline`` (Spark
+jobs over Kafka log directories; ``kmem pipeline demo``, run by ``make run``, puts a generated sample
+log directory through every job on embedded local Spark and checks the outputs against each other)."""
 import argparse
 import gc
+import importlib.util
 import json
 import logging
 import os
 import sys
+
+DESCRIPTION = """\
+kmem broker runs a Kafka broker (no JVM) on a log directory; kmem pipeline runs Spark jobs over Kafka
+log directories. 'kmem COMMAND --help' tells more."""
+
+BROKER_DESCRIPTION = """\
+Run a single-node Kafka broker on a log directory until SIGTERM or SIGINT (Ctrl-C), for any Kafka
+client. It logs "listening on HOST:PORT" when ready; the log directory is Kafka 3.9's.
+
+Settings take Kafka's names: from a server.properties file (--config), then --override. The listener
+(host and port) comes from the file's listeners (a controller listener is ignored), else
+127.0.0.1:9092; --host and --port replace it."""
+
+BROKER_EXIT_CODES = """\
+exit codes:
+  0  stopped by SIGTERM or SIGINT, checkpoints written
+  2  not started: a bad setting, log directory or port (one line says which)"""
 
 EXIT_CODES = """\
 exit codes:
@@ -16,6 +35,8 @@ exit codes:
   3  nothing to do: no Kafka log segments under the input directory (a warning says so)"""
 
 DONE, PARTIAL, FAILED, NOTHING_TO_DO = 0, 1, 2, 3
+# what kmem pipeline imports, the spark extra of pyproject.toml
+SPARK_EXTRA = ("pyspark", "pyarrow", "matplotlib", "tqdm")
 
 
 def main(argv=None):
@@ -27,6 +48,12 @@ def main(argv=None):
     if args.command == "broker":
         return args.run(args)
     _log_warnings_to_stderr()
+    missing = [name for name in SPARK_EXTRA if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"kmem: error: kmem pipeline needs the spark extra ({', '.join(SPARK_EXTRA)}), and "
+              f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not installed: pip install 'kmem[spark]'",
+              file=sys.stderr)
+        return FAILED
     try:
         return PIPELINE_JOBS[args.job](args)
     except KmemError as exc:        # checked before Spark starts: one line, no traceback
@@ -38,10 +65,12 @@ def _parser(version):
     def parser_of(add, name, **kwargs):
         return add(name, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
-    parser = argparse.ArgumentParser(prog="kmem", description=__doc__, epilog=EXIT_CODES,
+    parser = argparse.ArgumentParser(prog="kmem", description=DESCRIPTION,
+                                     epilog=f"kmem broker's {BROKER_EXIT_CODES}\n\nkmem pipeline's {EXIT_CODES}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"kmem {version}")
     commands = parser.add_subparsers(dest="command", required=True)
+    add_broker_command(commands)
     pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
                          description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
                                      "offset>.log), on embedded local Spark or the spark-submit master. "
@@ -63,21 +92,22 @@ def _parser(version):
 
     report = job("report", "counts, bytes, formats and producer-id cardinality per partition")
     report.add_argument("input", help="Kafka log directory")
-    report.add_argument("--output", help="directory for report.json and report.png")
+    report.add_argument("--output", help="directory for report.json and report.png (apart from the input)")
     report.add_argument("--json", action="store_true", help="print the result as JSON")
 
     ledger = job("ledger", "rebuild producer state and write a kmem ledger per partition")
     ledger.add_argument("input", help="Kafka log directory")
-    ledger.add_argument("output", help="directory for one ledger per partition")
+    ledger.add_argument("output", help="directory for one ledger per partition: a new or empty directory apart from "
+                                       "the input, or a previous ledger output (only its ledgers are replaced)")
     ledger.add_argument("--json", action="store_true", help="print the result as JSON")
 
     convert = job("convert", "down-convert every segment to an older message format")
     convert.add_argument("input", help="Kafka log directory")
-    convert.add_argument("output", help="directory for the converted segments")
+    convert.add_argument("output", help="directory for the converted segments: a new or empty directory apart from "
+                                        "the input, or a previous convert output (only its partitions are replaced)")
     convert.add_argument("--to-magic", type=int, choices=(0, 1), default=1, help="message format to write")
     convert.add_argument("--chunk-size", type=_positive, default=128 << 10, help="bytes converted at a time per task")
     convert.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_broker_command(commands)
     return parser
 
 
@@ -101,8 +131,10 @@ def _log_warnings_to_stderr():
 
 def _session(args):
     from kmem.spark import get_session
+    from kmem.spark.session import quiet_jvm_start
 
-    spark = get_session(args.master)
+    with quiet_jvm_start():
+        spark = get_session(args.master)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -124,7 +156,10 @@ def _has_segments(args):
 
 def _run_report(args):
     from kmem.spark import jobs
+    from kmem.spark.outputs import check_apart
 
+    if args.output is not None:
+        check_apart(args.output, args.input, "report output", may_hold=True)
     if not _has_segments(args):
         return NOTHING_TO_DO
     spark = _session(args)
@@ -139,9 +174,11 @@ def _run_report(args):
 
 def _run_ledger(args):
     from kmem.spark import jobs
+    from kmem.spark.outputs import prepare_partition_output
 
     if not _has_segments(args):
         return NOTHING_TO_DO
+    prepare_partition_output(args.output, "ledger", args.input)     # before Spark starts
     spark = _session(args)
     with _progress(spark, args, "ledger"):
         result = jobs.ledger(spark, args.input, args.output)
@@ -162,9 +199,11 @@ def _run_ledger(args):
 
 def _run_convert(args):
     from kmem.spark import jobs
+    from kmem.spark.outputs import prepare_partition_output
 
     if not _has_segments(args):
         return NOTHING_TO_DO
+    prepare_partition_output(args.output, "convert", args.input)    # before Spark starts
     spark = _session(args)
     with _progress(spark, args, f"convert to v{args.to_magic}"):
         result = jobs.convert(spark, args.input, args.output, args.to_magic, args.chunk_size)
@@ -207,43 +246,76 @@ PIPELINE_JOBS = {"demo": _run_demo, "report": _run_report, "ledger": _run_ledger
 
 def add_broker_command(commands):
     """``kmem broker``: a single-node Kafka broker serving a log directory until SIGTERM or SIGINT."""
-    broker = commands.add_parser("broker", help="run a single-node Kafka broker on a log directory")
-    broker.add_argument("--log-dir", help="the broker's log directory (default: log.dirs of --config)")
-    broker.add_argument("--port", type=int, default=9092)
-    broker.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
-    broker.add_argument("--config", help="a server.properties file (settings kmem does not know are ignored)")
+    broker = commands.add_parser("broker", help="run a single-node Kafka broker on a log directory",
+                                 description=BROKER_DESCRIPTION, epilog=BROKER_EXIT_CODES,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    broker.add_argument("--log-dir", help="the broker's log directory, created if missing (default: log.dirs of "
+                                          "--config)")
+    broker.add_argument("--port", type=int, help="port to listen on (default: the port of --config's listeners, "
+                                                 "else 9092; 0: any free port)")
+    broker.add_argument("--host", help="address to listen on (default: the host of --config's listeners, else "
+                                       "127.0.0.1; 0.0.0.0: every interface)")
+    broker.add_argument("--config", metavar="FILE", help="a server.properties file (settings kmem does not use are "
+                                                         "listed and ignored)")
     broker.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="a broker setting under Kafka's name; repeatable")
+                        help="a broker setting under Kafka's name, e.g. num.partitions=3; repeatable")
     broker.set_defaults(run=_run_broker)
 
 
+def _broker_settings(args):
+    """``(log_dir, properties, host, port)`` from --config, --override, --log-dir, --host and --port."""
+    from kmem.broker.settings import KNOWN_SETTINGS, log_dir_of, read_properties_file
+    from kmem.errors import ConfigError
+
+    log_dirs = ("log.dirs", "log.dir")
+    properties = read_properties_file(args.config) if args.config else {}
+    ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS and name not in log_dirs)
+    if ignored:
+        logging.getLogger("kmem.broker").warning("%s: ignoring settings kmem broker does not use: %s", args.config,
+                                                 ", ".join(ignored))
+    properties = {name: value for name, value in properties.items() if name not in ignored}
+    for override in args.override:
+        name, sep, value = override.partition("=")
+        if not sep:
+            raise ConfigError(f"--override takes key=value, not {override!r}")
+        properties[name.strip()] = value.strip()
+    log_dir = args.log_dir or log_dir_of(properties)
+    if not log_dir:
+        raise ConfigError("--log-dir (or log.dirs in --config) is required")
+    if os.path.exists(log_dir) and not os.path.isdir(log_dir):
+        raise ConfigError(f"log directory {log_dir} is not a directory")
+    properties = {name: value for name, value in properties.items() if name not in log_dirs}
+    port = args.port if args.port is not None or "listeners" in properties else DEFAULT_BROKER_PORT
+    return log_dir, properties, args.host, port
+
+
+DEFAULT_BROKER_PORT = 9092     # Kafka's
+
+
 def _run_broker(args):
+    import errno
     import signal
     import threading
 
     from kmem.broker import Broker
-    from kmem.broker.settings import KNOWN_SETTINGS, read_properties_file
-    from kmem.errors import ConfigError, KmemError
+    from kmem.errors import KmemError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("kmem.broker")
+    broker = None
     try:
-        properties = read_properties_file(args.config) if args.config else {}
-        log_dir = args.log_dir or properties.get("log.dirs", properties.get("log.dir", "")).split(",")[0]
-        ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS)
-        if ignored:
-            log.warning("%s: ignoring settings kmem broker does not use: %s", args.config, ", ".join(ignored))
-        properties = {name: value for name, value in properties.items() if name in KNOWN_SETTINGS}
-        for override in args.override:
-            name, sep, value = override.partition("=")
-            if not sep:
-                raise ConfigError(f"--override takes key=value, not {override!r}")
-            properties[name.strip()] = value.strip()
-        if not log_dir:
-            raise ConfigError("--log-dir (or log.dirs in --config) is required")
-        broker = Broker(log_dir, args.port, host=args.host, properties=properties)
+        log_dir, properties, host, port = _broker_settings(args)
+        broker = Broker(log_dir, port, host=host, properties=properties)
         broker.start()
-    except (KmemError, OSError) as e:
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE or broker is None:
+            print(f"kmem broker: {e}", file=sys.stderr)
+            return FAILED
+        listener = broker.settings.network
+        print(f"kmem broker: cannot listen on {listener.host or '0.0.0.0'}:{listener.port}: the address is in use "
+              "(another broker?): stop it, or choose another port with --port", file=sys.stderr)
+        return FAILED
+    except KmemError as e:
         print(f"kmem broker: {e}", file=sys.stderr)
         return FAILED
     # This process is the broker: what starting it allocated (modules, generated codecs) lives as long as
@@ -261,19 +333,21 @@ def _run_broker(args):
 
 
 def print_report(result, stream=None):
+    """The report as a table, its first column as wide as the longest topic-partition name."""
     stream = stream or sys.stdout
-    header = (f"{'partition':<16}{'records':>9}{'batches':>9}{'bytes':>11}{'unread':>8}{'pids':>6}{'bloom m/k':>14}"
-              "  formats")
-    print(header, file=stream)
-    for p in result["partitions"]:
+    names = [f"{p['topic']}-{p['partition']}" for p in result["partitions"]]
+    width = max([len("partition"), *map(len, names)]) + 2
+    print(f"{'partition':<{width}}{'records':>9}{'batches':>9}{'bytes':>11}{'unread':>8}{'pids':>6}{'bloom m/k':>14}"
+          "  formats", file=stream)
+    for name, p in zip(names, result["partitions"]):
         shape = p["bloom_shape"]
-        formats = ", ".join(f"{name}:{count}" for name, count in sorted(p["batches_by_format"].items()))
+        formats = ", ".join(f"{kind}:{count}" for kind, count in sorted(p["batches_by_format"].items()))
         bloom = f"{shape['bits']}/{shape['hash_functions']}"
-        print(f"{p['topic'] + '-' + str(p['partition']):<16}{p['records']:>9}{p['batches']:>9}{p['bytes']:>11}"
+        print(f"{name:<{width}}{p['records']:>9}{p['batches']:>9}{p['bytes']:>11}"
               f"{p['unread_bytes']:>8}{p['producer_ids']:>6}{bloom:>14}  {formats}", file=stream)
     totals = result["totals"]
-    print(f"{'total':<16}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}{totals['unread_bytes']:>8}"
-          f"{totals['producer_ids']:>6}", file=stream)
+    print(f"{'total':<{width}}{totals['records']:>9}{totals['batches']:>9}{totals['bytes']:>11}"
+          f"{totals['unread_bytes']:>8}{totals['producer_ids']:>6}", file=stream)
     for corrupt in result["corrupt_segments"]:
         print(f"CORRUPT {corrupt['topic']}-{corrupt['partition']}/{corrupt['segment']}: {corrupt['unread_bytes']} "
               f"bytes unread from byte {corrupt['position']}: {corrupt['error']}", file=stream)

@@ -176,7 +176,7 @@ def test_runtime_dependencies_and_extras_are_what_kmem_imports():
               for name, requirements in project["optional-dependencies"].items()}
     sources = [p for p in (ROOT / "kmem").rglob("*") if p.suffix in (".py", ".pyx", ".pxi")]
     optional = {"spark": [p for p in sources if "spark" in p.parts],
-                "metrics": [ROOT / "kmem" / "metrics.py"]}
+                "metrics": [ROOT / "kmem" / "metrics.py"], "pytest": [ROOT / "kmem" / "pytest_plugin.py"]}
     core = [p for p in sources if not any(p in files for files in optional.values())]
     runtime = {_normalized(r) for r in project["dependencies"]}
     assert runtime == _imported_distributions(core)
@@ -184,5 +184,5 @@ def test_runtime_dependencies_and_extras_are_what_kmem_imports():
         assert extras[extra] == _imported_distributions(files) - runtime, extra
     # the tests import their peers and references from the test extra, which includes every optional part
     assert _imported_distributions((ROOT / "tests").glob("*.py")) - runtime <= \
-        extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"]
+        extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"] | extras["pytest"] | extras["docs"]
     assert "kmem" in extras["test"]

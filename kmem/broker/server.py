@@ -16,7 +16,10 @@
 
 ``Broker(log_dir, port=0, **settings)`` is a context manager; ``bootstrap_servers`` is its address;
 ``requests_served`` counts the requests answered by (api key, version).
-Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see ``kmem.broker.settings``).
+Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see ``kmem.broker.settings``);
+``host`` and ``port``, when given, replace those of the listener in ``listeners`` (without it the broker
+listens on 127.0.0.1 and a free port). A start that fails (a busy port, a bad file) leaves a log
+directory that was new or empty before it as it was: nothing half-made stays behind.
 """
 import collections
 import logging
@@ -52,22 +55,34 @@ def raise_open_files_limit():
     log.info("open files limit (RLIMIT_NOFILE): %d (was %d, hard limit %d)", hard, soft, hard)
 
 
-def _remove_contents(directory, *, remove_directory):
-    if remove_directory:
-        shutil.rmtree(directory, ignore_errors=True)
-        return
-    for name in os.listdir(directory):
-        path = os.path.join(directory, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
+def _undo_start(log_dir):
+    """A function that removes what a start made of ``log_dir`` if the directory was missing or empty
+    before it (else it removes nothing), so that a failed start leaves no formatted directory behind."""
+    log_dir = os.path.abspath(log_dir)
+    if os.path.isdir(log_dir):
+        if os.listdir(log_dir):
+            return lambda: None
+
+        def empty_again():
+            for name in os.listdir(log_dir):
+                path = os.path.join(log_dir, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.unlink(path)
+        return empty_again
+    if os.path.lexists(log_dir):            # not a directory: the start fails without making anything
+        return lambda: None
+    created = log_dir                       # the outermost directory the start creates
+    while not os.path.exists(os.path.dirname(created)):
+        created = os.path.dirname(created)
+    return lambda: shutil.rmtree(created, ignore_errors=True)
 
 
 class Broker:
     """A Kafka broker on one node (see the module docstring). ``start()``/``close()`` or ``with``."""
 
-    def __init__(self, log_dir, port=0, *, host="127.0.0.1", properties=None, ssl_context=None, **settings):
+    def __init__(self, log_dir, port=None, *, host=None, properties=None, ssl_context=None, **settings):
         self.log_dir = os.fspath(log_dir)
         self.settings = BrokerSettings.build(host, port, merge_settings(properties, settings), ssl_context)
         self.logs = None
@@ -88,9 +103,12 @@ class Broker:
         if self.logs is not None:
             raise IllegalStateError("the broker was already started")
         raise_open_files_limit()
-        existed = os.path.isdir(self.log_dir)
-        fresh = not existed or not os.listdir(self.log_dir)
-        self.logs = LogManager(self.log_dir, self.settings.storage)
+        undo = _undo_start(self.log_dir)
+        try:
+            self.logs = LogManager(self.log_dir, self.settings.storage)
+        except BaseException:
+            undo()
+            raise
         self.timer = Timer()
         try:
             self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer)
@@ -105,13 +123,14 @@ class Broker:
             self.timer.close()
             self.logs.close()
             self.logs = None
-            if fresh:               # a start that failed (a busy port) leaves no formatted directory behind
-                _remove_contents(self.log_dir, remove_directory=not existed)
+            undo()
             raise
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
         self._maintenance.start()
         host, port = self.server.address
         log.info("listening on %s:%d", host, port)
+        if self.settings.advertised is not None:
+            log.info("advertising %s:%d to clients (advertised.listeners)", *self.endpoint())
         return self
 
     def endpoint(self):

@@ -9,36 +9,20 @@ only what the demo writes is replaced there, anything else is left alone.
 """
 import contextlib
 import os
-import shutil
 
-from kmem.errors import InvalidArgumentError
-from kmem.spark import jobs
+from kmem.spark import jobs, outputs
 from kmem.spark.sample import generate_sample
 
 # the sample's timestamps are from 2023: ledgers must not expire them while checking
 NEVER_EXPIRE_MS = 1 << 62
-MARKER = ".kmem-demo"
+MARKER = outputs.marker("demo")
 OUTPUTS = ("logs", "ledger", "converted-v1", "report.json", "report.png")
 
 
 def prepare_output(output_dir):
     """Make ``output_dir`` ready for a run: created when missing; in a previous demo output, the demo's
     own outputs removed. Refuses (``InvalidArgumentError``) any other non-empty directory, and a file."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise InvalidArgumentError(f"demo output {output_dir} is a file, not a directory")
-    entries = set(os.listdir(output_dir)) if os.path.isdir(output_dir) else set()
-    if entries and MARKER not in entries:
-        raise InvalidArgumentError(f"demo output directory {output_dir} is not empty and is not a previous demo "
-                                   f"output (no {MARKER} file): give a new or empty directory")
-    for name in entries.intersection(OUTPUTS):
-        path = os.path.join(output_dir, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
-        else:
-            os.unlink(path)
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, MARKER), "w") as file:
-        file.write(f"written by kmem pipeline demo; a rerun replaces {', '.join(OUTPUTS)} here\n")
+    outputs.prepare_output(output_dir, "demo", OUTPUTS.__contains__)
 
 
 def run_demo(spark, output_dir, seed=0, batches_per_partition=40, progress=None):

@@ -3,7 +3,8 @@
 Each takes a SparkSession (``kmem.spark.get_session()`` gives an embedded local one) and plain paths,
 runs on whatever cluster the session is attached to, and returns a small summary dict. Arguments are
 checked before any Spark work: a bad one raises ``InvalidArgumentError`` naming it, a missing input
-directory too. An input directory without segments gives an empty result and a one-line warning.
+directory too, and an output directory that overlaps the input or holds files the job did not write
+(``kmem.spark.outputs``). An input directory without segments gives an empty result and a one-line warning.
 Damaged segments never fail a job: each result lists them.
 """
 import itertools
@@ -11,6 +12,7 @@ import json
 import os
 
 from kmem.errors import CorruptRecordError, InvalidArgumentError
+from kmem.spark.outputs import check_apart, prepare_partition_output
 from kmem.spark.segments import (DEFAULT_SPLIT_BYTES, SEGMENT_ERRORS, batches_of_split, check_int64,
                                  list_segments)
 
@@ -39,6 +41,8 @@ def report(spark, input_path, output_dir=None, false_positive_rate=0.01):
     input_path = _path("input_path", input_path)
     output_dir = None if output_dir is None else _path("output_dir", output_dir)
     _check_rate(false_positive_rate)
+    if output_dir is not None:
+        check_apart(output_dir, input_path, "report output", may_hold=True)
     if list_segments(input_path):
         partitions, corrupt = _report_rows(spark, input_path, false_positive_rate)
     else:
@@ -207,12 +211,14 @@ def _write_partition_ledger(item, output_dir, false_positive_rate):
 def ledger(spark, input_path, output_dir, false_positive_rate=0.01):
     """Rebuild producer state per partition from its batches and write one kmem ledger per partition
     (``<output>/<topic>-<partition>/``: a sorted Kafka snapshot plus its ``.bloom`` sidecar) that
-    ``PidLedger`` opens. A partition with a damaged segment is listed with its error, not written."""
+    ``PidLedger`` opens. A partition with a damaged segment is listed with its error, not written.
+    ``output_dir`` must be new, empty or a previous ledger output (``kmem.spark.outputs``)."""
     input_path, output_dir = _path("input_path", input_path), os.path.abspath(_path("output_dir", output_dir))
     _check_rate(false_positive_rate)
     work = partition_splits(input_path)
     if not work:
         return {"partitions": []}
+    prepare_partition_output(output_dir, "ledger", input_path)
     results = (spark.sparkContext.parallelize(work, len(work))
                .map(lambda item: _write_partition_ledger(item, output_dir, false_positive_rate)).collect())
     return {"partitions": sorted(results, key=lambda r: (r["topic"], r["partition"]))}
@@ -275,12 +281,14 @@ def convert(spark, input_path, output_dir, to_magic=1, chunk_size=128 << 10, tra
     and leave no output file. Conversion stats are summed over the cluster; with ``trace_memory`` the
     largest per-task peak of Python memory is reported too.
 
-    ``output_dir`` must be a directory every executor can write (local, or a shared mount)."""
+    ``output_dir`` must be a directory every executor can write (local, or a shared mount): new, empty or
+    a previous convert output (``kmem.spark.outputs``)."""
     _check_conversion(to_magic, chunk_size)
     input_path, output_dir = _path("input_path", input_path), os.path.abspath(_path("output_dir", output_dir))
     segments = list_segments(input_path, split_bytes=float("inf"))
     results = []
     if segments:
+        prepare_partition_output(output_dir, "convert", input_path)
         results = (spark.sparkContext.parallelize(segments, len(segments))
                    .map(lambda split: convert_segment(split, output_dir, to_magic, chunk_size, trace_memory))
                    .collect())

@@ -4,15 +4,25 @@ Under ``spark-submit`` (or wherever a session already exists) the existing maste
 kept; otherwise an embedded ``local[*]`` session is started. Either way Python workers run the driver's
 interpreter, so the compiled ``kmem._core`` they import is the same build the driver uses.
 """
+import contextlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 
 from kmem.errors import KmemError
 
 MIN_JAVA = 17       # Spark 4's minimum
+# What a local Spark prints on every start, whatever the job: Java's notice for the incubator module
+# Spark's launcher always adds, log4j's default-profile lines, and Spark's warnings about the host
+# (its name resolving to a loopback address, no native Hadoop library).
+JVM_START_NOTICES = re.compile(
+    r"WARNING: Using incubator modules|Using Spark's default log4j profile|Setting default log level to|"
+    r"To adjust logging level use sc\.setLogLevel|"
+    r" WARN (Utils: Your hostname, .* resolves to a loopback address|Utils: Set SPARK_LOCAL_IP if you need|"
+    r"NativeCodeLoader: Unable to load native-hadoop library)")
 
 
 class JavaRuntimeError(KmemError):
@@ -35,7 +45,7 @@ def get_session(master=None, app_name="kmem", conf=None):
         check_java()
 
     # Workers must import the same compiled core as the driver. On a cluster, ship the wheel with a
-    # packed virtual environment and set spark.pyspark.python to its interpreter (see README).
+    # packed virtual environment and set spark.pyspark.python to its interpreter (docs/pipeline.md).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Workers start as `python -m pyspark.daemon` in the driver's directory; without this, a driver run
@@ -53,6 +63,31 @@ def get_session(master=None, app_name="kmem", conf=None):
     spark = builder.getOrCreate()
     spark.dataSource.register(KafkaLogDataSource)
     return spark
+
+
+@contextlib.contextmanager
+def quiet_jvm_start():
+    """A JVM started inside the block (``get_session``) gets a pipe as its standard error, and a thread
+    passes each line on to this process's standard error except ``JVM_START_NOTICES``: errors and
+    Python workers' tracebacks still show. For the command line; embedded users keep Spark's output."""
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    stderr = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    threading.Thread(target=_pass_on, args=(read_end, stderr), name="kmem-jvm-stderr", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(stderr, 2)      # the JVM and its workers keep the pipe: the thread ends when they do
+
+
+def _pass_on(read_end, stderr):
+    with open(read_end, "rb") as lines, open(stderr, "wb", buffering=0) as out:
+        for line in lines:
+            if not JVM_START_NOTICES.search(line.decode(errors="replace")):
+                out.write(line)
 
 
 def check_java():

@@ -1,0 +1,98 @@
+"""kmem as a pytest plugin: a real Kafka broker for tests, without a JVM or Docker.
+
+Installed with kmem (the ``pytest11`` entry point ``kmem``), so any test of the environment can ask for:
+
+- ``kafka_broker``: a running ``kmem.broker.Broker``; ``kafka_broker.bootstrap_servers`` is its
+  ``"127.0.0.1:PORT"``. Tests share one broker per session (``kafka_broker_session``, started on first
+  use on a free port with a temporary log directory, stopped when the session ends); a test marked
+  ``@pytest.mark.kafka_broker(**settings)`` gets a broker of its own with those settings instead.
+- ``kafka_topic``: a topic created for the test alone, named after it, with the broker's
+  ``num.partitions``; ``kafka_topic_factory(partitions=None, configs=None)`` creates more.
+
+Settings take Kafka's names: the ini option ``kafka_broker_settings`` (one ``name=value`` a line) for
+every broker, a marker's keywords (snake_case) or dict (dotted names) on top for its test.
+``TEST_DEFAULTS`` apply first: consumer groups start at once (Kafka's test harness does the same) and
+``__consumer_offsets`` has one partition, so a group's first request does not create fifty.
+
+Importing this module imports only pytest: loaded into every pytest run of the environment, it starts
+nothing and imports nothing more (``kmem.broker`` included) until a test asks for a fixture.
+"""
+import itertools
+import re
+
+import pytest
+
+TEST_DEFAULTS = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 1}
+MARKER = "kafka_broker"
+SETTINGS_INI = "kafka_broker_settings"
+_topic_numbers = itertools.count()
+
+
+def pytest_addoption(parser):
+    parser.addini(SETTINGS_INI, type="linelist", default=[],
+                  help="settings of the kafka_broker fixture's broker (kmem): one name=value a line, Kafka's names")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{MARKER}(settings=None, **keywords): the test gets a kmem broker of its "
+                                       "own with these settings (Kafka's names: a dict of dotted names, or "
+                                       "snake_case keywords)")
+
+
+def _ini_settings(config):
+    settings = {}
+    for line in config.getini(SETTINGS_INI):
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise pytest.UsageError(f"{SETTINGS_INI}: expected name=value, not {line!r}")
+        settings[name.strip()] = value.strip()
+    return settings
+
+
+def start_broker(log_dir, properties=None, **keywords):
+    """A started ``Broker`` on ``log_dir`` and a free port of 127.0.0.1, with ``TEST_DEFAULTS`` under
+    ``properties`` (dotted names) and ``keywords`` (snake_case): what the fixtures run. Close it."""
+    from kmem.broker import Broker
+
+    return Broker(log_dir, 0, properties={**TEST_DEFAULTS, **(properties or {})}, **keywords).start()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker_session(tmp_path_factory, pytestconfig):
+    """The broker the tests of a session share (see the module docstring), for fixtures of any scope."""
+    broker = start_broker(tmp_path_factory.mktemp("kafka-broker"), _ini_settings(pytestconfig))
+    yield broker
+    broker.close()
+
+
+@pytest.fixture
+def kafka_broker(request):
+    """A running broker for the test: the session's, or its own when the test is marked ``kafka_broker``."""
+    marker = request.node.get_closest_marker(MARKER)
+    if marker is None:
+        return request.getfixturevalue("kafka_broker_session")
+    properties = dict(_ini_settings(request.config))
+    for settings in marker.args:
+        properties.update(settings)
+    broker = start_broker(request.getfixturevalue("tmp_path") / "kafka-broker", properties, **marker.kwargs)
+    request.addfinalizer(broker.close)
+    return broker
+
+
+@pytest.fixture
+def kafka_topic_factory(kafka_broker, request):
+    """``make(partitions=None, configs=None)``: creates a new topic on ``kafka_broker`` and returns its
+    name (the test's name and a number); ``configs`` are topic settings (``{"retention.ms": "1000"}``)."""
+    stem = re.sub(r"[^a-zA-Z0-9._-]+", "-", request.node.name).strip("-")[:200] or "topic"
+
+    def make(partitions=None, configs=None):
+        name = f"{stem}-{next(_topic_numbers)}"
+        kafka_broker.logs.create_topic(name, partitions, configs)
+        return name
+    return make
+
+
+@pytest.fixture
+def kafka_topic(kafka_topic_factory):
+    """The name of a topic created for this test alone, with the broker's ``num.partitions``."""
+    return kafka_topic_factory()
