@@ -54,8 +54,9 @@ class Consumer:
         if ssl_context is None:
             ssl_context = cfg.ssl_context(config)
         # Non-strict (KIP-72): one response larger than what is left is still granted, so the pool holds
-        # at most buffer.memory + one response and a consumer always makes progress.
-        self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False)
+        # at most buffer.memory + one response and a consumer always makes progress. Responses vary in
+        # size: mapped blocks keep them out of malloc's heap, which they would fragment, growing RSS.
+        self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False, mapped=True)
         self._client = NetworkClient(
             self.pool, client_id=config["client.id"], request_timeout_ms=config["request.timeout.ms"],
             reconnect_backoff_ms=config["reconnect.backoff.ms"], ssl_context=ssl_context,
