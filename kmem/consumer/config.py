@@ -13,6 +13,7 @@ ASSIGNORS = ("range", "roundrobin")
 DEFAULTS = {
     "bootstrap.servers": (None, "servers"),
     "group.id": (None, "optional_str"),
+    "group.instance.id": (None, "optional_str"),
     "client.id": ("kmem-consumer", str),
     "buffer.memory": (100 << 20, int),
     "fetch.max.bytes": (50 << 20, int),
@@ -144,6 +145,8 @@ def parse(properties):
         raise ConfigError("heartbeat.interval.ms must be lower than session.timeout.ms")
     if config["group.id"] == "":
         raise ConfigError("group.id must not be empty (leave it unset for assign-only use)")
+    if config["group.instance.id"] == "":
+        raise ConfigError("group.instance.id must not be empty (leave it unset for a dynamic member)")
     return config
 
 
