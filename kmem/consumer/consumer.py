@@ -79,7 +79,8 @@ class Consumer:
         self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False, mapped=True)
         self._client = NetworkClient(
             self.pool, client_id=config["client.id"], request_timeout_ms=config["request.timeout.ms"],
-            reconnect_backoff_ms=config["reconnect.backoff.ms"], ssl_context=ssl_context,
+            reconnect_backoff_ms=config["reconnect.backoff.ms"],
+            reconnect_backoff_max_ms=config["reconnect.backoff.max.ms"], ssl_context=ssl_context,
             coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
         self._metadata = Metadata(self._client, config)
         self._fetcher = Fetcher(self._client, self._metadata, config, self.pool)

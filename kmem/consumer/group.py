@@ -265,11 +265,13 @@ class Coordinator:
             self._retry_at = time.monotonic() + self._retry_backoff
             return
         channel = f"coordinator-{body.node_id}"
+        now = time.monotonic()
         try:
+            if not self._client.can_connect(channel, now):
+                raise KafkaConnectionError("backing off")
             self._client.connect(channel, (body.host, body.port), priority=self._priority)
-        except KafkaConnectionError as exc:
-            log.warning("group %s: cannot reach the coordinator: %s", self.group_id, exc)
-            self._retry_at = time.monotonic() + self._retry_backoff
+        except KafkaConnectionError:
+            self._retry_at = now + self._retry_backoff      # the client logged it and backs off
             return
         self.node = channel
 
