@@ -7,6 +7,8 @@
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
 from libc.stdlib cimport free
+from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_READ, PROT_WRITE, munmap
+from posix.mman cimport mmap as map_file
 
 cdef extern from *:
     """
@@ -94,7 +96,7 @@ cdef class PooledBuffer:
     def __releasebuffer__(self, Py_buffer* view):
         self.exports -= 1
         if self.exports == 0 and self.released and self.data != NULL:
-            free(self.data)     # detached at release because views still existed
+            self.pool.free_block(self.data, self.length)    # detached at release: views still existed
             self.data = NULL
 
     def __repr__(self):
@@ -105,7 +107,7 @@ cdef class PooledBuffer:
         if self.pool is not None and not self.released:
             self.pool.reclaim(self)
         if self.data != NULL:
-            free(self.data)
+            self.pool.free_block(self.data, self.length)
             self.data = NULL
 
 
@@ -116,10 +118,19 @@ cdef class PoolCore:
     exactly the bytes handed out, and free blocks are cached only while cached plus outstanding bytes stay
     within ``cache_limit``, the most the pool may hand out at once, so reuse never raises the pool's
     memory bound.
+
+    With ``mapped`` every block is its own private anonymous mapping, given back to the system when
+    freed, instead of a chunk of malloc's heap. Blocks of varying sizes (fetch responses) freed in the
+    heap leave holes that the next, slightly larger block does not fit, so the heap, and the process's
+    RSS, grows beyond the pool by an amount that depends on the order of sizes (on timing); mapped
+    blocks keep RSS at what the pool holds, for a page fault per page of each fresh block. Its cached
+    blocks stay within ``size`` beside the outstanding ones, so its memory exceeds ``size`` only by what a
+    non-strict pool over-allocates.
     """
     cdef readonly long long size
     cdef readonly long long max_single_allocation
     cdef readonly bint strict
+    cdef readonly bint mapped
     cdef readonly long long available
     cdef readonly long long cache_limit
     cdef readonly long long cached_bytes
@@ -131,14 +142,16 @@ cdef class PoolCore:
     cdef long long largest_waiting
     cdef FreeBlock* free_lists[NUM_CLASSES]
 
-    def __init__(self, long long size, long long max_single_allocation, bint strict=False):
+    def __init__(self, long long size, long long max_single_allocation, bint strict=False, bint mapped=False):
         # Arguments are checked by the Python subclass first. Until this runs, every request is out of
         # range (and the free lists are empty: a new object's fields are zeroed).
         self.size = size
         self.max_single_allocation = max_single_allocation
         self.strict = strict
+        self.mapped = mapped
         self.available = size
-        self.cache_limit = size if strict else size + max_single_allocation - 1
+        # A mapped pool bounds the memory it maps: cached blocks fit within its size beside outstanding ones.
+        self.cache_limit = size if strict or mapped else size + max_single_allocation - 1
 
     def __dealloc__(self):
         self.free_cached()
@@ -149,7 +162,7 @@ cdef class PoolCore:
             while self.free_lists[c] != NULL:
                 block = self.free_lists[c]
                 self.free_lists[c] = block.next
-                free(block)
+                self.free_block(block, block.size)
         self.cached_bytes = 0
 
     @property
@@ -178,7 +191,7 @@ cdef class PoolCore:
         cdef char* data = self.reuse_cached(n)
         if data == NULL:
             self.evict_for(n)
-            data = <char*>kmem_malloc_block(n)
+            data = self.new_block(n)
             if data == NULL:
                 raise MemoryError(f"cannot allocate {n} bytes")
         self.available -= n
@@ -241,7 +254,7 @@ cdef class PoolCore:
         self.cached_bytes -= block.size
         if block.size == n:
             return <char*>block
-        free(block)
+        self.free_block(block, block.size)
         return NULL
 
     cdef void give_back(self, PooledBuffer b) noexcept:
@@ -260,7 +273,7 @@ cdef class PoolCore:
             self.free_lists[size_class(b.length)] = block
             self.cached_bytes += b.length
         else:
-            free(b.data)
+            self.free_block(b.data, b.length)
         b.data = NULL
 
     cdef void evict_for(self, long long n) noexcept:
@@ -274,6 +287,18 @@ cdef class PoolCore:
             block = self.free_lists[c]
             self.free_lists[c] = block.next
             self.cached_bytes -= block.size
+            self.free_block(block, block.size)
+
+    cdef char* new_block(self, long long n) noexcept:
+        if not self.mapped:
+            return <char*>kmem_malloc_block(n)
+        cdef void* block = map_file(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        return NULL if block == MAP_FAILED else <char*>block
+
+    cdef void free_block(self, void* block, long long n) noexcept:
+        if self.mapped:
+            munmap(block, n)
+        else:
             free(block)
 
     cdef void reclaim(self, PooledBuffer b) noexcept:

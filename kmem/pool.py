@@ -88,9 +88,12 @@ class SimpleMemoryPool(_core.PoolCore):
     Beyond Kafka: releasing a buffer twice, or one from another pool, raises ``InvalidArgumentError``
     before any counter changes; a buffer garbage-collected without release is credited back (and logged)
     instead of leaking pool memory forever; listeners hear when memory returns after a refusal.
+
+    ``mapped=True`` gives each block its own memory mapping, returned to the system when freed: the
+    process's RSS then follows the pool even when block sizes vary (see ``PoolCore``).
     """
 
-    def __init__(self, size_bytes, max_single_allocation_bytes, strict=False, *,
+    def __init__(self, size_bytes, max_single_allocation_bytes, strict=False, *, mapped=False,
                  window_seconds=DEFAULT_WINDOW_SECONDS, samples=DEFAULT_SAMPLES, clock=time.monotonic):
         if not isinstance(size_bytes, int) or not 0 < size_bytes <= MAX_POOL_BYTES:
             raise InvalidArgumentError(f"pool size must be an integer in [1, {MAX_POOL_BYTES}], got {size_bytes!r}")
@@ -100,7 +103,7 @@ class SimpleMemoryPool(_core.PoolCore):
         if max_single_allocation_bytes > size_bytes:
             raise InvalidArgumentError(
                 f"max single allocation {max_single_allocation_bytes} exceeds pool size {size_bytes}")
-        super().__init__(size_bytes, max_single_allocation_bytes, strict)
+        super().__init__(size_bytes, max_single_allocation_bytes, strict, mapped)
         self._clock = clock
         # The core flips its depletion flag atomically, but the hooks below run in whichever threads
         # allocate and release, and may overlap: their state is guarded by this lock.

@@ -30,7 +30,8 @@ def test_rss_growth_stays_near_buffer_memory(backlog):
               f"RSS growth {r['growth'] / 2**20:6.1f} MiB")
     assert all(r["records"] == total for r in results.values())
     kmem = results["kmem"]["growth"]
-    # The pool (buffer.memory, plus one response over it) and max.poll.records decoded records.
-    assert kmem <= 3 * BUFFER_MEMORY
+    # The pool (its blocks are mappings, so freed ones leave no heap holes behind that varied with timing)
+    # and twice max.poll.records decoded records: the application holds a batch while it polls the next.
+    assert kmem <= BUFFER_MEMORY + (3 << 19)
     # The backlog is 19 MiB: librdkafka prefetches it (queued.max.messages.kbytes is 64 MiB).
     assert results["confluent-kafka"]["growth"] > 2 * kmem

@@ -491,7 +491,7 @@ def rss_anon():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
 
-pool = SimpleMemoryPool(16 << 20, 1 << 20)
+pool = SimpleMemoryPool(16 << 20, 1 << 20, mapped=sys.argv[1] == "mapped")
 rng = random.Random(1)
 live = []
 before = rss_anon()
@@ -516,13 +516,43 @@ def test_process_memory_stays_within_the_pool_bound_under_churn(tmp_path):
     import sys
 
     # run outside the source tree, so that the kmem under test is imported, not the uncompiled sources
-    result = subprocess.run([sys.executable, "-c", RSS_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run([sys.executable, "-c", RSS_SCRIPT, "heap"], capture_output=True, text=True,
+                            cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     growth = int(result.stdout)
     bound = (16 << 20) + (1 << 20) - 1
     # blocks hold exactly what was handed out; beyond that, the allocator's fragmentation (random sizes up
     # to 1 MiB) and a few MiB for the interpreter
     assert growth <= bound * 1.25 + (8 << 20), growth
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="needs Linux /proc")
+def test_a_mapped_pool_holds_the_process_to_its_bound_under_churn(tmp_path):
+    # The same churn: mapped blocks leave no heap holes behind (the heap pool above grows ~9 MiB past its
+    # bound), and cached blocks stay within the size, so growth is the pool's bound plus the interpreter's.
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", RSS_SCRIPT, "mapped"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) <= (16 << 20) + (1 << 20) + (1 << 20), int(result.stdout)
+
+
+def test_a_mapped_pool_caches_blocks_only_within_its_size():
+    pool = SimpleMemoryPool(10_000, 1000, mapped=True)
+    rng = random.Random(7)
+    live = []
+    for _ in range(5_000):
+        if live and (rng.random() < 0.5 or pool.try_allocate(1) is None):
+            pool.release(live.pop(rng.randrange(len(live))))
+        else:
+            buf = pool.try_allocate(rng.randint(1, 1000))
+            if buf is not None:
+                memoryview(buf)[:] = b"m" * len(buf)
+                live.append(buf)
+        assert pool.cached_bytes <= max(0, 10_000 - pool.outstanding_bytes)
+    assert all(bytes(memoryview(b)) == b"m" * len(b) for b in live)
 
 
 def test_a_reclaimed_leak_returns_memory_like_a_release():

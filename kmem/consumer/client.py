@@ -8,6 +8,7 @@ the highest version both sides know, capped by ``MAX_VERSIONS``.
 import collections
 import itertools
 import logging
+import random
 import time
 
 from kmem.consumer.errors import KafkaConnectionError
@@ -55,16 +56,18 @@ class _Connection:
 class NetworkClient:
     """Connections by id (a broker's node id, or a name) to addresses, over one selector and pool."""
 
-    def __init__(self, pool, *, client_id, request_timeout_ms, reconnect_backoff_ms, ssl_context=None,
-                 coordinator_max_receive_bytes):
+    def __init__(self, pool, *, client_id, request_timeout_ms, reconnect_backoff_ms, reconnect_backoff_max_ms,
+                 ssl_context=None, coordinator_max_receive_bytes):
         self.selector = Selector(pool)
         self._client_id = client_id
         self._request_timeout = request_timeout_ms / 1000.0
         self._reconnect_backoff = reconnect_backoff_ms / 1000.0
+        self._reconnect_backoff_max = max(reconnect_backoff_max_ms, reconnect_backoff_ms) / 1000.0
         self._ssl_context = ssl_context
         self._priority_max_receive = coordinator_max_receive_bytes
         self._connections = {}
-        self._failed_at = {}            # channel id -> time of its last failure (reconnect backoff)
+        self._retry_at = {}             # channel id -> earliest time to connect again (reconnect backoff)
+        self._failures = {}             # channel id -> connection failures in a row
         self._correlation = itertools.count(1)
 
     def is_connected(self, channel_id):
@@ -82,8 +85,27 @@ class NetworkClient:
         return len(conn.in_flight) + len(conn.queued) + len(conn.waiting) + (conn.sending is not None)
 
     def can_connect(self, channel_id, now):
-        failed = self._failed_at.get(channel_id)
-        return failed is None or now - failed >= self._reconnect_backoff
+        return now >= self._retry_at.get(channel_id, 0.0)
+
+    def _failed(self, channel_id, address, reason):
+        """Back off as Kafka's ClusterConnectionStates: reconnect.backoff.ms doubled per failure in a row,
+        up to reconnect.backoff.max.ms, with 20% jitter. The first failure in a row is logged, once."""
+        failures = self._failures.get(channel_id, 0) + 1
+        self._failures[channel_id] = failures
+        backoff = min(self._reconnect_backoff * 2 ** (failures - 1), self._reconnect_backoff_max)
+        self._retry_at[channel_id] = time.monotonic() + backoff * random.uniform(0.8, 1.2)
+        if failures == 1:
+            log.warning("cannot connect to %s:%s (%s): %s; retrying quietly, backing off up to "
+                        "reconnect.backoff.max.ms", address[0], address[1], channel_id, reason)
+        else:
+            log.debug("connection %d to %s:%s failed: %s", failures, address[0], address[1], reason)
+
+    def _succeeded(self, conn):
+        failures = self._failures.pop(conn.channel_id, 0)
+        self._retry_at.pop(conn.channel_id, None)
+        if failures:        # at the level of the failure's line, so whoever saw that one sees this
+            log.warning("connected to %s:%s (%s) after %d failed attempts", conn.address[0], conn.address[1],
+                        conn.channel_id, failures)
 
     def connect(self, channel_id, address, *, priority=False, max_receive_size=None):
         """Open (a blocking TCP connect) and start ApiVersions; raises ``KafkaConnectionError``."""
@@ -95,7 +117,7 @@ class NetworkClient:
                                             server_hostname=host if self._ssl_context else None,
                                             priority=priority, timeout=self._request_timeout or None)
         except OSError as exc:
-            self._failed_at[channel_id] = time.monotonic()
+            self._failed(channel_id, address, exc)
             raise KafkaConnectionError(f"cannot connect to {host}:{port}: {exc}") from None
         if priority:
             # Read outside the pool (KIP-81), so bounded here instead: a coordinator's answers are small.
@@ -117,6 +139,7 @@ class NetworkClient:
             self.close(conn.channel_id, KafkaConnectionError(f"ApiVersions failed with error {body.error_code}"))
             return
         conn.versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+        self._succeeded(conn)
         while conn.waiting:
             request, body = conn.waiting.popleft()
             self._encode(conn, request, body)
@@ -209,7 +232,10 @@ class NetworkClient:
         conn = self._connections.pop(channel_id, None)
         if conn is None:
             return
-        self._failed_at[channel_id] = time.monotonic()
+        if conn.versions is None:       # lost before it was usable: a failed attempt
+            self._failed(channel_id, conn.address, reason or "closed")
+        else:
+            self._retry_at[channel_id] = time.monotonic() + self._reconnect_backoff
         error = KafkaConnectionError(f"connection to {conn.address[0]}:{conn.address[1]} lost: "
                                      f"{reason or 'closed'}")
         error.reason = reason

@@ -13,6 +13,7 @@ ASSIGNORS = ("range", "roundrobin")
 DEFAULTS = {
     "bootstrap.servers": (None, "servers"),
     "group.id": (None, "optional_str"),
+    "group.instance.id": (None, "optional_str"),
     "client.id": ("kmem-consumer", str),
     "buffer.memory": (100 << 20, int),
     "fetch.max.bytes": (50 << 20, int),
@@ -29,6 +30,7 @@ DEFAULTS = {
     "request.timeout.ms": (30000, int),
     "retry.backoff.ms": (100, int),
     "reconnect.backoff.ms": (50, int),
+    "reconnect.backoff.max.ms": (1000, int),
     "metadata.max.age.ms": (300000, int),
     "partition.assignment.strategy": (list(ASSIGNORS), "assignors"),
     "isolation.level": ("read_uncommitted", ("read_uncommitted", "read_committed")),
@@ -46,7 +48,7 @@ _MINIMUMS = {
     "buffer.memory": 1, "fetch.max.bytes": 0, "max.partition.fetch.bytes": 0, "fetch.min.bytes": 0,
     "fetch.max.wait.ms": 0, "max.poll.records": 1, "auto.commit.interval.ms": 0, "session.timeout.ms": 1,
     "heartbeat.interval.ms": 1, "max.poll.interval.ms": 1, "request.timeout.ms": 0, "retry.backoff.ms": 0,
-    "reconnect.backoff.ms": 0, "metadata.max.age.ms": 0,
+    "reconnect.backoff.ms": 0, "reconnect.backoff.max.ms": 0, "metadata.max.age.ms": 0,
 }
 MAX_INT32 = (1 << 31) - 1
 
@@ -144,6 +146,8 @@ def parse(properties):
         raise ConfigError("heartbeat.interval.ms must be lower than session.timeout.ms")
     if config["group.id"] == "":
         raise ConfigError("group.id must not be empty (leave it unset for assign-only use)")
+    if config["group.instance.id"] == "":
+        raise ConfigError("group.instance.id must not be empty (leave it unset for a dynamic member)")
     return config
 
 

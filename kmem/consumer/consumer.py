@@ -1,17 +1,23 @@
 """``Consumer``: a poll-driven Kafka consumer whose fetch memory is bounded by ``buffer.memory`` (KIP-81).
 
-No background thread: metadata, fetches, group membership, heartbeats and auto-commits all happen
-inside ``poll``, ``commit`` and ``close``, so the application must call ``poll`` more often than
-``heartbeat.interval.ms`` (and ``session.timeout.ms`` at the very least) to stay in its group.
+Metadata, fetches, joining the group, commits and record delivery happen inside ``poll``, ``commit`` and
+``close``, on the application's thread. In a group, a heartbeat thread (KIP-62,
+``kmem.consumer.group.HeartbeatThread``) keeps the membership while the application works between
+polls: a batch may take longer than ``session.timeout.ms``, but ``poll`` must come again within
+``max.poll.interval.ms`` (default 5 minutes), or the member leaves the group and rejoins at its next
+``poll`` (its partitions may have moved; a commit in between raises ``CommitFailedError``). What a C
+extension holding the GIL does to the heartbeats is in ``kmem.consumer.group``'s docstring.
 """
+import functools
 import logging
+import threading
 import time
 
 from kmem.consumer import config as cfg
 from kmem.consumer.client import NetworkClient
 from kmem.consumer.errors import CommitFailedError, KafkaError, KafkaConnectionError
 from kmem.consumer.fetcher import EARLIEST, LATEST, Fetcher, TopicPartition
-from kmem.consumer.group import Coordinator
+from kmem.consumer.group import Coordinator, HeartbeatThread
 from kmem.consumer.metadata import Metadata
 from kmem.errors import IllegalStateError, InvalidArgumentError
 from kmem.pool import SimpleMemoryPool
@@ -22,6 +28,17 @@ log = logging.getLogger(__name__)
 # Coordinator responses are read outside the pool (KIP-81), so their size is bounded separately.
 COORDINATOR_MAX_RECEIVE_BYTES = 8 << 20
 _STRATEGIES = {"earliest": EARLIEST, "latest": LATEST, "none": None}
+# The heartbeat thread's pace between looks at the network, at most (Kafka's waits retry.backoff.ms).
+HEARTBEAT_TICK_SECONDS = 0.1
+
+
+def _locked(method):
+    """Run ``method`` holding the consumer's lock, which the heartbeat thread takes between calls."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
 
 
 class Consumer:
@@ -32,7 +49,8 @@ class Consumer:
     (default 100 MiB) bounds the pool that fetch responses are read into and may not be smaller than
     ``fetch.max.bytes``. ``ssl_context`` (an ``ssl.SSLContext``) enables TLS directly.
 
-    Not thread-safe, as Kafka's ``KafkaConsumer``: use one consumer from one thread.
+    Not thread-safe, as Kafka's ``KafkaConsumer``: use one consumer from one thread (its own heartbeat
+    thread aside).
     """
 
     def __init__(self, bootstrap_servers=None, group_id=None, buffer_memory=100 << 20, *, ssl_context=None,
@@ -50,15 +68,19 @@ class Consumer:
 
     def _init(self, properties, ssl_context, priority_coordinator):
         self._closed = True
+        self._lock = threading.RLock()
+        self._heartbeat_thread = None
         self.config = config = cfg.parse(properties)
         if ssl_context is None:
             ssl_context = cfg.ssl_context(config)
         # Non-strict (KIP-72): one response larger than what is left is still granted, so the pool holds
-        # at most buffer.memory + one response and a consumer always makes progress.
-        self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False)
+        # at most buffer.memory + one response and a consumer always makes progress. Responses vary in
+        # size: mapped blocks keep them out of malloc's heap, which they would fragment, growing RSS.
+        self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False, mapped=True)
         self._client = NetworkClient(
             self.pool, client_id=config["client.id"], request_timeout_ms=config["request.timeout.ms"],
-            reconnect_backoff_ms=config["reconnect.backoff.ms"], ssl_context=ssl_context,
+            reconnect_backoff_ms=config["reconnect.backoff.ms"],
+            reconnect_backoff_max_ms=config["reconnect.backoff.max.ms"], ssl_context=ssl_context,
             coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
         self._metadata = Metadata(self._client, config)
         self._fetcher = Fetcher(self._client, self._metadata, config, self.pool)
@@ -75,10 +97,12 @@ class Consumer:
         self._subscribed = False
         self._offsets_in_flight = set()     # partitions with an OffsetFetch or ListOffsets out
         self._errors = []                   # raised by the next poll
+        self._commit_callbacks = []         # commit_async callbacks, run by the next poll
         self._closed = False
 
     # -- assignment ------------------------------------------------------------------------------------
 
+    @_locked
     def assign(self, partitions):
         """Consume exactly these partitions (``TopicPartition`` or ``(topic, partition)`` tuples)."""
         self._check_open()
@@ -88,6 +112,7 @@ class Consumer:
         self._fetcher.assign(parts)
         self._metadata.set_topics({tp.topic for tp in parts})
 
+    @_locked
     def subscribe(self, topics):
         """Join ``group.id`` and consume the partitions the group assigns of ``topics``."""
         self._check_open()
@@ -103,7 +128,12 @@ class Consumer:
         self._subscribed = True
         self._coordinator.subscribe(topics)
         self._metadata.set_topics(topics)
+        if self._heartbeat_thread is None:
+            tick = min(HEARTBEAT_TICK_SECONDS, self.config["heartbeat.interval.ms"] / 1000.0)
+            self._heartbeat_thread = HeartbeatThread(self._coordinator, self._client, self._lock, tick)
+            self._heartbeat_thread.start()
 
+    @_locked
     def unsubscribe(self):
         """Leave the group (committing first when auto-committing) or drop the assignment."""
         self._check_open()
@@ -114,6 +144,7 @@ class Consumer:
         self._subscribed = False
         self._fetcher.assign([])
 
+    @_locked
     def assignment(self):
         return set(self._fetcher.assignment)
 
@@ -139,6 +170,7 @@ class Consumer:
 
     # -- positions -------------------------------------------------------------------------------------
 
+    @_locked
     def seek(self, partition, offset):
         """Hand out ``partition`` from ``offset`` on; buffered data of it is released."""
         self._check_open()
@@ -153,12 +185,14 @@ class Consumer:
     def seek_to_end(self, *partitions):
         self._seek_reset(partitions, LATEST)
 
+    @_locked
     def _seek_reset(self, partitions, strategy):
         self._check_open()
         for tp in [self._assigned(p) for p in partitions] or list(self._fetcher.assignment):
             self._fetcher.seek(tp, None)
             self._fetcher.assignment[tp].reset_to = strategy
 
+    @_locked
     def position(self, partition, timeout_ms=None):
         """The offset of the next record ``poll`` hands out for ``partition`` (looked up if unknown)."""
         self._check_open()
@@ -177,12 +211,14 @@ class Consumer:
             self._raise_errors()
             self._client.poll(min(self._retry_backoff, deadline - now))
 
+    @_locked
     def pause(self, *partitions):
         """Stop fetching and handing out these partitions (their buffered data is kept) until ``resume``."""
         self._check_open()
         for tp in map(self._assigned, partitions):
             self._fetcher.assignment[tp].paused = True
 
+    @_locked
     def resume(self, *partitions):
         self._check_open()
         for tp in map(self._assigned, partitions):
@@ -190,6 +226,7 @@ class Consumer:
 
     # -- polling ---------------------------------------------------------------------------------------
 
+    @_locked
     def poll(self, timeout_ms=0):
         """Records ready within ``timeout_ms`` (at most ``max.poll.records``), as a list of
         ``ConsumerRecord(topic, partition, offset, timestamp, key, value, headers)``."""
@@ -197,6 +234,9 @@ class Consumer:
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
             raise InvalidArgumentError(f"poll timeout_ms must be a number >= 0, not {timeout_ms!r}")
         deadline = time.monotonic() + timeout_ms / 1000.0
+        if self._coordinator is not None:
+            self._coordinator.last_poll = time.monotonic()
+        self._run_commit_callbacks()
         while True:
             now = time.monotonic()
             self._housekeeping(now)
@@ -239,10 +279,11 @@ class Consumer:
         self._update_positions()
 
     def _on_join_prepare(self):
-        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions."""
+        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions.
+        Out of the group (it left or expired), the partitions are lost instead: nothing is committed."""
         if not self._fetcher.assignment:
             return
-        if self._auto_commit:
+        if self._auto_commit and self._coordinator.generation >= 0:
             offsets = self._positions()
             if offsets:
                 try:
@@ -327,6 +368,11 @@ class Consumer:
                 state.position = p.offset
                 state.reset_to = None
 
+    def _run_commit_callbacks(self):
+        callbacks, self._commit_callbacks = self._commit_callbacks, []
+        for callback in callbacks:
+            callback()
+
     def _raise_errors(self):
         if self._errors:
             error = self._errors[0]
@@ -351,12 +397,23 @@ class Consumer:
             result[self._partition(p)] = offset
         return result
 
+    @_locked
     def commit(self, offsets=None):
         """Commit ``{partition: offset}`` (default: the positions of every assigned partition) and wait."""
         self._check_open()
         offsets = self._commit_offsets(offsets)
         if offsets:
+            error = self._membership_error()
+            if error is not None:
+                raise error
             self._commit_sync(offsets)
+
+    def _membership_error(self):
+        """A ``CommitFailedError`` when the member holds partitions of a group it is no longer in."""
+        if self._subscribed and self._coordinator.generation < 0 and self._fetcher.assignment:
+            return CommitFailedError("this member left its group (poll() was not called within "
+                                     "max.poll.interval.ms): its partitions may have moved; the next poll() rejoins")
+        return None
 
     def _commit_sync(self, offsets):
         deadline = time.monotonic() + self._request_timeout
@@ -378,18 +435,27 @@ class Consumer:
         if result[0] is not None:
             raise result[0]
 
+    @_locked
     def commit_async(self, offsets=None, callback=None):
         """Send a commit; ``callback(offsets, error or None)`` runs inside a later ``poll``."""
         self._check_open()
         offsets = self._commit_offsets(offsets)
-        done = (lambda error: callback(offsets, error)) if callback else (lambda error: None)
+        if callback is None:
+            def done(error):
+                pass
+        else:
+            def done(error):        # the answer may be read by the heartbeat thread: the callback waits for poll
+                self._commit_callbacks.append(functools.partial(callback, offsets, error))
         if not offsets:
             done(None)
+        elif self._membership_error() is not None:
+            done(self._membership_error())
         elif not self._coordinator.ready:
             done(CommitFailedError("the group coordinator is not known yet"))
         else:
             self._coordinator.commit(offsets, done)
 
+    @_locked
     def committed(self, partition, timeout_ms=None):
         """The committed offset of ``partition`` for this group, or None."""
         self._check_open()
@@ -422,6 +488,7 @@ class Consumer:
         """The group generation this member is in (-1 outside a group)."""
         return self._coordinator.generation if self._coordinator is not None else -1
 
+    @_locked
     def metrics(self):
         """The pool's sensors (Kafka's MemoryPool names), fetch rates (consumer-fetch-manager names) and,
         in a group, heartbeats answered (consumer-coordinator names)."""
@@ -442,19 +509,27 @@ class Consumer:
     # -- closing ---------------------------------------------------------------------------------------
 
     def close(self, autocommit=True):
-        """Commit (when auto-committing), leave the group, release every pooled buffer, disconnect."""
+        """Commit (when auto-committing), leave the group (a static member does not: Kafka's does not
+        either), release every pooled buffer, disconnect."""
+        if self._heartbeat_thread is not None:
+            self._heartbeat_thread.stop()       # before taking the lock, which the thread may be waiting for
+            self._heartbeat_thread = None
+        with self._lock:
+            self._close(autocommit)
+
+    def _close(self, autocommit):
         if self._closed:
             return
         try:
             if self._coordinator is not None:
-                if autocommit and self._auto_commit and self._coordinator.ready:
+                if autocommit and self._auto_commit and self._coordinator.ready and self._membership_error() is None:
                     offsets = self._positions()
                     if offsets:
                         try:
                             self._commit_sync(offsets)
                         except (CommitFailedError, KafkaConnectionError):
                             pass
-                if self._subscribed:
+                if self._subscribed and self._coordinator.instance_id is None:
                     self._leave_group()
         finally:
             self._closed = True

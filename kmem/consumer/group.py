@@ -1,12 +1,27 @@
 """Group membership (Kafka's classic consumer protocol): find the coordinator, join, sync, heartbeat,
 commit and fetch offsets, leave; the range and round-robin assignors.
 
-Everything is driven from the consumer's ``poll`` (no background thread). The coordinator connection
-is a KIP-81 priority channel: its responses are read outside ``buffer.memory``, so a pool filled by
-fetch data cannot delay a heartbeat's answer, and with it the next heartbeat.
+Joining, syncing, assigning and commits are driven from the consumer's ``poll`` on the application's
+thread. Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
+polls, so a batch that takes longer than ``session.timeout.ms`` to handle does not cost the partitions.
+``max.poll.interval.ms`` bounds that time, as in Kafka: when ``poll`` was not called within it, the
+heartbeat thread leaves the group (a static member, ``group.instance.id``, sends no LeaveGroup and only
+stops heartbeating, so the coordinator keeps its partitions until ``session.timeout.ms``), and the member
+rejoins at its next ``poll``. The coordinator connection is a KIP-81 priority channel: its responses are
+read outside ``buffer.memory``, so a pool filled by fetch data cannot delay a heartbeat's answer, and
+with it the next heartbeat.
+
+The heartbeat thread is a Python thread: it runs whenever the application's thread lets go of the GIL,
+which CPython makes it do every ``sys.getswitchinterval()`` (5 ms) while it runs Python code, and
+whenever it sleeps or blocks on I/O. A C extension that holds the GIL for longer than
+``session.timeout.ms`` (a long computation without ``Py_BEGIN_ALLOW_THREADS``) stops the heartbeats
+for that time: the coordinator expires the member and its partitions move, as if the application had
+stopped polling; its next ``poll`` rejoins and a commit of the old generation fails. Release the GIL
+in such code, or raise ``session.timeout.ms`` above its longest call.
 """
 import logging
 import struct
+import threading
 import time
 
 from kmem.consumer import errors as codes
@@ -140,6 +155,8 @@ class Coordinator:
         self.group_id = config["group.id"]
         self._session_timeout_ms = config["session.timeout.ms"]
         self._rebalance_timeout_ms = config["max.poll.interval.ms"]
+        self._max_poll_interval = config["max.poll.interval.ms"] / 1000.0
+        self.instance_id = config["group.instance.id"]     # KIP-345 static membership
         self._heartbeat_interval = config["heartbeat.interval.ms"] / 1000.0
         self._retry_backoff = config["retry.backoff.ms"] / 1000.0
         self._assignors = config["partition.assignment.strategy"]
@@ -162,6 +179,7 @@ class Coordinator:
         self.generations = []           # every generation joined (for diagnostics and tests)
         self.heartbeats_answered = 0
         self.last_heartbeat_answer = None
+        self.last_poll = time.monotonic()   # the application's last poll(), for max.poll.interval.ms
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -207,6 +225,23 @@ class Coordinator:
         elif self._state == "stable" and not self._heartbeat_in_flight and now >= self._heartbeat_due:
             self._heartbeat(now)
 
+    def poll_heartbeat(self, now):
+        """The heartbeat thread's share: heartbeat when due, or leave the group when the application has
+        not called ``poll`` within ``max.poll.interval.ms``. Joining stays with ``poll``."""
+        if self._state != "stable" or not self.ready:
+            return
+        if now - self.last_poll > self._max_poll_interval:
+            log.warning("group %s: poll() was not called within max.poll.interval.ms (%d ms): %s; it rejoins "
+                        "at the next poll() (handle fewer records per poll, max.poll.records, or raise "
+                        "max.poll.interval.ms)", self.group_id, self._rebalance_timeout_ms,
+                        "stopping heartbeats" if self.instance_id else "leaving the group")
+            if self.instance_id:
+                self._forget_membership()
+            else:
+                self.leave(lambda *_: None)
+        elif not self._heartbeat_in_flight and now >= self._heartbeat_due:
+            self._heartbeat(now)
+
     def time_to_next_heartbeat(self, now):
         if self._state != "stable" or self._heartbeat_in_flight:
             return None
@@ -230,11 +265,13 @@ class Coordinator:
             self._retry_at = time.monotonic() + self._retry_backoff
             return
         channel = f"coordinator-{body.node_id}"
+        now = time.monotonic()
         try:
+            if not self._client.can_connect(channel, now):
+                raise KafkaConnectionError("backing off")
             self._client.connect(channel, (body.host, body.port), priority=self._priority)
-        except KafkaConnectionError as exc:
-            log.warning("group %s: cannot reach the coordinator: %s", self.group_id, exc)
-            self._retry_at = time.monotonic() + self._retry_backoff
+        except KafkaConnectionError:
+            self._retry_at = now + self._retry_backoff      # the client logged it and backs off
             return
         self.node = channel
 
@@ -247,7 +284,8 @@ class Coordinator:
         metadata = encode_subscription(self.subscription)
         request = messages.JoinGroupRequest(
             group_id=self.group_id, session_timeout_ms=self._session_timeout_ms,
-            rebalance_timeout_ms=self._rebalance_timeout_ms, member_id=self.member_id, group_instance_id=None,
+            rebalance_timeout_ms=self._rebalance_timeout_ms, member_id=self.member_id,
+            group_instance_id=self.instance_id,
             protocol_type=CONSUMER_PROTOCOL,
             protocols=[messages.JoinGroupRequest.JoinGroupRequestProtocol(name=name, metadata=metadata)
                        for name in self._assignors])
@@ -313,7 +351,7 @@ class Coordinator:
     def _sync(self, assignments):
         request = messages.SyncGroupRequest(
             group_id=self.group_id, generation_id=self.generation, member_id=self.member_id,
-            group_instance_id=None, protocol_type=CONSUMER_PROTOCOL, protocol_name=self.protocol,
+            group_instance_id=self.instance_id, protocol_type=CONSUMER_PROTOCOL, protocol_name=self.protocol,
             assignments=assignments)
         generation = self.generation
         self._client.send(self.node, request, lambda r, b, e: self._on_sync(generation, b, e))
@@ -345,7 +383,7 @@ class Coordinator:
         self._heartbeat_due = now + self._heartbeat_interval
         generation = self.generation
         request = messages.HeartbeatRequest(group_id=self.group_id, generation_id=generation,
-                                            member_id=self.member_id, group_instance_id=None)
+                                            member_id=self.member_id, group_instance_id=self.instance_id)
         self._client.send(self.node, request, lambda r, b, e: self._on_heartbeat(generation, b, e))
 
     def _on_heartbeat(self, generation, body, error):
@@ -381,7 +419,7 @@ class Coordinator:
         # generation forms. Outside the group (-1, ""), the commit is a simple one.
         request = messages.OffsetCommitRequest(
             group_id=self.group_id, generation_id_or_member_epoch=self.generation,
-            member_id=self.member_id, group_instance_id=None, retention_time_ms=-1,
+            member_id=self.member_id, group_instance_id=self.instance_id, retention_time_ms=-1,
             topics=[messages.OffsetCommitRequest.OffsetCommitRequestTopic(name=t, partitions=p)
                     for t, p in topics.items()])
         self._client.send(self.node, request, lambda r, b, e: callback(self._commit_error(b, e)))
@@ -441,6 +479,37 @@ class Coordinator:
                                                                     member_id=self.member_id), callback)
         else:
             callback(None, None, None)
+        self._forget_membership()
+
+    def _forget_membership(self):
         self._state = "unjoined"
         self.member_id = ""
         self.generation = -1
+
+
+class HeartbeatThread(threading.Thread):
+    """Heartbeats while the application works between polls (KIP-62): every ``tick`` seconds, under the
+    consumer's ``lock`` (held by the application's thread inside each consumer call), it sends a due
+    heartbeat and does the network I/O that reads its answer."""
+
+    def __init__(self, coordinator, client, lock, tick):
+        super().__init__(name=f"kmem-heartbeat-{coordinator.group_id}", daemon=True)
+        self._coordinator = coordinator
+        self._client = client
+        self._lock = lock
+        self._tick = tick
+        self._stopping = threading.Event()
+
+    def run(self):
+        while not self._stopping.wait(self._tick):
+            with self._lock:
+                if self._stopping.is_set():
+                    break
+                self._coordinator.poll_heartbeat(time.monotonic())
+                self._client.poll(0)
+
+    def stop(self):
+        """Stop and wait for the thread; call without holding the lock."""
+        self._stopping.set()
+        if self.is_alive():
+            self.join()

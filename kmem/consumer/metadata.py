@@ -1,12 +1,9 @@
 """Cluster metadata: brokers, partition leaders, and connections to brokers by node id."""
-import logging
 import time
 
 from kmem.consumer.errors import KafkaConnectionError
 from kmem.consumer.fetcher import TopicPartition
 from kmem.protocol import messages
-
-log = logging.getLogger(__name__)
 
 
 class Metadata:
@@ -53,9 +50,8 @@ class Metadata:
             return False
         try:
             self._client.connect(node, address)
-        except KafkaConnectionError as exc:
-            log.warning("broker %s: %s", node, exc)
-            self.request_update()
+        except KafkaConnectionError:
+            self.request_update()       # the client logged it
             return False
         return True
 
@@ -76,8 +72,8 @@ class Metadata:
                 try:
                     self._client.connect(channel, address)
                     return channel
-                except KafkaConnectionError as exc:
-                    log.warning("bootstrap server %s:%s: %s", address[0], address[1], exc)
+                except KafkaConnectionError:
+                    pass                # the client logged it and backs off
         return None
 
     def poll(self, now):
