@@ -296,3 +296,27 @@ def filter_v2_records(OffsetMap offset_map not None, const unsigned char[::1] se
     finally:
         free(out)
     return result
+
+
+def first_keyless_record(const unsigned char[::1] section not None, *, int64_t count, Py_ssize_t base=0):
+    """The index of the first record without a key in a v2 records section (``count`` records,
+    decompressed), or -1: what a compacted topic refuses (Kafka's ``LogValidator``)."""
+    cdef Py_ssize_t n = section.shape[0]
+    cdef const unsigned char* start = &section[0] if n else NULL
+    cdef Cursor c = Cursor(start, start + n, start, OK, 0)
+    cdef Fields f
+    cdef int64_t i, found = -1
+    cdef int rc = 0
+    if count < 0 or count > n:
+        raise _corrupt(ERR_COUNT, 0, base)
+    with nogil:
+        for i in range(count):
+            if c.p >= c.end or parse_v2_record(&c, 0, 0, &f) < 0:
+                rc = -1
+                break
+            if f.key_len < 0:
+                found = i
+                break
+    if rc < 0:
+        raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
+    return found

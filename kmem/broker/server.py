@@ -110,6 +110,7 @@ class Broker:
             raise
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
         self._maintenance.start()
+        self.logs.cleaner.start()
         host, port = self.server.address
         log.info("listening on %s:%d", host, port)
         return self
