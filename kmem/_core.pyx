@@ -13,8 +13,8 @@ from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_XDECREF
 from libc.stdint cimport INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy
+from libc.stdlib cimport calloc, free, malloc
+from libc.string cimport memcmp, memcpy, memset
 
 include "_pool.pxi"
 include "_bloom.pxi"
@@ -26,3 +26,4 @@ include "_record_encode.pxi"
 include "_record_convert.pxi"
 include "_record_decode.pxi"
 include "_record_rebuild.pxi"
+include "_offset_map.pxi"

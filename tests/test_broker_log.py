@@ -96,7 +96,7 @@ def test_config_names_strings_and_precedence():
     {"num.partitions": True}, {"log.message.timestamp.type": "Now"}, {"no.such.setting": 1},
     {"log.message.downconversion.enable": "yes"}, {"compression.type": "brotli"}, {"log.retention.ms": -2},
     {"producer.id.expiration.ms": 0}, {"producer.id.expiration.check.interval.ms": 0},
-    {"log.cleanup.policy": "compact"}, {"log.cleanup.policy": "delete,compact"}, {"min.insync.replicas": 2},
+    {"log.cleanup.policy": "compaction"}, {"log.cleanup.policy": ""}, {"min.insync.replicas": 2},
 ])
 def test_config_rejects_bad_values(properties):
     with pytest.raises(ConfigError) as raised:

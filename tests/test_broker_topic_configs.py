@@ -158,7 +158,7 @@ def test_kafkas_topic_configs_are_accepted(name, value, effective):
     {"compression.zstd.level": "-131073"}, {"leader.replication.throttled.replicas": "0-1"},
     {"follower.replication.throttled.replicas": "*,0:1"}, {"remote.storage.enable": "true"},
     {"local.retention.ms": "-3"}, {"local.retention.bytes": "x"}, {"remote.log.copy.disable": "no"},
-    {"cleanup.policy": "compact"}, {"cleanup.policy": "delete,compact"}, {"cleanup.policy": ""},
+    {"cleanup.policy": "compaction"}, {"cleanup.policy": "delete,forever"}, {"cleanup.policy": ""},
     {"cleanup.policy": "delete,,delete"}, {"segment.ms": "1_000"}, {"retention.ms": "1e3"},
     {"no.such.config": "1"}, {"Retention.ms": "1000"},
 ])
@@ -185,7 +185,7 @@ def test_create_topics_and_alter_configs_accept_kafkas_configs_and_describe_them
     assert alter(broker, "t", {"message.format.version": "0.10.0.0", "retention.ms": "60000"}) == (ErrorCode.NONE,
                                                                                                     None)
     assert broker.logs.topics()["t"].configs == {"message.format.version": "0.10.0.0", "retention.ms": "60000"}
-    code, message = alter(broker, "t", {"delete.retention.ms": "1000", "cleanup.policy": "compact"})
+    code, message = alter(broker, "t", {"delete.retention.ms": "1000", "cleanup.policy": "compacted"})
     assert code == ErrorCode.INVALID_CONFIG and "cleanup.policy" in message
     code, message = alter(broker, "t", {"delete.retention.msec": "1000"})
     assert code == ErrorCode.INVALID_CONFIG and "delete.retention.msec" in message

@@ -127,6 +127,7 @@ class Broker:
             raise
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
         self._maintenance.start()
+        self.logs.cleaner.start()
         host, port = self.server.address
         log.info("listening on %s:%d", host, port)
         if self.settings.advertised is not None:

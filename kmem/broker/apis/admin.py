@@ -51,6 +51,11 @@ CONFIG_TYPES = {      # topic-level and broker-level names
     "log.message.timestamp.type": STRING, "log.message.downconversion.enable": BOOLEAN,
     "log.index.interval.bytes": INT, "log.index.size.max.bytes": INT, "log.cleanup.policy": LIST,
     "producer.ledger.ids": INT, "producer.state.cache.entries": INT,
+    "log.cleaner.enable": BOOLEAN, "log.cleaner.threads": INT, "log.cleaner.dedupe.buffer.size": LONG,
+    "log.cleaner.io.buffer.size": INT, "log.cleaner.io.buffer.load.factor": DOUBLE,
+    "log.cleaner.io.max.bytes.per.second": DOUBLE, "log.cleaner.backoff.ms": LONG,
+    "log.cleaner.min.cleanable.ratio": DOUBLE, "log.cleaner.delete.retention.ms": LONG,
+    "log.cleaner.min.compaction.lag.ms": LONG, "log.cleaner.max.compaction.lag.ms": LONG,
 }
 # topic-level name -> the broker-level name that gives its default (Kafka's ServerTopicConfigSynonyms); the
 # tiered storage switches and the replication throttles have none

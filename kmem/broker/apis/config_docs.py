@@ -151,8 +151,20 @@ BROKER_DOCS = {
                                 "segment.index.bytes).",
     "compression.type": "The final compression codec of topics: gzip, snappy, lz4, zstd, 'uncompressed', or "
                         "'producer' to keep each producer's codec.",
-    "log.cleanup.policy": "The default cleanup policy of segments past retention: 'delete' (kmem broker does "
-                          "not compact logs yet, so 'compact' is refused).",
+    "log.cleanup.policy": "The default cleanup policy of topics: 'delete' (retention deletes old segments), "
+                          "'compact' (the log cleaner keeps the latest record of each key) or both.",
+    "log.cleaner.enable": "Whether the log cleaner runs (compacted topics are not cleaned without it).",
+    "log.cleaner.threads": "The cleaner threads: kmem broker has one.",
+    "log.cleaner.dedupe.buffer.size": "The memory of the cleaner's key map, in bytes (24 per key): a pass covers "
+                                      "as many keys as it holds, more keys take more passes.",
+    "log.cleaner.io.buffer.size": "The cleaner's read and write buffer, in bytes.",
+    "log.cleaner.io.buffer.load.factor": "How full the cleaner fills its key map before a pass stops mapping.",
+    "log.cleaner.io.max.bytes.per.second": "The cleaner's read and write rate limit, in bytes per second.",
+    "log.cleaner.backoff.ms": "How long the cleaner waits when no log needs cleaning.",
+    "log.cleaner.min.cleanable.ratio": "The default of min.cleanable.dirty.ratio.",
+    "log.cleaner.delete.retention.ms": "The default of delete.retention.ms.",
+    "log.cleaner.min.compaction.lag.ms": "The default of min.compaction.lag.ms.",
+    "log.cleaner.max.compaction.lag.ms": "The default of max.compaction.lag.ms.",
     "min.insync.replicas": "With acks=all, the fewest replicas that must acknowledge a write; kmem broker is "
                            "the only replica, so only 1 is accepted.",
     "producer.ledger.ids": "kmem's own setting: how many producer ids a partition's ledger file holds before it "

@@ -31,6 +31,7 @@ RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 REPLICATION_OFFSET_CHECKPOINT = "replication-offset-checkpoint"
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+CLEANER_OFFSET_CHECKPOINT = "cleaner-offset-checkpoint"       # each compacted partition's first dirty offset
 PARTITION_METADATA = "partition.metadata"
 META_PROPERTIES = "meta.properties"
 CLEAN_SHUTDOWN = ".kafka_cleanshutdown"

@@ -23,8 +23,20 @@ Broker setting (default)                       topic setting
 - ``compression.type`` (producer)              ``compression.type``: ``producer`` keeps each batch's codec;
   ``uncompressed``, ``gzip``, ``snappy``, ``lz4`` or ``zstd`` recompress batches of another codec
   (``kmem.broker.log.validator``), as Kafka's ``LogValidator``.
-- ``log.cleanup.policy`` (delete)               ``cleanup.policy``: only ``delete`` (kmem does not compact);
-  ``compact`` is refused rather than silently ignored.
+- ``log.cleanup.policy`` (delete)               ``cleanup.policy``: ``delete`` (retention), ``compact`` (the
+  log cleaner, ``kmem.broker.log.cleaner``) or ``compact,delete`` (both).
+- ``log.cleaner.delete.retention.ms`` (1 day)   ``delete.retention.ms``: how long a tombstone outlives the
+  clean that first kept it.
+- ``log.cleaner.min.compaction.lag.ms`` (0)     ``min.compaction.lag.ms``: records younger than this stay.
+- ``log.cleaner.max.compaction.lag.ms`` (none)  ``max.compaction.lag.ms``: a dirty record older than this is
+  cleaned whatever the dirty ratio (KIP-354).
+- ``log.cleaner.min.cleanable.ratio`` (0.5)     ``min.cleanable.dirty.ratio``: the dirty share of a log
+  that makes it worth cleaning.
+- The cleaner's own: ``log.cleaner.enable`` (true), ``log.cleaner.threads`` (1, the only value),
+  ``log.cleaner.dedupe.buffer.size`` (128 MiB: the key map, 24 bytes per key),
+  ``log.cleaner.io.buffer.size`` (512 KiB), ``log.cleaner.io.buffer.load.factor`` (0.9),
+  ``log.cleaner.io.max.bytes.per.second`` (no limit), ``log.cleaner.backoff.ms`` (15 s: the wait when no
+  log needs cleaning).
 - ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
   value would make every ``acks=all`` produce fail with NOT_ENOUGH_REPLICAS, as in Kafka: refused).
 
@@ -37,11 +49,10 @@ effect here:
   default, falls back to the deprecated ``message.timestamp.difference.max.ms``) are enforced on a
   CreateTime topic, on each batch's first and largest timestamp (``kmem.broker.log.validator``:
   INVALID_TIMESTAMP).
-- No effect, nothing to act on a single node without compaction or tiered storage:
-  ``delete.retention.ms``, ``min.compaction.lag.ms``, ``max.compaction.lag.ms`` and
-  ``min.cleanable.dirty.ratio`` (compaction; ``min.compaction.lag.ms`` above ``max.compaction.lag.ms`` is
-  refused, as Kafka does); ``unclean.leader.election.enable``, ``leader.replication.throttled.replicas``
-  and ``follower.replication.throttled.replicas`` (replication: ``*`` or ``partition:broker`` lists);
+- ``min.compaction.lag.ms`` above ``max.compaction.lag.ms`` is refused, as Kafka does.
+- No effect, nothing to act on a single node without tiered storage: ``unclean.leader.election.enable``,
+  ``leader.replication.throttled.replicas`` and ``follower.replication.throttled.replicas`` (replication:
+  ``*`` or ``partition:broker`` lists);
   ``local.retention.ms``, ``local.retention.bytes`` (-2: ``retention.*``), ``remote.log.copy.disable`` and
   ``remote.log.delete.on.disable`` (tiered storage; ``remote.storage.enable=true`` is refused, as Kafka
   refuses it while ``remote.log.storage.system.enable`` is false).
@@ -97,6 +108,23 @@ def _ratio(name, value):
     return number
 
 
+def _load_factor(name, value):
+    """A DOUBLE above 0, at most 1 (the share of the key map a pass fills)."""
+    number = _ratio(name, value)
+    if number <= 0:
+        raise ConfigError(f"{name} = {value} must be above 0")
+    return number
+
+
+def _positive_number(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or \
+            isinstance(value, str) and not _DECIMAL.fullmatch(value.strip()):
+        raise ConfigError(f"{name} must be a number, not {value!r}")
+    if float(value) <= 0:
+        raise ConfigError(f"{name} = {value} must be above 0")
+    return float(value)
+
+
 def _bool(name, value):
     if isinstance(value, bool):
         return value
@@ -138,16 +166,14 @@ def _compression(name, value):
 
 
 def _cleanup_policy(name, value):
+    """``delete``, ``compact`` or both (``compact,delete``), as Kafka's ``ValidList``."""
     policies = [p.lower() for p in _list(name, value)]
     unknown = [p for p in policies if p not in ("compact", "delete")]
     if unknown:
         raise ConfigError(f"{name} = {value!r}: {unknown[0]!r} is not a cleanup policy (compact, delete)")
-    if "compact" in policies:
-        raise ConfigError(f"{name} = {value!r}: only 'delete' is supported (kmem broker does not compact logs)")
     if not policies:
-        raise ConfigError(f"{name} is empty: only 'delete' is supported (kmem broker applies retention to "
-                          "every topic)")
-    return "delete"
+        raise ConfigError(f"{name} is empty: give delete, compact or compact,delete")
+    return ",".join(p for p in ("compact", "delete") if p in policies)
 
 
 def _throttled_replicas(name, value):
@@ -282,6 +308,16 @@ class LogConfig:
     remote_log_delete_on_disable: bool = False
 
     @property
+    def compact(self):
+        """The log cleaner compacts the topic (``cleanup.policy`` holds ``compact``)."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self):
+        """Retention deletes old segments (``cleanup.policy`` holds ``delete``)."""
+        return "delete" in self.cleanup_policy.split(",")
+
+    @property
     def log_append_time(self):
         return self.message_timestamp_type == LOG_APPEND_TIME
 
@@ -343,6 +379,17 @@ BROKER_SETTINGS = {
     "compression.type": ("compression_type", _compression),
     "log.cleanup.policy": ("log_cleanup_policy", _cleanup_policy),
     "min.insync.replicas": ("min_insync_replicas", TOPIC_SETTINGS["min.insync.replicas"][1]),
+    "log.cleaner.enable": ("log_cleaner_enable", _bool),
+    "log.cleaner.threads": ("log_cleaner_threads", lambda n, v: _int(n, v, 1, 1)),
+    "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", lambda n, v: _int(n, v, 24)),
+    "log.cleaner.io.buffer.size": ("log_cleaner_io_buffer_size", lambda n, v: _int(n, v, 512, INT32_MAX)),
+    "log.cleaner.io.buffer.load.factor": ("log_cleaner_io_buffer_load_factor", _load_factor),
+    "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second", _positive_number),
+    "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", lambda n, v: _int(n, v, 0)),
+    "log.cleaner.min.cleanable.ratio": ("log_cleaner_min_cleanable_ratio", _ratio),
+    "log.cleaner.delete.retention.ms": ("log_cleaner_delete_retention_ms", lambda n, v: _int(n, v, 0)),
+    "log.cleaner.min.compaction.lag.ms": ("log_cleaner_min_compaction_lag_ms", lambda n, v: _int(n, v, 0)),
+    "log.cleaner.max.compaction.lag.ms": ("log_cleaner_max_compaction_lag_ms", lambda n, v: _int(n, v, 1)),
     "producer.ledger.ids": ("producer_ledger_ids", lambda n, v: _int(n, v, 16, INT32_MAX)),
     "producer.state.cache.entries": ("producer_state_cache_entries", lambda n, v: _int(n, v, 1, INT32_MAX)),
 }
@@ -372,6 +419,17 @@ class BrokerConfig:
     compression_type: str = "producer"
     log_cleanup_policy: str = "delete"
     min_insync_replicas: int = 1
+    log_cleaner_enable: bool = True
+    log_cleaner_threads: int = 1
+    log_cleaner_dedupe_buffer_size: int = 128 << 20
+    log_cleaner_io_buffer_size: int = 512 << 10
+    log_cleaner_io_buffer_load_factor: float = 0.9
+    log_cleaner_io_max_bytes_per_second: float = float("inf")
+    log_cleaner_backoff_ms: int = 15_000
+    log_cleaner_min_cleanable_ratio: float = 0.5
+    log_cleaner_delete_retention_ms: int = 86_400_000
+    log_cleaner_min_compaction_lag_ms: int = 0
+    log_cleaner_max_compaction_lag_ms: int = INT64_MAX
     producer_ledger_ids: int = 10_000
     producer_state_cache_entries: int = 10_000
 
@@ -413,7 +471,10 @@ class BrokerConfig:
             message_downconversion_enable=self.log_message_downconversion_enable,
             index_interval_bytes=self.log_index_interval_bytes, segment_index_bytes=self.log_index_size_max_bytes,
             compression_type=self.compression_type, cleanup_policy=self.log_cleanup_policy,
-            min_insync_replicas=self.min_insync_replicas)
+            min_insync_replicas=self.min_insync_replicas, delete_retention_ms=self.log_cleaner_delete_retention_ms,
+            min_compaction_lag_ms=self.log_cleaner_min_compaction_lag_ms,
+            max_compaction_lag_ms=self.log_cleaner_max_compaction_lag_ms,
+            min_cleanable_dirty_ratio=self.log_cleaner_min_cleanable_ratio)
 
     def topic_config(self, overrides=None):
         """The ``LogConfig`` of a topic with ``overrides`` (topic-level names) over the broker's defaults."""

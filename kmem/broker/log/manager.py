@@ -7,7 +7,9 @@ it raises ``IllegalStateError``): ``meta.properties``, the offset checkpoints at
 log), ``kmem-producer-id-block`` (``allocate_producer_id()`` never reissues an id) and the partitions.
 ``maintain(now)`` applies retention and writes the checkpoints; call it periodically (Kafka's
 ``log.retention.check.interval.ms`` is 5 minutes). Segments roll only when an append arrives, as in
-Kafka; an idle partition's active segment still expires, retention rolling it first.
+Kafka; an idle partition's active segment still expires, retention rolling it first. ``cleaner`` is the
+``kmem.broker.log.cleaner.LogCleaner`` of the compacted topics (``cleaner.start()`` starts its thread;
+``cleaner-offset-checkpoint`` holds each compacted partition's first dirty offset).
 """
 import fcntl
 import json
@@ -20,6 +22,7 @@ from typing import NamedTuple
 
 from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.log import checkpoints
+from kmem.broker.log.cleaner import LogCleaner
 from kmem.broker.log.config import BrokerConfig
 from kmem.broker.log.unified_log import PartitionLog, wall_clock_ms
 from kmem.durable import fsync_directory, replaced_atomically
@@ -131,6 +134,7 @@ class LogManager:
         if self._logs and not clean:
             log.info("recovered %s in %s after an unclean shutdown", _count(len(self._logs), "partition"),
                      self.log_dir)
+        self.cleaner = LogCleaner(self.log_dir, self.config, self._logs, self._clock)
         self.checkpoint()
 
     def _path(self, name):
@@ -220,6 +224,7 @@ class LogManager:
             deleted = [self._logs.pop(key) for key in doomed]
             for partition_log in deleted:
                 partition_log.delete()
+            self.cleaner.forget(doomed)
             log.info("deleted topic %s (%s)", name, _count(len(deleted), "partition"))
             if self._topic_configs.pop(name, None) is not None:
                 self._write_topics_file()
@@ -358,6 +363,7 @@ class LogManager:
     def close(self, broker_epoch=-1):
         """Flush and close every partition, write the checkpoints, then the clean-shutdown marker
         (``{"version":0,"brokerEpoch":<broker_epoch>}``, as Kafka's ``CleanShutdownFileHandler``)."""
+        self.cleaner.stop()             # outside the lock: a pass in progress finishes first
         with self._lock:
             if self._closed:
                 return

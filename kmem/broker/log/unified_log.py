@@ -22,7 +22,11 @@
 - ``add_listener(fn)``: ``fn(log)`` after every append (outside the lock), to wake parked fetches.
 - ``offset_metadata(offset)``, ``fetch_upper_bound(isolation)``: where an offset sits (segment, file
   position), so a parked fetch can count the bytes that arrived (Kafka's ``LogOffsetMetadata``).
-- ``delete_old_segments(now)``: retention as Kafka's ``deleteOldSegments``: by ``retention.ms`` (a
+- ``cleanable_segments()``, ``replace_segments(old, base)``: what ``kmem.broker.log.cleaner`` cleans and
+  the swap of its cleaned segment (at load, ``.cleaned``/``.swap``/``.deleted`` files an interrupted clean
+  left are completed or removed first).
+- ``delete_old_segments(now)``: when ``cleanup.policy`` holds ``delete``, retention as Kafka's
+  ``deleteOldSegments``: by ``retention.ms`` (a
   segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first, rolling
   first when every segment goes; the log start offset moves to the first segment left.
 
@@ -46,6 +50,7 @@ from typing import NamedTuple
 
 from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.log import checkpoints
+from kmem.broker.log.cleaner import complete_interrupted_swaps, swap_in_cleaned_files
 from kmem.broker.log.index import CorruptIndexError
 from kmem.broker.log.producer_state import ProducerStateManager
 from kmem.broker.log.segment import (
@@ -157,6 +162,7 @@ class PartitionLog:
         self.producers.replay(batch)
 
     def _load(self, recovery_point, log_start_offset, clean):
+        complete_interrupted_swaps(self.directory)
         found = log_segments(self.directory)
         self.segments = []
         recovered = []
@@ -392,6 +398,8 @@ class PartitionLog:
             self._check_open()
             now = self._clock() if now_ms is None else now_ms
             deleted = 0
+            if not self.config.delete:          # cleanup.policy=compact: the log cleaner's, not retention's
+                return deleted
             retention_ms = self.config.retention_ms
             if retention_ms >= 0:
                 deleted += self._delete_segments(lambda s: now - s.largest_timestamp > retention_ms)
@@ -455,6 +463,32 @@ class PartitionLog:
             self.log_start_offset = max(self.log_start_offset, offset)
             self._delete_segments(lambda segment: segment.next_offset <= offset)
             return self.log_start_offset
+
+    # --- compaction (kmem.broker.log.cleaner) ------------------------------------------------------------
+
+    def cleanable_segments(self):
+        """``(the segments before the active one, log start offset, active segment's base offset)``."""
+        with self._lock:
+            self._check_open()
+            return list(self.segments[:-1]), self.log_start_offset, self.active.base_offset
+
+    def replace_segments(self, old_segments, cleaned_base):
+        """Swap in the cleaned segment ``<cleaned_base>.log.cleaned`` (with its indexes) for
+        ``old_segments`` (Kafka's ``replaceSegments``); False, nothing changed, when they are no longer
+        all in the log (retention or DeleteRecords removed one meanwhile)."""
+        with self._lock:
+            self._check_open()
+            inactive = self.segments[:-1]
+            if not all(any(s is old for s in inactive) for old in old_segments):
+                return False
+            swap_in_cleaned_files(self.directory, cleaned_base, [s.base_offset for s in old_segments])
+            for old in old_segments:
+                old.close()
+            new = self._new_segment(cleaned_base, active=False)
+            new.load()
+            first = next(i for i, s in enumerate(self.segments) if s is old_segments[0])
+            self.segments[first:first + len(old_segments)] = [new]
+            return True
 
     # --- shutdown -----------------------------------------------------------------------------------
 

@@ -9,6 +9,8 @@
   batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
   Kafka trims it; input without any complete batch is INVALID_RECORD. More bytes than ``segment.bytes``
   is RECORD_LIST_TOO_LARGE.
+- On a compacted topic (``cleanup.policy`` holding ``compact``) a record without a key from a client is
+  INVALID_RECORD, as Kafka refuses it.
 - On a CreateTime topic (KIP-937), a batch from a client whose first or largest timestamp (a v2 header's
   base and max timestamps, a v0/v1 entry's own) lies more than ``message.timestamp.before.max.ms`` before
   the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP. Kafka
@@ -170,6 +172,22 @@ def _check_records(batch):
         raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
 
 
+def _check_keys(batches):
+    """A compacted topic takes only records with a key: else INVALID_RECORD, as Kafka's ``LogValidator``."""
+    for batch in batches:
+        if batch.is_control_batch:
+            continue
+        if batch.magic == 2:
+            body = batch.buffer[V2_HEADER_SIZE:]
+            if batch.is_compressed:
+                body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
+            keyless = _core.first_keyless_record(body, count=batch.records_count) >= 0
+        else:
+            keyless = any(record.key is None for record in batch)
+        if keyless:
+            raise LogError(ErrorCode.INVALID_RECORD, "compacted topic cannot accept message without key")
+
+
 def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CLIENT, now_ms=None):
     """Validate ``records`` (a bytes-like object or ``MemoryRecords``) for an append at ``next_offset``
     to a log with ``config`` (a ``LogConfig``); returns ``ValidatedRecords`` or raises ``LogError``."""
@@ -192,6 +210,8 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
                                      or all(batch.compression == target for batch in batches))
     for batch in batches:
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
+    if config.compact and origin == CLIENT:
+        _check_keys(batches)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     if not config.log_append_time and origin != REPLICATION:
         _check_timestamps(batches, now, config.timestamp_before_max_ms, config.timestamp_after_max_ms)

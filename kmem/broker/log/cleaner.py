@@ -1,0 +1,597 @@
+"""Log compaction: Kafka 3.9's ``LogCleaner`` for the partitions whose ``cleanup.policy`` holds ``compact``.
+
+A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
+
+1. The dirty section runs from the partition's first dirty offset (``cleaner-offset-checkpoint``, or the
+   log start) to the first uncleanable offset: the active segment's base, or the first segment holding a
+   record younger than ``min.compaction.lag.ms``.
+2. The key map (``kmem._core.OffsetMap``, a fixed buffer of ``log.cleaner.dedupe.buffer.size`` bytes:
+   a 16-byte key hash and an offset per slot, as Kafka's ``SkimpyOffsetMap``) is filled with the latest
+   offset of each key of the dirty section, batch by batch, until it is ``log.cleaner.io.buffer.load.factor``
+   full: a section with more keys than that is cleaned in several passes, the map never grows.
+3. Every segment before the end of what the map covers (not the active one) is rewritten, in groups of
+   consecutive segments whose sizes add up to at most ``segment.bytes`` (so the cleaned log does not
+   degenerate into many small files), into ``<base>.log.cleaned`` with rebuilt ``.index.cleaned`` and
+   ``.timeindex.cleaned``. A record is kept when it is the latest of its key (offsets are never
+   rewritten: consumers see gaps); keyless records go (Kafka refuses them on a compacted topic). A batch
+   whose records all stay is copied byte for byte, else it is rebuilt with the same base and last offset,
+   producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
+   last batch of its producer (Kafka's ``RETAIN_EMPTY``): kept as an empty batch so that the producer's
+   sequence survives and its retries are still recognised. Control batches are kept (kmem writes no
+   transaction markers yet, so there is no aborted data to remove).
+4. Tombstones (null values), KIP-534: the first pass that keeps a batch holding a tombstone gives it a
+   delete horizon (``now + delete.retention.ms``, in the base timestamp with attribute bit 0x40, as
+   Kafka); a later pass drops the tombstones of a batch whose horizon is past.
+5. The cleaned files are fsynced and swapped in under the partition's lock (``PartitionLog.replace_segments``)
+   as Kafka's ``replaceSegments``: renamed ``.swap``, the old segments renamed ``.deleted`` and removed,
+   the ``.swap`` files renamed to their live names. A crash at any point is completed or undone when the
+   partition loads (``complete_interrupted_swaps``, Kafka's ``LogLoader``): ``.cleaned`` and ``.deleted``
+   files are removed, a ``.log.swap`` file replaces the live segments its offsets cover and its indexes are
+   rebuilt. If the old segments changed meanwhile (retention deleted one), the pass is dropped.
+
+Reads and writes go through ``log.cleaner.io.buffer.size`` windows and are throttled to
+``log.cleaner.io.max.bytes.per.second``. Memory of a pass: the map, the I/O buffers, and one batch
+decompressed (at most ``MAX_DECOMPRESSED_BYTES``) with its filtered copy.
+"""
+import logging
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from kmem import _core
+from kmem.broker.log import checkpoints
+from kmem.broker.log.index import OffsetIndex, TimeIndex
+from kmem.broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, delete_segment_files
+from kmem.durable import fsync_directory
+from kmem.errors import IllegalStateError, KmemError
+from kmem.records import FileRecords, MemoryRecords, codecs, segment_file_name
+from kmem.records.batches import INT32_MAX, V2_HEADER
+from kmem.records.files import read_entries
+
+log = logging.getLogger(__name__)
+
+CLEANED_SUFFIX, SWAP_SUFFIX, DELETED_SUFFIX = ".cleaned", ".swap", ".deleted"
+DELETE_HORIZON_FLAG = 0x40          # Kafka's DefaultRecordBatch.DELETE_HORIZON_FLAG_MASK
+SEGMENT_SUFFIXES = (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+_HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")      # attributes .. record count: what the CRC covers first
+
+
+class LogCleaningError(KmemError):
+    """A partition cannot be cleaned (Kafka marks it uncleanable until the broker restarts)."""
+
+
+@dataclass
+class CleanerStats:
+    """One pass (Kafka's ``CleanerStats``)."""
+    bytes_read: int = 0
+    bytes_written: int = 0
+    map_records: int = 0
+    records_read: int = 0
+    records_kept: int = 0
+    started: float = field(default_factory=time.monotonic)
+    elapsed_secs: float = 0.0
+
+
+class Throttler:
+    """At most ``bytes_per_second`` through ``done(n)`` (Kafka's ``Throttler``); unlimited when infinite."""
+
+    def __init__(self, bytes_per_second):
+        self.rate = bytes_per_second
+        self._start = time.monotonic()
+        self._bytes = 0
+
+    def done(self, n):
+        if self.rate == float("inf"):
+            return
+        self._bytes += n
+        ahead = self._bytes / self.rate - (time.monotonic() - self._start)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+def _stem(directory, base_offset):
+    return os.path.join(directory, segment_file_name(base_offset))[:-len(".log")]
+
+
+class _CleanedSegment:
+    """``<base>.log.cleaned`` and its indexes, written batch by batch (as ``LogSegment.append``)."""
+
+    def __init__(self, directory, base_offset, config, io_buffer_size, throttler):
+        stem = _stem(directory, base_offset)
+        self.base_offset = base_offset
+        self.log_path = stem + ".log" + CLEANED_SUFFIX
+        self.config = config
+        self._io_buffer_size = io_buffer_size
+        self._throttler = throttler
+        self._pending, self._pending_bytes = [], 0
+        for suffix in SEGMENT_SUFFIXES:         # leftovers of an interrupted pass
+            _unlink(stem + suffix + CLEANED_SUFFIX)
+        self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        self.offset_index = OffsetIndex(stem + INDEX_SUFFIX + CLEANED_SUFFIX, base_offset, config.segment_index_bytes,
+                                        writable=True)
+        self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + CLEANED_SUFFIX, base_offset,
+                                    config.segment_index_bytes, writable=True)
+        self.size = 0
+        self._since_index_entry = 0
+        self.max_timestamp, self.offset_of_max_timestamp = -1, -1
+
+    def append(self, data, last_offset, max_timestamp, offset_of_max_timestamp):
+        if max_timestamp > self.max_timestamp:
+            self.max_timestamp, self.offset_of_max_timestamp = max_timestamp, offset_of_max_timestamp
+        if self._since_index_entry > self.config.index_interval_bytes:
+            self.offset_index.append(last_offset, self.size)
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
+            self._since_index_entry = 0
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        self.size += len(data)
+        self._since_index_entry += len(data)
+        if self._pending_bytes >= self._io_buffer_size:
+            self._write_pending()
+
+    def _write_pending(self):
+        data = b"".join(self._pending)
+        view = memoryview(data)
+        position = self.size - len(data)
+        while view:
+            written = os.pwrite(self._fd, view, position)
+            view, position = view[written:], position + written
+        self._throttler.done(len(data))
+        self._pending, self._pending_bytes = [], 0
+
+    def finish(self):
+        """Write what is buffered, the last time index entry, trim the indexes and fsync everything."""
+        self._write_pending()
+        if self.max_timestamp >= 0:
+            self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
+        for index in (self.offset_index, self.time_index):
+            index.trim_to_valid_size()
+            index.flush()
+        os.fsync(self._fd)
+        self.close()
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def discard(self):
+        self.close()
+        for suffix in SEGMENT_SUFFIXES:
+            _unlink(_stem(os.path.dirname(self.log_path), self.base_offset) + suffix + CLEANED_SUFFIX)
+
+
+def _unlink(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def swap_in_cleaned_files(directory, new_base, old_bases):
+    """The file renames of Kafka's ``replaceSegments``: the cleaned files become ``.swap`` (the log last),
+    the old segments' files ``.deleted`` (then removed), the ``.swap`` files their live names (the log
+    first). Every step is durable before the next, so a crash leaves a state ``complete_interrupted_swaps``
+    completes or undoes."""
+    stem = _stem(directory, new_base)
+    for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, ".log"):
+        os.rename(stem + suffix + CLEANED_SUFFIX, stem + suffix + SWAP_SUFFIX)
+    fsync_directory(directory)
+    for base in old_bases:
+        old = _stem(directory, base)
+        for suffix in SEGMENT_SUFFIXES:
+            if os.path.exists(old + suffix):
+                os.rename(old + suffix, old + suffix + DELETED_SUFFIX)
+    fsync_directory(directory)
+    for suffix in (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+        os.rename(stem + suffix + SWAP_SUFFIX, stem + suffix)
+    fsync_directory(directory)
+    for base in old_bases:
+        for suffix in SEGMENT_SUFFIXES:
+            _unlink(_stem(directory, base) + suffix + DELETED_SUFFIX)
+
+
+def complete_interrupted_swaps(directory):
+    """Before a partition loads (Kafka's ``LogLoader.removeTempFilesAndCollectSwapFiles`` and
+    ``completeSwapOperations``): ``.cleaned`` and ``.deleted`` files are removed, so are ``.swap`` files
+    from the first cleaned one on (their pass did not finish writing); each remaining ``<base>.log.swap``
+    replaces the live segments whose base offsets lie in ``[base, its next offset)`` and becomes live,
+    without indexes (the loader rebuilds them). Returns the bases of the segments swapped in."""
+    names = os.listdir(directory)
+    cleaned = [_base_of(n) for n in names if n.endswith(CLEANED_SUFFIX)]
+    min_cleaned = min((b for b in cleaned if b is not None), default=None)
+    swapped_logs = []
+    for name in names:
+        path = os.path.join(directory, name)
+        if name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX)):
+            log.warning("%s: removed, left by an interrupted clean", path)
+            _unlink(path)
+        elif name.endswith(SWAP_SUFFIX):
+            base = _base_of(name)
+            if base is None:
+                continue
+            if name.endswith(".log" + SWAP_SUFFIX) and (min_cleaned is None or base < min_cleaned):
+                swapped_logs.append(base)
+            else:
+                _unlink(path)           # a swap index is rebuilt; a swap log of an unfinished pass goes
+    live = sorted(b for b in (_base_of(n) for n in names if n.endswith(".log")) if b is not None)
+    for base in sorted(swapped_logs):
+        stem = _stem(directory, base)
+        next_offset = _next_offset(stem + ".log" + SWAP_SUFFIX, base)
+        for old in live:
+            if base <= old < max(next_offset, base + 1):
+                log.warning("%s: replaced by the cleaned segment an interrupted clean left", _stem(directory, old))
+                delete_segment_files(directory, old)
+        for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            _unlink(stem + suffix)
+        os.rename(stem + ".log" + SWAP_SUFFIX, stem + ".log")
+        log.warning("%s.log: swapped in after an interrupted clean", stem)
+    if swapped_logs or cleaned:
+        fsync_directory(directory)
+    return sorted(swapped_logs)
+
+
+def _base_of(name):
+    digits = name.split(".", 1)[0]
+    return int(digits) if len(digits) == 20 and digits.isdigit() else None
+
+
+def _next_offset(path, base):
+    next_offset = base
+    with FileRecords(path) as records:
+        try:
+            for batch in records.batches():
+                next_offset = batch.next_offset
+        except KmemError:
+            pass
+    return next_offset
+
+
+class Cleaner:
+    """Cleans one partition at a time with one ``OffsetMap`` (Kafka's ``Cleaner``); not thread-safe."""
+
+    def __init__(self, dedupe_buffer_size, *, io_buffer_size=512 << 10, load_factor=0.9,
+                 max_io_bytes_per_second=float("inf")):
+        self.offset_map = _core.OffsetMap(dedupe_buffer_size)
+        self.io_buffer_size = io_buffer_size
+        self.load_factor = load_factor
+        self.max_io_bytes_per_second = max_io_bytes_per_second
+
+    def clean(self, partition_log, first_dirty_offset, now_ms):
+        """One pass; returns ``(the new first dirty offset, CleanerStats)``."""
+        stats = CleanerStats()
+        throttler = Throttler(self.max_io_bytes_per_second)
+        segments, log_start, active_base = partition_log.cleanable_segments()
+        config = partition_log.config
+        first_dirty = max(first_dirty_offset, log_start)
+        uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms)
+        end = self._build_offset_map(partition_log, segments, first_dirty, uncleanable, stats, throttler)
+        if end <= first_dirty:
+            stats.elapsed_secs = time.monotonic() - stats.started
+            return first_dirty, stats
+        to_clean = [s for s in segments if s.base_offset < end]
+        for group in group_segments_by_size(to_clean, config.segment_bytes):
+            if not self._clean_segments(partition_log, group, now_ms, stats, throttler):
+                break
+        stats.elapsed_secs = time.monotonic() - stats.started
+        return end, stats
+
+    # --- the map --------------------------------------------------------------------------------------
+
+    def _build_offset_map(self, partition_log, segments, first_dirty, uncleanable, stats, throttler):
+        """Fill the map from ``first_dirty``; returns the offset after the last batch it covers."""
+        offset_map = self.offset_map
+        offset_map.clear()
+        max_keys = int(offset_map.slots * self.load_factor)
+        end = first_dirty
+        for segment in segments:
+            if segment.base_offset >= uncleanable:
+                break
+            if segment.next_offset <= first_dirty:
+                continue
+            for batch in self._batches(segment, throttler, stats):
+                if batch.last_offset < first_dirty:
+                    continue
+                if not batch.is_control_batch:
+                    count = batch.records_count
+                    if offset_map.size + count > max_keys:
+                        if end == first_dirty:
+                            raise LogCleaningError(
+                                f"{partition_log.directory}: a batch of {count} records at offset "
+                                f"{batch.base_offset} does not fit the key map of {max_keys} keys "
+                                "(log.cleaner.dedupe.buffer.size)")
+                        return end
+                    section, base = _records_section(batch)
+                    stats.map_records += offset_map.put_records(
+                        section, count=count, base_offset=batch.base_offset, base_timestamp=batch.base_timestamp,
+                        start_offset=first_dirty, base=base)
+                offset_map.update_latest_offset(batch.last_offset)
+                end = batch.next_offset
+        return end
+
+    def _batches(self, segment, throttler, stats):
+        with FileRecords(segment.log_path, 0, segment.size) as records:
+            position = 0
+            while (window := read_entries(records, position, self.io_buffer_size)) is not None:
+                view, next_position = window
+                throttler.done(len(view))
+                stats.bytes_read += len(view)
+                for batch in MemoryRecords(view):
+                    batch.file_position = position + batch.position
+                    yield batch
+                position = next_position
+
+    # --- rewriting ------------------------------------------------------------------------------------
+
+    def _clean_segments(self, partition_log, group, now_ms, stats, throttler):
+        """Rewrite ``group`` into one cleaned segment and swap it in; False when the log changed meanwhile."""
+        config = partition_log.config
+        cleaned = _CleanedSegment(partition_log.directory, group[0].base_offset, config, self.io_buffer_size,
+                                  throttler)
+        try:
+            for segment in group:
+                for batch in self._batches(segment, throttler, stats):
+                    kept = self._retained(partition_log, batch, now_ms, config, stats)
+                    if kept is not None:
+                        data, max_timestamp, offset_of_max = kept
+                        cleaned.append(data, batch.last_offset, max_timestamp, offset_of_max)
+            cleaned.finish()
+            stats.bytes_written += cleaned.size
+        except BaseException:
+            cleaned.discard()
+            raise
+        if not partition_log.replace_segments(group, cleaned.base_offset):
+            cleaned.discard()
+            log.info("%s: clean of offsets %d..%d dropped: the log changed meanwhile", partition_log.directory,
+                     group[0].base_offset, group[-1].next_offset - 1)
+            return False
+        return True
+
+    def _retained(self, partition_log, batch, now_ms, config, stats):
+        """``(bytes, max timestamp, offset of it)`` of what stays of ``batch``, or None."""
+        stats.records_read += batch.records_count
+        if batch.magic != 2 or batch.is_control_batch:
+            stats.records_kept += batch.records_count
+            return bytes(batch.buffer), batch.max_timestamp, batch.last_offset
+        has_horizon = bool(batch.attributes & DELETE_HORIZON_FLAG)
+        retain_deletes = not has_horizon or now_ms < batch.base_timestamp
+        section, base = _records_section(batch)
+        kept = _core.filter_v2_records(self.offset_map, section, count=batch.records_count,
+                                       base_offset=batch.base_offset, base_timestamp=batch.base_timestamp,
+                                       retain_deletes=retain_deletes, base=base)
+        stats.records_kept += kept.count
+        if kept.count == batch.records_count and (has_horizon or not kept.has_tombstones):
+            return bytes(batch.buffer), batch.max_timestamp, batch.last_offset
+        if kept.count == 0:
+            if batch.producer_id >= 0 and self._is_last_batch_of_producer(partition_log, batch):
+                return _empty_batch(batch), batch.max_timestamp, batch.last_offset
+            return None
+        if has_horizon:                 # the records' timestamps are already relative to it
+            horizon = batch.base_timestamp
+        elif kept.has_tombstones:       # the first clean keeping a tombstone starts its delete.retention.ms
+            horizon = now_ms + config.delete_retention_ms
+            kept = _core.filter_v2_records(self.offset_map, section, count=batch.records_count,
+                                           base_offset=batch.base_offset, base_timestamp=batch.base_timestamp,
+                                           retain_deletes=retain_deletes, new_base_timestamp=horizon, base=base)
+        else:
+            horizon = None
+        return _rebuilt_batch(batch, kept, horizon)
+
+    @staticmethod
+    def _is_last_batch_of_producer(partition_log, batch):
+        state = partition_log.producers.state(batch.producer_id)
+        return state is not None and state.last_offset == batch.last_offset
+
+
+def _records_section(batch):
+    """A v2 batch's records (decompressed) and the file position errors name."""
+    body = batch.buffer[V2_HEADER.size:]
+    if batch.is_compressed:
+        return codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES,
+                                 batch.file_position), batch.file_position
+    return body, batch.file_position + V2_HEADER.size
+
+
+def _batch_bytes(batch, attributes, base_timestamp, max_timestamp, count, records):
+    after_crc = _HEADER_AFTER_CRC.pack(attributes, batch.last_offset - batch.base_offset, base_timestamp,
+                                       max_timestamp, batch.producer_id, batch.producer_epoch, batch.base_sequence,
+                                       count)
+    crc = _core.crc32c(records, _core.crc32c(after_crc))
+    head = struct.pack(">qiiBI", batch.base_offset, 49 + len(records), batch.partition_leader_epoch, 2, crc)
+    return b"".join((head, after_crc, records))
+
+
+def _empty_batch(batch):
+    """The header alone, no records (Kafka's ``writeEmptyHeader``): keeps the producer's last sequence."""
+    attributes = batch.attributes & ~DELETE_HORIZON_FLAG & ~0x07
+    return _batch_bytes(batch, attributes, batch.max_timestamp, batch.max_timestamp, 0, b"")
+
+
+def _rebuilt_batch(batch, kept, horizon):
+    records = kept.section
+    if batch.is_compressed:
+        records = codecs.compress(batch.compression, records, 2)
+    attributes = batch.attributes & ~DELETE_HORIZON_FLAG
+    if horizon is not None:
+        attributes |= DELETE_HORIZON_FLAG
+    log_append = batch.attributes & 0x08
+    max_timestamp = batch.max_timestamp if log_append else kept.max_timestamp
+    offset_of_max = batch.last_offset if log_append else kept.offset_of_max_timestamp
+    base_timestamp = batch.base_timestamp if horizon is None else horizon
+    data = _batch_bytes(batch, attributes, base_timestamp, max_timestamp, kept.count, records)
+    return data, max_timestamp, offset_of_max
+
+
+def first_uncleanable_offset(segments, active_base, config, now_ms):
+    """The active segment's base offset, or the base of the first segment holding a record younger than
+    ``min.compaction.lag.ms`` (Kafka's ``cleanableOffsets``)."""
+    if config.min_compaction_lag_ms > 0:
+        for segment in segments:
+            if segment.largest_timestamp > now_ms - config.min_compaction_lag_ms:
+                return min(active_base, segment.base_offset)
+    return active_base
+
+
+def group_segments_by_size(segments, max_size):
+    """Consecutive segments in groups of at most ``max_size`` bytes whose offsets fit one segment (the
+    32-bit relative offsets of its index), as Kafka's ``groupSegmentsBySize``."""
+    groups, group, size = [], [], 0
+    for segment in segments:
+        fits = group and size + segment.size <= max_size \
+            and segment.next_offset - 1 - group[0].base_offset <= INT32_MAX
+        if group and not fits:
+            groups.append(group)
+            group, size = [], 0
+        group.append(segment)
+        size += segment.size
+    if group:
+        groups.append(group)
+    return groups
+
+
+@dataclass
+class LogToClean:
+    """A compacted partition and how dirty it is (Kafka's ``LogToClean``)."""
+    key: tuple
+    partition_log: object
+    first_dirty_offset: int
+    clean_bytes: int
+    cleanable_bytes: int
+    compaction_delay_ms: int
+
+    @property
+    def cleanable_ratio(self):
+        total = self.clean_bytes + self.cleanable_bytes
+        return self.cleanable_bytes / total if total else 0.0
+
+
+def log_to_clean(key, partition_log, first_dirty_offset, now_ms):
+    segments, log_start, active_base = partition_log.cleanable_segments()
+    config = partition_log.config
+    first_dirty = max(first_dirty_offset, log_start)
+    uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms)
+    clean = sum(s.size for s in segments if s.next_offset <= first_dirty)
+    dirty = [s for s in segments if s.next_offset > first_dirty and s.base_offset < uncleanable]
+    # KIP-354: how far past max.compaction.lag.ms the oldest dirty batch is
+    first_timestamps = [h.max_timestamp for s in dirty for h in [next(s.heads(), None)] if h is not None]
+    earliest = min((t for t in first_timestamps if t > 0), default=None)
+    delay = 0
+    if earliest is not None and config.max_compaction_lag_ms < now_ms:
+        delay = max(now_ms - config.max_compaction_lag_ms - earliest, 0)
+    return LogToClean(key, partition_log, first_dirty, clean, sum(s.size for s in dirty), delay)
+
+
+class LogCleaner:
+    """The cleaner of a log directory (Kafka's ``LogCleaner`` and ``LogCleanerManager``): one thread
+    cleaning the compacted partition with the highest dirty ratio above its ``min.cleanable.dirty.ratio``
+    (or past ``max.compaction.lag.ms``), each pass's end written to ``cleaner-offset-checkpoint``.
+    ``partitions`` is the log manager's ``{(topic, partition): PartitionLog}`` (read, never changed here)."""
+
+    def __init__(self, log_dir, config, partitions, clock_ms):
+        self.config = config
+        self._partitions = partitions
+        self._clock = clock_ms
+        self.checkpoint_path = os.path.join(log_dir, checkpoints.CLEANER_OFFSET_CHECKPOINT)
+        try:
+            self._first_dirty = checkpoints.read_offset_checkpoint(self.checkpoint_path)
+        except checkpoints.CorruptCheckpointError as e:
+            log.warning("%s; every compacted partition is cleaned from its start again", e)
+            self._first_dirty = {}
+        self._cleaner = None            # its key map is allocated at the first pass
+        self._uncleanable = set()
+        self._lock = threading.Lock()   # one pass at a time
+        self._stop = threading.Event()
+        self._thread = None
+        self.metrics = {"max-dirty-percent": 0, "cleaner-recopy-percent": 0, "max-clean-time-secs": 0,
+                        "max-compaction-delay-secs": 0}
+
+    def first_dirty_offset(self, topic, partition):
+        return self._first_dirty.get((topic, partition), 0)
+
+    def start(self):
+        if not self.config.log_cleaner_enable or self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="kmem-log-cleaner", daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                cleaned = self.clean_filthiest()
+            except Exception:
+                log.exception("log cleaner failed")
+                cleaned = None
+            if cleaned is None:
+                self._stop.wait(self.config.log_cleaner_backoff_ms / 1000)
+
+    def forget(self, keys):
+        """Partitions deleted: their checkpoint entries go."""
+        with self._lock:
+            for key in keys:
+                self._first_dirty.pop(key, None)
+                self._uncleanable.discard(key)
+            self._write_checkpoint()
+
+    def _write_checkpoint(self):
+        checkpoints.write_offset_checkpoint(self.checkpoint_path, self._first_dirty)
+
+    def clean_filthiest(self, now_ms=None):
+        """Clean the dirtiest compacted partition that needs it; ``(key, CleanerStats)``, or None."""
+        with self._lock:
+            now = self._clock() if now_ms is None else now_ms
+            candidates = []
+            for key, partition_log in sorted(list(self._partitions.items())):
+                if not partition_log.config.compact or key in self._uncleanable:
+                    continue
+                try:
+                    candidates.append(log_to_clean(key, partition_log, self._first_dirty.get(key, 0), now))
+                except (IllegalStateError, OSError):        # deleted or closed meanwhile
+                    continue
+            self.metrics["max-dirty-percent"] = int(100 * max((c.cleanable_ratio for c in candidates), default=0))
+            self.metrics["max-compaction-delay-secs"] = max((c.compaction_delay_ms for c in candidates),
+                                                            default=0) // 1000
+            due = [c for c in candidates if (c.compaction_delay_ms > 0 and c.cleanable_bytes > 0)
+                   or c.cleanable_ratio > c.partition_log.config.min_cleanable_dirty_ratio]
+            if not due:
+                return None
+            chosen = max(due, key=lambda c: c.cleanable_ratio)
+            return chosen.key, self._clean(chosen, now)
+
+    def clean(self, topic, partition, now_ms=None):
+        """One pass over a partition, whatever its dirty ratio (tests, and an operator's request)."""
+        with self._lock:
+            now = self._clock() if now_ms is None else now_ms
+            key = (topic, partition)
+            return self._clean(log_to_clean(key, self._partitions[key], self._first_dirty.get(key, 0), now), now)
+
+    def _clean(self, to_clean, now):
+        if self._cleaner is None:
+            self._cleaner = Cleaner(self.config.log_cleaner_dedupe_buffer_size,
+                                    io_buffer_size=self.config.log_cleaner_io_buffer_size,
+                                    load_factor=self.config.log_cleaner_io_buffer_load_factor,
+                                    max_io_bytes_per_second=self.config.log_cleaner_io_max_bytes_per_second)
+        partition_log = to_clean.partition_log
+        before = partition_log.size_in_bytes
+        try:
+            end, stats = self._cleaner.clean(partition_log, to_clean.first_dirty_offset, now)
+        except LogCleaningError as e:
+            self._uncleanable.add(to_clean.key)
+            log.error("%s; the partition is not cleaned again until the broker restarts", e)
+            raise
+        self._first_dirty[to_clean.key] = end
+        self._write_checkpoint()
+        after = partition_log.size_in_bytes
+        if stats.bytes_read:
+            self.metrics["cleaner-recopy-percent"] = int(100 * stats.bytes_written / max(stats.bytes_read, 1))
+        self.metrics["max-clean-time-secs"] = max(self.metrics["max-clean-time-secs"], int(stats.elapsed_secs))
+        log.info("cleaned %s-%d: %d to %d bytes, offsets up to %d (%d of %d records kept, %d keys mapped) "
+                 "in %.3f s", *to_clean.key, before, after, end - 1, stats.records_kept, stats.records_read,
+                 stats.map_records, stats.elapsed_secs)
+        return stats
