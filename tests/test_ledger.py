@@ -223,6 +223,38 @@ def test_a_snapshot_leaves_out_the_expired_producers(tmp_path):
         assert ledger.read(3) is None
 
 
+def test_snapshots_at_offsets_and_kafkas_rules_for_the_older_ones(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), keep_snapshots=True) as ledger:
+        for pid in range(5):
+            ledger.update(entry(pid, offset=pid))
+        assert ledger.flush(100) == str(tmp_path / snapshot_name(100))        # Kafka's takeSnapshot at a roll
+        assert ledger.flush(100) is None                                      # nothing new there
+        assert ledger.flush(200) == str(tmp_path / snapshot_name(200))        # a roll with no producer written
+        ledger.update(entry(7, offset=250))
+        ledger.flush(300)
+        assert [read_snapshot(tmp_path / snapshot_name(o)) for o in (100, 200, 300)] == \
+            [[entry(p, offset=p) for p in range(5)]] * 2 + [[entry(p, offset=p) for p in range(5)] + [entry(7, 250)]]
+        ledger.remove_stray_snapshots([0, 200])           # 100 is no segment's base; 300 is the newest, above them
+        assert files(tmp_path, ".snapshot") == [snapshot_name(200), snapshot_name(300)]
+        ledger.remove_stray_snapshots([0, 200, 400])      # Kafka would delete 300 too; it holds every producer
+        ledger.delete_snapshots_before(10**6)             # so does deleteSnapshotsBefore: never the newest
+        assert files(tmp_path, ".snapshot") == [snapshot_name(300)]
+        assert files(tmp_path, ".bloom") == [snapshot_name(300) + ".bloom"]
+        ledger.update(entry(3, offset=4, epoch=2))        # a truncation: the log ends at 250 again
+        ledger.flush(250)
+        assert files(tmp_path, ".snapshot") == [snapshot_name(250)]     # the log end above it is gone
+        assert ledger.read(3).epoch == 2 and ledger.read(7) == entry(7, 250)
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), read_only=True) as reader:
+        for call in (lambda: reader.flush(5), lambda: reader.delete_snapshots_before(5),
+                     lambda: reader.remove_stray_snapshots([0])):
+            with pytest.raises(IllegalStateError, match="read-only"):
+                call()
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as ledger:
+        for bad in (-1, 10**20, 1.5, "7"):
+            with pytest.raises(InvalidArgumentError, match="offset"):
+                ledger.flush(bad)
+
+
 def test_active_file_holding_an_id_twice_is_refused(tmp_path):
     path = tmp_path / active_name(7)
     active = ActiveFile(path, SMALL, capacity=8)

@@ -481,11 +481,12 @@ class PidLedger:
         out[~found] = 0
         return found, out
 
-    def flush(self, offset=None):
+    def flush(self, offset=None, *, sync=False):
         """Write the next snapshot: every unexpired producer, as Kafka's ``takeSnapshot`` at ``offset``
         (the log end offset it describes; None: the end of its newest entry, above the newest snapshot's).
         KIP-1044's eight steps; returns its path, or None when there is nothing new (no update since the
-        newest snapshot, and ``offset`` is None or that snapshot's own).
+        newest snapshot, and ``offset`` is None or that snapshot's own). ``sync``: fsync it as ``fsync=True``
+        would (Kafka syncs the snapshot it takes at shutdown).
 
         1-3. A new active file takes the writes; the old one stays on the read path, read-only.
         4-5. The old file's rows and the newest snapshot are merged (``merge_snapshot``) into the sidecar
@@ -510,7 +511,7 @@ class PidLedger:
                 newest = self._view.snapshots[0].offset if self._view.snapshots else 0
                 if offset is None or offset == newest:
                     return None
-            return self._seal(old, offset)
+            return self._seal(old, offset, sync=sync)
 
     def reserve(self, count):
         """Make room for ``count`` updates that then perform no I/O that can fail.
@@ -573,9 +574,10 @@ class PidLedger:
         for old in reversed(self._view.sealing):
             self._seal(old)
 
-    def _seal(self, old, offset=None):
+    def _seal(self, old, offset=None, *, sync=False):
         """Steps 4-8 for ``old``, a filled active file on the sealing list (None: no rows, a snapshot at
         ``offset`` only); on failure ``old`` stays on the sealing list. Returns the snapshot's path."""
+        sync = sync or self.fsync
         view = self._view
         rows = old.entries() if old is not None else None
         if offset is None:          # as Kafka names it, the log end it holds; above the newest, read or not
@@ -587,7 +589,7 @@ class PidLedger:
         replacing = os.path.exists(path)        # a snapshot at this offset already (written again, or Kafka's)
         try:
             stats, fences = merge_snapshot(path, sources, Shape.from_np(max(known, 1), 0.01),        # steps 4-5
-                                           expired_at=self._expired_at(), fsync=self.fsync)
+                                           expired_at=self._expired_at(), fsync=sync)
             added = (BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats, fences=fences))
         except BaseException:
             if not replacing:                   # nothing half-made; the retry writes both
@@ -603,7 +605,7 @@ class PidLedger:
                                view.snapshots)
         if old is not None:
             os.unlink(old.path)
-        if self.fsync:
+        if sync:
             fsync_directory(self.directory)
         return path
 
