@@ -345,7 +345,8 @@ cdef class SnapshotIndex:
 
     O_NOATIME where allowed (the file's owner): updating the access time cost a tenth of the read.
     ``retire``: the file is about to be deleted; a search that then finds no file finds no entry (the
-    ledger deletes a snapshot once every entry in it has expired). ``close``: later searches raise."""
+    ledger deletes a snapshot a newer one superseded; ``LedgerCore.read`` then looks in the newer one).
+    ``close``: later searches raise."""
     cdef bytes name                     # the path for open(2); None once closed
     cdef int flags
     cdef bint retired

@@ -14,7 +14,8 @@ open transaction" (-1). ``kafka_view`` applies those two rules; every reader her
 Kafka writes entries in hash-map order; kmem writes them sorted by producer id, which is still a valid
 Kafka snapshot and lets ``Snapshot.find`` binary-search it in the compiled core. For an
 unsorted (Kafka-written) file kmem builds a sorted row order beside it (``<name>.order``: little-endian
-u32 row numbers) rather than changing Kafka's file.
+u32 row numbers) rather than changing Kafka's file. ``merge_snapshot`` writes a snapshot from others and
+newer entries, streamed in id order (the ledger's flush: each snapshot holds every producer).
 """
 import mmap
 import os
