@@ -206,6 +206,35 @@ def test_deleted_segments_take_their_snapshots_along_and_no_producer(tmp_path):
     assert kafka_producers(directory, start, end, now_ms()) == (end, producers.expected[0])
 
 
+def test_an_unreadable_newest_snapshot_is_made_up_for_by_replaying_the_log(tmp_path, caplog):
+    with open_manager(tmp_path) as manager:
+        manager.create_topic("t", 1)
+        producers = Producers(manager, "t", 1, seed=4)
+        producers.produce_randomly(400, 1500)
+        for pid in range(5):                       # the last batches, after the newest snapshot before the close
+            producers.produce(pid, now_ms())
+        partition_log = manager.get_partition("t", 0)
+        directory, end = partition_log.directory, partition_log.log_end_offset
+    newest = os.path.join(directory, f"{end:020d}.snapshot")
+    with open(newest, "r+b") as f:                  # a bit flips in the snapshot taken at the close
+        f.seek(os.path.getsize(newest) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x04]))
+    expected = producers.expected[0]
+    with open_manager(tmp_path) as manager:
+        partition_log = manager.get_partition("t", 0)
+        for pid, entry in expected.items():         # each producer's last batch, retried, is recognised
+            first = entry.last_sequence - entry.offset_delta
+            builder = RecordsBuilder(2, "none", producer_id=pid, producer_epoch=entry.epoch, base_sequence=first)
+            for i in range(entry.offset_delta + 1):
+                builder.append(b"retry", timestamp=entry.timestamp)
+            again = partition_log.append(builder.build())
+            assert (again.error_code, again.duplicate, again.last_offset) == (ErrorCode.NONE, True, entry.last_offset)
+    assert "CRC" in caplog.text
+    assert kafka_producers(directory, 0, end, now_ms()) == (end, expected)
+
+
 CHILD = textwrap.dedent("""
     import random, sys, time
     from kmem.broker import BrokerConfig, LogManager

@@ -114,7 +114,7 @@ def test_reopen_keeps_active_rows_and_snapshots(tmp_path):
         active_rows = ledger._active.count
     assert active_rows > 0
     with PidLedger(tmp_path, SMALL, clock_ms=Clock()) as again:
-        assert len(again) == 500
+        assert len(again) == 500 and again.fell_back_to is None
         assert all(again.read(pid) == entry(pid) for pid in range(500))
         again.update(entry(3, epoch=9))
         assert again.read(3).epoch == 9
@@ -284,6 +284,7 @@ def test_corrupt_truncated_and_foreign_files_are_skipped_with_a_warning(tmp_path
     with caplog.at_level(logging.WARNING, logger="kmem.ledger"):
         with PidLedger(tmp_path, SMALL, producer_id_expiration_ms=2**62) as ledger:
             assert all(ledger.read(e.producer_id) == e for e in good)
+            assert ledger.fell_back_to == 10                # the producers written after it come from the log
             ledger.update(entry(1))
             assert ledger.read(1) == entry(1)
     text = caplog.text

@@ -26,6 +26,11 @@ Kafka's ``truncateAndReload`` does), and the newest snapshot is never deleted. A
 snapshot: the newest one's answers reads; an older one's serves if that snapshot becomes the newest (a
 newer one unreadable). ``.order`` files and sidecars whose snapshot is gone are deleted at open.
 
+An unreadable snapshot (a bad CRC, truncated) is skipped with a warning and the next newest read instead,
+as Kafka's loader falls back; the producers written between the two are then missing, and
+``fell_back_to`` says from which offset (0: no snapshot could be read; None: nothing was skipped): a
+caller holding the log replays it from there, as Kafka does.
+
 A kmem 0.1 directory (an active file of version 1) holds snapshots that each hold only the producers
 written since the previous one: they are all read, newest first, and a writable open merges them into one
 complete snapshot and deletes them.
@@ -294,13 +299,18 @@ class PidLedger:
         # readable one holds them all (an unreadable one is skipped, as Kafka falls back to the previous).
         legacy = any(active.legacy for active in opened)
         filters, snapshots = [], []
+        self.fell_back_to = None        # see the module docstring
         for name in sorted((n for n in names if snapshot_offset(n) is not None), key=snapshot_offset, reverse=True):
             loaded = self._load_snapshot(os.path.join(self.directory, name))
-            if loaded is not None:
-                filters.append(loaded[0])
-                snapshots.append(loaded[1])
-                if not legacy:
-                    break
+            if loaded is None:
+                self.fell_back_to = None if legacy else 0
+                continue
+            filters.append(loaded[0])
+            snapshots.append(loaded[1])
+            if not legacy:
+                if self.fell_back_to is not None:
+                    self.fell_back_to = loaded[1].offset
+                break
         if self.read_only:          # every active file is read as it is, the newest first
             self._active = None
             with self._lock:

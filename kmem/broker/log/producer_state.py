@@ -333,6 +333,12 @@ class ProducerStateManager:
         with self._lock:
             return min(self._ongoing.values(), default=None)
 
+    @property
+    def snapshot_fallback(self):
+        """None, or when a newer snapshot was unreadable at open the offset of the one read instead (0:
+        none could be): the log after it must be replayed, as Kafka's loader replays it after falling back."""
+        return self.ledger.fell_back_to
+
     def take_snapshot(self, offset, *, sync=False):
         """Kafka's ``takeSnapshot`` at ``offset``: ``<offset>.snapshot`` of every producer, unless the newest
         snapshot is there already and no producer was written since; returns its path or None."""

@@ -32,9 +32,11 @@ On open, a log directory without the clean-shutdown marker is recovered as Kafka
 segment holding offsets at or past the partition's recovery point is revalidated batch by batch,
 truncated at the first invalid or partial batch (later segments are deleted) and its indexes rebuilt;
 the revalidated batches are replayed into the producer state. Segments with a missing or failing index
-are rebuilt the same way after a clean shutdown too. Then the producer snapshots are left as Kafka's load
-leaves them: one at the log end offset (``close`` takes it; after a crash the load does), stray ones
-removed. So a Kafka broker reading the directory finds every producer in the snapshot it loads.
+are rebuilt the same way after a clean shutdown too, and those after the producer snapshot read when a
+newer one was unreadable (its producers come from the log then, as Kafka's loader replays it). Then the
+producer snapshots are left as Kafka's load leaves them: one at the log end offset (``close`` takes it;
+after a crash the load does), stray ones removed. So a Kafka broker reading the directory finds every
+producer in the snapshot it loads.
 
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
 """
@@ -161,6 +163,10 @@ class PartitionLog:
         self.producers.replay(batch)
 
     def _load(self, recovery_point, log_start_offset, clean):
+        if self.producers.snapshot_fallback is not None:
+            # A newer producer snapshot was unreadable: the producers written after the one read come from
+            # the log, revalidated and replayed from there (Kafka replays it after falling back too).
+            recovery_point, clean = min(recovery_point, self.producers.snapshot_fallback), False
         found = log_segments(self.directory)
         self.segments = []
         recovered = []
