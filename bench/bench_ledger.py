@@ -7,8 +7,7 @@ and batches (``update_many``, ``read_many`` over numpy arrays, as the Spark ``le
 broker's produce path have them) are timed beside the dict doing the same, at 1 M ids (46 MB of rows, out of the
 CPU cache; the update rows include the flush the millionth id triggers) and at 100k / 10k ids (in cache, no
 flush); the table ends with issue 18's rows, their ratios and goals, and for a goal not met the limit
-profiled (LIMITS). The 100 M run is long (about
-4.7 GB of snapshots): `python bench/ledger_memory.py --ids 100000000`.
+profiled (LIMITS). The 100 M run is long (a 4.7 GB snapshot): `python bench/ledger_memory.py --ids 100000000`.
 """
 import json
 import os

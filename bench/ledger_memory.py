@@ -1,23 +1,29 @@
 """Memory and read latency of a PidLedger holding many producer ids (KIP-1044's point).
 
-    python bench/ledger_memory.py --ids 10000000            # 10 snapshots of 1 M
-    python bench/ledger_memory.py --ids 100000000           # the long run: 100 snapshots, ~4.7 GB of disk
+    python bench/ledger_memory.py --ids 10000000            # a snapshot of 10 M producers
+    python bench/ledger_memory.py --ids 100000000           # the long run: ~4.7 GB of disk
 
-The snapshots (sorted, each with its sidecar) are written by a separate process, as a batch job would,
-so this process starts clean. It then opens the ledger (verifying every CRC), warms up, and times
+The snapshot (sorted, with its sidecar, holding every producer as Kafka's do) is written by a separate
+process, as a batch job would, a million entries at a time, so this process starts clean. It then opens the ledger (verifying every CRC), warms up, and times
 ``read`` for present and for absent ids. Memory comes from /proc/self/status: RssAnon is the heap
 (what grows with ids in Kafka's design), RssFile the mapped file pages, VmRSS their sum.
 Prints one JSON object.
 """
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-PER_SNAPSHOT = 1_000_000
+PER_RUN = 1_000_000
+
+
+def producer_ids(numbers):
+    """Distinct ids spread over the id space, increasing with ``numbers``; ``+ 1`` gives ids between them."""
+    return numbers * 2_654_435_761 + 0x5DEECE66D
 
 
 def status():
@@ -33,20 +39,24 @@ def status():
 def build(directory, ids, seed):
     import numpy as np
 
-    from kmem.ledger import ENTRY_DTYPE, write_ledger_snapshot
+    from kmem.bloom import Shape
+    from kmem.ledger import ENTRY_DTYPE, snapshot_name
+    from kmem.ledger.snapshot import merge_snapshot
 
     rng = np.random.default_rng(seed)
     now = int(time.time() * 1000)
-    for first in range(0, ids, PER_SNAPSHOT):
-        n = min(PER_SNAPSHOT, ids - first)
-        array = np.zeros(n, ENTRY_DTYPE)
-        # distinct ids: a random permutation-like spread of the id space, disjoint across snapshots
-        array["producer_id"] = (np.arange(first, first + n, dtype=np.int64) * 2_654_435_761) ^ 0x5DEECE66D
-        array["epoch"] = rng.integers(0, 100, n)
-        array["last_offset"] = np.arange(first, first + n)
-        array["timestamp"] = now
-        array["current_txn_first_offset"] = -1
-        write_ledger_snapshot(directory, array)
+
+    def runs():
+        for first in range(0, ids, PER_RUN):
+            n = min(PER_RUN, ids - first)
+            array = np.zeros(n, ENTRY_DTYPE)
+            array["producer_id"] = producer_ids(np.arange(first, first + n, dtype=np.int64))
+            array["epoch"] = rng.integers(0, 100, n)
+            array["last_offset"] = np.arange(first, first + n)
+            array["timestamp"] = now
+            array["current_txn_first_offset"] = -1
+            yield array.view(np.uint8), None
+    merge_snapshot(os.path.join(directory, snapshot_name(ids)), [runs()], Shape.from_np(max(ids, 1), 0.01))
 
 
 def measure(directory, ids, samples, seed):
@@ -59,8 +69,8 @@ def measure(directory, ids, samples, seed):
     ledger = PidLedger(directory)
     open_seconds = time.perf_counter() - started
     rng = np.random.default_rng(seed)
-    present = (rng.integers(0, ids, 2 * samples, dtype=np.int64) * 2_654_435_761) ^ 0x5DEECE66D
-    absent = (rng.integers(ids, 2**40, 2 * samples, dtype=np.int64) * 2_654_435_761) ^ 0x5DEECE66D
+    present = producer_ids(rng.integers(0, ids, 2 * samples, dtype=np.int64))
+    absent = producer_ids(rng.integers(0, ids, 2 * samples, dtype=np.int64)) + 1
     for pid in present[:samples].tolist() + absent[:samples].tolist():      # warm-up
         ledger.read(pid)
     result = {"ids": ids, "snapshots": len(ledger.snapshot_paths), "open_seconds": round(open_seconds, 2)}

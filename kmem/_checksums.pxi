@@ -271,6 +271,40 @@ def crc32c(const unsigned char[::1] data, uint32_t value=0, bint software=False)
     return result
 
 
+cdef enum:
+    CRC32C_POLYNOMIAL = 0x82F63B78      # reflected: the coefficient of x^0 is the top bit
+
+
+cdef uint32_t crc32c_multiply(uint32_t a, uint32_t b) noexcept nogil:
+    """a * b modulo the CRC-32C polynomial, both in the reflected bit order."""
+    cdef uint32_t product = 0, bit = 0x80000000
+    while bit:
+        if a & bit:
+            product ^= b
+        b = (b >> 1) ^ (CRC32C_POLYNOMIAL if b & 1 else 0)      # b * x
+        bit >>= 1
+    return product
+
+
+cdef uint32_t crc32c_combine_c(uint32_t first, uint32_t second, uint64_t second_length) noexcept nogil:
+    """The CRC-32C of A + B from A's (``first``) and B's (``second``, of ``second_length`` bytes): A's
+    CRC moved past B's length (times x^(8 len) modulo the polynomial, by squaring) plus B's."""
+    cdef uint32_t shift = 0x80000000, power = 0x40000000     # x^0 and x^1
+    cdef uint64_t bits = second_length * 8
+    while bits:
+        if bits & 1:
+            shift = crc32c_multiply(shift, power)
+        power = crc32c_multiply(power, power)
+        bits >>= 1
+    return crc32c_multiply(shift, first) ^ second
+
+
+def crc32c_combine(uint32_t first, uint32_t second, uint64_t second_length):
+    """``crc32c(a + b)`` from ``crc32c(a)``, ``crc32c(b)`` and ``len(b)``: for a header whose CRC'd
+    content is known only after what follows it was written (a merged snapshot's entry count)."""
+    return crc32c_combine_c(first, second, second_length)
+
+
 def crc32(const unsigned char[::1] data, uint32_t value=0, bint software=False):
     """CRC-32 (IEEE, as zlib) of ``data``, continuing from ``value`` (``software``: zlib only)."""
     cdef Py_ssize_t n = data.shape[0]

@@ -13,7 +13,7 @@ from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_XDECREF
 from libc.stdint cimport INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
-from libc.stdlib cimport calloc, free, malloc
+from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 
 include "_pool.pxi"

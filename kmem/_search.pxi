@@ -10,7 +10,7 @@
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
-from libc.errno cimport EINTR, ENOENT, EPERM, errno
+from libc.errno cimport EINTR, ENOENT, ENOMEM, EPERM, errno
 from libc.string cimport strerror
 from posix.fcntl cimport O_CLOEXEC, O_RDONLY, open as open_fd
 from posix.unistd cimport close as close_fd, pread, pwrite
@@ -345,7 +345,8 @@ cdef class SnapshotIndex:
 
     O_NOATIME where allowed (the file's owner): updating the access time cost a tenth of the read.
     ``retire``: the file is about to be deleted; a search that then finds no file finds no entry (the
-    ledger deletes a snapshot once every entry in it has expired). ``close``: later searches raise."""
+    ledger deletes a snapshot a newer one superseded; ``LedgerCore.read`` then looks in the newer one).
+    ``close``: later searches raise."""
     cdef bytes name                     # the path for open(2); None once closed
     cdef int flags
     cdef bint retired
@@ -955,8 +956,10 @@ cdef class LedgerCore:
     it is, anything else goes to ``decided(entry, row)``. A Python method would spend more on its
     ``with`` block and frame than the core spends on the put.
 
-    ``read(pid)``: IllegalStateError once closed (``name`` says which ledger); the active table under ``lock``, then the ``ReadPath`` published with it, then the
-    expiry rule (producer_id_expiration_ms past the entry's timestamp and no open transaction: None).
+    ``read(pid)``: IllegalStateError once closed (``name`` says which ledger); the active table under
+    ``lock``, then the ``ReadPath`` published with it (again from the start when it found nothing and
+    another was published meanwhile: the snapshot it searched may be gone), then the expiry rule
+    (producer_id_expiration_ms past the entry's timestamp and no open transaction: None).
     Ids that are not plain ints go through ``to_pid`` first (it raises or returns the int). ``clock``:
     None for the wall clock, else a callable returning milliseconds.
     """
@@ -1011,20 +1014,26 @@ cdef class LedgerCore:
             key = PyLong_AsLongLongAndOverflow(<PyObject*>pid, &overflow)
         if overflow:
             key = self.to_pid(pid)
-        self.lock.take()
-        try:
-            if self.closed:
-                from kmem.errors import IllegalStateError
-                raise IllegalStateError(f"{self.name} is closed")
-            if self.active is not None:
-                found = self.active.copy_row(key, row)
-            path = self.path
-        finally:
-            self.lock.give()
-        if found:
-            row_fields(row, fields)
-        elif not path.find(key, fields, self.cls):
-            return None
+        while True:
+            self.lock.take()
+            try:
+                if self.closed:
+                    from kmem.errors import IllegalStateError
+                    raise IllegalStateError(f"{self.name} is closed")
+                if self.active is not None:
+                    found = self.active.copy_row(key, row)
+                path = self.path
+            finally:
+                self.lock.give()
+            if found:
+                row_fields(row, fields)
+                break
+            if path.find(key, fields, self.cls):
+                break
+            if path is self.path:
+                return None
+            # A flush published a new read path meanwhile and may have deleted the snapshot searched
+            # (the new one holds all it held): look again.
         if fields[TXN_FIRST_OFFSET] < 0:        # no open transaction: it may have expired
             if self.clock is None:
                 now = wall_clock_ms()
@@ -1196,6 +1205,230 @@ def write_snapshot_body(int fd, const uint8_t[::1] entries, const uint32_t[::1] 
     if error:
         raise OSError(error, "writing a snapshot failed")
     return crc, (max_timestamp if count else None), open_transaction
+
+
+# --- merging sorted runs into a snapshot (the ledger's flush: every producer in each snapshot) ----------
+
+cdef enum:
+    MERGE_UNSORTED = -1           # merge errors besides an errno
+    MERGE_TOO_MANY = -2
+
+
+@cython.final
+cdef class SnapshotMerge:
+    """Writes the entries of a snapshot merged from ``sources`` sequences of entries sorted by producer
+    id, given newest first: each producer's entry comes from the first source that holds it, as Kafka
+    reads it back (``store_kafka_view``), and is left out when expired (no open transaction and a
+    timestamp at or below ``expired_at``; None: none expires). Each written id goes into ``bloom`` (the
+    snapshot's sidecar, writable) and every ``stride``-th into the fences.
+
+    The caller feeds each source a run at a time: ``run()`` merges until some source's run is used up
+    and returns that source (``feed`` it its next run, or an empty one when it has none left), or -1 once
+    every source has ended and every entry is written. Entries go to ``fd`` from offset 10, a cache-sized
+    piece at a time; ``finish()`` writes the count at offset 6 and returns the CRC the header needs. So
+    the memory is one piece of output plus what the caller feeds, however many producers there are."""
+    cdef int fd
+    cdef Py_ssize_t sources, stride
+    cdef list runs                      # per source: its (rows, order) being merged, kept alive
+    cdef const uint8_t** rows
+    cdef const uint32_t** orders
+    cdef Py_ssize_t* counts
+    cdef Py_ssize_t* positions
+    cdef uint64_t* last_keys            # per source: the key it last gave, to check its order
+    cdef bint* started                  # per source: whether it gave one
+    cdef bint* ended
+    cdef uint8_t* buffer
+    cdef uint64_t* keys
+    cdef Py_ssize_t buffered
+    cdef BloomBits bloom
+    cdef int64_t expired_at
+    cdef bint expire
+    cdef int64_t count, position, max_timestamp
+    cdef uint32_t crc
+    cdef bint open_transaction
+    cdef int64_t* fences
+    cdef Py_ssize_t fence_count, fence_capacity
+
+    def __cinit__(self, int fd, Py_ssize_t sources, BloomBits bloom not None, expired_at=None,
+                  Py_ssize_t stride=MAX_STRIDE):
+        if sources < 0 or not 1 <= stride <= MAX_STRIDE:
+            raise ValueError(f"bad merge of {sources} sources with fences every {stride} entries")
+        bloom.check(True)
+        self.fd, self.sources, self.stride, self.bloom = fd, sources, stride, bloom
+        self.expire = expired_at is not None
+        self.expired_at = expired_at if self.expire else 0
+        self.runs = [None] * sources
+        cdef Py_ssize_t slots = max(sources, 1)        # calloc(0) may be NULL
+        self.rows = <const uint8_t**>calloc(slots, sizeof(uint8_t*))
+        self.orders = <const uint32_t**>calloc(slots, sizeof(uint32_t*))
+        self.counts = <Py_ssize_t*>calloc(slots, sizeof(Py_ssize_t))
+        self.positions = <Py_ssize_t*>calloc(slots, sizeof(Py_ssize_t))
+        self.last_keys = <uint64_t*>calloc(slots, sizeof(uint64_t))
+        self.started = <bint*>calloc(slots, sizeof(bint))
+        self.ended = <bint*>calloc(slots, sizeof(bint))
+        self.buffer = <uint8_t*>malloc(WRITE_ROWS * ENTRY_SIZE)
+        self.keys = <uint64_t*>malloc(WRITE_ROWS * sizeof(uint64_t))
+        if not (self.rows and self.orders and self.counts and self.positions and self.last_keys and self.started
+                and self.ended and self.buffer and self.keys):
+            raise MemoryError()
+        self.position = SNAPSHOT_HEADER
+        self.max_timestamp = INT64_MIN
+
+    def __dealloc__(self):
+        free(self.rows)
+        free(self.orders)
+        free(self.counts)
+        free(self.positions)
+        free(self.last_keys)
+        free(self.started)
+        free(self.ended)
+        free(self.buffer)
+        free(self.keys)
+        free(self.fences)
+
+    def feed(self, Py_ssize_t source, const uint8_t[::1] rows, const uint32_t[::1] order=None):
+        """The next run of ``source``: whole 46-byte entries in increasing id order (read through
+        ``order``, rows of ``rows``, when given). An empty run ends the source."""
+        if not 0 <= source < self.sources:
+            raise IndexError(f"no source {source} among {self.sources}")
+        if self.ended[source] or self.positions[source] < self.counts[source]:
+            raise ValueError(f"source {source} is not waiting for a run")
+        cdef Py_ssize_t n = rows.shape[0] // ENTRY_SIZE, i
+        cdef bint outside = False
+        if rows.shape[0] % ENTRY_SIZE:
+            raise ValueError(f"{rows.shape[0]} bytes are not whole entries")
+        if order is not None:
+            if order.shape[0] != n:
+                raise ValueError("order does not have one row per entry")
+            with nogil:
+                for i in range(n):
+                    if order[i] >= n:
+                        outside = True
+                        break
+            if outside:
+                raise ValueError(f"the order points outside the {n} entries")
+        self.runs[source] = (rows, order)
+        self.rows[source] = &rows[0] if n else NULL
+        self.orders[source] = &order[0] if order is not None and n else NULL
+        self.counts[source], self.positions[source] = n, 0
+        self.ended[source] = n == 0
+
+    cdef inline const uint8_t* current(self, Py_ssize_t s) noexcept nogil:
+        cdef Py_ssize_t row = self.positions[s]
+        if self.orders[s] != NULL:
+            row = self.orders[s][row]
+        return self.rows[s] + row * ENTRY_SIZE
+
+    def run(self):
+        """Merge until a source needs its next run (returned) or everything is written (-1)."""
+        cdef Py_ssize_t result
+        cdef int error = 0
+        self.bloom.check(True)
+        self.bloom.queries += 1             # the filter cannot be closed under the loop
+        try:
+            with nogil:
+                result = self.merge(&error)
+        finally:
+            self.bloom.queries -= 1
+        if error == MERGE_UNSORTED:
+            raise ValueError("a source's entries are not in increasing producer-id order")
+        if error == MERGE_TOO_MANY:
+            raise ValueError("more entries than a snapshot's count can hold")
+        if error:
+            raise OSError(error, "writing a snapshot failed")
+        return result
+
+    cdef Py_ssize_t merge(self, int* error) noexcept nogil:
+        cdef Py_ssize_t s, best
+        cdef uint64_t key, best_key = 0
+        cdef const uint8_t* entry
+        cdef uint8_t* out
+        cdef int64_t* grown
+        while True:
+            best = -1
+            for s in range(self.sources):
+                if self.positions[s] == self.counts[s]:
+                    if not self.ended[s]:
+                        return s
+                    continue
+                key = sort_key(self.current(s), 0)
+                if best < 0 or key < best_key:
+                    best, best_key = s, key
+            if best < 0:
+                error[0] = self.write_buffered()
+                return -1
+            entry = self.current(best)
+            for s in range(best, self.sources):         # an older source's entry of this id is superseded
+                if self.positions[s] < self.counts[s] and sort_key(self.current(s), 0) == best_key:
+                    if self.started[s] and best_key <= self.last_keys[s]:
+                        error[0] = MERGE_UNSORTED
+                        return -1
+                    self.started[s], self.last_keys[s] = True, best_key
+                    self.positions[s] += 1
+            if self.expire and load_be64(entry + 38) < 0 and load_be64(entry + 26) <= self.expired_at:
+                continue
+            if self.count == 0x7FFFFFFF:
+                error[0] = MERGE_TOO_MANY
+                return -1
+            out = self.buffer + self.buffered * ENTRY_SIZE
+            memcpy(out, entry, ENTRY_SIZE)
+            store_kafka_view(out)
+            if load_be64(out + 26) > self.max_timestamp:
+                self.max_timestamp = load_be64(out + 26)
+            if load_be64(out + 38) >= 0:
+                self.open_transaction = True
+            if self.count % self.stride == 0:
+                if self.fence_count == self.fence_capacity:
+                    grown = <int64_t*>realloc(self.fences, (2 * self.fence_capacity + 64) * sizeof(int64_t))
+                    if grown == NULL:
+                        error[0] = ENOMEM
+                        return -1
+                    self.fences, self.fence_capacity = grown, 2 * self.fence_capacity + 64
+                self.fences[self.fence_count] = row_pid(out, 0)
+                self.fence_count += 1
+            self.count += 1
+            self.buffered += 1
+            if self.buffered == WRITE_ROWS:
+                error[0] = self.write_buffered()
+                if error[0]:
+                    return -1
+
+    cdef int write_buffered(self) noexcept nogil:
+        """Checksum, filter and write the entries buffered; 0 or the errno."""
+        cdef Py_ssize_t n = self.buffered, i
+        cdef int error
+        if n == 0:
+            return 0
+        self.crc = kmem_crc32c(self.crc, self.buffer, n * ENTRY_SIZE, False)
+        for i in range(n):
+            self.keys[i] = <uint64_t>row_pid(self.buffer, i)
+        add_keys(self.bloom.writable, self.keys, n, self.bloom.m, self.bloom.k)
+        error = write_all(self.fd, self.buffer, n * ENTRY_SIZE, self.position)
+        self.position += n * ENTRY_SIZE
+        self.buffered = 0
+        return error
+
+    def finish(self):
+        """Write the entry count at offset 6; returns (the count, the CRC-32C of the bytes from offset 6
+        on, the largest timestamp or None without entries, whether an entry has an open transaction, the
+        fences as an int64 array)."""
+        import numpy
+        cdef Py_ssize_t s
+        for s in range(self.sources):
+            if not self.ended[s] or self.buffered:
+                raise ValueError("the merge has not ended: run() until it returns -1")
+        cdef uint32_t raw_count = kmem_bswap32(<uint32_t>self.count)
+        cdef uint8_t count_bytes[4]
+        memcpy(count_bytes, &raw_count, 4)
+        cdef int error = write_all(self.fd, count_bytes, 4, 6)
+        if error:
+            raise OSError(error, "writing a snapshot failed")
+        crc = crc32c_combine_c(kmem_crc32c(0, count_bytes, 4, False), self.crc, self.count * ENTRY_SIZE)
+        fences = numpy.empty(self.fence_count, numpy.int64)
+        cdef int64_t[::1] view = fences
+        if self.fence_count:
+            memcpy(&view[0], self.fences, self.fence_count * sizeof(int64_t))
+        return (self.count, crc, self.max_timestamp if self.count else None, self.open_transaction, fences)
 
 
 cdef int write_all(int fd, const uint8_t* data, Py_ssize_t size, Py_ssize_t offset) noexcept nogil:

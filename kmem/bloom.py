@@ -7,9 +7,10 @@ Java from the same ids have the same bits. ``indices(shape, pid)`` gives the k i
 checking other implementations.
 
 A ``BloomFilter`` lives on the heap or over a memory-mapped ``.bloom`` sidecar (read-only, not loaded
-into memory, holding no file descriptor). The sidecar is ``numberOfBits i32 | numberOfHashFunctions i32 |
-ceil(m/64) longs``, big-endian as Java's DataOutputStream writes it; the filter keeps that layout in memory
-too, so writing a file copies bytes. Hashing and bit loops run in the compiled core; batch calls release the GIL.
+into memory, holding no file descriptor; writable while ``build_in`` builds one). The sidecar is
+``numberOfBits i32 | numberOfHashFunctions i32 | ceil(m/64) longs``, big-endian as Java's DataOutputStream
+writes it; the filter keeps that layout in memory too, so writing a file copies bytes. Hashing and bit loops
+run in the compiled core; batch calls release the GIL.
 
 Threads: queries may run concurrently; adds to one filter need the caller's lock (as in Java).
 """
@@ -293,6 +294,26 @@ class BloomFilter(_core.BloomBits):
         except BaseException:
             mapping.close()
             raise
+
+    @classmethod
+    def build_in(cls, file, shape):
+        """An empty filter of ``shape`` kept in ``file`` (an empty file, opened by name for writing) instead
+        of the heap: the sidecar's header is written and the bitmap's blocks reserved, then mapped writable,
+        so a full disk is an OSError here, never SIGBUS at a later add. ``close()`` unmaps it, leaving a
+        sidecar of the ids added (for a snapshot merged from millions of ids, counted only at the end)."""
+        if not isinstance(shape, Shape):
+            raise InvalidArgumentError(f"shape must be a kmem.bloom.Shape: {shape!r}")
+        file.write(_HEADER.pack(shape.number_of_bits, shape.number_of_hash_functions))
+        file.flush()
+        size = _HEADER.size + shape.bitmap_bytes
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(file.fileno(), 0, size)
+        else:
+            os.ftruncate(file.fileno(), size)
+        with open(file.name, "r+b") as readable:        # a shared writable mapping needs read access too
+            mapping = _core.FileMapping(readable.fileno(), size, writable=True)
+        bitmap = np.frombuffer(mapping, np.uint8, count=shape.bitmap_bytes, offset=_HEADER.size)
+        return cls(shape, bitmap, mapping, file.name)
 
     def close(self):
         """Release the memory map of an opened sidecar (a no-op for heap filters' memory).

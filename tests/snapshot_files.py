@@ -1,6 +1,8 @@
-"""Snapshot files as Kafka writes them, built here from the layout alone (no kmem code involved)."""
+"""Snapshot files as Kafka writes and reads them, from the layout alone (no kmem code involved)."""
 import random
 import struct
+
+import crc32c
 
 from kmem.ledger import ProducerEntry
 
@@ -36,3 +38,21 @@ def random_entries(n, seed=0):
     return [ProducerEntry(pid, rng.randrange(2**15), rng.randrange(-1, 2**31 - 1), rng.randrange(2**50),
                           rng.randrange(100), rng.randrange(2**41), rng.randrange(-1, 50),
                           rng.choice([-1, rng.randrange(2**40)])) for pid in ids]
+
+
+def read_kafka_snapshot(path):
+    """The entries of a snapshot file as Kafka 3.9's ``ProducerStateManager.readSnapshot`` reads them, from the
+    layout alone (version 1, CRC-32C of bytes [6, end) by the ``crc32c`` package, 46-byte entries): ValueError
+    for an unknown version, a bad CRC or too few bytes (Kafka's CorruptSnapshotException)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 10:
+        raise ValueError(f"{path}: {len(data)} bytes, no header")
+    version, crc, count = struct.unpack_from(">hIi", data)
+    if version != 1:
+        raise ValueError(f"{path}: unknown file version {version}")
+    if crc32c.crc32c(data[6:]) != crc:
+        raise ValueError(f"{path}: CRC is no longer valid")
+    if count < 0 or len(data) < 10 + 46 * count:
+        raise ValueError(f"{path}: {len(data)} bytes cannot hold {count} entries")
+    return [ProducerEntry(*struct.unpack_from(">qhiqiqiq", data, 10 + 46 * i)) for i in range(count)]

@@ -144,7 +144,8 @@ def test_log_directory_files_are_kafkas(tmp_path):
     assert (path / "orders-0" / "partition.metadata").read_bytes() == f"version: 0\ntopic_id: {topic_id}".encode()
     assert (path / "orders-0" / "leader-epoch-checkpoint").read_bytes() == b"0\n1\n0 0\n"
     assert (path / "recovery-point-offset-checkpoint").read_bytes() == b"0\n2\norders 0 2\norders 1 0\n"
-    assert (path / "log-start-offset-checkpoint").read_bytes() == b"0\n2\norders 0 0\norders 1 0\n"
+    # Kafka lists only logs that start above their first segment's base offset
+    assert (path / "log-start-offset-checkpoint").read_bytes() == b"0\n0\n"
     assert (path / "replication-offset-checkpoint").read_bytes() == b"0\n2\norders 0 2\norders 1 0\n"
     assert (path / ".kafka_cleanshutdown").read_bytes() == b'{"version":0,"brokerEpoch":-1}'
     lines = (path / "meta.properties").read_text().splitlines()
@@ -732,9 +733,18 @@ def test_retention_by_time(tmp_path):
         assert manager.maintain(NOW + 100_000) == 3
         assert [s.base_offset for s in partition_log.segments] == [9]
         assert partition_log.log_start_offset == 9 == partition_log.log_end_offset
-    assert (tmp_path / "log-start-offset-checkpoint").read_bytes() == b"0\n1\nt 0 9\n"
+    assert (tmp_path / "log-start-offset-checkpoint").read_bytes() == b"0\n0\n"     # 9: the first segment's base
     with open_manager(tmp_path) as manager:
         assert manager.get_partition("t", 0).log_start_offset == 9
+        partition_log = manager.get_partition("t", 0)
+        for i in range(3):
+            partition_log.append(batch([b"x"], timestamp=now_ms()))
+        assert partition_log.delete_records_before(10) == 10
+        assert [s.base_offset for s in partition_log.segments] == [9]      # the log starts inside its segment
+        manager.checkpoint()
+        assert (tmp_path / "log-start-offset-checkpoint").read_bytes() == b"0\n1\nt 0 10\n"
+    with open_manager(tmp_path) as manager:
+        assert manager.get_partition("t", 0).log_start_offset == 10
 
 
 def test_retention_by_size(tmp_path):

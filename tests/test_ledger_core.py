@@ -18,7 +18,7 @@ from snapshot_files import crc32c_reference, kafka_snapshot
 from thread_helpers import run_racing, switching_often
 
 from kmem import _core
-from kmem.bloom import Shape
+from kmem.bloom import BloomFilter, Shape
 from kmem.errors import IllegalStateError, InvalidArgumentError
 from kmem.ledger import ENTRY_DTYPE, PidLedger, ProducerEntry, snapshot_name, write_snapshot
 from kmem.ledger.snapshot import kafka_view
@@ -64,19 +64,26 @@ class CompiledReadModel(RuleBasedStateMachine):
     def open(self, read_only=False):
         return PidLedger(self.directory, Shape.from_np(12, 0.01), clock_ms=self.clock, read_only=read_only)
 
+    def forget_expired(self):
+        """A flush writes no expired producer (Kafka's removeExpiredProducers): gone even if the clock goes back."""
+        self.model = {pid: e for pid, e in self.model.items() if not expired(e, self.clock.now)}
+
     @rule(e=ENTRIES)
     def update(self, e):
         if self.ledger.read_only:
             with pytest.raises(IllegalStateError, match="read-only"):
                 self.ledger.update(e)
             return
+        flushes = self.ledger._sequence
         self.ledger.update(e)
+        if self.ledger._sequence != flushes:        # the active file was full: flushed before the update
+            self.forget_expired()
         self.model[e.producer_id] = kafka_view(e)
 
     @rule()
     def flush(self):
-        if not self.ledger.read_only:
-            self.ledger.flush()
+        if not self.ledger.read_only and self.ledger.flush() is not None:
+            self.forget_expired()
 
     @rule(step=st.one_of(st.integers(0, 2 * DAY), st.sampled_from([2**62, -2**62, 2**70])))
     def move_clock(self, step):
@@ -179,7 +186,7 @@ def test_readers_see_each_acknowledged_update_through_flushes(tmp_path):
             for t in others:
                 t.join()
     assert errors == []
-    assert len(ledger.snapshot_paths) > 2
+    assert ledger._sequence > 3                 # active files flushed (by the flusher or when full)
     assert [ledger.read(pid).last_offset for pid in range(400)] == [59] * 400
     ledger.close()
 
@@ -301,6 +308,111 @@ def test_write_snapshot_body_checks_its_arguments(tmp_path):
             _core.write_snapshot_body(read_only, raw)
     finally:
         os.close(read_only)
+
+
+# --- the flush's merge: every producer of the sources in one snapshot, streamed -------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=300), st.binary(max_size=300))
+def test_crc32c_combine_is_the_crc_of_the_concatenation(first, second):
+    combined = _core.crc32c_combine(_core.crc32c(first), _core.crc32c(second), len(second))
+    assert combined == crc32c_reference(first + second)
+
+
+SOURCE = st.lists(st.tuples(st.integers(-30, 30), st.integers(NOW - 2 * DAY, NOW), st.sampled_from([-7, -1, 0, 5]),
+                            st.sampled_from([-3, -1, 9])), max_size=25, unique_by=lambda t: t[0])
+
+
+def merge_into(path, sources, expired_at, bloom, chunk, stride=4):
+    """``SnapshotMerge`` fed ``sources`` (ENTRY_DTYPE arrays in id order, or with an id order) ``chunk``
+    rows at a time; returns what ``finish`` does."""
+    with open(path, "wb") as f:
+        f.write(b"\0" * 6)
+        f.flush()
+        merge = _core.SnapshotMerge(f.fileno(), len(sources), bloom, expired_at, stride)
+        runs = []
+        for array, order in sources:
+            if order is not None:                           # one run through the order
+                runs.append(iter([(array.view(np.uint8), order)]))
+            else:
+                runs.append(iter([(array[i:i + chunk].view(np.uint8), None) for i in range(0, len(array), chunk)]))
+        while (source := merge.run()) >= 0:
+            merge.feed(source, *next(runs[source], (b"", None)))
+        return merge.finish()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(SOURCE, max_size=4), st.one_of(st.none(), st.integers(NOW - 2 * DAY, NOW)), st.integers(1, 5),
+       st.lists(st.booleans(), min_size=4, max_size=4))
+def test_snapshot_merge_writes_each_producers_newest_entry_as_kafka_reads_it(tmp_path_factory, sources, expired_at,
+                                                                             chunk, ordered):
+    arrays, newest = [], {}
+    for rows, with_order in zip(sources, ordered):
+        entries = [ProducerEntry(pid, len(arrays), 3, offset, 4, timestamp, 5, txn)
+                   for pid, timestamp, offset, txn in rows]
+        array = np.array(entries, ENTRY_DTYPE) if entries else np.zeros(0, ENTRY_DTYPE)
+        if with_order:      # as it lies (a Kafka-ordered snapshot, the active file): read through its order
+            arrays.append((array, np.argsort(array["producer_id"]).astype(np.uint32)))
+        else:
+            arrays.append((np.sort(array, order="producer_id"), None))
+        for e in entries:
+            newest.setdefault(e.producer_id, kafka_view(e))          # sources newest first: the first wins
+    kept = sorted(e for e in newest.values()
+                  if expired_at is None or e.current_txn_first_offset >= 0 or e.timestamp > expired_at)
+    path = tmp_path_factory.mktemp("merge") / "s"
+    bloom = BloomFilter(Shape.from_np(max(len(newest), 1), 0.01))
+    count, crc, max_timestamp, open_transaction, fences = merge_into(path, arrays, expired_at, bloom, chunk)
+    expected = kafka_snapshot(kept)
+    assert path.read_bytes()[6:] == expected[6:] and crc == crc32c_reference(expected[6:]) and count == len(kept)
+    assert max_timestamp == (max(e.timestamp for e in kept) if kept else None)
+    assert open_transaction == any(e.current_txn_first_offset >= 0 for e in kept)
+    assert fences.tolist() == [e.producer_id for e in kept[::4]]
+    assert bloom.contains_many([e.producer_id for e in kept]).all()
+
+
+def test_snapshot_merge_checks_its_sources_and_its_calls(tmp_path):
+    bloom = BloomFilter(Shape.from_np(10, 0.01))
+    unsorted = entries_with_ids([1, 5, 3])
+    with pytest.raises(ValueError, match="increasing producer-id order"):
+        merge_into(tmp_path / "a", [(unsorted, None)], None, bloom, 3)
+    with pytest.raises(ValueError, match="increasing producer-id order"):       # also across runs
+        merge_into(tmp_path / "b", [(entries_with_ids([1, 5, 3, 4]), None)], None, bloom, 2)
+    with open(tmp_path / "c", "wb") as f:
+        merge = _core.SnapshotMerge(f.fileno(), 2, bloom)
+        with pytest.raises(ValueError, match="outside"):
+            merge.feed(0, unsorted.view(np.uint8), np.array([0, 1, 3], np.uint32))
+        with pytest.raises(ValueError, match="one row per entry"):
+            merge.feed(0, unsorted.view(np.uint8), np.array([0, 1], np.uint32))
+        with pytest.raises(ValueError, match="whole entries"):
+            merge.feed(0, unsorted.view(np.uint8)[:-1])
+        with pytest.raises(IndexError):
+            merge.feed(2, b"")
+        merge.feed(0, entries_with_ids([1, 2]).view(np.uint8))
+        with pytest.raises(ValueError, match="not waiting"):        # its run is not used up yet
+            merge.feed(0, b"")
+        with pytest.raises(ValueError, match="has not ended"):
+            merge.finish()
+        assert merge.run() == 1
+    with pytest.raises(IllegalStateError, match="read-only"):
+        with BloomFilter.open(write_sidecar(tmp_path)) as mapped:
+            _core.SnapshotMerge(-1, 1, mapped)
+    read_only = os.open(tmp_path / "c", os.O_RDONLY)
+    try:
+        merge = _core.SnapshotMerge(read_only, 1, bloom)
+        assert merge.run() == 0
+        merge.feed(0, entries_with_ids([1]).view(np.uint8))
+        assert merge.run() == 0
+        merge.feed(0, b"")
+        with pytest.raises(OSError, match="writing a snapshot failed"):
+            merge.run()
+    finally:
+        os.close(read_only)
+
+
+def write_sidecar(directory):
+    path = directory / "x.bloom"
+    BloomFilter(Shape.from_np(10, 0.01)).write(path)
+    return path
 
 
 # --- bounds of the searches and tables --------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The producer-id ledger (KIP-1044): Kafka snapshot files, Bloom sidecars, an active file, a cache.
 
 - ``ProducerEntry``, ``read_snapshot``, ``write_snapshot``, ``Snapshot``: Kafka's snapshot files.
-- ``PidLedger``: read/update/flush (and read_many/update_many over arrays) over a directory of them;
-  ``PidCache``: write-through in front. ``kafka_view``: an entry as Kafka 3.9 reads it back.
+- ``PidLedger``: read/update/flush (and read_many/update_many over arrays) over a directory of them, each
+  snapshot it writes holding every producer as Kafka's do; ``PidCache``: write-through in front.
+  ``kafka_view``: an entry as Kafka 3.9 reads it back.
 - ``write_ledger_snapshot``: a sorted snapshot plus its sidecar from a batch of entries.
 """
 from kmem.ledger.cache import PidCache

@@ -2,9 +2,13 @@
 
 ``ledger-<sequence>.active`` holds the snapshot header (CRC left 0 while active) and room for some rows;
 ``count`` in the header says how many rows are in use. Rows are appended in arrival order and updated in
-place; a ``RowTable`` (4 bytes a slot, in the heap) finds a producer's row. The file's Bloom filter
-(KIP-1044) is kept as rows are added and becomes the snapshot's sidecar at flush; lookups here go to
-the row table directly, which is exact and cheaper than the filter's k bit reads.
+place; a ``RowTable`` (4 bytes a slot, in the heap) finds a producer's row. The rows are the producers
+written since the ledger's newest snapshot, which holds every producer; a flush merges the two into the
+next snapshot (``runs`` gives the rows in id order). The header's version says so: 2. Version 1 is kmem
+0.1's file, whose snapshots each held only the producers written since the previous one (``legacy``);
+the ledger merges them all once. The file's Bloom filter (KIP-1044) is kept as rows are added and decides
+when the file is full (flushed); lookups go to the row table directly, which is exact and cheaper than the
+filter's k bit reads.
 
 The file starts with room for ``INITIAL_ROWS`` and doubles when the rows run out, up to ``capacity``.
 Each growth reserves the new blocks (``posix_fallocate``) before the mapping covers them, so a full disk
@@ -24,11 +28,12 @@ from kmem import _core
 from kmem.bloom import BloomFilter
 from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError, IllegalStateError
-from kmem.ledger.snapshot import ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, gather, unmap
+from kmem.ledger.snapshot import ENTRY_DTYPE, ENTRY_SIZE, HEADER, VERSION, ProducerEntry, gather, id_order, unmap
 
 PREFIX = "ledger-"
 SUFFIX = ".active"
 INITIAL_ROWS = 1024                 # 46 KB: a small ledger stays small
+ACTIVE_VERSION = 2                  # rows since a snapshot holding every producer (1: kmem 0.1's, see above)
 _NAME = re.compile(r"^ledger-(\d{20})\.active$")
 
 
@@ -78,7 +83,7 @@ class ActiveFile:
         self.read_only = read_only
         if capacity is not None and not read_only and not os.path.exists(self.path):
             with replaced_atomically(self.path, fsync) as f:
-                f.write(HEADER.pack(VERSION, 0, 0))
+                f.write(HEADER.pack(ACTIVE_VERSION, 0, 0))
                 f.flush()
                 # Reserve the blocks now: a full disk is an OSError here, not SIGBUS at a later store.
                 _reserve(f, HEADER.size + min(rows, capacity) * ENTRY_SIZE)
@@ -91,11 +96,12 @@ class ActiveFile:
             self.rows = (size - HEADER.size) // ENTRY_SIZE
             self._map = _core.FileMapping(f.fileno(), HEADER.size + self.rows * ENTRY_SIZE, writable=not read_only)
         version, _, count = HEADER.unpack_from(self._map)
-        if version != VERSION or not 0 <= count <= self.rows:
+        if version not in (VERSION, ACTIVE_VERSION) or not 0 <= count <= self.rows:
             self._map.close()
             raise CorruptSnapshotError(
                 f"{self.path}: active ledger file has version {version} and {count} entries for "
                 f"{self.rows} rows (torn or foreign)")
+        self.legacy = version == VERSION
         self.capacity = self.rows if read_only else max(capacity or 0, self.rows)
         self._table = _core.RowTable(self.rows)
         duplicate = self._table.insert_rows(self._map, count)
@@ -131,13 +137,6 @@ class ActiveFile:
         # New rows the core may add before put() must come back here: filter, capacity, growth. Near
         # saturation one at a time, each checked before the next.
         self._table.set_limit(min(self.capacity, self._filtered + max(1, self.room)))
-
-    @property
-    def bloom(self):
-        """The filter of every id in the file (KIP-1044's active filter; the sidecar at flush)."""
-        if self._filtered < self.count:
-            self._catch_up()
-        return self._filter
 
     @property
     def table(self):
@@ -193,6 +192,12 @@ class ActiveFile:
         if self.count + count > self.rows:
             self._grow(self.count + count)
         return True
+
+    def runs(self):
+        """The rows in id order, as ``merge_snapshot`` takes them: one run over the mapping (the order in
+        the heap, 4 bytes a row)."""
+        entries = self.entries()
+        yield entries.view(np.uint8), id_order(entries)
 
     def find_many(self, pids):
         """(row found per id, their entries as stored) for an int64 array of ids."""

@@ -2,14 +2,44 @@
 
 The directory holds Kafka snapshot files (``<offset>.snapshot``), one Bloom sidecar per snapshot
 (``<offset>.snapshot.bloom``), row orders for unsorted Kafka files (``.order``) and the active file
-(``ledger-<n>.active``). The heap holds the active file's row table and filter and every 128th id of
-each snapshot; sidecars are memory-mapped and snapshots are read a 128-entry stride at a time, so memory
-barely grows with the number of producer ids (1/16 byte per id).
+(``ledger-<n>.active``). Every snapshot the ledger writes holds every unexpired producer at its offset,
+exactly as Kafka's ``ProducerStateManager.takeSnapshot`` would write it, since Kafka rebuilds a partition's
+producers from its newest snapshot alone. So the ledger reads two files:
 
-``read(pid)`` checks the active file, then a file being flushed, then each snapshot whose filter may
-hold the id, newest snapshot first, continuing past false positives. The newest entry found decides:
-an expired one reads as absent. ``update(entry)`` writes to the active file; ``flush()`` turns the
-active file into a sorted snapshot and its sidecar (see ``flush``).
+- the active file: the producers written since the newest snapshot (updated in place);
+- the newest snapshot, through its sidecar: every other producer.
+
+``read(pid)`` checks the active file, then a file being flushed, then the newest snapshot if its filter
+may hold the id; an expired entry reads as absent. ``update(entry)`` writes to the active file;
+``flush(offset)`` merges the active file's rows with the newest snapshot into the next snapshot, named
+``offset`` (see ``flush``): streamed in id order, the newer entry of a producer winning and the expired
+ones left out (as Kafka's ``removeExpiredProducers`` forgets them), so it costs a pass over the live
+producers, as Kafka's snapshot of its whole map does, and no memory per producer.
+
+The other files: older snapshots are never read by the ledger; they are Kafka's recovery points (after a
+truncation Kafka loads the newest snapshot at or below the new log end and replays the log from it).
+By default a flush deletes them (``keep_snapshots=False``: Kafka's ``removeStraySnapshots`` for a log
+without segments keeps only the newest); a broker keeps them (``keep_snapshots=True``) and deletes them by
+Kafka's rules: ``delete_snapshots_before`` (segments deleted) and ``remove_stray_snapshots`` (at load).
+Either way a flush deletes the snapshots named above its own (a log end that was truncated away, as
+Kafka's ``truncateAndReload`` does), and the newest snapshot is never deleted. A sidecar stays with its
+snapshot: the newest one's answers reads; an older one's serves if that snapshot becomes the newest (a
+newer one unreadable). ``.order`` files and sidecars whose snapshot is gone are deleted at open.
+
+An unreadable snapshot (a bad CRC, truncated) is skipped with a warning and the next newest read instead,
+as Kafka's loader falls back; the producers written between the two are then missing, and
+``fell_back_to`` says from which offset (0: no snapshot could be read; None: nothing was skipped): a
+caller holding the log replays it from there, as Kafka does.
+
+A kmem 0.1 directory (an active file of version 1) holds snapshots that each hold only the producers
+written since the previous one: they are all read, newest first, and a writable open merges them into one
+complete snapshot and deletes them.
+
+Memory: the heap holds the active file's row table and filter and every 128th id of the newest snapshot
+(1/16 byte per id); sidecars are memory-mapped and the snapshot is read a 128-entry stride at a time, so
+memory barely grows with the number of producer ids. A flush adds a run of each file it merges (the
+active rows' id order, 4 bytes a row; a 188 KB read of the snapshot) and builds the new sidecar in its
+file.
 
 A read-only ledger (``read_only=True``) writes nothing: no lock file, no active file, no sidecar or row
 order (built in the heap when missing), no deletions. It takes a shared ``flock`` on ``ledger.lock`` when
@@ -19,8 +49,8 @@ exclusive lock covering the directory (the broker's LogManager ``flock``s ``<log
 
 Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The
 active file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``) and a
-snapshot is opened for each search (one ``open``, ``pread``, ``close``), so a process may keep the
-ledgers of thousands of partitions open.
+snapshot is opened for each search (one ``open``, ``pread``, ``close``) and for the length of a flush,
+so a process may keep the ledgers of thousands of partitions open.
 
 A full disk is an ``OSError`` where it happens and leaves nothing half-made: a growth of the active file
 or a new one reserves its blocks first, a flush that cannot write its snapshot deletes what it wrote and
@@ -29,13 +59,15 @@ next ``n`` updates need no I/O: for a caller that must not fail after it acted (
 batch to its log, then updates the producer's entry).
 
 Durability: everything ``update`` returned for survives a crash of the process (the mapping's writes are
-in the page cache; a reopened ledger finds them, finishing any flush that was cut short). Surviving
-power loss needs ``fsync=True``: flushed snapshots and sidecars are then fsynced with their directory,
-and ``sync()`` msyncs the active file; without it, recent updates can be lost with the machine.
+in the page cache; a reopened ledger finds them, finishing any flush that was cut short by merging the
+filled file again). Surviving power loss needs ``fsync=True``: flushed snapshots and sidecars are then
+fsynced with their directory, and ``sync()`` msyncs the active file; without it, recent updates can be
+lost with the machine.
 """
 import contextlib
 import fcntl
 import logging
+import math
 import operator
 import os
 import threading
@@ -51,8 +83,7 @@ from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgument
 from kmem.ledger.active import INITIAL_ROWS, ActiveFile, active_name, active_sequence, room_for
 from kmem.ledger.snapshot import (
     ENTRY_DTYPE, ENTRY_SIZE, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view,
-    kafka_view_array, scatter, snapshot_name,
-    snapshot_offset, snapshot_stats, write_entries,
+    kafka_view_array, merge_snapshot, scatter, snapshot_name, snapshot_offset, write_entries,
 )
 
 log = logging.getLogger(__name__)
@@ -159,18 +190,20 @@ class _ReadPath(NamedTuple):
     """What readers search after the active file; replaced whole, never changed in place."""
 
     sealing: tuple          # active files being flushed, newest first
-    filters: list           # one BloomFilter per snapshot, newest first
-    snapshots: list         # the Snapshot for each filter
+    filters: list           # one BloomFilter per snapshot searched, newest first
+    snapshots: list         # the Snapshot for each filter: the newest (all of kmem 0.1's until merged)
 
 
 class PidLedger:
     """The producer-id ledger of one partition directory. Thread-safe."""
 
     def __init__(self, directory, shape=DEFAULT_SHAPE, *, producer_id_expiration_ms=DEFAULT_EXPIRATION_MS,
-                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False, lock_directory=True):
+                 flush_interval_ms=None, fsync=False, clock_ms=None, read_only=False, lock_directory=True,
+                 keep_snapshots=False):
         """``lock_directory=False``: no ``ledger.lock`` (no file, no descriptor, no ``flock``); the caller
         guarantees that no other ledger opens the directory meanwhile, e.g. by an exclusive lock covering
-        it. Two writing ledgers on one directory would lose acknowledged updates."""
+        it. Two writing ledgers on one directory would lose acknowledged updates. ``keep_snapshots``: a
+        flush leaves the older snapshots for the caller to delete by Kafka's rules (see the module)."""
         self.directory = _require_path("directory", directory)
         self.shape = _require_shape("shape", shape)
         self.expiration_ms = _require_int("producer_id_expiration_ms", producer_id_expiration_ms, 1)
@@ -179,6 +212,7 @@ class PidLedger:
         self.fsync = _require_bool("fsync", fsync)
         self.read_only = _require_bool("read_only", read_only)
         self.lock_directory = _require_bool("lock_directory", lock_directory)
+        self.keep_snapshots = _require_bool("keep_snapshots", keep_snapshots)
         if clock_ms is not None and not callable(clock_ms):
             raise InvalidArgumentError(f"clock_ms must be a function returning milliseconds: {clock_ms!r}")
         if read_only and flush_interval_ms is not None:
@@ -250,12 +284,6 @@ class PidLedger:
             if _own_temporary(name) and not self.read_only:     # a write cut short; its target was never replaced
                 os.unlink(os.path.join(self.directory, name))
         names = set(os.listdir(self.directory))
-        filters, snapshots = [], []
-        for name in sorted((n for n in names if snapshot_offset(n) is not None), key=snapshot_offset):
-            loaded = self._load_snapshot(os.path.join(self.directory, name))
-            if loaded is not None:
-                filters.insert(0, loaded[0])
-                snapshots.insert(0, loaded[1])
         for name in names:
             base = name.removesuffix(SIDECAR_SUFFIX).removesuffix(ORDER_SUFFIX)
             if base != name and snapshot_offset(base) is not None and base not in names:
@@ -266,22 +294,37 @@ class PidLedger:
                 log.warning("ledger %s: ignoring foreign file %s", self.directory, name)
         actives = sorted((n for n in names if active_sequence(n) is not None), key=active_sequence)
         self._sequence = active_sequence(actives[-1]) if actives else 0
-        # Flushes a crash or an error cut short: older than the newest active file and, since a flush
-        # seals pending files first, newer than every snapshot. Sealed oldest first, in that place.
+        opened = [a for a in map(self._open_active, actives) if a is not None]
+        # kmem 0.1's snapshots each hold some producers: all are read until merged. Otherwise the newest
+        # readable one holds them all (an unreadable one is skipped, as Kafka falls back to the previous).
+        legacy = any(active.legacy for active in opened)
+        filters, snapshots = [], []
+        self.fell_back_to = None        # see the module docstring
+        for name in sorted((n for n in names if snapshot_offset(n) is not None), key=snapshot_offset, reverse=True):
+            loaded = self._load_snapshot(os.path.join(self.directory, name))
+            if loaded is None:
+                self.fell_back_to = None if legacy else 0
+                continue
+            filters.append(loaded[0])
+            snapshots.append(loaded[1])
+            if not legacy:
+                if self.fell_back_to is not None:
+                    self.fell_back_to = loaded[1].offset
+                break
         if self.read_only:          # every active file is read as it is, the newest first
-            opened = [a for a in map(self._open_active, actives) if a is not None]
             self._active = None
             with self._lock:
                 self._publish(_ReadPath(tuple(reversed(opened)), filters, snapshots))
             return
-        pending = [a for a in map(self._open_active, actives[:-1]) if a is not None]
-        self._active = self._open_active(actives[-1]) if actives else None
-        if self._active is None:
-            self._active = self._new_active()
+        # Flushes a crash or an error cut short, and kmem 0.1's files: older than the newest active file and,
+        # since a flush seals pending files first, newer than every snapshot. Sealed oldest first.
+        if opened and not opened[-1].legacy:
+            self._active, pending = opened[-1], opened[:-1]
+        else:
+            self._active, pending = self._new_active(), opened
         with self._lock:
             self._publish(_ReadPath(tuple(reversed(pending)), filters, snapshots))
         self._seal_pending()
-        self._apply_retention()
 
     def _load_snapshot(self, path):
         try:
@@ -412,7 +455,8 @@ class PidLedger:
 
     def read_many(self, pids):
         """``read`` for an array of producer ids: (a bool array, found and not expired; an ENTRY_DTYPE array
-        with each found id's newest entry, zeros elsewhere). One pass per file in the core."""
+        with each found id's newest entry, zeros elsewhere). One pass per file in the core (again for the
+        ids not found when a flush replaced the read path meanwhile, as ``read`` does)."""
         pids = _producer_ids(pids)
         found = np.zeros(len(pids), np.bool_)
         out = np.zeros(len(pids), ENTRY_DTYPE)
@@ -422,18 +466,23 @@ class PidLedger:
             found[where[hits]] = True
             scatter(out, where[hits], entries)
 
-        with self._lock:
-            self._check_open()
-            if self._active is not None:
-                take(np.arange(len(pids)), self._active.find_many)
-        view = self._view
-        for old in view.sealing:
-            take(np.flatnonzero(~found), old.find_many)
-        for bloom, snapshot in zip(view.filters, view.snapshots):
-            missing = np.flatnonzero(~found)
-            if not len(missing):
+        while True:
+            with self._lock:
+                self._check_open()
+                view = self._view
+                if self._active is not None:
+                    take(np.flatnonzero(~found), self._active.find_many)
+            for old in view.sealing:
+                take(np.flatnonzero(~found), old.find_many)
+            for bloom, snapshot in zip(view.filters, view.snapshots):
+                missing = np.flatnonzero(~found)
+                if not len(missing):
+                    break
+                take(missing[bloom.contains_many(pids[missing])], snapshot.find_many)
+            if found.all() or self._view is view:
                 break
-            take(missing[bloom.contains_many(pids[missing])], snapshot.find_many)
+            # A flush published a new read path meanwhile and may have deleted the snapshot searched (the
+            # new one holds all it held): look again for the ids not found.
         out = kafka_view_array(out)
         # expired() as timestamp <= now - expiration: now - timestamp would overflow int64 in numpy
         threshold = self._clock_ms() - self.expiration_ms
@@ -442,29 +491,37 @@ class PidLedger:
         out[~found] = 0
         return found, out
 
-    def flush(self):
-        """Turn the active file into a snapshot, KIP-1044's eight steps; returns its path (None if empty).
+    def flush(self, offset=None, *, sync=False):
+        """Write the next snapshot: every unexpired producer, as Kafka's ``takeSnapshot`` at ``offset``
+        (the log end offset it describes; None: the end of its newest entry, above the newest snapshot's).
+        KIP-1044's eight steps; returns its path, or None when there is nothing new (no update since the
+        newest snapshot, and ``offset`` is None or that snapshot's own). ``sync``: fsync it as ``fsync=True``
+        would (Kafka syncs the snapshot it takes at shutdown).
 
         1-3. A new active file takes the writes; the old one stays on the read path, read-only.
-        4-5. The old file's filter is written as the sidecar, then its entries as a sorted snapshot with
-             its CRC (fsynced when the ledger syncs).
-        6-7. The (filter, snapshot) pair joins the index and the old file leaves the read path, in one
-             swap, so no reader can miss an id in between.
-        8.   The old file is deleted; its mapping goes when the last reader holding it is done.
+        4-5. The old file's rows and the newest snapshot are merged (``merge_snapshot``) into the sidecar
+             and then the snapshot with its CRC (fsynced when the ledger syncs); without rows, the snapshot
+             alone is carried to ``offset`` (Kafka takes one at each segment roll).
+        6-7. The (filter, snapshot) pair replaces the newest on the read path and the old file leaves it, in
+             one swap, so no reader can miss an id in between.
+        8.   The snapshots it supersedes are deleted (see the module docstring), then the old file; its
+             mapping goes when the last reader holding it is done.
 
         If sealing fails (a full disk, no file descriptors), what it wrote is deleted, the old file stays on
         the read path, pending, and the next flush seals it before anything newer, so snapshots keep the
         order of their data.
         """
         self._check_writable()
+        if offset is not None:
+            _require_int("offset", offset, 0, 10**20 - 1)
         with self._flush_lock:
             self._seal_pending()
             old = self._rotate()
             if old is None:
-                return None
-            path = self._seal(old)
-            self._apply_retention()
-        return path
+                newest = self._view.snapshots[0].offset if self._view.snapshots else 0
+                if offset is None or offset == newest:
+                    return None
+            return self._seal(old, offset, sync=sync)
 
     def reserve(self, count):
         """Make room for ``count`` updates that then perform no I/O that can fail.
@@ -496,7 +553,6 @@ class PidLedger:
                 except BaseException:
                     self._take_back(old)
                     raise
-                self._apply_retention()
 
     def _rotate(self):
         """Steps 1-3 of ``flush``: a new active file takes the writes and the old one joins the sealing
@@ -528,64 +584,89 @@ class PidLedger:
         for old in reversed(self._view.sealing):
             self._seal(old)
 
-    def _seal(self, old):
-        """Steps 4-8 for a filled active file on the sealing list; on failure it stays there."""
-        array = old.entries()
-        order = id_order(array)
-        newest = self._view.snapshots[0] if self._view.snapshots else None
-        added = []
-        # (the count first: the CRC is a pass over every row)
-        if newest is not None and newest.count == len(array) and newest.stats == snapshot_stats(array, order):
-            path = newest.path                   # sealed before a crash; only the deletion was missed
-        else:
-            # Named by the offset it ends at, but never below a snapshot it is newer than.
-            offset = max(int(array["last_offset"].max()) + 1 if len(array) else 0,
-                         newest.offset + 1 if newest is not None else 0)
-            path = os.path.join(self.directory, snapshot_name(offset))
-            try:
-                old.bloom.write(path + SIDECAR_SUFFIX, fsync=self.fsync)             # step 4
-                stats = write_entries(path, array, order, fsync=self.fsync)            # step 5
-                added = [(BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats))]
-            except BaseException:
-                for written in (path, path + SIDECAR_SUFFIX):      # nothing half-made; the retry writes both
+    def _seal(self, old, offset=None, *, sync=False):
+        """Steps 4-8 for ``old``, a filled active file on the sealing list (None: no rows, a snapshot at
+        ``offset`` only); on failure ``old`` stays on the sealing list. Returns the snapshot's path."""
+        sync = sync or self.fsync
+        view = self._view
+        rows = old.entries() if old is not None else None
+        if offset is None:          # as Kafka names it, the log end it holds; above the newest, read or not
+            end = int(rows["last_offset"].max()) + 1 if rows is not None and len(rows) else 0
+            offset = max(end, view.snapshots[0].offset + 1 if view.snapshots else 0)
+        path = os.path.join(self.directory, snapshot_name(offset))
+        sources = ([old.runs()] if old is not None else []) + [snapshot.runs() for snapshot in view.snapshots]
+        known = sum(s.count for s in view.snapshots) + (len(rows) if rows is not None else 0)
+        replacing = os.path.exists(path)        # a snapshot at this offset already (written again, or Kafka's)
+        try:
+            stats, fences = merge_snapshot(path, sources, Shape.from_np(max(known, 1), 0.01),        # steps 4-5
+                                           expired_at=self._expired_at(), fsync=sync)
+            added = (BloomFilter.open(path + SIDECAR_SUFFIX), Snapshot(path, stats, fences=fences))
+        except BaseException:
+            if not replacing:                   # nothing half-made; the retry writes both
+                for written in (path, path + SIDECAR_SUFFIX):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(written)
-                raise
+            raise
         with self._lock:                                                                # steps 6-7
-            view = self._view
-            self._publish(_ReadPath(tuple(a for a in view.sealing if a is not old),
-                                    [f for f, _ in added] + view.filters, [s for _, s in added] + view.snapshots))
-        os.unlink(old.path)                                                             # step 8
-        if self.fsync:
+            self._publish(_ReadPath(tuple(a for a in self._view.sealing if a is not old), [added[0]], [added[1]]))
+        merged = {s.offset for s in view.snapshots} if len(view.snapshots) > 1 else set()      # kmem 0.1's
+        self._delete_snapshots([o for o in self._snapshot_offsets()                     # step 8
+                                if o != offset and (o > offset or o in merged or not self.keep_snapshots)],
+                               view.snapshots)
+        if old is not None:
+            os.unlink(old.path)
+        if sync:
             fsync_directory(self.directory)
         return path
 
-    def _apply_retention(self):
-        """Delete the oldest snapshots while every producer in them has expired (none in a transaction).
+    def _expired_at(self):
+        """The timestamp at or below which a producer without an open transaction has expired now (Kafka's
+        ``isProducerExpired``), in int64 for the merge; None when none can have."""
+        threshold = math.floor(self._clock_ms() - self.expiration_ms)
+        return None if threshold < -2**63 else min(threshold, 2**63 - 1)
 
-        Oldest first, stopping at the first that must stay: an older file's entries are shadowed by
-        newer ones, so deleting a newer file before an older one could bring a stale entry back.
-        """
-        now = self._clock_ms()
-        with self._lock:
-            view = self._view
-            keep = len(view.snapshots)
-            while keep > 0:
-                stats = view.snapshots[keep - 1].stats
-                if stats.open_transactions or now - stats.max_timestamp < self.expiration_ms:
-                    break
-                keep -= 1
-            if keep == len(view.snapshots):
-                return
-            gone = view.snapshots[keep:]
-            self._publish(view._replace(filters=view.filters[:keep], snapshots=view.snapshots[:keep]))
-        for snapshot in gone:
-            snapshot.retire()           # a reader still searching it finds nothing once it is gone
+    # --- Kafka's rules for older snapshots ----------------------------------------------------------
+
+    def _snapshot_offsets(self):
+        return sorted(o for o in map(snapshot_offset, os.listdir(self.directory)) if o is not None)
+
+    def _newest_offset(self):
+        return self._view.snapshots[0].offset if self._view.snapshots else None
+
+    def _delete_snapshots(self, offsets, held=()):
+        """Delete the snapshots at ``offsets`` with their sidecars and row orders (never the newest);
+        ``held``: Snapshots a reader may still search (retired first: it then finds nothing there)."""
+        newest = self._newest_offset()
+        held = {s.offset: s for s in held}
+        for offset in offsets:
+            if offset == newest:
+                continue
+            path = os.path.join(self.directory, snapshot_name(offset))
+            if offset in held:
+                held[offset].retire()
             for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
-                try:
-                    os.unlink(snapshot.path + suffix)
-                except FileNotFoundError:
-                    pass
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + suffix)
+
+    def delete_snapshots_before(self, offset):
+        """Kafka's ``deleteSnapshotsBefore``: delete the snapshots below ``offset`` (the log start offset,
+        when segments are deleted), except the newest, which holds every producer."""
+        self._check_writable()
+        _require_int("offset", offset, 0)
+        with self._flush_lock:
+            self._delete_snapshots([o for o in self._snapshot_offsets() if o < offset])
+
+    def remove_stray_snapshots(self, segment_base_offsets):
+        """Kafka's ``removeStraySnapshots`` (run at every load): delete the snapshots whose offset is no
+        segment's base, except the newest of those when it lies above every base (a clean shutdown's, at the
+        log end). The newest snapshot is never deleted: take one at the log end first, as Kafka's load does."""
+        self._check_writable()
+        bases = set(segment_base_offsets)
+        with self._flush_lock:
+            strays = [o for o in self._snapshot_offsets() if o not in bases]
+            if strays and (not bases or strays[-1] > max(bases)):
+                strays.pop()
+            self._delete_snapshots(strays)
 
     def _flush_on_timer(self):
         interval = self.flush_interval_ms / 1000
@@ -645,7 +726,7 @@ class PidLedger:
 
     @property
     def snapshot_paths(self):
-        """The indexed snapshot files, newest first."""
+        """The snapshot files searched, newest first: the newest (all of a kmem 0.1 directory opened read-only)."""
         return [s.path for s in self._view.snapshots]
 
     def __len__(self):

@@ -14,7 +14,8 @@ open transaction" (-1). ``kafka_view`` applies those two rules; every reader her
 Kafka writes entries in hash-map order; kmem writes them sorted by producer id, which is still a valid
 Kafka snapshot and lets ``Snapshot.find`` binary-search it in the compiled core. For an
 unsorted (Kafka-written) file kmem builds a sorted row order beside it (``<name>.order``: little-endian
-u32 row numbers) rather than changing Kafka's file.
+u32 row numbers) rather than changing Kafka's file. ``merge_snapshot`` writes a snapshot from others and
+newer entries, streamed in id order (the ledger's flush: each snapshot holds every producer).
 """
 import mmap
 import os
@@ -25,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from kmem import _core
+from kmem.bloom import SIDECAR_SUFFIX, BloomFilter
 from kmem.durable import replaced_atomically
 from kmem.errors import CorruptSnapshotError, InvalidArgumentError
 
@@ -42,6 +44,7 @@ _READ_CHUNK = ENTRY_SIZE * 100_000      # entries per read while verifying a fil
 # Every 128th id of a snapshot stays in the heap (1/16 byte per id): a search then touches one stride
 # of the mapped file (5.9 KB) instead of a page per halving step.
 FENCE_STRIDE = 128
+MERGE_ROWS = 4096                       # entries per read of a sorted snapshot being merged (188 KB)
 
 # The entry layout as a numpy record: arrays of entries are files' bytes and back without packing.
 ENTRY_DTYPE = np.dtype([
@@ -206,6 +209,33 @@ def write_entries(path, array, order, *, fsync=False):
     return stats
 
 
+def merge_snapshot(path, sources, shape, *, expired_at=None, fsync=False):
+    """Write the snapshot ``path`` and its Bloom sidecar (of ``shape``: room for every id) with each
+    producer's newest entry among ``sources``, without the expired ones; returns its SnapshotStats and
+    fences (every FENCE_STRIDE-th id, for ``Snapshot``).
+
+    ``sources``: newest first, each an iterable of runs in increasing id order (``Snapshot.runs``,
+    ``ActiveFile.runs``). The core merges them streaming (``SnapshotMerge``), dropping an entry without an
+    open transaction whose timestamp is at or below ``expired_at`` (Kafka's ``isProducerExpired``); the
+    filter is built in its file. So memory holds a run of each source and one piece of output, however
+    many producers; the work is a pass over the sources. The sidecar is renamed into place first, so a
+    snapshot never appears without it; a failure leaves neither file half-written."""
+    with replaced_atomically(path, fsync) as out, replaced_atomically(path + SIDECAR_SUFFIX, fsync) as sidecar:
+        bloom = BloomFilter.build_in(sidecar, shape)
+        try:
+            out.write(struct.pack(">hI", VERSION, 0))        # the CRC is filled in once computed
+            out.flush()
+            merge = _core.SnapshotMerge(out.fileno(), len(sources), bloom, expired_at, FENCE_STRIDE)
+            runs = [iter(source) for source in sources]
+            while (source := merge.run()) >= 0:
+                merge.feed(source, *next(runs[source], (b"", None)))
+            count, crc, max_timestamp, open_transactions, fences = merge.finish()
+            os.pwrite(out.fileno(), struct.pack(">I", crc), 2)
+        finally:
+            bloom.close()
+    return _stats(count, crc, max_timestamp, open_transactions), fences
+
+
 def read_snapshot(path):
     """All entries of a snapshot file as ProducerEntry tuples (``kafka_view``), in file order.
 
@@ -298,8 +328,9 @@ class Snapshot:
     nothing once the file is gone, instead of failing.
     """
 
-    def __init__(self, path, stats=None, *, read_only=False):
-        """``read_only``: an unsorted file's row order is kept in the heap instead of written beside it."""
+    def __init__(self, path, stats=None, *, read_only=False, fences=None):
+        """``read_only``: an unsorted file's row order is kept in the heap instead of written beside it.
+        ``stats`` and ``fences`` of a sorted file just written (``merge_snapshot``): the file is not read."""
         self.path = os.fspath(path)
         self.read_only = read_only
         self.offset = snapshot_offset(self.path)
@@ -308,6 +339,11 @@ class Snapshot:
         self._retired = False
         self._order_map = None
         self._order = None
+        self._data = self._map = None
+        if fences is not None:
+            self._fences = fences
+            self._index = _core.SnapshotIndex(self.path, self.count, fences, FENCE_STRIDE)
+            return
         self._map = _map_file(self.path)
         _advise_random(self._map)
         self._data = memoryview(self._map)
@@ -397,6 +433,23 @@ class Snapshot:
         """
         data = self._data if self._data is not None else _map_file(self.path)
         return kafka_view_array(np.frombuffer(data, ENTRY_DTYPE, count=self.count, offset=HEADER.size))
+
+    def runs(self):
+        """The entries in increasing id order, as ``merge_snapshot`` takes them: ``(rows, order)`` runs.
+
+        A sorted file is read ``MERGE_ROWS`` at a time, so none of it stays in memory; a Kafka-ordered
+        file is one run through its mapping and row order (the pages read are dropped afterwards)."""
+        if self._order is not None:
+            yield np.frombuffer(self._data, np.uint8, count=self.count * ENTRY_SIZE, offset=HEADER.size), self._order
+            self.trim()
+            return
+        with open(self.path, "rb", buffering=0, opener=_open_without_atime) as f:
+            for start in range(0, self.count, MERGE_ROWS):
+                size = min(MERGE_ROWS, self.count - start) * ENTRY_SIZE
+                rows = os.pread(f.fileno(), size, HEADER.size + start * ENTRY_SIZE)
+                if len(rows) != size:
+                    raise CorruptSnapshotError(f"{self.path}: snapshot shrank while being merged")
+                yield rows, None
 
     def trim(self):
         """Drop this process's mapping of pages already read (they remain in the page cache)."""

@@ -346,13 +346,16 @@ class LogManager:
                 partition_log.remove_expired_producers(now)
 
     def checkpoint(self):
-        """Write the recovery-point, log-start-offset and replication-offset checkpoints."""
+        """Write the recovery-point, log-start-offset and replication-offset checkpoints. The log start
+        offsets are those above their log's first segment's base offset only, as Kafka's
+        ``checkpointLogStartOffsetsInDir`` writes them (a partition not listed starts at its first segment)."""
         with self._lock:
             logs = self._logs.items()
             checkpoints.write_offset_checkpoint(self._path(checkpoints.RECOVERY_POINT_CHECKPOINT),
                                                 {k: v.recovery_point for k, v in logs})
             checkpoints.write_offset_checkpoint(self._path(checkpoints.LOG_START_OFFSET_CHECKPOINT),
-                                                {k: v.log_start_offset for k, v in logs})
+                                                {k: v.log_start_offset for k, v in logs
+                                                 if v.log_start_offset > v.segments[0].base_offset})
             checkpoints.write_offset_checkpoint(self._path(checkpoints.REPLICATION_OFFSET_CHECKPOINT),
                                                 {k: v.high_watermark for k, v in logs})
 

@@ -5,26 +5,31 @@ Where the state lives:
 
 - the partition directory's ``PidLedger`` holds each producer's newest entry (epoch, last sequence,
   last offset, offset delta, timestamp, coordinator epoch, open transaction): exactly what a Kafka
-  snapshot entry holds. Its snapshots are Kafka ``<offset>.snapshot`` files; the log flushes the
-  ledger at each segment roll, so a snapshot is taken at each roll as Kafka does (holding the producers
-  written since the previous one; older ones stay in older snapshots until they expire, KIP-1044's
-  ledger). Entries are deleted by the ledger once every producer in a snapshot expired
-  (``producer.id.expiration.ms``), as Kafka expires producers;
-  Differences from Kafka's files: a snapshot is named by the offset after its newest entry (at most
-  the roll offset) and a roll with no producer written since the previous one writes none; deleting a
-  segment does not delete a snapshot (its producers may live nowhere else), only expiry does, checked
-  when the ledger opens or flushes. The ledger's own files (``ledger-<n>.active``,
-  ``<offset>.snapshot.bloom``) sit beside Kafka's, which Kafka ignores; it takes no ``ledger.lock`` (the
-  log manager's lock on the log directory covers it) and holds no descriptor between calls. Before a batch
-  is written, ``reserve`` makes room for its producers' entries, so that a full disk fails the append
-  before anything of it is kept, never after. Expiry is Kafka's
+  snapshot entry holds. Its snapshots are Kafka's ``<offset>.snapshot`` files, taken where Kafka takes
+  them (``take_snapshot``): at each segment roll, named by the new segment's base offset
+  (``UnifiedLog.roll``), at the log end offset when the log closes (``UnifiedLog.close``, fsynced) and
+  when it loads after a crash (``LogLoader``'s rebuild of the producer state). Each holds every producer
+  not expired at the last ``remove_expired`` check, as Kafka's map does, so a Kafka broker that takes
+  the directory over (it loads its newest snapshot at or below the log end offset alone, and after a
+  clean shutdown scans nothing) knows every producer. Older snapshots are deleted by Kafka's rules:
+  those below the log start offset when segments are deleted (``delete_snapshots_before``), and at each
+  load those at no segment's base except the newest above them all (``remove_stray_snapshots``); the
+  ledger never deletes its newest. A ledger flush between rolls (its active file full:
+  ``producer.ledger.ids`` new producers) also writes a complete snapshot, named by its newest entry's
+  end: a stray that the next load removes. Each such snapshot costs a pass over the live producers, as
+  Kafka's does. The ledger's own files (``ledger-<n>.active``, ``<offset>.snapshot.bloom``,
+  ``<offset>.snapshot.order``) sit beside Kafka's, which Kafka ignores; it takes no ``ledger.lock``
+  (the log manager's lock on the log directory covers it) and holds no descriptor between calls. Before
+  a batch is written, ``reserve`` makes room for its producers' entries, so that a full disk fails the
+  append before anything of it is kept, never after. Expiry is Kafka's
   ``removeExpiredProducers``: ``remove_expired(now)``, run every
   ``producer.id.expiration.check.interval.ms`` (and when the partition opens), forgets the producers
   whose last batch's max timestamp is ``producer.id.expiration.ms`` older than ``now`` (none with an
   open transaction). Between checks every producer is kept, also one writing CreateTime timestamps
   older than the expiration (a backfill): until the next check its duplicates and sequences are
   checked, as in Kafka. (The ledger judges expiry by the time of the last check; the few producers
-  written since then with such old timestamps are held in memory until the next one.);
+  written since then with such old timestamps are held in memory until the next one, and a snapshot
+  taken meanwhile leaves them out: Kafka's load would drop them from it too.);
 - an LRU of at most ``producer.state.cache.entries`` producers keeps the metadata of their last five
   batches, as Kafka's ``ProducerStateEntry`` does. A producer read back from the ledger (evicted, or
   after a restart) knows its last batch only, which is all a Kafka snapshot keeps too.
@@ -162,7 +167,7 @@ class ProducerStateManager:
         self._checked_at = clock_ms()                   # Kafka removes expired producers when it loads them
         # The log manager's flock on the log directory covers the ledger: no ledger.lock, no descriptor.
         self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
-                                clock_ms=lambda: self._checked_at, lock_directory=False)
+                                clock_ms=lambda: self._checked_at, lock_directory=False, keep_snapshots=True)
         self.cache_entries = cache_entries
         self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
         self._ongoing = {}                              # pid -> first offset of its open transaction
@@ -328,9 +333,24 @@ class ProducerStateManager:
         with self._lock:
             return min(self._ongoing.values(), default=None)
 
-    def take_snapshot(self):
-        """Flush the ledger's active file into a ``<offset>.snapshot`` (at each segment roll)."""
-        return self.ledger.flush()
+    @property
+    def snapshot_fallback(self):
+        """None, or when a newer snapshot was unreadable at open the offset of the one read instead (0:
+        none could be): the log after it must be replayed, as Kafka's loader replays it after falling back."""
+        return self.ledger.fell_back_to
+
+    def take_snapshot(self, offset, *, sync=False):
+        """Kafka's ``takeSnapshot`` at ``offset``: ``<offset>.snapshot`` of every producer, unless the newest
+        snapshot is there already and no producer was written since; returns its path or None."""
+        return self.ledger.flush(offset, sync=sync)
+
+    def remove_stray_snapshots(self, segment_base_offsets):
+        """Kafka's ``removeStraySnapshots`` (see ``PidLedger.remove_stray_snapshots``)."""
+        self.ledger.remove_stray_snapshots(segment_base_offsets)
+
+    def delete_snapshots_before(self, offset):
+        """Kafka's ``deleteSnapshotsBefore``: the snapshots below ``offset``, never the newest."""
+        self.ledger.delete_snapshots_before(offset)
 
     def close(self):
         self.ledger.close()

@@ -10,7 +10,7 @@
   batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
   old segment's indexes are trimmed, its files fsynced, the recovery point moved to the new segment and a
-  producer snapshot taken.
+  producer snapshot of every producer taken at the new segment's base offset, as Kafka's ``roll``.
 - ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
   descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
   but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
@@ -28,13 +28,19 @@
 - ``delete_old_segments(now)``: when ``cleanup.policy`` holds ``delete``, retention as Kafka's
   ``deleteOldSegments``: by ``retention.ms`` (a
   segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first, rolling
-  first when every segment goes; the log start offset moves to the first segment left.
+  first when every segment goes; the log start offset moves to the first segment left and the producer
+  snapshots below it are deleted (Kafka's ``deleteSnapshotsBefore``; never the newest, which holds every
+  producer).
 
 On open, a log directory without the clean-shutdown marker is recovered as Kafka's ``LogLoader``: every
 segment holding offsets at or past the partition's recovery point is revalidated batch by batch,
 truncated at the first invalid or partial batch (later segments are deleted) and its indexes rebuilt;
 the revalidated batches are replayed into the producer state. Segments with a missing or failing index
-are rebuilt the same way after a clean shutdown too.
+are rebuilt the same way after a clean shutdown too, and those after the producer snapshot read when a
+newer one was unreadable (its producers come from the log then, as Kafka's loader replays it). Then the
+producer snapshots are left as Kafka's load leaves them: one at the log end offset (``close`` takes it;
+after a crash the load does), stray ones removed. So a Kafka broker reading the directory finds every
+producer in the snapshot it loads.
 
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
 """
@@ -163,6 +169,10 @@ class PartitionLog:
 
     def _load(self, recovery_point, log_start_offset, clean):
         complete_interrupted_swaps(self.directory)
+        if self.producers.snapshot_fallback is not None:
+            # A newer producer snapshot was unreadable: the producers written after the one read come from
+            # the log, revalidated and replayed from there (Kafka replays it after falling back too).
+            recovery_point, clean = min(recovery_point, self.producers.snapshot_fallback), False
         found = log_segments(self.directory)
         self.segments = []
         recovered = []
@@ -205,7 +215,22 @@ class PartitionLog:
             self._epochs = [(e, o) for e, o in self._epochs if o < self.log_end_offset]
             checkpoints.write_leader_epoch_checkpoint(self._epochs_path, self._epochs)
         self._assign_epoch(self.leader_epoch, self.log_end_offset)
+        self._load_snapshots()
         self.recovery_point = self.log_end_offset if recovered or clean else min(recovery_point, self.log_end_offset)
+
+    def _load_snapshots(self):
+        """What Kafka's load does with producer snapshots: one at the log end offset unless there is one
+        (a clean shutdown left it; after a crash this merges what recovery replayed), which also deletes any
+        above it (a log end truncated away), then ``removeStraySnapshots`` and the snapshots below the log
+        start offset. A failure (a full disk) is logged: the ledger still holds every producer, only a Kafka
+        broker taking the directory over would replay the log from an older snapshot."""
+        try:
+            self.producers.take_snapshot(self.log_end_offset)
+            self.producers.remove_stray_snapshots([segment.base_offset for segment in self.segments])
+            self.producers.delete_snapshots_before(self.log_start_offset)
+        except OSError as e:
+            log.warning("%s: producer snapshot at the log end offset %d not taken: %s", self.directory,
+                        self.log_end_offset, e)
 
     def _assign_epoch(self, epoch, start_offset):
         """Kafka's ``LeaderEpochFileCache.assign``: a new epoch starts at ``start_offset``."""
@@ -301,7 +326,7 @@ class PartitionLog:
                 delete_segment_files(self.directory, new.base_offset)
                 raise
             self.segments.append(new)
-            self.producers.take_snapshot()
+            self.producers.take_snapshot(new.base_offset)       # at the new segment's base, as Kafka's roll
             self.recovery_point = self.log_end_offset
             return self.active
 
@@ -440,6 +465,7 @@ class PartitionLog:
             self.segments.remove(segment)
             segment.delete()
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self.producers.delete_snapshots_before(self.log_start_offset)
         return len(deletable)
 
     def remove_expired_producers(self, now_ms=None):
@@ -499,8 +525,10 @@ class PartitionLog:
             self.active.flush()
             self.recovery_point = self.log_end_offset
 
-    def close(self):
-        """Flush, trim the active segment's indexes, close the files and the producer ledger."""
+    def close(self, *, snapshot=True):
+        """Flush, trim the active segment's indexes, take a producer snapshot at the log end offset (as
+        Kafka's ``UnifiedLog.close``, fsynced: a Kafka broker taking the directory over then scans nothing),
+        close the files and the producer ledger. ``snapshot=False``: none (the log is being deleted)."""
         with self._lock:
             if self._closed:
                 return
@@ -508,6 +536,8 @@ class PartitionLog:
             try:
                 self.active.on_become_inactive()
                 self.recovery_point = self.log_end_offset
+                if snapshot:
+                    self.producers.take_snapshot(self.log_end_offset, sync=True)
             finally:                    # the files are closed also when the last writes fail (a full disk)
                 for segment in self.segments:
                     segment.close()
@@ -516,7 +546,7 @@ class PartitionLog:
     def delete(self):
         """Close the log and remove its directory (Kafka renames it ``-delete`` first, as done here)."""
         with self._lock:
-            self.close()
+            self.close(snapshot=False)
             doomed = f"{self.directory}.{uuid.uuid4().hex}-delete"
             os.rename(self.directory, doomed)
             shutil.rmtree(doomed)
