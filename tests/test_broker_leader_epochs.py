@@ -31,7 +31,8 @@ def broker(tmp_path):
     (log_dir / "e-0" / "leader-epoch-checkpoint").write_text(
         "0\n%d\n" % len(EPOCHS) + "".join(f"{epoch} {start}\n" for epoch, start in EPOCHS))
     with Broker(log_dir, num_partitions=1) as running:
-        assert running.logs.get_partition("e", 0).leader_epochs == EPOCHS
+        partition = running.logs.get_partition("e", 0)
+        assert partition.leader_epochs == EPOCHS and partition.leader_epoch == 5      # carries on at the latest
         yield running
 
 
@@ -141,8 +142,8 @@ def test_fetch_checks_the_current_leader_epoch(led_at_epoch_3, version):
 
 def test_offset_for_leader_epoch_and_list_offsets_take_minus_two_for_an_epoch(broker):
     """Only -1 means "no epoch" in OffsetForLeaderEpoch and ListOffsets (Kafka compares any other): -2 is older
-    than the partition's epoch 0."""
+    than the partition's epoch 5."""
     with RawConnection(broker.bootstrap_servers) as connection:
         assert end_offsets(connection, 4, [(0, 5)], current_leader_epoch=-2)[(0, 5)].error_code == FENCED_LEADER_EPOCH
         assert list_latest(connection, 9, -2).error_code == FENCED_LEADER_EPOCH
-        assert end_offsets(connection, 4, [(0, 5)], current_leader_epoch=1)[(0, 5)].error_code == UNKNOWN_LEADER_EPOCH
+        assert end_offsets(connection, 4, [(0, 5)], current_leader_epoch=6)[(0, 5)].error_code == UNKNOWN_LEADER_EPOCH

@@ -214,6 +214,8 @@ class PartitionLog:
         if self._epochs and self._epochs[-1][1] >= self.log_end_offset:
             self._epochs = [(e, o) for e, o in self._epochs if o < self.log_end_offset]
             checkpoints.write_leader_epoch_checkpoint(self._epochs_path, self._epochs)
+        if self._epochs:        # a directory Kafka wrote: its leader carries on at the latest epoch
+            self.leader_epoch = max(self.leader_epoch, self._epochs[-1][0])
         self._assign_epoch(self.leader_epoch, self.log_end_offset)
         self._load_snapshots()
         self.recovery_point = self.log_end_offset if recovered or clean else min(recovery_point, self.log_end_offset)
