@@ -404,9 +404,9 @@ def test_admin_requests_kafka_refuses_are_refused_with_its_error_codes(broker):
     assert error_of(admin.incremental_alter_configs([this_broker])[this_broker]) == KafkaError.INVALID_REQUEST
     entries = results(admin.describe_configs([ConfigResource("broker", str(broker.node_id))]))
     assert next(iter(entries.values()))["num.partitions"].value == "1"
-    compact = ConfigResource("topic", "r", incremental_configs=[
-        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.SET)])
-    assert error_of(admin.incremental_alter_configs([compact])[compact]) == KafkaError.INVALID_CONFIG
+    unknown_policy = ConfigResource("topic", "r", incremental_configs=[
+        ConfigEntry("cleanup.policy", "shred", incremental_operation=AlterConfigOpType.SET)])
+    assert error_of(admin.incremental_alter_configs([unknown_policy])[unknown_policy]) == KafkaError.INVALID_CONFIG
 
 
 # Kafka 3.9 without an authorizer answers every operation AclEntry.supportedOperations lists (KIP-430)
