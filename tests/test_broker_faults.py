@@ -8,7 +8,7 @@ from confluent_kafka import KafkaError
 
 from kmem.broker import Broker, ErrorCode, LogError
 from kmem.broker.log import index as index_module, segment as segment_module
-from kmem.errors import CorruptRecordError, IllegalStateError
+from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.records import FileRecords
 
 from broker_helpers import TIMEOUT, RawConnection, produce_raw, start_broker_process, wait_for
@@ -361,3 +361,9 @@ def test_the_log_says_what_happened_to_topics_and_recovery(tmp_path, caplog):
     assert "topic t grown from 2 to 3 partitions" in caplog.text
     assert "deleted topic u (1 partition)" in caplog.text
     assert "recovered 3 partitions" in caplog.text
+
+
+def test_a_log_directory_that_is_a_file_is_named_so(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="is not a directory"):
+        open_manager(tmp_path / "file")

@@ -66,6 +66,8 @@ class LogManager:
         self._clock = clock_ms or wall_clock_ms
         self._lock = threading.RLock()
         self._listeners = []
+        if os.path.lexists(self.log_dir) and not os.path.isdir(self.log_dir):
+            raise ConfigError(f"log directory {self.log_dir} is not a directory")
         os.makedirs(self.log_dir, exist_ok=True)
         self._lock_file = open(self._path(LOCK_FILE), "ab")
         try:
