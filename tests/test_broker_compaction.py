@@ -239,6 +239,23 @@ def test_max_compaction_lag_forces_a_clean_below_the_dirty_ratio(manager):
     assert manager.cleaner.clean_filthiest(now_ms=NOW + 5000)[0] == ("t", 0)   # overdue (KIP-354)
 
 
+def test_each_clean_is_logged_and_measured_by_kafkas_cleaner_metrics(manager, caplog):
+    caplog.set_level("INFO", logger="kmem.broker.log.cleaner")
+    partition_log = compacted(manager, **{"max.compaction.lag.ms": 1000})
+    write_updates(partition_log, 300, keys=20)                  # written a day ago
+    assert set(manager.cleaner.metrics.values()) == {0}
+    before, rewritten = partition_log.size_in_bytes, partition_log.size_in_bytes - partition_log.active.size
+    key, stats = manager.cleaner.clean_filthiest(now_ms=NOW)
+    after = partition_log.size_in_bytes
+    assert key == ("t", 0) and stats.bytes_read == stats.map_bytes_read == rewritten
+    metrics = manager.cleaner.metrics
+    assert metrics["max-dirty-percent"] == 100                  # nothing was clean before the pass
+    assert metrics["max-compaction-delay-secs"] == (DAY - 1000) // 1000
+    assert metrics["cleaner-recopy-percent"] == int(100 * stats.bytes_written / rewritten) < 50
+    assert metrics["max-clean-time-secs"] == int(stats.elapsed_secs)
+    assert f"cleaned t-0: {before} to {after} bytes" in caplog.text and after < before
+
+
 def test_a_retention_or_delete_records_meanwhile_drops_the_pass(manager):
     partition_log = compacted(manager)
     write_updates(partition_log, 100, keys=4)

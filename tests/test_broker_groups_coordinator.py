@@ -1,7 +1,8 @@
 """The group coordinator's state machine driven directly (requests decoded as the broker would hand
 them over): Kafka's error codes for wrong generations and members, a SyncGroup from a non-leader,
 JoinGroup storms, session expiry without requests, static membership, the initial rebalance delay,
-and committed offsets as Kafka's ``__consumer_offsets`` records (layout, expiry, compaction, reload)."""
+and committed offsets as Kafka's ``__consumer_offsets`` records (layout, expiry, compaction by the log cleaner,
+reload)."""
 import queue
 import struct
 import threading
@@ -13,7 +14,7 @@ import pytest
 from broker_helpers import fail_appends
 from kmem.broker import LogManager
 from kmem.broker.group.coordinator import DelayedResponse, GroupConfig, GroupCoordinator
-from kmem.broker.group.offsets import OFFSETS_TOPIC, java_string_hash, partition_for
+from kmem.broker.group.offsets import OFFSETS_TOPIC, java_string_hash, offset_commit_key, partition_for
 from kmem.protocol import ApiKey, RequestHeader, messages
 from kmem.records import FileRecords, log_segments
 
@@ -369,25 +370,72 @@ def test_expired_offsets_become_tombstones_and_the_group_goes(tmp_path):
             coord.close()
 
 
-def test_compaction_keeps_the_offsets_topic_bounded(tmp_path):
-    with LogManager(tmp_path) as logs:
+def cleaning(**settings):
+    """A log directory's settings with a small key map for the log cleaner (the default takes 128 MiB)."""
+    from kmem.broker import BrokerConfig
+    return BrokerConfig.from_properties(log_cleaner_dedupe_buffer_size=24 * 1000, **settings)
+
+
+@pytest.mark.parametrize("made_by_older_kmem", [False, True])
+def test_the_log_cleaner_keeps_the_offsets_topic_bounded(tmp_path, made_by_older_kmem):
+    """``__consumer_offsets`` is compacted by the log cleaner (cleanup.policy=compact), also when an older kmem
+    made it with retention.ms=-1 and compacted it itself: the latest commit stays at its offset."""
+    with LogManager(tmp_path, cleaning()) as logs:
         logs.create_topic("t", 4)
+        if made_by_older_kmem:
+            logs.create_topic(OFFSETS_TOPIC, 3, {"segment.bytes": 4096, "retention.ms": -1, "retention.bytes": -1})
         coord = coordinator(logs, offsets_topic_segment_bytes=4096)
         commit(coord, {("t", 0): 0})
+        assert logs.topics()[OFFSETS_TOPIC].configs["cleanup.policy"] == "compact"
         partition = logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
         sizes = []
         for i in range(400):
             commit(coord, {("t", 0): i, ("t", 1): 2 * i})
             if i % 100 == 99:
                 sizes.append(partition.size_in_bytes)
-                assert coord.compact() == 1
-                assert partition.size_in_bytes < 512          # one batch of the two live offsets
-        assert min(sizes) > 4096 and len(partition.segments) <= 2
+                last_commit = partition.log_end_offset - 2
+                assert logs.cleaner.clean_filthiest()[0] == (OFFSETS_TOPIC, partition_for("g", 3))
+                assert partition.size_in_bytes < 4096 + 512     # the active segment and the latest commit
+                assert partition.read(last_commit, 1 << 20).records is not None
+        assert min(sizes) > 4096
         coord.close()
-    with LogManager(tmp_path) as logs:
+    with LogManager(tmp_path, cleaning()) as logs:
         coord = coordinator(logs)
         try:
+            assert logs.topics()[OFFSETS_TOPIC].configs["cleanup.policy"] == "compact"
             assert fetch(coord) == {("t", 0): 399, ("t", 1): 798}
+        finally:
+            coord.close()
+
+
+def test_tombstones_of_expired_offsets_and_groups_are_cleaned_away_after_delete_retention(tmp_path):
+    day = 86_400_000
+    with LogManager(tmp_path, cleaning(log_cleaner_min_cleanable_ratio=0.01)) as logs:
+        logs.create_topic("t", 4)
+        coord = coordinator(logs, offsets_retention_minutes=1)
+        index = partition_for("g", 3)
+        neighbour = next(g for g in (f"h{i}" for i in range(100)) if partition_for(g, 3) == index)
+        commit(coord, {("t", 0): 10})
+        commit(coord, {("t", 1): 5}, group=neighbour)
+        now = int(time.time() * 1000)
+        assert coord.expire_offsets(now + 61_000) == 2
+        partition = logs.get_partition(OFFSETS_TOPIC, index)
+        partition.roll()
+        assert logs.cleaner.clean_filthiest(now)[0] == (OFFSETS_TOPIC, index)
+        group_tombstone = struct.pack(">hh1s", 2, 1, b"g")
+        assert (group_tombstone, None) in stored_records(tmp_path, index)         # kept delete.retention.ms
+        commit(coord, {("t", 2): 7}, group=neighbour)                             # something new to clean
+        partition.roll()
+        assert logs.cleaner.clean_filthiest(now + day + 1)[0] == (OFFSETS_TOPIC, index)
+        remaining = stored_records(tmp_path, index)
+        assert [key for key, _ in remaining] == [offset_commit_key(neighbour, "t", 2)]   # no tombstone left
+        assert remaining[0][1] is not None
+        coord.close()
+    with LogManager(tmp_path, cleaning()) as logs:
+        coord = coordinator(logs)
+        try:
+            assert "g" not in coord.groups and fetch(coord) == {}
+            assert fetch(coord, neighbour) == {("t", 2): 7}
         finally:
             coord.close()
 
@@ -444,20 +492,22 @@ def test_an_idle_coordinator_schedules_one_task_per_group_and_scans_nothing(logs
         coord.close()
 
 
-def test_the_broker_compacts_the_offsets_topic_every_check_interval(tmp_path):
-    """Compaction runs on the broker's log maintenance thread (it writes and fsyncs), not on the timer."""
+def test_the_brokers_log_cleaner_compacts_the_offsets_topic(tmp_path):
+    """The broker's log cleaner thread compacts __consumer_offsets; the group coordinator writes only."""
     from kmem.broker import Broker
 
-    with Broker(tmp_path / "logs", properties={"offsets.retention.check.interval.ms": "100",
+    with Broker(tmp_path / "logs", properties={"log.cleaner.backoff.ms": "50",
+                                              "log.cleaner.dedupe.buffer.size": str(24 * 1000),
                                               "offsets.topic.segment.bytes": "4096",
                                               "offsets.topic.num.partitions": "3"}) as broker:
         broker.logs.create_topic("t", 2)
         for i in range(200):
             assert commit(broker.coordinator, {("t", 0): i, ("t", 1): 2 * i}) == {("t", 0): NONE, ("t", 1): NONE}
         partition = broker.logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
-        # the 200 commits took some 30 KiB; compacted, the partition holds the two live offsets and the
-        # commits since its last compaction, which run it at most to offsets.topic.segment.bytes
-        assert _wait(lambda: partition.size_in_bytes <= 4096)
+        # the 200 commits took some 30 KiB; compacted, the partition holds its active segment (at most
+        # offsets.topic.segment.bytes) and the latest commit before it
+        assert _wait(lambda: partition.size_in_bytes <= 4096 + 512)
+        assert broker.logs.cleaner.first_dirty_offset(OFFSETS_TOPIC, partition_for("g", 3)) > 0
         assert fetch(broker.coordinator) == {("t", 0): 199, ("t", 1): 398}
 
 

@@ -7,8 +7,9 @@
   waits is parked without a thread (``kmem.broker.apis.purgatory``, the group coordinator's delayed
   responses) and one that may block on the disk runs on an io thread; every deadline (parked fetches,
   group sessions and rebalances, offset expiry) is a task on one ``kmem.broker.timer.Timer``, so the
-  broker's threads do not grow with its clients: ``num.network.threads`` + ``num.io.threads`` + 3 (the
-  acceptor, the timer, log maintenance);
+  broker's threads do not grow with its clients: ``num.network.threads`` + ``num.io.threads`` + 4 (the
+  acceptor, the timer, log maintenance, the log cleaner of the compacted topics, ``__consumer_offsets``
+  among them);
 - Fetch responses are ``kmem.send.Send``s: file regions of the segments for Fetch v4+ (sendfile on plain
   sockets), lazily down-converted chunks for Fetch v0-3 (KIP-283);
 - the log directory is Kafka's (``kmem.broker.LogManager``), idempotent producers' state lives in a
@@ -148,13 +149,12 @@ class Broker:
         return f"{host}:{port}"
 
     def _maintain(self):
-        """Retention every ``log.retention.check.interval.ms``, producer expiry every
-        ``producer.id.expiration.check.interval.ms``, ``__consumer_offsets`` compaction every
-        ``offsets.retention.check.interval.ms``: on a thread of their own, as they write and fsync files."""
+        """Retention every ``log.retention.check.interval.ms`` and producer expiry every
+        ``producer.id.expiration.check.interval.ms``: on a thread of their own, as they write and fsync files
+        (compaction is the log cleaner's, on its thread)."""
         tasks = [[self.settings.retention_check_interval_ms / 1000, self.logs.maintain],
                  [self.settings.storage.producer_id_expiration_check_interval_ms / 1000,
-                  self.logs.remove_expired_producers],
-                 [self.settings.groups.offsets_retention_check_interval_ms / 1000, self.coordinator.compact]]
+                  self.logs.remove_expired_producers]]
         for task in tasks:
             task.append(time.monotonic() + task[0])
         while not self._stop.wait(max(min(due for _, _, due in tasks) - time.monotonic(), 0)):

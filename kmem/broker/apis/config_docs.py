@@ -38,8 +38,7 @@ TOPIC_DOCS = {
                         "'uncompressed' for none, or 'producer' to keep the codec each producer used.",
     "cleanup.policy": "What happens to old segments: 'delete' (the default) discards them once their "
                       "retention time or size is reached; 'compact' keeps the latest value of each key; both "
-                      "may be listed (comma-separated). kmem broker does not compact logs yet: only 'delete' "
-                      "is accepted.",
+                      "may be listed (comma-separated): the log cleaner compacts, retention deletes.",
     "min.insync.replicas": "With acks=all (-1), the fewest replicas that must acknowledge a write for it to "
                            "succeed; when fewer are in sync the producer gets NotEnoughReplicas or "
                            "NotEnoughReplicasAfterAppend. kmem broker is the only replica: only 1 is accepted.",
@@ -63,18 +62,14 @@ TOPIC_DOCS = {
     "compression.zstd.level": "The compression level used when compression.type is zstd." + KEPT_ONLY
                               + ": it recompresses at its default level.",
     "delete.retention.ms": "How long delete tombstones are kept on a compacted topic; also how long a consumer "
-                           "reading from offset 0 has to finish to see a consistent final state." + KEPT_ONLY
-                           + " (it does not compact).",
-    "min.compaction.lag.ms": "The shortest time a record stays uncompacted in the log, on compacted topics."
-                             + KEPT_ONLY + " (it does not compact).",
-    "max.compaction.lag.ms": "The longest time a record may stay ineligible for compaction, on compacted topics."
-                             + KEPT_ONLY + " (it does not compact).",
+                           "reading from offset 0 has to finish to see a consistent final state.",
+    "min.compaction.lag.ms": "The shortest time a record stays uncompacted in the log, on compacted topics.",
+    "max.compaction.lag.ms": "The longest time a record may stay ineligible for compaction, on compacted topics.",
     "min.cleanable.dirty.ratio": "How much of a compacted log must be uncompacted ('dirty') before the log "
                                  "cleaner compacts it (0.5: half), which bounds the space wasted by duplicates. "
                                  "With min.compaction.lag.ms or max.compaction.lag.ms set, a log is eligible "
                                  "once the ratio is reached and it has held dirty records for at least "
-                                 "min.compaction.lag.ms, or once it has held them for max.compaction.lag.ms."
-                                 + KEPT_ONLY + " (it does not compact).",
+                                 "min.compaction.lag.ms, or once it has held them for max.compaction.lag.ms.",
     "file.delete.delay.ms": "How long to wait before a deleted segment's files are removed from the file system."
                             + KEPT_ONLY + ": it removes them at once.",
     "flush.messages": "Force an fsync of the log after this many records (1: after each). Replication and the "

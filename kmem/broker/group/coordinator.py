@@ -38,10 +38,11 @@ is answered as Kafka 3.9 maps its error (``GROUP_WRITE_ERRORS``): a failing or f
 which clients retry after finding the coordinator again. Offsets expire
 ``offsets.retention.minutes`` after the group became empty (after their commit for groups that only
 commit, or at the expire timestamp OffsetCommit v1-4 gave), at that deadline; tombstones mark them gone.
-``compact()`` (the broker's log maintenance calls it every ``offsets.retention.check.interval.ms``)
-rewrites a partition whose log grew past ``offsets.topic.segment.bytes`` and twice its live records with
-only its live records (then the older segments are deleted), which keeps the topic bounded as Kafka's
-compaction does.
+The topic is created with ``cleanup.policy=compact``, as Kafka creates it, so the broker's log cleaner
+(``kmem.broker.log.cleaner``) keeps it bounded as every compacted topic: the latest record of each offset
+and group stays, tombstones go ``delete.retention.ms`` after the clean that kept them. An offsets topic an
+older kmem created without a ``cleanup.policy`` (it had ``retention.ms=-1`` and compacted the topic itself)
+is given ``cleanup.policy=compact`` when the coordinator starts, since Kafka always compacts it.
 """
 import dataclasses
 import logging
@@ -70,7 +71,6 @@ CONSUMER_PROTOCOL = "consumer"
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 LOAD_CHUNK_BYTES = 1 << 20
 MEMBER_ID_PREFIX_BYTES = 32767 - 37    # a protocol string's bytes, less "-" and a uuid
-COMPACT_BATCH_RECORDS = 1000           # records per batch when a partition is rewritten
 
 # api key -> GroupCoordinator method (FindCoordinator stays with the other handlers)
 GROUP_APIS = {
@@ -290,6 +290,7 @@ class GroupCoordinator:
         self._closed = False
         self._own_timer = timer is None
         self._timer = Timer("kmem-group-timer") if timer is None else timer
+        self._compact_offsets_topic_of_older_kmem()
         self._load()
         with self._lock:
             for group in self.groups.values():
@@ -302,15 +303,20 @@ class GroupCoordinator:
         partitions = self.config.offsets_topic_partitions
         if self.logs.get_partition(OFFSETS_TOPIC, 0) is None:
             try:
-                # never trimmed by the broker's retention: the coordinator compacts it (see compact())
                 self.logs.create_topic(OFFSETS_TOPIC, partitions, {
-                    "segment.bytes": self.config.offsets_topic_segment_bytes, "retention.ms": -1,
-                    "retention.bytes": -1})
+                    "cleanup.policy": "compact", "segment.bytes": self.config.offsets_topic_segment_bytes})
             except LogError as e:
                 if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                     raise
         count = self.logs.topics()[OFFSETS_TOPIC].partitions
         return self.logs.get_partition(OFFSETS_TOPIC, partition_for(group_id, count))
+
+    def _compact_offsets_topic_of_older_kmem(self):
+        """An offsets topic without a ``cleanup.policy`` (older kmem compacted it itself) becomes compacted."""
+        info = self.logs.topics().get(OFFSETS_TOPIC)
+        if info is not None and "cleanup.policy" not in info.configs:
+            self.logs.set_topic_configs(OFFSETS_TOPIC, {**info.configs, "cleanup.policy": "compact"})
+            log.info("%s: cleanup.policy=compact (the log cleaner compacts it now)", OFFSETS_TOPIC)
 
     def create_offsets_topic(self):
         """Create ``__consumer_offsets`` if it is missing, as Kafka does for the first FindCoordinator (its
@@ -1168,16 +1174,14 @@ class GroupCoordinator:
                 log.warning("group %r: member %s has an unreadable subscription", group.group_id, member.member_id)
         return topics
 
-    # --- offset expiry and compaction -----------------------------------------------------------------
+    # --- offset expiry ---------------------------------------------------------------------------------
 
     def expire_offsets(self, now_ms=None):
         """Kafka's ``cleanupGroupMetadata`` for every group at once (each group's timer does it for that
-        group at its deadline), then ``compact``. Returns the number of offsets expired."""
+        group at its deadline). Returns the number of offsets expired."""
         now_ms = _now_ms() if now_ms is None else now_ms
         with self._lock:
-            expired = sum(self._expire_group_offsets(group, now_ms) for group in list(self.groups.values()))
-            self.compact()
-        return expired
+            return sum(self._expire_group_offsets(group, now_ms) for group in list(self.groups.values()))
 
     def _offset_due_ms(self, group, offset):
         if offset.expire_timestamp >= 0:
@@ -1216,42 +1220,3 @@ class GroupCoordinator:
             group.set_state(DEAD, now_ms)
             self._forget(group)
         return len(expired)
-
-    def _live_entries(self, index, count):
-        entries = []
-        for group in self.groups.values():
-            if partition_for(group.group_id, count) != index:
-                continue
-            entries.extend((offset_commit_key(group.group_id, t, p), offset_commit_value(o))
-                           for (t, p), o in group.offsets.items())
-            if group.protocol_type is not None:
-                entries.append((group_metadata_key(group.group_id), group_metadata_value(group.record())))
-        return entries
-
-    def compact(self):
-        """Rewrite each ``__consumer_offsets`` partition larger than ``offsets.topic.segment.bytes`` and
-        twice its live records: the live records are appended, a segment rolled, the older ones deleted."""
-        info = self.logs.topics().get(OFFSETS_TOPIC)
-        if info is None:
-            return 0
-        rewritten = 0
-        with self._lock:
-            for index in range(info.partitions):
-                partition_log = self.logs.get_partition(OFFSETS_TOPIC, index)
-                size = partition_log.size_in_bytes
-                if size <= self.config.offsets_topic_segment_bytes:
-                    continue
-                now_ms = _now_ms()
-                entries = self._live_entries(index, info.partitions)
-                batches = [build_records([{"key": k, "value": v, "timestamp": now_ms}
-                                          for k, v in entries[i:i + COMPACT_BATCH_RECORDS]])
-                           for i in range(0, len(entries), COMPACT_BATCH_RECORDS)]
-                if 2 * sum(len(b) for b in batches) >= size:
-                    continue
-                partition_log.roll()
-                start = partition_log.log_end_offset
-                if any(partition_log.append(b, origin=COORDINATOR).error_code for b in batches):
-                    continue                    # the old records stay: nothing is lost
-                partition_log.delete_segments_before(start)
-                rewritten += 1
-        return rewritten

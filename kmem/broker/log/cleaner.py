@@ -64,7 +64,9 @@ class LogCleaningError(KmemError):
 
 @dataclass
 class CleanerStats:
-    """One pass (Kafka's ``CleanerStats``)."""
+    """One pass (Kafka's ``CleanerStats``): ``map_bytes_read`` filling the key map, ``bytes_read`` and
+    ``bytes_written`` rewriting segments."""
+    map_bytes_read: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
     map_records: int = 0
@@ -291,7 +293,7 @@ class Cleaner:
                 break
             if segment.next_offset <= first_dirty:
                 continue
-            for batch in self._batches(segment, throttler, stats):
+            for batch in self._batches(segment, throttler, stats, for_map=True):
                 if batch.last_offset < first_dirty:
                     continue
                 if not batch.is_control_batch:
@@ -311,13 +313,16 @@ class Cleaner:
                 end = batch.next_offset
         return end
 
-    def _batches(self, segment, throttler, stats):
+    def _batches(self, segment, throttler, stats, for_map=False):
         with FileRecords(segment.log_path, 0, segment.size) as records:
             position = 0
             while (window := read_entries(records, position, self.io_buffer_size)) is not None:
                 view, next_position = window
                 throttler.done(len(view))
-                stats.bytes_read += len(view)
+                if for_map:
+                    stats.map_bytes_read += len(view)
+                else:
+                    stats.bytes_read += len(view)
                 for batch in MemoryRecords(view):
                     batch.file_position = position + batch.position
                     yield batch
@@ -487,7 +492,16 @@ class LogCleaner:
     """The cleaner of a log directory (Kafka's ``LogCleaner`` and ``LogCleanerManager``): one thread
     cleaning the compacted partition with the highest dirty ratio above its ``min.cleanable.dirty.ratio``
     (or past ``max.compaction.lag.ms``), each pass's end written to ``cleaner-offset-checkpoint``.
-    ``partitions`` is the log manager's ``{(topic, partition): PartitionLog}`` (read, never changed here)."""
+    ``partitions`` is the log manager's ``{(topic, partition): PartitionLog}`` (read, never changed here).
+
+    Each pass is logged (partition, bytes before and after, records kept, duration). ``metrics`` holds
+    Kafka's ``kafka.log:type=LogCleaner`` and ``LogCleanerManager`` gauges (kmem broker has no metrics
+    reporter of its own: read them here):
+
+    - ``max-dirty-percent``: the highest dirty ratio of the compacted logs at the last look for work, in %;
+    - ``max-compaction-delay-secs``: how far the most overdue log is past its ``max.compaction.lag.ms``;
+    - ``cleaner-recopy-percent``: bytes the last pass wrote per byte of segments it rewrote, in %;
+    - ``max-clean-time-secs``: how long the last pass took."""
 
     def __init__(self, log_dir, config, partitions, clock_ms):
         self.config = config
@@ -504,8 +518,13 @@ class LogCleaner:
         self._lock = threading.Lock()   # one pass at a time
         self._stop = threading.Event()
         self._thread = None
-        self.metrics = {"max-dirty-percent": 0, "cleaner-recopy-percent": 0, "max-clean-time-secs": 0,
-                        "max-compaction-delay-secs": 0}
+        self._metrics = {"max-dirty-percent": 0, "cleaner-recopy-percent": 0, "max-clean-time-secs": 0,
+                         "max-compaction-delay-secs": 0}
+
+    @property
+    def metrics(self):
+        """Kafka's cleaner gauges by name (see the class docstring), a copy."""
+        return dict(self._metrics)
 
     def first_dirty_offset(self, topic, partition):
         return self._first_dirty.get((topic, partition), 0)
@@ -554,9 +573,9 @@ class LogCleaner:
                     candidates.append(log_to_clean(key, partition_log, self._first_dirty.get(key, 0), now))
                 except (IllegalStateError, OSError):        # deleted or closed meanwhile
                     continue
-            self.metrics["max-dirty-percent"] = int(100 * max((c.cleanable_ratio for c in candidates), default=0))
-            self.metrics["max-compaction-delay-secs"] = max((c.compaction_delay_ms for c in candidates),
-                                                            default=0) // 1000
+            self._metrics["max-dirty-percent"] = int(100 * max((c.cleanable_ratio for c in candidates), default=0))
+            self._metrics["max-compaction-delay-secs"] = max((c.compaction_delay_ms for c in candidates),
+                                                             default=0) // 1000
             due = [c for c in candidates if (c.compaction_delay_ms > 0 and c.cleanable_bytes > 0)
                    or c.cleanable_ratio > c.partition_log.config.min_cleanable_dirty_ratio]
             if not due:
@@ -588,9 +607,9 @@ class LogCleaner:
         self._first_dirty[to_clean.key] = end
         self._write_checkpoint()
         after = partition_log.size_in_bytes
-        if stats.bytes_read:
-            self.metrics["cleaner-recopy-percent"] = int(100 * stats.bytes_written / max(stats.bytes_read, 1))
-        self.metrics["max-clean-time-secs"] = max(self.metrics["max-clean-time-secs"], int(stats.elapsed_secs))
+        self._metrics["cleaner-recopy-percent"] = int(100 * stats.bytes_written / stats.bytes_read) \
+            if stats.bytes_read else 0
+        self._metrics["max-clean-time-secs"] = int(stats.elapsed_secs)
         log.info("cleaned %s-%d: %d to %d bytes, offsets up to %d (%d of %d records kept, %d keys mapped) "
                  "in %.3f s", *to_clean.key, before, after, end - 1, stats.records_kept, stats.records_read,
                  stats.map_records, stats.elapsed_secs)
