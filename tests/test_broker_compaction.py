@@ -162,7 +162,7 @@ def test_more_keys_than_the_map_holds_takes_several_passes_with_the_same_result(
             manager.cleaner.clean("t", 0, now_ms=NOW)
             passes += 1
         assert passes >= 3
-        assert manager.cleaner._cleaner.offset_map.memory == 24 * 50
+        assert manager.cleaner._cleaner.offset_map is None          # each pass's map is freed after it
         expected = latest([w for w in writes if w[0] < end]) + [w for w in writes if w[0] >= end]
         assert read_log(partition_log) == expected
     finally:

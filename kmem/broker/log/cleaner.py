@@ -256,13 +256,24 @@ class Cleaner:
 
     def __init__(self, dedupe_buffer_size, *, io_buffer_size=512 << 10, load_factor=0.9,
                  max_io_bytes_per_second=float("inf")):
-        self.offset_map = _core.OffsetMap(dedupe_buffer_size)
+        self.dedupe_buffer_size = dedupe_buffer_size
+        self.offset_map = None          # made for each pass and freed after it (see clean)
         self.io_buffer_size = io_buffer_size
         self.load_factor = load_factor
         self.max_io_bytes_per_second = max_io_bytes_per_second
 
     def clean(self, partition_log, first_dirty_offset, now_ms):
         """One pass; returns ``(the new first dirty offset, CleanerStats)``."""
+        # A new map per pass, freed after it: its buffer is zeroed lazily by the kernel, so only the slots a
+        # pass touches take memory, and an idle broker holds none (a broker whose only compacted topic is
+        # __consumer_offsets would otherwise keep the whole dedupe buffer resident).
+        self.offset_map = _core.OffsetMap(self.dedupe_buffer_size)
+        try:
+            return self._clean(partition_log, first_dirty_offset, now_ms)
+        finally:
+            self.offset_map = None
+
+    def _clean(self, partition_log, first_dirty_offset, now_ms):
         stats = CleanerStats()
         throttler = Throttler(self.max_io_bytes_per_second)
         segments, log_start, active_base = partition_log.cleanable_segments()
@@ -285,7 +296,6 @@ class Cleaner:
     def _build_offset_map(self, partition_log, segments, first_dirty, uncleanable, stats, throttler):
         """Fill the map from ``first_dirty``; returns the offset after the last batch it covers."""
         offset_map = self.offset_map
-        offset_map.clear()
         max_keys = int(offset_map.slots * self.load_factor)
         end = first_dirty
         for segment in segments:
