@@ -1,10 +1,12 @@
 """The sticky and cooperative-sticky assignors (KIP-54, KIP-429): the assignment they compute, the
-ConsumerProtocol payloads that carry ownership, and a cooperative group mixing kmem and librdkafka
-(confluent-kafka) on kmem broker, where only the partitions that must move are revoked."""
+ConsumerProtocol payloads that carry ownership, a cooperative group mixing kmem and librdkafka
+(confluent-kafka) on kmem broker, where only the partitions that must move are revoked, and an eager
+sticky group with kafka-python."""
 import time
 
 import confluent_kafka
 import kafka
+from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 import pytest
 
 from kmem.broker import Broker
@@ -50,6 +52,11 @@ def test_subscriptions_carry_owned_partitions_and_sticky_user_data():
     assert read_subscription(eager) == Subscription(["t"], [], 7)
     assert read_subscription(eager, previous_as_owned=True) == Subscription(["t"], tps("t", 2), 7)
     assert read_subscription(encode_subscription(["t"])) == Subscription(["t"], [], -1)
+    # kafka-python 3 writes its user data after a version; unreadable user data is ignored.
+    python = StickyPartitionAssignor._metadata(["t"], tps("t", 3), 5).encode()
+    assert read_subscription(python, previous_as_owned=True) == Subscription(["t"], tps("t", 3), 5)
+    garbled = encode_subscription(["t"])[:-4] + b"\x00\x00\x00\x03abc"
+    assert read_subscription(garbled, previous_as_owned=True) == Subscription(["t"], [], -1)
 
 
 @pytest.fixture
@@ -80,12 +87,13 @@ def librdkafka_consumer(bootstrap, revoked):
 
 
 def poll_until(condition, *consumers, timeout=60.0):
-    """Poll every consumer (kmem's or librdkafka's) in turn until ``condition()`` holds."""
+    """Poll every consumer in turn until ``condition()`` holds (kmem's and kafka-python's take milliseconds,
+    librdkafka's seconds)."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline, "the group never settled"
+        assert time.monotonic() < deadline, f"the group never settled: {[c.assignment() for c in consumers]}"
         for consumer in consumers:
-            consumer.poll(50) if isinstance(consumer, Consumer) else consumer.poll(0.05)
+            consumer.poll(50) if isinstance(consumer, (Consumer, kafka.KafkaConsumer)) else consumer.poll(0.05)
 
 
 def librdkafka_holds(consumer):
@@ -127,3 +135,45 @@ def test_a_kmem_member_joining_a_librdkafka_led_group_takes_only_the_partitions_
             assert sorted(revoked) == sorted(second.assignment())
     finally:
         first.close()
+
+
+def sticky_kmem_consumer(bootstrap):
+    consumer = Consumer(bootstrap, group_id="sticky", partition_assignment_strategy="sticky",
+                        auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=200,
+                        buffer_memory=1 << 20, fetch_max_bytes=256 << 10)
+    consumer.subscribe([TOPIC])
+    return consumer
+
+
+def kafka_python_holds(consumer):
+    return {TopicPartition(p.topic, p.partition) for p in consumer.assignment()}
+
+
+def test_eager_sticky_members_of_kafka_python_and_kmem_keep_their_partitions(broker):
+    # kmem leads (it joins first) and reads kafka-python's previous assignment from its user data.
+    # (kafka-python 3 as the leader cannot read Java's user data layout, which kmem and librdkafka write.)
+    kmem_members = [sticky_kmem_consumer(broker)]
+    python = kafka.KafkaConsumer(bootstrap_servers=broker, group_id="sticky", auto_offset_reset="earliest",
+                                 partition_assignment_strategy=[StickyPartitionAssignor],
+                                 session_timeout_ms=6000, heartbeat_interval_ms=200)
+    try:
+        poll_until(lambda: kmem_members[0].assignment() == EVERY, *kmem_members)
+        python.subscribe([TOPIC])
+
+        def holds():
+            return [m.assignment() for m in kmem_members] + [kafka_python_holds(python)]
+
+        def settled(count):
+            return len(holds()) == count and all(len(h) == PARTITIONS // count for h in holds()) \
+                and set().union(*holds()) == EVERY
+        poll_until(lambda: settled(2), python, *kmem_members)
+        before = holds()
+        kmem_members.insert(1, sticky_kmem_consumer(broker))
+        poll_until(lambda: settled(3), python, *kmem_members)
+        after = holds()
+        # The two members keep two of their three partitions each: only the new member's share moves.
+        assert len(before[0] & after[0]) == len(before[1] & after[2]) == 2, (before, after)
+    finally:
+        for member in kmem_members:
+            member.close()
+        python.close()

@@ -155,17 +155,29 @@ def read_subscription(data, previous_as_owned=False):
     user_data = reader.bytes()
     owned = reader.partitions() if version >= 1 and not reader.at_end else []
     generation = reader.unpack(_I32) if version >= 2 and not reader.at_end else -1
-    if user_data and (generation < 0 or previous_as_owned and not owned):
-        try:
-            sticky = _Reader(user_data, "sticky user data")
-            previous = sticky.partitions()
-            previous_generation = sticky.unpack(_I32) if not sticky.at_end else -1
-        except CorruptRecordError:
-            return Subscription(topics, owned, generation)
+    sticky = _sticky_user_data(user_data) if user_data and (generation < 0 or previous_as_owned and not owned) \
+        else None
+    if sticky is not None:
+        previous, previous_generation = sticky
         if previous_as_owned and not owned:
             owned = previous
         generation = max(generation, previous_generation)
     return Subscription(topics, owned, generation)
+
+
+def _sticky_user_data(data):
+    """StickyAssignor user data as Java and librdkafka write it, or after the int16 version that
+    kafka-python 3 puts first: (previous assignment, generation), or None if it is neither."""
+    for start in (0, 2):
+        try:
+            reader = _Reader(data[start:], "sticky user data")
+            previous = reader.partitions()
+            generation = reader.unpack(_I32) if not reader.at_end else -1
+        except CorruptRecordError:
+            continue
+        if reader.at_end:
+            return previous, generation
+    return None
 
 
 def decode_assignment(data):
