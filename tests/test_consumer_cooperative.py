@@ -177,3 +177,27 @@ def test_eager_sticky_members_of_kafka_python_and_kmem_keep_their_partitions(bro
         for member in kmem_members:
             member.close()
         python.close()
+
+
+def test_rolling_upgrade_from_eager_to_cooperative(broker):
+    # Step one: a member still on range and one on ["cooperative-sticky", "range"] agree on range (two
+    # members without a common protocol could not form a group). Step two: with cooperative-sticky chosen,
+    # the member that still lists range rebalances eagerly, giving up everything while it rejoins.
+    def member(strategy):
+        consumer = Consumer(broker, group_id="upgrade", partition_assignment_strategy=strategy,
+                            auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=200,
+                            buffer_memory=1 << 20, fetch_max_bytes=256 << 10)
+        consumer.subscribe([TOPIC])
+        return consumer
+
+    with member("range") as old, member(["cooperative-sticky", "range"]) as upgraded:
+        poll_until(lambda: len(old.assignment()) == len(upgraded.assignment()) == 3, old, upgraded)
+    with member(["cooperative-sticky", "range"]) as upgraded:
+        poll_until(lambda: upgraded.assignment() == EVERY, upgraded)
+        held = []
+        with member("cooperative-sticky") as cooperative:
+            def settled():
+                held.append(upgraded.assignment())
+                return len(upgraded.assignment()) == len(cooperative.assignment()) == 3
+            poll_until(settled, upgraded, cooperative)
+        assert set() in held
