@@ -3,14 +3,16 @@
 1. Throughput: records/s and MB/s reading the same topic (4 partitions, 1 KiB and 100 B values) from the
    beginning: kmem vs confluent-kafka (librdkafka, C), aiokafka, kafka-python, each on its defaults
    (kafka-python needs ``api_version=(2, 3)`` against the mock cluster). One operation = one record.
-2. Memory: peak RSS growth while a slow application (20 ms per batch) reads a backlog of 64 partitions x
-   ``KMEM_BENCH_CONSUMER_BACKLOG`` (default 2,000) x 1 KiB, each client in its own process
-   (``tests/consumer_memory.py``); kmem with ``buffer.memory`` = 8 MiB.
+2. Memory: peak RSS growth while a slow application (20 ms per batch) reads a backlog of 16, 64 and 256 MiB
+   (``KMEM_BENCH_CONSUMER_BACKLOGS_MIB``) in 64 partitions of 1 KiB lz4-compressed records, each client in
+   its own process (``tests/consumer_memory.py``); kmem with ``buffer.memory`` = 4 MiB, the peers on their
+   defaults. Asserts kmem's growth stays within ``buffer.memory`` + 4 MiB at every backlog.
 
 Run: ``.venv/bin/pytest bench/bench_consumer.py -s``.
 """
 import asyncio
 import os
+import random
 import sys
 import time
 
@@ -21,8 +23,8 @@ import consumer_memory  # noqa: E402
 from mock_cluster import MockCluster  # noqa: E402
 
 THROUGHPUT_BYTES = 16 << 20          # per topic
-BACKLOG = int(os.environ.get("KMEM_BENCH_CONSUMER_BACKLOG", "2000"))
-MEMORY_BUFFER = 8 << 20
+BACKLOGS_MIB = [int(m) for m in os.environ.get("KMEM_BENCH_CONSUMER_BACKLOGS_MIB", "16,64,256").split(",")]
+MEMORY_BUFFER = 4 << 20
 results = []
 
 
@@ -101,21 +103,30 @@ def test_throughput(compare, cluster, client, size):
             lambda: READERS[client](cluster.bootstrap, topic, count), ops_per_call=count, unit_bytes=size)
 
 
-def test_peak_rss_slow_application():
+@pytest.mark.parametrize("backlog_mib", BACKLOGS_MIB)
+def test_peak_rss_slow_application(backlog_mib):
+    per_partition = (backlog_mib << 20) // (64 * 1024)
+    total = 64 * per_partition
+    noise = random.Random(0).randbytes(1 << 16)     # half of each value random: lz4 halves it
+    values = [noise[i * 512 % 65000:][:512] + b"v" * 512 for i in range(total)]
     mock = MockCluster()
     try:
         mock.create_topic("backlog", 64)
         mock.create_topic("backlog-warmup", 1)
-        mock.produce("backlog-warmup", [b"w"] * 10)
-        total = 64 * BACKLOG
-        mock.produce("backlog", [b"v" * 1024] * total, partitions=64)
-        results.append(f"peak RSS growth, 64 partitions x {BACKLOG} x 1 KiB, application 20 ms per batch "
-                       f"(kmem buffer.memory = {MEMORY_BUFFER >> 20} MiB):")
+        mock.produce("backlog-warmup", [b"w"] * 10, **{"compression.type": "lz4"})
+        mock.produce("backlog", values, partitions=64, **{"compression.type": "lz4"})
+        del values
+        print(f"\npeak RSS growth, {backlog_mib} MiB backlog (64 partitions x {per_partition} x 1 KiB, lz4), "
+              f"application 20 ms per batch (kmem buffer.memory = {MEMORY_BUFFER >> 20} MiB):")
+        growth = {}
         for client in consumer_memory.CLIENTS:
             started = time.monotonic()
             r = consumer_memory.run(client, mock.bootstrap, "backlog", 64, total, 20, MEMORY_BUFFER)
-            results.append(f"    {client:<16} {r['growth'] / 2**20:7.1f} MiB   {r['records']:>7} records in "
-                           f"{r['seconds']:6.2f} s ({time.monotonic() - started:.0f} s with startup)")
+            growth[client] = r["growth"]
+            print(f"    {client:<16} {r['growth'] / 2**20:7.1f} MiB   {r['records']:>7} records in "
+                  f"{r['seconds']:6.2f} s ({time.monotonic() - started:.0f} s with startup)")
             assert r["records"] == total
     finally:
         mock.close()
+    # Issue 27's goal: the pool, and what the application holds (two polls of decoded records), within 4 MiB.
+    assert growth["kmem"] <= MEMORY_BUFFER + (4 << 20)

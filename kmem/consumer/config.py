@@ -101,13 +101,17 @@ def _parse_servers(value):
 
 def _parse_assignors(value):
     names = [s.strip() for s in value.split(",")] if isinstance(value, str) else list(value)
-    aliases = {"range": "range", "roundrobin": "roundrobin",
+    aliases = {"range": "range", "roundrobin": "roundrobin", "sticky": "sticky",
+               "cooperative-sticky": "cooperative-sticky",
                "org.apache.kafka.clients.consumer.RangeAssignor": "range",
-               "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin"}
+               "org.apache.kafka.clients.consumer.RoundRobinAssignor": "roundrobin",
+               "org.apache.kafka.clients.consumer.StickyAssignor": "sticky",
+               "org.apache.kafka.clients.consumer.CooperativeStickyAssignor": "cooperative-sticky"}
     try:
         parsed = [aliases[n] for n in names]
     except (KeyError, TypeError):
-        raise ConfigError(f"partition.assignment.strategy must name range and/or roundrobin, not {value!r}") from None
+        raise ConfigError("partition.assignment.strategy must name range, roundrobin, sticky or cooperative-sticky, "
+                          f"not {value!r}") from None
     if not parsed:
         raise ConfigError("partition.assignment.strategy needs at least one assignor")
     return parsed

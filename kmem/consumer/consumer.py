@@ -268,8 +268,7 @@ class Consumer:
             coordinator.poll(now)
             if coordinator.assignment_changed is not None:
                 assigned, coordinator.assignment_changed = coordinator.assignment_changed, None
-                self._fetcher.assign(assigned)
-                self._metadata.set_topics(coordinator.subscription)
+                self._apply_assignment(assigned)
         if self._auto_commit and now >= self._next_auto_commit:
             self._next_auto_commit = now + self._auto_commit_interval
             if coordinator.ready and (coordinator.stable or not self._subscribed):
@@ -278,20 +277,41 @@ class Consumer:
                     coordinator.commit(offsets, self._on_auto_commit)
         self._update_positions()
 
+    def _apply_assignment(self, assigned):
+        """A SyncGroup's assignment. Cooperative (KIP-429): partitions taken away are committed (when
+        auto-committing) and revoked, and the member rejoins at once so that their new owner gets them."""
+        kept = set(assigned)
+        revoked = [tp for tp in self._fetcher.assignment if tp not in kept]
+        if revoked and self._coordinator.cooperative:
+            self._auto_commit_before_revoke(revoked)
+            self._coordinator.request_rejoin()
+        self._fetcher.assign(assigned)
+        self._offsets_in_flight.difference_update(revoked)
+        self._metadata.set_topics(self._coordinator.subscription)
+
     def _on_join_prepare(self):
-        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions.
-        Out of the group (it left or expired), the partitions are lost instead: nothing is committed."""
+        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions,
+        except with the cooperative protocol (KIP-429), which keeps them while it rejoins. Out of the group
+        (it left or expired), the partitions are lost instead: nothing is committed."""
         if not self._fetcher.assignment:
             return
-        if self._auto_commit and self._coordinator.generation >= 0:
-            offsets = self._positions()
-            if offsets:
-                try:
-                    self._commit_sync(offsets)
-                except (CommitFailedError, KafkaConnectionError):
-                    pass        # the group moved on; the partitions' next owner starts from the last commit
+        if self._coordinator.generation >= 0:
+            self._auto_commit_before_revoke(self._fetcher.assignment)
+            if self._coordinator.cooperative:
+                return
         self._fetcher.assign([])
         self._offsets_in_flight.clear()
+
+    def _auto_commit_before_revoke(self, partitions):
+        if not self._auto_commit:
+            return
+        positions = self._positions()
+        offsets = {tp: positions[tp] for tp in partitions if tp in positions}
+        if offsets:
+            try:
+                self._commit_sync(offsets)
+            except (CommitFailedError, KafkaConnectionError):
+                pass        # the group moved on; the partitions' next owner starts from the last commit
 
     @staticmethod
     def _on_auto_commit(error):

@@ -1,5 +1,15 @@
 """Group membership (Kafka's classic consumer protocol): find the coordinator, join, sync, heartbeat,
-commit and fetch offsets, leave; the range and round-robin assignors.
+commit and fetch offsets, leave; the range, round-robin, sticky and cooperative-sticky assignors.
+
+The sticky assignors (KIP-54) keep each member's partitions where balance allows. Members tell the
+leader what they own in their subscription (ConsumerProtocol v2: owned partitions and generation, and the
+StickyAssignor user data, previous assignment and generation, that Java's StickyAssignor, librdkafka,
+kafka-python and aiokafka read); a partition claimed by two members goes with the later generation.
+With ``cooperative-sticky`` alone configured, rebalancing is incremental (KIP-429): a member keeps its
+partitions while it rejoins, the leader withholds a partition that changes owner, its old owner gives it up
+and rejoins at once, and the second rebalance hands it to the new one. With eager assignors in the list as
+well (the rolling upgrade's first step, ``["cooperative-sticky", "range"]``), the member revokes
+everything before each join, as Kafka's.
 
 Joining, syncing, assigning and commits are driven from the consumer's ``poll`` on the application's
 thread. Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
@@ -23,6 +33,7 @@ import logging
 import struct
 import threading
 import time
+from typing import NamedTuple
 
 from kmem.consumer import errors as codes
 from kmem.consumer.errors import CommitFailedError, KafkaConnectionError, KafkaError
@@ -38,7 +49,7 @@ _I32 = struct.Struct(">i")
 _COORDINATOR_ERRORS = {codes.COORDINATOR_NOT_AVAILABLE, codes.NOT_COORDINATOR, codes.COORDINATOR_LOAD_IN_PROGRESS}
 
 
-# -- ConsumerProtocol v0 payloads (Kafka's ConsumerProtocolSubscription / ConsumerProtocolAssignment) ---
+# -- ConsumerProtocol payloads (Kafka's ConsumerProtocolSubscription / ConsumerProtocolAssignment) -------
 
 def _string(s):
     raw = s.encode("utf-8")
@@ -49,15 +60,27 @@ def encode_subscription(topics):
     return b"".join([_I16.pack(0), _I32.pack(len(topics)), *map(_string, sorted(topics)), _I32.pack(-1)])
 
 
-def encode_assignment(partitions):
+def _partitions(partitions):
     by_topic = {}
     for tp in sorted(partitions):
         by_topic.setdefault(tp.topic, []).append(tp.partition)
-    parts = [_I16.pack(0), _I32.pack(len(by_topic))]
+    parts = [_I32.pack(len(by_topic))]
     for topic, ids in by_topic.items():
         parts += [_string(topic), _I32.pack(len(ids)), struct.pack(f">{len(ids)}i", *ids)]
-    parts.append(_I32.pack(-1))
     return b"".join(parts)
+
+
+def encode_sticky_subscription(topics, owned, previous, generation):
+    """Version 2: the partitions the member holds (``owned``) and ``generation``, and StickyAssignor user
+    data (v1: the ``previous`` assignment, revoked by an eager member before it joins, and generation)."""
+    user_data = _partitions(previous) + _I32.pack(generation) if previous else b""
+    return b"".join([_I16.pack(2), _I32.pack(len(topics)), *map(_string, sorted(topics)),
+                     _I32.pack(len(user_data) if user_data else -1), user_data, _partitions(owned),
+                     _I32.pack(generation)])
+
+
+def encode_assignment(partitions):
+    return _I16.pack(0) + _partitions(partitions) + _I32.pack(-1)
 
 
 class _Reader:
@@ -87,12 +110,74 @@ class _Reader:
             raise CorruptRecordError(f"{self.what}: bad array length {n}", self.pos)
         return n
 
+    def bytes(self):
+        length = self.unpack(_I32)
+        if length < -1 or self.pos + length > len(self.data):
+            raise CorruptRecordError(f"{self.what}: bad bytes length {length}", self.pos)
+        if length < 0:
+            return b""
+        self.pos += length
+        return self.data[self.pos - length:self.pos]
+
+    def partitions(self):
+        result = []
+        for _ in range(self.count()):
+            topic = self.string()
+            result += [TopicPartition(topic, self.unpack(_I32)) for _ in range(self.count())]
+        return result
+
+    @property
+    def at_end(self):
+        return self.pos >= len(self.data)
+
+
+class Subscription(NamedTuple):
+    topics: list
+    owned: list             # partitions the member holds (empty from eager members and v0)
+    generation: int         # of that ownership; -1 when unknown
+
 
 def decode_subscription(data):
     """The topics of a member's subscription (any version: later versions only append fields)."""
+    return read_subscription(data).topics
+
+
+def read_subscription(data, previous_as_owned=False):
+    """A member's ``Subscription``: topics, the owned partitions (v1+) and generation (v2+); the generation
+    otherwise from StickyAssignor user data (v0: previous assignment, v1: and generation), and with
+    ``previous_as_owned`` (the eager sticky assignor) its previous assignment when nothing is owned.
+    User data of another layout is ignored."""
     reader = _Reader(data, "consumer subscription")
-    reader.unpack(_I16)
-    return [reader.string() for _ in range(reader.count())]
+    version = reader.unpack(_I16)
+    topics = [reader.string() for _ in range(reader.count())]
+    if reader.at_end:
+        return Subscription(topics, [], -1)
+    user_data = reader.bytes()
+    owned = reader.partitions() if version >= 1 and not reader.at_end else []
+    generation = reader.unpack(_I32) if version >= 2 and not reader.at_end else -1
+    sticky = _sticky_user_data(user_data) if user_data and (generation < 0 or previous_as_owned and not owned) \
+        else None
+    if sticky is not None:
+        previous, previous_generation = sticky
+        if previous_as_owned and not owned:
+            owned = previous
+        generation = max(generation, previous_generation)
+    return Subscription(topics, owned, generation)
+
+
+def _sticky_user_data(data):
+    """StickyAssignor user data as Java and librdkafka write it, or after the int16 version that
+    kafka-python 3 puts first: (previous assignment, generation), or None if it is neither."""
+    for start in (0, 2):
+        try:
+            reader = _Reader(data[start:], "sticky user data")
+            previous = reader.partitions()
+            generation = reader.unpack(_I32) if not reader.at_end else -1
+        except CorruptRecordError:
+            continue
+        if reader.at_end:
+            return previous, generation
+    return None
 
 
 def decode_assignment(data):
@@ -100,11 +185,7 @@ def decode_assignment(data):
         return []
     reader = _Reader(data, "consumer assignment")
     reader.unpack(_I16)
-    assigned = []
-    for _ in range(reader.count()):
-        topic = reader.string()
-        assigned += [TopicPartition(topic, reader.unpack(_I32)) for _ in range(reader.count())]
-    return assigned
+    return reader.partitions()
 
 
 # -- assignors ------------------------------------------------------------------------------------------
@@ -142,7 +223,39 @@ def assign_round_robin(subscriptions, partitions):
     return result
 
 
+def assign_sticky(subscriptions, partitions, owned, *, cooperative=False):
+    """Kafka's sticky assignors (KIP-54): each member keeps what it owns (``owned``: {member:
+    ``Subscription``}) up to its share of a balanced assignment; the rest goes to the least loaded members
+    subscribed, partitions of topics with the fewest subscribers first. A partition claimed twice stays
+    with the later generation. ``cooperative`` (KIP-429): a partition whose owner changes is left out,
+    to be assigned in the rebalance its old owner starts once it has revoked it."""
+    topics = sorted({t for ts in subscriptions.values() for t in ts})
+    every = [TopicPartition(t, p) for t in topics for p in partitions.get(t, [])]
+    existing = set(every)
+    owner = {}
+    for member in sorted(subscriptions, key=lambda m: (owned[m].generation, m)):     # later claims win
+        for tp in owned[member].owned:
+            if tp in existing and tp.topic in subscriptions[member]:
+                owner[tp] = member
+    result = {member: [] for member in subscriptions}
+    share, extra = divmod(len(every), len(subscriptions))
+    for member in sorted(subscriptions):
+        mine = sorted(tp for tp, m in owner.items() if m == member)
+        keep = share + (extra > 0 and len(mine) > share)
+        extra -= keep > share
+        result[member] = mine[:keep]
+    kept = {tp for parts in result.values() for tp in parts}
+    subscribers = {t: sorted(m for m, ts in subscriptions.items() if t in ts) for t in topics}
+    for tp in sorted(existing - kept, key=lambda tp: (len(subscribers[tp.topic]), tp)):
+        member = min(subscribers[tp.topic], key=lambda m: (len(result[m]), m))
+        result[member].append(tp)
+    if cooperative:
+        result = {m: [tp for tp in parts if owner.get(tp, m) == m] for m, parts in result.items()}
+    return {m: sorted(parts) for m, parts in result.items()}
+
+
 ASSIGNORS = {"range": assign_range, "roundrobin": assign_round_robin}
+STICKY_ASSIGNORS = ("sticky", "cooperative-sticky")
 
 
 class Coordinator:
@@ -160,6 +273,9 @@ class Coordinator:
         self._heartbeat_interval = config["heartbeat.interval.ms"] / 1000.0
         self._retry_backoff = config["retry.backoff.ms"] / 1000.0
         self._assignors = config["partition.assignment.strategy"]
+        # KIP-429: incremental only when every configured assignor is (Kafka's choice of protocol).
+        self.cooperative = all(name == "cooperative-sticky" for name in self._assignors)
+        self.assigned = []              # from the last SyncGroup; with cooperative, still held while joining
         self._priority = priority
         self.node = None                # the coordinator's channel id, once found
         self._lookup_in_flight = False
@@ -282,13 +398,15 @@ class Coordinator:
         self._state = "joining"
         self._join_in_flight = True
         metadata = encode_subscription(self.subscription)
+        sticky = encode_sticky_subscription(self.subscription, self.assigned if self.cooperative else [],
+                                            self.assigned, self.generation)
         request = messages.JoinGroupRequest(
             group_id=self.group_id, session_timeout_ms=self._session_timeout_ms,
             rebalance_timeout_ms=self._rebalance_timeout_ms, member_id=self.member_id,
             group_instance_id=self.instance_id,
             protocol_type=CONSUMER_PROTOCOL,
-            protocols=[messages.JoinGroupRequest.JoinGroupRequestProtocol(name=name, metadata=metadata)
-                       for name in self._assignors])
+            protocols=[messages.JoinGroupRequest.JoinGroupRequestProtocol(
+                name=name, metadata=sticky if name in STICKY_ASSIGNORS else metadata) for name in self._assignors])
         self._client.send(self.node, request, self._on_join)
 
     def _on_join(self, receive, body, error):
@@ -315,12 +433,13 @@ class Coordinator:
         self._state = "syncing"
         if self.leader == self.member_id:
             try:
-                self._leader_members = {m.member_id: decode_subscription(m.metadata) for m in body.members}
+                self._leader_members = {m.member_id: read_subscription(m.metadata, self.protocol == "sticky")
+                                        for m in body.members}
             except CorruptRecordError as exc:
                 log.warning("group %s: unreadable member subscription (%s); rejoining", self.group_id, exc)
                 self._state = "unjoined"
                 return
-            topics = set().union(*self._leader_members.values())
+            topics = set().union(*(s.topics for s in self._leader_members.values()))
             self._metadata.set_topics(self._metadata.topics | topics)
             self._metadata.request_update()
             self._leader_members_version = self._metadata.version
@@ -343,8 +462,12 @@ class Coordinator:
         if self._metadata.version <= self._leader_members_version:
             return
         members, self._leader_members = self._leader_members, None
-        assignor = ASSIGNORS.get(self.protocol, assign_range)
-        assignment = assignor(members, self._metadata.partitions)
+        subscriptions = {member: s.topics for member, s in members.items()}
+        if self.protocol in STICKY_ASSIGNORS:
+            assignment = assign_sticky(subscriptions, self._metadata.partitions, members,
+                                       cooperative=self.protocol == "cooperative-sticky")
+        else:
+            assignment = ASSIGNORS.get(self.protocol, assign_range)(subscriptions, self._metadata.partitions)
         self._sync([messages.SyncGroupRequest.SyncGroupRequestAssignment(
             member_id=member, assignment=encode_assignment(parts)) for member, parts in assignment.items()])
 
@@ -374,7 +497,7 @@ class Coordinator:
             return
         self._state = "stable"
         self._heartbeat_due = time.monotonic() + self._heartbeat_interval
-        self.assignment_changed = [tp for tp in assigned if tp.topic in self.subscription]
+        self.assigned = self.assignment_changed = [tp for tp in assigned if tp.topic in self.subscription]
 
     # -- heartbeats ------------------------------------------------------------------------------------
 
@@ -485,6 +608,7 @@ class Coordinator:
         self._state = "unjoined"
         self.member_id = ""
         self.generation = -1
+        self.assigned = []
 
 
 class HeartbeatThread(threading.Thread):

@@ -1,0 +1,203 @@
+"""The sticky and cooperative-sticky assignors (KIP-54, KIP-429): the assignment they compute, the
+ConsumerProtocol payloads that carry ownership, a cooperative group mixing kmem and librdkafka
+(confluent-kafka) on kmem broker, where only the partitions that must move are revoked, and an eager
+sticky group with kafka-python."""
+import time
+
+import confluent_kafka
+import kafka
+from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
+import pytest
+
+from kmem.broker import Broker
+from kmem.consumer import Consumer, TopicPartition
+from kmem.consumer.group import (Subscription, assign_sticky, encode_sticky_subscription, encode_subscription,
+                                 read_subscription)
+
+PARTITIONS = 6
+TOPIC = "orders"
+EVERY = {TopicPartition(TOPIC, p) for p in range(PARTITIONS)}
+
+
+def tps(topic, *ids):
+    return [TopicPartition(topic, p) for p in ids]
+
+
+def test_sticky_assignment_keeps_owned_partitions_and_balances():
+    partitions = {"t": list(range(6))}
+    subscriptions = {"a": ["t"], "b": ["t"]}
+    owned = {"a": Subscription(["t"], tps("t", 0, 1, 2, 3, 4, 5), 3), "b": Subscription(["t"], [], -1)}
+    eager = assign_sticky(subscriptions, partitions, owned)
+    assert eager == {"a": tps("t", 0, 1, 2), "b": tps("t", 3, 4, 5)}
+    # Cooperative: the partitions changing owner wait for the next rebalance, once a has revoked them.
+    assert assign_sticky(subscriptions, partitions, owned, cooperative=True) == {"a": tps("t", 0, 1, 2), "b": []}
+    after = {"a": Subscription(["t"], tps("t", 0, 1, 2), 4), "b": Subscription(["t"], [], 4)}
+    assert assign_sticky(subscriptions, partitions, after, cooperative=True) == eager
+    # A partition claimed twice stays with the later generation; a third member takes from both.
+    claims = {"a": Subscription(["t"], tps("t", 0, 1, 2, 3), 5), "b": Subscription(["t"], tps("t", 3, 4, 5), 4),
+              "c": Subscription(["t"], [], -1)}
+    three = assign_sticky({m: ["t"] for m in claims}, partitions, claims)
+    assert three == {"a": tps("t", 0, 1), "b": tps("t", 4, 5), "c": tps("t", 2, 3)}
+    # Topics with fewer subscribers are placed first, so a narrower member is not starved.
+    uneven = assign_sticky({"a": ["t"], "b": ["t", "u"]}, {"t": [0, 1], "u": [0, 1, 2, 3]},
+                           {"a": Subscription(["t"], [], -1), "b": Subscription(["t", "u"], [], -1)})
+    assert uneven == {"a": tps("t", 0, 1), "b": tps("u", 0, 1, 2, 3)}
+
+
+def test_subscriptions_carry_owned_partitions_and_sticky_user_data():
+    data = encode_sticky_subscription(["t"], tps("t", 1, 0), tps("t", 0, 1, 2), 7)
+    assert read_subscription(data) == Subscription(["t"], tps("t", 0, 1), 7)
+    # An eager member owns nothing while joining; the sticky assignor reads its previous assignment.
+    eager = encode_sticky_subscription(["t"], [], tps("t", 2), 7)
+    assert read_subscription(eager) == Subscription(["t"], [], 7)
+    assert read_subscription(eager, previous_as_owned=True) == Subscription(["t"], tps("t", 2), 7)
+    assert read_subscription(encode_subscription(["t"])) == Subscription(["t"], [], -1)
+    # kafka-python 3 writes its user data after a version; unreadable user data is ignored.
+    python = StickyPartitionAssignor._metadata(["t"], tps("t", 3), 5).encode()
+    assert read_subscription(python, previous_as_owned=True) == Subscription(["t"], tps("t", 3), 5)
+    garbled = encode_subscription(["t"])[:-4] + b"\x00\x00\x00\x03abc"
+    assert read_subscription(garbled, previous_as_owned=True) == Subscription(["t"], [], -1)
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(str(tmp_path), port=0, num_partitions=PARTITIONS, properties={
+            "group.min.session.timeout.ms": "1000", "group.initial.rebalance.delay.ms": "0"}) as running:
+        producer = kafka.KafkaProducer(bootstrap_servers=running.bootstrap_servers)
+        for i in range(PARTITIONS * 10):
+            producer.send(TOPIC, b"%d" % i, partition=i % PARTITIONS)
+        producer.flush()
+        producer.close()
+        yield running.bootstrap_servers
+
+
+def kmem_consumer(bootstrap):
+    return Consumer(bootstrap, group_id="coop", partition_assignment_strategy="cooperative-sticky",
+                    auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=200,
+                    buffer_memory=1 << 20, fetch_max_bytes=256 << 10)
+
+
+def librdkafka_consumer(bootstrap, revoked):
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "coop", "partition.assignment.strategy": "cooperative-sticky",
+        "auto.offset.reset": "earliest", "session.timeout.ms": 6000, "heartbeat.interval.ms": 200})
+    consumer.subscribe([TOPIC], on_revoke=lambda c, parts: revoked.extend(
+        TopicPartition(p.topic, p.partition) for p in parts))
+    return consumer
+
+
+def poll_until(condition, *consumers, timeout=60.0):
+    """Poll every consumer in turn until ``condition()`` holds (kmem's and kafka-python's take milliseconds,
+    librdkafka's seconds)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"the group never settled: {[c.assignment() for c in consumers]}"
+        for consumer in consumers:
+            consumer.poll(50) if isinstance(consumer, (Consumer, kafka.KafkaConsumer)) else consumer.poll(0.05)
+
+
+def librdkafka_holds(consumer):
+    return {TopicPartition(p.topic, p.partition) for p in consumer.assignment()}
+
+
+def test_a_librdkafka_member_joining_a_kmem_led_group_takes_only_the_partitions_that_move(broker):
+    with kmem_consumer(broker) as first:
+        first.subscribe([TOPIC])
+        poll_until(lambda: first.assignment() == EVERY, first)
+        held = []                   # kmem's assignment after each of its polls
+        second = librdkafka_consumer(broker, revoked := [])
+        try:
+            def settled():
+                held.append(first.assignment())
+                mine, theirs = first.assignment(), librdkafka_holds(second)
+                return len(mine) == len(theirs) == PARTITIONS // 2 and mine | theirs == EVERY
+            poll_until(settled, first, second)
+            kept = first.assignment()
+            # The partitions kmem kept were never taken away meanwhile: no stop-the-world revocation.
+            assert all(kept <= snapshot for snapshot in held)
+            assert revoked == []
+        finally:
+            second.close()
+
+
+def test_a_kmem_member_joining_a_librdkafka_led_group_takes_only_the_partitions_that_move(broker):
+    first = librdkafka_consumer(broker, revoked := [])
+    try:
+        poll_until(lambda: librdkafka_holds(first) == EVERY, first)
+        with kmem_consumer(broker) as second:
+            second.subscribe([TOPIC])
+
+            def settled():
+                mine, theirs = second.assignment(), librdkafka_holds(first)
+                return len(mine) == len(theirs) == PARTITIONS // 2 and mine | theirs == EVERY
+            poll_until(settled, first, second)
+            # librdkafka gave up exactly the partitions kmem now holds, in one incremental revocation.
+            assert sorted(revoked) == sorted(second.assignment())
+    finally:
+        first.close()
+
+
+def sticky_kmem_consumer(bootstrap):
+    consumer = Consumer(bootstrap, group_id="sticky", partition_assignment_strategy="sticky",
+                        auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=200,
+                        buffer_memory=1 << 20, fetch_max_bytes=256 << 10)
+    consumer.subscribe([TOPIC])
+    return consumer
+
+
+def kafka_python_holds(consumer):
+    return {TopicPartition(p.topic, p.partition) for p in consumer.assignment()}
+
+
+def test_eager_sticky_members_of_kafka_python_and_kmem_keep_their_partitions(broker):
+    # kmem leads (it joins first) and reads kafka-python's previous assignment from its user data.
+    # (kafka-python 3 as the leader cannot read Java's user data layout, which kmem and librdkafka write.)
+    kmem_members = [sticky_kmem_consumer(broker)]
+    python = kafka.KafkaConsumer(bootstrap_servers=broker, group_id="sticky", auto_offset_reset="earliest",
+                                 partition_assignment_strategy=[StickyPartitionAssignor],
+                                 session_timeout_ms=6000, heartbeat_interval_ms=200)
+    try:
+        poll_until(lambda: kmem_members[0].assignment() == EVERY, *kmem_members)
+        python.subscribe([TOPIC])
+
+        def holds():
+            return [m.assignment() for m in kmem_members] + [kafka_python_holds(python)]
+
+        def settled(count):
+            return len(holds()) == count and all(len(h) == PARTITIONS // count for h in holds()) \
+                and set().union(*holds()) == EVERY
+        poll_until(lambda: settled(2), python, *kmem_members)
+        before = holds()
+        kmem_members.insert(1, sticky_kmem_consumer(broker))
+        poll_until(lambda: settled(3), python, *kmem_members)
+        after = holds()
+        # The two members keep two of their three partitions each: only the new member's share moves.
+        assert len(before[0] & after[0]) == len(before[1] & after[2]) == 2, (before, after)
+    finally:
+        for member in kmem_members:
+            member.close()
+        python.close()
+
+
+def test_rolling_upgrade_from_eager_to_cooperative(broker):
+    # Step one: a member still on range and one on ["cooperative-sticky", "range"] agree on range (two
+    # members without a common protocol could not form a group). Step two: with cooperative-sticky chosen,
+    # the member that still lists range rebalances eagerly, giving up everything while it rejoins.
+    def member(strategy):
+        consumer = Consumer(broker, group_id="upgrade", partition_assignment_strategy=strategy,
+                            auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=200,
+                            buffer_memory=1 << 20, fetch_max_bytes=256 << 10)
+        consumer.subscribe([TOPIC])
+        return consumer
+
+    with member("range") as old, member(["cooperative-sticky", "range"]) as upgraded:
+        poll_until(lambda: len(old.assignment()) == len(upgraded.assignment()) == 3, old, upgraded)
+    with member(["cooperative-sticky", "range"]) as upgraded:
+        poll_until(lambda: upgraded.assignment() == EVERY, upgraded)
+        held = []
+        with member("cooperative-sticky") as cooperative:
+            def settled():
+                held.append(upgraded.assignment())
+                return len(upgraded.assignment()) == len(cooperative.assignment()) == 3
+            poll_until(settled, upgraded, cooperative)
+        assert set() in held
