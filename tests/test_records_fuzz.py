@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from records_samples import scenario_batches
 
 from kmem import _core
-from kmem.broker.codes import LogError
+from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import LogConfig
 from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
 from kmem.errors import CorruptRecordError, KmemError
@@ -341,3 +341,15 @@ def test_validator_rebuilds_edited_records_into_the_same_records_or_refuses_them
         # kmem's readers refuse v1 inner offsets past int64, which rebuilding replaces (as Kafka does)
         given = only_kmem_errors(lambda: _contents(MemoryRecords(data).records()))
         assert given is None or _contents(stored.records()) == given
+
+
+
+def test_a_coordinator_batch_whose_last_offset_passes_int64_is_corrupt_message():
+    # found by the test above: base offset 2**63 - 3 with lastOffsetDelta 3
+    data = (b"\x7f\xff\xff\xff\xff\xff\xff\xfd\x00\x00\x00M\x00\x00\x00\x00\x02\xb9V\x0c\xda\x00\x00\x00"
+            b"\x00\x00\x03\x00\x00\x00\x00\x00\x00\x03\xe8\x00\x00\x00\x00\x00\x00\x03\xec\xff\xff\xff"
+            b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x00\x00\x00\x04\x0c\x00\x00\x00\x01\x01\x00"
+            b"\x0c\x00\x02\x02\x01\x01\x00\x0c\x00\x04\x04\x01\x01\x00\x0c\x00\x06\x06\x01\x01\x00")
+    with pytest.raises(LogError) as refused:
+        validate_and_assign(data, next_offset=5, config=LogConfig(), leader_epoch=0, origin=COORDINATOR, now_ms=1)
+    assert refused.value.code == ErrorCode.CORRUPT_MESSAGE

@@ -114,6 +114,7 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
                                                     f"max.message.bytes = {max_message_bytes}")
     try:
         batch.ensure_valid()
+        batch.last_offset           # base offset + lastOffsetDelta within int64 (any origin's batch is read so)
     except CorruptRecordError as e:
         raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
     if batch.magic != first.magic:
