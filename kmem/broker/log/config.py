@@ -97,12 +97,17 @@ def _int(name, value, low, high=INT64_MAX):
     return value
 
 
-def _ratio(name, value):
-    """A DOUBLE between 0 and 1."""
+def _number(name, value):
+    """A DOUBLE: a number, or its decimal text."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)) or \
             isinstance(value, str) and not _DECIMAL.fullmatch(value.strip()):
         raise ConfigError(f"{name} must be a number, not {value!r}")
-    number = float(value)
+    return float(value)
+
+
+def _ratio(name, value):
+    """A DOUBLE between 0 and 1."""
+    number = _number(name, value)
     if not 0 <= number <= 1:
         raise ConfigError(f"{name} = {value} is out of range [0, 1]")
     return number
@@ -117,12 +122,10 @@ def _load_factor(name, value):
 
 
 def _positive_number(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)) or \
-            isinstance(value, str) and not _DECIMAL.fullmatch(value.strip()):
-        raise ConfigError(f"{name} must be a number, not {value!r}")
-    if float(value) <= 0:
+    number = _number(name, value)
+    if number <= 0:
         raise ConfigError(f"{name} = {value} must be above 0")
-    return float(value)
+    return number
 
 
 def _bool(name, value):
