@@ -11,6 +11,12 @@
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
   old segment's indexes are trimmed, its files fsynced, the recovery point moved to the new segment and a
   producer snapshot of every producer taken at the new segment's base offset, as Kafka's ``roll``.
+- ``write_txn_marker(producer_id, producer_epoch, coordinator_epoch, commit)``: a transaction marker (Kafka's
+  ``EndTransactionMarker``) appended as the coordinator's write (origin COORDINATOR): the producer's open
+  transaction closes, so the last stable offset (the first offset of the oldest open transaction, else the
+  high watermark) moves; an ABORT that closes a transaction adds Kafka's ``AbortedTxn`` (its first offset, the
+  marker's offset, the last stable offset at completion) to the active segment's ``.txnindex``
+  (``kmem.broker.log.txn_index``) before the marker is written, taken out again if the write fails.
 - ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
   descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
   but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
@@ -45,6 +51,7 @@ producer in the snapshot it loads.
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
 """
 import bisect
+import functools
 import logging
 import os
 import random
@@ -62,10 +69,11 @@ from kmem.broker.log.producer_state import ProducerStateManager
 from kmem.broker.log.segment import (
     INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch,
 )
-from kmem.broker.log.validator import CLIENT, validate_and_assign
+from kmem.broker.log.txn_index import AbortedTxn
+from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
 from kmem.durable import fsync_directory
 from kmem.errors import IllegalStateError, InvalidArgumentError
-from kmem.records import FileRecords, log_segments
+from kmem.records import ControlRecordType, FileRecords, build_control_batch, log_segments
 
 log = logging.getLogger(__name__)
 
@@ -162,10 +170,16 @@ class PartitionLog:
         segment.roll_jitter_ms = random.randrange(min(jitter, self.config.segment_ms)) if jitter else 0
         return segment
 
-    def _replay(self, batch):
+    def _replay(self, segment, indexed_up_to, batch):
         if batch.magic == 2 and batch.partition_leader_epoch >= 0:
             self._assign_epoch(batch.partition_leader_epoch, batch.base_offset)
-        self.producers.replay(batch)
+        completed = self.producers.replay(batch)
+        # Kafka's recovery rebuilds the segment's .txnindex; here the entries written before the crash stay
+        # (recover() cut those of the lost part) and an abort replayed past them is added.
+        if completed is not None and completed.is_aborted and completed.last_offset > indexed_up_to:
+            segment.txn_index.append(AbortedTxn(completed.producer_id, completed.first_offset,
+                                                completed.last_offset,
+                                                self.producers.last_stable_offset_after(completed)))
 
     def _load(self, recovery_point, log_start_offset, clean):
         complete_interrupted_swaps(self.directory)
@@ -191,7 +205,9 @@ class PartitionLog:
                 except CorruptIndexError as e:
                     log.warning("%s: rebuilding the indexes: %s", segment.log_path, e)
             discarded = []
-            truncated = segment.recover(self._replay, discarded.append)
+            indexed_up_to = segment.txn_index.last_offset()
+            truncated = segment.recover(functools.partial(self._replay, segment, -1 if indexed_up_to is None
+                                                          else indexed_up_to), discarded.append)
             recovered.append(segment)
             if truncated:
                 log.warning("%s: truncated %d bytes of invalid or partial batches", segment.log_path, truncated)
@@ -279,16 +295,22 @@ class PartitionLog:
             try:
                 validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
                                                 leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
-                duplicate, updated = self.producers.check(validated.batches, origin)
+                duplicate, updated, completed = self.producers.check(validated.batches, origin)
                 if duplicate is not None:
                     return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
                                         duplicate.timestamp, self.log_start_offset, duplicate=True)
                 # All or nothing: whatever can fail (a full disk, no descriptor left) fails before the
-                # batch is in the log, or takes it out again (LogSegment.append).
+                # batch is in the log, or takes it out again (LogSegment.append, the txnindex's rewind).
                 segment = self._maybe_roll(validated, now)
                 self.producers.reserve(updated)
-                segment.append(validated.last_offset, validated.max_timestamp, validated.offset_of_max_timestamp,
-                               validated.pieces)
+                indexed = self._index_aborted(segment, completed)
+                try:
+                    segment.append(validated.last_offset, validated.max_timestamp,
+                                   validated.offset_of_max_timestamp, validated.pieces)
+                except BaseException:
+                    if indexed is not False:
+                        segment.txn_index.rewind(indexed)
+                    raise
             except LogError as e:
                 return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e))
             except OSError as e:
@@ -303,6 +325,39 @@ class PartitionLog:
         for listener in listeners:
             listener(self)
         return result
+
+    def _index_aborted(self, segment, completed):
+        """Add the aborted transactions among ``completed`` to ``segment``'s ``.txnindex`` with the last stable
+        offset at their completion (Kafka's ``updateTxnIndex``); returns what ``rewind`` needs, or False when
+        nothing was added."""
+        previous = False
+        try:
+            for txn in completed:
+                if txn.is_aborted:
+                    lso = self.producers.last_stable_offset_after(txn)
+                    size = segment.txn_index.append(AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset,
+                                                               lso))
+                    previous = size if previous is False else previous
+        except OSError:
+            if previous is not False:
+                segment.txn_index.rewind(previous)
+            raise
+        return previous
+
+    def write_txn_marker(self, producer_id, producer_epoch, coordinator_epoch, commit, *, now_ms=None):
+        """Append a transaction marker (Kafka's ``EndTransactionMarker``, a v2 control batch) as the transaction
+        coordinator's write: the producer's open transaction closes (the last stable offset moves), an abort
+        goes into the active segment's ``.txnindex``, listeners are told. Errors come back in the
+        ``AppendResult``: INVALID_PRODUCER_EPOCH (an epoch below the producer's), TRANSACTION_COORDINATOR_FENCED
+        (a coordinator epoch below the producer's last marker's), KAFKA_STORAGE_ERROR. A marker for a producer
+        with no open transaction here is written too, as Kafka writes it."""
+        now = self._clock() if now_ms is None else now_ms
+        try:
+            marker = build_control_batch(ControlRecordType.COMMIT if commit else ControlRecordType.ABORT, 0,
+                                         producer_id, producer_epoch, now, coordinator_epoch)
+        except InvalidArgumentError as e:
+            return AppendResult(ErrorCode.INVALID_REQUEST, -1, -1, -1, self.log_start_offset, str(e))
+        return self.append(marker, origin=COORDINATOR, now_ms=now)
 
     def _maybe_roll(self, validated, now):
         segment, config = self.active, self.config
