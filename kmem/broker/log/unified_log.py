@@ -220,6 +220,7 @@ class PartitionLog:
                 break
         if recovered:
             self.producers.finish_replay()
+        self.producers.load_ongoing()
         if not self.segments:
             self.segments.append(self._new_segment(log_start_offset, active=True))
         self.active.make_active()
