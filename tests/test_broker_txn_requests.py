@@ -92,3 +92,82 @@ def test_a_marker_written_during_the_verification_voids_it(broker):
     assert produce(broker, {0: txn_batch(7, 0)}) == {0: (ErrorCode.INVALID_TXN_STATE, -1)}
     # Only the marker is in the log: no transaction was left open to hold the last stable offset back.
     assert partition_log.log_end_offset == partition_log.last_stable_offset == 1
+
+
+# --- WriteTxnMarkers --------------------------------------------------------------------------------------------
+
+def write_markers(broker, markers, version):
+    """``markers``: [(producer id, epoch, commit, coordinator epoch, {topic: [partitions]})]; returns
+    {producer id: {(topic, partition): error code}}."""
+    from kafka.protocol.producer.transaction import WriteTxnMarkersRequest, WriteTxnMarkersResponse
+
+    Marker = WriteTxnMarkersRequest.WritableTxnMarker
+    request = WriteTxnMarkersRequest(markers=[
+        Marker(producer_id=pid, producer_epoch=epoch, transaction_result=commit, coordinator_epoch=coordinator_epoch,
+               topics=[Marker.WritableTxnMarkerTopic(name=name, partition_indexes=indexes)
+                       for name, indexes in topics.items()])
+        for pid, epoch, commit, coordinator_epoch, topics in markers])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        response = connection.request(request, WriteTxnMarkersResponse, version)
+    return {marker.producer_id: {(topic.name, p.partition_index): p.error_code
+                                 for topic in marker.topics for p in topic.partitions}
+            for marker in response.markers}
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_write_txn_markers_answers_each_producer_and_partition(broker, version):
+    commit_log, abort_log = broker.logs.get_partition("t", 0), broker.logs.get_partition("t", 1)
+    commit_log.append(txn_batch(5, 0))
+    abort_log.append(txn_batch(6, 0, epoch=3))
+    answer = write_markers(broker, [(5, 0, True, 0, {"t": [0, 1, 9], "missing": [0]}),
+                                    (6, 2, False, 0, {"t": [1]}),           # an older epoch: fenced
+                                    (6, 3, False, 0, {"t": [1]})], version)
+    assert answer == {5: {("t", 0): 0, ("t", 1): 0, ("t", 9): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                          ("missing", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION},
+                      6: {("t", 1): 0}}                 # producer 6 listed twice: answered once, the last code
+    assert commit_log.last_stable_offset == commit_log.log_end_offset == 2
+    assert abort_log.last_stable_offset == abort_log.log_end_offset == 3       # 6's batch, 5's and 6's markers
+    assert list(abort_log.active.txn_index.entries()) == [(6, 0, 2, 3)]
+
+
+def test_admin_finds_and_aborts_a_hanging_transaction(broker):
+    """What ``kafka-transactions.sh find-hanging`` and ``abort`` do: DescribeProducers, then WriteTxnMarkers."""
+    from kafka import TopicPartition
+    from kafka.admin import AbortTransactionSpec, KafkaAdminClient
+
+    partition_log = broker.logs.get_partition("t", 0)
+    partition_log.append(txn_batch(9, 0, epoch=4))
+    partition_log.append(txn_batch(9, 1, epoch=4))
+    partition_log.append(txn_batch(10, 0, transactional=False))
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers)
+    try:
+        tp = TopicPartition("t", 0)
+        states = {p.producer_id: p for p in admin.describe_producers([tp])[tp].active_producers}
+        assert set(states) == {9, 10}
+        hanging = states[9]
+        assert (hanging.producer_epoch, hanging.last_sequence, hanging.coordinator_epoch,
+                hanging.current_transaction_start_offset) == (4, 1, -1, 0)
+        assert states[10].current_transaction_start_offset == -1 and states[10].last_sequence == 0
+        admin.abort_transaction(AbortTransactionSpec(tp, 9, 4, hanging.coordinator_epoch))
+        assert partition_log.last_stable_offset == partition_log.log_end_offset == 4
+        after = {p.producer_id: p for p in admin.describe_producers([tp])[tp].active_producers}
+        assert after[9].current_transaction_start_offset == -1
+    finally:
+        admin.close()
+
+
+# --- DescribeProducers --------------------------------------------------------------------------------------------
+
+def test_describe_producers_answers_kafkas_errors(broker):
+    from kafka.protocol.admin.transactions import DescribeProducersRequest, DescribeProducersResponse
+
+    request = DescribeProducersRequest(topics=[
+        DescribeProducersRequest.TopicRequest(name="t", partition_indexes=[0, 7]),
+        DescribeProducersRequest.TopicRequest(name="missing", partition_indexes=[0]),
+        DescribeProducersRequest.TopicRequest(name="bad/name", partition_indexes=[0])])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        response = connection.request(request, DescribeProducersResponse, 0)
+    assert [(t.name, p.partition_index, p.error_code, p.active_producers) for t in response.topics
+            for p in t.partitions] == [("t", 0, 0, []), ("t", 7, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, []),
+                                       ("missing", 0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, []),
+                                       ("bad/name", 0, ErrorCode.INVALID_TOPIC_EXCEPTION, [])]

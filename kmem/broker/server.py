@@ -34,6 +34,7 @@ from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.dispatch import RequestDispatcher
 from kmem.broker.apis.handlers import Handlers
 from kmem.broker.group.coordinator import GroupCoordinator
+from kmem.broker.txn.markers import TxnMarkerWriter
 from kmem.broker.log import LogManager
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
@@ -115,6 +116,7 @@ class Broker:
             self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer)
             self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
             self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)
+            self.handlers.txn_markers = TxnMarkerWriter(self.logs, self.coordinator)
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served)
             self.server = SocketServer(dispatcher, self.settings.network)
             self.server.start()

@@ -4,7 +4,7 @@ It decodes the request, picks its handler (``Handlers``, ``AdminHandlers`` or th
 and answers in one of three ways (see ``kmem.network.server``):
 
 - at once, for nearly every request: Metadata, Produce (an append into the page cache), a Fetch that has
-  its bytes, the group APIs, ListOffsets...;
+  its bytes, the group APIs, ListOffsets, WriteTxnMarkers (appends too), DescribeProducers...;
 - later, for a request that waits: a Fetch short of ``min_bytes`` (a ``DelayedFetch`` in the fetch
   purgatory), a JoinGroup or SyncGroup during a rebalance (a ``DelayedResponse`` the group completes).
   The request is deferred and its memory goes back to the pool; nothing holds a thread;
@@ -29,6 +29,8 @@ DATA_APIS = {
     ApiKey.FETCH: "fetch", ApiKey.LIST_OFFSETS: "list_offsets", ApiKey.INIT_PRODUCER_ID: "init_producer_id",
     ApiKey.CREATE_TOPICS: "create_topics", ApiKey.DELETE_TOPICS: "delete_topics",
     ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.OFFSET_FOR_LEADER_EPOCH: "offset_for_leader_epoch",
+    ApiKey.WRITE_TXN_MARKERS: "write_txn_markers",
+    ApiKey.DESCRIBE_PRODUCERS: "describe_producers",
 }
 # APIs answered on an io thread: they write files and fsync them
 BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, *ADMIN_APIS})

@@ -79,6 +79,8 @@ SERVED_VERSIONS = {
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
     ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
     **GROUP_VERSIONS, **ADMIN_VERSIONS,
+    ApiKey.WRITE_TXN_MARKERS: (0, 1),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
 }
 GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
@@ -97,6 +99,8 @@ class Handlers:
     #: The transaction coordinator (``verify_transaction`` of Produce's transactional batches), set by the
     #: server; None: transactional batches are refused.
     transactions = None
+    #: The ``TxnMarkerWriter`` WriteTxnMarkers writes with, set by the server.
+    txn_markers = None
 
     def __init__(self, logs, node_id, endpoint, timer, *, lazy_chunk_size=None):
         self.logs = logs
@@ -397,6 +401,63 @@ class Handlers:
         if error:
             partition_log.cancel_txn_verification(first.producer_id, guard)
         return guard, error
+
+    # --- WriteTxnMarkers, DescribeProducers ------------------------------------------------------------
+
+    def write_txn_markers(self, header, request):
+        """Kafka's ``handleWriteTxnMarkersRequest``: each marker written to its partitions (``TxnMarkerWriter``,
+        which also completes the ``__consumer_offsets`` offsets), answered per producer id and partition. A
+        producer id listed twice is answered once, its partitions' codes merged, as Kafka's map of them."""
+        Response = messages.WriteTxnMarkersResponse
+        by_producer = {}
+        for marker in request.markers:
+            partitions = [(topic.name, index) for topic in marker.topics for index in topic.partition_indexes]
+            errors = self.txn_markers.write(marker.producer_id, marker.producer_epoch, marker.coordinator_epoch,
+                                            marker.transaction_result, partitions)
+            by_producer.setdefault(marker.producer_id, {}).update(errors)
+        results = []
+        for producer_id, errors in by_producer.items():
+            topics = {}
+            for (name, index), error in errors.items():
+                topics.setdefault(name, []).append(Response.WritableTxnMarkerPartitionResult(
+                    partition_index=index, error_code=int(error)))
+            results.append(Response.WritableTxnMarkerResult(producer_id=producer_id, topics=[
+                Response.WritableTxnMarkerTopicResult(name=name, partitions=partitions)
+                for name, partitions in topics.items()]))
+        return Response(markers=results)
+
+    def describe_producers(self, header, request):
+        """Kafka's ``handleDescribeProducersRequest`` (KIP-664): each partition's active producers (those not
+        expired, ``PartitionLog.active_producers``); an invalid topic name is INVALID_TOPIC_EXCEPTION, an
+        unknown topic or partition UNKNOWN_TOPIC_OR_PARTITION."""
+        Response = messages.DescribeProducersResponse
+        response = Response(throttle_time_ms=0, topics=[])
+        for topic in request.topics:
+            topic_response = Response.TopicResponse(name=topic.name, partitions=[])
+            response.topics.append(topic_response)
+            try:
+                validate_topic_name(topic.name)
+                topic_error, message = ErrorCode.NONE, None
+            except LogError as e:
+                topic_error, message = e.code, str(e)
+            for index in topic.partition_indexes:
+                result = Response.PartitionResponse(partition_index=index, error_code=topic_error,
+                                                    error_message=message, active_producers=[])
+                topic_response.partitions.append(result)
+                partition_log = None if topic_error else self.logs.get_partition(topic.name, index)
+                if partition_log is None:
+                    result.error_code = topic_error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                try:
+                    producers = partition_log.active_producers()
+                except IllegalStateError:            # the topic was deleted meanwhile
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                    continue
+                result.active_producers = [Response.ProducerState(
+                    producer_id=entry.producer_id, producer_epoch=entry.epoch, last_sequence=entry.last_sequence,
+                    last_timestamp=entry.timestamp, coordinator_epoch=entry.coordinator_epoch,
+                    current_txn_start_offset=entry.current_txn_first_offset) for entry in producers]
+        return response
 
     # --- ListOffsets ----------------------------------------------------------------------------------
 

@@ -586,6 +586,13 @@ class PartitionLog:
         self.producers.delete_snapshots_before(self.log_start_offset)
         return len(deletable)
 
+    def active_producers(self):
+        """Kafka's ``activeProducers`` (DescribeProducers): the ``ProducerEntry`` of every producer not expired,
+        read from the ledger a chunk at a time under the partition's lock."""
+        with self._lock:
+            self._check_open()
+            return list(self.producers.producers())
+
     def remove_expired_producers(self, now_ms=None):
         """Kafka's periodic ``removeExpiredProducers`` (see ``kmem.broker.log.producer_state``)."""
         with self._lock:
