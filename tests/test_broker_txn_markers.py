@@ -297,3 +297,58 @@ def test_an_interrupted_swap_keeps_the_cleaned_txn_index(tmp_path):
     complete_interrupted_swaps(tmp_path)
     assert sorted(os.listdir(tmp_path)) == [f"{0:020d}.log", f"{0:020d}.txnindex"]
     assert (tmp_path / f"{0:020d}.txnindex").read_bytes() == b"cleaned"
+
+
+# --- compaction and transactions ------------------------------------------------------------------------------
+
+def keyed(partition_log, key, value, producer_id=-1, transactional=False):
+    builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                             base_sequence=0 if producer_id >= 0 else -1, transactional=transactional)
+    builder.append(value, key=key, timestamp=now_ms())
+    assert partition_log.append(builder.build()).error_code == ErrorCode.NONE
+
+
+def records_and_markers(partition_log):
+    """Every record (offset, key, value) and marker ("marker", offset), fetch after fetch."""
+    found, offset = [], partition_log.log_start_offset
+    while (fetched := partition_log.read(offset, 1 << 20)).records is not None:
+        with fetched.records as records:
+            for batch in records.batches():
+                found += [("marker", batch.base_offset)] if batch.is_control_batch else \
+                    [(r.offset, r.key, r.value) for r in batch]
+                offset = batch.next_offset
+    return found
+
+
+@pytest.fixture
+def compacted(tmp_path):
+    config = BrokerConfig.from_properties(producer_ledger_ids=100, log_cleaner_dedupe_buffer_size=240_000)
+    with LogManager(tmp_path, config) as manager:
+        manager.create_topic("c", 1, {"cleanup.policy": "compact"})
+        yield manager
+
+
+def test_the_cleaner_drops_aborted_records_which_never_supersede_committed_ones(compacted):
+    partition_log = compacted.get_partition("c", 0)
+    keyed(partition_log, b"k", b"committed")
+    keyed(partition_log, b"k", b"aborted", producer_id=1, transactional=True)
+    partition_log.write_txn_marker(1, 0, 0, False)
+    partition_log.roll()
+    keyed(partition_log, b"other", b"x")
+    compacted.cleaner.clean("c", 0)
+    assert records_and_markers(partition_log) == [(0, b"k", b"committed"), ("marker", 2), (3, b"other", b"x")]
+    assert list(partition_log.segments[0].txn_index.entries()) == [AbortedTxn(1, 1, 2, 3)]
+
+
+def test_nothing_from_the_last_stable_offset_on_is_cleaned(compacted):
+    partition_log = compacted.get_partition("c", 0)
+    keyed(partition_log, b"k", b"old")
+    keyed(partition_log, b"k", b"new", producer_id=1, transactional=True)     # open: the LSO is 1
+    partition_log.roll()
+    keyed(partition_log, b"other", b"x")
+    partition_log.roll()
+    compacted.cleaner.clean("c", 0)
+    assert records_and_markers(partition_log)[:2] == [(0, b"k", b"old"), (1, b"k", b"new")]
+    partition_log.write_txn_marker(1, 0, 0, True)
+    compacted.cleaner.clean("c", 0)
+    assert records_and_markers(partition_log) == [(1, b"k", b"new"), (2, b"other", b"x"), ("marker", 3)]

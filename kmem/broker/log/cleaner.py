@@ -17,9 +17,13 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
    topic). A batch whose records all stay is copied byte for byte, else it is rebuilt with the same base and
    last offset, producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
    last batch of its producer (Kafka's ``RETAIN_EMPTY``): kept as an empty batch so that the producer's
-   sequence survives and its retries are still recognised. Control batches are kept, and the cleaned
-   segment's ``.txnindex`` holds the aborted transactions of the segments it replaces, so read_committed
-   fetches still skip the aborted records kept (Kafka's cleaner removes aborted records; this one does not).
+   sequence survives and its retries are still recognised. Transactions: nothing at or past the last stable
+   offset is cleaned (the segment holding it and later ones stay dirty); the records of aborted
+   transactions (found in the ``.txnindex`` files) never enter the key map, so they cannot supersede a
+   committed record, and are dropped as Kafka's cleaner drops them (an empty batch stays when it is its
+   producer's last). Transaction markers are kept, and the cleaned segment's ``.txnindex`` holds the
+   entries of the segments it replaces (Kafka removes markers once their transaction's records are gone
+   and the delete horizon passed; kmem keeps them).
 4. Tombstones (null values), KIP-534: the first pass that keeps a batch holding a tombstone gives it a
    delete horizon (``now + delete.retention.ms``, in the base timestamp with attribute bit 0x40, as
    Kafka); a later pass drops the tombstones of a batch whose horizon is past.
@@ -34,6 +38,7 @@ Reads and writes go through ``log.cleaner.io.buffer.size`` windows and are throt
 ``log.cleaner.io.max.bytes.per.second``. Memory of a pass: the map, the I/O buffers, and one batch
 decompressed (at most ``MAX_DECOMPRESSED_BYTES``) with its filtered copy.
 """
+import bisect
 import logging
 import os
 import struct
@@ -265,6 +270,26 @@ def _next_offset(path, base):
     return next_offset
 
 
+class AbortedBatches:
+    """Which batches belong to an aborted transaction (the part of Kafka's ``CleanedTransactionMetadata``
+    that decides it): the ``AbortedTxn`` entries of the range cleaned, by producer."""
+
+    def __init__(self, aborted_txns):
+        self._by_producer = {}          # pid -> ([first offsets], [last offsets]), in offset order
+        for txn in sorted(aborted_txns, key=lambda t: t.first_offset):
+            firsts, lasts = self._by_producer.setdefault(txn.producer_id, ([], []))
+            firsts.append(txn.first_offset)
+            lasts.append(txn.last_offset)
+
+    def holds(self, batch):
+        """Whether ``batch`` (a transactional data batch) is part of an aborted transaction."""
+        if not batch.is_transactional or batch.producer_id not in self._by_producer:
+            return False
+        firsts, lasts = self._by_producer[batch.producer_id]
+        i = bisect.bisect_right(firsts, batch.base_offset) - 1
+        return i >= 0 and batch.base_offset <= lasts[i]
+
+
 class Cleaner:
     """Cleans one partition at a time with one ``OffsetMap`` (Kafka's ``Cleaner``); not thread-safe."""
 
@@ -272,6 +297,7 @@ class Cleaner:
                  max_io_bytes_per_second=float("inf")):
         self.dedupe_buffer_size = dedupe_buffer_size
         self.offset_map = None          # made for each pass and freed after it (see clean)
+        self._aborted = None            # the AbortedBatches of the pass
         self.io_buffer_size = io_buffer_size
         self.load_factor = load_factor
         self.max_io_bytes_per_second = max_io_bytes_per_second
@@ -285,7 +311,7 @@ class Cleaner:
         try:
             return self._clean(partition_log, first_dirty_offset, now_ms)
         finally:
-            self.offset_map = None
+            self.offset_map = self._aborted = None
 
     def _clean(self, partition_log, first_dirty_offset, now_ms):
         stats = CleanerStats()
@@ -293,7 +319,9 @@ class Cleaner:
         segments, log_start, active_base = partition_log.cleanable_segments()
         config = partition_log.config
         first_dirty = max(first_dirty_offset, log_start)
-        uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms)
+        uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms,
+                                               partition_log.last_stable_offset)
+        self._aborted = AbortedBatches(partition_log.aborted_transactions(log_start, uncleanable))
         end = self._build_offset_map(partition_log, segments, first_dirty, uncleanable, stats, throttler)
         if end <= first_dirty:
             stats.elapsed_secs = time.monotonic() - stats.started
@@ -320,7 +348,7 @@ class Cleaner:
             for batch in self._batches(segment, throttler, stats, for_map=True):
                 if batch.last_offset < first_dirty:
                     continue
-                if not batch.is_control_batch:
+                if not batch.is_control_batch and not self._aborted.holds(batch):
                     count = batch.records_count
                     if offset_map.size + count > max_keys:
                         if end == first_dirty:
@@ -387,6 +415,10 @@ class Cleaner:
         if batch.magic != 2 or batch.is_control_batch:
             stats.records_kept += batch.records_count
             return bytes(batch.buffer), batch.max_timestamp, batch.last_offset
+        if self._aborted.holds(batch):          # Kafka's cleaner drops the records of aborted transactions
+            if self._is_last_batch_of_producer(partition_log, batch):
+                return _empty_batch(batch), batch.max_timestamp, batch.last_offset
+            return None
         has_horizon = bool(batch.attributes & DELETE_HORIZON_FLAG)
         retain_deletes = not has_horizon or now_ms < batch.base_timestamp
         section, base = _records_section(batch)
@@ -456,9 +488,14 @@ def _rebuilt_batch(batch, kept, horizon):
     return data, max_timestamp, offset_of_max
 
 
-def first_uncleanable_offset(segments, active_base, config, now_ms):
-    """The active segment's base offset, or the base of the first segment holding a record younger than
-    ``min.compaction.lag.ms`` (Kafka's ``cleanableOffsets``)."""
+def first_uncleanable_offset(segments, active_base, config, now_ms, last_stable_offset):
+    """The active segment's base offset, or the base of the first segment holding the last stable offset
+    (the records of open transactions are not cleaned) or a record younger than ``min.compaction.lag.ms``
+    (Kafka's ``cleanableOffsets``, which stops at the last stable offset itself)."""
+    for segment in segments:
+        if segment.next_offset > last_stable_offset:
+            active_base = min(active_base, segment.base_offset)
+            break
     if config.min_compaction_lag_ms > 0:
         for segment in segments:
             if segment.largest_timestamp > now_ms - config.min_compaction_lag_ms:
@@ -503,7 +540,7 @@ def log_to_clean(key, partition_log, first_dirty_offset, now_ms):
     segments, log_start, active_base = partition_log.cleanable_segments()
     config = partition_log.config
     first_dirty = max(first_dirty_offset, log_start)
-    uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms)
+    uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms, partition_log.last_stable_offset)
     clean = sum(s.size for s in segments if s.next_offset <= first_dirty)
     dirty = [s for s in segments if s.next_offset > first_dirty and s.base_offset < uncleanable]
     # KIP-354: how far past max.compaction.lag.ms the oldest dirty batch is

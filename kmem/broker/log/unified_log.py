@@ -623,6 +623,15 @@ class PartitionLog:
             self._check_open()
             return list(self.segments[:-1]), self.log_start_offset, self.active.base_offset
 
+    def aborted_transactions(self, start_offset, upper_bound):
+        """The ``AbortedTxn`` entries overlapping ``[start_offset, upper_bound)`` (Kafka's
+        ``collectAbortedTransactions``, which its cleaner calls too)."""
+        with self._lock:
+            self._check_open()
+            bases = [s.base_offset for s in self.segments]
+            return self._collect_aborted(max(bisect.bisect_right(bases, start_offset) - 1, 0), start_offset,
+                                         upper_bound)
+
     def replace_segments(self, old_segments, cleaned_base):
         """Swap in the cleaned segment ``<cleaned_base>.log.cleaned`` (with its indexes) for
         ``old_segments`` (Kafka's ``replaceSegments``); False, nothing changed, when they are no longer
