@@ -53,6 +53,8 @@ class ErrorCode(enum.IntEnum):
     UNKNOWN_TOPIC_ID = 100
     MISMATCHED_ENDPOINT_TYPE = 114
     UNSUPPORTED_ENDPOINT_TYPE = 115
+    INVALID_TXN_STATE = 48
+    UNSTABLE_OFFSET_COMMIT = 88
 
 
 class LogError(KmemError):
