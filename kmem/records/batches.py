@@ -226,6 +226,18 @@ class RecordBatch:
         kind = struct.unpack_from(">h", marker.key, 2)[0]
         return ControlRecordType(kind) if kind in ControlRecordType._value2member_map_ else kind
 
+    @property
+    def coordinator_epoch(self):
+        """For a transaction marker (a control batch), the coordinator epoch its value carries (Kafka's
+        ``EndTransactionMarker``: version int16, coordinator epoch int32); -1 when the value is shorter;
+        None for other batches."""
+        if not self.is_control_batch:
+            return None
+        marker = next(iter(self), None)
+        if marker is None or marker.value is None or len(marker.value) < 6:
+            return -1
+        return struct.unpack_from(">i", marker.value, 2)[0]
+
     def _records(self, limit, max_objects):
         if self.magic == 2:
             return self._v2_records(limit, max_objects)

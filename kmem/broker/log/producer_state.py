@@ -43,6 +43,11 @@ Checks, for each v2 batch with a producer id, as Kafka's ``ProducerAppendInfo`` 
   follow the last one (wrapping after 2**31 - 1): else OUT_OF_ORDER_SEQUENCE_NUMBER (45). An unknown or
   expired producer may start at any sequence (Kafka 2.5+ no longer answers UNKNOWN_PRODUCER_ID).
 
+A transaction marker (from the coordinator) closes its producer's open transaction and records the
+coordinator epoch it carries; one of an older epoch is INVALID_PRODUCER_EPOCH, one of an older coordinator
+epoch TRANSACTION_COORDINATOR_FENCED (52), as Kafka's ``appendEndTxnMarker``. ``check`` returns the
+transactions the markers close (Kafka's ``CompletedTxn``) for the log's ``.txnindex``.
+
 After an unclean shutdown the log replays the batches it revalidated (those past the recovery point)
 through ``replay``, which brings the ledger up to date with batches a crash left out of it and
 rebuilds the last-five metadata of their producers. A process crash never leaves the ledger ahead of
@@ -61,7 +66,7 @@ from kmem.bloom import Shape
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.validator import CLIENT, REPLICATION, BatchInfo
 from kmem.ledger import NO_TXN, PidLedger, ProducerEntry
-from kmem.records.batches import INT32_MAX
+from kmem.records.batches import INT32_MAX, ControlRecordType
 
 # Files a Kafka partition directory holds beside the ledger's: the ledger need not warn about them.
 KAFKA_PARTITION_FILE = re.compile(r"^(\d{20}\.(log|index|timeindex|txnindex)|partition\.metadata|"
@@ -69,6 +74,14 @@ KAFKA_PARTITION_FILE = re.compile(r"^(\d{20}\.(log|index|timeindex|txnindex)|par
 MAX_BATCHES = 5          # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 NO_SEQUENCE = -1
 NO_EPOCH = -1
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction a marker closed (Kafka's ``CompletedTxn``): its first offset, the marker's offset."""
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    is_aborted: bool
 
 
 class BatchMetadata(NamedTuple):
@@ -133,18 +146,25 @@ class ProducerState:
         return None
 
     def add(self, batch):
-        """Record ``batch`` (a ``BatchInfo``) as this producer's newest."""
+        """Record ``batch`` (a ``BatchInfo``) as this producer's newest; for a transaction marker closing an
+        open transaction, returns its ``CompletedTxn`` (a marker without one changes no offset)."""
         if batch.producer_epoch != self.epoch:
             self.batches.clear()
             self.epoch = batch.producer_epoch
         self.timestamp = batch.max_timestamp
         if batch.is_control:
+            completed = None
+            if self.current_txn_first_offset != NO_TXN:
+                completed = CompletedTxn(self.producer_id, self.current_txn_first_offset, batch.base_offset,
+                                         batch.control_type == ControlRecordType.ABORT)
             self.current_txn_first_offset = NO_TXN
-            return
+            self.coordinator_epoch = batch.coordinator_epoch
+            return completed
         self.batches.append(BatchMetadata(batch.base_sequence, batch.last_sequence, batch.last_offset,
                                           batch.last_offset - batch.base_offset, batch.max_timestamp))
         if batch.is_transactional and self.current_txn_first_offset == NO_TXN:
             self.current_txn_first_offset = batch.base_offset
+        return None
 
 
 class _KafkaFilesAreExpected(logging.Filter):
@@ -200,11 +220,13 @@ class ProducerStateManager:
         return None if entry is None else ProducerState.from_entry(entry)
 
     def check(self, batches, origin=CLIENT):
-        """Check the batches of one append; returns ``(duplicate BatchMetadata or None, {pid: new state})``.
+        """Check the batches of one append; returns ``(duplicate BatchMetadata or None, {pid: new state},
+        [CompletedTxn of the transactions its markers close])``.
 
-        Raises ``LogError`` with INVALID_PRODUCER_EPOCH or OUT_OF_ORDER_SEQUENCE_NUMBER.
+        Raises ``LogError`` with INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER or, for a marker of an
+        older coordinator epoch than the producer's last one, TRANSACTION_COORDINATOR_FENCED.
         """
-        updated = {}
+        updated, completed = {}, []
         for batch in batches:
             if batch.producer_id < 0:
                 continue
@@ -213,7 +235,7 @@ class ProducerStateManager:
             if origin == CLIENT and state is not None and not batch.is_control:
                 duplicate = state.find_duplicate(batch)
                 if duplicate is not None:
-                    return duplicate, {}
+                    return duplicate, {}, []
             if state is None:
                 state = ProducerState(pid)
                 known = False
@@ -225,9 +247,22 @@ class ProducerStateManager:
                                f"epoch {state.epoch}")
             if origin == CLIENT and not batch.is_control:
                 self._check_sequence(state, batch, known)
-            state.add(batch)
+            if batch.is_control and batch.coordinator_epoch < state.coordinator_epoch and origin != REPLICATION:
+                raise LogError(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                               f"marker of coordinator epoch {batch.coordinator_epoch} for producer {pid}: the "
+                               f"current coordinator epoch is {state.coordinator_epoch}")
+            txn = state.add(batch)
+            if txn is not None:
+                completed.append(txn)
             updated[pid] = state
-        return None, updated
+        return None, updated, completed
+
+    def last_stable_offset_after(self, completed):
+        """Kafka's ``lastStableOffset(completedTxn)``: the first offset of the oldest transaction still open
+        once ``completed`` (a ``CompletedTxn``) is, or the offset after its marker."""
+        with self._lock:
+            others = [first for pid, first in self._ongoing.items() if pid != completed.producer_id]
+        return min(others, default=completed.last_offset + 1)
 
     @staticmethod
     def _check_sequence(state, batch, known):
@@ -273,10 +308,11 @@ class ProducerStateManager:
                 self._ongoing.pop(state.producer_id, None)
 
     def replay(self, batch):
-        """Bring the state up to date with ``batch`` (a ``RecordBatch`` of the log, during recovery)."""
+        """Bring the state up to date with ``batch`` (a ``RecordBatch`` of the log, during recovery); returns
+        the ``CompletedTxn`` a marker closes, if known, else None."""
         pid = batch.producer_id
         if batch.magic != 2 or pid < 0:
-            return
+            return None
         with self._lock:
             state = self._cache.get(pid)
         entry = self.ledger.read(pid)
@@ -284,11 +320,14 @@ class ProducerStateManager:
             state = ProducerState.from_entry(entry) if entry is not None and entry.last_offset < batch.last_offset \
                 else ProducerState(pid)
         control = batch.is_control_batch
-        state.add(BatchInfo(pid, batch.producer_epoch, batch.base_sequence, batch.last_sequence, batch.base_offset,
-                            batch.last_offset, batch.max_timestamp, batch.is_transactional, control))
+        completed = state.add(BatchInfo(pid, batch.producer_epoch, batch.base_sequence, batch.last_sequence,
+                                        batch.base_offset, batch.last_offset, batch.max_timestamp,
+                                        batch.is_transactional, control, batch.control_type if control else None,
+                                        batch.coordinator_epoch if control else -1))
         if entry is None or entry.last_offset < batch.last_offset:
             self.ledger.update(state.to_entry())
         self._remember(state)
+        return completed
 
     def discard(self, batch, log_end_offset):
         """Recovery cut ``batch`` off the log (which now ends at ``log_end_offset``): a producer whose entry
@@ -324,6 +363,23 @@ class ProducerStateManager:
             if entry is not None and entry.last_offset > state.last_offset:
                 with self._lock:
                     self._cache.pop(state.producer_id, None)
+
+    def load_ongoing(self):
+        """Learn the open transactions from the ledger (once the partition is loaded): they bound the last
+        stable offset until their markers come, also across restarts."""
+        ongoing = {}
+        for chunk in self.ledger.entry_chunks(open_transactions=True):
+            for pid, first in zip(chunk["producer_id"].tolist(), chunk["current_txn_first_offset"].tolist()):
+                if first != NO_TXN:
+                    ongoing[pid] = first
+        with self._lock:
+            self._ongoing = ongoing
+
+    def producers(self):
+        """Every known producer's ``ProducerEntry`` (the ledger's, a chunk at a time: nothing is loaded whole)."""
+        for chunk in self.ledger.entry_chunks():
+            for fields in chunk.tolist():
+                yield ProducerEntry(*fields)
 
     @property
     def first_unstable_offset(self):

@@ -1,4 +1,5 @@
-"""One log segment: ``<base>.log`` with its ``.index`` and ``.timeindex`` (Kafka's ``LogSegment``).
+"""One log segment: ``<base>.log`` with its ``.index``, ``.timeindex`` and, once a transaction aborted in it,
+``.txnindex`` (Kafka's ``LogSegment``; ``kmem.broker.log.txn_index``).
 
 Appends write whole batches at the end of the ``.log`` file with ``pwritev`` (the batch bytes are passed
 as views, never copied in Python) and add an offset index entry, and maybe a time index entry, once more
@@ -8,7 +9,8 @@ offset to the position where the append began, as Kafka's ``LogSegment.append`` 
 ``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
 ``LogSegment.recover``; the indexes it writes are the ones the appends wrote when each append held one
-batch (what clients send).
+batch (what clients send). The transaction index loses the entries of the part cut off; the log replays
+the batches kept and adds the aborted transactions it lacks.
 
 Only the active segment keeps a file open, its ``.log`` (the indexes are opened for each use); an older
 segment opens its files for each use (under the partition's lock), so a partition holds one descriptor
@@ -19,6 +21,7 @@ import os
 import struct
 
 from kmem.broker.log.index import NO_TIMESTAMP, CorruptIndexError, OffsetIndex, TimeIndex
+from kmem.broker.log.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 from kmem.errors import CorruptRecordError
 from kmem.records import FileRecords, segment_file_name
 from kmem.records.batches import INT32_MAX, LOG_OVERHEAD
@@ -62,6 +65,7 @@ class LogSegment:
                                             writable=active)
             self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes,
                                         writable=active)
+            self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX, base_offset)
         except BaseException:
             self._release_log()
             raise
@@ -125,6 +129,7 @@ class LogSegment:
     def sanity_check(self):
         self.offset_index.sanity_check(max(self.size, 1))
         self.time_index.sanity_check(self.next_offset)
+        self.txn_index.sanity_check()
 
     def translate_offset(self, offset, starting_position=0):
         """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
@@ -252,6 +257,7 @@ class LogSegment:
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
+        self.txn_index.truncate_to(self.next_offset)
         self.rolling_based_timestamp = None
         return truncated
 
@@ -276,6 +282,7 @@ class LogSegment:
             os.fsync(fd)
         self.offset_index.flush()
         self.time_index.flush()
+        self.txn_index.flush()
 
     def close(self):
         self._release_log()
@@ -297,9 +304,9 @@ def for_each_parsable_batch(path, position, callback):
 
 
 def delete_segment_files(directory, base_offset):
-    """Remove a segment's ``.log``, ``.index`` and ``.timeindex`` files (those that exist)."""
+    """Remove a segment's ``.log``, ``.index``, ``.timeindex`` and ``.txnindex`` files (those that exist)."""
     stem = os.path.join(directory, segment_file_name(base_offset))[:-len(".log")]
-    for suffix in (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+    for suffix in (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
         try:
             os.unlink(stem + suffix)
         except FileNotFoundError:

@@ -11,11 +11,21 @@
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
   old segment's indexes are trimmed, its files fsynced, the recovery point moved to the new segment and a
   producer snapshot of every producer taken at the new segment's base offset, as Kafka's ``roll``.
+- ``write_txn_marker(producer_id, producer_epoch, coordinator_epoch, commit)``: a transaction marker (Kafka's
+  ``EndTransactionMarker``) appended as the coordinator's write (origin COORDINATOR): the producer's open
+  transaction closes, so the last stable offset (the first offset of the oldest open transaction, else the
+  high watermark) moves; an ABORT that closes a transaction adds Kafka's ``AbortedTxn`` (its first offset, the
+  marker's offset, the last stable offset at completion) to the active segment's ``.txnindex``
+  (``kmem.broker.log.txn_index``) before the marker is written, taken out again if the write fails.
 - ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
   descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
   but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
   ``[log_start_offset, log_end_offset]``, KAFKA_STORAGE_ERROR when a file cannot be opened. On one node
-  the high watermark is the log end offset.
+  the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
+  ``aborted_transactions`` are the ``AbortedTxn`` entries of the ``.txnindex`` files (of the segment read and
+  the later ones, until one's last stable offset reaches the bound) overlapping the range from
+  ``fetch_offset`` to the bound or the segment's end, whichever is first: Kafka's
+  ``collectAbortedTransactions``.
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
@@ -45,6 +55,7 @@ producer in the snapshot it loads.
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
 """
 import bisect
+import functools
 import logging
 import os
 import random
@@ -59,13 +70,15 @@ from kmem.broker.log import checkpoints
 from kmem.broker.log.cleaner import complete_interrupted_swaps, swap_in_cleaned_files
 from kmem.broker.log.index import CorruptIndexError
 from kmem.broker.log.producer_state import ProducerStateManager
+from kmem.ledger import NO_TXN
 from kmem.broker.log.segment import (
     INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch,
 )
-from kmem.broker.log.validator import CLIENT, validate_and_assign
+from kmem.broker.log.txn_index import AbortedTxn
+from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
 from kmem.durable import fsync_directory
 from kmem.errors import IllegalStateError, InvalidArgumentError
-from kmem.records import FileRecords, log_segments
+from kmem.records import ControlRecordType, FileRecords, build_control_batch, log_segments
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +103,7 @@ class FetchData(NamedTuple):
     log_start_offset: int
     last_stable_offset: int
     error_code: ErrorCode = ErrorCode.NONE
+    aborted_transactions: list | None = None        # READ_COMMITTED: [AbortedTxn] overlapping what is read
 
 
 class LogOffsetMetadata(NamedTuple):
@@ -103,6 +117,14 @@ class LogOffsetMetadata(NamedTuple):
 class OffsetAndTimestamp(NamedTuple):
     offset: int
     timestamp: int
+
+
+class VerificationGuard:
+    """Kafka's ``VerificationGuard``: one verification of a producer's transaction, matched by identity."""
+    __slots__ = ("producer_id",)
+
+    def __init__(self, producer_id):
+        self.producer_id = producer_id
 
 
 def _check_int(name, value):
@@ -125,6 +147,7 @@ class PartitionLog:
         self._clock = clock_ms or wall_clock_ms
         self._lock = threading.RLock()
         self._listeners = []
+        self._verifications = {}        # producer id -> guard of a transaction verification under way
         self.leader_epoch = 0
         self._closed = False
         self._directory_synced = True
@@ -162,10 +185,16 @@ class PartitionLog:
         segment.roll_jitter_ms = random.randrange(min(jitter, self.config.segment_ms)) if jitter else 0
         return segment
 
-    def _replay(self, batch):
+    def _replay(self, segment, indexed_up_to, batch):
         if batch.magic == 2 and batch.partition_leader_epoch >= 0:
             self._assign_epoch(batch.partition_leader_epoch, batch.base_offset)
-        self.producers.replay(batch)
+        completed = self.producers.replay(batch)
+        # Kafka's recovery rebuilds the segment's .txnindex; here the entries written before the crash stay
+        # (recover() cut those of the lost part) and an abort replayed past them is added.
+        if completed is not None and completed.is_aborted and completed.last_offset > indexed_up_to:
+            segment.txn_index.append(AbortedTxn(completed.producer_id, completed.first_offset,
+                                                completed.last_offset,
+                                                self.producers.last_stable_offset_after(completed)))
 
     def _load(self, recovery_point, log_start_offset, clean):
         complete_interrupted_swaps(self.directory)
@@ -191,7 +220,9 @@ class PartitionLog:
                 except CorruptIndexError as e:
                     log.warning("%s: rebuilding the indexes: %s", segment.log_path, e)
             discarded = []
-            truncated = segment.recover(self._replay, discarded.append)
+            indexed_up_to = segment.txn_index.last_offset()
+            truncated = segment.recover(functools.partial(self._replay, segment, -1 if indexed_up_to is None
+                                                          else indexed_up_to), discarded.append)
             recovered.append(segment)
             if truncated:
                 log.warning("%s: truncated %d bytes of invalid or partial batches", segment.log_path, truncated)
@@ -204,6 +235,7 @@ class PartitionLog:
                 break
         if recovered:
             self.producers.finish_replay()
+        self.producers.load_ongoing()
         if not self.segments:
             self.segments.append(self._new_segment(log_start_offset, active=True))
         self.active.make_active()
@@ -270,25 +302,37 @@ class PartitionLog:
 
     # --- appends ------------------------------------------------------------------------------------
 
-    def append(self, records, *, origin=CLIENT, now_ms=None):
+    def append(self, records, *, origin=CLIENT, now_ms=None, verification_guard=None):
         """Validate, assign offsets and append ``records`` (bytes-like or ``MemoryRecords``); see the module
-        docstring. Never raises for bad records: the ``AppendResult`` carries the error code."""
+        docstring. Never raises for bad records: the ``AppendResult`` carries the error code.
+        ``verification_guard``: what ``start_txn_verification`` returned for these (transactional) records."""
         with self._lock:
             self._check_open()
             now = self._clock() if now_ms is None else now_ms
             try:
+                if verification_guard is not None:
+                    producer_id = verification_guard.producer_id
+                    if self._verifications.pop(producer_id, None) is not verification_guard:
+                        raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {producer_id} "
+                                                                    f"ended while its records were verified")
                 validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
                                                 leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
-                duplicate, updated = self.producers.check(validated.batches, origin)
+                duplicate, updated, completed = self.producers.check(validated.batches, origin)
                 if duplicate is not None:
                     return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
                                         duplicate.timestamp, self.log_start_offset, duplicate=True)
                 # All or nothing: whatever can fail (a full disk, no descriptor left) fails before the
-                # batch is in the log, or takes it out again (LogSegment.append).
+                # batch is in the log, or takes it out again (LogSegment.append, the txnindex's rewind).
                 segment = self._maybe_roll(validated, now)
                 self.producers.reserve(updated)
-                segment.append(validated.last_offset, validated.max_timestamp, validated.offset_of_max_timestamp,
-                               validated.pieces)
+                indexed = self._index_aborted(segment, completed)
+                try:
+                    segment.append(validated.last_offset, validated.max_timestamp,
+                                   validated.offset_of_max_timestamp, validated.pieces)
+                except BaseException:
+                    if indexed is not False:
+                        segment.txn_index.rewind(indexed)
+                    raise
             except LogError as e:
                 return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e))
             except OSError as e:
@@ -303,6 +347,59 @@ class PartitionLog:
         for listener in listeners:
             listener(self)
         return result
+
+    def _index_aborted(self, segment, completed):
+        """Add the aborted transactions among ``completed`` to ``segment``'s ``.txnindex`` with the last stable
+        offset at their completion (Kafka's ``updateTxnIndex``); returns what ``rewind`` needs, or False when
+        nothing was added."""
+        previous = False
+        try:
+            for txn in completed:
+                if txn.is_aborted:
+                    lso = self.producers.last_stable_offset_after(txn)
+                    size = segment.txn_index.append(AbortedTxn(txn.producer_id, txn.first_offset, txn.last_offset,
+                                                               lso))
+                    previous = size if previous is False else previous
+        except OSError:
+            if previous is not False:
+                segment.txn_index.rewind(previous)
+            raise
+        return previous
+
+    def start_txn_verification(self, producer_id, producer_epoch):
+        """Kafka's ``maybeStartTransactionVerification`` (KIP-890): None when the producer has a transaction
+        open here at this epoch (no verification needed), else a guard to pass to ``append`` once the
+        coordinator verified the transaction; a marker written meanwhile voids it (the append is then
+        INVALID_TXN_STATE), so a batch verified just before its transaction ended cannot open a new one."""
+        with self._lock:
+            state = self.producers.state(producer_id)
+            if state is not None and state.epoch == producer_epoch and state.current_txn_first_offset != NO_TXN:
+                return None
+            guard = self._verifications[producer_id] = VerificationGuard(producer_id)
+            return guard
+
+    def cancel_txn_verification(self, producer_id, guard):
+        """Forget ``guard`` (its verification failed)."""
+        with self._lock:
+            if self._verifications.get(producer_id) is guard:
+                del self._verifications[producer_id]
+
+    def write_txn_marker(self, producer_id, producer_epoch, coordinator_epoch, commit, *, now_ms=None):
+        """Append a transaction marker (Kafka's ``EndTransactionMarker``, a v2 control batch) as the transaction
+        coordinator's write: the producer's open transaction closes (the last stable offset moves), an abort
+        goes into the active segment's ``.txnindex``, listeners are told. Errors come back in the
+        ``AppendResult``: INVALID_PRODUCER_EPOCH (an epoch below the producer's), TRANSACTION_COORDINATOR_FENCED
+        (a coordinator epoch below the producer's last marker's), KAFKA_STORAGE_ERROR. A marker for a producer
+        with no open transaction here is written too, as Kafka writes it."""
+        now = self._clock() if now_ms is None else now_ms
+        try:
+            marker = build_control_batch(ControlRecordType.COMMIT if commit else ControlRecordType.ABORT, 0,
+                                         producer_id, producer_epoch, now, coordinator_epoch)
+        except InvalidArgumentError as e:
+            return AppendResult(ErrorCode.INVALID_REQUEST, -1, -1, -1, self.log_start_offset, str(e))
+        with self._lock:
+            self._verifications.pop(producer_id, None)
+        return self.append(marker, origin=COORDINATOR, now_ms=now)
 
     def _maybe_roll(self, validated, now):
         segment, config = self.active, self.config
@@ -350,9 +447,11 @@ class PartitionLog:
             upper = lso if isolation == READ_COMMITTED else hw
             if fetch_offset < start or fetch_offset > self.log_end_offset:
                 return FetchData(None, hw, start, lso, ErrorCode.OFFSET_OUT_OF_RANGE)
+            no_aborted = [] if isolation == READ_COMMITTED else None
             try:
                 bases = [s.base_offset for s in self.segments]
-                for segment in self.segments[max(bisect.bisect_right(bases, fetch_offset) - 1, 0):]:
+                first_segment = max(bisect.bisect_right(bases, fetch_offset) - 1, 0)
+                for i, segment in enumerate(self.segments[first_segment:], first_segment):
                     if fetch_offset >= upper:
                         break
                     first = segment.translate_offset(fetch_offset)
@@ -366,12 +465,29 @@ class PartitionLog:
                     size = min(max_position - first.position, wanted)
                     if size <= 0:
                         break
+                    aborted = no_aborted
+                    if isolation == READ_COMMITTED:
+                        # The range read ends at most at the upper bound or this segment's end (a superset
+                        # of what the records hold: consumers ignore aborted transactions they do not reach).
+                        aborted = self._collect_aborted(i, fetch_offset, min(upper, segment.next_offset))
                     records = FileRecords(segment.log_path, first.position, first.position + size)
-                    return FetchData(records, hw, start, lso)
-                return FetchData(None, hw, start, lso)
+                    return FetchData(records, hw, start, lso, aborted_transactions=aborted)
+                return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)
             except OSError as e:        # no descriptor left, an I/O error
                 log.error("%s: %s", self.directory, storage_error(e, f"reading {self.topic}-{self.partition}"))
                 return FetchData(None, hw, start, lso, ErrorCode.KAFKA_STORAGE_ERROR)
+
+    def _collect_aborted(self, first_segment, fetch_offset, upper_bound):
+        """Kafka's ``collectAbortedTransactions``: the ``AbortedTxn`` entries overlapping ``[fetch_offset,
+        upper_bound)`` from the ``.txnindex`` of the segment read and the later ones (a transaction's entry
+        is in its marker's segment), until an entry's last stable offset reaches ``upper_bound``."""
+        found = []
+        for segment in self.segments[first_segment:]:
+            entries, complete = segment.txn_index.collect(fetch_offset, upper_bound)
+            found += entries
+            if complete:
+                break
+        return found
 
     def offset_metadata(self, offset):
         """The ``LogOffsetMetadata`` of ``offset``, or None when it is outside the log."""

@@ -88,6 +88,7 @@ class BatchInfo:
     is_transactional: bool
     is_control: bool
     control_type: int | None = None
+    coordinator_epoch: int = -1         # a transaction marker's
 
 
 @dataclass
@@ -258,7 +259,8 @@ def _assign_in_place(batches, next_offset, leader_epoch, log_append_time):
         infos.append(BatchInfo(batch.producer_id, batch.producer_epoch, batch.base_sequence,
                                batch.sequence_of(batch.last_offset), base, next_offset - 1, batch_max,
                                batch.is_transactional, batch.is_control_batch,
-                               batch.control_type if batch.is_control_batch else None))
+                               batch.control_type if batch.is_control_batch else None,
+                               batch.coordinator_epoch if batch.is_control_batch else -1))
     return ValidatedRecords(pieces, infos, first_offset, next_offset - 1, max_timestamp, offset_of_max,
                             log_append_time)
 
