@@ -15,15 +15,15 @@ from broker_helpers import RawConnection
 from group_helpers import start_broker
 from kmem.broker import LogManager
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
-from kmem.broker.log.validator import COORDINATOR
+from kmem.broker.txn.markers import TxnMarkerWriter
 from kmem.protocol import ApiKey, messages
-from kmem.records import ControlRecordType, FileRecords, build_control_batch, log_segments
+from kmem.records import FileRecords, log_segments
 from test_broker_groups_coordinator import (
     FENCED_INSTANCE_ID, ILLEGAL_GENERATION, NONE, UNKNOWN_MEMBER_ID, UNKNOWN_TOPIC_OR_PARTITION, cleaning, commit,
     coordinator, fetch, header, join_new_member, static_pair, sync,
 )
 
-UNSTABLE_OFFSET_COMMIT, INVALID_PRODUCER_EPOCH, OFFSET_METADATA_TOO_LARGE = 88, 47, 12
+UNSTABLE_OFFSET_COMMIT, INVALID_PRODUCER_EPOCH, OFFSET_METADATA_TOO_LARGE, INVALID_TXN_STATE = 88, 47, 12, 48
 PRODUCER, EPOCH = 1000, 3
 
 
@@ -71,16 +71,11 @@ def offsets_partition(logs, group="g"):
     return logs.get_partition(OFFSETS_TOPIC, partition_for(group, 3))
 
 
-def write_marker(logs, commit, producer_id=PRODUCER, epoch=EPOCH, group="g"):
-    """The transaction coordinator's marker in the group's offsets partition (as PartitionLog.write_txn_marker)."""
-    kind = ControlRecordType.COMMIT if commit else ControlRecordType.ABORT
-    marker = build_control_batch(kind, 0, producer_id, epoch, int(time.time() * 1000))
-    assert offsets_partition(logs, group).append(marker, origin=COORDINATOR).error_code == NONE
-
-
-def complete(coord, logs, commit, producer_id=PRODUCER, group="g"):
-    write_marker(logs, commit, producer_id, group=group)
-    coord.handle_txn_completion(producer_id, [partition_for(group, 3)], commit)
+def complete(coord, logs, commit, producer_id=PRODUCER, group="g", epoch=EPOCH):
+    """The transaction coordinator's marker in the group's offsets partition, and its completion."""
+    writer = TxnMarkerWriter(logs, coord)
+    assert writer.write(producer_id, epoch, 0, commit, [(OFFSETS_TOPIC, partition_for(group, 3))]) == {
+        (OFFSETS_TOPIC, partition_for(group, 3)): NONE}
 
 
 def stored_batches(log_dir, group="g"):
@@ -248,7 +243,7 @@ def test_the_offsets_partition_must_be_in_the_producers_transaction(logs):
     coord = coordinator(logs)
     try:
         coord.transactions = Transactions(INVALID_PRODUCER_EPOCH)
-        partition = offsets_partition(logs) or coord._offsets_partition("g")
+        partition = coord._offsets_partition("g")
         end = partition.log_end_offset
         assert txn_commit(coord, {("t", 0): 10, ("nope", 0): 1}) == {
             ("t", 0): INVALID_PRODUCER_EPOCH, ("nope", 0): UNKNOWN_TOPIC_OR_PARTITION}
@@ -256,7 +251,26 @@ def test_the_offsets_partition_must_be_in_the_producers_transaction(logs):
         assert partition.log_end_offset == end and "g" not in coord.groups      # nothing written or held
         coord.transactions.error = NONE
         assert txn_commit(coord, {("t", 0): 10}) == {("t", 0): NONE}
-        assert stable_fetch(coord, [("t", 0)]) == {("t", 0): (UNSTABLE_OFFSET_COMMIT, -1)}
+        assert txn_commit(coord, {("t", 1): 11}) == {("t", 1): NONE}
+        assert len(coord.transactions.calls) == 2       # open in the partition at this epoch: asked no more
+        assert stable_fetch(coord, [("t", 0), ("t", 1)]) == {
+            ("t", 0): (UNSTABLE_OFFSET_COMMIT, -1), ("t", 1): (UNSTABLE_OFFSET_COMMIT, -1)}
+    finally:
+        coord.close()
+
+
+def test_a_transaction_ending_while_its_offsets_are_verified_takes_none_of_them(logs):
+    """Kafka's VerificationGuard: the marker written between the verification and the append voids it, so the
+    offsets do not open a transaction that has ended (its last stable offset would never move again)."""
+    coord = coordinator(logs)
+    try:
+        partition = coord._offsets_partition("g")
+        coord.transactions = Transactions(NONE)
+        coord.transactions.verify_transaction = lambda *args: partition.write_txn_marker(
+            PRODUCER, EPOCH, 0, False).error_code
+        assert txn_commit(coord, {("t", 0): 10}) == {("t", 0): INVALID_TXN_STATE}
+        assert partition.last_stable_offset == partition.log_end_offset
+        assert coord.groups.get("g") is None and stable_fetch(coord, [("t", 0)]) == {("t", 0): (NONE, -1)}
     finally:
         coord.close()
 

@@ -353,8 +353,9 @@ class GroupCoordinator:
         NONE, or the append's error as ``errors`` maps it (see ``GROUP_WRITE_ERRORS``)."""
         return self._write(group_id, entries, errors)[0]
 
-    def _write(self, group_id, entries, errors, **batch_fields):
-        """``_append`` with the batch's fields (``build_records``'s: a transaction's producer); returns
+    def _write(self, group_id, entries, errors, verification_guard=None, **batch_fields):
+        """``_append`` with the batch's fields (``build_records``'s: a transaction's producer) and the
+        guard of its transaction's verification (``PartitionLog.start_txn_verification``); returns
         ``(error code, offset of the batch)``."""
         now = _now_ms()
         batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries],
@@ -365,7 +366,7 @@ class GroupCoordinator:
             log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
         try:
-            result = partition_log.append(batch, origin=COORDINATOR)
+            result = partition_log.append(batch, origin=COORDINATOR, verification_guard=verification_guard)
             error, message = result.error_code, result.error_message
         except IllegalStateError as e:              # the topic was deleted meanwhile
             error, message = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, str(e)
@@ -1087,7 +1088,7 @@ class GroupCoordinator:
                     wanted.append((result, topic.name, p))
         if not wanted:
             return response
-        error = self._verify_txn_commit(request)
+        error, guard = self._verify_txn_commit(request)
         with self._lock:
             error = error or self._check_txn_commit(request, version)
             fitting = []
@@ -1099,31 +1100,38 @@ class GroupCoordinator:
                 else:
                     fitting.append(item)
             if fitting and not error:
-                error = self._store_txn_offsets(request, version, fitting)
+                error = self._store_txn_offsets(request, version, fitting, guard)
         for result, _, _ in fitting:
             result.error_code = error
         return response
 
     def _verify_txn_commit(self, request):
-        """KIP-890: the group's offsets partition must be in the producer's ongoing transaction. Asked
-        before the coordinator's lock is taken: the transaction coordinator calls ``handle_txn_completion``
-        holding its own."""
+        """KIP-890: the group's offsets partition must be in the producer's ongoing transaction; returns
+        ``(error code, guard for the append)``. Unless the producer has its transaction open in the partition
+        at this epoch already, the transaction coordinator is asked, before the coordinator's lock is taken
+        (it calls ``handle_txn_completion`` holding its own); a marker written meanwhile voids the guard, so
+        the offsets cannot open a transaction that has ended (Kafka's ``VerificationGuard``)."""
         if self._closed:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
         if not request.group_id:
-            return ErrorCode.INVALID_GROUP_ID
+            return ErrorCode.INVALID_GROUP_ID, None
         if request.producer_id < 0 or request.producer_epoch < 0:
-            return ErrorCode.INVALID_TXN_STATE          # no transaction can hold it
+            return ErrorCode.INVALID_TXN_STATE, None          # no transaction can hold it
         if self.transactions is None:
-            return ErrorCode.NONE
+            return ErrorCode.NONE, None
         try:
-            partition = self._offsets_partition(request.group_id).partition
-        except (LogError, OSError) as e:
-            log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            partition_log = self._offsets_partition(request.group_id)
+            guard = partition_log.start_txn_verification(request.producer_id, request.producer_epoch)
+        except (LogError, OSError, IllegalStateError) as e:
+            log.error("cannot write to %s: %s", OFFSETS_TOPIC, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
+        if guard is None:
+            return ErrorCode.NONE, None
         error = self.transactions.verify_transaction(request.transactional_id, request.producer_id,
-                                                     request.producer_epoch, OFFSETS_TOPIC, partition)
-        return ErrorCode(COMMIT_WRITE_ERRORS.get(error, error))
+                                                     request.producer_epoch, OFFSETS_TOPIC, partition_log.partition)
+        if error:
+            partition_log.cancel_txn_verification(request.producer_id, guard)
+        return COMMIT_WRITE_ERRORS.get(error, error), guard
 
     def _check_txn_commit(self, request, version):
         """Kafka's ``validateOffsetCommit`` for a transaction (KIP-447 from v3): an unknown or empty group
@@ -1143,14 +1151,14 @@ class GroupCoordinator:
             return self._check_generation(group, member_id, instance_id, generation)
         return ErrorCode.NONE           # no member id: older producers commit for a group with members too
 
-    def _store_txn_offsets(self, request, version, wanted):
+    def _store_txn_offsets(self, request, version, wanted, guard):
         now_ms = _now_ms()
         offsets = {(topic, p.partition_index): OffsetAndMetadata(
             p.committed_offset, p.committed_leader_epoch if version >= 2 else -1, p.committed_metadata or "", now_ms,
             -1) for _, topic, p in wanted}
         entries = [(offset_commit_key(request.group_id, *key), offset_commit_value(offset))
                    for key, offset in offsets.items()]
-        error, log_offset = self._write(request.group_id, entries, COMMIT_WRITE_ERRORS,
+        error, log_offset = self._write(request.group_id, entries, COMMIT_WRITE_ERRORS, guard,
                                         producer_id=request.producer_id, producer_epoch=request.producer_epoch,
                                         base_sequence=0, transactional=True)
         if error:
@@ -1175,11 +1183,11 @@ class GroupCoordinator:
             group.offsets[key] = offset
 
     def handle_txn_completion(self, producer_id, offsets_partitions, commit):
-        """The marker of ``producer_id``'s transaction is in these ``__consumer_offsets`` partitions (numbers,
-        or ``(topic, partition)`` pairs): the producer's pending offsets of their groups become committed
-        (``commit``) or are dropped, as Kafka's ``handleTxnCompletion``. Never raises."""
+        """The marker of ``producer_id``'s transaction is in these ``__consumer_offsets`` partitions (their
+        numbers): the producer's pending offsets of their groups become committed (``commit``) or are dropped,
+        as Kafka's ``handleTxnCompletion``. Never raises."""
         try:
-            partitions = {p[1] if isinstance(p, tuple) else p for p in offsets_partitions}
+            partitions = set(offsets_partitions)
             with self._lock:
                 info = self.logs.topics().get(OFFSETS_TOPIC)
                 group_ids = self._txn_groups.get(producer_id, set())
