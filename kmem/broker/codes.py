@@ -55,6 +55,7 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED_ENDPOINT_TYPE = 115
     INVALID_TXN_STATE = 48
     TRANSACTION_COORDINATOR_FENCED = 52
+    UNSTABLE_OFFSET_COMMIT = 88
 
 
 class LogError(KmemError):

@@ -81,6 +81,7 @@ SERVED_VERSIONS = {
     **GROUP_VERSIONS, **ADMIN_VERSIONS,
     ApiKey.WRITE_TXN_MARKERS: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
 }
 GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
 ZERO_UUID = uuid.UUID(int=0)
