@@ -15,7 +15,7 @@ from kmem.broker.group.offsets import partition_for
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
 from kmem.broker.txn.metadata import (
-    COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_ABORT, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
+    COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
 )
 from kmem.broker.txn.state_log import (
     TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
