@@ -21,7 +21,7 @@ from kmem.broker.txn.state_log import (
     TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
 )
 from kmem.errors import ConfigError, IllegalStateError
-from kmem.protocol import ApiKey, RequestHeader, messages
+from kmem.protocol import ApiKey, RequestHeader, decode_request, encode_request, messages
 
 E = ErrorCode
 
@@ -318,3 +318,17 @@ def test_an_idle_id_costs_under_256_bytes(env):
     grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     grown += sum(sys.getsizeof(tid) for tid in ids[100:])       # the names were made before the snapshot
     assert grown / len(ids[100:]) < 256
+
+
+def test_add_partitions_to_txn_requests_decode_at_every_version():
+    """Its topics' struct serves both the v0-3 and the v4+ fields (one common struct in Kafka's schema)."""
+    Request = messages.AddPartitionsToTxnRequest
+    topics = [Request.AddPartitionsToTxnTopic(name="t", partitions=[0, 1])]
+    for version in range(6):
+        if version < 4:
+            request = Request(v3_and_below_transactional_id="tx", v3_and_below_producer_id=1,
+                              v3_and_below_producer_epoch=0, v3_and_below_topics=topics)
+        else:
+            request = Request(transactions=[Request.AddPartitionsToTxnTransaction(
+                transactional_id="tx", producer_id=1, producer_epoch=0, verify_only=True, topics=topics)])
+        assert decode_request(encode_request(request, version, 1, client_id="c"))[1] == request
