@@ -11,6 +11,7 @@ import pytest
 from kmem.broker import READ_COMMITTED, BrokerConfig, ErrorCode, LogManager
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import segment as segment_module
+from kmem.broker.log.cleaner import complete_interrupted_swaps
 from kmem.broker.log.txn_index import ENTRY_SIZE, AbortedTxn
 from kmem.broker.txn.markers import TxnMarkerWriter
 from kmem.ledger import NO_TXN
@@ -25,7 +26,7 @@ def produce(partition_log, producer_id, epoch, sequence, count=1, transactional=
     builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
                              transactional=transactional)
     for i in range(count):
-        builder.append(b"%d-%d-%d" % (producer_id, sequence, i), timestamp=now_ms())
+        builder.append(b"%d-%d-%d" % (producer_id, sequence, i), key=b"k%d" % i, timestamp=now_ms())
     result = partition_log.append(builder.build())
     assert result.error_code == ErrorCode.NONE
     return result
@@ -195,3 +196,104 @@ def test_writer_reports_a_failing_group_coordinator_on_its_partitions(manager):
     writer = TxnMarkerWriter(manager, GroupCoordinatorDouble(manager, fail=True))
     errors = writer.write(5, 0, 0, True, [(OFFSETS_TOPIC, 0), ("t", 0)])
     assert errors == {(OFFSETS_TOPIC, 0): ErrorCode.UNKNOWN_SERVER_ERROR, ("t", 0): ErrorCode.NONE}
+
+
+# --- the .txnindex beside its segment -----------------------------------------------------------------------
+
+def aborted_transactions(tmp_path, config, topic_configs=None):
+    """A closed log: producers 1 and 2 each abort a transaction (offsets 0-1 and 2-3), each in its segment,
+    then a record in a third; returns the two .txnindex paths."""
+    with LogManager(tmp_path, config) as manager:
+        manager.create_topic("t", 1, topic_configs)
+        partition_log = manager.get_partition("t", 0)
+        for pid in (1, 2):
+            produce(partition_log, pid, 0, 0)
+            assert partition_log.write_txn_marker(pid, 0, 0, False).error_code == ErrorCode.NONE
+            partition_log.roll()
+        produce(partition_log, 3, 0, 0, transactional=False)
+        return txn_index_path(partition_log, 0), txn_index_path(partition_log, 1)
+
+
+EXPECTED = [AbortedTxn(1, 0, 1, 2), AbortedTxn(2, 2, 3, 4)]
+
+
+def entries_per_segment(partition_log):
+    return [list(segment.txn_index.entries()) for segment in partition_log.segments]
+
+
+def crash(path, recovery_point=0):
+    """As test_broker_log_recovery: the directory looks like the broker died."""
+    os.unlink(os.path.join(path, ".kafka_cleanshutdown"))
+    with open(os.path.join(path, "recovery-point-offset-checkpoint"), "w") as f:
+        f.write(f"0\n1\nt 0 {recovery_point}\n")
+
+
+def test_txn_index_is_deleted_with_its_segment(tmp_path):
+    config = BrokerConfig.from_properties(producer_ledger_ids=100)
+    indexes = aborted_transactions(tmp_path, config)
+    with LogManager(tmp_path, config) as manager:
+        partition_log = manager.get_partition("t", 0)
+        assert entries_per_segment(partition_log) == [EXPECTED[:1], EXPECTED[1:], []]
+        assert partition_log.delete_records_before(4) == 4
+        assert [s.base_offset for s in partition_log.segments] == [4]
+        assert not any(map(os.path.exists, indexes))
+
+
+def test_recovery_rebuilds_a_lost_txn_index(tmp_path):
+    config = BrokerConfig.from_properties(producer_ledger_ids=100)
+    _, index = aborted_transactions(tmp_path, config)
+    os.unlink(index)
+    os.unlink(index[:-len(".txnindex")] + ".index")         # the segment is recovered (its index is missing)
+    crash(tmp_path)
+    with LogManager(tmp_path, config) as manager:
+        assert entries_per_segment(manager.get_partition("t", 0)) == [EXPECTED[:1], EXPECTED[1:], []]
+
+
+def test_recovery_drops_the_entries_of_a_truncated_part(tmp_path):
+    config = BrokerConfig.from_properties(producer_ledger_ids=100)
+    _, index = aborted_transactions(tmp_path, config)
+    log_path = index[:-len(".txnindex")] + ".log"
+    with open(log_path, "rb") as f:
+        data = f.read()
+    os.truncate(log_path, len(data) - 10)               # into the second marker (offset 3)
+    crash(tmp_path)
+    with LogManager(tmp_path, config) as manager:
+        partition_log = manager.get_partition("t", 0)
+        assert partition_log.log_end_offset == 3
+        assert entries_per_segment(partition_log) == [EXPECTED[:1], []]
+
+
+def test_an_open_transaction_bounds_the_last_stable_offset_after_a_restart(tmp_path):
+    config = BrokerConfig.from_properties(producer_ledger_ids=100)
+    with LogManager(tmp_path, config) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        produce(partition_log, 1, 0, 0, transactional=False)
+        produce(partition_log, 2, 0, 0)
+    with LogManager(tmp_path, config) as manager:
+        partition_log = manager.get_partition("t", 0)
+        assert (partition_log.last_stable_offset, partition_log.log_end_offset) == (1, 2)
+        partition_log.write_txn_marker(2, 0, 0, True)
+        assert partition_log.last_stable_offset == 3
+
+
+def test_the_cleaner_carries_the_aborted_transactions_into_the_cleaned_segment(tmp_path):
+    config = BrokerConfig.from_properties(producer_ledger_ids=100, log_cleaner_dedupe_buffer_size=240_000)
+    first, second = aborted_transactions(tmp_path, config, {"cleanup.policy": "compact"})
+    with LogManager(tmp_path, config) as manager:
+        partition_log = manager.get_partition("t", 0)
+        manager.cleaner.clean("t", 0)
+        assert [s.base_offset for s in partition_log.segments] == [0, 4]      # both cleaned into one
+        assert not os.path.exists(second)
+        assert not any(name.endswith((".cleaned", ".swap", ".deleted")) for name in os.listdir(os.path.dirname(first)))
+        assert entries_per_segment(partition_log) == [EXPECTED, []]
+
+
+def test_an_interrupted_swap_keeps_the_cleaned_txn_index(tmp_path):
+    with open(tmp_path / f"{0:020d}.log", "wb"):        # the cleaned log was swapped in before the crash
+        pass
+    (tmp_path / f"{0:020d}.txnindex.deleted").write_bytes(b"old")
+    (tmp_path / f"{0:020d}.txnindex.swap").write_bytes(b"cleaned")
+    complete_interrupted_swaps(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == [f"{0:020d}.log", f"{0:020d}.txnindex"]
+    assert (tmp_path / f"{0:020d}.txnindex").read_bytes() == b"cleaned"

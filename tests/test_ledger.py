@@ -1090,3 +1090,20 @@ def test_entries_of_numpy_integers_are_taken_as_ints(tmp_path):
             ledger.update(ProducerEntry(*fields[:1], np.int64(2**20), *fields[2:]))   # epoch beyond int16
         found, rows = ledger.read_many(np.empty(0, np.int64))
         assert len(found) == len(rows) == 0
+
+
+def test_entry_chunks_yield_each_live_producer_once_newest_first(tmp_path):
+    clock = Clock()
+    with PidLedger(tmp_path, SMALL, clock_ms=clock, producer_id_expiration_ms=DAY) as ledger:
+        for pid in range(10_000):      # flushes many times: most entries come from the snapshot
+            ledger.update(entry(pid, timestamp=NOW - DAY if pid == 7 else NOW, txn=5 if pid == 3 else -1))
+        ledger.update(entry(42, offset=123_456, epoch=9))           # newer than its snapshot entry
+        chunks = list(ledger.entry_chunks())
+        assert all(len(chunk) <= 4096 for chunk in chunks)
+        found = {int(row["producer_id"]): ProducerEntry(*row.tolist()) for chunk in chunks for row in chunk}
+        assert sum(map(len, chunks)) == len(found) == 9_999        # pid 7 expired
+        assert found[42] == entry(42, offset=123_456, epoch=9) and found[3] == entry(3, txn=5)
+        # Only the files that may hold an open transaction are read for those.
+        opened = {int(row["producer_id"]) for chunk in ledger.entry_chunks(open_transactions=True) for row in chunk
+                  if row["current_txn_first_offset"] >= 0}
+        assert opened == {3}

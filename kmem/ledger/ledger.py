@@ -9,7 +9,8 @@ producers from its newest snapshot alone. So the ledger reads two files:
 - the active file: the producers written since the newest snapshot (updated in place);
 - the newest snapshot, through its sidecar: every other producer.
 
-``read(pid)`` checks the active file, then a file being flushed, then the newest snapshot if its filter
+``entry_chunks()`` yields every live producer's newest entry once, a bounded chunk at a time (the
+broker's DescribeProducers and its load of open transactions). ``read(pid)`` checks the active file, then a file being flushed, then the newest snapshot if its filter
 may hold the id; an expired entry reads as absent. ``update(entry)`` writes to the active file;
 ``flush(offset)`` merges the active file's rows with the newest snapshot into the next snapshot, named
 ``offset`` (see ``flush``): streamed in id order, the newer entry of a producer winning and the expired
@@ -82,8 +83,8 @@ from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import INITIAL_ROWS, ActiveFile, active_name, active_sequence, room_for
 from kmem.ledger.snapshot import (
-    ENTRY_DTYPE, ENTRY_SIZE, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order, kafka_view,
-    kafka_view_array, merge_snapshot, scatter, snapshot_name, snapshot_offset, write_entries,
+    ENTRY_DTYPE, ENTRY_SIZE, MERGE_ROWS, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order,
+    kafka_view, kafka_view_array, merge_snapshot, scatter, snapshot_name, snapshot_offset, write_entries,
 )
 
 log = logging.getLogger(__name__)
@@ -490,6 +491,35 @@ class PidLedger:
             found &= ~((out["current_txn_first_offset"] < 0) & (out["timestamp"] <= threshold))
         out[~found] = 0
         return found, out
+
+    def entry_chunks(self, *, open_transactions=False):
+        """Every unexpired producer's newest entry, each once, as ENTRY_DTYPE arrays (``kafka_view``) of at
+        most ``MERGE_ROWS`` entries: the active file's rows, those of files being flushed, then the
+        snapshots', less the ids a newer file holds. One chunk is in the heap at a time (the files are
+        mapped; pages of a snapshot read are dropped afterwards). ``open_transactions``: only the entries
+        with an open transaction may matter, so a snapshot whose header pass found none is not read (the
+        chunks may still hold other entries). No update or flush may run while the chunks are taken (the
+        broker's partition lock keeps them out)."""
+        self._check_open()
+        view, active = self._view, self._active
+        files = ([active] if active is not None else []) + list(view.sealing) + list(view.snapshots)
+        threshold = self._clock_ms() - self.expiration_ms
+        for i, source in enumerate(files):
+            if open_transactions and getattr(source, "stats", None) is not None \
+                    and not source.stats.open_transactions:
+                continue
+            rows = source.entries()
+            for start in range(0, len(rows), MERGE_ROWS):
+                chunk = kafka_view_array(rows[start:start + MERGE_ROWS].copy())
+                keep = ~((chunk["current_txn_first_offset"] < 0) & (chunk["timestamp"] <= threshold)) \
+                    if threshold >= np.iinfo(np.int64).min else np.ones(len(chunk), np.bool_)
+                pids = chunk["producer_id"].astype(np.int64)
+                for newer in files[:i]:
+                    keep &= ~newer.find_many(pids)[0]
+                if keep.any():
+                    yield chunk[keep]
+            if hasattr(source, "trim"):
+                source.trim()
 
     def flush(self, offset=None, *, sync=False):
         """Write the next snapshot: every unexpired producer, as Kafka's ``takeSnapshot`` at ``offset``

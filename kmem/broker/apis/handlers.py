@@ -27,6 +27,12 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
 - long polling: with fewer than ``min_bytes`` available, the request is parked as a ``DelayedFetch`` in
   the fetch purgatory (no thread waits), completed by an append to a fetched partition or at
   ``max_wait_ms``;
+- isolation_level 1 (read_committed, v4+) reads up to the last stable offset and answers the aborted
+  transactions (producer id, first offset) overlapping the range read, from the ``.txnindex`` files of the
+  segment read and the later ones (Kafka's ``collectAbortedTransactions``), never by reading the log; a
+  parked read_committed fetch completes when the last stable offset moves (a marker). ListOffsets
+  read_committed answers the last stable offset for latest. Fetch v0-3 read uncommitted and never see a
+  transaction marker: down-conversion skips control batches, as Kafka's;
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
 - a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
 
@@ -520,6 +526,10 @@ class Handlers:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None
         result.high_watermark, result.last_stable_offset = data.high_watermark, data.last_stable_offset
         result.log_start_offset = data.log_start_offset
+        if data.aborted_transactions is not None:
+            result.aborted_transactions = [
+                messages.FetchResponse.AbortedTransaction(producer_id=txn.producer_id, first_offset=txn.first_offset)
+                for txn in data.aborted_transactions]
         if data.error_code:
             return int(data.error_code), None
         records = data.records

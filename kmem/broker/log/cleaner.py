@@ -12,13 +12,14 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
 3. Every segment before the end of what the map covers (not the active one) is rewritten, in groups of
    consecutive segments whose sizes add up to at most ``segment.bytes`` (so the cleaned log does not
    degenerate into many small files), into ``<base>.log.cleaned`` with rebuilt ``.index.cleaned`` and
-   ``.timeindex.cleaned``. A record is kept when it is the latest of its key (offsets are never
-   rewritten: consumers see gaps); keyless records go (Kafka refuses them on a compacted topic). A batch
-   whose records all stay is copied byte for byte, else it is rebuilt with the same base and last offset,
-   producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
+   ``.timeindex.cleaned`` (and ``.txnindex.cleaned``). A record is kept when it is the latest of its key
+   (offsets are never rewritten: consumers see gaps); keyless records go (Kafka refuses them on a compacted
+   topic). A batch whose records all stay is copied byte for byte, else it is rebuilt with the same base and
+   last offset, producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
    last batch of its producer (Kafka's ``RETAIN_EMPTY``): kept as an empty batch so that the producer's
-   sequence survives and its retries are still recognised. Control batches are kept (kmem writes no
-   transaction markers yet, so there is no aborted data to remove).
+   sequence survives and its retries are still recognised. Control batches are kept, and the cleaned
+   segment's ``.txnindex`` holds the aborted transactions of the segments it replaces, so read_committed
+   fetches still skip the aborted records kept (Kafka's cleaner removes aborted records; this one does not).
 4. Tombstones (null values), KIP-534: the first pass that keeps a batch holding a tombstone gives it a
    delete horizon (``now + delete.retention.ms``, in the base timestamp with attribute bit 0x40, as
    Kafka); a later pass drops the tombstones of a batch whose horizon is past.
@@ -44,6 +45,7 @@ from kmem import _core
 from kmem.broker.log import checkpoints
 from kmem.broker.log.index import OffsetIndex, TimeIndex
 from kmem.broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, delete_segment_files
+from kmem.broker.log.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 from kmem.durable import fsync_directory
 from kmem.errors import IllegalStateError, KmemError
 from kmem.records import FileRecords, MemoryRecords, codecs, segment_file_name
@@ -54,7 +56,7 @@ log = logging.getLogger(__name__)
 
 CLEANED_SUFFIX, SWAP_SUFFIX, DELETED_SUFFIX = ".cleaned", ".swap", ".deleted"
 DELETE_HORIZON_FLAG = 0x40          # Kafka's DefaultRecordBatch.DELETE_HORIZON_FLAG_MASK
-SEGMENT_SUFFIXES = (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+SEGMENT_SUFFIXES = (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 _HEADER_AFTER_CRC = struct.Struct(">hiqqqhii")      # attributes .. record count: what the CRC covers first
 
 
@@ -115,6 +117,7 @@ class _CleanedSegment:
                                         writable=True)
         self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + CLEANED_SUFFIX, base_offset,
                                     config.segment_index_bytes, writable=True)
+        self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX, base_offset)
         self.size = 0
         self._since_index_entry = 0
         self.max_timestamp, self.offset_of_max_timestamp = -1, -1
@@ -151,6 +154,7 @@ class _CleanedSegment:
         for index in (self.offset_index, self.time_index):
             index.trim_to_valid_size()
             index.flush()
+        self.txn_index.flush()
         os.fsync(self._fd)
         self.close()
 
@@ -178,6 +182,8 @@ def swap_in_cleaned_files(directory, new_base, old_bases):
     first). Every step is durable before the next, so a crash leaves a state ``complete_interrupted_swaps``
     completes or undoes."""
     stem = _stem(directory, new_base)
+    if os.path.exists(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX):        # made only when a transaction aborted
+        os.rename(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX, stem + TXN_INDEX_SUFFIX + SWAP_SUFFIX)
     for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, ".log"):
         os.rename(stem + suffix + CLEANED_SUFFIX, stem + suffix + SWAP_SUFFIX)
     fsync_directory(directory)
@@ -187,8 +193,9 @@ def swap_in_cleaned_files(directory, new_base, old_bases):
             if os.path.exists(old + suffix):
                 os.rename(old + suffix, old + suffix + DELETED_SUFFIX)
     fsync_directory(directory)
-    for suffix in (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX):
-        os.rename(stem + suffix + SWAP_SUFFIX, stem + suffix)
+    for suffix in (".log", INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
+        if suffix != TXN_INDEX_SUFFIX or os.path.exists(stem + suffix + SWAP_SUFFIX):
+            os.rename(stem + suffix + SWAP_SUFFIX, stem + suffix)
     fsync_directory(directory)
     for base in old_bases:
         for suffix in SEGMENT_SUFFIXES:
@@ -200,11 +207,12 @@ def complete_interrupted_swaps(directory):
     ``completeSwapOperations``): ``.cleaned`` and ``.deleted`` files are removed, so are ``.swap`` files
     from the first cleaned one on (their pass did not finish writing); each remaining ``<base>.log.swap``
     replaces the live segments whose base offsets lie in ``[base, its next offset)`` and becomes live,
-    without indexes (the loader rebuilds them). Returns the bases of the segments swapped in."""
+    without its offset and time indexes (the loader rebuilds them) but with its ``.txnindex.swap``, if any,
+    as its ``.txnindex`` (the log's replay adds what it lacks). Returns the bases of the segments swapped in."""
     names = os.listdir(directory)
     cleaned = [_base_of(n) for n in names if n.endswith(CLEANED_SUFFIX)]
     min_cleaned = min((b for b in cleaned if b is not None), default=None)
-    swapped_logs = []
+    swapped_logs, swapped_txn_indexes = [], []
     for name in names:
         path = os.path.join(directory, name)
         if name.endswith((CLEANED_SUFFIX, DELETED_SUFFIX)):
@@ -214,8 +222,11 @@ def complete_interrupted_swaps(directory):
             base = _base_of(name)
             if base is None:
                 continue
-            if name.endswith(".log" + SWAP_SUFFIX) and (min_cleaned is None or base < min_cleaned):
+            finished = min_cleaned is None or base < min_cleaned
+            if name.endswith(".log" + SWAP_SUFFIX) and finished:
                 swapped_logs.append(base)
+            elif name.endswith(TXN_INDEX_SUFFIX + SWAP_SUFFIX) and finished:
+                swapped_txn_indexes.append(base)
             else:
                 _unlink(path)           # a swap index is rebuilt; a swap log of an unfinished pass goes
     live = sorted(b for b in (_base_of(n) for n in names if n.endswith(".log")) if b is not None)
@@ -230,7 +241,10 @@ def complete_interrupted_swaps(directory):
             _unlink(stem + suffix)
         os.rename(stem + ".log" + SWAP_SUFFIX, stem + ".log")
         log.warning("%s.log: swapped in after an interrupted clean", stem)
-    if swapped_logs or cleaned:
+    for base in swapped_txn_indexes:        # its log is live (swapped just now, or before the crash)
+        stem = _stem(directory, base)
+        os.replace(stem + TXN_INDEX_SUFFIX + SWAP_SUFFIX, stem + TXN_INDEX_SUFFIX)
+    if swapped_logs or swapped_txn_indexes or cleaned:
         fsync_directory(directory)
     return sorted(swapped_logs)
 
@@ -347,6 +361,9 @@ class Cleaner:
                                   throttler)
         try:
             for segment in group:
+                # The aborted transactions stay indexed: read_committed fetches of the cleaned segment
+                # still skip the aborted records the clean kept.
+                cleaned.txn_index.extend(segment.txn_index.entries())
                 for batch in self._batches(segment, throttler, stats):
                     kept = self._retained(partition_log, batch, now_ms, config, stats)
                     if kept is not None:

@@ -364,6 +364,23 @@ class ProducerStateManager:
                 with self._lock:
                     self._cache.pop(state.producer_id, None)
 
+    def load_ongoing(self):
+        """Learn the open transactions from the ledger (once the partition is loaded): they bound the last
+        stable offset until their markers come, also across restarts."""
+        ongoing = {}
+        for chunk in self.ledger.entry_chunks(open_transactions=True):
+            for pid, first in zip(chunk["producer_id"].tolist(), chunk["current_txn_first_offset"].tolist()):
+                if first != NO_TXN:
+                    ongoing[pid] = first
+        with self._lock:
+            self._ongoing = ongoing
+
+    def producers(self):
+        """Every known producer's ``ProducerEntry`` (the ledger's, a chunk at a time: nothing is loaded whole)."""
+        for chunk in self.ledger.entry_chunks():
+            for fields in chunk.tolist():
+                yield ProducerEntry(*fields)
+
     @property
     def first_unstable_offset(self):
         """The first offset of the oldest open transaction, or None."""

@@ -44,17 +44,33 @@ class TransactionIndex:
             previous = os.stat(self.path).st_size
         except FileNotFoundError:
             previous = None
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _CLOEXEC, 0o644)
         try:
-            data = ENTRY.pack(CURRENT_VERSION, *txn)
-            if os.write(fd, data) != len(data):
-                raise OSError(f"short write to {self.path}")
+            self._write(ENTRY.pack(CURRENT_VERSION, *txn))
         except OSError:
             self.rewind(previous)
             raise
+        return previous
+
+    def extend(self, txns):
+        """Append every ``AbortedTxn`` of the iterable ``txns``, ``READ_ENTRIES`` at a time (the cleaner
+        carries a segment's entries into the cleaned one); creates the file only if there is one."""
+        chunk = []
+        for txn in txns:
+            chunk.append(ENTRY.pack(CURRENT_VERSION, *txn))
+            if len(chunk) == READ_ENTRIES:
+                self._write(b"".join(chunk))
+                chunk = []
+        if chunk:
+            self._write(b"".join(chunk))
+
+    def _write(self, data):
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _CLOEXEC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
         finally:
             os.close(fd)
-        return previous
 
     def rewind(self, previous):
         """Undo the ``append`` that returned ``previous`` (the append it belonged to failed)."""

@@ -21,7 +21,11 @@
   descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
   but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
   ``[log_start_offset, log_end_offset]``, KAFKA_STORAGE_ERROR when a file cannot be opened. On one node
-  the high watermark is the log end offset.
+  the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
+  ``aborted_transactions`` are the ``AbortedTxn`` entries of the ``.txnindex`` files (of the segment read and
+  the later ones, until one's last stable offset reaches the bound) overlapping the range from
+  ``fetch_offset`` to the bound or the segment's end, whichever is first: Kafka's
+  ``collectAbortedTransactions``.
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
@@ -98,6 +102,7 @@ class FetchData(NamedTuple):
     log_start_offset: int
     last_stable_offset: int
     error_code: ErrorCode = ErrorCode.NONE
+    aborted_transactions: list | None = None        # READ_COMMITTED: [AbortedTxn] overlapping what is read
 
 
 class LogOffsetMetadata(NamedTuple):
@@ -220,6 +225,7 @@ class PartitionLog:
                 break
         if recovered:
             self.producers.finish_replay()
+        self.producers.load_ongoing()
         if not self.segments:
             self.segments.append(self._new_segment(log_start_offset, active=True))
         self.active.make_active()
@@ -405,9 +411,11 @@ class PartitionLog:
             upper = lso if isolation == READ_COMMITTED else hw
             if fetch_offset < start or fetch_offset > self.log_end_offset:
                 return FetchData(None, hw, start, lso, ErrorCode.OFFSET_OUT_OF_RANGE)
+            no_aborted = [] if isolation == READ_COMMITTED else None
             try:
                 bases = [s.base_offset for s in self.segments]
-                for segment in self.segments[max(bisect.bisect_right(bases, fetch_offset) - 1, 0):]:
+                first_segment = max(bisect.bisect_right(bases, fetch_offset) - 1, 0)
+                for i, segment in enumerate(self.segments[first_segment:], first_segment):
                     if fetch_offset >= upper:
                         break
                     first = segment.translate_offset(fetch_offset)
@@ -421,12 +429,29 @@ class PartitionLog:
                     size = min(max_position - first.position, wanted)
                     if size <= 0:
                         break
+                    aborted = no_aborted
+                    if isolation == READ_COMMITTED:
+                        # The range read ends at most at the upper bound or this segment's end (a superset
+                        # of what the records hold: consumers ignore aborted transactions they do not reach).
+                        aborted = self._collect_aborted(i, fetch_offset, min(upper, segment.next_offset))
                     records = FileRecords(segment.log_path, first.position, first.position + size)
-                    return FetchData(records, hw, start, lso)
-                return FetchData(None, hw, start, lso)
+                    return FetchData(records, hw, start, lso, aborted_transactions=aborted)
+                return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)
             except OSError as e:        # no descriptor left, an I/O error
                 log.error("%s: %s", self.directory, storage_error(e, f"reading {self.topic}-{self.partition}"))
                 return FetchData(None, hw, start, lso, ErrorCode.KAFKA_STORAGE_ERROR)
+
+    def _collect_aborted(self, first_segment, fetch_offset, upper_bound):
+        """Kafka's ``collectAbortedTransactions``: the ``AbortedTxn`` entries overlapping ``[fetch_offset,
+        upper_bound)`` from the ``.txnindex`` of the segment read and the later ones (a transaction's entry
+        is in its marker's segment), until an entry's last stable offset reaches ``upper_bound``."""
+        found = []
+        for segment in self.segments[first_segment:]:
+            entries, complete = segment.txn_index.collect(fetch_offset, upper_bound)
+            found += entries
+            if complete:
+                break
+        return found
 
     def offset_metadata(self, offset):
         """The ``LogOffsetMetadata`` of ``offset``, or None when it is outside the log."""

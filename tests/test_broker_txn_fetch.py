@@ -1,0 +1,127 @@
+"""Reading transactional data (KIP-98) from the broker: Fetch read_committed answers up to the last stable
+offset with the aborted transactions of the range read (from the ``.txnindex`` files), a parked
+read_committed Fetch completes when the last stable offset moves, ListOffsets read_committed answers the last
+stable offset, and Fetch v0-v3 never see a transaction marker. Raw requests use kafka-python's codec."""
+import time
+
+import pytest
+from kafka.protocol.consumer import FetchRequest, FetchResponse, ListOffsetsRequest, ListOffsetsResponse
+
+from broker_helpers import RawConnection, entry_magics, wait_for
+from kmem.broker import Broker
+from kmem.records import MemoryRecords, RecordsBuilder
+
+READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "logs", num_partitions=1) as running:
+        yield running
+
+
+def produce(partition_log, producer_id, values, transactional=True, sequence=0):
+    builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0, base_sequence=sequence,
+                             transactional=transactional)
+    for value in values:
+        builder.append(value, timestamp=time.time_ns() // 1_000_000)
+    result = partition_log.append(builder.build())
+    assert result.error_code == 0, result
+    return result
+
+
+def fetch(broker, topic, offset, isolation, version=11, max_wait_ms=0, min_bytes=0):
+    request = FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=min_bytes, max_bytes=1 << 20,
+                           isolation_level=isolation, topics=[FetchRequest.FetchTopic(topic=topic, partitions=[
+                               FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=offset,
+                                                                      partition_max_bytes=1 << 20)])])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        return connection.request(request, FetchResponse, version).responses[0].partitions[0]
+
+
+def batches_of(data):
+    return [(b.base_offset, b.last_offset, b.producer_id, b.is_control_batch)
+            for b in MemoryRecords(data.records).batches()]
+
+
+def aborted(data):
+    return [(txn.producer_id, txn.first_offset) for txn in data.aborted_transactions or []]
+
+
+@pytest.fixture
+def transactions(broker):
+    """Producer 1 aborts (0-1, marker 2), producer 2 commits (3, marker 4), producer 3 is open (5)."""
+    broker.logs.create_topic("txn")
+    partition_log = broker.logs.get_partition("txn", 0)
+    produce(partition_log, 1, [b"a0", b"a1"])
+    partition_log.write_txn_marker(1, 0, 0, False)
+    produce(partition_log, 2, [b"c3"])
+    partition_log.write_txn_marker(2, 0, 0, True)
+    produce(partition_log, 3, [b"open5"])
+    return partition_log
+
+
+def test_read_committed_stops_at_the_last_stable_offset_with_the_aborted_transactions(broker, transactions):
+    committed = fetch(broker, "txn", 0, READ_COMMITTED)
+    assert (committed.error_code, committed.high_watermark, committed.last_stable_offset) == (0, 6, 5)
+    assert batches_of(committed) == [(0, 1, 1, False), (2, 2, 1, True), (3, 3, 2, False), (4, 4, 2, True)]
+    assert aborted(committed) == [(1, 0)]
+    assert aborted(fetch(broker, "txn", 3, READ_COMMITTED)) == []        # producer 1's ended before offset 3
+    assert fetch(broker, "txn", 5, READ_COMMITTED).records in (None, b"")
+    uncommitted = fetch(broker, "txn", 0, READ_UNCOMMITTED)
+    assert [b[0] for b in batches_of(uncommitted)] == [0, 2, 3, 4, 5]
+    assert not uncommitted.aborted_transactions
+
+
+def test_an_abort_whose_marker_is_in_a_later_segment_is_found(broker, transactions):
+    transactions.write_txn_marker(3, 0, 0, True)              # offset 6
+    produce(transactions, 4, [b"abort7"])
+    transactions.roll()
+    produce(transactions, 5, [b"plain8"], transactional=False)
+    transactions.write_txn_marker(4, 0, 0, False)             # offset 9, in the next segment's .txnindex
+    data = fetch(broker, "txn", 7, READ_COMMITTED)
+    assert batches_of(data) == [(7, 7, 4, False)]           # one segment at a time
+    assert aborted(data) == [(4, 7)]
+
+
+def test_a_parked_read_committed_fetch_completes_when_the_last_stable_offset_moves(broker, transactions):
+    connection = RawConnection(broker.bootstrap_servers)
+    try:
+        request = FetchRequest(replica_id=-1, max_wait_ms=60_000, min_bytes=1, max_bytes=1 << 20, isolation_level=1,
+                               topics=[FetchRequest.FetchTopic(topic="txn", partitions=[
+                                   FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=5,
+                                                                          partition_max_bytes=1 << 20)])])
+        request.with_header(correlation_id=3, client_id="parked")
+        connection.send_frame(request.encode(version=11, header=True))
+        wait_for(lambda: len(broker.handlers.fetch_purgatory) == 1, "the fetch to be parked")
+        produce(transactions, 9, [b"beyond"], transactional=False)     # above the LSO: not enough
+        assert len(broker.handlers.fetch_purgatory) == 1
+        transactions.write_txn_marker(3, 0, 0, True)
+        data = FetchResponse.decode(connection.receive_frame(), version=11, header=True).responses[0].partitions[0]
+        assert data.last_stable_offset == 8
+        assert [b[0] for b in batches_of(data)] == [5, 6, 7]
+    finally:
+        connection.close()
+
+
+def list_latest(broker, isolation):
+    request = ListOffsetsRequest(replica_id=-1, isolation_level=isolation, topics=[
+        ListOffsetsRequest.ListOffsetsTopic(name="txn", partitions=[
+            ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=-1)])])
+    with RawConnection(broker.bootstrap_servers) as connection:
+        return connection.request(request, ListOffsetsResponse, 5).topics[0].partitions[0].offset
+
+
+def test_list_offsets_latest_is_the_last_stable_offset_for_read_committed(broker, transactions):
+    assert (list_latest(broker, READ_COMMITTED), list_latest(broker, READ_UNCOMMITTED)) == (5, 6)
+    transactions.write_txn_marker(3, 0, 0, False)
+    assert (list_latest(broker, READ_COMMITTED), list_latest(broker, READ_UNCOMMITTED)) == (7, 7)
+
+
+@pytest.mark.parametrize("version, magic", [(0, 0), (1, 0), (2, 1), (3, 1)])
+def test_old_fetches_read_uncommitted_and_never_see_a_marker(broker, transactions, version, magic):
+    data = fetch(broker, "txn", 0, READ_UNCOMMITTED, version=version)
+    assert entry_magics(data.records) == [magic] * 4                 # a0, a1, c3, open5: no marker
+    assert [b.last_offset for b in MemoryRecords(data.records).batches()] == [0, 1, 3, 5]
+    after_marker = fetch(broker, "txn", 4, READ_UNCOMMITTED, version=version)
+    assert [b.last_offset for b in MemoryRecords(after_marker.records).batches()] == [5]
