@@ -332,3 +332,41 @@ def test_add_partitions_to_txn_requests_decode_at_every_version():
             request = Request(transactions=[Request.AddPartitionsToTxnTransaction(
                 transactional_id="tx", producer_id=1, producer_epoch=0, verify_only=True, topics=topics)])
         assert decode_request(encode_request(request, version, 1, client_id="c"))[1] == request
+
+
+def test_kip_360_recovery_through_init_producer_id(env):
+    logs, make = env
+    coordinator = make()
+    error, pid, epoch = coordinator.init_producer("tx", 60000)
+    assert coordinator.init_producer("tx", 60000, (pid, epoch)) == (E.NONE, pid, epoch + 1)
+    assert coordinator.init_producer("tx", 60000, (pid, epoch)) == (E.NONE, pid, epoch + 1)     # a retry
+    assert coordinator.init_producer("tx", 60000, (pid + 1, epoch))[0] == E.PRODUCER_FENCED
+    Request = messages.InitProducerIdRequest
+    for version, fenced in ((3, E.INVALID_PRODUCER_EPOCH), (4, E.PRODUCER_FENCED)):
+        response = coordinator.init_producer_id(RequestHeader(ApiKey.INIT_PRODUCER_ID, version, 1, "c"), Request(
+            transactional_id="tx", transaction_timeout_ms=60000, producer_id=pid + 1, producer_epoch=0))
+        assert (response.error_code, response.producer_id, response.producer_epoch) == (fenced, -1, -1)
+    response = coordinator.init_producer_id(RequestHeader(ApiKey.INIT_PRODUCER_ID, 4, 1, "c"), Request(
+        transactional_id="tx", transaction_timeout_ms=60000, producer_id=pid, producer_epoch=-1))
+    assert response.error_code == E.INVALID_REQUEST
+
+
+def test_add_offsets_adds_the_groups_offsets_partition(env):
+    logs, make = env
+    logs.create_topic("__consumer_offsets", 50)
+    coordinator = make()
+    pid, epoch = begin(coordinator)
+    response = coordinator.add_offsets_to_txn(RequestHeader(ApiKey.ADD_OFFSETS_TO_TXN, 3, 1, "c"),
+                                              messages.AddOffsetsToTxnRequest(transactional_id="tx", producer_id=pid,
+                                                                              producer_epoch=epoch, group_id="g"))
+    assert response.error_code == E.NONE
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    settle(coordinator)
+    assert coordinator._markers.writes == [(pid, epoch, True, (("__consumer_offsets", partition_for("g", 50)),
+                                                               ("t", 0)))]
+
+
+def test_verification_can_be_switched_off(env):
+    logs, make = env
+    coordinator = make(partition_verification_enable=False)
+    assert coordinator.verify_transaction("unknown", 1, 0, "t", 0) == E.NONE
