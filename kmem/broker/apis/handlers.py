@@ -8,7 +8,15 @@ groups and for transactional ids), OffsetForLeaderEpoch 0-4, the group APIs of
 ``kmem.broker.txn.coordinator.TransactionCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
 InitProducerId without a transactional id gives an idempotent producer a new producer id; with one it is
 the transaction coordinator's (``Handlers.transactions``; without a coordinator it is refused
-TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka refuses an id its ACLs deny).
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka refuses an id its ACLs deny). A Produce carrying
+transactional batches needs a transactional id, else every partition is answered
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's ``handleProduceRequest``); without a transaction coordinator
+(``Handlers.transactions`` None) it is refused so too. Otherwise each partition whose producer has no
+transaction open there at that epoch is verified with the coordinator first (KIP-890 part 1,
+``verify_transaction``): its error (INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH...) answers the partition, and
+a marker written between the verification and the append voids it (INVALID_TXN_STATE, Kafka's
+``VerificationGuard``), so no batch opens a transaction that already ended. WriteTxnMarkers and
+DescribeProducers are served (see their handlers).
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
 topic, as Kafka answers it. A request naming any topic by a non-zero id is answered by its ids alone, whatever
 the names beside them hold (the Java client sends ``name=""``), UNKNOWN_TOPIC_ID for an unknown one, and
@@ -94,6 +102,10 @@ def protocol_uuid(text):
 
 class Handlers:
     """Answers decoded requests from a ``LogManager``; ``endpoint()`` gives the advertised (host, port)."""
+
+    #: The transaction coordinator (``verify_transaction`` of Produce's transactional batches), set by the
+    #: server; None: transactional batches are refused.
+    transactions = None
 
     def __init__(self, logs, node_id, endpoint, timer, *, lazy_chunk_size=None):
         self.logs = logs
@@ -325,12 +337,15 @@ class Handlers:
         version = header.api_version
         Partition = messages.ProduceResponse.PartitionProduceResponse
         response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
-        # Kafka's KafkaApis.handleProduceRequest: transactional batches need a transactional id the broker
-        # lets write. kmem serves no transactions and refuses every transactional id, as FindCoordinator and
-        # InitProducerId do, so such a request is refused as a whole: its batches would otherwise hold the
-        # last stable offset back for good (no coordinator ever writes their markers).
-        transactional = any(_first_batch_transactional(data.records)
+        # Kafka's KafkaApis.handleProduceRequest: a request holding transactional batches needs a transactional
+        # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
+        # such request is: its batches would hold the last stable offset back for good (no marker would come).
+        transactional = any(_first_transactional_batch(data.records) is not None
                             for topic in request.topic_data for data in topic.partition_data)
+        refusal = None
+        if transactional and (request.transactional_id is None or self.transactions is None):
+            refusal = ("a Produce of transactional batches needs a transactional id" if self.transactions
+                       else "kmem broker serves no transactions here: transactional batches are refused")
         # A partition listed again is appended and answered once, with its last listing's records (Kafka
         # keys the request's partitions by TopicPartition), in its first place.
         latest = {(topic.name, data.index): data for topic in request.topic_data for data in topic.partition_data}
@@ -344,9 +359,9 @@ class Handlers:
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
-                if transactional:
+                if refusal:
                     result.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-                    result.error_message = "kmem broker serves no transactions: transactional batches are refused"
+                    result.error_message = refusal
                     continue
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
@@ -364,7 +379,15 @@ class Handlers:
                     result.error_code, result.error_message = error
                     continue
                 try:
-                    appended = partition_log.append(data.records if data.records is not None else b"")
+                    guard, error = self._verify_transaction(request, topic.name, data, partition_log)
+                    if error:
+                        result.error_code = error
+                        name = ErrorCode(error).name if error in ErrorCode._value2member_map_ else error
+                        result.error_message = f"the transaction of {request.transactional_id!r} was not verified " \
+                                               f"for {topic.name}-{data.index}: {name}"
+                        continue
+                    appended = partition_log.append(data.records if data.records is not None else b"",
+                                                    verification_guard=guard)
                 except IllegalStateError:            # the topic was deleted meanwhile
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
@@ -377,6 +400,21 @@ class Handlers:
                 result.base_offset = appended.base_offset
                 result.log_append_time_ms = appended.log_append_time
         return None if request.acks == 0 else response
+
+    def _verify_transaction(self, request, topic, data, partition_log):
+        """KIP-890 part 1 for one partition's transactional batch: ``(guard for the append, error code)``.
+        The coordinator is asked only when the producer has no transaction open here at this epoch."""
+        first = _first_transactional_batch(data.records)
+        if first is None:
+            return None, ErrorCode.NONE
+        guard = partition_log.start_txn_verification(first.producer_id, first.producer_epoch)
+        if guard is None:
+            return None, ErrorCode.NONE
+        error = self.transactions.verify_transaction(request.transactional_id, first.producer_id,
+                                                     first.producer_epoch, topic, data.index)
+        if error:
+            partition_log.cancel_txn_verification(first.producer_id, guard)
+        return guard, error
 
     # --- ListOffsets ----------------------------------------------------------------------------------
 
@@ -687,15 +725,15 @@ def _fetched_partitions(version, request, logs):
     return fetched
 
 
-def _first_batch_transactional(records):
-    """Whether the first complete batch of a partition's records is transactional: Kafka's
+def _first_transactional_batch(records):
+    """The first complete batch of a partition's records if it is transactional, else None: Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
     Corrupt records are left to the validator."""
     try:
         first = next(MemoryRecords(records).batches(), None) if records is not None else None
     except CorruptRecordError:
-        return False
-    return first is not None and first.is_transactional
+        return None
+    return first if first is not None and first.is_transactional else None
 
 
 def _check_produce_records(version, records):

@@ -70,6 +70,7 @@ from kmem.broker.log import checkpoints
 from kmem.broker.log.cleaner import complete_interrupted_swaps, swap_in_cleaned_files
 from kmem.broker.log.index import CorruptIndexError
 from kmem.broker.log.producer_state import ProducerStateManager
+from kmem.ledger import NO_TXN
 from kmem.broker.log.segment import (
     INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch,
 )
@@ -118,6 +119,14 @@ class OffsetAndTimestamp(NamedTuple):
     timestamp: int
 
 
+class VerificationGuard:
+    """Kafka's ``VerificationGuard``: one verification of a producer's transaction, matched by identity."""
+    __slots__ = ("producer_id",)
+
+    def __init__(self, producer_id):
+        self.producer_id = producer_id
+
+
 def _check_int(name, value):
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentError(f"{name} must be an integer, not {value!r}")
@@ -138,6 +147,7 @@ class PartitionLog:
         self._clock = clock_ms or wall_clock_ms
         self._lock = threading.RLock()
         self._listeners = []
+        self._verifications = {}        # producer id -> guard of a transaction verification under way
         self.leader_epoch = 0
         self._closed = False
         self._directory_synced = True
@@ -292,13 +302,19 @@ class PartitionLog:
 
     # --- appends ------------------------------------------------------------------------------------
 
-    def append(self, records, *, origin=CLIENT, now_ms=None):
+    def append(self, records, *, origin=CLIENT, now_ms=None, verification_guard=None):
         """Validate, assign offsets and append ``records`` (bytes-like or ``MemoryRecords``); see the module
-        docstring. Never raises for bad records: the ``AppendResult`` carries the error code."""
+        docstring. Never raises for bad records: the ``AppendResult`` carries the error code.
+        ``verification_guard``: what ``start_txn_verification`` returned for these (transactional) records."""
         with self._lock:
             self._check_open()
             now = self._clock() if now_ms is None else now_ms
             try:
+                if verification_guard is not None:
+                    producer_id = verification_guard.producer_id
+                    if self._verifications.pop(producer_id, None) is not verification_guard:
+                        raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {producer_id} "
+                                                                    f"ended while its records were verified")
                 validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
                                                 leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
                 duplicate, updated, completed = self.producers.check(validated.batches, origin)
@@ -350,6 +366,24 @@ class PartitionLog:
             raise
         return previous
 
+    def start_txn_verification(self, producer_id, producer_epoch):
+        """Kafka's ``maybeStartTransactionVerification`` (KIP-890): None when the producer has a transaction
+        open here at this epoch (no verification needed), else a guard to pass to ``append`` once the
+        coordinator verified the transaction; a marker written meanwhile voids it (the append is then
+        INVALID_TXN_STATE), so a batch verified just before its transaction ended cannot open a new one."""
+        with self._lock:
+            state = self.producers.state(producer_id)
+            if state is not None and state.epoch == producer_epoch and state.current_txn_first_offset != NO_TXN:
+                return None
+            guard = self._verifications[producer_id] = VerificationGuard(producer_id)
+            return guard
+
+    def cancel_txn_verification(self, producer_id, guard):
+        """Forget ``guard`` (its verification failed)."""
+        with self._lock:
+            if self._verifications.get(producer_id) is guard:
+                del self._verifications[producer_id]
+
     def write_txn_marker(self, producer_id, producer_epoch, coordinator_epoch, commit, *, now_ms=None):
         """Append a transaction marker (Kafka's ``EndTransactionMarker``, a v2 control batch) as the transaction
         coordinator's write: the producer's open transaction closes (the last stable offset moves), an abort
@@ -363,6 +397,8 @@ class PartitionLog:
                                          producer_id, producer_epoch, now, coordinator_epoch)
         except InvalidArgumentError as e:
             return AppendResult(ErrorCode.INVALID_REQUEST, -1, -1, -1, self.log_start_offset, str(e))
+        with self._lock:
+            self._verifications.pop(producer_id, None)
         return self.append(marker, origin=COORDINATOR, now_ms=now)
 
     def _maybe_roll(self, validated, now):
