@@ -270,16 +270,14 @@ def hand_built_batch(value, transactional, producer_id):
     return bytes(builder.build())
 
 
-@pytest.mark.parametrize("transactional_id", [None, "tx"])
-def test_transactional_batches_are_refused_whole_and_read_committed_fetches_go_on(broker, transactional_id):
-    """kmem serves no transactions (InitProducerId and FindCoordinator refuse transactional ids), so a
-    Produce with a transactional batch is TRANSACTIONAL_ID_AUTHORIZATION_FAILED as a whole, as Kafka answers
-    it when its ACLs deny the transactional id: nothing is appended, no open transaction holds the last
-    stable offset back."""
+def test_transactional_batches_without_a_transactional_id_are_refused_whole_and_read_committed_fetches_go_on(broker):
+    """A Produce with a transactional batch and no transactional id is TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    as a whole, as Kafka answers it: nothing is appended, no open transaction holds the last stable offset
+    back."""
     broker.logs.create_topic("t", 2)
     producer_id = init_producer_id(broker)
     Topic, Partition = ProduceRequest.TopicProduceData, ProduceRequest.TopicProduceData.PartitionProduceData
-    request = ProduceRequest(transactional_id=transactional_id, acks=-1, timeout_ms=1000, topic_data=[
+    request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, topic_data=[
         Topic(name="t", partition_data=[Partition(index=1, records=hand_built_batch(b"plain", False, producer_id)),
                                         Partition(index=0, records=hand_built_batch(b"txn", True, producer_id))])])
     with RawConnection(broker.bootstrap_servers) as connection:
