@@ -63,6 +63,7 @@ class ErrorCode(enum.IntEnum):
     PRODUCER_FENCED = 90
     TRANSACTIONAL_ID_NOT_FOUND = 105
     TRANSACTION_ABORTABLE = 120
+    UNSTABLE_OFFSET_COMMIT = 88
 
 
 class LogError(KmemError):

@@ -88,6 +88,7 @@ SERVED_VERSIONS = {
     ApiKey.END_TXN: (0, 4),
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 4),
 }
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types (2, share groups, is not served)
 ZERO_UUID = uuid.UUID(int=0)

@@ -43,6 +43,23 @@ The topic is created with ``cleanup.policy=compact``, as Kafka creates it, so th
 and group stays, tombstones go ``delete.retention.ms`` after the clean that kept them. An offsets topic an
 older kmem created without a ``cleanup.policy`` (it had ``retention.ms=-1`` and compacted the topic itself)
 is given ``cleanup.policy=compact`` when the coordinator starts, since Kafka always compacts it.
+
+Transactional offsets (KIP-98; Kafka's ``handleTxnCommitOffsets``): TxnOffsetCommit v0-4 writes the offsets to
+the group's partition as a transactional batch of the request's producer id and epoch (base sequence 0, as
+Kafka writes it), so the partition's producer state holds the transaction open and its last stable offset
+stays below the batch until the marker. The offsets are pending, unseen by OffsetFetch, until the transaction
+coordinator has written the marker and calls ``handle_txn_completion``: COMMIT makes them the committed offsets
+(unless a later commit of the same partition is further on in the log, which wins as in Kafka), ABORT drops
+them. OffsetFetch v7+ with ``require_stable`` (KIP-447) answers UNSTABLE_OFFSET_COMMIT for a partition with a
+pending offset, which clients retry. From v3 (KIP-447) the request's generation, member id and
+``group.instance.id`` are checked as OffsetCommit's (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID,
+FENCED_INSTANCE_ID); a generation of -1 commits for an unknown or empty group, which is created as a group
+that only commits. When ``transactions`` is set (the broker's ``TransactionCoordinator``), the group's offsets
+partition must be in the producer's ongoing transaction first (KIP-890's verification; its error is the
+answer). On loading, a transactional batch's offsets are pending until their producer's COMMIT or ABORT
+control batch is read; those whose marker is not in the log stay pending, for a marker to come. A group with
+pending offsets is kept however old its committed offsets get, and the log cleaner never cleans past the
+partition's last stable offset, so a pending offset stays in the log.
 """
 import dataclasses
 import logging
@@ -62,7 +79,7 @@ from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
-from kmem.records import build_records
+from kmem.records import ControlRecordType, build_records
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +95,7 @@ GROUP_APIS = {
     ApiKey.LEAVE_GROUP: "leave_group", ApiKey.OFFSET_COMMIT: "offset_commit", ApiKey.OFFSET_FETCH: "offset_fetch",
     ApiKey.LIST_GROUPS: "list_groups", ApiKey.DESCRIBE_GROUPS: "describe_groups",
     ApiKey.DELETE_GROUPS: "delete_groups", ApiKey.OFFSET_DELETE: "offset_delete",
+    ApiKey.TXN_OFFSET_COMMIT: "txn_offset_commit",
 }
 GROUP_VERSIONS = {
     ApiKey.JOIN_GROUP: (0, 9), ApiKey.SYNC_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5),
@@ -231,6 +249,7 @@ class Group:
         self.static_members = {}       # group.instance.id -> member id
         self.pending = {}              # member ids handed out with MEMBER_ID_REQUIRED -> monotonic deadline
         self.offsets = {}              # (topic, partition) -> OffsetAndMetadata
+        self.txn_offsets = {}          # producer id -> {(topic, partition): OffsetAndMetadata} awaiting its marker
         self.join_deadline = None      # PreparingRebalance: when the join completes at the latest
         self.join_delay_ms = 0         # > 0 while the initial rebalance delay runs
         self.join_started = 0.0
@@ -286,6 +305,8 @@ class GroupCoordinator:
         self.logs = logs
         self.config = config or GroupConfig()
         self.groups = {}
+        self.transactions = None       # the TransactionCoordinator verifying TxnOffsetCommit (KIP-890), if any
+        self._txn_groups = {}          # producer id -> ids of the groups holding its pending offsets
         self._lock = threading.RLock()
         self._closed = False
         self._own_timer = timer is None
@@ -330,13 +351,19 @@ class GroupCoordinator:
     def _append(self, group_id, entries, errors=GROUP_WRITE_ERRORS):
         """Write ``[(key, value or None)]`` to the group's partition; returns the Kafka error code to answer:
         NONE, or the append's error as ``errors`` maps it (see ``GROUP_WRITE_ERRORS``)."""
+        return self._write(group_id, entries, errors)[0]
+
+    def _write(self, group_id, entries, errors, **batch_fields):
+        """``_append`` with the batch's fields (``build_records``'s: a transaction's producer); returns
+        ``(error code, offset of the batch)``."""
         now = _now_ms()
-        batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries])
+        batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries],
+                              **batch_fields)
         try:
             partition_log = self._offsets_partition(group_id)
         except (LogError, OSError) as e:
             log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1
         try:
             result = partition_log.append(batch, origin=COORDINATOR)
             error, message = result.error_code, result.error_message
@@ -345,47 +372,77 @@ class GroupCoordinator:
         except OSError as e:                        # the disk failed outside what the append reports
             error, message = ErrorCode.KAFKA_STORAGE_ERROR, str(e)
         if not error:
-            return ErrorCode.NONE
+            return ErrorCode.NONE, result.base_offset
         answer = ErrorCode(errors.get(error, error))
         log.error("writing to %s for group %r failed (answered %s): %s", OFFSETS_TOPIC, group_id, answer.name,
                   message)
-        return answer
+        return answer, -1
 
     def _store_group(self, group):
         return self._append(group.group_id, [(group_metadata_key(group.group_id),
                                               group_metadata_value(group.record()))])
 
     def _load(self):
-        """Replay every partition of ``__consumer_offsets`` (last record per key wins)."""
+        """Replay every partition of ``__consumer_offsets`` (last record per key wins). The offsets of a
+        transactional batch are pending until their producer's marker: COMMIT makes them committed (unless
+        the partition's committed offset is a later record), ABORT drops them; without a marker in the log
+        they stay pending, as Kafka's ``loadGroupsAndOffsets`` leaves them."""
         count = self.logs.topics().get(OFFSETS_TOPIC)
         if count is None:
             return
         now_ms, now = _now_ms(), time.monotonic()
         for index in range(count.partitions):
-            for key, value in self._read_partition(self.logs.get_partition(OFFSETS_TOPIC, index)):
-                try:
-                    kind = read_key(key)
-                    if kind[0] == "offset":
-                        _, group_id, topic, partition = kind
-                        group = self.groups.get(group_id) or self.groups.setdefault(group_id, Group(group_id, now_ms))
-                        if value is None:
-                            group.offsets.pop((topic, partition), None)
-                        else:
-                            group.offsets[(topic, partition)] = read_offset_value(value)
-                    elif value is None:
-                        self.groups.pop(kind[1], None)
-                    else:
-                        self._load_group(kind[1], read_group_value(value), now_ms, now)
-                except CorruptRecordError as e:
-                    log.warning("skipping a record of %s-%d: %s", OFFSETS_TOPIC, index, e)
+            pending = {}        # producer id -> {(group, topic, partition): OffsetAndMetadata}
+            for batch in self._read_partition(self.logs.get_partition(OFFSETS_TOPIC, index)):
+                if batch.is_control_batch:
+                    try:
+                        commit = batch.control_type == ControlRecordType.COMMIT
+                    except CorruptRecordError as e:
+                        log.warning("skipping a control batch of %s-%d: %s", OFFSETS_TOPIC, index, e)
+                        continue
+                    for (group_id, topic, partition), offset in pending.pop(batch.producer_id, {}).items():
+                        if commit:
+                            self._commit_txn_offset(self._loaded_group(group_id, now_ms), (topic, partition), offset)
+                    continue
+                txn = pending.setdefault(batch.producer_id, {}) if batch.is_transactional else None
+                for record in batch:
+                    try:
+                        self._load_record(record.key, record.value, batch.base_offset, txn, now_ms, now)
+                    except CorruptRecordError as e:
+                        log.warning("skipping a record of %s-%d: %s", OFFSETS_TOPIC, index, e)
+            for producer_id, offsets in pending.items():
+                for (group_id, topic, partition), offset in offsets.items():
+                    self._add_txn_offsets(self._loaded_group(group_id, now_ms), producer_id,
+                                          {(topic, partition): offset})
         for group_id in [g for g, group in self.groups.items() if not group.members and not group.offsets
-                         and group.state == EMPTY and group.protocol_type is None]:
+                         and not group.txn_offsets and group.state == EMPTY and group.protocol_type is None]:
             del self.groups[group_id]
         if self.groups:
             log.info("loaded %d groups from %s", len(self.groups), OFFSETS_TOPIC)
 
+    def _load_record(self, key, value, log_offset, txn, now_ms, now):
+        """One record at ``log_offset``; ``txn``: the pending offsets of its producer (transactional batch)."""
+        kind = read_key(key)
+        if kind[0] == "offset":
+            _, group_id, topic, partition = kind
+            offset = None if value is None else read_offset_value(value)._replace(log_offset=log_offset)
+            offsets, key = (txn, (group_id, topic, partition)) if txn is not None else \
+                (self._loaded_group(group_id, now_ms).offsets, (topic, partition))
+            if offset is None:
+                offsets.pop(key, None)
+            else:
+                offsets[key] = offset
+        elif value is None:
+            self.groups.pop(kind[1], None)
+        else:
+            self._load_group(kind[1], read_group_value(value), now_ms, now)
+
+    def _loaded_group(self, group_id, now_ms):
+        return self.groups.get(group_id) or self.groups.setdefault(group_id, Group(group_id, now_ms))
+
     @staticmethod
     def _read_partition(partition_log):
+        """The partition's batches, from the log start (each valid until the next one is asked for)."""
         offset = partition_log.log_start_offset
         while True:
             data = partition_log.read(offset, LOAD_CHUNK_BYTES)
@@ -394,8 +451,7 @@ class GroupCoordinator:
             with data.records as records:
                 batches = list(records.batches())
                 for batch in batches:
-                    for record in batch:
-                        yield record.key, record.value
+                    yield batch
                     offset = batch.next_offset
             if not batches:
                 return
@@ -493,7 +549,7 @@ class GroupCoordinator:
             group.pending = {m: deadline for m, deadline in group.pending.items() if now < deadline}
             self._maybe_complete_join(group, now)
             if group.state == EMPTY and group.generation == 0 and not (group.members or group.pending
-                                                                       or group.offsets):
+                                                                       or group.offsets or group.txn_offsets):
                 self._forget(group)                  # only ever handed out ids: nothing to keep
                 return
         if group.state == PREPARING and now >= group.join_deadline:
@@ -968,7 +1024,7 @@ class GroupCoordinator:
                     accepted.append(((topic.name, p.partition_index), offset))
                     results.append(result)
             if entries:
-                stored = self._append(request.group_id, entries, COMMIT_WRITE_ERRORS)
+                stored, log_offset = self._write(request.group_id, entries, COMMIT_WRITE_ERRORS)
                 if stored:
                     for result in results:
                         result.error_code = stored
@@ -976,7 +1032,7 @@ class GroupCoordinator:
                     group = self.groups.get(request.group_id)
                     if group is None:       # a group that only commits (generation -1, no member id)
                         group = self.groups[request.group_id] = Group(request.group_id, now_ms)
-                    group.offsets.update(accepted)
+                    group.offsets.update((key, offset._replace(log_offset=log_offset)) for key, offset in accepted)
                     if retention >= 0 or version == 1:
                         self._schedule(group)       # an expiry of its own may come first
                     else:
@@ -1007,19 +1063,155 @@ class GroupCoordinator:
         member.heartbeat_deadline = time.monotonic() + member.session_timeout_ms / 1000
         return ErrorCode.NONE
 
+    # --- TxnOffsetCommit and the transactions' markers ------------------------------------------------------
+
+    def txn_offset_commit(self, header, request):
+        """Kafka's ``handleTxnCommitOffsets``: the offsets are written to the group's ``__consumer_offsets``
+        partition as a transactional batch of the request's producer (sequence 0, as Kafka writes it), which
+        keeps the producer's transaction open on that partition until its marker, and held pending (unseen
+        by OffsetFetch) until ``handle_txn_completion``."""
+        version = header.api_version
+        Topic = messages.TxnOffsetCommitResponse.TxnOffsetCommitResponseTopic
+        Partition = messages.TxnOffsetCommitResponse.TxnOffsetCommitResponsePartition
+        response = messages.TxnOffsetCommitResponse(throttle_time_ms=0, topics=[])
+        wanted = []                 # (result, topic, request partition) of the partitions that exist
+        for topic in request.topics:
+            topic_result = Topic(name=topic.name, partitions=[])
+            response.topics.append(topic_result)
+            for p in topic.partitions:
+                result = Partition(partition_index=p.partition_index, error_code=ErrorCode.NONE)
+                topic_result.partitions.append(result)
+                if self.logs.get_partition(topic.name, p.partition_index) is None:
+                    result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                else:
+                    wanted.append((result, topic.name, p))
+        if not wanted:
+            return response
+        error = self._verify_txn_commit(request)
+        with self._lock:
+            error = error or self._check_txn_commit(request, version)
+            fitting = []
+            for item in wanted:
+                metadata = item[2].committed_metadata
+                if not error and metadata is not None and \
+                        len(metadata.encode()) > self.config.offset_metadata_max_bytes:
+                    item[0].error_code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+                else:
+                    fitting.append(item)
+            if fitting and not error:
+                error = self._store_txn_offsets(request, version, fitting)
+        for result, _, _ in fitting:
+            result.error_code = error
+        return response
+
+    def _verify_txn_commit(self, request):
+        """KIP-890: the group's offsets partition must be in the producer's ongoing transaction. Asked
+        before the coordinator's lock is taken: the transaction coordinator calls ``handle_txn_completion``
+        holding its own."""
+        if self._closed:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if not request.group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        if request.producer_id < 0 or request.producer_epoch < 0:
+            return ErrorCode.INVALID_TXN_STATE          # no transaction can hold it
+        if self.transactions is None:
+            return ErrorCode.NONE
+        try:
+            partition = self._offsets_partition(request.group_id).partition
+        except (LogError, OSError) as e:
+            log.error("cannot create %s: %s", OFFSETS_TOPIC, e)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        error = self.transactions.verify_transaction(request.transactional_id, request.producer_id,
+                                                     request.producer_epoch, OFFSETS_TOPIC, partition)
+        return ErrorCode(COMMIT_WRITE_ERRORS.get(error, error))
+
+    def _check_txn_commit(self, request, version):
+        """Kafka's ``validateOffsetCommit`` for a transaction (KIP-447 from v3): an unknown or empty group
+        takes offsets without a generation (a group that only commits); a generation, member id or
+        instance id must be the group's current one (UNKNOWN_MEMBER_ID, FENCED_INSTANCE_ID,
+        ILLEGAL_GENERATION)."""
+        if self._closed:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        generation, member_id, instance_id = (request.generation_id, request.member_id, request.group_instance_id) \
+            if version >= 3 else (-1, "", None)
+        group = self.groups.get(request.group_id) or Group(request.group_id, _now_ms())
+        if group.state == DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation < 0 and group.state == EMPTY:
+            return ErrorCode.NONE
+        if generation >= 0 or member_id or instance_id is not None:
+            return self._check_generation(group, member_id, instance_id, generation)
+        return ErrorCode.NONE           # no member id: older producers commit for a group with members too
+
+    def _store_txn_offsets(self, request, version, wanted):
+        now_ms = _now_ms()
+        offsets = {(topic, p.partition_index): OffsetAndMetadata(
+            p.committed_offset, p.committed_leader_epoch if version >= 2 else -1, p.committed_metadata or "", now_ms,
+            -1) for _, topic, p in wanted}
+        entries = [(offset_commit_key(request.group_id, *key), offset_commit_value(offset))
+                   for key, offset in offsets.items()]
+        error, log_offset = self._write(request.group_id, entries, COMMIT_WRITE_ERRORS,
+                                        producer_id=request.producer_id, producer_epoch=request.producer_epoch,
+                                        base_sequence=0, transactional=True)
+        if error:
+            return error
+        group = self.groups.get(request.group_id)
+        if group is None:
+            group = self.groups[request.group_id] = Group(request.group_id, now_ms)
+        self._add_txn_offsets(group, request.producer_id,
+                              {key: offset._replace(log_offset=log_offset) for key, offset in offsets.items()})
+        self._schedule(group)           # an empty group's removal waits for the marker now
+        return ErrorCode.NONE
+
+    def _add_txn_offsets(self, group, producer_id, offsets):
+        group.txn_offsets.setdefault(producer_id, {}).update(offsets)
+        self._txn_groups.setdefault(producer_id, set()).add(group.group_id)
+
+    @staticmethod
+    def _commit_txn_offset(group, key, offset):
+        """A committed transaction's offset replaces the committed one written before it (not a later one)."""
+        current = group.offsets.get(key)
+        if current is None or current.log_offset < offset.log_offset:
+            group.offsets[key] = offset
+
+    def handle_txn_completion(self, producer_id, offsets_partitions, commit):
+        """The marker of ``producer_id``'s transaction is in these ``__consumer_offsets`` partitions (numbers,
+        or ``(topic, partition)`` pairs): the producer's pending offsets of their groups become committed
+        (``commit``) or are dropped, as Kafka's ``handleTxnCompletion``. Never raises."""
+        try:
+            partitions = {p[1] if isinstance(p, tuple) else p for p in offsets_partitions}
+            with self._lock:
+                info = self.logs.topics().get(OFFSETS_TOPIC)
+                group_ids = self._txn_groups.get(producer_id, set())
+                for group_id in [g for g in group_ids if info and partition_for(g, info.partitions) in partitions]:
+                    group_ids.discard(group_id)
+                    group = self.groups.get(group_id)
+                    offsets = group.txn_offsets.pop(producer_id, None) if group is not None else None
+                    if offsets is None:
+                        continue            # deleted meanwhile
+                    if commit:
+                        for key, offset in offsets.items():
+                            self._commit_txn_offset(group, key, offset)
+                    self._schedule(group)
+                if not group_ids:
+                    self._txn_groups.pop(producer_id, None)
+        except Exception:
+            log.exception("completing the transaction of producer %d in %s failed", producer_id, OFFSETS_TOPIC)
+
     def offset_fetch(self, header, request):
         version = header.api_version
         Response = messages.OffsetFetchResponse
         with self._lock:
+            stable = version >= 7 and request.require_stable
             if version < 8:
-                topics = self._fetch_offsets(request.group_id, request.topics, version)
+                topics = self._fetch_offsets(request.group_id, request.topics, stable)
                 return Response(throttle_time_ms=0, error_code=self._fetch_error(), topics=[
                     Response.OffsetFetchResponseTopic(name=name, partitions=[
                         Response.OffsetFetchResponsePartition(**fields) for fields in partitions])
                     for name, partitions in topics])
             groups = []
             for wanted in request.groups:
-                topics = self._fetch_offsets(wanted.group_id, wanted.topics, version)
+                topics = self._fetch_offsets(wanted.group_id, wanted.topics, stable)
                 groups.append(Response.OffsetFetchResponseGroup(
                     group_id=wanted.group_id, error_code=self._fetch_error(),
                     topics=[Response.OffsetFetchResponseTopics(name=name, partitions=[
@@ -1030,10 +1222,15 @@ class GroupCoordinator:
     def _fetch_error(self):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE if self._closed else ErrorCode.NONE
 
-    def _fetch_offsets(self, group_id, topics, version):
-        """``[(topic, [partition fields])]``: the asked partitions, or every committed one (topics null)."""
+    def _fetch_offsets(self, group_id, topics, require_stable):
+        """``[(topic, [partition fields])]``: the asked partitions, or every committed one (topics null).
+        A transaction's pending offsets are not seen; with ``require_stable`` (KIP-447) a partition holding
+        one is UNSTABLE_OFFSET_COMMIT, which the client retries, as Kafka answers it (per partition, in
+        every version)."""
         group = self.groups.get(group_id)
         offsets = group.offsets if group is not None else {}
+        unstable = {key for pending in group.txn_offsets.values() for key in pending} \
+            if require_stable and group is not None else set()
         if topics is None:
             wanted = {}
             for topic, partition in sorted(offsets):
@@ -1045,6 +1242,10 @@ class GroupCoordinator:
         for topic, partitions in wanted:
             fields = []
             for partition in partitions:
+                if (topic, partition) in unstable:
+                    fields.append({"partition_index": partition, "error_code": ErrorCode.UNSTABLE_OFFSET_COMMIT,
+                                   "committed_offset": -1, "committed_leader_epoch": -1, "metadata": ""})
+                    continue
                 found = offsets.get((topic, partition))
                 fields.append({"partition_index": partition, "error_code": ErrorCode.NONE,
                                "committed_offset": found.offset if found else -1,
@@ -1194,11 +1395,13 @@ class GroupCoordinator:
     def _offsets_expiry_ms(self, group):
         """When the group's first offset expires (wall-clock ms), or None: a group with members keeps its
         offsets. An empty group without offsets goes one ``offsets.retention.check.interval.ms`` after it
-        became empty, as Kafka's periodic cleanup finds it within an interval."""
+        became empty, as Kafka's periodic cleanup finds it within an interval; one holding a transaction's
+        pending offsets stays (its marker schedules it again)."""
         if group.state != EMPTY:
             return None
         if not group.offsets:
-            return group.state_timestamp + self.config.offsets_retention_check_interval_ms
+            return None if group.txn_offsets else \
+                group.state_timestamp + self.config.offsets_retention_check_interval_ms
         return min(self._offset_due_ms(group, offset) for offset in group.offsets.values())
 
     def _expire_group_offsets(self, group, now_ms):
@@ -1209,7 +1412,7 @@ class GroupCoordinator:
             return 0
         expired = [key for key, offset in group.offsets.items() if now_ms >= self._offset_due_ms(group, offset)]
         entries = [(offset_commit_key(group.group_id, t, p), None) for t, p in expired]
-        dead = len(expired) == len(group.offsets) and not group.members
+        dead = len(expired) == len(group.offsets) and not group.members and not group.txn_offsets
         if dead:
             entries.append((group_metadata_key(group.group_id), None))
         if not entries or self._append(group.group_id, entries) != ErrorCode.NONE:

@@ -9,6 +9,8 @@ group's records go to.
   type, generation, protocol, leader, the state timestamp and every member with its subscription and
   assignment.
 - a null value is a tombstone: the offset (or the whole group) is gone.
+- a transaction's offset commits (TxnOffsetCommit) are the same records in a transactional batch, committed
+  or aborted by their producer's marker (a control batch) later in the partition.
 
 Strings are ``i16 length | UTF-8``, nullable ones with length -1 for null; bytes are ``i32 length | data``.
 """
@@ -49,6 +51,9 @@ class OffsetAndMetadata(NamedTuple):
     metadata: str
     commit_timestamp: int
     expire_timestamp: int          # -1: expires by offsets.retention.minutes
+    # not in the record: the offset of the batch holding it in __consumer_offsets, which orders a transaction's
+    # offsets against other commits when its marker comes (Kafka's CommitRecordMetadataAndOffset); -1 unwritten
+    log_offset: int = -1
 
 
 class MemberRecord(NamedTuple):

@@ -3,8 +3,9 @@
 A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
 
 1. The dirty section runs from the partition's first dirty offset (``cleaner-offset-checkpoint``, or the
-   log start) to the first uncleanable offset: the active segment's base, or the first segment holding a
-   record younger than ``min.compaction.lag.ms``.
+   log start) to the first uncleanable offset: the active segment's base, the last stable offset (an open
+   transaction's records, such as a TxnOffsetCommit's pending offsets, are never cleaned or mapped), or the
+   first segment holding a record younger than ``min.compaction.lag.ms``.
 2. The key map (``kmem._core.OffsetMap``, a fixed buffer of ``log.cleaner.dedupe.buffer.size`` bytes:
    a 16-byte key hash and an offset per slot, as Kafka's ``SkimpyOffsetMap``) is filled with the latest
    offset of each key of the dirty section, batch by batch, until it is ``log.cleaner.io.buffer.load.factor``
@@ -293,7 +294,8 @@ class Cleaner:
         segments, log_start, active_base = partition_log.cleanable_segments()
         config = partition_log.config
         first_dirty = max(first_dirty_offset, log_start)
-        uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms)
+        uncleanable = first_uncleanable_offset(segments, active_base, partition_log.last_stable_offset, config,
+                                               now_ms)
         end = self._build_offset_map(partition_log, segments, first_dirty, uncleanable, stats, throttler)
         if end <= first_dirty:
             stats.elapsed_secs = time.monotonic() - stats.started
@@ -320,6 +322,8 @@ class Cleaner:
             for batch in self._batches(segment, throttler, stats, for_map=True):
                 if batch.last_offset < first_dirty:
                     continue
+                if batch.base_offset >= uncleanable:        # the last stable offset, within this segment
+                    return end
                 if not batch.is_control_batch:
                     count = batch.records_count
                     if offset_map.size + count > max_keys:
@@ -456,14 +460,15 @@ def _rebuilt_batch(batch, kept, horizon):
     return data, max_timestamp, offset_of_max
 
 
-def first_uncleanable_offset(segments, active_base, config, now_ms):
-    """The active segment's base offset, or the base of the first segment holding a record younger than
-    ``min.compaction.lag.ms`` (Kafka's ``cleanableOffsets``)."""
+def first_uncleanable_offset(segments, active_base, last_stable_offset, config, now_ms):
+    """The active segment's base offset, the last stable offset, or the base of the first segment holding a
+    record younger than ``min.compaction.lag.ms``, whichever is first (Kafka's ``cleanableOffsets``)."""
+    first = min(active_base, last_stable_offset)
     if config.min_compaction_lag_ms > 0:
         for segment in segments:
             if segment.largest_timestamp > now_ms - config.min_compaction_lag_ms:
-                return min(active_base, segment.base_offset)
-    return active_base
+                return min(first, segment.base_offset)
+    return first
 
 
 def group_segments_by_size(segments, max_size):
@@ -503,7 +508,7 @@ def log_to_clean(key, partition_log, first_dirty_offset, now_ms):
     segments, log_start, active_base = partition_log.cleanable_segments()
     config = partition_log.config
     first_dirty = max(first_dirty_offset, log_start)
-    uncleanable = first_uncleanable_offset(segments, active_base, config, now_ms)
+    uncleanable = first_uncleanable_offset(segments, active_base, partition_log.last_stable_offset, config, now_ms)
     clean = sum(s.size for s in segments if s.next_offset <= first_dirty)
     dirty = [s for s in segments if s.next_offset > first_dirty and s.base_offset < uncleanable]
     # KIP-354: how far past max.compaction.lag.ms the oldest dirty batch is
