@@ -172,3 +172,39 @@ def test_a_broker_killed_after_prepare_commit_completes_the_commit_when_it_resta
     finally:
         process.terminate()
         process.wait()
+
+
+def test_consume_transform_produce_offsets_move_only_on_commit(broker):
+    """``send_offsets_to_transaction`` (AddOffsetsToTxn, TxnOffsetCommit): the input offsets become the
+    group's committed offsets with the output records, and not at all when the transaction aborts."""
+    bootstrap = broker.bootstrap_servers
+    broker.logs.create_topic("in", 1)
+    source = Producer({"bootstrap.servers": bootstrap})
+    for i in range(5):
+        source.produce("in", f"in-{i}".encode())
+    source.flush(TIMEOUT)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition("in", 0, OFFSET_BEGINNING)])
+    producer = transactional(bootstrap, "ctp-tx")
+    inputs = []
+    wait_for(lambda: _poll_into(consumer, inputs, set()) and len(inputs) == 5, "the input")
+    try:
+        for commit in (False, True):
+            producer.begin_transaction()
+            for value in inputs:
+                producer.produce("t", value.replace(b"in", b"out"), partition=0)
+            producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                                 consumer.consumer_group_metadata(), TIMEOUT)
+            if commit:
+                producer.commit_transaction(TIMEOUT)
+            else:
+                producer.flush(TIMEOUT)
+                producer.abort_transaction(TIMEOUT)
+                settled(broker)
+                assert consumer.committed([TopicPartition("in", 0)], TIMEOUT)[0].offset < 0     # nothing moved
+        settled(broker)
+        assert consumer.committed([TopicPartition("in", 0)], TIMEOUT)[0].offset == 5
+    finally:
+        consumer.close()
+    assert read_all(bootstrap, "read_committed") == sorted(v.replace(b"in", b"out") for v in inputs)

@@ -258,7 +258,8 @@ def test_state_is_loaded_and_a_prepared_commit_completes_after_a_restart(env):
 def _records(logs, tid):
     from kmem.broker.group.coordinator import GroupCoordinator
     partition = logs.get_partition(TRANSACTION_STATE_TOPIC, partition_for(tid, 50))
-    return [(k, v) for k, v in GroupCoordinator._read_partition(partition) if read_key(k) == tid]
+    return [(r.key, r.value) for batch in GroupCoordinator._read_partition(partition) for r in batch
+            if read_key(r.key) == tid]
 
 
 def test_expired_ids_get_a_tombstone(env):

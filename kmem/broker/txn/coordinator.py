@@ -271,16 +271,18 @@ class TransactionCoordinator:
         loaded = {}
         for index in range(count.partitions):
             partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, index)
-            for key, value in GroupCoordinator._read_partition(partition_log):
+            records = (record for batch in GroupCoordinator._read_partition(partition_log)
+                       if not batch.is_control_batch for record in batch)
+            for record in records:
                 try:
-                    transactional_id, record = read_key(key), read_value(value)
+                    transactional_id, value = read_key(record.key), read_value(record.value)
                 except CorruptRecordError as e:
                     log.warning("skipping a record of %s-%d: %s", TRANSACTION_STATE_TOPIC, index, e)
                     continue
-                if record is None:
+                if value is None:
                     loaded.pop(transactional_id, None)
                 else:
-                    loaded[transactional_id] = record
+                    loaded[transactional_id] = value
         for transactional_id, record in loaded.items():
             if record.state in (DEAD, PREPARE_EPOCH_FENCE):       # never written by Kafka: nothing to resume
                 log.warning("transactional id %r: ignoring its %s state record", transactional_id,
