@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from broker_helpers import TIMEOUT, start_broker_process, wait_for
 from kmem.broker import Broker
@@ -208,3 +209,24 @@ def test_consume_transform_produce_offsets_move_only_on_commit(broker):
     finally:
         consumer.close()
     assert read_all(bootstrap, "read_committed") == sorted(v.replace(b"in", b"out") for v in inputs)
+
+
+def test_no_client_appends_to_deletes_from_or_grows_the_transaction_state_topic(broker):
+    transactional(broker.bootstrap_servers, "creates-the-topic")
+    ends = [broker.logs.get_partition("__transaction_state", p).log_end_offset for p in range(50)]
+    delivered = []
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce("__transaction_state", b"forged", partition=0, on_delivery=lambda e, m: delivered.append(e))
+    producer.flush(TIMEOUT)
+    assert [e.code() for e in delivered] == [KafkaError.TOPIC_EXCEPTION]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    deleted = admin.delete_records([TopicPartition("__transaction_state", 0, 0)])
+    with pytest.raises(KafkaException) as refused:
+        [future.result(TIMEOUT) for future in deleted.values()]
+    assert refused.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    grown = admin.create_partitions([NewPartitions("__transaction_state", 60)])
+    with pytest.raises(KafkaException) as refused:
+        [future.result(TIMEOUT) for future in grown.values()]
+    assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST
+    assert [broker.logs.get_partition("__transaction_state", p).log_end_offset for p in range(50)] == ends
+    assert broker.logs.topics()["__transaction_state"].partitions == 50

@@ -367,9 +367,9 @@ class Handlers:
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
-                if topic.name == OFFSETS_TOPIC:        # Kafka's ReplicaManager: internalTopicsAllowed is false
+                if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):     # Kafka's internalTopicsAllowed=false
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
-                    result.error_message = f"cannot append to internal topic {OFFSETS_TOPIC}"
+                    result.error_message = f"cannot append to internal topic {topic.name}"
                     continue
                 partition_log = self.logs.get_partition(topic.name, data.index)
                 if partition_log is None:
