@@ -104,16 +104,19 @@ def produce_raw(connection, topic, records, version=9):
     return response.responses[0].partition_responses[0]
 
 
-def start_broker_process(log_dir, *args, port=0, open_files=None):
+def start_broker_process(log_dir, *args, port=0, open_files=None, before=None):
     """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens;
     ``process.log_lines`` collects its log.
-    ``open_files``: the child's RLIMIT_NOFILE (soft and hard). ``log_dir`` or ``port`` None: not given."""
+    ``open_files``: the child's RLIMIT_NOFILE (soft and hard). ``log_dir`` or ``port`` None: not given.
+    ``before``: Python code the child runs first (a test hook, e.g. patching a class)."""
     env = dict(os.environ, PYTHONSAFEPATH="1")
 
     def limit_open_files():
         resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+    command = ["-m", "kmem.cli"] if before is None else \
+        ["-c", f"{before}\nimport runpy\nrunpy.run_module('kmem.cli', run_name='__main__')"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "kmem.cli", "broker", *([] if log_dir is None else ["--log-dir", str(log_dir)]),
+        [sys.executable, *command, "broker", *([] if log_dir is None else ["--log-dir", str(log_dir)]),
          *([] if port is None else ["--port", str(port)]), *args],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, text=True,
         preexec_fn=None if open_files is None else limit_open_files)

@@ -27,7 +27,7 @@ from kmem.broker import Broker
 from kmem.records import RecordsBuilder
 
 DYNAMIC_TOPIC_CONFIG, DEFAULT_CONFIG = "DYNAMIC_TOPIC_CONFIG", "DEFAULT_CONFIG"
-INVALID_TOPIC_EXCEPTION, TRANSACTIONAL_ID_AUTHORIZATION_FAILED = 17, 53
+INVALID_TOPIC_EXCEPTION = 17
 GROUP_SUBSCRIBED_TO_TOPIC = 86
 NONE, OUT_OF_ORDER_SEQUENCE_NUMBER = 0, 45
 SETTINGS = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 3}
@@ -258,22 +258,21 @@ def test_deleting_groups_and_group_offsets(log_dir):
         kafka_admin.close()
 
 
-def test_a_transactional_producer_fails_at_once_instead_of_timing_out(broker):
+def test_transactional_producers_start_and_a_second_one_fences_the_first(broker):
+    """InitProducerId with a transactional id, from each client: the same id again bumps the epoch."""
     producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "tx"})
-    with pytest.raises(KafkaException) as refused:
-        producer.init_transactions(TIMEOUT)
-    error = refused.value.args[0]
-    assert error.code() == TRANSACTIONAL_ID_AUTHORIZATION_FAILED and error.fatal()
-
-    from kafka.errors import TransactionalIdAuthorizationFailedError
-    kafka_producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id="tx2",
+    producer.init_transactions(TIMEOUT)
+    first = broker.transactions._peek("tx")
+    assert first.producer_epoch == 0
+    kafka_producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id="tx",
                                    max_block_ms=TIMEOUT * 1000)
-    with pytest.raises(TransactionalIdAuthorizationFailedError):
-        kafka_producer.init_transactions()
+    kafka_producer.init_transactions()
+    assert (broker.transactions._peek("tx").producer_id, broker.transactions._peek("tx").producer_epoch) == (
+        first.producer_id, 1)
     kafka_producer.close()
+    producer.flush(0)
 
     from aiokafka import AIOKafkaProducer
-    from aiokafka.errors import TransactionalIdAuthorizationFailed
 
     async def start_transactional():
         aio = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id="tx3")
@@ -281,8 +280,8 @@ def test_a_transactional_producer_fails_at_once_instead_of_timing_out(broker):
             await asyncio.wait_for(aio.start(), TIMEOUT)
         finally:
             await aio.stop()
-    with pytest.raises(TransactionalIdAuthorizationFailed):
-        asyncio.run(start_transactional())
+    asyncio.run(start_transactional())
+    assert broker.transactions._peek("tx3").producer_epoch == 0
 
 
 def idempotent_batch(producer_id, sequence):

@@ -228,8 +228,8 @@ def test_api_versions_advertise_exactly_what_is_served(broker):
     assert versions == {18: (0, 4), 3: (0, 12), 0: (0, 11), 1: (0, 17), 2: (0, 9), 22: (0, 5), 19: (0, 7),
                         20: (0, 6), 10: (0, 6), 11: (0, 9), 14: (0, 5), 12: (0, 4), 13: (0, 5), 8: (0, 9),
                         9: (0, 9), 16: (0, 5), 15: (0, 5), 21: (0, 2), 32: (0, 4), 33: (0, 2), 37: (0, 3),
-                        42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1), 23: (0, 4),
-                        27: (0, 1), 61: (0, 0), 28: (0, 4)}
+                        42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1), 23: (0, 4), 24: (0, 5), 25: (0, 4),
+                        26: (0, 4), 65: (0, 0), 66: (0, 1), 28: (0, 4), 27: (0, 1), 61: (0, 0)}
 
 
 def test_acks_zero_gets_no_response(broker):
@@ -270,16 +270,14 @@ def hand_built_batch(value, transactional, producer_id):
     return bytes(builder.build())
 
 
-@pytest.mark.parametrize("transactional_id", [None, "tx"])
-def test_transactional_batches_are_refused_whole_and_read_committed_fetches_go_on(broker, transactional_id):
-    """kmem serves no transactions (InitProducerId and FindCoordinator refuse transactional ids), so a
-    Produce with a transactional batch is TRANSACTIONAL_ID_AUTHORIZATION_FAILED as a whole, as Kafka answers
-    it when its ACLs deny the transactional id: nothing is appended, no open transaction holds the last
-    stable offset back."""
+def test_transactional_batches_without_a_transactional_id_are_refused_whole_and_read_committed_fetches_go_on(broker):
+    """A Produce with a transactional batch and no transactional id is TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    as a whole, as Kafka answers it: nothing is appended, no open transaction holds the last stable offset
+    back."""
     broker.logs.create_topic("t", 2)
     producer_id = init_producer_id(broker)
     Topic, Partition = ProduceRequest.TopicProduceData, ProduceRequest.TopicProduceData.PartitionProduceData
-    request = ProduceRequest(transactional_id=transactional_id, acks=-1, timeout_ms=1000, topic_data=[
+    request = ProduceRequest(transactional_id=None, acks=-1, timeout_ms=1000, topic_data=[
         Topic(name="t", partition_data=[Partition(index=1, records=hand_built_batch(b"plain", False, producer_id)),
                                         Partition(index=0, records=hand_built_batch(b"txn", True, producer_id))])])
     with RawConnection(broker.bootstrap_servers) as connection:

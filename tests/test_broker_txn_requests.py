@@ -58,6 +58,7 @@ def log_end(broker, partition=0):
 def test_transactional_batches_need_a_transactional_id_and_a_coordinator(broker):
     failed = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     mixed = {0: txn_batch(1, 0), 1: txn_batch(2, 0, transactional=False)}
+    broker.handlers.transactions = None
     assert produce(broker, mixed) == {0: (failed, -1), 1: (failed, -1)}         # no coordinator: refused
     broker.handlers.transactions = CoordinatorDouble()
     assert produce(broker, mixed, transactional_id=None) == {0: (failed, -1), 1: (failed, -1)}

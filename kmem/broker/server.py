@@ -6,7 +6,8 @@
 - each request is answered on the network thread that read it (``kmem.broker.apis.dispatch``); one that
   waits is parked without a thread (``kmem.broker.apis.purgatory``, the group coordinator's delayed
   responses) and one that may block on the disk runs on an io thread; every deadline (parked fetches,
-  group sessions and rebalances, offset expiry) is a task on one ``kmem.broker.timer.Timer``, so the
+  group sessions and rebalances, offset expiry, transaction timeouts and markers, transactional id expiry)
+  is a task on one ``kmem.broker.timer.Timer``, so the
   broker's threads do not grow with its clients: ``num.network.threads`` + ``num.io.threads`` + 4 (the
   acceptor, the timer, log maintenance, the log cleaner of the compacted topics, ``__consumer_offsets``
   among them);
@@ -34,10 +35,11 @@ from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.dispatch import RequestDispatcher
 from kmem.broker.apis.handlers import Handlers
 from kmem.broker.group.coordinator import GroupCoordinator
-from kmem.broker.txn.markers import TxnMarkerWriter
 from kmem.broker.log import LogManager
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
+from kmem.broker.txn.coordinator import TransactionCoordinator
+from kmem.broker.txn.markers import TxnMarkerWriter
 from kmem.errors import IllegalStateError
 from kmem.network import SocketServer
 
@@ -91,6 +93,7 @@ class Broker:
         self.server = None
         self.handlers = None
         self.coordinator = None
+        self.transactions = None
         self.admin = None
         self.timer = None
         self._stop = threading.Event()
@@ -117,10 +120,16 @@ class Broker:
             self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
             self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)
             self.handlers.txn_markers = TxnMarkerWriter(self.logs, self.coordinator)
-            dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served)
+            self.transactions = TransactionCoordinator(self.logs, self.settings.transactions, timer=self.timer,
+                                                       markers=self.handlers.txn_markers, groups=self.coordinator)
+            self.handlers.transactions = self.coordinator.transactions = self.transactions
+            dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
+                                           self.transactions)
             self.server = SocketServer(dispatcher, self.settings.network)
             self.server.start()
         except BaseException:
+            if self.transactions is not None:
+                self.transactions.close()
             if self.coordinator is not None:
                 self.coordinator.close()
             self.timer.close()
@@ -176,6 +185,7 @@ class Broker:
             return
         self._stop.set()
         self.handlers.complete_all()
+        self.transactions.close()
         self.coordinator.close()
         self.server.close()
         self.timer.close()

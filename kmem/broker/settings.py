@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, _int
 from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
+from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
 from kmem.network import SocketServerConfig
 
@@ -38,7 +39,7 @@ LISTENER_SETTINGS = ("listeners", "advertised.listeners", "listener.security.pro
 HANDLER_SETTINGS = ("log.retention.check.interval.ms", "ssl.keystore.location", "ssl.keystore.type",
                     "ssl.key.password", "ssl.truststore.location", "ssl.client.auth", "broker.id")
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(LISTENER_SETTINGS) \
-    | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS)
+    | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS)
 # Kafka's socket.listen.backlog.size is 50: a burst of 5,000 connections then took 55 s to accept here
 # (refused SYNs are retried after 1, 3, 7... s), 1.0 s with 1,024. Linux caps it at net.core.somaxconn.
 DEFAULT_LISTEN_BACKLOG = 1024
@@ -179,6 +180,7 @@ class BrokerSettings:
     advertised: Listener | None
     retention_check_interval_ms: int
     groups: GroupConfig
+    transactions: TxnConfig = TxnConfig()
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -205,7 +207,8 @@ class BrokerSettings:
                    SocketServerConfig.from_properties(network, host=listener.host, port=listener.port,
                                                       ssl_context=ssl_context),
                    listener, advertised,
-                   _int("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged))
+                   _int("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged),
+                   TxnConfig.from_properties(merged))
 
 
 def _ssl_context(merged):

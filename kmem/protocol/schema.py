@@ -57,10 +57,17 @@ class Field:
         self.element = self.type[2:] if self.is_array else self.type
         self.struct = None
         if self.element not in FIXED_FORMATS and self.element not in ("string", "bytes", "records"):
-            fields = spec.get("fields") or common_structs.get(self.element)
-            if fields is None:
-                raise KmemError(f"schema: struct type {self.element} of field {self.json_name} is not defined")
-            self.struct = Struct(self.element, fields, common_structs)
+            fields = spec.get("fields")
+            if fields is not None:
+                self.struct = Struct(self.element, fields, common_structs)
+            else:
+                # a common struct is one type however many fields use it (AddPartitionsToTxnTopic: two)
+                common = common_structs.get(self.element)
+                if common is None:
+                    raise KmemError(f"schema: struct type {self.element} of field {self.json_name} is not defined")
+                if not isinstance(common, Struct):
+                    common = common_structs[self.element] = Struct(self.element, common, common_structs)
+                self.struct = common
 
     def present(self, version):
         return in_range(version, self.versions)

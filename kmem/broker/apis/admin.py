@@ -20,6 +20,7 @@ from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import TOPIC_SETTINGS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
+from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
 
@@ -126,9 +127,9 @@ class AdminHandlers:
     def _create_partitions(self, topic, times_named, validate_only):
         if times_named > 1:
             raise _Refused(ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} named twice")
-        if topic.name == OFFSETS_TOPIC:
-            raise _Refused(ErrorCode.INVALID_REQUEST, f"the partition count of {OFFSETS_TOPIC} places the groups: "
-                                            "it cannot grow")
+        if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"the partition count of {topic.name} places the groups or "
+                                                      "transactional ids: it cannot grow")
         info = self.logs.topics().get(topic.name)
         if info is None:
             raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {topic.name!r}")
@@ -250,7 +251,7 @@ class AdminHandlers:
                 result = Response.DeleteRecordsPartitionResult(partition_index=wanted.partition_index,
                                                                low_watermark=-1, error_code=ErrorCode.NONE)
                 topic_result.partitions.append(result)
-                if topic.name == OFFSETS_TOPIC:      # Kafka's ReplicaManager refuses internal topics here
+                if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):      # Kafka refuses internal topics
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
                     continue
                 partition_log = self.logs.get_partition(topic.name, wanted.partition_index)

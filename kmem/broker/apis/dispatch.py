@@ -11,7 +11,9 @@ and answers in one of three ways (see ``kmem.network.server``):
 - on an io thread (``num.io.threads``), for what may block on the disk: topic creation and deletion (each
   partition fsyncs its files), the admin APIs, a Metadata request that auto-creates topics, and
   FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
-  (FindCoordinator creates it, as Kafka's does).
+  (FindCoordinator creates it, as Kafka's does), and FindCoordinator for a transactional id and
+  InitProducerId with one before ``__transaction_state`` exists (both create it), AddOffsetsToTxn before
+  ``__consumer_offsets`` exists.
 """
 import threading
 
@@ -19,6 +21,7 @@ from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
+from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
 from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
                            encode_response)
@@ -49,18 +52,28 @@ def _client_host(request):
         return ""
 
 
+def _creates_transaction_state(header, body):
+    """FindCoordinator for a transactional id, or InitProducerId with one: they need ``__transaction_state``."""
+    if header.api_key == ApiKey.FIND_COORDINATOR:
+        return header.api_version >= 1 and body.key_type == 1
+    return header.api_key == ApiKey.INIT_PRODUCER_ID and body.transactional_id is not None
+
+
 class RequestDispatcher:
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
     requests answered by (api key, version)."""
 
-    def __init__(self, handlers, admin, coordinator, served):
+    def __init__(self, handlers, admin, coordinator, served, transactions=None):
         self.handlers = handlers
         self.coordinator = coordinator
+        self.transactions = transactions
         self._served = served
         self._served_lock = threading.Lock()       # processors count concurrently
         self._methods = {key: getattr(handlers, name) for key, name in DATA_APIS.items()}
         self._methods.update({key: getattr(coordinator, name) for key, name in GROUP_APIS.items()})
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
+        if transactions is not None:
+            self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
 
     def __call__(self, request):
         try:
@@ -91,12 +104,18 @@ class RequestDispatcher:
             return True
         if api == ApiKey.METADATA:
             return self.handlers.metadata_creates_topics(header.api_version, body)
+        if self.transactions is not None and _creates_transaction_state(header, body):
+            return not self.transactions.state_topic_exists()
+        if api == ApiKey.ADD_OFFSETS_TO_TXN:
+            return self.handlers.logs.get_partition(OFFSETS_TOPIC, 0) is None
         if api in GROUP_APIS and api not in (ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP) or api == ApiKey.FIND_COORDINATOR:
             return self.handlers.logs.get_partition(OFFSETS_TOPIC, 0) is None
         return False
 
     def _answer_blocking(self, request, header, body):
-        if header.api_key == ApiKey.FIND_COORDINATOR:
+        if self.transactions is not None and _creates_transaction_state(header, body):
+            self.transactions.create_state_topic()
+        elif header.api_key == ApiKey.FIND_COORDINATOR:
             self.coordinator.create_offsets_topic()
         return self._answer(request, header, body)
 

@@ -2,18 +2,21 @@
 response body, as Kafka's ``KafkaApis`` answers them on a single node.
 
 Served (versions as Kafka 3.9): ApiVersions 0-4, Metadata 0-12, Produce 0-11, Fetch 0-17, ListOffsets
-0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker for
-groups; TRANSACTIONAL_ID_AUTHORIZATION_FAILED for transactions), OffsetForLeaderEpoch 0-4, the group APIs of
-``kmem.broker.group.coordinator.GroupCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
-InitProducerId with a transactional id is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka answers
-it when its ACLs deny the transactional id. A Produce carrying transactional batches needs a transactional
-id, else every partition is answered TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's
-``handleProduceRequest``); without a transaction coordinator (``Handlers.transactions`` None) it is refused
-so too. Otherwise each partition whose producer has no transaction open there at that epoch is verified
-with the coordinator first (KIP-890 part 1, ``verify_transaction``): its error (INVALID_TXN_STATE,
-INVALID_PRODUCER_EPOCH...) answers the partition, and a marker written between the verification and the
-append voids it (INVALID_TXN_STATE, Kafka's ``VerificationGuard``), so no batch opens a transaction that
-already ended. WriteTxnMarkers and DescribeProducers are served (see their handlers).
+0-9, InitProducerId 0-5, CreateTopics 0-7, DeleteTopics 0-6, FindCoordinator 0-6 (this broker, for
+groups and for transactional ids), OffsetForLeaderEpoch 0-4, the group APIs of
+``kmem.broker.group.coordinator.GroupCoordinator``, the transaction APIs of
+``kmem.broker.txn.coordinator.TransactionCoordinator`` and the admin APIs of ``kmem.broker.apis.admin``.
+InitProducerId without a transactional id gives an idempotent producer a new producer id; with one it is
+the transaction coordinator's (``Handlers.transactions``; without a coordinator it is refused
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka refuses an id its ACLs deny). A Produce carrying
+transactional batches needs a transactional id, else every partition is answered
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's ``handleProduceRequest``); without a transaction coordinator
+(``Handlers.transactions`` None) it is refused so too. Otherwise each partition whose producer has no
+transaction open there at that epoch is verified with the coordinator first (KIP-890 part 1,
+``verify_transaction``): its error (INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH...) answers the partition, and
+a marker written between the verification and the append voids it (INVALID_TXN_STATE, Kafka's
+``VerificationGuard``), so no batch opens a transaction that already ended. WriteTxnMarkers and
+DescribeProducers are served (see their handlers).
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
 topic, as Kafka answers it. A request naming any topic by a non-zero id is answered by its ids alone, whatever
 the names beside them hold (the Java client sends ``name=""``), UNKNOWN_TOPIC_ID for an unknown one, and
@@ -65,6 +68,7 @@ from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
+from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
 from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
@@ -81,9 +85,14 @@ SERVED_VERSIONS = {
     **GROUP_VERSIONS, **ADMIN_VERSIONS,
     ApiKey.WRITE_TXN_MARKERS: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
+    ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
+    ApiKey.ADD_OFFSETS_TO_TXN: (0, 4),
+    ApiKey.END_TXN: (0, 4),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 1),
     ApiKey.TXN_OFFSET_COMMIT: (0, 4),
 }
-GROUP_KEY_TYPE = 0                 # FindCoordinator key types: 0 group, 1 transaction
+GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types (2, share groups, is not served)
 ZERO_UUID = uuid.UUID(int=0)
 NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
 MAGIC_OFFSET = 16                  # of a batch's magic byte
@@ -109,6 +118,7 @@ class Handlers:
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
         self.closing = False
+        self.transactions = None       # the TransactionCoordinator, set by the server
         self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
         logs.add_listener(self.fetch_purgatory.check_and_complete)
 
@@ -126,14 +136,20 @@ class Handlers:
         return response
 
     def find_coordinator(self, header, request):
-        """Every group's coordinator is this broker. Transactions are not served: a transactional id is
-        refused as Kafka refuses one its ACLs deny (TRANSACTIONAL_ID_AUTHORIZATION_FAILED, which clients
-        take as fatal), not COORDINATOR_NOT_AVAILABLE, which they would retry until their timeout."""
-        if header.api_version >= 1 and request.key_type != GROUP_KEY_TYPE:
-            error, message, (node, host, port) = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, \
-                "kmem broker serves no transactions", (-1, "", -1)
+        """Every group's and every transactional id's coordinator is this broker (``__transaction_state`` is
+        created first, on an io thread: see ``kmem.broker.apis.dispatch``). Without a transaction coordinator
+        a transactional id is refused as Kafka refuses one its ACLs deny (TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+        which clients take as fatal). Any other key type is INVALID_REQUEST (share groups, KIP-932, are
+        Kafka 4's)."""
+        key_type = request.key_type if header.api_version >= 1 else GROUP_KEY_TYPE
+        error, message = ErrorCode.NONE, None
+        if key_type == TRANSACTION_KEY_TYPE and self.transactions is None:
+            error, message = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "kmem broker serves no transactions here"
+        elif key_type not in (GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE):
+            error, message = ErrorCode.INVALID_REQUEST, f"unknown coordinator key type {key_type}"
+        if error:
+            node, host, port = -1, "", -1
         else:
-            error, message = ErrorCode.NONE, None
             node, (host, port) = self.node_id, self.endpoint()
         response = messages.FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message,
                                                     node_id=node, host=host, port=port)
@@ -229,7 +245,7 @@ class Handlers:
                 replica_nodes=[node], isr_nodes=[node], offline_replicas=[]))
         return messages.MetadataResponse.MetadataResponseTopic(
             error_code=ErrorCode.NONE, name=name, topic_id=protocol_uuid(info.topic_id),
-            is_internal=name == OFFSETS_TOPIC, partitions=partitions)
+            is_internal=name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC), partitions=partitions)
 
     # --- CreateTopics, DeleteTopics -------------------------------------------------------------------
 
@@ -301,6 +317,8 @@ class Handlers:
 
     def init_producer_id(self, header, request):
         if request.transactional_id is not None:
+            if self.transactions is not None:
+                return self.transactions.init_producer_id(header, request)
             return messages.InitProducerIdResponse(
                 throttle_time_ms=0, error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1,
                 producer_epoch=-1)
@@ -353,9 +371,9 @@ class Handlers:
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
-                if topic.name == OFFSETS_TOPIC:        # Kafka's ReplicaManager: internalTopicsAllowed is false
+                if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):     # Kafka's internalTopicsAllowed=false
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
-                    result.error_message = f"cannot append to internal topic {OFFSETS_TOPIC}"
+                    result.error_message = f"cannot append to internal topic {topic.name}"
                     continue
                 partition_log = self.logs.get_partition(topic.name, data.index)
                 if partition_log is None:

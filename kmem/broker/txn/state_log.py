@@ -1,0 +1,136 @@
+"""The records of Kafka's ``__transaction_state`` topic, byte for byte: Kafka 3.9's ``TransactionLogKey``
+(version 0: ``transactional id``) and ``TransactionLogValue`` (``kafka.coordinator.transaction.TransactionLog``).
+
+- the key: ``i16 version (0) | string transactional id``;
+- the value, written at version 0 as Kafka 3.9 writes it (version 1, flexible, only with
+  ``transaction.version`` 1+, which Kafka 3.9 does not enable by default), read at 0 and 1:
+  ``i16 version | i64 producer id | i16 producer epoch | i32 timeout ms | i8 state | partitions | i64 last
+  update ms | i64 start ms``, partitions a nullable array of ``topic | [i32 partition]``, null for Empty;
+  version 1 uses compact strings and arrays and ends each struct with tagged fields (Kafka 4's
+  previous/next producer id and client transaction version, skipped here);
+- a null value is a tombstone: the transactional id expired.
+
+A transactional id's records go to partition ``abs(hashCode(id)) % transaction.state.log.num.partitions``
+(``kmem.broker.group.offsets.partition_for``, Kafka's ``TransactionStateManager.partitionFor``).
+"""
+from typing import NamedTuple
+
+from kmem.broker.group.offsets import _Reader, _Writer
+from kmem.broker.txn.metadata import EMPTY, STATE_NAMES
+from kmem.errors import CorruptRecordError
+
+TRANSACTION_STATE_TOPIC = "__transaction_state"
+KEY_VERSION = 0
+VALUE_VERSION = 0
+
+
+class TransactionLogValue(NamedTuple):
+    producer_id: int
+    producer_epoch: int
+    timeout_ms: int
+    state: int
+    partitions: frozenset          # {(topic, partition)}
+    last_update_ms: int
+    start_ms: int
+
+
+def transaction_log_key(transactional_id):
+    w = _Writer()
+    w.i16(KEY_VERSION)
+    w.string(transactional_id)
+    return w.value()
+
+
+def transaction_log_value(transit):
+    """Value v0 of a ``TxnTransit`` (Kafka's ``TransactionLog.valueToBytes``)."""
+    if transit.state == EMPTY and transit.partitions:
+        raise ValueError(f"an Empty transaction has no partitions: {transit!r}")
+    w = _Writer()
+    w.i16(VALUE_VERSION)
+    w.i64(transit.producer_id)
+    w.i16(transit.producer_epoch)
+    w.i32(transit.timeout_ms)
+    w.parts.append(bytes([transit.state]))
+    if transit.state == EMPTY:
+        w.i32(-1)
+    else:
+        by_topic = {}
+        for topic, partition in sorted(transit.partitions):
+            by_topic.setdefault(topic, []).append(partition)
+        w.i32(len(by_topic))
+        for topic, partitions in by_topic.items():
+            w.string(topic)
+            w.i32(len(partitions))
+            for partition in partitions:
+                w.i32(partition)
+    w.i64(transit.last_update_ms)
+    w.i64(transit.start_ms)
+    return w.value()
+
+
+def read_key(key):
+    """The transactional id of a key; ``CorruptRecordError`` for a missing key or an unknown version."""
+    if key is None:
+        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: a record without a key")
+    r = _Reader(key, f"{TRANSACTION_STATE_TOPIC} key")
+    version = r.i16()
+    if version != KEY_VERSION:
+        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: unknown key version {version}")
+    return r.string()
+
+
+class _FlexibleReader(_Reader):
+    """The compact types of flexible versions (KIP-482)."""
+
+    def uvarint(self):
+        value = shift = 0
+        while True:
+            byte = self._take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 28:
+                raise CorruptRecordError(f"{self.what}: a varint at byte {self.pos} is too long")
+
+    def compact_string(self):
+        size = self.uvarint() - 1
+        try:
+            return bytes(self._take(size)).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecordError(f"{self.what}: a string at byte {self.pos - size} is not UTF-8") from None
+
+    def skip_tagged_fields(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self._take(self.uvarint())
+
+
+def read_value(value):
+    """A ``TransactionLogValue``, or None for a tombstone; ``CorruptRecordError`` for bad bytes."""
+    if value is None:
+        return None
+    what = f"{TRANSACTION_STATE_TOPIC} value"
+    r = _FlexibleReader(value, what)
+    version = r.i16()
+    if version not in (0, 1):
+        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: unknown value version {version}")
+    flexible = version == 1
+    producer_id, epoch, timeout = r.i64(), r.i16(), r.i32()
+    state = r._take(1)[0]
+    if state >= len(STATE_NAMES):
+        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: unknown transaction state {state}")
+    count = r.uvarint() - 1 if flexible else r.i32()
+    partitions = set()
+    for _ in range(max(count, 0)):
+        topic = r.compact_string() if flexible else r.string()
+        for _ in range(r.uvarint() - 1 if flexible else r.i32()):
+            partitions.add((topic, r.i32()))
+        if flexible:
+            r.skip_tagged_fields()
+    last_update, start = r.i64(), r.i64()
+    if flexible:
+        r.skip_tagged_fields()
+    if state == EMPTY:               # Kafka ignores the partitions of an Empty transaction
+        partitions.clear()
+    return TransactionLogValue(producer_id, epoch, timeout, state, frozenset(partitions), last_update, start)

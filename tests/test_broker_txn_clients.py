@@ -1,0 +1,232 @@
+"""Transactions end to end with clients nobody here wrote (confluent-kafka, aiokafka): commit and abort
+interleaved with plain producers, fencing, a producer abandoned mid-transaction aborted at its timeout,
+and a broker killed between PrepareCommit and the markers that completes the commit when it comes back."""
+import asyncio
+import signal
+import uuid
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+
+from broker_helpers import TIMEOUT, start_broker_process, wait_for
+from kmem.broker import Broker
+from kmem.broker.txn.metadata import COMPLETE_ABORT
+
+ABORT_CHECK_MS = 50
+
+
+@pytest.fixture
+def broker(tmp_path):
+    with Broker(tmp_path / "logs", properties={
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": ABORT_CHECK_MS}) as running:
+        running.logs.create_topic("t", 2)
+        yield running
+
+
+def transactional(bootstrap, transactional_id, **config):
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id, **config})
+    producer.init_transactions(TIMEOUT)
+    return producer
+
+
+def read_all(bootstrap, isolation, topic="t", partitions=2):
+    """Every value of ``topic`` up to the end a consumer at ``isolation`` sees (the LSO for read_committed)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": str(uuid.uuid4()), "isolation.level": isolation,
+                         "enable.partition.eof": True, "enable.auto.commit": False})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    values, ended = [], set()
+    try:
+        wait_for(lambda: _poll_into(consumer, values, ended) and len(ended) == partitions, f"the end of {topic}")
+    finally:
+        consumer.close()
+    return sorted(values)
+
+
+def _poll_into(consumer, values, ended):
+    message = consumer.poll(0.2)
+    if message is not None:
+        if message.error():
+            if message.error().code() != KafkaError._PARTITION_EOF:
+                raise KafkaException(message.error())
+            ended.add(message.partition())
+        else:
+            values.append(message.value())
+            ended.discard(message.partition())
+    return True
+
+
+def settled(broker):
+    wait_for(lambda: broker.transactions.markers_pending() == 0, "every transaction's markers")
+
+
+def test_commit_and_abort_interleaved_with_plain_producers(broker):
+    bootstrap = broker.bootstrap_servers
+    producer = transactional(bootstrap, "tx")
+    plain = Producer({"bootstrap.servers": bootstrap})
+    committed, aborted, plains = [], [], []
+    for round_ in range(3):
+        for commit in (True, False):
+            producer.begin_transaction()
+            values = [f"{'c' if commit else 'a'}-{round_}-{i}".encode() for i in range(4)]
+            for i, value in enumerate(values):
+                producer.produce("t", value, partition=i % 2)
+                plain_value = f"p-{round_}-{commit}-{i}".encode()
+                plain.produce("t", plain_value, partition=i % 2)
+                plains.append(plain_value)
+            plain.flush(TIMEOUT)
+            producer.flush(TIMEOUT)                    # abort_transaction drops what was not sent yet
+            if commit:
+                producer.commit_transaction(TIMEOUT)
+                committed += values
+            else:
+                producer.abort_transaction(TIMEOUT)
+                aborted += values
+    settled(broker)
+    assert read_all(bootstrap, "read_committed") == sorted(committed + plains)
+    assert read_all(bootstrap, "read_uncommitted") == sorted(committed + aborted + plains)
+    for partition in range(2):
+        partition_log = broker.logs.get_partition("t", partition)
+        assert partition_log.last_stable_offset == partition_log.log_end_offset
+
+
+def test_a_second_producer_fences_the_first(broker):
+    bootstrap = broker.bootstrap_servers
+    first = transactional(bootstrap, "fenced")
+    first.begin_transaction()
+    first.produce("t", b"from-the-first", partition=0)
+    first.flush(TIMEOUT)
+    second = transactional(bootstrap, "fenced")        # aborts the first's transaction, bumps the epoch
+    second.begin_transaction()
+    second.produce("t", b"from-the-second", partition=1)
+    second.commit_transaction(TIMEOUT)
+    with pytest.raises(KafkaException) as fenced:
+        first.produce("t", b"too-late", partition=0)
+        first.commit_transaction(TIMEOUT)
+    assert fenced.value.args[0].fatal()
+    settled(broker)
+    assert read_all(bootstrap, "read_committed") == [b"from-the-second"]
+
+
+def test_an_abandoned_transaction_is_aborted_at_its_timeout_and_the_lso_moves(broker):
+    bootstrap = broker.bootstrap_servers
+    abandoned = transactional(bootstrap, "abandoned", **{"transaction.timeout.ms": 1000})
+    abandoned.begin_transaction()
+    abandoned.produce("t", b"never-committed", partition=0)
+    abandoned.flush(TIMEOUT)
+    partition_log = broker.logs.get_partition("t", 0)
+    assert partition_log.last_stable_offset < partition_log.log_end_offset         # held by the open transaction
+    wait_for(lambda: broker.transactions._peek("abandoned").state == COMPLETE_ABORT, "the timed out abort")
+    settled(broker)
+    assert partition_log.last_stable_offset == partition_log.log_end_offset
+    assert read_all(bootstrap, "read_committed") == []
+    with pytest.raises(KafkaException):
+        abandoned.commit_transaction(TIMEOUT)                # fenced by the abort's epoch bump
+
+
+def test_aiokafka_transactional_producer(broker):
+    from aiokafka import AIOKafkaProducer
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, transactional_id="aio")
+        await producer.start()
+        try:
+            async with producer.transaction():
+                await producer.send_and_wait("t", b"aio-committed", partition=0)
+            await producer.begin_transaction()
+            await producer.send_and_wait("t", b"aio-aborted", partition=1)
+            await producer.abort_transaction()
+        finally:
+            await producer.stop()
+    asyncio.run(run())
+    settled(broker)
+    assert read_all(broker.bootstrap_servers, "read_committed") == [b"aio-committed"]
+    assert read_all(broker.bootstrap_servers, "read_uncommitted") == [b"aio-aborted", b"aio-committed"]
+
+
+# the first broker never gets a marker written: its commit stops after PrepareCommit
+MARKERS_FAIL = """
+from kmem.broker.codes import ErrorCode
+from kmem.broker.txn.markers import TxnMarkerWriter
+TxnMarkerWriter.write = lambda self, pid, epoch, coordinator_epoch, commit, partitions: {
+    tp: ErrorCode.KAFKA_STORAGE_ERROR for tp in partitions}
+"""
+
+
+def test_a_broker_killed_after_prepare_commit_completes_the_commit_when_it_restarts(tmp_path):
+    log_dir = tmp_path / "logs"
+    process, bootstrap = start_broker_process(log_dir, before=MARKERS_FAIL)
+    try:
+        producer = transactional(bootstrap, "killed")
+        producer.begin_transaction()
+        producer.produce("t", b"committed-before-the-kill", partition=0)
+        producer.commit_transaction(TIMEOUT)         # answered once PrepareCommit is written
+        assert read_all(bootstrap, "read_committed", partitions=1) == []       # no marker: the LSO stays
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    process, bootstrap = start_broker_process(log_dir)
+    try:
+        wait_for(lambda: read_all(bootstrap, "read_committed", partitions=1) == [b"committed-before-the-kill"],
+                 "the commit completed after the restart")
+        assert any("PrepareCommit (found at start)" in line for line in process.log_lines)
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def test_consume_transform_produce_offsets_move_only_on_commit(broker):
+    """``send_offsets_to_transaction`` (AddOffsetsToTxn, TxnOffsetCommit): the input offsets become the
+    group's committed offsets with the output records, and not at all when the transaction aborts."""
+    bootstrap = broker.bootstrap_servers
+    broker.logs.create_topic("in", 1)
+    source = Producer({"bootstrap.servers": bootstrap})
+    for i in range(5):
+        source.produce("in", f"in-{i}".encode())
+    source.flush(TIMEOUT)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "ctp", "enable.auto.commit": False,
+                         "isolation.level": "read_committed"})
+    consumer.assign([TopicPartition("in", 0, OFFSET_BEGINNING)])
+    producer = transactional(bootstrap, "ctp-tx")
+    inputs = []
+    wait_for(lambda: _poll_into(consumer, inputs, set()) and len(inputs) == 5, "the input")
+    try:
+        for commit in (False, True):
+            producer.begin_transaction()
+            for value in inputs:
+                producer.produce("t", value.replace(b"in", b"out"), partition=0)
+            producer.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                                 consumer.consumer_group_metadata(), TIMEOUT)
+            if commit:
+                producer.commit_transaction(TIMEOUT)
+            else:
+                producer.flush(TIMEOUT)
+                producer.abort_transaction(TIMEOUT)
+                settled(broker)
+                assert consumer.committed([TopicPartition("in", 0)], TIMEOUT)[0].offset < 0     # nothing moved
+        settled(broker)
+        assert consumer.committed([TopicPartition("in", 0)], TIMEOUT)[0].offset == 5
+    finally:
+        consumer.close()
+    assert read_all(bootstrap, "read_committed") == sorted(v.replace(b"in", b"out") for v in inputs)
+
+
+def test_no_client_appends_to_deletes_from_or_grows_the_transaction_state_topic(broker):
+    transactional(broker.bootstrap_servers, "creates-the-topic")
+    ends = [broker.logs.get_partition("__transaction_state", p).log_end_offset for p in range(50)]
+    delivered = []
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    producer.produce("__transaction_state", b"forged", partition=0, on_delivery=lambda e, m: delivered.append(e))
+    producer.flush(TIMEOUT)
+    assert [e.code() for e in delivered] == [KafkaError.TOPIC_EXCEPTION]
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    deleted = admin.delete_records([TopicPartition("__transaction_state", 0, 0)])
+    with pytest.raises(KafkaException) as refused:
+        [future.result(TIMEOUT) for future in deleted.values()]
+    assert refused.value.args[0].code() == KafkaError.TOPIC_EXCEPTION
+    grown = admin.create_partitions([NewPartitions("__transaction_state", 60)])
+    with pytest.raises(KafkaException) as refused:
+        [future.result(TIMEOUT) for future in grown.values()]
+    assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST
+    assert [broker.logs.get_partition("__transaction_state", p).log_end_offset for p in range(50)] == ends
+    assert broker.logs.topics()["__transaction_state"].partitions == 50
