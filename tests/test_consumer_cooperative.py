@@ -1,16 +1,18 @@
 """The sticky and cooperative-sticky assignors (KIP-54, KIP-429): the assignment they compute, the
 ConsumerProtocol payloads that carry ownership, a cooperative group mixing kmem and librdkafka
 (confluent-kafka) on kmem broker, where only the partitions that must move are revoked, and an eager
-sticky group with kafka-python."""
+sticky group with kafka-python; the rebalance listener's callbacks, eager and cooperative."""
 import time
+import types
 
 import confluent_kafka
 import kafka
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 import pytest
 
+from consumer_helpers import Recorder
 from kmem.broker import Broker
-from kmem.consumer import Consumer, TopicPartition
+from kmem.consumer import Consumer, KafkaError, TopicPartition
 from kmem.consumer.group import (Subscription, assign_sticky, encode_sticky_subscription, encode_subscription,
                                  read_subscription)
 
@@ -200,3 +202,116 @@ def test_rolling_upgrade_from_eager_to_cooperative(broker):
         with member("cooperative-sticky") as cooperative:
             poll_until(lambda: len(upgraded.assignment()) == len(cooperative.assignment()) == 3, upgraded, cooperative)
         assert set() in held        # eager: it gave up everything while it rejoined
+
+
+# -- the rebalance listener (Kafka's ConsumerRebalanceListener) --------------------------------------------
+
+def listening_member(bootstrap, group, strategy, listener, session_timeout_ms=6000):
+    consumer = Consumer(bootstrap, group_id=group, partition_assignment_strategy=strategy,
+                        auto_offset_reset="earliest", session_timeout_ms=session_timeout_ms,
+                        heartbeat_interval_ms=200, buffer_memory=1 << 20, fetch_max_bytes=256 << 10)
+    consumer.subscribe([TOPIC], listener=listener)
+    return consumer
+
+
+def shared(*consumers):
+    """Whether the members hold equal shares that together cover the topic, each partition once."""
+    held = [c.assignment() for c in consumers]
+    return all(len(h) == PARTITIONS // len(held) for h in held) and set().union(*held) == EVERY
+
+
+def test_eager_listener_revokes_everything_before_each_rejoin(broker):
+    first_heard, second_heard = Recorder(), Recorder()
+    with listening_member(broker, "eager-listener", "range", first_heard) as first:
+        poll_until(lambda: first.assignment() == EVERY, first)
+        assert first_heard.events == [("assigned", EVERY)]       # nothing to revoke before the first join
+        with listening_member(broker, "eager-listener", "range", second_heard) as second:
+            poll_until(lambda: shared(first, second), first, second)
+            mine, theirs = first.assignment(), second.assignment()
+            assert first_heard.events == [("assigned", EVERY), ("revoked", EVERY), ("assigned", mine)]
+            assert second_heard.events == [("assigned", theirs)]
+        assert second_heard.events[-1] == ("revoked", theirs)    # close gives its partitions up
+        poll_until(lambda: first.assignment() == EVERY, first)
+        assert first_heard.events[3:] == [("revoked", mine), ("assigned", EVERY)]
+    assert first_heard.events[-1] == ("revoked", EVERY)
+    assert not any(name == "lost" for name, _ in first_heard.events + second_heard.events)
+
+
+def test_cooperative_listener_hears_only_the_partitions_that_move(broker):
+    first_heard, second_heard = Recorder(), Recorder()
+    with listening_member(broker, "coop-listener", "cooperative-sticky", first_heard) as first:
+        poll_until(lambda: first.assignment() == EVERY, first)
+        with listening_member(broker, "coop-listener", "cooperative-sticky", second_heard) as second:
+            poll_until(lambda: shared(first, second), first, second)
+            moved = second.assignment()
+            # The first member gave up only what the second took, after the rebalance that decided it;
+            # the rebalances after that assigned it nothing new.
+            assert first_heard.changes() == [("assigned", EVERY), ("revoked", moved)]
+            assert first_heard.events[:3] == [("assigned", EVERY), ("revoked", moved), ("assigned", set())]
+            assert second_heard.changes() == [("assigned", moved)]
+            assert {name for name, _ in second_heard.events} == {"assigned"}
+        assert second_heard.events[-1] == ("revoked", moved)
+        poll_until(lambda: first.assignment() == EVERY, first)
+        assert first_heard.changes() == [("assigned", EVERY), ("revoked", moved), ("assigned", moved)]
+
+
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_a_member_whose_session_expired_hears_its_partitions_lost(broker, strategy):
+    first_heard = Recorder()
+    group = f"lost-{strategy}"
+    with listening_member(broker, group, strategy, first_heard, session_timeout_ms=1000) as first, \
+            listening_member(broker, group, strategy, Recorder(), session_timeout_ms=1000) as second:
+        poll_until(lambda: shared(first, second), first, second)
+        held = first.assignment()
+        heard = len(first_heard.events)
+        # The application's thread holds the consumer (as a C extension holding the GIL would): no
+        # heartbeat goes out, the coordinator expires the member and the other takes everything.
+        with first._lock:
+            poll_until(lambda: second.assignment() == EVERY, second)
+        poll_until(lambda: shared(first, second), first, second)
+        after = first_heard.events[heard:]
+        assert after[0] == ("lost", held), first_heard.events
+        assert ("revoked", held) not in after
+        assert after[-1][0] == "assigned"
+
+
+class Failing(Recorder):
+    """Raises from every revoked and assigned callback, after recording it."""
+
+    def on_partitions_revoked(self, revoked):
+        super().on_partitions_revoked(revoked)
+        raise RuntimeError("revoked failed")
+
+    def on_partitions_assigned(self, assigned):
+        super().on_partitions_assigned(assigned)
+        raise RuntimeError("assigned failed")
+
+
+def test_a_listener_that_raises_does_not_stop_the_rebalance_and_poll_raises_it(broker, caplog):
+    raised = []
+
+    def polling(consumer):
+        def poll(_timeout):
+            try:
+                return consumer.poll(50)
+            except KafkaError as exc:
+                raised.append(exc)
+                return []
+        return types.SimpleNamespace(poll=poll, assignment=consumer.assignment)
+
+    first_heard = Failing()
+    with listening_member(broker, "failing-listener", "range", first_heard) as first:
+        poll_until(lambda: first.assignment() == EVERY, polling(first))
+        with listening_member(broker, "failing-listener", "range", Recorder()) as second:
+            poll_until(lambda: shared(first, second), polling(first), second)
+            mine = first.assignment()
+            assert first_heard.events == [("assigned", EVERY), ("revoked", EVERY), ("assigned", mine)]
+            assert [str(e).split(":")[0] for e in raised] == [
+                "the rebalance listener raised in on_partitions_assigned",
+                "the rebalance listener raised in on_partitions_revoked",
+                "the rebalance listener raised in on_partitions_assigned"]
+            assert [str(e.__cause__) for e in raised] == ["assigned failed", "revoked failed", "assigned failed"]
+            assert "rebalance listener Failing failed in on_partitions_revoked" in caplog.text
+        with pytest.raises(KafkaError, match="on_partitions_revoked"):
+            first.close()
+

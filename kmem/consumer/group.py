@@ -263,7 +263,8 @@ class Coordinator:
 
     def __init__(self, client, metadata, config, *, priority=True, on_join_prepare=lambda: None):
         self._client = client
-        self._on_join_prepare = on_join_prepare     # runs before each JoinGroup (commit, revoke)
+        self._on_join_prepare = on_join_prepare     # runs before a rebalance's first JoinGroup (commit, revoke)
+        self._needs_join_prepare = True
         self._metadata = metadata
         self.group_id = config["group.id"]
         self._session_timeout_ms = config["session.timeout.ms"]
@@ -394,7 +395,9 @@ class Coordinator:
     # -- join and sync ---------------------------------------------------------------------------------
 
     def _join(self):
-        self._on_join_prepare()
+        if self._needs_join_prepare:    # once per rebalance: not again for a retried JoinGroup
+            self._needs_join_prepare = False
+            self._on_join_prepare()
         self._state = "joining"
         self._join_in_flight = True
         metadata = encode_subscription(self.subscription)
@@ -452,7 +455,7 @@ class Coordinator:
         if code in _COORDINATOR_ERRORS:
             self._coordinator_dead(codes.error_name(code))
         elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
-            self.member_id = ""
+            self._fenced(code)
         elif code != codes.REBALANCE_IN_PROGRESS:
             log.warning("group %s: join failed with %s", self.group_id, codes.error_name(code))
         self._retry_at = time.monotonic() + self._retry_backoff
@@ -496,6 +499,7 @@ class Coordinator:
             self._state = "unjoined"
             return
         self._state = "stable"
+        self._needs_join_prepare = True
         self._heartbeat_due = time.monotonic() + self._heartbeat_interval
         self.assigned = self.assignment_changed = [tp for tp in assigned if tp.topic in self.subscription]
 
@@ -522,8 +526,7 @@ class Coordinator:
         if code == codes.REBALANCE_IN_PROGRESS:
             self.request_rejoin()
         elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
-            self.member_id = "" if code == codes.UNKNOWN_MEMBER_ID else self.member_id
-            self._state = "unjoined"
+            self._fenced(code)
         elif code in _COORDINATOR_ERRORS:
             self._coordinator_dead(codes.error_name(code))
         else:
@@ -609,6 +612,17 @@ class Coordinator:
         self.member_id = ""
         self.generation = -1
         self.assigned = []
+        self._needs_join_prepare = True
+
+    def _fenced(self, code):
+        """The coordinator no longer knows this member (its session expired) or its generation: the
+        partitions it holds are lost (the next join reports them so), and it joins again as a new member,
+        keeping its id after ILLEGAL_GENERATION as Kafka's does."""
+        log.info("group %s: member %s of generation %d fenced (%s); rejoining", self.group_id, self.member_id,
+                 self.generation, codes.error_name(code))
+        member_id = self.member_id if code == codes.ILLEGAL_GENERATION else ""
+        self._forget_membership()
+        self.member_id = member_id
 
 
 class HeartbeatThread(threading.Thread):
