@@ -2,11 +2,17 @@
 ConsumerProtocol payloads that carry ownership, a cooperative group mixing kmem and librdkafka
 (confluent-kafka) on kmem broker, where only the partitions that must move are revoked, and an eager
 sticky group with kafka-python; the rebalance listener's callbacks, eager and cooperative."""
+import asyncio
+import threading
 import time
 import types
 
+import aiokafka
+import aiokafka.abc
+from aiokafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor as AiokafkaSticky
 import confluent_kafka
 import kafka
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 import pytest
 
@@ -315,3 +321,133 @@ def test_a_listener_that_raises_does_not_stop_the_rebalance_and_poll_raises_it(b
         with pytest.raises(KafkaError, match="on_partitions_revoked"):
             first.close()
 
+
+# -- mixed groups with other clients' listeners ----------------------------------------------------------
+
+class PeerHeard:
+    """Another client's rebalance listener callbacks, as (name, set of partitions)."""
+
+    def __init__(self):
+        self.events = []
+
+    def _record(self, name, partitions):
+        self.events.append((name, {TopicPartition(p.topic, p.partition) for p in partitions}))
+
+    def on_partitions_revoked(self, revoked):
+        self._record("revoked", revoked)
+
+    def on_partitions_assigned(self, assigned):
+        self._record("assigned", assigned)
+
+    def changes(self):
+        return [event for event in self.events if event[1]]
+
+
+class KafkaPythonHeard(PeerHeard, kafka.ConsumerRebalanceListener):
+    pass
+
+
+class AiokafkaHeard(PeerHeard, aiokafka.abc.ConsumerRebalanceListener):
+    pass
+
+
+def kafka_python_member(bootstrap, group, assignor, heard):
+    consumer = kafka.KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                                   partition_assignment_strategy=[assignor], session_timeout_ms=6000,
+                                   heartbeat_interval_ms=200)
+    consumer.subscribe([TOPIC], listener=heard)
+    return consumer
+
+
+@pytest.mark.parametrize("first", ["kafka-python", "kmem"])
+def test_cooperative_sticky_with_kafka_python_moves_only_what_it_must(broker, first):
+    group = f"coop-python-{first}"
+    kmem_heard, python_heard = Recorder(), KafkaPythonHeard()
+    members = []
+    try:
+        if first == "kafka-python":
+            members.append(kafka_python_member(broker, group, CooperativeStickyAssignor, python_heard))
+            poll_until(lambda: kafka_python_holds(members[0]) == EVERY, *members)
+            members.append(listening_member(broker, group, "cooperative-sticky", kmem_heard))
+        else:
+            members.append(listening_member(broker, group, "cooperative-sticky", kmem_heard))
+            poll_until(lambda: members[0].assignment() == EVERY, *members)
+            members.append(kafka_python_member(broker, group, CooperativeStickyAssignor, python_heard))
+        python, kmem = sorted(members, key=lambda m: isinstance(m, Consumer))
+        poll_until(lambda: len(kmem.assignment()) == len(kafka_python_holds(python)) == PARTITIONS // 2
+                   and kmem.assignment() | kafka_python_holds(python) == EVERY, *members)
+        mine, theirs = kmem.assignment(), kafka_python_holds(python)
+        if first == "kafka-python":
+            assert python_heard.changes() == [("assigned", EVERY), ("revoked", mine)]
+            assert kmem_heard.changes() == [("assigned", mine)]
+        else:
+            assert kmem_heard.changes() == [("assigned", EVERY), ("revoked", theirs)]
+            assert python_heard.changes() == [("assigned", theirs)]
+    finally:
+        for member in members:
+            member.close()
+
+
+class AiokafkaMember:
+    """An aiokafka consumer in a group, run by its own event loop on its own thread; ``poll`` waits for its
+    assignment to change. (aiokafka's sticky assignor keeps its state in the class: one member a process.)"""
+
+    def __init__(self, bootstrap, group, heard):
+        self._args = dict(bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
+                          partition_assignment_strategy=(AiokafkaSticky,), session_timeout_ms=6000,
+                          heartbeat_interval_ms=200)
+        self._heard = heard
+        self._held = set()
+        self._changed = threading.Condition()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._run(),), daemon=True)
+        self._thread.start()
+
+    async def _run(self):
+        consumer = aiokafka.AIOKafkaConsumer(**self._args)
+        consumer.subscribe([TOPIC], listener=self._heard)
+        await consumer.start()
+        try:
+            while not self._stopping.is_set():
+                await consumer.getmany(timeout_ms=50)
+                held = {TopicPartition(p.topic, p.partition) for p in consumer.assignment()}
+                if held != self._held:
+                    with self._changed:
+                        self._held = held
+                        self._changed.notify_all()
+        finally:
+            await consumer.stop()
+
+    def assignment(self):
+        return set(self._held)
+
+    def poll(self, timeout):
+        with self._changed:
+            self._changed.wait(timeout)
+
+    def close(self):
+        self._stopping.set()
+        self._thread.join(30)
+
+
+def test_eager_sticky_members_of_aiokafka_and_kmem_keep_their_partitions(broker):
+    # aiokafka leads (it joins first), reading kmem's StickyAssignor user data; then a kmem member leads a
+    # group where aiokafka's member keeps what it held.
+    for leader in ("aiokafka", "kmem"):
+        group = f"sticky-aiokafka-{leader}"
+        members = []
+        try:
+            for client in (leader, {"aiokafka": "kmem", "kmem": "aiokafka"}[leader], "kmem"):
+                members.append(AiokafkaMember(broker, group, AiokafkaHeard()) if client == "aiokafka"
+                               else listening_member(broker, group, "sticky", Recorder()))
+                count = len(members)
+                poll_until(lambda: all(len(m.assignment()) == PARTITIONS // count for m in members)
+                           and set().union(*(m.assignment() for m in members)) == EVERY, *members)
+                if count == 2:
+                    before = [m.assignment() for m in members]
+            after = [m.assignment() for m in members]
+            # The two members keep two of their three partitions each: only the new member's share moves.
+            assert len(before[0] & after[0]) == len(before[1] & after[1]) == 2, (leader, before, after)
+        finally:
+            for member in members:
+                member.close()
