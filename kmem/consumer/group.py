@@ -444,8 +444,14 @@ class Coordinator:
                 return
             topics = set().union(*(s.topics for s in self._leader_members.values()))
             self._metadata.set_topics(self._metadata.topics | topics)
-            self._metadata.request_update()
-            self._leader_members_version = self._metadata.version
+            # As Java's ConsumerCoordinator: the metadata at hand serves when it knows every member's
+            # topics. Waiting for a fresh answer would put it behind a fetch long-poll on the same
+            # connection (fetch.max.wait.ms), at each rebalance of a cooperative leader, which keeps fetching.
+            if topics <= self._metadata.partitions.keys():
+                self._leader_members_version = -1
+            else:
+                self._metadata.request_update()
+                self._leader_members_version = self._metadata.version
         else:
             self._leader_members = None
             self._sync([])
@@ -461,7 +467,7 @@ class Coordinator:
         self._retry_at = time.monotonic() + self._retry_backoff
 
     def _try_leader_sync(self):
-        # Assign with metadata fetched after the join, so every member's topics are known.
+        # Assign once the metadata knows every member's topics (fetched after the join if it did not).
         if self._metadata.version <= self._leader_members_version:
             return
         members, self._leader_members = self._leader_members, None
