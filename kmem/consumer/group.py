@@ -9,7 +9,9 @@ With ``cooperative-sticky`` alone configured, rebalancing is incremental (KIP-42
 partitions while it rejoins, the leader withholds a partition that changes owner, its old owner gives it up
 and rejoins at once, and the second rebalance hands it to the new one. With eager assignors in the list as
 well (the rolling upgrade's first step, ``["cooperative-sticky", "range"]``), the member revokes
-everything before each join, as Kafka's.
+everything before each join, as Kafka's. The consumer's rebalance listener hears of each change
+(``kmem.consumer.consumer``); a member the coordinator no longer knows (UNKNOWN_MEMBER_ID) or whose
+generation it fenced (ILLEGAL_GENERATION) has lost its partitions, and joins again.
 
 Joining, syncing, assigning and commits are driven from the consumer's ``poll`` on the application's
 thread. Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
