@@ -1,5 +1,9 @@
-"""Reading loops shared by the consumer tests (mock cluster and kmem broker alike)."""
+"""Reading loops shared by the consumer tests (mock cluster and kmem broker alike), and a rebalance
+listener that records its callbacks."""
+import threading
 import time
+
+from kmem.consumer import ConsumerRebalanceListener
 
 
 def consume(consumer, count, timeout=30.0):
@@ -22,3 +26,30 @@ def read_slowly(consumer, total, timeout=60.0):
         if batch:
             time.sleep(0.002)
     return records, peak
+
+
+class Recorder(ConsumerRebalanceListener):
+    """Every callback as (name, set of partitions); each must come on the test's own thread (the
+    application's), never on the heartbeat thread, with a sorted list."""
+
+    def __init__(self):
+        self.events = []
+        self.thread = threading.get_ident()
+
+    def _record(self, name, partitions):
+        assert threading.get_ident() == self.thread, f"{name} called on another thread"
+        assert partitions == sorted(partitions)
+        self.events.append((name, set(partitions)))
+
+    def on_partitions_revoked(self, revoked):
+        self._record("revoked", revoked)
+
+    def on_partitions_assigned(self, assigned):
+        self._record("assigned", assigned)
+
+    def on_partitions_lost(self, lost):
+        self._record("lost", lost)
+
+    def changes(self):
+        """The callbacks with partitions (cooperative rebalances also call assigned with none)."""
+        return [event for event in self.events if event[1]]

@@ -1,7 +1,8 @@
 """kmem broker against Apache's Java clients (kafka-clients 3.9.1, the jar inside the PyPI wheel
 ``shigawire-apache-flink-libraries``; its lz4, snappy, zstd and slf4j jars are pyspark's): an AdminClient
 describing topics by id, a consumer validating a seek with its leader epoch (KIP-320), an idempotent producer
-with each codec, and a consumer group reading back and resuming from its commit.
+with each codec, a consumer group reading back and resuming from its commit, and a cooperative-sticky group
+(KIP-429) of a Java member and a kmem member, either joining the other's group.
 
 tests/java/KafkaClientProbe.java is compiled here with javac and runs in one JVM for the whole module,
 taking a command a line and answering a JSON line each. Skipped without a JDK or the jar's wheel; the jar's
@@ -17,9 +18,11 @@ import subprocess
 
 import pytest
 
-from broker_helpers import TIMEOUT, stored_batches
+from broker_helpers import TIMEOUT, stored_batches, wait_for
+from consumer_helpers import Recorder
 from kmem.broker import Broker
 from kmem.broker.log.checkpoints import random_uuid
+from kmem.consumer import Consumer, TopicPartition
 from kmem.records import build_records
 
 PROBE_SOURCE = os.path.join(os.path.dirname(__file__), "java", "KafkaClientProbe.java")
@@ -28,6 +31,7 @@ KAFKA_CLIENTS_SHA256 = "7568b998572d256f0b7bc0afdc1b7a2588b8b08415c62ce314c864a6
 RUNTIME_JARS = ("lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")                  # in pyspark's jars/
 CODEC_IDS = {"lz4": 3, "snappy": 2, "zstd": 4}
 OFFSET_FOR_LEADER_EPOCH_V4 = (23, 4)
+COOPERATIVE_STICKY = "org.apache.kafka.clients.consumer.CooperativeStickyAssignor"
 
 
 def kafka_clients_jar():
@@ -144,3 +148,58 @@ def test_a_consumer_group_reads_back_and_resumes_from_its_commit(broker, probe):
     assert probe("group-read", broker.bootstrap_servers, "grouped", "readers", 3) == {
         "values": [f"later-{i}" for i in range(3)]}
     assert broker.requests_served[OFFSET_FOR_LEADER_EPOCH_V4] > validations
+
+
+@pytest.mark.parametrize("first", ["java", "kmem"])
+def test_a_cooperative_sticky_group_of_java_and_kmem_moves_only_what_it_must(broker, probe, first):
+    """The second member, of the other client, takes half of the first's partitions: the first gives up
+    exactly those (in the rebalance after the one that decided it), the second never gives up any, and
+    every partition ends with one owner."""
+    topic = group = f"cooperative-{first}-first"
+    broker.logs.create_topic(topic, 6)
+    every = {TopicPartition(topic, p) for p in range(6)}
+    heard = Recorder()
+    kmem = Consumer(broker.bootstrap_servers, group_id=group, partition_assignment_strategy="cooperative-sticky",
+                    auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=200)
+    java = None
+
+    def java_owned(state):
+        return {TopicPartition(topic, p) for p in state["owned"]}
+
+    def java_changes(state):
+        assert not any(name == "error" for name, _ in state["events"]), state
+        return [(name, {TopicPartition(topic, p) for p in ids}) for name, ids in state["events"] if ids]
+
+    def settled(condition):
+        """Poll kmem's member while Java's polls in the JVM, until ``condition(Java's state)``; that state."""
+        def check():
+            if kmem.subscription():
+                kmem.poll(50)
+            state = probe("member-state", java) if java is not None else {"owned": [], "events": []}
+            return state if condition(state) else None
+        return wait_for(check, "the group to settle")
+
+    def halves(state):
+        return len(kmem.assignment()) == len(java_owned(state)) == 3 and kmem.assignment() | java_owned(state) == every
+
+    try:
+        if first == "java":
+            java = probe("member-start", broker.bootstrap_servers, topic, group, COOPERATIVE_STICKY)["member"]
+            settled(lambda state: java_owned(state) == every)
+            kmem.subscribe([topic], listener=heard)
+            state = settled(halves)
+            mine = kmem.assignment()
+            assert java_changes(state) == [("assigned", every), ("revoked", mine)]
+            assert heard.changes() == [("assigned", mine)]
+        else:
+            kmem.subscribe([topic], listener=heard)
+            settled(lambda _: kmem.assignment() == every)
+            java = probe("member-start", broker.bootstrap_servers, topic, group, COOPERATIVE_STICKY)["member"]
+            state = settled(halves)
+            theirs = java_owned(state)
+            assert java_changes(state) == [("assigned", theirs)]
+            assert heard.changes() == [("assigned", every), ("revoked", theirs)]
+    finally:
+        kmem.close()
+        if java is not None:
+            probe("member-stop", java)

@@ -6,9 +6,9 @@
 ...     for record in consumer.poll(1000):
 ...         print(record.offset, record.value)
 """
-from kmem.consumer.consumer import Consumer
+from kmem.consumer.consumer import Consumer, ConsumerRebalanceListener
 from kmem.consumer.errors import CommitFailedError, KafkaConnectionError, KafkaError, OffsetOutOfRangeError
 from kmem.consumer.fetcher import ConsumerRecord, TopicPartition
 
-__all__ = ["Consumer", "ConsumerRecord", "TopicPartition", "KafkaError", "KafkaConnectionError",
-           "CommitFailedError", "OffsetOutOfRangeError"]
+__all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord", "TopicPartition", "KafkaError",
+           "KafkaConnectionError", "CommitFailedError", "OffsetOutOfRangeError"]

@@ -7,6 +7,28 @@ polls: a batch may take longer than ``session.timeout.ms``, but ``poll`` must co
 ``max.poll.interval.ms`` (default 5 minutes), or the member leaves the group and rejoins at its next
 ``poll`` (its partitions may have moved; a commit in between raises ``CommitFailedError``). What a C
 extension holding the GIL does to the heartbeats is in ``kmem.consumer.group``'s docstring.
+
+Rebalance listener (Kafka's ``ConsumerRebalanceListener``): ``subscribe(topics, listener=...)`` with an
+object whose ``on_partitions_revoked``, ``on_partitions_assigned`` and optionally ``on_partitions_lost``
+take a sorted list of ``TopicPartition``. They run on the application's thread, inside ``poll`` (and
+``unsubscribe``/``close``), never on the heartbeat thread, as in Kafka's ConsumerCoordinator:
+
+- eager assignors (range, roundrobin, sticky): before each rejoin, ``on_partitions_revoked`` with every
+  partition held (also when none is, except before the first join); after the rebalance,
+  ``on_partitions_assigned`` with the whole new assignment;
+- ``cooperative-sticky`` alone (KIP-429): nothing is revoked before rejoining (but partitions of topics
+  no longer subscribed); after the rebalance, ``on_partitions_revoked`` with only the partitions moved away
+  (when there are any; the member then rejoins at once) and ``on_partitions_assigned`` with only those
+  added (possibly none);
+- ``on_partitions_lost`` instead of revoked when the member is no longer in the group: it left after
+  ``max.poll.interval.ms`` without ``poll``, or the coordinator expired its session or fenced its generation
+  (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION). Its partitions may already be someone else's: do not commit
+  them. Without the method, ``on_partitions_revoked`` is called, as Kafka's default does;
+- ``unsubscribe`` and ``close`` revoke what is held (lost when out of the group or rebalancing).
+
+Revoked runs before the partitions are given up, so it may ``commit`` their positions; assigned runs
+after the partitions are taken, so it may ``seek``. A callback that raises is logged and the rebalance
+goes on; the ``poll`` that ran it then raises ``KafkaError`` with the callback's exception as its cause.
 """
 import functools
 import logging
@@ -30,6 +52,23 @@ COORDINATOR_MAX_RECEIVE_BYTES = 8 << 20
 _STRATEGIES = {"earliest": EARLIEST, "latest": LATEST, "none": None}
 # The heartbeat thread's pace between looks at the network, at most (Kafka's waits retry.backoff.ms).
 HEARTBEAT_TICK_SECONDS = 0.1
+
+
+class ConsumerRebalanceListener:
+    """Kafka's ConsumerRebalanceListener: subclass it (or pass any object with these methods) to
+    ``Consumer.subscribe``. Each method gets a sorted list of ``TopicPartition``; see the module docstring
+    for when each is called."""
+
+    def on_partitions_revoked(self, revoked):
+        """The member is giving these partitions up, still in the group: commit their positions here."""
+
+    def on_partitions_assigned(self, assigned):
+        """The member took these partitions (only the new ones, with the cooperative protocol)."""
+
+    def on_partitions_lost(self, lost):
+        """The member is out of the group and these partitions may be another's already (Kafka's default:
+        as revoked)."""
+        self.on_partitions_revoked(lost)
 
 
 def _locked(method):
@@ -95,6 +134,7 @@ class Consumer:
         self._request_timeout = config["request.timeout.ms"] / 1000.0
         self._retry_backoff = config["retry.backoff.ms"] / 1000.0
         self._subscribed = False
+        self._listener = None               # the ConsumerRebalanceListener given to subscribe()
         self._offsets_in_flight = set()     # partitions with an OffsetFetch or ListOffsets out
         self._errors = []                   # raised by the next poll
         self._commit_callbacks = []         # commit_async callbacks, run by the next poll
@@ -113,8 +153,9 @@ class Consumer:
         self._metadata.set_topics({tp.topic for tp in parts})
 
     @_locked
-    def subscribe(self, topics):
-        """Join ``group.id`` and consume the partitions the group assigns of ``topics``."""
+    def subscribe(self, topics, listener=None):
+        """Join ``group.id`` and consume the partitions the group assigns of ``topics``; ``listener`` (a
+        ``ConsumerRebalanceListener``, or any object with its methods) hears of each change."""
         self._check_open()
         if self._coordinator is None:
             raise IllegalStateError("subscribe() needs a group.id")
@@ -125,6 +166,11 @@ class Consumer:
             raise InvalidArgumentError(f"subscribe() needs topic names, got {topics!r}")
         if not self._subscribed and self._fetcher.assignment:
             raise IllegalStateError("subscribe() cannot follow assign(); unsubscribe() first")
+        if listener is not None and not all(callable(getattr(listener, method, None)) for method in
+                                            ("on_partitions_revoked", "on_partitions_assigned")):
+            raise InvalidArgumentError(f"a rebalance listener needs on_partitions_revoked and "
+                                       f"on_partitions_assigned methods, not {listener!r}")
+        self._listener = listener
         self._subscribed = True
         self._coordinator.subscribe(topics)
         self._metadata.set_topics(topics)
@@ -137,12 +183,18 @@ class Consumer:
     def unsubscribe(self):
         """Leave the group (committing first when auto-committing) or drop the assignment."""
         self._check_open()
+        error = None
         if self._subscribed:
-            self._on_join_prepare()
+            if self._coordinator.generation >= 0:
+                self._auto_commit_before_revoke(self._fetcher.assignment)
+            error = self._on_leave_prepare()
             self._leave_group()
             self._coordinator.subscription = set()
         self._subscribed = False
+        self._listener = None
         self._fetcher.assign([])
+        if error is not None:
+            raise error
 
     @_locked
     def assignment(self):
@@ -279,28 +331,81 @@ class Consumer:
 
     def _apply_assignment(self, assigned):
         """A SyncGroup's assignment. Cooperative (KIP-429): partitions taken away are committed (when
-        auto-committing) and revoked, and the member rejoins at once so that their new owner gets them."""
-        kept = set(assigned)
-        revoked = [tp for tp in self._fetcher.assignment if tp not in kept]
+        auto-committing) and revoked, and the member rejoins at once so that their new owner gets them.
+        The listener hears of the partitions added (eager: all, as it gave up everything before joining)."""
+        owned = set(self._fetcher.assignment)
+        revoked = sorted(owned.difference(assigned))
         if revoked and self._coordinator.cooperative:
             self._auto_commit_before_revoke(revoked)
+            self._rebalance_callback("on_partitions_revoked", revoked)
             self._coordinator.request_rejoin()
         self._fetcher.assign(assigned)
         self._offsets_in_flight.difference_update(revoked)
         self._metadata.set_topics(self._coordinator.subscription)
+        self._rebalance_callback("on_partitions_assigned", sorted(set(assigned) - owned))
 
     def _on_join_prepare(self):
-        """Before (re)joining: commit what was handed out (when auto-committing), then give up the partitions,
-        except with the cooperative protocol (KIP-429), which keeps them while it rejoins. Out of the group
-        (it left or expired), the partitions are lost instead: nothing is committed."""
-        if not self._fetcher.assignment:
+        """Before a rebalance's JoinGroup: commit what was handed out (when auto-committing), then give up
+        the partitions, except with the cooperative protocol (KIP-429), which keeps those of topics still
+        subscribed while it rejoins. Out of the group (it left, expired or was fenced), the partitions are
+        lost instead: nothing is committed, and the listener's ``on_partitions_lost`` is told."""
+        owned = sorted(self._fetcher.assignment)
+        if self._coordinator.generation < 0 or not self._coordinator.member_id:
+            if owned:
+                self._rebalance_callback("on_partitions_lost", owned)
+                self._drop_partitions(owned)
             return
-        if self._coordinator.generation >= 0:
-            self._auto_commit_before_revoke(self._fetcher.assignment)
-            if self._coordinator.cooperative:
+        self._auto_commit_before_revoke(owned)
+        if self._coordinator.cooperative:
+            owned = [tp for tp in owned if tp.topic not in self._coordinator.subscription]
+            if not owned:
                 return
+        self._rebalance_callback("on_partitions_revoked", owned)
+        self._drop_partitions(owned)
+
+    def _drop_partitions(self, partitions):
+        dropped = set(partitions)
+        self._fetcher.assign([tp for tp in self._fetcher.assignment if tp not in dropped])
+        self._offsets_in_flight.difference_update(dropped)
+
+    def _rebalance_callback(self, method, partitions):
+        """Call the rebalance listener inside ``poll``; what it raises is logged, the rebalance goes on,
+        and ``poll`` raises it afterwards (as Kafka's ConsumerCoordinator does)."""
+        error = self._call_listener(method, partitions)
+        if error is not None:
+            self._errors.append(error)
+
+    def _call_listener(self, method, partitions):
+        """``method`` of the rebalance listener with ``partitions``; what it raised, wrapped, or None."""
+        listener = self._listener
+        if listener is None:
+            return None
+        callback = getattr(listener, method, None)
+        if callback is None:        # Kafka's default onPartitionsLost: as revoked
+            callback = listener.on_partitions_revoked
+        try:
+            callback(partitions)
+        except Exception as exc:
+            log.error("group %s: rebalance listener %s failed in %s for %s", self.config["group.id"],
+                      type(listener).__name__, method, partitions, exc_info=True)
+            error = KafkaError(f"the rebalance listener raised in {method}: {exc!r}")
+            error.__cause__ = exc
+            return error
+        return None
+
+    def _on_leave_prepare(self):
+        """Before leaving the group (``unsubscribe``, ``close``): the listener gives up the partitions, as
+        revoked, or lost when the member is no longer in the group or a rebalance is under way. Returns
+        what the listener raised, wrapped, or None."""
+        owned = sorted(self._fetcher.assignment)
+        error = None
+        if owned:
+            coordinator = self._coordinator
+            in_group = coordinator.generation >= 0 and coordinator.member_id and coordinator.stable
+            error = self._call_listener("on_partitions_revoked" if in_group else "on_partitions_lost", owned)
         self._fetcher.assign([])
         self._offsets_in_flight.clear()
+        return error
 
     def _auto_commit_before_revoke(self, partitions):
         if not self._auto_commit:
@@ -431,8 +536,9 @@ class Consumer:
     def _membership_error(self):
         """A ``CommitFailedError`` when the member holds partitions of a group it is no longer in."""
         if self._subscribed and self._coordinator.generation < 0 and self._fetcher.assignment:
-            return CommitFailedError("this member left its group (poll() was not called within "
-                                     "max.poll.interval.ms): its partitions may have moved; the next poll() rejoins")
+            return CommitFailedError("this member is no longer in its group (poll() was not called within "
+                                     "max.poll.interval.ms, or the coordinator expired or fenced it): its "
+                                     "partitions may have moved; the next poll() rejoins")
         return None
 
     def _commit_sync(self, offsets):
@@ -529,8 +635,9 @@ class Consumer:
     # -- closing ---------------------------------------------------------------------------------------
 
     def close(self, autocommit=True):
-        """Commit (when auto-committing), leave the group (a static member does not: Kafka's does not
-        either), release every pooled buffer, disconnect."""
+        """Commit (when auto-committing), give up the partitions (the rebalance listener's
+        ``on_partitions_revoked``), leave the group (a static member does not: Kafka's does not either),
+        release every pooled buffer, disconnect. What the listener raised is raised once closed."""
         if self._heartbeat_thread is not None:
             self._heartbeat_thread.stop()       # before taking the lock, which the thread may be waiting for
             self._heartbeat_thread = None
@@ -540,6 +647,7 @@ class Consumer:
     def _close(self, autocommit):
         if self._closed:
             return
+        error = None
         try:
             if self._coordinator is not None:
                 if autocommit and self._auto_commit and self._coordinator.ready and self._membership_error() is None:
@@ -549,12 +657,16 @@ class Consumer:
                             self._commit_sync(offsets)
                         except (CommitFailedError, KafkaConnectionError):
                             pass
-                if self._subscribed and self._coordinator.instance_id is None:
-                    self._leave_group()
+                if self._subscribed:
+                    error = self._on_leave_prepare()
+                    if self._coordinator.instance_id is None:
+                        self._leave_group()
         finally:
             self._closed = True
             self._fetcher.close()
             self._client.close()
+        if error is not None:
+            raise error
 
     def _leave_group(self):
         """LeaveGroup, waiting briefly for its answer so the group rebalances at once."""

@@ -9,7 +9,9 @@ With ``cooperative-sticky`` alone configured, rebalancing is incremental (KIP-42
 partitions while it rejoins, the leader withholds a partition that changes owner, its old owner gives it up
 and rejoins at once, and the second rebalance hands it to the new one. With eager assignors in the list as
 well (the rolling upgrade's first step, ``["cooperative-sticky", "range"]``), the member revokes
-everything before each join, as Kafka's.
+everything before each join, as Kafka's. The consumer's rebalance listener hears of each change
+(``kmem.consumer.consumer``); a member the coordinator no longer knows (UNKNOWN_MEMBER_ID) or whose
+generation it fenced (ILLEGAL_GENERATION) has lost its partitions, and joins again.
 
 Joining, syncing, assigning and commits are driven from the consumer's ``poll`` on the application's
 thread. Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
@@ -263,7 +265,8 @@ class Coordinator:
 
     def __init__(self, client, metadata, config, *, priority=True, on_join_prepare=lambda: None):
         self._client = client
-        self._on_join_prepare = on_join_prepare     # runs before each JoinGroup (commit, revoke)
+        self._on_join_prepare = on_join_prepare     # runs before a rebalance's first JoinGroup (commit, revoke)
+        self._needs_join_prepare = True
         self._metadata = metadata
         self.group_id = config["group.id"]
         self._session_timeout_ms = config["session.timeout.ms"]
@@ -394,7 +397,9 @@ class Coordinator:
     # -- join and sync ---------------------------------------------------------------------------------
 
     def _join(self):
-        self._on_join_prepare()
+        if self._needs_join_prepare:    # once per rebalance: not again for a retried JoinGroup
+            self._needs_join_prepare = False
+            self._on_join_prepare()
         self._state = "joining"
         self._join_in_flight = True
         metadata = encode_subscription(self.subscription)
@@ -441,8 +446,14 @@ class Coordinator:
                 return
             topics = set().union(*(s.topics for s in self._leader_members.values()))
             self._metadata.set_topics(self._metadata.topics | topics)
-            self._metadata.request_update()
-            self._leader_members_version = self._metadata.version
+            # As Java's ConsumerCoordinator: the metadata at hand serves when it knows every member's
+            # topics. Waiting for a fresh answer would put it behind a fetch long-poll on the same
+            # connection (fetch.max.wait.ms), at each rebalance of a cooperative leader, which keeps fetching.
+            if topics <= self._metadata.partitions.keys():
+                self._leader_members_version = -1
+            else:
+                self._metadata.request_update()
+                self._leader_members_version = self._metadata.version
         else:
             self._leader_members = None
             self._sync([])
@@ -452,13 +463,13 @@ class Coordinator:
         if code in _COORDINATOR_ERRORS:
             self._coordinator_dead(codes.error_name(code))
         elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
-            self.member_id = ""
+            self._fenced(code)
         elif code != codes.REBALANCE_IN_PROGRESS:
             log.warning("group %s: join failed with %s", self.group_id, codes.error_name(code))
         self._retry_at = time.monotonic() + self._retry_backoff
 
     def _try_leader_sync(self):
-        # Assign with metadata fetched after the join, so every member's topics are known.
+        # Assign once the metadata knows every member's topics (fetched after the join if it did not).
         if self._metadata.version <= self._leader_members_version:
             return
         members, self._leader_members = self._leader_members, None
@@ -496,6 +507,7 @@ class Coordinator:
             self._state = "unjoined"
             return
         self._state = "stable"
+        self._needs_join_prepare = True
         self._heartbeat_due = time.monotonic() + self._heartbeat_interval
         self.assigned = self.assignment_changed = [tp for tp in assigned if tp.topic in self.subscription]
 
@@ -522,8 +534,7 @@ class Coordinator:
         if code == codes.REBALANCE_IN_PROGRESS:
             self.request_rejoin()
         elif code in (codes.UNKNOWN_MEMBER_ID, codes.ILLEGAL_GENERATION):
-            self.member_id = "" if code == codes.UNKNOWN_MEMBER_ID else self.member_id
-            self._state = "unjoined"
+            self._fenced(code)
         elif code in _COORDINATOR_ERRORS:
             self._coordinator_dead(codes.error_name(code))
         else:
@@ -609,6 +620,17 @@ class Coordinator:
         self.member_id = ""
         self.generation = -1
         self.assigned = []
+        self._needs_join_prepare = True
+
+    def _fenced(self, code):
+        """The coordinator no longer knows this member (its session expired) or its generation: the
+        partitions it holds are lost (the next join reports them so), and it joins again as a new member,
+        keeping its id after ILLEGAL_GENERATION as Kafka's does."""
+        log.info("group %s: member %s of generation %d fenced (%s); rejoining", self.group_id, self.member_id,
+                 self.generation, codes.error_name(code))
+        member_id = self.member_id if code == codes.ILLEGAL_GENERATION else ""
+        self._forget_membership()
+        self.member_id = member_id
 
 
 class HeartbeatThread(threading.Thread):

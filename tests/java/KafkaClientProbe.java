@@ -5,18 +5,22 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collection;
 import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.Properties;
+import java.util.TreeSet;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.TopicDescription;
+import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
 import org.apache.kafka.clients.consumer.KafkaConsumer;
 import org.apache.kafka.clients.consumer.LogTruncationException;
@@ -37,6 +41,8 @@ import org.apache.kafka.common.Uuid;
  *   seek BOOTSTRAP TOPIC PARTITION OFFSET EPOCH COUNT  assign, seek with a leader epoch (KIP-320), read COUNT
  *   produce BOOTSTRAP TOPIC COMPRESSION COUNT          an idempotent producer (acks=all), COUNT records
  *   group-read BOOTSTRAP TOPIC GROUP COUNT             subscribe in a group, read COUNT records, commit
+ *   member-start BOOTSTRAP TOPIC GROUP ASSIGNOR        a member polling on its own thread until member-stop: its id
+ *   member-state ID / member-stop ID                   the partitions it owns and its rebalance callbacks so far
  *
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
@@ -66,6 +72,9 @@ public class KafkaClientProbe {
                                      Integer.parseInt(a[4]), Integer.parseInt(a[5]));
             case "produce": return produce(a[0], a[1], a[2], Integer.parseInt(a[3]));
             case "group-read": return groupRead(a[0], a[1], a[2], Integer.parseInt(a[3]));
+            case "member-start": return Member.start(a[0], a[1], a[2], a[3]);
+            case "member-state": return Member.MEMBERS.get(Integer.parseInt(a[0])).state();
+            case "member-stop": return Member.MEMBERS.remove(Integer.parseInt(a[0])).stop();
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
@@ -188,6 +197,80 @@ public class KafkaClientProbe {
         Map<String, Object> answer = new LinkedHashMap<>();
         answer.put("values", values);
         return answer;
+    }
+
+    /** A group member (ASSIGNOR: a partition.assignment.strategy class) that polls on its own thread and
+     * records each ConsumerRebalanceListener callback as [name, [partition...]] ("error" if poll threw). */
+    static class Member implements ConsumerRebalanceListener, Runnable {
+        static final Map<Integer, Member> MEMBERS = new ConcurrentHashMap<>();
+        static int started;
+        final KafkaConsumer<String, String> consumer;
+        final String topic;
+        final Thread thread = new Thread(this, "probe-member");
+        final TreeSet<Integer> owned = new TreeSet<>();
+        final List<Object> events = new ArrayList<>();
+        volatile boolean stopping;
+
+        Member(Properties p, String topic) {
+            this.consumer = new KafkaConsumer<>(p);
+            this.topic = topic;
+        }
+
+        static Object start(String bootstrap, String topic, String group, String assignor) {
+            Properties p = consumer(bootstrap);
+            p.put("group.id", group);
+            p.put("auto.offset.reset", "earliest");
+            p.put("partition.assignment.strategy", assignor);
+            p.put("session.timeout.ms", "6000");
+            p.put("heartbeat.interval.ms", "200");
+            Member member = new Member(p, topic);
+            int id = ++started;
+            MEMBERS.put(id, member);
+            member.thread.start();
+            Map<String, Object> answer = new LinkedHashMap<>();
+            answer.put("member", id);
+            return answer;
+        }
+
+        public void run() {
+            try {
+                consumer.subscribe(List.of(topic), this);
+                while (!stopping) consumer.poll(Duration.ofMillis(50));
+            } catch (RuntimeException e) {
+                synchronized (this) {
+                    events.add(List.of("error", e.toString()));
+                }
+            } finally {
+                consumer.close(DEADLINE);
+            }
+        }
+
+        synchronized void record(String name, Collection<TopicPartition> partitions) {
+            TreeSet<Integer> ids = new TreeSet<>();
+            for (TopicPartition tp : partitions) ids.add(tp.partition());
+            if (name.equals("assigned")) owned.addAll(ids);
+            else owned.removeAll(ids);
+            events.add(List.of(name, new ArrayList<>(ids)));
+        }
+
+        public void onPartitionsRevoked(Collection<TopicPartition> partitions) { record("revoked", partitions); }
+
+        public void onPartitionsAssigned(Collection<TopicPartition> partitions) { record("assigned", partitions); }
+
+        public void onPartitionsLost(Collection<TopicPartition> partitions) { record("lost", partitions); }
+
+        synchronized Map<String, Object> state() {
+            Map<String, Object> answer = new LinkedHashMap<>();
+            answer.put("owned", new ArrayList<>(owned));
+            answer.put("events", new ArrayList<>(events));
+            return answer;
+        }
+
+        Object stop() throws InterruptedException {
+            stopping = true;
+            thread.join(2 * DEADLINE.toMillis());
+            return state();
+        }
     }
 
     static String json(Object value) {
