@@ -521,11 +521,14 @@ def first_uncleanable_offset(segments, active_base, last_stable_offset, config, 
 
 def _fits(cleaned, segment, max_size):
     """``segment`` can join the cleaned segment being written: whatever its records that stay, the result
-    holds at most ``max_size`` bytes and its offsets fit the 32-bit relative offsets of one segment's index.
-    Kafka's ``groupSegmentsBySize`` adds up the segments' sizes before cleaning; adding up the cleaned size
-    so far lets one output take in many segments the pass shrinks, so that a pass writes a few large
-    segments rather than one small file (and its fsyncs) per segment it read."""
+    holds at most ``max_size`` bytes, its indexes at most ``segment.index.bytes`` (the entries written so far
+    plus the segment's own: cleaning adds no entry) and its offsets fit the 32-bit relative offsets of one
+    segment's index. Kafka's ``groupSegmentsBySize`` adds up the segments' sizes before cleaning; adding up
+    the cleaned size so far lets one output take in many segments the pass shrinks, so that a pass writes a
+    few large segments rather than one small file (and its fsyncs) per segment it read."""
     return cleaned.size + segment.size <= max_size \
+        and all(written.entries + own.entries <= written.max_entries for written, own in (
+            (cleaned.offset_index, segment.offset_index), (cleaned.time_index, segment.time_index))) \
         and segment.next_offset - 1 - cleaned.base_offset <= INT32_MAX
 
 
