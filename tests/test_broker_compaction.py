@@ -98,13 +98,16 @@ def test_the_cleaned_log_is_read_again_after_a_restart_and_small_segments_are_re
     manager = open_manager(tmp_path)
     partition_log = compacted(manager)
     write_updates(partition_log, 300, keys=5)
+    read = len(partition_log.segments) - 1
     manager.cleaner.clean("t", 0, now_ms=NOW)
     first_pass_end = manager.cleaner.first_dirty_offset("t", 0)
-    assert len([s for s in partition_log.segments if s.base_offset < first_pass_end]) > 20
+    # a group takes in segments while what it wrote plus the next one's size fits segment.bytes (1000 bytes)
+    assert read > 20 and len([s for s in partition_log.segments if s.base_offset < first_pass_end]) <= 2
     writes = write_updates(partition_log, 100, keys=5, seed=2)
     manager.cleaner.clean("t", 0, now_ms=NOW)          # regroups the segments the first pass made small
     expected = read_log(partition_log)
     assert len([s for s in partition_log.segments if s.base_offset < first_pass_end]) == 1
+    assert all(s.size <= 1000 for s in partition_log.segments)
     manager.close()
     manager = open_manager(tmp_path)
     try:
@@ -113,6 +116,17 @@ def test_the_cleaned_log_is_read_again_after_a_restart_and_small_segments_are_re
         assert manager.cleaner.first_dirty_offset("t", 0) > 0
     finally:
         manager.close()
+
+
+def test_a_group_of_segments_stops_where_the_cleaned_indexes_would_be_full(manager):
+    # an index entry for each batch, 10 entries an index: every segment rolled with a full index
+    partition_log = compacted(manager, **{"segment.index.bytes": 80, "index.interval.bytes": 0,
+                                          "segment.bytes": 100_000})
+    writes = write_updates(partition_log, 300, keys=200)
+    end = dirty_end(partition_log)
+    manager.cleaner.clean("t", 0, now_ms=NOW)
+    assert read_log(partition_log) == latest([w for w in writes if w[0] < end]) + [w for w in writes if w[0] >= end]
+    assert manager.cleaner.first_dirty_offset("t", 0) == end
 
 
 def test_fetching_from_an_offset_that_was_cleaned_away_gets_the_next_record(manager):

@@ -11,12 +11,15 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
    offset of each key of the dirty section, batch by batch, until it is ``log.cleaner.io.buffer.load.factor``
    full: a section with more keys than that is cleaned in several passes, the map never grows.
 3. Every segment before the end of what the map covers (not the active one) is rewritten, in groups of
-   consecutive segments whose sizes add up to at most ``segment.bytes`` (so the cleaned log does not
-   degenerate into many small files), into ``<base>.log.cleaned`` with rebuilt ``.index.cleaned`` and
-   ``.timeindex.cleaned`` (and ``.txnindex.cleaned``). A record is kept when it is the latest of its key
-   (offsets are never rewritten: consumers see gaps); keyless records go (Kafka refuses them on a compacted
-   topic). A batch whose records all stay is copied byte for byte, else it is rebuilt with the same base and
-   last offset, producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
+   consecutive segments, into ``<base>.log.cleaned`` with rebuilt ``.index.cleaned`` and
+   ``.timeindex.cleaned`` (and ``.txnindex.cleaned``). A group takes in the next segment while what it has
+   written so far plus that segment's whole size is at most ``segment.bytes`` (Kafka's
+   ``groupSegmentsBySize`` adds up the sizes before cleaning): the cleaned log does not degenerate into many
+   small files, and a pass that shrinks the log writes a few segments rather than one (with its fsyncs and
+   renames) per segment it read. A record is kept when it is the latest of its key (offsets are never
+   rewritten: consumers see gaps); keyless records go (Kafka refuses them on a compacted topic). A batch
+   whose records all stay is copied byte for byte, else it is rebuilt with the same base and last offset,
+   producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
    last batch of its producer (Kafka's ``RETAIN_EMPTY``): kept as an empty batch so that the producer's
    sequence survives and its retries are still recognised. Transactions: nothing at or past the last stable
    offset is cleaned (the segment holding it and later ones stay dirty); the records of aborted
@@ -29,8 +32,9 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
    delete horizon (``now + delete.retention.ms``, in the base timestamp with attribute bit 0x40, as
    Kafka); a later pass drops the tombstones of a batch whose horizon is past.
 5. The cleaned files are fsynced and swapped in under the partition's lock (``PartitionLog.replace_segments``)
-   as Kafka's ``replaceSegments``: renamed ``.swap``, the old segments renamed ``.deleted`` and removed,
-   the ``.swap`` files renamed to their live names. A crash at any point is completed or undone when the
+   as Kafka's ``replaceSegments``: renamed ``.swap``, the old segments renamed ``.deleted``, the ``.swap``
+   files renamed to their live names; the ``.deleted`` files are removed once the lock is released (appends
+   do not wait for large files to be freed). A crash at any point is completed or undone when the
    partition loads (``complete_interrupted_swaps``, Kafka's ``LogLoader``): ``.cleaned`` and ``.deleted``
    files are removed, a ``.log.swap`` file replaces the live segments its offsets cover and its indexes are
    rebuilt. If the old segments changed meanwhile (retention deleted one), the pass is dropped.
@@ -184,9 +188,9 @@ def _unlink(path):
 
 def swap_in_cleaned_files(directory, new_base, old_bases):
     """The file renames of Kafka's ``replaceSegments``: the cleaned files become ``.swap`` (the log last),
-    the old segments' files ``.deleted`` (then removed), the ``.swap`` files their live names (the log
-    first). Every step is durable before the next, so a crash leaves a state ``complete_interrupted_swaps``
-    completes or undoes."""
+    the old segments' files ``.deleted`` (``remove_deleted_files`` removes them), the ``.swap`` files their
+    live names (the log first). Every step is durable before the next, so a crash leaves a state
+    ``complete_interrupted_swaps`` completes or undoes."""
     stem = _stem(directory, new_base)
     if os.path.exists(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX):        # made only when a transaction aborted
         os.rename(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX, stem + TXN_INDEX_SUFFIX + SWAP_SUFFIX)
@@ -203,6 +207,10 @@ def swap_in_cleaned_files(directory, new_base, old_bases):
         if suffix != TXN_INDEX_SUFFIX or os.path.exists(stem + suffix + SWAP_SUFFIX):
             os.rename(stem + suffix + SWAP_SUFFIX, stem + suffix)
     fsync_directory(directory)
+
+
+def remove_deleted_files(directory, old_bases):
+    """The ``.deleted`` files a swap left (a crash before leaves them to ``complete_interrupted_swaps``)."""
     for base in old_bases:
         for suffix in SEGMENT_SUFFIXES:
             _unlink(_stem(directory, base) + suffix + DELETED_SUFFIX)
@@ -328,9 +336,11 @@ class Cleaner:
             stats.elapsed_secs = time.monotonic() - stats.started
             return first_dirty, stats
         to_clean = [s for s in segments if s.base_offset < end]
-        for group in group_segments_by_size(to_clean, config.segment_bytes):
-            if not self._clean_segments(partition_log, group, now_ms, stats, throttler):
+        while to_clean:
+            cleaned = self._clean_segments(partition_log, to_clean, now_ms, stats, throttler)
+            if not cleaned:
                 break
+            to_clean = to_clean[cleaned:]
         stats.elapsed_secs = time.monotonic() - stats.started
         return end, stats
 
@@ -385,13 +395,18 @@ class Cleaner:
 
     # --- rewriting ------------------------------------------------------------------------------------
 
-    def _clean_segments(self, partition_log, group, now_ms, stats, throttler):
-        """Rewrite ``group`` into one cleaned segment and swap it in; False when the log changed meanwhile."""
+    def _clean_segments(self, partition_log, segments, now_ms, stats, throttler):
+        """Rewrite the first of ``segments`` and those after it that surely fit into one cleaned segment,
+        and swap it in; returns how many it replaced, 0 when the log changed meanwhile."""
         config = partition_log.config
-        cleaned = _CleanedSegment(partition_log.directory, group[0].base_offset, config, self.io_buffer_size,
+        cleaned = _CleanedSegment(partition_log.directory, segments[0].base_offset, config, self.io_buffer_size,
                                   throttler)
+        group = []
         try:
-            for segment in group:
+            for segment in segments:
+                if group and not _fits(cleaned, segment, config.segment_bytes):
+                    break
+                group.append(segment)
                 # The aborted transactions stay indexed: read_committed fetches of the cleaned segment
                 # still skip the aborted records the clean kept.
                 cleaned.txn_index.extend(segment.txn_index.entries())
@@ -409,8 +424,10 @@ class Cleaner:
             cleaned.discard()
             log.info("%s: clean of offsets %d..%d dropped: the log changed meanwhile", partition_log.directory,
                      group[0].base_offset, group[-1].next_offset - 1)
-            return False
-        return True
+            return 0
+        # out of the partition's lock: removing large files takes time, appends need not wait for it
+        remove_deleted_files(partition_log.directory, [s.base_offset for s in group])
+        return len(group)
 
     def _retained(self, partition_log, batch, now_ms, config, stats):
         """``(bytes, max timestamp, offset of it)`` of what stays of ``batch``, or None."""
@@ -502,21 +519,17 @@ def first_uncleanable_offset(segments, active_base, last_stable_offset, config, 
     return first
 
 
-def group_segments_by_size(segments, max_size):
-    """Consecutive segments in groups of at most ``max_size`` bytes whose offsets fit one segment (the
-    32-bit relative offsets of its index), as Kafka's ``groupSegmentsBySize``."""
-    groups, group, size = [], [], 0
-    for segment in segments:
-        fits = group and size + segment.size <= max_size \
-            and segment.next_offset - 1 - group[0].base_offset <= INT32_MAX
-        if group and not fits:
-            groups.append(group)
-            group, size = [], 0
-        group.append(segment)
-        size += segment.size
-    if group:
-        groups.append(group)
-    return groups
+def _fits(cleaned, segment, max_size):
+    """``segment`` can join the cleaned segment being written: whatever its records that stay, the result
+    holds at most ``max_size`` bytes, its indexes at most ``segment.index.bytes`` (the entries written so far
+    plus the segment's own: cleaning adds no entry) and its offsets fit the 32-bit relative offsets of one
+    segment's index. Kafka's ``groupSegmentsBySize`` adds up the segments' sizes before cleaning; adding up
+    the cleaned size so far lets one output take in many segments the pass shrinks, so that a pass writes a
+    few large segments rather than one small file (and its fsyncs) per segment it read."""
+    return cleaned.size + segment.size <= max_size \
+        and all(written.entries + own.entries <= written.max_entries for written, own in (
+            (cleaned.offset_index, segment.offset_index), (cleaned.time_index, segment.time_index))) \
+        and segment.next_offset - 1 - cleaned.base_offset <= INT32_MAX
 
 
 @dataclass
