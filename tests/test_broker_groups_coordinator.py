@@ -506,8 +506,9 @@ def test_the_brokers_log_cleaner_compacts_the_offsets_topic(tmp_path):
         partition = broker.logs.get_partition(OFFSETS_TOPIC, partition_for("g", 3))
         # the 200 commits took some 30 KiB; compacted, the partition holds its active segment (at most
         # offsets.topic.segment.bytes) and the latest commit before it
-        assert _wait(lambda: partition.size_in_bytes <= 4096 + 512)
-        assert broker.logs.cleaner.first_dirty_offset(OFFSETS_TOPIC, partition_for("g", 3)) > 0
+        # the pass records where it stopped once its segments are swapped in
+        assert _wait(lambda: partition.size_in_bytes <= 4096 + 512
+                     and broker.logs.cleaner.first_dirty_offset(OFFSETS_TOPIC, partition_for("g", 3)) > 0)
         assert fetch(broker.coordinator) == {("t", 0): 199, ("t", 1): 398}
 
 
