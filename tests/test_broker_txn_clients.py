@@ -1,6 +1,8 @@
 """Transactions end to end with clients nobody here wrote (confluent-kafka, aiokafka): commit and abort
 interleaved with plain producers, fencing, a producer abandoned mid-transaction aborted at its timeout,
-and a broker killed between PrepareCommit and the markers that completes the commit when it comes back."""
+and a broker killed (SIGKILL) at each step of a commit, restarted on its log directory: after
+AddPartitionsToTxn (the transaction is aborted at its timeout), after PrepareCommit and between the markers
+(the commit is completed on every partition)."""
 import asyncio
 import signal
 import uuid
@@ -169,6 +171,80 @@ def test_a_broker_killed_after_prepare_commit_completes_the_commit_when_it_resta
     try:
         wait_for(lambda: read_all(bootstrap, "read_committed", partitions=1) == [b"committed-before-the-kill"],
                  "the commit completed after the restart")
+        assert any("PrepareCommit (found at start)" in line for line in process.log_lines)
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def kill(process):
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+
+
+def test_a_broker_killed_after_add_partitions_aborts_the_transaction_at_its_timeout(tmp_path):
+    """No EndTxn came: the restarted coordinator finds the transaction Ongoing and aborts it at its timeout, so
+    the LSO moves past it (the first broker checks timeouts only every 10 s, Kafka's default, so it is the
+    restarted one that aborts)."""
+    log_dir = tmp_path / "logs"
+    process, bootstrap = start_broker_process(log_dir)
+    try:
+        producer = transactional(bootstrap, "killed-open", **{"transaction.timeout.ms": 1000})
+        producer.begin_transaction()
+        producer.produce("t", b"open-at-the-kill", partition=0)
+        producer.flush(TIMEOUT)                     # AddPartitionsToTxn answered, the batch written
+        plain = Producer({"bootstrap.servers": bootstrap})
+        plain.produce("t", b"plain-after-it", partition=0)
+        plain.flush(TIMEOUT)
+        assert read_all(bootstrap, "read_committed", partitions=1) == []         # held by the open transaction
+    finally:
+        kill(process)
+    process, bootstrap = start_broker_process(
+        log_dir, "--override", f"transaction.abort.timed.out.transaction.cleanup.interval.ms={ABORT_CHECK_MS}")
+    try:
+        wait_for(lambda: read_all(bootstrap, "read_committed", partitions=1) == [b"plain-after-it"],
+                 "the open transaction aborted at its timeout after the restart")
+        assert read_all(bootstrap, "read_uncommitted", partitions=1) == [b"open-at-the-kill", b"plain-after-it"]
+    finally:
+        process.terminate()
+        process.wait()
+
+
+# the marker of partition 1 of "t" fails (as on a full disk): the commit stops between its markers
+SECOND_MARKER_FAILS = """
+from kmem.broker.codes import ErrorCode
+from kmem.broker.log import AppendResult
+from kmem.broker.log.unified_log import PartitionLog
+write_txn_marker = PartitionLog.write_txn_marker
+def first_marker_only(self, *args, **kwargs):
+    if (self.topic, self.partition) == ("t", 1):
+        return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, -1, -1, -1, 0, "stopped between the markers")
+    return write_txn_marker(self, *args, **kwargs)
+PartitionLog.write_txn_marker = first_marker_only
+"""
+
+
+def test_a_broker_killed_between_the_markers_completes_the_commit_on_every_partition(tmp_path):
+    log_dir = tmp_path / "logs"
+    process, bootstrap = start_broker_process(log_dir, "--override", "num.partitions=2", before=SECOND_MARKER_FAILS)
+    try:
+        producer = transactional(bootstrap, "killed-between")
+        producer.begin_transaction()
+        producer.produce("t", b"committed-0", partition=0)
+        producer.produce("t", b"committed-1", partition=1)
+        producer.commit_transaction(TIMEOUT)
+        plain = Producer({"bootstrap.servers": bootstrap})
+        plain.produce("t", b"plain-1", partition=1)
+        plain.flush(TIMEOUT)
+        # partition 0's marker is in, partition 1's is not: its LSO stays at the transaction's first offset
+        wait_for(lambda: read_all(bootstrap, "read_committed") == [b"committed-0"], "the first marker")
+    finally:
+        kill(process)
+    process, bootstrap = start_broker_process(log_dir)
+    try:
+        wait_for(lambda: read_all(bootstrap, "read_committed") == [b"committed-0", b"committed-1", b"plain-1"],
+                 "the commit completed on every partition after the restart")
+        assert read_all(bootstrap, "read_uncommitted") == [b"committed-0", b"committed-1", b"plain-1"]
         assert any("PrepareCommit (found at start)" in line for line in process.log_lines)
     finally:
         process.terminate()
