@@ -1,9 +1,11 @@
-"""Transactions end to end with clients nobody here wrote (confluent-kafka, aiokafka): commit and abort
+"""Transactions end to end with clients nobody here wrote (confluent-kafka, aiokafka), read back also with
+``kmem.consumer`` (read_committed skips aborted data and stops at an open transaction): commit and abort
 interleaved with plain producers, fencing, a producer abandoned mid-transaction aborted at its timeout,
 and a broker killed (SIGKILL) at each step of a commit, restarted on its log directory: after
 AddPartitionsToTxn (the transaction is aborted at its timeout), after PrepareCommit and between the markers
 (the commit is completed on every partition)."""
 import asyncio
+import os
 import signal
 import uuid
 
@@ -14,6 +16,8 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from broker_helpers import TIMEOUT, start_broker_process, wait_for
 from kmem.broker import Broker
 from kmem.broker.txn.metadata import COMPLETE_ABORT
+from kmem.consumer import Consumer as KmemConsumer
+from kmem.records import FileRecords, log_segments
 
 ABORT_CHECK_MS = 50
 
@@ -58,6 +62,30 @@ def _poll_into(consumer, values, ended):
     return True
 
 
+def read_all_kmem(broker, isolation, topic="t", partitions=2, **config):
+    """What ``kmem.consumer`` at ``isolation`` reads of ``topic`` up to the end (the LSO for read_committed);
+    it checks no record is handed out from a marker's offset."""
+    logs = [broker.logs.get_partition(topic, p) for p in range(partitions)]
+    ends = [log.last_stable_offset if isolation == "read_committed" else log.log_end_offset for log in logs]
+    records = []
+    with KmemConsumer(broker.bootstrap_servers, isolation_level=isolation, auto_offset_reset="earliest",
+                      fetch_max_wait_ms=50, **config) as consumer:
+        consumer.assign([(topic, p) for p in range(partitions)])
+        wait_for(lambda: records.extend(consumer.poll(50)) or
+                 [consumer.position((topic, p)) for p in range(partitions)] == ends, f"the end of {topic}")
+    markers = {(p, offset) for p in range(partitions) for offset in marker_offsets(broker.log_dir, topic, p)}
+    assert not markers & {(r.partition, r.offset) for r in records}
+    return sorted(r.value for r in records)
+
+
+def marker_offsets(log_dir, topic, partition):
+    offsets = []
+    for _, path in log_segments(os.path.join(log_dir, f"{topic}-{partition}")):
+        with FileRecords(path) as records:
+            offsets += [batch.base_offset for batch in records.batches() if batch.is_control_batch]
+    return offsets
+
+
 def settled(broker):
     wait_for(lambda: broker.transactions.markers_pending() == 0, "every transaction's markers")
 
@@ -87,6 +115,11 @@ def test_commit_and_abort_interleaved_with_plain_producers(broker):
     settled(broker)
     assert read_all(bootstrap, "read_committed") == sorted(committed + plains)
     assert read_all(bootstrap, "read_uncommitted") == sorted(committed + aborted + plains)
+    assert read_all_kmem(broker, "read_committed") == sorted(committed + plains)
+    assert read_all_kmem(broker, "read_uncommitted") == sorted(committed + aborted + plains)
+    # a batch a fetch: the aborted transactions of each response are those of its own range
+    assert read_all_kmem(broker, "read_committed", max_partition_fetch_bytes=1) == sorted(committed + plains)
+    assert len(marker_offsets(broker.log_dir, "t", 0)) == 6
     for partition in range(2):
         partition_log = broker.logs.get_partition("t", partition)
         assert partition_log.last_stable_offset == partition_log.log_end_offset
@@ -306,3 +339,39 @@ def test_no_client_appends_to_deletes_from_or_grows_the_transaction_state_topic(
     assert refused.value.args[0].code() == KafkaError.INVALID_REQUEST
     assert [broker.logs.get_partition("__transaction_state", p).log_end_offset for p in range(50)] == ends
     assert broker.logs.topics()["__transaction_state"].partitions == 50
+
+
+FETCH = 1
+
+
+def test_kmem_consumer_read_committed_stops_at_an_open_transaction_until_it_ends(broker):
+    """The last stable offset is the open transaction's first offset: a read_committed ``kmem.consumer`` gets
+    the records before it, then stays there however often it fetches (the plain record after it too), and
+    gets the rest once the transaction commits."""
+    bootstrap = broker.bootstrap_servers
+    plain = Producer({"bootstrap.servers": bootstrap})
+    for value in (b"before-0", b"before-1"):
+        plain.produce("t", value, partition=0)
+    plain.flush(TIMEOUT)
+    producer = transactional(bootstrap, "open")
+    producer.begin_transaction()
+    producer.produce("t", b"in-the-transaction", partition=0)          # offset 2
+    producer.flush(TIMEOUT)
+    plain.produce("t", b"after-it", partition=0)                       # offset 3
+    plain.flush(TIMEOUT)
+    records = []
+
+    def fetches():
+        return sum(count for (key, _), count in broker.requests_served.items() if key == FETCH)
+    with KmemConsumer(bootstrap, isolation_level="read_committed", auto_offset_reset="earliest",
+                      fetch_max_wait_ms=50) as consumer:
+        consumer.assign([("t", 0)])
+        wait_for(lambda: records.extend(consumer.poll(50)) or len(records) == 2, "the records before the LSO")
+        seen = fetches()
+        wait_for(lambda: records.extend(consumer.poll(50)) or fetches() > seen + 5, "more fetches")
+        assert [r.value for r in records] == [b"before-0", b"before-1"]
+        assert consumer.position(("t", 0)) == 2
+        producer.commit_transaction(TIMEOUT)
+        wait_for(lambda: records.extend(consumer.poll(50)) or len(records) == 4, "the records after the commit")
+        assert [(r.offset, r.value) for r in records[2:]] == [(2, b"in-the-transaction"), (3, b"after-it")]
+        wait_for(lambda: consumer.poll(50) == [] and consumer.position(("t", 0)) == 5, "the position past the marker")
