@@ -284,6 +284,54 @@ def test_a_broker_killed_between_the_markers_completes_the_commit_on_every_parti
         process.wait()
 
 
+# the marker of __consumer_offsets fails: the transaction's offsets stay pending while its records are committed
+OFFSETS_MARKER_FAILS = SECOND_MARKER_FAILS.replace('("t", 1)', '("__consumer_offsets", self.partition)')
+
+
+def test_a_broker_killed_before_the_offsets_marker_commits_the_offsets_when_it_restarts(tmp_path):
+    """Consume-transform-produce stopped between the markers: the output partition's is in, the group's
+    ``__consumer_offsets`` one is not. After the restart the pending offset commit is loaded, the marker
+    written, and the group's offset moves."""
+    log_dir = tmp_path / "logs"
+    process, bootstrap = start_broker_process(log_dir, before=OFFSETS_MARKER_FAILS)
+    try:
+        source = Producer({"bootstrap.servers": bootstrap})
+        source.produce("in", b"input", partition=0)                     # creates the input topic
+        source.flush(TIMEOUT)
+        producer = transactional(bootstrap, "killed-offsets")
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "killed-group"})
+        producer.begin_transaction()
+        producer.produce("t", b"output", partition=0)
+        producer.send_offsets_to_transaction([TopicPartition("in", 0, 7)], consumer.consumer_group_metadata(),
+                                             TIMEOUT)
+        producer.commit_transaction(TIMEOUT)
+        consumer.close()
+        wait_for(lambda: read_all(bootstrap, "read_committed", partitions=1) == [b"output"], "the output's marker")
+        assert committed_offsets(AdminClient({"bootstrap.servers": bootstrap}), "killed-group", False) == {}
+    finally:
+        kill(process)
+    process, bootstrap = start_broker_process(log_dir)
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        wait_for(lambda: committed_offsets(admin, "killed-group") == {("in", 0): 7},
+                 "the group's offset committed after the restart")
+    finally:
+        process.terminate()
+        process.wait()
+
+
+def committed_offsets(admin, group, require_stable=True):
+    """The group's committed offsets (None: OffsetFetch with require_stable refused while a commit is
+    pending; without, the pending commit is left out)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    try:
+        listed = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)],
+                                                   require_stable=require_stable)[group].result(TIMEOUT)
+    except KafkaException:
+        return None
+    return {(tp.topic, tp.partition): tp.offset for tp in listed.topic_partitions if tp.offset >= 0}
+
+
 def test_consume_transform_produce_offsets_move_only_on_commit(broker):
     """``send_offsets_to_transaction`` (AddOffsetsToTxn, TxnOffsetCommit): the input offsets become the
     group's committed offsets with the output records, and not at all when the transaction aborts."""
