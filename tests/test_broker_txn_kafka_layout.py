@@ -14,14 +14,16 @@ code): what Kafka 3.9's storage and transaction coordinator would load to contin
 Batches are read with kafka-python's record reader."""
 import glob
 import os
+import signal
 import struct
 
 import crc32c
-from confluent_kafka import Producer
+import pytest
+from confluent_kafka import IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from kafka.record.memory_records import MemoryRecords
 
-from broker_helpers import TIMEOUT, wait_for
-from kmem.broker import Broker
+from broker_helpers import TIMEOUT, start_broker_process, wait_for
 
 # Kafka's TransactionState ids
 EMPTY, ONGOING, PREPARE_COMMIT, PREPARE_ABORT, COMPLETE_COMMIT, COMPLETE_ABORT = range(6)
@@ -170,17 +172,36 @@ def transactional(bootstrap, transactional_id, timeout_ms=60000):
     return producer
 
 
-def test_a_log_directory_after_transactions_is_one_kafka_continues(tmp_path):
+def end_offsets(bootstrap, isolation_level):
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = {TopicPartition("t", p): OffsetSpec.latest() for p in range(2)}
+    return [future.result(TIMEOUT).offset for _, future in sorted(
+        admin.list_offsets(partitions, isolation_level=isolation_level).items(), key=lambda item: item[0].partition)]
+
+
+def settled(bootstrap):
+    return end_offsets(bootstrap, IsolationLevel.READ_COMMITTED) == end_offsets(bootstrap, IsolationLevel.READ_UNCOMMITTED)
+
+
+def stop(process, how):
+    process.send_signal(how)
+    process.wait()
+
+
+@pytest.mark.parametrize("stopped", ["cleanly", "by SIGKILL, restarted"])
+def test_a_log_directory_after_transactions_is_one_kafka_continues(tmp_path, stopped):
+    """Committed, aborted, aborted at its timeout (the producer gone), and one open at the stop; the broker
+    stopped cleanly, or killed and restarted (recovery rebuilds producer state and .txnindex), then stopped."""
     log_dir = tmp_path / "logs"
-    with Broker(log_dir, properties={"transaction.abort.timed.out.transaction.cleanup.interval.ms": 50}) as broker:
-        broker.logs.create_topic("t", 2)
-        bootstrap = broker.bootstrap_servers
+    process, bootstrap = start_broker_process(log_dir, "--override", "num.partitions=2", "--override",
+                                              "transaction.abort.timed.out.transaction.cleanup.interval.ms=50")
+    try:
         plain = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        plain.produce("t", b"p1", partition=1)
+        plain.flush(TIMEOUT)
         committed = transactional(bootstrap, "committed")
         committed.produce("t", b"c0", partition=0)
         committed.produce("t", b"c1", partition=1)
-        plain.produce("t", b"p1", partition=1)
-        plain.flush(TIMEOUT)
         committed.commit_transaction(TIMEOUT)
         aborted = transactional(bootstrap, "aborted")
         aborted.produce("t", b"a1", partition=1)
@@ -189,12 +210,16 @@ def test_a_log_directory_after_transactions_is_one_kafka_continues(tmp_path):
         hanging = transactional(bootstrap, "hanging", timeout_ms=1000)      # never ended: aborted at its timeout
         hanging.produce("t", b"h0", partition=0)
         hanging.flush(TIMEOUT)
-        wait_for(lambda: broker.transactions.markers_pending() == 0 and all(
-            broker.logs.get_partition("t", p).last_stable_offset == broker.logs.get_partition("t", p).log_end_offset
-            for p in range(2)), "the hanging transaction aborted")
+        wait_for(lambda: settled(bootstrap), "the hanging transaction aborted")
         still_open = transactional(bootstrap, "open")                        # open when the broker stops
         still_open.produce("t", b"o1", partition=1)
         still_open.flush(TIMEOUT)
+    finally:
+        stop(process, signal.SIGTERM if stopped == "cleanly" else signal.SIGKILL)
+    if stopped != "cleanly":
+        process, bootstrap = start_broker_process(log_dir)
+        stop(process, signal.SIGTERM)
+    assert process.returncode == 0 or stopped != "cleanly"
     state = transaction_state(log_dir)
     assert {t: v["state"] for t, v in state.items()} == {
         "committed": COMPLETE_COMMIT, "aborted": COMPLETE_ABORT, "hanging": COMPLETE_ABORT, "open": ONGOING}
