@@ -1,5 +1,6 @@
-"""A log directory after transactions, read back with readers written here from Kafka's layouts alone (no kmem
-code): what Kafka 3.9's storage and transaction coordinator would load to continue it.
+"""A log directory after transactions (the broker stopped cleanly, or SIGKILLed, restarted and stopped), read
+back with readers written here from Kafka's layouts alone (no kmem code): what Kafka 3.9's storage and
+transaction coordinator would load to continue it.
 
 - ``__transaction_state``: every record decodes with Kafka's ``TransactionLogKey`` (v0) and
   ``TransactionLogValue`` (v0) schemas (transaction-coordinator/src/main/resources/common/message/), and the
@@ -180,7 +181,9 @@ def end_offsets(bootstrap, isolation_level):
 
 
 def settled(bootstrap):
-    return end_offsets(bootstrap, IsolationLevel.READ_COMMITTED) == end_offsets(bootstrap, IsolationLevel.READ_UNCOMMITTED)
+    """Every partition's last stable offset is its end (ListOffsets read_committed and read_uncommitted)."""
+    return end_offsets(bootstrap, IsolationLevel.READ_COMMITTED) == \
+        end_offsets(bootstrap, IsolationLevel.READ_UNCOMMITTED)
 
 
 def stop(process, how):
