@@ -317,7 +317,9 @@ def test_java_admin_finds_and_aborts_a_hanging_transaction(broker, probe):
     live = ok(probe("txn-init", broker.bootstrap_servers, "java-live-tx", 60000))["producer"]
     ok(probe("txn-begin", live))
     ok(probe("txn-send", live, "java-hanging", 0, "live"))                  # offset 1
+    assert partition_log.append(build_records([b"plain"])).base_offset == 2
     assert partition_log.last_stable_offset == 0
+    assert java_read(probe, broker, "java-hanging", "read_committed") == []     # stopped at offset 0
 
     coordinator = ok(probe("transactions", broker.bootstrap_servers, "java-live-tx"))
     listed = {transactional_id: (producer_id, state) for transactional_id, producer_id, state in coordinator["listed"]}
@@ -335,9 +337,10 @@ def test_java_admin_finds_and_aborts_a_hanging_transaction(broker, probe):
     ok(probe("abort-txn", broker.bootstrap_servers, "java-hanging", 0, 777_000, found[0]["producer_epoch"],
              max(found[0]["coordinator_epoch"], 0)))
     assert partition_log.last_stable_offset == 1                             # up to the live transaction
+    assert java_read(probe, broker, "java-hanging", "read_committed") == []     # stopped at offset 1
     assert list(partition_log.active.txn_index.entries())[0][:2] == (777_000, 0)
     ok(probe("txn-commit", live))
     ok(probe("txn-close", live))
     settled(broker)
     assert partition_log.last_stable_offset == partition_log.log_end_offset
-    assert [value for *_, value in java_read(probe, broker, "java-hanging", "read_committed")] == ["live"]
+    assert [value for *_, value in java_read(probe, broker, "java-hanging", "read_committed")] == ["live", "plain"]
