@@ -394,6 +394,7 @@ public class KafkaClientProbe {
             for (TopicPartition tp : consumer.assignment())
                 offsets.put(tp, new OffsetAndMetadata(consumer.position(tp)));
             producer.sendOffsetsToTransaction(offsets, consumer.groupMetadata());
+            producer.flush();           // abortTransaction drops unsent records: these are in the log
             if (commit) producer.commitTransaction();
             else producer.abortTransaction();
             answer.put("values", values);
