@@ -217,10 +217,10 @@ def kill(process):
 
 def test_a_broker_killed_after_add_partitions_aborts_the_transaction_at_its_timeout(tmp_path):
     """No EndTxn came: the restarted coordinator finds the transaction Ongoing and aborts it at its timeout, so
-    the LSO moves past it (the first broker checks timeouts only every 10 s, Kafka's default, so it is the
-    restarted one that aborts)."""
+    the LSO moves past it (the first broker never checks timeouts, so it is the restarted one that aborts)."""
     log_dir = tmp_path / "logs"
-    process, bootstrap = start_broker_process(log_dir)
+    process, bootstrap = start_broker_process(
+        log_dir, "--override", "transaction.abort.timed.out.transaction.cleanup.interval.ms=3600000")
     try:
         producer = transactional(bootstrap, "killed-open", **{"transaction.timeout.ms": 1000})
         producer.begin_transaction()
