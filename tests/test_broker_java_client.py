@@ -2,7 +2,10 @@
 ``shigawire-apache-flink-libraries``; its lz4, snappy, zstd and slf4j jars are pyspark's): an AdminClient
 describing topics by id, a consumer validating a seek with its leader epoch (KIP-320), an idempotent producer
 with each codec, a consumer group reading back and resuming from its commit, and a cooperative-sticky group
-(KIP-429) of a Java member and a kmem member, either joining the other's group.
+(KIP-429) of a Java member and a kmem member, either joining the other's group; and transactions: a
+transactional producer committing and aborting among plain records (read_committed and read_uncommitted
+consumers), consume-transform-produce with ``sendOffsetsToTransaction(offsets, consumer.groupMetadata())``
+(KIP-447), fencing, and the AdminClient finding and aborting a hanging transaction (KIP-664).
 
 tests/java/KafkaClientProbe.java is compiled here with javac and runs in one JVM for the whole module,
 taking a command a line and answering a JSON line each. Skipped without a JDK or the jar's wheel; the jar's
@@ -203,3 +206,141 @@ def test_a_cooperative_sticky_group_of_java_and_kmem_moves_only_what_it_must(bro
         kmem.close()
         if java is not None:
             probe("member-stop", java)
+
+
+# --- transactions (KIP-98, KIP-447, KIP-664) ----------------------------------------------------------------------
+
+TXN_OFFSET_COMMIT = 28
+
+
+def create_topic(broker, topic, partitions=1):
+    broker.logs.create_topic(topic, partitions)
+    return [broker.logs.get_partition(topic, p) for p in range(partitions)]
+
+
+def settled(broker):
+    wait_for(lambda: broker.transactions.markers_pending() == 0, "every transaction's markers")
+
+
+def java_read(probe, broker, topic, isolation, partitions=1):
+    """``[(partition, offset, value)]`` a Java consumer at ``isolation`` reads, which went to the end."""
+    answer = probe("read", broker.bootstrap_servers, topic, partitions, isolation)
+    assert "error" not in answer, answer
+    logs = [broker.logs.get_partition(topic, p) for p in range(partitions)]
+    ends = [log.last_stable_offset if isolation == "read_committed" else log.log_end_offset for log in logs]
+    assert answer["positions"] == ends
+    return [tuple(record) for record in answer["records"]]
+
+
+def ok(answer):
+    assert "error" not in answer, answer
+    return answer
+
+
+def test_java_transactions_commit_and_abort_among_plain_records(broker, probe):
+    """read_committed reads exactly the committed and the plain records, read_uncommitted every data record;
+    neither is ever handed a control record (their offsets are skipped)."""
+    logs = create_topic(broker, "java-txn", 2)
+    producer = ok(probe("txn-init", broker.bootstrap_servers, "java-tx", 60000))["producer"]
+    expected = {"read_committed": [], "read_uncommitted": []}
+    for round_, outcome in enumerate(["commit", "abort", "commit"]):
+        ok(probe("txn-begin", producer))
+        for partition in range(2):
+            values = [f"{outcome}-{round_}-{partition}-{i}" for i in range(3)]
+            offsets = ok(probe("txn-send", producer, "java-txn", partition, *values))["offsets"]
+            plain = f"plain-{round_}-{partition}"
+            plain_offset = logs[partition].append(build_records([plain.encode()])).base_offset
+            sent = [(partition, offset, value) for offset, value in zip(offsets, values)]
+            expected["read_uncommitted"] += sent + [(partition, plain_offset, plain)]
+            expected["read_committed"] += (sent if outcome == "commit" else []) + [(partition, plain_offset, plain)]
+        ok(probe(f"txn-{outcome}", producer))
+    ok(probe("txn-close", producer))
+    settled(broker)
+    for isolation, records in expected.items():
+        assert sorted(java_read(probe, broker, "java-txn", isolation, 2)) == sorted(records)
+    assert [log.last_stable_offset for log in logs] == [log.log_end_offset for log in logs] == [3 * (3 + 1 + 1)] * 2
+
+
+def test_java_consume_transform_produce_moves_offsets_only_on_commit(broker, probe):
+    """sendOffsetsToTransaction(offsets, consumer.groupMetadata()): TxnOffsetCommit v3+ with the member's
+    generation (KIP-447); an aborted transaction leaves the group's offset where it was."""
+    append(broker, "java-in", [b"in-%d" % i for i in range(5)])
+    create_topic(broker, "java-out")
+    served = {version: broker.requests_served[(TXN_OFFSET_COMMIT, version)] for version in range(5)}
+    inputs = [f"in-{i}" for i in range(5)]
+
+    def committed():
+        with Consumer(broker.bootstrap_servers, group_id="java-ctp") as reader:
+            return reader.committed(TopicPartition("java-in", 0))
+
+    aborted = ok(probe("transform", broker.bootstrap_servers, "java-ctp-tx", "java-in", "java-out", "java-ctp", 5,
+                       "abort"))
+    assert aborted["values"] == inputs and aborted["generation"] > 0 and aborted["member"]
+    settled(broker)
+    assert committed() is None
+    assert ok(probe("transform", broker.bootstrap_servers, "java-ctp-tx", "java-in", "java-out", "java-ctp", 5,
+                    "commit"))["values"] == inputs                      # the abort moved nothing
+    settled(broker)
+    assert committed() == 5
+    assert [value for *_, value in java_read(probe, broker, "java-out", "read_committed")] == \
+        [f"out-{value}" for value in inputs]
+    assert len(java_read(probe, broker, "java-out", "read_uncommitted")) == 10
+    assert sum(broker.requests_served[(TXN_OFFSET_COMMIT, v)] - served[v] for v in (3, 4)) == 2
+
+
+def test_java_producer_is_fenced_by_a_second_one_with_its_transactional_id(broker, probe):
+    create_topic(broker, "java-fenced")
+    first = ok(probe("txn-init", broker.bootstrap_servers, "java-fenced-tx", 60000))["producer"]
+    ok(probe("txn-begin", first))
+    ok(probe("txn-send", first, "java-fenced", 0, "from-the-first"))
+    second = ok(probe("txn-init", broker.bootstrap_servers, "java-fenced-tx", 60000))["producer"]
+    ok(probe("txn-begin", second))
+    ok(probe("txn-send", second, "java-fenced", 0, "from-the-second"))
+    ok(probe("txn-commit", second))
+    assert probe("txn-commit", first)["error"] == "ProducerFencedException"
+    probe("txn-close", first)
+    ok(probe("txn-close", second))
+    settled(broker)
+    assert [value for *_, value in java_read(probe, broker, "java-fenced", "read_committed")] == ["from-the-second"]
+
+
+def test_java_admin_finds_and_aborts_a_hanging_transaction(broker, probe):
+    """What kafka-transactions.sh find-hanging and abort do with the AdminClient: describeProducers shows the
+    open transactions of a partition, listTransactions and describeTransactions the coordinator's; the one no
+    coordinator knows (written, its producer gone) is aborted with abortTransaction and the LSO moves."""
+    from kmem.records import RecordsBuilder
+
+    partition_log, = create_topic(broker, "java-hanging")
+    hanging = RecordsBuilder(2, "none", producer_id=777_000, producer_epoch=3, base_sequence=0, transactional=True)
+    hanging.append(b"hanging", timestamp=0)
+    assert partition_log.append(hanging.build()).error_code == 0            # offset 0, producer gone
+    live = ok(probe("txn-init", broker.bootstrap_servers, "java-live-tx", 60000))["producer"]
+    ok(probe("txn-begin", live))
+    ok(probe("txn-send", live, "java-hanging", 0, "live"))                  # offset 1
+    assert partition_log.append(build_records([b"plain"])).base_offset == 2
+    assert partition_log.last_stable_offset == 0
+    assert java_read(probe, broker, "java-hanging", "read_committed") == []     # stopped at offset 0
+
+    coordinator = ok(probe("transactions", broker.bootstrap_servers, "java-live-tx"))
+    listed = {transactional_id: (producer_id, state) for transactional_id, producer_id, state in coordinator["listed"]}
+    live_id = listed["java-live-tx"][0]
+    assert listed["java-live-tx"] == (live_id, "Ongoing")
+    assert coordinator["described"]["java-live-tx"] == {
+        "state": "Ongoing", "producer_id": live_id, "producer_epoch": 0, "timeout_ms": 60000, "started": True,
+        "partitions": ["java-hanging-0"]}
+    producers = {p["producer_id"]: p for p in ok(probe("producers", broker.bootstrap_servers, "java-hanging", 0))[
+        "producers"]}
+    assert {pid: p["transaction_start"] for pid, p in producers.items()} == {777_000: 0, live_id: 1}
+    known = {producer_id for producer_id, _ in listed.values()}
+    found = [p for pid, p in producers.items() if p["transaction_start"] >= 0 and pid not in known]
+    assert [p["producer_id"] for p in found] == [777_000]
+    ok(probe("abort-txn", broker.bootstrap_servers, "java-hanging", 0, 777_000, found[0]["producer_epoch"],
+             max(found[0]["coordinator_epoch"], 0)))
+    assert partition_log.last_stable_offset == 1                             # up to the live transaction
+    assert java_read(probe, broker, "java-hanging", "read_committed") == []     # stopped at offset 1
+    assert list(partition_log.active.txn_index.entries())[0][:2] == (777_000, 0)
+    ok(probe("txn-commit", live))
+    ok(probe("txn-close", live))
+    settled(broker)
+    assert partition_log.last_stable_offset == partition_log.log_end_offset
+    assert [value for *_, value in java_read(probe, broker, "java-hanging", "read_committed")] == ["live", "plain"]

@@ -1,7 +1,9 @@
 """Reading transactional data (KIP-98) from the broker: Fetch read_committed answers up to the last stable
 offset with the aborted transactions of the range read (from the ``.txnindex`` files), a parked
 read_committed Fetch completes when the last stable offset moves, ListOffsets read_committed answers the last
-stable offset, and Fetch v0-v3 never see a transaction marker. Raw requests use kafka-python's codec."""
+stable offset, and Fetch v0-v3 never see a transaction marker, raw and from real old clients (kafka-python
+at api_version 0.8.2 to 0.10.1, librdkafka with broker.version.fallback 0.9.0). Raw requests use
+kafka-python's codec."""
 import time
 
 import pytest
@@ -125,3 +127,47 @@ def test_old_fetches_read_uncommitted_and_never_see_a_marker(broker, transaction
     assert [b.last_offset for b in MemoryRecords(data.records).batches()] == [0, 1, 3, 5]
     after_marker = fetch(broker, "txn", 4, READ_UNCOMMITTED, version=version)
     assert [b.last_offset for b in MemoryRecords(after_marker.records).batches()] == [5]
+
+
+FETCH = 1
+
+
+@pytest.mark.parametrize("client, api_version, fetch_version", [
+    ("kafka-python", (0, 10, 1), 3), ("kafka-python", (0, 10), 2), ("kafka-python", (0, 9), 1),
+    ("kafka-python", (0, 8, 2), 0), ("librdkafka", "0.9.0", 1)])
+def test_old_clients_read_aborted_and_open_data_and_no_marker(broker, transactions, client, api_version,
+                                                               fetch_version):
+    """Real old clients (Fetch v0-v3, no isolation level) read as Kafka serves them: every data record,
+    aborted and open ones included, at its offset, and never a marker (offsets 2 and 4)."""
+    before = {key: count for key, count in broker.requests_served.items() if key[0] == FETCH}
+    expected = [(0, b"a0"), (1, b"a1"), (3, b"c3"), (5, b"open5")]
+    received = []
+    if client == "kafka-python":
+        from kafka import KafkaConsumer, TopicPartition
+        consumer = KafkaConsumer(bootstrap_servers=broker.bootstrap_servers, api_version=api_version,
+                                 auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+        consumer.assign([TopicPartition("txn", 0)])
+
+        def poll():
+            received.extend((r.offset, r.value) for records in consumer.poll(100).values() for r in records)
+            return len(received) >= len(expected)
+    else:
+        import confluent_kafka
+        consumer = confluent_kafka.Consumer({
+            "bootstrap.servers": broker.bootstrap_servers, "api.version.request": False,
+            "broker.version.fallback": api_version, "group.id": "unused", "enable.auto.commit": False})
+        consumer.assign([confluent_kafka.TopicPartition("txn", 0, confluent_kafka.OFFSET_BEGINNING)])
+
+        def poll():
+            message = consumer.poll(0.1)
+            if message is not None:
+                assert message.error() is None, message.error()
+                received.append((message.offset(), message.value()))
+            return len(received) >= len(expected)
+    try:
+        wait_for(poll, f"{client} {api_version} to read the partition")
+    finally:
+        consumer.close()
+    assert received == expected
+    assert {version for (key, version), count in broker.requests_served.items()
+            if key == FETCH and count > before.get((FETCH, version), 0)} == {fetch_version}

@@ -18,7 +18,12 @@ import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
 
+import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.DescribeProducersResult.PartitionProducerState;
+import org.apache.kafka.clients.admin.ProducerState;
+import org.apache.kafka.clients.admin.TransactionDescription;
+import org.apache.kafka.clients.admin.TransactionListing;
 import org.apache.kafka.clients.admin.TopicDescription;
 import org.apache.kafka.clients.consumer.ConsumerRebalanceListener;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
@@ -43,6 +48,14 @@ import org.apache.kafka.common.Uuid;
  *   group-read BOOTSTRAP TOPIC GROUP COUNT             subscribe in a group, read COUNT records, commit
  *   member-start BOOTSTRAP TOPIC GROUP ASSIGNOR        a member polling on its own thread until member-stop: its id
  *   member-state ID / member-stop ID                   the partitions it owns and its rebalance callbacks so far
+ *   txn-init BOOTSTRAP TXID TIMEOUT_MS                 a transactional producer after initTransactions: its id
+ *   txn-begin ID / txn-commit ID / txn-abort ID / txn-close ID   its transaction calls, and close
+ *   txn-send ID TOPIC PARTITION VALUE...               send and await each record: their offsets
+ *   transform BOOTSTRAP TXID IN OUT GROUP COUNT OUTCOME  consume-transform-produce, KIP-447 (commit or abort)
+ *   read BOOTSTRAP TOPIC PARTITIONS ISOLATION          every record up to the end offsets of that isolation level
+ *   transactions BOOTSTRAP TXID...                     Admin.listTransactions and describeTransactions
+ *   producers BOOTSTRAP TOPIC PARTITION                Admin.describeProducers
+ *   abort-txn BOOTSTRAP TOPIC PARTITION PID EPOCH COORDINATOR_EPOCH   Admin.abortTransaction
  *
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
@@ -75,6 +88,21 @@ public class KafkaClientProbe {
             case "member-start": return Member.start(a[0], a[1], a[2], a[3]);
             case "member-state": return Member.MEMBERS.get(Integer.parseInt(a[0])).state();
             case "member-stop": return Member.MEMBERS.remove(Integer.parseInt(a[0])).stop();
+            case "txn-init": return Txn.init(a[0], a[1], a[2]);
+            case "txn-begin": return Txn.get(a[0]).call(p -> p.beginTransaction());
+            case "txn-commit": return Txn.get(a[0]).call(p -> p.commitTransaction());
+            case "txn-abort": return Txn.get(a[0]).call(p -> p.abortTransaction());
+            case "txn-close": return Txn.PRODUCERS.remove(Integer.parseInt(a[0])).call(p -> p.close(DEADLINE));
+            case "txn-send": return Txn.get(a[0]).send(a[1], Integer.parseInt(a[2]),
+                                                       Arrays.copyOfRange(a, 3, a.length));
+            case "transform": return transform(a[0], a[1], a[2], a[3], a[4], Integer.parseInt(a[5]),
+                                               a[6].equals("commit"));
+            case "read": return read(a[0], a[1], Integer.parseInt(a[2]), a[3]);
+            case "transactions": return transactions(a[0], Arrays.copyOfRange(a, 1, a.length));
+            case "producers": return producers(a[0], new TopicPartition(a[1], Integer.parseInt(a[2])));
+            case "abort-txn": return abortTransaction(a[0], new TopicPartition(a[1], Integer.parseInt(a[2])),
+                                                      Long.parseLong(a[3]), Short.parseShort(a[4]),
+                                                      Integer.parseInt(a[5]));
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
@@ -271,6 +299,205 @@ public class KafkaClientProbe {
             thread.join(2 * DEADLINE.toMillis());
             return state();
         }
+    }
+
+    static Properties transactionalProducer(String bootstrap, String transactionalId) {
+        Properties p = client(bootstrap);
+        p.put("key.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        p.put("value.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        p.put("transactional.id", transactionalId);
+        p.put("max.block.ms", String.valueOf(DEADLINE.toMillis()));
+        return p;
+    }
+
+    /** Transactional producers kept between commands (a test drives their calls one at a time). */
+    static class Txn {
+        static final Map<Integer, Txn> PRODUCERS = new ConcurrentHashMap<>();
+        static int started;
+        final KafkaProducer<String, String> producer;
+
+        interface Call { void run(KafkaProducer<String, String> producer) throws Exception; }
+
+        Txn(KafkaProducer<String, String> producer) { this.producer = producer; }
+
+        static Object init(String bootstrap, String transactionalId, String timeoutMs) {
+            Properties p = transactionalProducer(bootstrap, transactionalId);
+            p.put("transaction.timeout.ms", timeoutMs);
+            KafkaProducer<String, String> producer = new KafkaProducer<>(p);
+            int id = ++started;
+            PRODUCERS.put(id, new Txn(producer));
+            Map<String, Object> answer = new LinkedHashMap<>();
+            try {
+                producer.initTransactions();
+                answer.put("producer", id);
+            } catch (RuntimeException e) {
+                PRODUCERS.remove(id).producer.close(Duration.ZERO);
+                answer.putAll(error(e));
+            }
+            return answer;
+        }
+
+        static Txn get(String id) { return PRODUCERS.get(Integer.parseInt(id)); }
+
+        Object call(Call call) throws Exception {
+            Map<String, Object> answer = new LinkedHashMap<>();
+            try {
+                call.run(producer);
+                answer.put("ok", true);
+            } catch (RuntimeException e) {
+                answer.putAll(error(e));
+            }
+            return answer;
+        }
+
+        Object send(String topic, int partition, String[] values) throws Exception {
+            List<Future<RecordMetadata>> sent = new ArrayList<>();
+            List<Object> offsets = new ArrayList<>();
+            Map<String, Object> answer = new LinkedHashMap<>();
+            try {
+                for (String value : values)
+                    sent.add(producer.send(new ProducerRecord<>(topic, partition, null, value)));
+                for (Future<RecordMetadata> metadata : sent)
+                    offsets.add(metadata.get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS).offset());
+                answer.put("offsets", offsets);
+            } catch (RuntimeException | ExecutionException e) {
+                answer.putAll(error(e));
+            }
+            return answer;
+        }
+    }
+
+    /** Consume-transform-produce (KIP-447): a read_committed member of GROUP reads COUNT records of IN, a
+     * transactional producer writes "out-VALUE" to OUT partition 0 and sends the consumer's positions with
+     * sendOffsetsToTransaction(offsets, consumer.groupMetadata()), then commits or aborts. */
+    static Object transform(String bootstrap, String transactionalId, String in, String out, String group, int count,
+                            boolean commit) {
+        Properties c = consumer(bootstrap);
+        c.put("group.id", group);
+        c.put("auto.offset.reset", "earliest");
+        c.put("isolation.level", "read_committed");
+        Map<String, Object> answer = new LinkedHashMap<>();
+        List<Object> values = new ArrayList<>();
+        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(c);
+             KafkaProducer<String, String> producer = new KafkaProducer<>(transactionalProducer(bootstrap,
+                                                                                               transactionalId))) {
+            producer.initTransactions();
+            consumer.subscribe(List.of(in));
+            long deadline = System.nanoTime() + DEADLINE.toNanos();
+            while (values.size() < count && System.nanoTime() < deadline) {
+                for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(100)))
+                    values.add(record.value());
+            }
+            producer.beginTransaction();
+            for (Object value : values) producer.send(new ProducerRecord<>(out, 0, null, "out-" + value));
+            Map<TopicPartition, OffsetAndMetadata> offsets = new LinkedHashMap<>();
+            for (TopicPartition tp : consumer.assignment())
+                offsets.put(tp, new OffsetAndMetadata(consumer.position(tp)));
+            producer.sendOffsetsToTransaction(offsets, consumer.groupMetadata());
+            producer.flush();           // abortTransaction drops unsent records: these are in the log
+            if (commit) producer.commitTransaction();
+            else producer.abortTransaction();
+            answer.put("values", values);
+            answer.put("generation", consumer.groupMetadata().generationId());
+            answer.put("member", consumer.groupMetadata().memberId());
+        } catch (RuntimeException e) {
+            answer.putAll(error(e));
+        }
+        return answer;
+    }
+
+    /** Every record of TOPIC's partitions 0..PARTITIONS-1 from the beginning up to their end offsets at
+     * ISOLATION (read_committed: the last stable offsets), as [partition, offset, value]. */
+    static Object read(String bootstrap, String topic, int partitions, String isolation) {
+        Properties c = consumer(bootstrap);
+        c.put("isolation.level", isolation);
+        List<TopicPartition> tps = new ArrayList<>();
+        for (int i = 0; i < partitions; i++) tps.add(new TopicPartition(topic, i));
+        Map<String, Object> answer = new LinkedHashMap<>();
+        List<Object> records = new ArrayList<>();
+        try (KafkaConsumer<String, String> consumer = new KafkaConsumer<>(c)) {
+            consumer.assign(tps);
+            consumer.seekToBeginning(tps);
+            Map<TopicPartition, Long> ends = consumer.endOffsets(tps, DEADLINE);
+            long deadline = System.nanoTime() + DEADLINE.toNanos();
+            while (System.nanoTime() < deadline && tps.stream().anyMatch(tp -> consumer.position(tp) < ends.get(tp))) {
+                for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(100)))
+                    records.add(List.of(record.partition(), record.offset(), String.valueOf(record.value())));
+            }
+            answer.put("records", records);
+            List<Object> positions = new ArrayList<>();
+            for (TopicPartition tp : tps) positions.add(consumer.position(tp));
+            answer.put("positions", positions);
+        } catch (RuntimeException e) {
+            answer.putAll(error(e));
+        }
+        return answer;
+    }
+
+    /** listTransactions() as [id, producer id, state], and describeTransactions(TXID...) by id. */
+    static Object transactions(String bootstrap, String[] ids) throws Exception {
+        Map<String, Object> answer = new LinkedHashMap<>();
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            List<Object> listed = new ArrayList<>();
+            for (TransactionListing listing : admin.listTransactions().all().get(DEADLINE.toMillis(),
+                                                                                 TimeUnit.MILLISECONDS))
+                listed.add(List.of(listing.transactionalId(), listing.producerId(), listing.state().toString()));
+            answer.put("listed", listed);
+            Map<String, Object> described = new LinkedHashMap<>();
+            if (ids.length > 0) {
+                Map<String, TransactionDescription> found = admin.describeTransactions(List.of(ids)).all()
+                    .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+                for (Map.Entry<String, TransactionDescription> entry : found.entrySet()) {
+                    TransactionDescription d = entry.getValue();
+                    Map<String, Object> one = new LinkedHashMap<>();
+                    one.put("state", d.state().toString());
+                    one.put("producer_id", d.producerId());
+                    one.put("producer_epoch", (int) d.producerEpoch());
+                    one.put("timeout_ms", d.transactionTimeoutMs());
+                    one.put("started", d.transactionStartTimeMs().isPresent());
+                    List<Object> partitions = new ArrayList<>();
+                    for (TopicPartition tp : d.topicPartitions()) partitions.add(tp.toString());
+                    partitions.sort(null);
+                    one.put("partitions", partitions);
+                    described.put(entry.getKey(), one);
+                }
+            }
+            answer.put("described", described);
+        }
+        return answer;
+    }
+
+    /** describeProducers of one partition: each active producer's id, epoch, coordinator epoch (-1: none) and
+     * open transaction's first offset (-1: none). */
+    static Object producers(String bootstrap, TopicPartition tp) throws Exception {
+        List<Object> producers = new ArrayList<>();
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            PartitionProducerState state = admin.describeProducers(List.of(tp)).partitionResult(tp)
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+            for (ProducerState producer : state.activeProducers()) {
+                Map<String, Object> one = new LinkedHashMap<>();
+                one.put("producer_id", producer.producerId());
+                one.put("producer_epoch", producer.producerEpoch());
+                one.put("coordinator_epoch", producer.coordinatorEpoch().orElse(-1));
+                one.put("transaction_start", producer.currentTransactionStartOffset().orElse(-1));
+                producers.add(one);
+            }
+        }
+        Map<String, Object> answer = new LinkedHashMap<>();
+        answer.put("producers", producers);
+        return answer;
+    }
+
+    /** Admin.abortTransaction of a hanging transaction (what kafka-transactions.sh abort sends). */
+    static Object abortTransaction(String bootstrap, TopicPartition tp, long producerId, short epoch,
+                                   int coordinatorEpoch) throws Exception {
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            admin.abortTransaction(new AbortTransactionSpec(tp, producerId, epoch, coordinatorEpoch)).all()
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+        }
+        Map<String, Object> answer = new LinkedHashMap<>();
+        answer.put("ok", true);
+        return answer;
     }
 
     static String json(Object value) {
