@@ -13,6 +13,7 @@ from kmem.broker import LogManager
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import partition_for
 from kmem.broker.timer import Timer
+from kmem.broker.txn import coordinator as coordinator_module
 from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
 from kmem.broker.txn.metadata import (
     COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
@@ -236,6 +237,35 @@ def test_failed_markers_are_written_again(env):
     settle(coordinator)
     assert coordinator._markers.writes[-1] == (pid, epoch, False, (("t", 2),))
     assert describe(coordinator, "tx").transaction_state == "CompleteAbort"
+
+
+def test_the_next_transaction_waits_for_the_markers_being_written(env, monkeypatch):
+    """A client starts its next transaction as soon as EndTxn is answered, while the markers of the last one
+    are being written: its AddPartitionsToTxn waits for them and is answered NONE, not CONCURRENT_TRANSACTIONS
+    (which librdkafka and the Java client retry only after 20 ms)."""
+    logs, make = env
+    coordinator = make()
+    monkeypatch.setattr(coordinator_module, "MARKER_AWAIT_SECONDS", 60)       # however slow this machine is
+    gate = threading.Event()
+    write = coordinator._markers.write
+
+    def gated_write(*args):
+        assert gate.wait(60)
+        return write(*args)
+    coordinator._markers.write = gated_write
+    pid, epoch = begin(coordinator)
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    assert coordinator.markers_pending() == 1                                # held at the gate
+    await_markers = coordinator._await_markers
+
+    def open_gate_then_await(transactional_id):
+        gate.set()                                  # the markers go in only once the request is under way
+        await_markers(transactional_id)
+    monkeypatch.setattr(coordinator, "_await_markers", open_gate_then_await)
+    assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
+    assert coordinator._markers.writes == [(pid, epoch, True, (("t", 0),))]
+    state = describe(coordinator, "tx")
+    assert state.transaction_state == "Ongoing" and [(t.topic, t.partitions) for t in state.topics] == [("t", [1])]
 
 
 def test_state_is_loaded_and_a_prepared_commit_completes_after_a_restart(env):

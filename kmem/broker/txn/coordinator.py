@@ -17,8 +17,10 @@ a transactional id names this broker. Each id moves through the states of
 - AddPartitionsToTxn and AddOffsetsToTxn (the group's ``__consumer_offsets`` partition) start or extend
   the transaction (Ongoing); INVALID_PRODUCER_ID_MAPPING for an unknown id or another producer id,
   PRODUCER_FENCED for another epoch, CONCURRENT_TRANSACTIONS while the previous transaction's markers are
-  being written. v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks
-  each partition (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
+  being written (a request that finds them under way first waits for them, up to 20 ms: the next
+  transaction's first request comes as soon as EndTxn is answered, and clients retry that answer after 20 ms).
+  v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks each partition
+  (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION and the others of its transaction OPERATION_NOT_ATTEMPTED.
 - EndTxn writes PrepareCommit or PrepareAbort to ``__transaction_state`` and is answered then; the
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
@@ -77,6 +79,10 @@ TXN_APIS = {
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
+# How long AddPartitionsToTxn waits for the markers of the id's previous transaction, being written, before it
+# answers CONCURRENT_TRANSACTIONS: librdkafka and Kafka's Java client retry that answer after 20 ms, so waiting
+# longer gains nothing.
+MARKER_AWAIT_SECONDS = 0.02
 
 # A failed write to __transaction_state is answered as Kafka's TransactionStateManager.appendTransactionToLog
 # maps the append's error: clients retry both.
@@ -133,7 +139,7 @@ class TxnConfig:
 class _MarkerJob:
     """The markers of one ended transaction still to write, then its Complete* transit to write."""
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "commit", "remaining", "transit", "wait",
-                 "task")
+                 "task", "retrying")
 
     def __init__(self, meta, commit, transit):
         self.transactional_id = meta.transactional_id
@@ -143,6 +149,7 @@ class _MarkerJob:
         self.transit = transit
         self.wait = MARKER_RETRY_SECONDS[0]
         self.task = None
+        self.retrying = False       # a write failed: the next one waits for its backoff
 
 
 class TransactionCoordinator:
@@ -157,6 +164,7 @@ class TransactionCoordinator:
         self._groups = groups
         self._clock = clock
         self._lock = threading.RLock()
+        self._markers_done = threading.Condition(self._lock)      # a marker job completed or failed
         self._closed = False
         self._live = {}           # transactional id -> TransactionMetadata, for ids not idle
         self._idle = {}           # transactional id -> TransactionMetadata.pack() of an idle id
@@ -381,12 +389,25 @@ class TransactionCoordinator:
                 if not self._write(meta, job.transit, keep_pending=True):
                     del self._jobs[job.transactional_id]
                     self._release(meta)
+                    self._markers_done.notify_all()
                     return
                 failed["__transaction_state"] = "write failed"
+            job.retrying = True
+            self._markers_done.notify_all()
             log.warning("transactional id %r: %s failed (%s); trying again in %.1f s", job.transactional_id,
                         "markers" if job.remaining else "completing", failed, job.wait)
             job.task = self._timer.schedule(time.monotonic() + job.wait, lambda: self._write_markers(job))
             job.wait = min(job.wait * 2, MARKER_RETRY_SECONDS[1])
+
+    def _await_markers(self, transactional_id):
+        """Under the lock (which the wait releases): while the markers of the id's ended transaction are being
+        written (scheduled at once, they take a few appends), wait for them, up to ``MARKER_AWAIT_SECONDS``. The
+        next transaction's first AddPartitionsToTxn typically arrives meanwhile; answered CONCURRENT_TRANSACTIONS,
+        the client would retry it only after its backoff. After a failed write there is no wait."""
+        job = self._jobs.get(transactional_id)
+        if job is not None and not job.retrying:
+            self._markers_done.wait_for(lambda: self._closed or job.retrying or self._jobs.get(transactional_id)
+                                        is not job, MARKER_AWAIT_SECONDS)
 
     def markers_pending(self):
         """Transactional ids whose markers or completion are still to be written."""
@@ -397,6 +418,7 @@ class TransactionCoordinator:
         """Stop the deadlines and the markers under way (the next start resumes them from the log)."""
         with self._lock:
             self._closed = True
+            self._markers_done.notify_all()
             for task in self._tasks.values():
                 task.cancel()
             for job in self._jobs.values():
@@ -555,6 +577,7 @@ class TransactionCoordinator:
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
         with self._lock:
+            self._await_markers(transactional_id)
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
             meta = self._get(transactional_id)
