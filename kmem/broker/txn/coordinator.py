@@ -170,6 +170,7 @@ class TransactionCoordinator:
         self._idle = {}           # transactional id -> TransactionMetadata.pack() of an idle id
         self._jobs = {}           # transactional id -> _MarkerJob under way
         self._tasks = {}          # name -> the periodic TimerTask
+        self._counted = None      # (partition 0 of __transaction_state, the topic's partition count)
         self._load()
         with self._lock:
             for meta in list(self._live.values()):
@@ -210,8 +211,17 @@ class TransactionCoordinator:
     # --- __transaction_state ----------------------------------------------------------------------------
 
     def _partition_count(self):
-        info = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
-        return info.partitions if info is not None else self.config.state_log_partitions
+        """Counted once per making of the topic (``LogManager.topics()`` walks every partition of the broker, and
+        every request and marker job asks): the partition count of the topic its partition 0 belongs to."""
+        first = self.logs.get_partition(TRANSACTION_STATE_TOPIC, 0)
+        if first is None:
+            return self.config.state_log_partitions
+        if self._counted is None or self._counted[0] is not first:
+            info = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
+            if info is None:                        # deleted meanwhile
+                return self.config.state_log_partitions
+            self._counted = (first, info.partitions)
+        return self._counted[1]
 
     def create_state_topic(self):
         """Create ``__transaction_state`` if it is missing (FindCoordinator and InitProducerId do, as Kafka's
