@@ -17,15 +17,17 @@ a transactional id names this broker. Each id moves through the states of
 - AddPartitionsToTxn and AddOffsetsToTxn (the group's ``__consumer_offsets`` partition) start or extend
   the transaction (Ongoing); INVALID_PRODUCER_ID_MAPPING for an unknown id or another producer id,
   PRODUCER_FENCED for another epoch, CONCURRENT_TRANSACTIONS while the previous transaction's markers are
-  being written (a request that finds them under way first waits for them, up to 20 ms: the next
-  transaction's first request comes as soon as EndTxn is answered, and clients retry that answer after 20 ms).
+  being written (a request that finds them still to write writes them itself first, or waits, up to 20 ms,
+  for the timer thread writing them: the next transaction's first request comes as soon as EndTxn is
+  answered, and clients retry that answer only after 20 ms).
   v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks each partition
   (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION and the others of its transaction OPERATION_NOT_ATTEMPTED.
 - EndTxn writes PrepareCommit or PrepareAbort to ``__transaction_state`` and is answered then; the
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
-  on the broker's timer thread, then CompleteCommit or CompleteAbort is written. A marker that fails (a
-  storage error) is written again after a backoff, as Kafka's marker channel retries, until it is in.
+  on the broker's timer thread at once (or by the id's next AddPartitionsToTxn, see above), then
+  CompleteCommit or CompleteAbort is written. A marker that fails (a storage error) is written again after a
+  backoff, as Kafka's marker channel retries, until it is in.
   A retried EndTxn is answered NONE once complete, CONCURRENT_TRANSACTIONS meanwhile, INVALID_TXN_STATE
   for the other outcome or without a transaction.
 - ``verify_transaction`` answers the produce path's KIP-890 check (``transaction.partition.verification.enable``).
@@ -79,9 +81,9 @@ TXN_APIS = {
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
-# How long AddPartitionsToTxn waits for the markers of the id's previous transaction, being written, before it
-# answers CONCURRENT_TRANSACTIONS: librdkafka and Kafka's Java client retry that answer after 20 ms, so waiting
-# longer gains nothing.
+# How long AddPartitionsToTxn waits for the timer thread writing the markers of the id's previous transaction
+# before it answers CONCURRENT_TRANSACTIONS: librdkafka and Kafka's Java client retry that answer after 20 ms,
+# so waiting longer gains nothing.
 MARKER_AWAIT_SECONDS = 0.02
 
 # A failed write to __transaction_state is answered as Kafka's TransactionStateManager.appendTransactionToLog
@@ -139,7 +141,7 @@ class TxnConfig:
 class _MarkerJob:
     """The markers of one ended transaction still to write, then its Complete* transit to write."""
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "commit", "remaining", "transit", "wait",
-                 "task", "retrying")
+                 "task", "writing", "retrying")
 
     def __init__(self, meta, commit, transit):
         self.transactional_id = meta.transactional_id
@@ -149,6 +151,7 @@ class _MarkerJob:
         self.transit = transit
         self.wait = MARKER_RETRY_SECONDS[0]
         self.task = None
+        self.writing = False        # a thread is writing the markers (the timer's, or a request's)
         self.retrying = False       # a write failed: the next one waits for its backoff
 
 
@@ -374,6 +377,15 @@ class TransactionCoordinator:
         job.task = self._timer.schedule(time.monotonic(), lambda: self._write_markers(job))
 
     def _write_markers(self, job):
+        """The timer's task; nothing to do when a request wrote the markers or is writing them."""
+        with self._lock:
+            if job.writing or self._jobs.get(job.transactional_id) is not job:
+                return
+            job.writing = True
+        self._write_claimed(job)
+
+    def _write_claimed(self, job):
+        """Write the markers still missing, then Complete*, for ``job`` claimed (``writing``); not under the lock."""
         with self._lock:
             if self._closed:
                 return
@@ -383,6 +395,7 @@ class TransactionCoordinator:
         results = self._markers.write(job.producer_id, job.producer_epoch, coordinator_epoch, job.commit,
                                       partitions) if partitions else {}
         with self._lock:
+            job.writing = False
             if self._closed:
                 return
             meta = self._live[job.transactional_id]
@@ -409,15 +422,22 @@ class TransactionCoordinator:
             job.task = self._timer.schedule(time.monotonic() + job.wait, lambda: self._write_markers(job))
             job.wait = min(job.wait * 2, MARKER_RETRY_SECONDS[1])
 
-    def _await_markers(self, transactional_id):
-        """Under the lock (which the wait releases): while the markers of the id's ended transaction are being
-        written (scheduled at once, they take a few appends), wait for them, up to ``MARKER_AWAIT_SECONDS``. The
-        next transaction's first AddPartitionsToTxn typically arrives meanwhile; answered CONCURRENT_TRANSACTIONS,
-        the client would retry it only after its backoff. After a failed write there is no wait."""
-        job = self._jobs.get(transactional_id)
-        if job is not None and not job.retrying:
-            self._markers_done.wait_for(lambda: self._closed or job.retrying or self._jobs.get(transactional_id)
-                                        is not job, MARKER_AWAIT_SECONDS)
+    def _finish_markers(self, transactional_id):
+        """Not under the lock. The markers of the id's ended transaction are written now, on this thread, or,
+        while the timer thread is writing them, waited for (up to ``MARKER_AWAIT_SECONDS``): the next
+        transaction's first AddPartitionsToTxn typically comes before the timer thread is done with them, and
+        answered CONCURRENT_TRANSACTIONS, the client would retry only after its backoff. After a failed write
+        neither: the job waits for its backoff."""
+        with self._lock:
+            job = self._jobs.get(transactional_id)
+            if job is None or job.retrying or self._closed:
+                return
+            if job.writing:
+                self._markers_done.wait_for(lambda: self._closed or not job.writing, MARKER_AWAIT_SECONDS)
+                return
+            job.writing = True
+            job.task.cancel()
+        self._write_claimed(job)
 
     def markers_pending(self):
         """Transactional ids whose markers or completion are still to be written."""
@@ -586,8 +606,8 @@ class TransactionCoordinator:
         """Kafka's ``handleAddPartitionsToTransaction``: the error code."""
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
+        self._finish_markers(transactional_id)
         with self._lock:
-            self._await_markers(transactional_id)
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
             meta = self._get(transactional_id)
