@@ -8,12 +8,12 @@ moment of the machine falls on all of them; MB/s are the median round's, percent
 
 - transactional: ``begin_transaction()``, the records, ``commit_transaction()``: MB/s of record values, and
   p50/p99 of ``commit_transaction()`` as an application calls it, right after its records (librdkafka first
-  sends them: AddPartitionsToTxn, then Produce, then EndTxn);
+  delivers them, AddPartitionsToTxn then Produce, and then sends EndTxn);
 - the same after ``flush()``: p50/p99 of ``commit_transaction()`` when the records are in, i.e. EndTxn alone
   (Kafka answers it once PrepareCommit is written and writes the markers after);
 - non-transactional, idempotent (acks=all), the same records: streamed (``flush()`` once, at the end), and
-  flushed after every group of as many records as a transaction holds (what a transaction's commit costs
-  beyond making its records durable).
+  flushed after every group of as many records as a transaction holds (the ratio to this one is what a
+  transaction costs beyond having its records written).
 
 Each producer is warmed up (connected, its producer id and metadata known, one transaction committed)
 before the clock. Printed per row: each broker's figures, the transactional MB/s over each non-transactional
