@@ -13,6 +13,7 @@ from kmem.broker import LogManager
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import partition_for
 from kmem.broker.timer import Timer
+from kmem.broker.txn import coordinator as coordinator_module
 from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
 from kmem.broker.txn.metadata import (
     COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
@@ -236,6 +237,54 @@ def test_failed_markers_are_written_again(env):
     settle(coordinator)
     assert coordinator._markers.writes[-1] == (pid, epoch, False, (("t", 2),))
     assert describe(coordinator, "tx").transaction_state == "CompleteAbort"
+
+
+def test_the_next_transaction_writes_the_markers_the_timer_has_not_written(env):
+    """A client starts its next transaction as soon as EndTxn is answered: when its AddPartitionsToTxn comes
+    before the timer thread wrote the last transaction's markers, the request writes them and is answered NONE,
+    not CONCURRENT_TRANSACTIONS (which librdkafka and the Java client retry only after 20 ms)."""
+    logs, make = env
+    coordinator = make()
+    timer_busy, release = threading.Event(), threading.Event()
+    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
+    try:
+        assert timer_busy.wait(10)
+        pid, epoch = begin(coordinator)
+        assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+        assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
+        assert coordinator._markers.writes == [(pid, epoch, True, (("t", 0),))]
+        state = describe(coordinator, "tx")
+        assert state.transaction_state == "Ongoing" and [(t.topic, t.partitions) for t in state.topics] == [
+            ("t", [1])]
+    finally:
+        release.set()
+
+
+def test_the_next_transaction_waits_for_the_markers_the_timer_is_writing(env, monkeypatch):
+    """The same while the timer thread is writing them: the request waits for them."""
+    logs, make = env
+    coordinator = make()
+    monkeypatch.setattr(coordinator_module, "MARKER_AWAIT_SECONDS", 60)       # however slow this machine is
+    writing, gate = threading.Event(), threading.Event()
+    write = coordinator._markers.write
+
+    def gated_write(*args):
+        writing.set()
+        assert gate.wait(60)
+        return write(*args)
+    coordinator._markers.write = gated_write
+    pid, epoch = begin(coordinator)
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    assert writing.wait(10)                                                  # held at the gate
+    finish_markers = coordinator._finish_markers
+
+    def open_gate_then_finish(transactional_id):
+        gate.set()                                  # the markers go in only once the request is under way
+        finish_markers(transactional_id)
+    monkeypatch.setattr(coordinator, "_finish_markers", open_gate_then_finish)
+    assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
+    assert coordinator._markers.writes == [(pid, epoch, True, (("t", 0),))]
+    assert describe(coordinator, "tx").transaction_state == "Ongoing"
 
 
 def test_state_is_loaded_and_a_prepared_commit_completes_after_a_restart(env):

@@ -17,13 +17,17 @@ a transactional id names this broker. Each id moves through the states of
 - AddPartitionsToTxn and AddOffsetsToTxn (the group's ``__consumer_offsets`` partition) start or extend
   the transaction (Ongoing); INVALID_PRODUCER_ID_MAPPING for an unknown id or another producer id,
   PRODUCER_FENCED for another epoch, CONCURRENT_TRANSACTIONS while the previous transaction's markers are
-  being written. v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks
-  each partition (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
+  being written (a request that finds them still to write writes them itself first, or waits, up to 20 ms,
+  for the timer thread writing them: the next transaction's first request comes as soon as EndTxn is
+  answered, and clients retry that answer only after 20 ms).
+  v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks each partition
+  (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION and the others of its transaction OPERATION_NOT_ATTEMPTED.
 - EndTxn writes PrepareCommit or PrepareAbort to ``__transaction_state`` and is answered then; the
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
-  on the broker's timer thread, then CompleteCommit or CompleteAbort is written. A marker that fails (a
-  storage error) is written again after a backoff, as Kafka's marker channel retries, until it is in.
+  on the broker's timer thread at once (or by the id's next AddPartitionsToTxn, see above), then
+  CompleteCommit or CompleteAbort is written. A marker that fails (a storage error) is written again after a
+  backoff, as Kafka's marker channel retries, until it is in.
   A retried EndTxn is answered NONE once complete, CONCURRENT_TRANSACTIONS meanwhile, INVALID_TXN_STATE
   for the other outcome or without a transaction.
 - ``verify_transaction`` answers the produce path's KIP-890 check (``transaction.partition.verification.enable``).
@@ -77,6 +81,10 @@ TXN_APIS = {
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
+# How long AddPartitionsToTxn waits for the timer thread writing the markers of the id's previous transaction
+# before it answers CONCURRENT_TRANSACTIONS: librdkafka and Kafka's Java client retry that answer after 20 ms,
+# so waiting longer gains nothing.
+MARKER_AWAIT_SECONDS = 0.02
 
 # A failed write to __transaction_state is answered as Kafka's TransactionStateManager.appendTransactionToLog
 # maps the append's error: clients retry both.
@@ -133,7 +141,7 @@ class TxnConfig:
 class _MarkerJob:
     """The markers of one ended transaction still to write, then its Complete* transit to write."""
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "commit", "remaining", "transit", "wait",
-                 "task")
+                 "task", "writing", "retrying")
 
     def __init__(self, meta, commit, transit):
         self.transactional_id = meta.transactional_id
@@ -143,6 +151,8 @@ class _MarkerJob:
         self.transit = transit
         self.wait = MARKER_RETRY_SECONDS[0]
         self.task = None
+        self.writing = False        # a thread is writing the markers (the timer's, or a request's)
+        self.retrying = False       # a write failed: the next one waits for its backoff
 
 
 class TransactionCoordinator:
@@ -157,11 +167,13 @@ class TransactionCoordinator:
         self._groups = groups
         self._clock = clock
         self._lock = threading.RLock()
+        self._markers_done = threading.Condition(self._lock)      # a marker job completed or failed
         self._closed = False
         self._live = {}           # transactional id -> TransactionMetadata, for ids not idle
         self._idle = {}           # transactional id -> TransactionMetadata.pack() of an idle id
         self._jobs = {}           # transactional id -> _MarkerJob under way
         self._tasks = {}          # name -> the periodic TimerTask
+        self._counted = None      # (partition 0 of __transaction_state, the topic's partition count)
         self._load()
         with self._lock:
             for meta in list(self._live.values()):
@@ -202,8 +214,17 @@ class TransactionCoordinator:
     # --- __transaction_state ----------------------------------------------------------------------------
 
     def _partition_count(self):
-        info = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
-        return info.partitions if info is not None else self.config.state_log_partitions
+        """Counted once per making of the topic (``LogManager.topics()`` walks every partition of the broker, and
+        every request and marker job asks): the partition count of the topic its partition 0 belongs to."""
+        first = self.logs.get_partition(TRANSACTION_STATE_TOPIC, 0)
+        if first is None:
+            return self.config.state_log_partitions
+        if self._counted is None or self._counted[0] is not first:
+            info = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
+            if info is None:                        # deleted meanwhile
+                return self.config.state_log_partitions
+            self._counted = (first, info.partitions)
+        return self._counted[1]
 
     def create_state_topic(self):
         """Create ``__transaction_state`` if it is missing (FindCoordinator and InitProducerId do, as Kafka's
@@ -356,6 +377,15 @@ class TransactionCoordinator:
         job.task = self._timer.schedule(time.monotonic(), lambda: self._write_markers(job))
 
     def _write_markers(self, job):
+        """The timer's task; nothing to do when a request wrote the markers or is writing them."""
+        with self._lock:
+            if job.writing or self._jobs.get(job.transactional_id) is not job:
+                return
+            job.writing = True
+        self._write_claimed(job)
+
+    def _write_claimed(self, job):
+        """Write the markers still missing, then Complete*, for ``job`` claimed (``writing``); not under the lock."""
         with self._lock:
             if self._closed:
                 return
@@ -365,6 +395,7 @@ class TransactionCoordinator:
         results = self._markers.write(job.producer_id, job.producer_epoch, coordinator_epoch, job.commit,
                                       partitions) if partitions else {}
         with self._lock:
+            job.writing = False
             if self._closed:
                 return
             meta = self._live[job.transactional_id]
@@ -381,12 +412,32 @@ class TransactionCoordinator:
                 if not self._write(meta, job.transit, keep_pending=True):
                     del self._jobs[job.transactional_id]
                     self._release(meta)
+                    self._markers_done.notify_all()
                     return
                 failed["__transaction_state"] = "write failed"
+            job.retrying = True
+            self._markers_done.notify_all()
             log.warning("transactional id %r: %s failed (%s); trying again in %.1f s", job.transactional_id,
                         "markers" if job.remaining else "completing", failed, job.wait)
             job.task = self._timer.schedule(time.monotonic() + job.wait, lambda: self._write_markers(job))
             job.wait = min(job.wait * 2, MARKER_RETRY_SECONDS[1])
+
+    def _finish_markers(self, transactional_id):
+        """Not under the lock. The markers of the id's ended transaction are written now, on this thread, or,
+        while the timer thread is writing them, waited for (up to ``MARKER_AWAIT_SECONDS``): the next
+        transaction's first AddPartitionsToTxn typically comes before the timer thread is done with them, and
+        answered CONCURRENT_TRANSACTIONS, the client would retry only after its backoff. After a failed write
+        neither: the job waits for its backoff."""
+        with self._lock:
+            job = self._jobs.get(transactional_id)
+            if job is None or job.retrying or self._closed:
+                return
+            if job.writing:
+                self._markers_done.wait_for(lambda: self._closed or not job.writing, MARKER_AWAIT_SECONDS)
+                return
+            job.writing = True
+            job.task.cancel()
+        self._write_claimed(job)
 
     def markers_pending(self):
         """Transactional ids whose markers or completion are still to be written."""
@@ -397,6 +448,7 @@ class TransactionCoordinator:
         """Stop the deadlines and the markers under way (the next start resumes them from the log)."""
         with self._lock:
             self._closed = True
+            self._markers_done.notify_all()
             for task in self._tasks.values():
                 task.cancel()
             for job in self._jobs.values():
@@ -554,6 +606,7 @@ class TransactionCoordinator:
         """Kafka's ``handleAddPartitionsToTransaction``: the error code."""
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
+        self._finish_markers(transactional_id)
         with self._lock:
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
