@@ -321,6 +321,23 @@ def test_an_idle_id_costs_under_256_bytes(env):
     assert grown / len(ids[100:]) < 256
 
 
+
+def test_loading_idle_ids_costs_under_256_bytes_each_at_its_peak(env):
+    """The replay of ``__transaction_state`` packs each id as its record is read: the load's peak is what the
+    ids cost once loaded, not a copy of every id's record on top."""
+    logs, make = env
+    first = make()
+    ids = [f"transactional-id-{i:06d}" for i in range(20000)]
+    for tid in ids:
+        assert first.init_producer(tid, 60000)[0] == E.NONE
+    first.close()
+    tracemalloc.start()
+    second = make()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(second) == len(ids)
+    assert peak / len(ids) < 256
+
 def test_add_partitions_to_txn_requests_decode_at_every_version():
     """Its topics' struct serves both the v0-3 and the v4+ fields (one common struct in Kafka's schema)."""
     Request = messages.AddPartitionsToTxnRequest

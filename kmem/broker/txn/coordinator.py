@@ -264,11 +264,11 @@ class TransactionCoordinator:
         return ErrorCode.NONE
 
     def _load(self):
-        """Replay ``__transaction_state`` (the last record of each id wins; a tombstone removes it)."""
+        """Replay ``__transaction_state`` (the last record of each id wins; a tombstone removes it). Each id
+        is placed as its record is read, packed when idle: the load never holds more than the ids will."""
         count = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
         if count is None:
             return
-        loaded = {}
         for index in range(count.partitions):
             partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, index)
             records = (record for batch in GroupCoordinator._read_partition(partition_log)
@@ -279,25 +279,27 @@ class TransactionCoordinator:
                 except CorruptRecordError as e:
                     log.warning("skipping a record of %s-%d: %s", TRANSACTION_STATE_TOPIC, index, e)
                     continue
-                if value is None:
-                    loaded.pop(transactional_id, None)
-                else:
-                    loaded[transactional_id] = value
-        for transactional_id, record in loaded.items():
-            if record.state in (DEAD, PREPARE_EPOCH_FENCE):       # never written by Kafka: nothing to resume
-                log.warning("transactional id %r: ignoring its %s state record", transactional_id,
-                            STATE_NAMES[record.state])
-                continue
-            meta = TransactionMetadata(transactional_id, record.producer_id, record.producer_epoch, record.timeout_ms,
-                                       record.state, partitions=record.partitions, start_ms=record.start_ms,
-                                       last_update_ms=record.last_update_ms)
-            if meta.idle:
-                self._idle[transactional_id] = meta.pack()
-            else:
-                self._live[transactional_id] = meta
-        if loaded:
-            log.info("loaded %d transactional ids from %s (%d with a transaction under way)", len(loaded),
-                     TRANSACTION_STATE_TOPIC, len(self._live))
+                self._idle.pop(transactional_id, None)
+                self._live.pop(transactional_id, None)
+                if value is not None:
+                    self._place(transactional_id, value)
+        if self._idle or self._live:
+            log.info("loaded %d transactional ids from %s (%d with a transaction under way)",
+                     len(self._idle) + len(self._live), TRANSACTION_STATE_TOPIC, len(self._live))
+
+    def _place(self, transactional_id, record):
+        """An id's loaded ``TransactionLogValue`` in memory (a later record of the id replaces it)."""
+        if record.state in (DEAD, PREPARE_EPOCH_FENCE):       # never written by Kafka: nothing to resume
+            log.warning("transactional id %r: ignoring its %s state record", transactional_id,
+                        STATE_NAMES[record.state])
+            return
+        meta = TransactionMetadata(transactional_id, record.producer_id, record.producer_epoch, record.timeout_ms,
+                                   record.state, partitions=record.partitions, start_ms=record.start_ms,
+                                   last_update_ms=record.last_update_ms)
+        if meta.idle:
+            self._idle[transactional_id] = meta.pack()
+        else:
+            self._live[transactional_id] = meta
 
     # --- deadlines ----------------------------------------------------------------------------------------
 
