@@ -118,7 +118,6 @@ class Handlers:
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
         self.closing = False
-        self.transactions = None       # the TransactionCoordinator, set by the server
         self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
         logs.add_listener(self.fetch_purgatory.check_and_complete)
 
