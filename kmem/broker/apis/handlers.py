@@ -14,9 +14,9 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's ``handleProduceRequest``); withou
 (``Handlers.transactions`` None) it is refused so too. Otherwise each partition whose producer has no
 transaction open there at that epoch is verified with the coordinator first (KIP-890 part 1,
 ``verify_transaction``): its error (INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH...) answers the partition, and
-a marker written between the verification and the append voids it (INVALID_TXN_STATE, Kafka's
-``VerificationGuard``), so no batch opens a transaction that already ended. WriteTxnMarkers and
-DescribeProducers are served (see their handlers).
+a marker written between the verification (or the check finding the transaction open) and the append voids
+it (INVALID_TXN_STATE, Kafka's ``VerificationGuard``), so no batch opens a transaction that already ended.
+WriteTxnMarkers and DescribeProducers are served (see their handlers).
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
 topic, as Kafka answers it. A request naming any topic by a non-zero id is answered by its ids alone, whatever
 the names beside them hold (the Java client sends ``name=""``), UNKNOWN_TOPIC_ID for an unknown one, and
@@ -68,6 +68,7 @@ from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
+from kmem.broker.log.unified_log import TRANSACTION_OPEN
 from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
@@ -412,8 +413,8 @@ class Handlers:
         if first is None:
             return None, ErrorCode.NONE
         guard = partition_log.start_txn_verification(first.producer_id, first.producer_epoch)
-        if guard is None:
-            return None, ErrorCode.NONE
+        if guard is TRANSACTION_OPEN:
+            return guard, ErrorCode.NONE
         error = self.transactions.verify_transaction(request.transactional_id, first.producer_id,
                                                      first.producer_epoch, topic, data.index)
         if error:

@@ -74,6 +74,7 @@ from kmem.broker.group.offsets import (
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
 from kmem.broker.log.config import INT32_MAX, _int
+from kmem.broker.log.unified_log import TRANSACTION_OPEN
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
@@ -1109,8 +1110,9 @@ class GroupCoordinator:
         """KIP-890: the group's offsets partition must be in the producer's ongoing transaction; returns
         ``(error code, guard for the append)``. Unless the producer has its transaction open in the partition
         at this epoch already, the transaction coordinator is asked, before the coordinator's lock is taken
-        (it calls ``handle_txn_completion`` holding its own); a marker written meanwhile voids the guard, so
-        the offsets cannot open a transaction that has ended (Kafka's ``VerificationGuard``)."""
+        (it calls ``handle_txn_completion`` holding its own); a marker written meanwhile voids the guard (or
+        closes the transaction found open), so the offsets cannot open a transaction that has ended (Kafka's
+        ``VerificationGuard``)."""
         if self._closed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
         if not request.group_id:
@@ -1125,8 +1127,8 @@ class GroupCoordinator:
         except (LogError, OSError, IllegalStateError) as e:
             log.error("cannot write to %s: %s", OFFSETS_TOPIC, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        if guard is None:
-            return ErrorCode.NONE, None
+        if guard is TRANSACTION_OPEN:
+            return ErrorCode.NONE, guard
         error = self.transactions.verify_transaction(request.transactional_id, request.producer_id,
                                                      request.producer_epoch, OFFSETS_TOPIC, partition_log.partition)
         if error:
