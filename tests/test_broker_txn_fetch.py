@@ -84,6 +84,19 @@ def test_an_abort_whose_marker_is_in_a_later_segment_is_found(broker, transactio
     assert aborted(data) == [(4, 7)]
 
 
+
+def test_the_aborted_transactions_answered_are_those_of_the_bytes_read(broker):
+    """Kafka's ``fetchUpperBoundOffset``: the aborted transactions answered overlap what the fetch read (to the
+    offset index's granularity), not the rest of the segment, however many transactions it aborted."""
+    broker.logs.create_topic("many", configs={"index.interval.bytes": 0})
+    partition_log = broker.logs.get_partition("many", 0)
+    for producer_id in range(1, 201):
+        produce(partition_log, producer_id, [b"x" * 100])
+        partition_log.write_txn_marker(producer_id, 0, 0, False)
+    read = partition_log.read(0, 1, isolation=READ_COMMITTED)           # its first batch (min_one_message)
+    read.records.close()
+    assert [txn.producer_id for txn in read.aborted_transactions] in ([1], [1, 2])
+
 def test_a_parked_read_committed_fetch_completes_when_the_last_stable_offset_moves(broker, transactions):
     connection = RawConnection(broker.bootstrap_servers)
     try:

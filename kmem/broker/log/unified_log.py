@@ -24,8 +24,8 @@
   the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
   ``aborted_transactions`` are the ``AbortedTxn`` entries of the ``.txnindex`` files (of the segment read and
   the later ones, until one's last stable offset reaches the bound) overlapping the range from
-  ``fetch_offset`` to the bound or the segment's end, whichever is first: Kafka's
-  ``collectAbortedTransactions``.
+  ``fetch_offset`` to the first indexed offset past the bytes read (Kafka's ``fetchUpperBoundOffset``), the
+  bound or the segment's end, whichever is first: Kafka's ``collectAbortedTransactions``.
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
@@ -487,9 +487,12 @@ class PartitionLog:
                         break
                     aborted = no_aborted
                     if isolation == READ_COMMITTED:
-                        # The range read ends at most at the upper bound or this segment's end (a superset
-                        # of what the records hold: consumers ignore aborted transactions they do not reach).
-                        aborted = self._collect_aborted(i, fetch_offset, min(upper, segment.next_offset))
+                        # The range read ends before the first indexed offset past the bytes read (Kafka's
+                        # fetchUpperBoundOffset), else at the upper bound or this segment's end: a superset of
+                        # what the records hold (consumers ignore aborted transactions they do not reach).
+                        bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
+                        aborted = self._collect_aborted(i, fetch_offset, min(
+                            upper, segment.next_offset if bound is None else bound))
                     records = FileRecords(segment.log_path, first.position, first.position + size)
                     return FetchData(records, hw, start, lso, aborted_transactions=aborted)
                 return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)
