@@ -131,6 +131,30 @@ def test_list_offsets_latest_is_the_last_stable_offset_for_read_committed(broker
     assert (list_latest(broker, READ_COMMITTED), list_latest(broker, READ_UNCOMMITTED)) == (7, 7)
 
 
+
+def test_list_offsets_by_timestamp_finds_nothing_past_the_last_stable_offset_for_read_committed(broker):
+    """Kafka's ``Partition.fetchOffsetForTimestamp``: a timestamp lookup (and the max timestamp's, -3) answers
+    only offsets below the last fetchable one, the last stable offset for read_committed."""
+    broker.logs.create_topic("ts")
+    partition_log = broker.logs.get_partition("ts", 0)
+    now = time.time_ns() // 1_000_000
+    for producer_id, timestamp, transactional in ((-1, now - 10_000, False), (7, now - 5_000, True)):
+        builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0 if transactional else -1,
+                                 base_sequence=0 if transactional else -1, transactional=transactional)
+        builder.append(b"v", timestamp=timestamp)
+        assert partition_log.append(builder.build()).error_code == 0      # offsets 0, then 1 (open)
+
+    def lookup(timestamp, isolation):
+        request = ListOffsetsRequest(replica_id=-1, isolation_level=isolation, topics=[
+            ListOffsetsRequest.ListOffsetsTopic(name="ts", partitions=[
+                ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=timestamp)])])
+        with RawConnection(broker.bootstrap_servers) as connection:
+            return connection.request(request, ListOffsetsResponse, 7).topics[0].partitions[0].offset
+    assert [lookup(t, READ_UNCOMMITTED) for t in (now - 7_000, -3, now - 20_000)] == [1, 1, 0]
+    assert [lookup(t, READ_COMMITTED) for t in (now - 7_000, -3, now - 20_000)] == [-1, -1, 0]
+    partition_log.write_txn_marker(7, 0, 0, True)
+    assert lookup(now - 7_000, READ_COMMITTED) == 1
+
 @pytest.mark.parametrize("version, magic", [(0, 0), (1, 0), (2, 1), (3, 1)])
 def test_old_fetches_read_uncommitted_and_never_see_a_marker(broker, transactions, version, magic):
     data = fetch(broker, "txn", 0, READ_UNCOMMITTED, version=version)

@@ -39,8 +39,9 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
   transactions (producer id, first offset) overlapping the range read, from the ``.txnindex`` files of the
   segment read and the later ones (Kafka's ``collectAbortedTransactions``), never by reading the log; a
   parked read_committed fetch completes when the last stable offset moves (a marker). ListOffsets
-  read_committed answers the last stable offset for latest. Fetch v0-3 read uncommitted and never see a
-  transaction marker: down-conversion skips control batches, as Kafka's;
+  read_committed answers the last stable offset for latest, and for a timestamp no offset at or past it.
+  Fetch v0-3 read uncommitted and never see a transaction marker: down-conversion skips control batches, as
+  Kafka's;
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
 - a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
 
@@ -68,7 +69,7 @@ from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
-from kmem.broker.log.unified_log import TRANSACTION_OPEN
+from kmem.broker.log.unified_log import EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, TRANSACTION_OPEN
 from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
@@ -503,6 +504,12 @@ class Handlers:
                         found = (partition_log.last_stable_offset, -1)
                     else:
                         found = partition_log.offset_for_timestamp(wanted.timestamp)
+                        # Kafka's Partition.fetchOffsetForTimestamp: a lookup (not of the earliest offsets)
+                        # answers only what the reader can fetch, below the last stable offset for read_committed
+                        if found is not None and request.isolation_level == READ_COMMITTED \
+                                and wanted.timestamp not in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP) \
+                                and found[0] >= partition_log.last_stable_offset:
+                            found = None
                 except IllegalStateError:            # the topic was deleted meanwhile
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
