@@ -50,9 +50,9 @@ import threading
 import time
 
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.group.coordinator import GroupCoordinator
+from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, GroupCoordinator, _ranged
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
-from kmem.broker.log.config import INT32_MAX, _bool, _int
+from kmem.broker.log.config import _bool
 from kmem.broker.log.unified_log import wall_clock_ms
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.txn.metadata import (
@@ -79,22 +79,13 @@ TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
 
 # A failed write to __transaction_state is answered as Kafka's TransactionStateManager.appendTransactionToLog
-# maps the append's error: clients retry both.
-STATE_WRITE_ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-}
+# maps the append's error, which is the group coordinator's mapping for __consumer_offsets.
+STATE_WRITE_ERRORS = GROUP_WRITE_ERRORS
 # marker results after which a partition needs no marker: written, its topic gone (Kafka skips a partition
 # without a leader), or a newer producer or coordinator epoch there (nothing this coordinator writes can go in;
 # Kafka's marker channel stops sending them too)
 MARKER_DONE = frozenset({ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_PRODUCER_EPOCH,
                          ErrorCode.TRANSACTION_COORDINATOR_FENCED})
-
-
-def _ranged(name, low=1, high=INT32_MAX):
-    return lambda value: _int(name, value, low, high)
 
 
 # Kafka's transaction coordinator settings: name -> (TxnConfig field, parser)
