@@ -274,6 +274,21 @@ def test_expired_ids_get_a_tombstone(env):
     assert describe(coordinator, "open").transaction_state == "Ongoing"
 
 
+
+def test_expiry_looks_the_state_topic_up_once_not_per_id(env):
+    """``LogManager.topics()`` costs a pass over every partition of the broker: the expiry, which runs
+    under the coordinator's lock, asks for it once per check, not once per expiring id."""
+    logs, make = env
+    coordinator = make(id_expiration_ms=1000)
+    for i in range(200):
+        coordinator.init_producer(f"idle-{i}", 60000)
+    coordinator.clock.now += 1001
+    topics, asked = logs.topics, []
+    logs.topics = lambda: asked.append(1) or topics()
+    coordinator.remove_expired_transactional_ids()
+    assert len(coordinator) == 0
+    assert len(asked) <= 2
+
 def test_list_transactions_filters(env):
     logs, make = env
     coordinator = make()
@@ -327,7 +342,7 @@ def test_loading_idle_ids_costs_under_256_bytes_each_at_its_peak(env):
     ids cost once loaded, not a copy of every id's record on top."""
     logs, make = env
     first = make()
-    ids = [f"transactional-id-{i:06d}" for i in range(20000)]
+    ids = [f"transactional-id-{i:06d}" for i in range(10000)]
     for tid in ids:
         assert first.init_producer(tid, 60000)[0] == E.NONE
     first.close()

@@ -327,10 +327,10 @@ class TransactionCoordinator:
         with self._lock:
             if self._closed:
                 return
-            by_partition = {}
+            by_partition, count = {}, self._partition_count()      # the topics are looked up once, not per id
             for transactional_id, packed in self._idle.items():
                 if TransactionMetadata.packed_last_update_ms(packed) <= deadline:
-                    by_partition.setdefault(self.partition_for(transactional_id), []).append(transactional_id)
+                    by_partition.setdefault(partition_for(transactional_id, count), []).append(transactional_id)
             for partition, expired in by_partition.items():
                 for start in range(0, len(expired), TOMBSTONES_PER_BATCH):
                     chunk = expired[start:start + TOMBSTONES_PER_BATCH]
