@@ -289,6 +289,20 @@ def test_expiry_looks_the_state_topic_up_once_not_per_id(env):
     assert len(coordinator) == 0
     assert len(asked) <= 2
 
+def test_a_transaction_does_not_look_every_topic_up(env):
+    """``LogManager.topics()`` passes over every partition of the broker: the state topic's partition count is
+    kept, so the writes of a transaction, under the coordinator's lock, do not pay for it."""
+    logs, make = env
+    coordinator = make()
+    begin(coordinator, "warm")
+    topics, asked = logs.topics, []
+    logs.topics = lambda: asked.append(1) or topics()
+    pid, epoch = begin(coordinator)
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    settle(coordinator)
+    assert describe(coordinator, "tx").transaction_state == "CompleteCommit" and asked == []
+
+
 def test_list_transactions_filters(env):
     logs, make = env
     coordinator = make()

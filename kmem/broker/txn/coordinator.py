@@ -153,6 +153,7 @@ class TransactionCoordinator:
         self._idle = {}           # transactional id -> TransactionMetadata.pack() of an idle id
         self._jobs = {}           # transactional id -> _MarkerJob under way
         self._tasks = {}          # name -> the periodic TimerTask
+        self._state_partitions = 0      # __transaction_state's partition count once known (_partition_count)
         self._load()
         with self._lock:
             for meta in list(self._live.values()):
@@ -193,8 +194,17 @@ class TransactionCoordinator:
     # --- __transaction_state ----------------------------------------------------------------------------
 
     def _partition_count(self):
+        """``__transaction_state``'s partition count. ``LogManager.topics()`` passes over every partition of the
+        broker, so the count found is kept while its last partition, and no further one, exists."""
+        count = self._state_partitions
+        if count and self.logs.get_partition(TRANSACTION_STATE_TOPIC, count - 1) is not None \
+                and self.logs.get_partition(TRANSACTION_STATE_TOPIC, count) is None:
+            return count
         info = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
-        return info.partitions if info is not None else self.config.state_log_partitions
+        if info is None:
+            return self.config.state_log_partitions
+        self._state_partitions = info.partitions
+        return info.partitions
 
     def create_state_topic(self):
         """Create ``__transaction_state`` if it is missing (FindCoordinator and InitProducerId do, as Kafka's
@@ -327,7 +337,7 @@ class TransactionCoordinator:
         with self._lock:
             if self._closed:
                 return
-            by_partition, count = {}, self._partition_count()      # the topics are looked up once, not per id
+            by_partition, count = {}, self._partition_count()
             for transactional_id, packed in self._idle.items():
                 if TransactionMetadata.packed_last_update_ms(packed) <= deadline:
                     by_partition.setdefault(partition_for(transactional_id, count), []).append(transactional_id)
