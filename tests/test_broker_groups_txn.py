@@ -275,6 +275,29 @@ def test_a_transaction_ending_while_its_offsets_are_verified_takes_none_of_them(
         coord.close()
 
 
+def test_a_transaction_ending_after_it_was_found_open_takes_no_more_offsets(logs):
+    """A TxnOffsetCommit finding its transaction open on the offsets partition is not verified again; a marker
+    closing the transaction before the append leaves its offsets out (INVALID_TXN_STATE), rather than in a
+    transaction no coordinator knows, which would hold the partition's last stable offset back for good."""
+    coord = coordinator(logs)
+    try:
+        partition = coord._offsets_partition("g")
+        coord.transactions = Transactions(NONE)
+        assert txn_commit(coord, {("t", 0): 10}) == {("t", 0): NONE}
+        seen = partition.start_txn_verification
+
+        def marker_after_the_check(producer_id, producer_epoch):
+            guard = seen(producer_id, producer_epoch)
+            complete(coord, logs, commit=True)
+            return guard
+        partition.start_txn_verification = marker_after_the_check
+        assert txn_commit(coord, {("t", 1): 11}) == {("t", 1): INVALID_TXN_STATE}
+        assert len(coord.transactions.calls) == 1
+        assert partition.last_stable_offset == partition.log_end_offset
+        assert stable_fetch(coord, [("t", 0), ("t", 1)]) == {("t", 0): (NONE, 10), ("t", 1): (NONE, -1)}
+    finally:
+        coord.close()
+
 def test_an_older_producer_epoch_is_refused_by_the_offsets_partition(logs):
     coord = coordinator(logs)
     try:

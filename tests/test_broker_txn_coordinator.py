@@ -323,6 +323,35 @@ def test_expired_ids_get_a_tombstone(env):
     assert describe(coordinator, "open").transaction_state == "Ongoing"
 
 
+
+def test_expiry_looks_the_state_topic_up_once_not_per_id(env):
+    """``LogManager.topics()`` costs a pass over every partition of the broker: the expiry, which runs
+    under the coordinator's lock, asks for it once per check, not once per expiring id."""
+    logs, make = env
+    coordinator = make(id_expiration_ms=1000)
+    for i in range(200):
+        coordinator.init_producer(f"idle-{i}", 60000)
+    coordinator.clock.now += 1001
+    topics, asked = logs.topics, []
+    logs.topics = lambda: asked.append(1) or topics()
+    coordinator.remove_expired_transactional_ids()
+    assert len(coordinator) == 0
+    assert len(asked) <= 2
+
+def test_a_transaction_does_not_look_every_topic_up(env):
+    """``LogManager.topics()`` passes over every partition of the broker: the state topic's partition count is
+    kept, so the writes of a transaction, under the coordinator's lock, do not pay for it."""
+    logs, make = env
+    coordinator = make()
+    begin(coordinator, "warm")
+    topics, asked = logs.topics, []
+    logs.topics = lambda: asked.append(1) or topics()
+    pid, epoch = begin(coordinator)
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    settle(coordinator)
+    assert describe(coordinator, "tx").transaction_state == "CompleteCommit" and asked == []
+
+
 def test_list_transactions_filters(env):
     logs, make = env
     coordinator = make()
@@ -369,6 +398,23 @@ def test_an_idle_id_costs_under_256_bytes(env):
     grown += sum(sys.getsizeof(tid) for tid in ids[100:])       # the names were made before the snapshot
     assert grown / len(ids[100:]) < 256
 
+
+
+def test_loading_idle_ids_costs_under_256_bytes_each_at_its_peak(env):
+    """The replay of ``__transaction_state`` packs each id as its record is read: the load's peak is what the
+    ids cost once loaded, not a copy of every id's record on top."""
+    logs, make = env
+    first = make()
+    ids = [f"transactional-id-{i:06d}" for i in range(10000)]
+    for tid in ids:
+        assert first.init_producer(tid, 60000)[0] == E.NONE
+    first.close()
+    tracemalloc.start()
+    second = make()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert len(second) == len(ids)
+    assert peak / len(ids) < 256
 
 def test_add_partitions_to_txn_requests_decode_at_every_version():
     """Its topics' struct serves both the v0-3 and the v4+ fields (one common struct in Kafka's schema)."""

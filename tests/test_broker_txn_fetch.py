@@ -86,6 +86,19 @@ def test_an_abort_whose_marker_is_in_a_later_segment_is_found(broker, transactio
     assert aborted(data) == [(4, 7)]
 
 
+
+def test_the_aborted_transactions_answered_are_those_of_the_bytes_read(broker):
+    """Kafka's ``fetchUpperBoundOffset``: the aborted transactions answered overlap what the fetch read (to the
+    offset index's granularity), not the rest of the segment, however many transactions it aborted."""
+    broker.logs.create_topic("many", configs={"index.interval.bytes": 0})
+    partition_log = broker.logs.get_partition("many", 0)
+    for producer_id in range(1, 201):
+        produce(partition_log, producer_id, [b"x" * 100])
+        partition_log.write_txn_marker(producer_id, 0, 0, False)
+    read = partition_log.read(0, 1, isolation=READ_COMMITTED)           # its first batch (min_one_message)
+    read.records.close()
+    assert [txn.producer_id for txn in read.aborted_transactions] in ([1], [1, 2])
+
 def test_a_parked_read_committed_fetch_completes_when_the_last_stable_offset_moves(broker, transactions):
     connection = RawConnection(broker.bootstrap_servers)
     try:
@@ -119,6 +132,30 @@ def test_list_offsets_latest_is_the_last_stable_offset_for_read_committed(broker
     transactions.write_txn_marker(3, 0, 0, False)
     assert (list_latest(broker, READ_COMMITTED), list_latest(broker, READ_UNCOMMITTED)) == (7, 7)
 
+
+
+def test_list_offsets_by_timestamp_finds_nothing_past_the_last_stable_offset_for_read_committed(broker):
+    """Kafka's ``Partition.fetchOffsetForTimestamp``: a timestamp lookup (and the max timestamp's, -3) answers
+    only offsets below the last fetchable one, the last stable offset for read_committed."""
+    broker.logs.create_topic("ts")
+    partition_log = broker.logs.get_partition("ts", 0)
+    now = time.time_ns() // 1_000_000
+    for producer_id, timestamp, transactional in ((-1, now - 10_000, False), (7, now - 5_000, True)):
+        builder = RecordsBuilder(2, "none", producer_id=producer_id, producer_epoch=0 if transactional else -1,
+                                 base_sequence=0 if transactional else -1, transactional=transactional)
+        builder.append(b"v", timestamp=timestamp)
+        assert partition_log.append(builder.build()).error_code == 0      # offsets 0, then 1 (open)
+
+    def lookup(timestamp, isolation):
+        request = ListOffsetsRequest(replica_id=-1, isolation_level=isolation, topics=[
+            ListOffsetsRequest.ListOffsetsTopic(name="ts", partitions=[
+                ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=timestamp)])])
+        with RawConnection(broker.bootstrap_servers) as connection:
+            return connection.request(request, ListOffsetsResponse, 7).topics[0].partitions[0].offset
+    assert [lookup(t, READ_UNCOMMITTED) for t in (now - 7_000, -3, now - 20_000)] == [1, 1, 0]
+    assert [lookup(t, READ_COMMITTED) for t in (now - 7_000, -3, now - 20_000)] == [-1, -1, 0]
+    partition_log.write_txn_marker(7, 0, 0, True)
+    assert lookup(now - 7_000, READ_COMMITTED) == 1
 
 @pytest.mark.parametrize("version, magic", [(0, 0), (1, 0), (2, 1), (3, 1)])
 def test_old_fetches_read_uncommitted_and_never_see_a_marker(broker, transactions, version, magic):

@@ -198,6 +198,23 @@ def test_writer_reports_a_failing_group_coordinator_on_its_partitions(manager):
     assert errors == {(OFFSETS_TOPIC, 0): ErrorCode.UNKNOWN_SERVER_ERROR, ("t", 0): ErrorCode.NONE}
 
 
+
+def test_writer_answers_a_partition_deleted_while_its_marker_is_written(manager):
+    """A topic deleted between the writer finding its partition and appending the marker: the partition is
+    UNKNOWN_TOPIC_OR_PARTITION (never an exception, which would stall the coordinator's markers), the others
+    are written."""
+    find = manager.get_partition
+
+    def found_then_deleted(topic, partition):
+        partition_log = find(topic, partition)
+        if topic == "t" and partition_log is not None:
+            manager.delete_topic("t")
+        return partition_log
+    manager.create_topic("u", 1)
+    manager.get_partition = found_then_deleted
+    errors = TxnMarkerWriter(manager, None).write(5, 0, 0, True, [("t", 0), ("u", 0)])
+    assert errors == {("t", 0): ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ("u", 0): ErrorCode.NONE}
+
 # --- the .txnindex beside its segment -----------------------------------------------------------------------
 
 def aborted_transactions(tmp_path, config, topic_configs=None):

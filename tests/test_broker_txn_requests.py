@@ -95,6 +95,26 @@ def test_a_marker_written_during_the_verification_voids_it(broker):
     assert partition_log.log_end_offset == partition_log.last_stable_offset == 1
 
 
+
+def test_a_marker_after_the_open_transaction_was_seen_refuses_the_append(broker):
+    """A producer whose transaction is open on the partition is not verified again; should a marker close it
+    before the append, the batch is INVALID_TXN_STATE (Kafka's append-time check of the sentinel
+    VerificationGuard), not the start of a transaction no coordinator knows, which would hold the last stable
+    offset back for good."""
+    broker.handlers.transactions = coordinator = CoordinatorDouble()
+    partition_log = broker.logs.get_partition("t", 0)
+    assert produce(broker, {0: txn_batch(7, 0)}) == {0: (ErrorCode.NONE, 0)}
+    seen = partition_log.start_txn_verification
+
+    def marker_after_the_check(producer_id, producer_epoch):
+        guard = seen(producer_id, producer_epoch)
+        partition_log.write_txn_marker(7, 0, 0, True)
+        return guard
+    partition_log.start_txn_verification = marker_after_the_check
+    assert produce(broker, {0: txn_batch(7, 1)}) == {0: (ErrorCode.INVALID_TXN_STATE, -1)}
+    assert len(coordinator.calls) == 1
+    assert partition_log.log_end_offset == partition_log.last_stable_offset == 2     # the batch, the marker
+
 # --- WriteTxnMarkers --------------------------------------------------------------------------------------------
 
 def write_markers(broker, markers, version):

@@ -4,6 +4,7 @@
   settings, Kafka's names and defaults; ``codes``: Kafka's error codes (``ErrorCode``, ``LogError``).
 - ``log``: the log directory, partitions, segments, indexes, checkpoints and producer state.
 - ``group``: the group coordinator and ``__consumer_offsets``.
+- ``txn``: the transaction coordinator, ``__transaction_state`` and the transaction markers.
 - ``apis``: the request handlers.
 
 The names exported here are the storage layer's and ``Broker``.

@@ -10,12 +10,12 @@ producers from its newest snapshot alone. So the ledger reads two files:
 - the newest snapshot, through its sidecar: every other producer.
 
 ``entry_chunks()`` yields every live producer's newest entry once, a bounded chunk at a time (the
-broker's DescribeProducers and its load of open transactions). ``read(pid)`` checks the active file, then a file being flushed, then the newest snapshot if its filter
-may hold the id; an expired entry reads as absent. ``update(entry)`` writes to the active file;
-``flush(offset)`` merges the active file's rows with the newest snapshot into the next snapshot, named
-``offset`` (see ``flush``): streamed in id order, the newer entry of a producer winning and the expired
-ones left out (as Kafka's ``removeExpiredProducers`` forgets them), so it costs a pass over the live
-producers, as Kafka's snapshot of its whole map does, and no memory per producer.
+broker's DescribeProducers and its load of open transactions). ``read(pid)`` checks the active file, then a
+file being flushed, then the newest snapshot if its filter may hold the id; an expired entry reads as absent.
+``update(entry)`` writes to the active file; ``flush(offset)`` merges the active file's rows with the newest
+snapshot into the next snapshot, named ``offset`` (see ``flush``): streamed in id order, the newer entry of a
+producer winning and the expired ones left out (as Kafka's ``removeExpiredProducers`` forgets them), so it
+costs a pass over the live producers, as Kafka's snapshot of its whole map does, and no memory per producer.
 
 The other files: older snapshots are never read by the ledger; they are Kafka's recovery points (after a
 truncation Kafka loads the newest snapshot at or below the new log end and replays the log from it).

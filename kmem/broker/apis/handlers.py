@@ -14,9 +14,9 @@ TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's ``handleProduceRequest``); withou
 (``Handlers.transactions`` None) it is refused so too. Otherwise each partition whose producer has no
 transaction open there at that epoch is verified with the coordinator first (KIP-890 part 1,
 ``verify_transaction``): its error (INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH...) answers the partition, and
-a marker written between the verification and the append voids it (INVALID_TXN_STATE, Kafka's
-``VerificationGuard``), so no batch opens a transaction that already ended. WriteTxnMarkers and
-DescribeProducers are served (see their handlers).
+a marker written between the verification (or the check finding the transaction open) and the append voids
+it (INVALID_TXN_STATE, Kafka's ``VerificationGuard``), so no batch opens a transaction that already ended.
+WriteTxnMarkers and DescribeProducers are served (see their handlers).
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
 topic, as Kafka answers it. A request naming any topic by a non-zero id is answered by its ids alone, whatever
 the names beside them hold (the Java client sends ``name=""``), UNKNOWN_TOPIC_ID for an unknown one, and
@@ -39,8 +39,9 @@ Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.read
   transactions (producer id, first offset) overlapping the range read, from the ``.txnindex`` files of the
   segment read and the later ones (Kafka's ``collectAbortedTransactions``), never by reading the log; a
   parked read_committed fetch completes when the last stable offset moves (a marker). ListOffsets
-  read_committed answers the last stable offset for latest. Fetch v0-3 read uncommitted and never see a
-  transaction marker: down-conversion skips control batches, as Kafka's;
+  read_committed answers the last stable offset for latest, and for a timestamp no offset at or past it.
+  Fetch v0-3 read uncommitted and never see a transaction marker: down-conversion skips control batches, as
+  Kafka's;
 - no fetch sessions (KIP-227): every response has session id 0, so clients keep sending full fetches;
 - a partition listed twice is read and answered once (Kafka's ``FetchRequest.fetchData``).
 
@@ -68,6 +69,7 @@ from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
+from kmem.broker.log.unified_log import EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, TRANSACTION_OPEN
 from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
@@ -118,7 +120,6 @@ class Handlers:
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
         self.closing = False
-        self.transactions = None       # the TransactionCoordinator, set by the server
         self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
         logs.add_listener(self.fetch_purgatory.check_and_complete)
 
@@ -413,8 +414,8 @@ class Handlers:
         if first is None:
             return None, ErrorCode.NONE
         guard = partition_log.start_txn_verification(first.producer_id, first.producer_epoch)
-        if guard is None:
-            return None, ErrorCode.NONE
+        if guard is TRANSACTION_OPEN:
+            return guard, ErrorCode.NONE
         error = self.transactions.verify_transaction(request.transactional_id, first.producer_id,
                                                      first.producer_epoch, topic, data.index)
         if error:
@@ -503,6 +504,12 @@ class Handlers:
                         found = (partition_log.last_stable_offset, -1)
                     else:
                         found = partition_log.offset_for_timestamp(wanted.timestamp)
+                        # Kafka's Partition.fetchOffsetForTimestamp: a lookup (not of the earliest offsets)
+                        # answers only what the reader can fetch, below the last stable offset for read_committed
+                        if found is not None and request.isolation_level == READ_COMMITTED \
+                                and wanted.timestamp not in (EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP) \
+                                and found[0] >= partition_log.last_stable_offset:
+                            found = None
                 except IllegalStateError:            # the topic was deleted meanwhile
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue

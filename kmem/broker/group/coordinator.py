@@ -74,6 +74,7 @@ from kmem.broker.group.offsets import (
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
 from kmem.broker.log.config import INT32_MAX, _int
+from kmem.broker.log.unified_log import TRANSACTION_OPEN
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
@@ -329,7 +330,7 @@ class GroupCoordinator:
             except LogError as e:
                 if e.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                     raise
-        count = self.logs.topics()[OFFSETS_TOPIC].partitions
+        count = self.logs.partition_count(OFFSETS_TOPIC)
         return self.logs.get_partition(OFFSETS_TOPIC, partition_for(group_id, count))
 
     def _compact_offsets_topic_of_older_kmem(self):
@@ -388,11 +389,8 @@ class GroupCoordinator:
         transactional batch are pending until their producer's marker: COMMIT makes them committed (unless
         the partition's committed offset is a later record), ABORT drops them; without a marker in the log
         they stay pending, as Kafka's ``loadGroupsAndOffsets`` leaves them."""
-        count = self.logs.topics().get(OFFSETS_TOPIC)
-        if count is None:
-            return
         now_ms, now = _now_ms(), time.monotonic()
-        for index in range(count.partitions):
+        for index in range(self.logs.partition_count(OFFSETS_TOPIC)):
             pending = {}        # producer id -> {(group, topic, partition): OffsetAndMetadata}
             for batch in self._read_partition(self.logs.get_partition(OFFSETS_TOPIC, index)):
                 if batch.is_control_batch:
@@ -1109,8 +1107,9 @@ class GroupCoordinator:
         """KIP-890: the group's offsets partition must be in the producer's ongoing transaction; returns
         ``(error code, guard for the append)``. Unless the producer has its transaction open in the partition
         at this epoch already, the transaction coordinator is asked, before the coordinator's lock is taken
-        (it calls ``handle_txn_completion`` holding its own); a marker written meanwhile voids the guard, so
-        the offsets cannot open a transaction that has ended (Kafka's ``VerificationGuard``)."""
+        (it calls ``handle_txn_completion`` holding its own); a marker written meanwhile voids the guard (or
+        closes the transaction found open), so the offsets cannot open a transaction that has ended (Kafka's
+        ``VerificationGuard``)."""
         if self._closed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
         if not request.group_id:
@@ -1125,8 +1124,8 @@ class GroupCoordinator:
         except (LogError, OSError, IllegalStateError) as e:
             log.error("cannot write to %s: %s", OFFSETS_TOPIC, e)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
-        if guard is None:
-            return ErrorCode.NONE, None
+        if guard is TRANSACTION_OPEN:
+            return ErrorCode.NONE, guard
         error = self.transactions.verify_transaction(request.transactional_id, request.producer_id,
                                                      request.producer_epoch, OFFSETS_TOPIC, partition_log.partition)
         if error:
@@ -1189,9 +1188,9 @@ class GroupCoordinator:
         try:
             partitions = set(offsets_partitions)
             with self._lock:
-                info = self.logs.topics().get(OFFSETS_TOPIC)
+                count = self.logs.partition_count(OFFSETS_TOPIC)
                 group_ids = self._txn_groups.get(producer_id, set())
-                for group_id in [g for g in group_ids if info and partition_for(g, info.partitions) in partitions]:
+                for group_id in [g for g in group_ids if count and partition_for(g, count) in partitions]:
                     group_ids.discard(group_id)
                     group = self.groups.get(group_id)
                     offsets = group.txn_offsets.pop(producer_id, None) if group is not None else None

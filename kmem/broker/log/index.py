@@ -94,8 +94,8 @@ class _Index:
             os.ftruncate(fd, self.max_index_size)
         self.entries, self._last = 0, None
 
-    def _search(self, key):
-        """``(index, entry)`` of the last entry whose key is at most ``key``, or ``(-1, None)``."""
+    def _search(self, key, field=None):
+        """``(index, entry)`` of the last entry whose key (or ``field``) is at most ``key``, or ``(-1, None)``."""
         low, high = 0, self.entries - 1
         found = (-1, None)
         if high < 0:
@@ -104,7 +104,7 @@ class _Index:
             while low <= high:
                 mid = (low + high) // 2
                 entry = self._entry(fd, mid)
-                if entry[self.KEY] <= key:
+                if entry[self.KEY if field is None else field] <= key:
                     found, low = (mid, entry), mid + 1
                 else:
                     high = mid - 1
@@ -150,6 +150,15 @@ class OffsetIndex(_Index):
             return self.base_offset, 0
         relative, position = entry
         return self.base_offset + relative, position
+
+    def fetch_upper_bound_offset(self, position):
+        """Kafka's ``fetchUpperBoundOffset``: the offset of the first entry at or past ``position`` in the
+        segment file (no record read up to ``position`` is at or past it), or None."""
+        index, _ = self._search(position - 1, field=1)
+        if index + 1 >= self.entries:
+            return None
+        with self._file() as fd:
+            return self.base_offset + self._entry(fd, index + 1)[0]
 
     def sanity_check(self, segment_size):
         entries, length = self._entries_array([("offset", ">i4"), ("position", ">i4")])

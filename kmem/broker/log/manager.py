@@ -310,6 +310,14 @@ class LogManager:
                                         dict(self._topic_configs.get(topic, {})))
             return info
 
+    def partition_count(self, topic):
+        """The topic's partition count, 0 when it does not exist (a lookup per partition, where ``topics()``
+        passes over every partition of the broker: the coordinators ask on every request)."""
+        count = 0
+        while (topic, count) in self._logs:
+            count += 1
+        return count
+
     def topic_name(self, topic_id):
         """The name of the topic with ``topic_id`` (Fetch v13+ and Metadata v10+ name topics by id), or None."""
         with self._lock:

@@ -24,8 +24,8 @@
   the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
   ``aborted_transactions`` are the ``AbortedTxn`` entries of the ``.txnindex`` files (of the segment read and
   the later ones, until one's last stable offset reaches the bound) overlapping the range from
-  ``fetch_offset`` to the bound or the segment's end, whichever is first: Kafka's
-  ``collectAbortedTransactions``.
+  ``fetch_offset`` to the first indexed offset past the bytes read (Kafka's ``fetchUpperBoundOffset``), the
+  bound or the segment's end, whichever is first: Kafka's ``collectAbortedTransactions``.
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
@@ -125,6 +125,11 @@ class VerificationGuard:
 
     def __init__(self, producer_id):
         self.producer_id = producer_id
+
+
+# Kafka's VerificationGuard.SENTINEL: the producer's transaction was open on the partition when checked, so
+# the coordinator was not asked; the append checks that it still is.
+TRANSACTION_OPEN = VerificationGuard(-1)
 
 
 def _check_int(name, value):
@@ -310,13 +315,15 @@ class PartitionLog:
             self._check_open()
             now = self._clock() if now_ms is None else now_ms
             try:
-                if verification_guard is not None:
+                if verification_guard is not None and verification_guard is not TRANSACTION_OPEN:
                     producer_id = verification_guard.producer_id
                     if self._verifications.pop(producer_id, None) is not verification_guard:
                         raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {producer_id} "
                                                                     f"ended while its records were verified")
                 validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
                                                 leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
+                if verification_guard is TRANSACTION_OPEN:
+                    self._check_transactions_open(validated.batches)
                 duplicate, updated, completed = self.producers.check(validated.batches, origin)
                 if duplicate is not None:
                     return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
@@ -367,16 +374,29 @@ class PartitionLog:
         return previous
 
     def start_txn_verification(self, producer_id, producer_epoch):
-        """Kafka's ``maybeStartTransactionVerification`` (KIP-890): None when the producer has a transaction
-        open here at this epoch (no verification needed), else a guard to pass to ``append`` once the
-        coordinator verified the transaction; a marker written meanwhile voids it (the append is then
-        INVALID_TXN_STATE), so a batch verified just before its transaction ended cannot open a new one."""
+        """Kafka's ``maybeStartTransactionVerification`` (KIP-890): ``TRANSACTION_OPEN`` when the producer has a
+        transaction open here at this epoch (no verification needed), else a guard to pass to ``append`` once
+        the coordinator verified the transaction. Either goes to ``append``, which answers INVALID_TXN_STATE
+        when a marker came meanwhile (it voids the guard; it closes the transaction that was open), so a batch
+        checked just before its transaction ended cannot open a new one."""
         with self._lock:
-            state = self.producers.state(producer_id)
-            if state is not None and state.epoch == producer_epoch and state.current_txn_first_offset != NO_TXN:
-                return None
+            if self._transaction_open(producer_id, producer_epoch):
+                return TRANSACTION_OPEN
             guard = self._verifications[producer_id] = VerificationGuard(producer_id)
             return guard
+
+    def _transaction_open(self, producer_id, producer_epoch):
+        state = self.producers.state(producer_id)
+        return state is not None and state.epoch == producer_epoch and state.current_txn_first_offset != NO_TXN
+
+    def _check_transactions_open(self, batches):
+        """``append`` with ``TRANSACTION_OPEN``: the transaction of each transactional batch (a ``BatchInfo``)
+        must still be open."""
+        for batch in batches:
+            if batch.is_transactional and not batch.is_control \
+                    and not self._transaction_open(batch.producer_id, batch.producer_epoch):
+                raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {batch.producer_id} "
+                                                            f"ended before its records were appended")
 
     def cancel_txn_verification(self, producer_id, guard):
         """Forget ``guard`` (its verification failed)."""
@@ -467,9 +487,12 @@ class PartitionLog:
                         break
                     aborted = no_aborted
                     if isolation == READ_COMMITTED:
-                        # The range read ends at most at the upper bound or this segment's end (a superset
-                        # of what the records hold: consumers ignore aborted transactions they do not reach).
-                        aborted = self._collect_aborted(i, fetch_offset, min(upper, segment.next_offset))
+                        # The range read ends before the first indexed offset past the bytes read (Kafka's
+                        # fetchUpperBoundOffset), else at the upper bound or this segment's end: a superset of
+                        # what the records hold (consumers ignore aborted transactions they do not reach).
+                        bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
+                        aborted = self._collect_aborted(i, fetch_offset, min(
+                            upper, segment.next_offset if bound is None else bound))
                     records = FileRecords(segment.log_path, first.position, first.position + size)
                     return FetchData(records, hw, start, lso, aborted_transactions=aborted)
                 return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)

@@ -54,9 +54,9 @@ import threading
 import time
 
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.group.coordinator import GroupCoordinator
+from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, GroupCoordinator, _ranged
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
-from kmem.broker.log.config import INT32_MAX, _bool, _int
+from kmem.broker.log.config import _bool
 from kmem.broker.log.unified_log import wall_clock_ms
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.txn.metadata import (
@@ -87,22 +87,13 @@ MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a f
 MARKER_AWAIT_SECONDS = 0.02
 
 # A failed write to __transaction_state is answered as Kafka's TransactionStateManager.appendTransactionToLog
-# maps the append's error: clients retry both.
-STATE_WRITE_ERRORS = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
-}
+# maps the append's error, which is the group coordinator's mapping for __consumer_offsets.
+STATE_WRITE_ERRORS = GROUP_WRITE_ERRORS
 # marker results after which a partition needs no marker: written, its topic gone (Kafka skips a partition
 # without a leader), or a newer producer or coordinator epoch there (nothing this coordinator writes can go in;
 # Kafka's marker channel stops sending them too)
 MARKER_DONE = frozenset({ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_PRODUCER_EPOCH,
                          ErrorCode.TRANSACTION_COORDINATOR_FENCED})
-
-
-def _ranged(name, low=1, high=INT32_MAX):
-    return lambda value: _int(name, value, low, high)
 
 
 # Kafka's transaction coordinator settings: name -> (TxnConfig field, parser)
@@ -173,7 +164,6 @@ class TransactionCoordinator:
         self._idle = {}           # transactional id -> TransactionMetadata.pack() of an idle id
         self._jobs = {}           # transactional id -> _MarkerJob under way
         self._tasks = {}          # name -> the periodic TimerTask
-        self._counted = None      # (partition 0 of __transaction_state, the topic's partition count)
         self._load()
         with self._lock:
             for meta in list(self._live.values()):
@@ -214,17 +204,8 @@ class TransactionCoordinator:
     # --- __transaction_state ----------------------------------------------------------------------------
 
     def _partition_count(self):
-        """Counted once per making of the topic (``LogManager.topics()`` walks every partition of the broker, and
-        every request and marker job asks): the partition count of the topic its partition 0 belongs to."""
-        first = self.logs.get_partition(TRANSACTION_STATE_TOPIC, 0)
-        if first is None:
-            return self.config.state_log_partitions
-        if self._counted is None or self._counted[0] is not first:
-            info = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
-            if info is None:                        # deleted meanwhile
-                return self.config.state_log_partitions
-            self._counted = (first, info.partitions)
-        return self._counted[1]
+        """``__transaction_state``'s partition count (``transaction.state.log.num.partitions`` until it exists)."""
+        return self.logs.partition_count(TRANSACTION_STATE_TOPIC) or self.config.state_log_partitions
 
     def create_state_topic(self):
         """Create ``__transaction_state`` if it is missing (FindCoordinator and InitProducerId do, as Kafka's
@@ -285,12 +266,9 @@ class TransactionCoordinator:
         return ErrorCode.NONE
 
     def _load(self):
-        """Replay ``__transaction_state`` (the last record of each id wins; a tombstone removes it)."""
-        count = self.logs.topics().get(TRANSACTION_STATE_TOPIC)
-        if count is None:
-            return
-        loaded = {}
-        for index in range(count.partitions):
+        """Replay ``__transaction_state`` (the last record of each id wins; a tombstone removes it). Each id
+        is placed as its record is read, packed when idle: the load never holds more than the ids will."""
+        for index in range(self.logs.partition_count(TRANSACTION_STATE_TOPIC)):
             partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, index)
             records = (record for batch in GroupCoordinator._read_partition(partition_log)
                        if not batch.is_control_batch for record in batch)
@@ -300,25 +278,27 @@ class TransactionCoordinator:
                 except CorruptRecordError as e:
                     log.warning("skipping a record of %s-%d: %s", TRANSACTION_STATE_TOPIC, index, e)
                     continue
-                if value is None:
-                    loaded.pop(transactional_id, None)
-                else:
-                    loaded[transactional_id] = value
-        for transactional_id, record in loaded.items():
-            if record.state in (DEAD, PREPARE_EPOCH_FENCE):       # never written by Kafka: nothing to resume
-                log.warning("transactional id %r: ignoring its %s state record", transactional_id,
-                            STATE_NAMES[record.state])
-                continue
-            meta = TransactionMetadata(transactional_id, record.producer_id, record.producer_epoch, record.timeout_ms,
-                                       record.state, partitions=record.partitions, start_ms=record.start_ms,
-                                       last_update_ms=record.last_update_ms)
-            if meta.idle:
-                self._idle[transactional_id] = meta.pack()
-            else:
-                self._live[transactional_id] = meta
-        if loaded:
-            log.info("loaded %d transactional ids from %s (%d with a transaction under way)", len(loaded),
-                     TRANSACTION_STATE_TOPIC, len(self._live))
+                self._idle.pop(transactional_id, None)
+                self._live.pop(transactional_id, None)
+                if value is not None:
+                    self._place(transactional_id, value)
+        if self._idle or self._live:
+            log.info("loaded %d transactional ids from %s (%d with a transaction under way)",
+                     len(self._idle) + len(self._live), TRANSACTION_STATE_TOPIC, len(self._live))
+
+    def _place(self, transactional_id, record):
+        """An id's loaded ``TransactionLogValue`` in memory (a later record of the id replaces it)."""
+        if record.state in (DEAD, PREPARE_EPOCH_FENCE):       # never written by Kafka: nothing to resume
+            log.warning("transactional id %r: ignoring its %s state record", transactional_id,
+                        STATE_NAMES[record.state])
+            return
+        meta = TransactionMetadata(transactional_id, record.producer_id, record.producer_epoch, record.timeout_ms,
+                                   record.state, partitions=record.partitions, start_ms=record.start_ms,
+                                   last_update_ms=record.last_update_ms)
+        if meta.idle:
+            self._idle[transactional_id] = meta.pack()
+        else:
+            self._live[transactional_id] = meta
 
     # --- deadlines ----------------------------------------------------------------------------------------
 
@@ -355,10 +335,10 @@ class TransactionCoordinator:
         with self._lock:
             if self._closed:
                 return
-            by_partition = {}
+            by_partition, count = {}, self._partition_count()
             for transactional_id, packed in self._idle.items():
                 if TransactionMetadata.packed_last_update_ms(packed) <= deadline:
-                    by_partition.setdefault(self.partition_for(transactional_id), []).append(transactional_id)
+                    by_partition.setdefault(partition_for(transactional_id, count), []).append(transactional_id)
             for partition, expired in by_partition.items():
                 for start in range(0, len(expired), TOMBSTONES_PER_BATCH):
                     chunk = expired[start:start + TOMBSTONES_PER_BATCH]
@@ -629,11 +609,11 @@ class TransactionCoordinator:
         the transaction's offsets (``GroupCoordinator.handle_txn_completion``)."""
         if self._groups is not None and self.logs.get_partition(OFFSETS_TOPIC, 0) is None:
             self._groups.create_offsets_topic()
-        info = self.logs.topics().get(OFFSETS_TOPIC)
-        if info is None:
+        count = self.logs.partition_count(OFFSETS_TOPIC)
+        if not count:
             error = ErrorCode.COORDINATOR_NOT_AVAILABLE
         else:
-            partition = (OFFSETS_TOPIC, partition_for(request.group_id, info.partitions))
+            partition = (OFFSETS_TOPIC, partition_for(request.group_id, count))
             error = self.add_partitions(request.transactional_id, request.producer_id, request.producer_epoch,
                                         {partition})
         if header.api_version < 2 and error == ErrorCode.PRODUCER_FENCED:

@@ -3,8 +3,9 @@ and ``KafkaApis.handleWriteTxnMarkersRequest`` writes, on one node).
 
 ``write(producer_id, producer_epoch, coordinator_epoch, commit, partitions)`` appends one marker (a v2
 control batch, ``PartitionLog.write_txn_marker``) to each ``(topic, partition)`` and answers each with
-Kafka's error code: NONE, UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist,
-INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED or KAFKA_STORAGE_ERROR as the append answers. Then
+Kafka's error code: NONE, UNKNOWN_TOPIC_OR_PARTITION for a partition that does not exist (or whose topic is
+deleted while its marker is written), INVALID_PRODUCER_EPOCH, TRANSACTION_COORDINATOR_FENCED or
+KAFKA_STORAGE_ERROR as the append answers. Then
 the ``__consumer_offsets`` partitions whose marker was written are handed to the group coordinator,
 ``handle_txn_completion(producer_id, [their partition numbers], commit)``, so the producer's transactional
 offset commits there become committed (commit) or are dropped (abort) only once the marker is in the log;
@@ -17,6 +18,7 @@ import logging
 
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import OFFSETS_TOPIC
+from kmem.errors import IllegalStateError
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,11 @@ class TxnMarkerWriter:
             if partition_log is None:
                 errors[topic, partition] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            result = partition_log.write_txn_marker(producer_id, producer_epoch, coordinator_epoch, commit)
+            try:
+                result = partition_log.write_txn_marker(producer_id, producer_epoch, coordinator_epoch, commit)
+            except IllegalStateError:           # the topic was deleted meanwhile (its log is closed)
+                errors[topic, partition] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
             if result.error_code != ErrorCode.NONE:
                 log.warning("%s marker of producer %d (epoch %d) not written to %s-%d: %s",
                             "COMMIT" if commit else "ABORT", producer_id, producer_epoch, topic, partition,

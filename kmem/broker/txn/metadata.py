@@ -9,7 +9,9 @@ States and the states each may follow (an id's first state is Empty):
 - PrepareCommit (2) / PrepareAbort (3): EndTxn written, markers to write; from Ongoing (PrepareAbort also
   from PrepareEpochFence);
 - CompleteCommit (4) / CompleteAbort (5): every marker written; from PrepareCommit / PrepareAbort;
-- Dead (6): expiring (``transactional.id.expiration.ms``); from Empty, CompleteCommit, CompleteAbort;
+- Dead (6): Kafka's state of an expiring id (``transactional.id.expiration.ms``), from Empty,
+  CompleteCommit, CompleteAbort; the coordinator here writes the expired id's tombstone directly, so no id
+  is ever in it;
 - PrepareEpochFence (7): the epoch is being bumped to fence the producer before aborting its transaction
   (a pending state only: never written to the log).
 
@@ -169,10 +171,6 @@ class TransactionMetadata:
         self.failed_epoch_fence = False
         return self._prepare(state, self.producer_id, self.producer_epoch, self.last_producer_epoch, self.timeout_ms,
                              frozenset(), self.start_ms, now_ms)
-
-    def prepare_dead(self):
-        return self._prepare(DEAD, self.producer_id, self.producer_epoch, self.last_producer_epoch, self.timeout_ms,
-                             frozenset(), self.start_ms, self.last_update_ms)
 
     def _prepare(self, state, producer_id, epoch, last_epoch, timeout_ms, partitions, start_ms, now_ms):
         if self.pending_state is not None:
