@@ -7,6 +7,10 @@
 # MurmurHash3_x64_128 (seed 0), as strong against accidental collisions as MD5 for this purpose and far
 # cheaper. Open addressing with linear probing from the hash's first 8 bytes; an all-zero hash marks an
 # empty slot (a key hashing to zero is stored with its first byte set to 1).
+#
+# Every lookup lands on a random slot of a buffer of 100+ MiB and misses the caches (and the TLB): the loops
+# hash the keys of a group of records and prefetch their slots before looking any up, so that the misses
+# of a group overlap instead of queueing one by one.
 
 
 cdef extern from *:
@@ -67,6 +71,7 @@ cdef extern from *:
 cdef enum:
     MAP_HASH = 16
     MAP_SLOT = 24           # hash, then the offset (native int64)
+    MAP_GROUP = 8           # keys hashed and their slots prefetched before any is looked up
 
 
 cdef inline void key_hash(const unsigned char* key, Py_ssize_t length, unsigned char* out) noexcept nogil:
@@ -118,9 +123,13 @@ cdef class OffsetMap:
         """The last offset the map covers: records above it are newer than anything mapped."""
         self.latest_offset = offset
 
+    cdef inline Py_ssize_t _home(self, const unsigned char* hash_) noexcept nogil:
+        """The slot where the probe for ``hash_`` starts."""
+        return <Py_ssize_t>(kmem_load64le(hash_) % <uint64_t>self.slots)
+
     cdef unsigned char* _find(self, const unsigned char* hash_) noexcept nogil:
         """The slot holding ``hash_``, or the empty slot where it goes; NULL when the map is full without it."""
-        cdef Py_ssize_t i = <Py_ssize_t>(kmem_load64le(hash_) % <uint64_t>self.slots), n
+        cdef Py_ssize_t i = self._home(hash_), n
         cdef unsigned char* slot
         self.lookups += 1
         for n in range(self.slots):
@@ -135,11 +144,14 @@ cdef class OffsetMap:
                 i = 0
         return NULL
 
-    cdef int _put(self, const unsigned char* key, Py_ssize_t length, int64_t offset) noexcept nogil:
-        cdef unsigned char hash_[MAP_HASH]
-        cdef unsigned char* slot
+    cdef inline void _hash_and_prefetch(self, const unsigned char* key, Py_ssize_t length,
+                                        unsigned char* hash_) noexcept nogil:
+        """Hash a key and start loading the slot its probe starts at, for the lookup or update that follows."""
         key_hash(key, length, hash_)
-        slot = self._find(hash_)
+        kmem_prefetch_w(self._slots + self._home(hash_) * MAP_SLOT, 1)
+
+    cdef int _put_hash(self, const unsigned char* hash_, int64_t offset) noexcept nogil:
+        cdef unsigned char* slot = self._find(hash_)
         if slot == NULL:
             return -1
         if kmem_load64le(slot) == 0 and kmem_load64le(slot + 8) == 0:
@@ -148,16 +160,23 @@ cdef class OffsetMap:
         memcpy(slot + MAP_HASH, &offset, 8)
         return 0
 
-    cdef int64_t _get(self, const unsigned char* key, Py_ssize_t length) noexcept nogil:
-        cdef unsigned char hash_[MAP_HASH]
-        cdef unsigned char* slot
+    cdef int64_t _get_hash(self, const unsigned char* hash_) noexcept nogil:
+        cdef unsigned char* slot = self._find(hash_)
         cdef int64_t offset
-        key_hash(key, length, hash_)
-        slot = self._find(hash_)
         if slot == NULL or memcmp(slot, hash_, MAP_HASH) != 0:
             return -1
         memcpy(&offset, slot + MAP_HASH, 8)
         return offset
+
+    cdef int _put(self, const unsigned char* key, Py_ssize_t length, int64_t offset) noexcept nogil:
+        cdef unsigned char hash_[MAP_HASH]
+        key_hash(key, length, hash_)
+        return self._put_hash(hash_, offset)
+
+    cdef int64_t _get(self, const unsigned char* key, Py_ssize_t length) noexcept nogil:
+        cdef unsigned char hash_[MAP_HASH]
+        key_hash(key, length, hash_)
+        return self._get_hash(hash_)
 
     def put(self, const unsigned char[::1] key not None, int64_t offset):
         """Map ``key`` to ``offset``; OverflowError when every slot holds another key."""
@@ -177,17 +196,26 @@ cdef class OffsetMap:
         cdef const unsigned char* start = &section[0] if n else NULL
         cdef Cursor c = Cursor(start, start + n, start, OK, 0)
         cdef Fields f
-        cdef int64_t mapped = 0, i
-        cdef int rc = 0
+        cdef unsigned char hashes[MAP_GROUP * MAP_HASH]
+        cdef int64_t offsets[MAP_GROUP]
+        cdef int64_t mapped = 0, i = 0
+        cdef int rc = 0, grouped, g
         if count < 0 or count > n:
             raise _corrupt(ERR_COUNT, 0, base)
         with nogil:
-            for i in range(count):
-                if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
-                    rc = -1
-                    break
-                if f.key_len >= 0 and f.offset >= start_offset:
-                    if self._put(f.key, f.key_len, f.offset) < 0:
+            while i < count and rc == 0:
+                grouped = 0
+                while grouped < MAP_GROUP and i < count:
+                    if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
+                        rc = -1
+                        break
+                    i += 1
+                    if f.key_len >= 0 and f.offset >= start_offset:
+                        self._hash_and_prefetch(f.key, f.key_len, &hashes[grouped * MAP_HASH])
+                        offsets[grouped] = f.offset
+                        grouped += 1
+                for g in range(grouped if rc == 0 else 0):
+                    if self._put_hash(&hashes[g * MAP_HASH], offsets[g]) < 0:
                         rc = -2
                         break
                     mapped += 1
@@ -223,15 +251,20 @@ def filter_v2_records(OffsetMap offset_map not None, const unsigned char[::1] se
     cdef const unsigned char* start = &section[0] if n else NULL
     cdef Cursor c = Cursor(start, start + n, start, OK, 0)
     cdef Cursor r
-    cdef Fields f
+    cdef Fields* f
+    cdef Fields fields[MAP_GROUP]
+    cdef const unsigned char* begins[MAP_GROUP]
+    cdef const unsigned char* ends[MAP_GROUP]
+    cdef unsigned char hashes[MAP_GROUP * MAP_HASH]
     cdef const unsigned char* begin
-    cdef int64_t i, length, ts_delta, found, new_base = 0
+    cdef const unsigned char* end
+    cdef int64_t i = 0, length, ts_delta, found, new_base = 0
     cdef bint rebase = new_base_timestamp is not None, keep
     cdef Py_ssize_t capacity, written = 0, tail
     cdef unsigned char* out
     cdef unsigned char* p
     cdef unsigned char attributes
-    cdef int rc = 0
+    cdef int rc = 0, grouped, g
     cdef FilteredRecords result
     if count < 0 or count > n:
         raise _corrupt(ERR_COUNT, 0, base)
@@ -249,45 +282,57 @@ def filter_v2_records(OffsetMap offset_map not None, const unsigned char[::1] se
     result.has_tombstones = False
     try:
         with nogil:
-            for i in range(count):
-                begin = c.p
-                if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, &f) < 0:
-                    rc = -1
+            while i < count:
+                grouped = 0
+                while grouped < MAP_GROUP and i < count:
+                    f = &fields[grouped]
+                    begins[grouped] = c.p
+                    if c.p >= c.end or parse_v2_record(&c, base_offset, base_timestamp, f) < 0:
+                        rc = -1
+                        break
+                    i += 1
+                    ends[grouped] = c.p
+                    if f.offset <= offset_map.latest_offset and f.key_len >= 0:
+                        offset_map._hash_and_prefetch(f.key, f.key_len, &hashes[grouped * MAP_HASH])
+                    grouped += 1
+                if rc < 0:
                     break
-                if f.offset > offset_map.latest_offset:
-                    keep = True
-                elif f.key_len < 0:
-                    keep = False
-                else:
-                    found = offset_map._get(f.key, f.key_len)
-                    keep = f.offset >= found and (f.value_len >= 0 or retain_deletes)
-                if not keep:
-                    continue
-                if not rebase:
-                    memcpy(out + written, begin, c.p - begin)
-                    written += c.p - begin
-                else:
-                    # length, attributes, timestamp delta, then the rest as it was
-                    r = Cursor(begin, c.p, start, OK, 0)
-                    read_varlong(&r, 5, &length)
-                    attributes = r.p[0]
-                    r.p += 1
-                    read_varlong(&r, 10, &ts_delta)
-                    tail = c.p - r.p
-                    ts_delta = f.timestamp - new_base
-                    p = put_varint(out + written, 1 + varint_size(ts_delta) + tail)
-                    p[0] = attributes
-                    p = put_varint(p + 1, ts_delta)
-                    memcpy(p, r.p, tail)
-                    written = p + tail - out
-                if result.count == 0:
-                    result.first_timestamp = f.timestamp
-                result.count += 1
-                if f.timestamp > result.max_timestamp:
-                    result.max_timestamp = f.timestamp
-                    result.offset_of_max_timestamp = f.offset
-                if f.value_len < 0:
-                    result.has_tombstones = True
+                for g in range(grouped):
+                    f, begin, end = &fields[g], begins[g], ends[g]
+                    if f.offset > offset_map.latest_offset:
+                        keep = True
+                    elif f.key_len < 0:
+                        keep = False
+                    else:
+                        found = offset_map._get_hash(&hashes[g * MAP_HASH])
+                        keep = f.offset >= found and (f.value_len >= 0 or retain_deletes)
+                    if not keep:
+                        continue
+                    if not rebase:
+                        memcpy(out + written, begin, end - begin)
+                        written += end - begin
+                    else:
+                        # length, attributes, timestamp delta, then the rest as it was
+                        r = Cursor(begin, end, start, OK, 0)
+                        read_varlong(&r, 5, &length)
+                        attributes = r.p[0]
+                        r.p += 1
+                        read_varlong(&r, 10, &ts_delta)
+                        tail = end - r.p
+                        ts_delta = f.timestamp - new_base
+                        p = put_varint(out + written, 1 + varint_size(ts_delta) + tail)
+                        p[0] = attributes
+                        p = put_varint(p + 1, ts_delta)
+                        memcpy(p, r.p, tail)
+                        written = p + tail - out
+                    if result.count == 0:
+                        result.first_timestamp = f.timestamp
+                    result.count += 1
+                    if f.timestamp > result.max_timestamp:
+                        result.max_timestamp = f.timestamp
+                        result.offset_of_max_timestamp = f.offset
+                    if f.value_len < 0:
+                        result.has_tombstones = True
         if rc < 0:
             raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
         if c.p != c.end:

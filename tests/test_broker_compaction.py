@@ -129,6 +129,36 @@ def test_a_group_of_segments_stops_where_the_cleaned_indexes_would_be_full(manag
     assert manager.cleaner.first_dirty_offset("t", 0) == end
 
 
+def test_cleaned_segments_are_filled_with_segments_whose_records_partly_stay(manager):
+    partition_log = compacted(manager, **{"index.interval.bytes": 0})        # an index entry for each batch
+    # Two records in three update one key: a third of each segment stays (a group took in one segment when
+    # what it wrote plus the next one's size passed segment.bytes: as many cleaned segments as read). Then
+    # segments of which nothing stays, each followed by segments of which everything stays: a group tries
+    # the next segment as if it kept as much as the previous one did, and takes it back when it does not fit.
+    keys = [b"hot" if i % 3 else b"key-%d" % i for i in range(300)]
+    for part in range(3):
+        keys += [b"cold"] * 24 + [b"part-%d-%d" % (part, i) for i in range(24)]
+    writes = [(put(partition_log, key, b"value-%d" % i, timestamp=NOW - DAY + i).base_offset, key, b"value-%d" % i)
+              for i, key in enumerate(keys)]
+    end = dirty_end(partition_log)
+    read = len(partition_log.segments) - 1
+    stats = manager.cleaner.clean("t", 0, now_ms=NOW)
+    expected = latest([w for w in writes if w[0] < end])
+    assert read_log(partition_log) == expected + [w for w in writes if w[0] >= end]
+    cleaned = [s for s in partition_log.segments if s.base_offset < end]
+    assert read >= 30 and len(cleaned) <= read // 2
+    assert all(s.size <= 1000 for s in cleaned)
+    # what a segment wrote before it was taken back is gone from the file and its indexes
+    assert all(a.next_offset <= b.base_offset for a, b in zip(cleaned, cleaned[1:]))
+    assert all(s.offset_index.last_offset < s.next_offset and s.time_index.last_entry[1] < s.next_offset
+               for s in cleaned)
+    for offset, key, value in expected:                 # the cleaned offset indexes find every record
+        with partition_log.read(offset, 1).records as records:
+            assert [(r.key, r.value) for r in next(records.batches()) if r.offset == offset] == [(key, value)]
+    # a segment tried and taken back is counted once, in the group that keeps it
+    assert (stats.records_read, stats.records_kept) == (len([w for w in writes if w[0] < end]), len(expected))
+
+
 def test_fetching_from_an_offset_that_was_cleaned_away_gets_the_next_record(manager):
     partition_log = compacted(manager)
     write_updates(partition_log, 200, keys=3)

@@ -135,3 +135,22 @@ def test_filter_rewrites_timestamp_deltas_against_a_new_base_timestamp():
     horizon = 1000 + 86_400_000
     kept = _filtered_batch(retain_deletes=True, new_base_timestamp=horizon)
     assert _decode(kept.section, kept.count, 50, horizon) == [(53, 1003, b"a", None), (55, 1005, b"b", b"4")]
+
+
+def test_sections_of_many_records_are_mapped_and_filtered_record_by_record_in_order():
+    # keys are hashed and their slots prefetched in groups: a key repeated inside a group or across groups
+    # keeps its last offset, keyless records and records above the map's end are handled one by one
+    keys = [None if i % 11 == 5 else b"k%d" % (i % 3 if i < 20 else i % 13) for i in range(70)]
+    batch, section = _section([{"key": key, "value": None if i % 9 == 0 else b"v%d" % i}
+                               for i, key in enumerate(keys)], base_offset=1000)
+    offset_map = _core.OffsetMap(24 * 64)
+    assert offset_map.put_records(section, count=70, base_offset=1000, base_timestamp=batch.base_timestamp,
+                                  start_offset=1003) == sum(1 for i, k in enumerate(keys) if k and i >= 3)
+    latest = {key: 1000 + i for i, key in enumerate(keys) if key and i >= 3}
+    assert {key: offset_map.get(key) for key in latest} == latest
+    offset_map.update_latest_offset(1060)
+    kept = _core.filter_v2_records(offset_map, section, count=70, base_offset=1000,
+                                   base_timestamp=batch.base_timestamp, retain_deletes=False)
+    expected = [1000 + i for i, key in enumerate(keys)
+                if 1000 + i > 1060 or key and latest.get(key) == 1000 + i and i % 9]
+    assert [offset for offset, _, _, _ in _decode(kept.section, kept.count, 1000, batch.base_timestamp)] == expected

@@ -12,11 +12,14 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
    full: a section with more keys than that is cleaned in several passes, the map never grows.
 3. Every segment before the end of what the map covers (not the active one) is rewritten, in groups of
    consecutive segments, into ``<base>.log.cleaned`` with rebuilt ``.index.cleaned`` and
-   ``.timeindex.cleaned`` (and ``.txnindex.cleaned``). A group takes in the next segment while what it has
-   written so far plus that segment's whole size is at most ``segment.bytes`` (Kafka's
-   ``groupSegmentsBySize`` adds up the sizes before cleaning): the cleaned log does not degenerate into many
-   small files, and a pass that shrinks the log writes a few segments rather than one (with its fsyncs and
-   renames) per segment it read. A record is kept when it is the latest of its key (offsets are never
+   ``.timeindex.cleaned`` (and ``.txnindex.cleaned``). A group takes in the next segment when what that
+   segment keeps fits: at most ``segment.bytes`` in all, room in the indexes (``segment.index.bytes``),
+   offsets within 32 bits of the group's base. The segment is tried when it would fit keeping as much of its
+   size as the previous one kept of its own; if what it keeps does not fit after all, the cleaned files are
+   cut back to where it started and it begins the next group. (Kafka's ``groupSegmentsBySize`` adds up the
+   segments' sizes before cleaning, so a group of segments that each keep a quarter of their records holds
+   one: here cleaned segments are full, and a pass pays its fsyncs, renames and lock once per segment it
+   writes rather than per segment it read.) A record is kept when it is the latest of its key (offsets are never
    rewritten: consumers see gaps); keyless records go (Kafka refuses them on a compacted topic). A batch
    whose records all stay is copied byte for byte, else it is rebuilt with the same base and last offset,
    producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
@@ -132,10 +135,16 @@ class _CleanedSegment:
         self._since_index_entry = 0
         self.max_timestamp, self.offset_of_max_timestamp = -1, -1
 
-    def append(self, data, last_offset, max_timestamp, offset_of_max_timestamp):
+    def append(self, data, last_offset, max_timestamp, offset_of_max_timestamp, max_size=None):
+        """Append a batch; False, nothing written, when ``max_size`` is given and the batch would take the
+        segment past it or need an index entry its full indexes have no room for."""
+        index_entry = self._since_index_entry > self.config.index_interval_bytes
+        if max_size is not None and (self.size + len(data) > max_size or index_entry and (
+                self.offset_index.is_full or self.time_index.is_full)):
+            return False
         if max_timestamp > self.max_timestamp:
             self.max_timestamp, self.offset_of_max_timestamp = max_timestamp, offset_of_max_timestamp
-        if self._since_index_entry > self.config.index_interval_bytes:
+        if index_entry:
             self.offset_index.append(last_offset, self.size)
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp)
             self._since_index_entry = 0
@@ -145,6 +154,21 @@ class _CleanedSegment:
         self._since_index_entry += len(data)
         if self._pending_bytes >= self._io_buffer_size:
             self._write_pending()
+        return True
+
+    def mark(self):
+        """What has been written so far, to ``rewind`` to."""
+        return (self.size, self._since_index_entry, self.max_timestamp, self.offset_of_max_timestamp,
+                self.offset_index.mark(), self.time_index.mark())
+
+    def rewind(self, mark):
+        """Forget what was appended since ``mark``: the file is cut back to it."""
+        self._write_pending()
+        (self.size, self._since_index_entry, self.max_timestamp, self.offset_of_max_timestamp, offset_index,
+         time_index) = mark
+        os.ftruncate(self._fd, self.size)
+        self.offset_index.rewind(offset_index)
+        self.time_index.rewind(time_index)
 
     def _write_pending(self):
         data = b"".join(self._pending)
@@ -396,25 +420,30 @@ class Cleaner:
     # --- rewriting ------------------------------------------------------------------------------------
 
     def _clean_segments(self, partition_log, segments, now_ms, stats, throttler):
-        """Rewrite the first of ``segments`` and those after it that surely fit into one cleaned segment,
-        and swap it in; returns how many it replaced, 0 when the log changed meanwhile."""
+        """Rewrite the first of ``segments`` and those after it whose cleaned records still fit into one
+        cleaned segment, and swap it in; returns how many it replaced, 0 when the log changed meanwhile."""
         config = partition_log.config
         cleaned = _CleanedSegment(partition_log.directory, segments[0].base_offset, config, self.io_buffer_size,
                                   throttler)
-        group = []
+        group, kept_ratio = [], 0.0
         try:
             for segment in segments:
-                if group and not _fits(cleaned, segment, config.segment_bytes):
+                # The first segment of a group always goes in whole. A later one is tried if it would fit
+                # keeping the share of its size the previous one kept, and taken back if what it keeps does not.
+                if group and (cleaned.size + kept_ratio * segment.size > config.segment_bytes
+                              or segment.next_offset - 1 - cleaned.base_offset > INT32_MAX):
                     break
+                size_before, mark, counts = cleaned.size, cleaned.mark(), (stats.records_read, stats.records_kept)
+                if not self._clean_into(cleaned, partition_log, segment, now_ms, stats, throttler,
+                                        config.segment_bytes if group else None):
+                    cleaned.rewind(mark)
+                    stats.records_read, stats.records_kept = counts
+                    break
+                kept_ratio = (cleaned.size - size_before) / segment.size if segment.size else 0.0
                 group.append(segment)
                 # The aborted transactions stay indexed: read_committed fetches of the cleaned segment
                 # still skip the aborted records the clean kept.
                 cleaned.txn_index.extend(segment.txn_index.entries())
-                for batch in self._batches(segment, throttler, stats):
-                    kept = self._retained(partition_log, batch, now_ms, config, stats)
-                    if kept is not None:
-                        data, max_timestamp, offset_of_max = kept
-                        cleaned.append(data, batch.last_offset, max_timestamp, offset_of_max)
             cleaned.finish()
             stats.bytes_written += cleaned.size
         except BaseException:
@@ -428,6 +457,15 @@ class Cleaner:
         # out of the partition's lock: removing large files takes time, appends need not wait for it
         remove_deleted_files(partition_log.directory, [s.base_offset for s in group])
         return len(group)
+
+    def _clean_into(self, cleaned, partition_log, segment, now_ms, stats, throttler, max_size):
+        """Append what stays of ``segment`` to ``cleaned``; False as soon as it would not fit ``max_size``
+        (see ``_CleanedSegment.append``), what was appended then being the caller's to rewind."""
+        for batch in self._batches(segment, throttler, stats):
+            kept = self._retained(partition_log, batch, now_ms, partition_log.config, stats)
+            if kept is not None and not cleaned.append(kept[0], batch.last_offset, kept[1], kept[2], max_size):
+                return False
+        return True
 
     def _retained(self, partition_log, batch, now_ms, config, stats):
         """``(bytes, max timestamp, offset of it)`` of what stays of ``batch``, or None."""
@@ -517,19 +555,6 @@ def first_uncleanable_offset(segments, active_base, last_stable_offset, config, 
             if segment.largest_timestamp > now_ms - config.min_compaction_lag_ms:
                 return min(first, segment.base_offset)
     return first
-
-
-def _fits(cleaned, segment, max_size):
-    """``segment`` can join the cleaned segment being written: whatever its records that stay, the result
-    holds at most ``max_size`` bytes, its indexes at most ``segment.index.bytes`` (the entries written so far
-    plus the segment's own: cleaning adds no entry) and its offsets fit the 32-bit relative offsets of one
-    segment's index. Kafka's ``groupSegmentsBySize`` adds up the segments' sizes before cleaning; adding up
-    the cleaned size so far lets one output take in many segments the pass shrinks, so that a pass writes a
-    few large segments rather than one small file (and its fsyncs) per segment it read."""
-    return cleaned.size + segment.size <= max_size \
-        and all(written.entries + own.entries <= written.max_entries for written, own in (
-            (cleaned.offset_index, segment.offset_index), (cleaned.time_index, segment.time_index))) \
-        and segment.next_offset - 1 - cleaned.base_offset <= INT32_MAX
 
 
 @dataclass
