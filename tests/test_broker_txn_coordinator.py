@@ -16,7 +16,7 @@ from kmem.broker.timer import Timer
 from kmem.broker.txn import coordinator as coordinator_module
 from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
 from kmem.broker.txn.metadata import (
-    COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
+    COMPLETE_ABORT, COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
 )
 from kmem.broker.txn.state_log import (
     TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
@@ -237,6 +237,72 @@ def test_failed_markers_are_written_again(env):
     settle(coordinator)
     assert coordinator._markers.writes[-1] == (pid, epoch, False, (("t", 2),))
     assert describe(coordinator, "tx").transaction_state == "CompleteAbort"
+
+
+def raise_once(monkeypatch, target, name):
+    """``target.name`` raises RuntimeError at its first call, then behaves; returns the list of its calls."""
+    original, calls = getattr(target, name), []
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the marker path")
+        return original(*args, **kwargs)
+    monkeypatch.setattr(target, name, flaky)
+    return calls
+
+
+def test_a_marker_writer_that_raises_on_the_timer_is_tried_again(env, monkeypatch, caplog):
+    """An unexpected exception counts as a failed write of every partition still missing: the job is tried
+    again after its backoff (before, it was never rescheduled and the id answered CONCURRENT_TRANSACTIONS)."""
+    logs, make = env
+    coordinator = make()
+    calls = raise_once(monkeypatch, coordinator._markers, "write")
+    pid, epoch = begin(coordinator, partitions=(("t", 0), ("t", 1)))
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    settle(coordinator)
+    assert len(calls) == 2 and coordinator._markers.writes == [(pid, epoch, True, (("t", 0), ("t", 1)))]
+    assert describe(coordinator, "tx").transaction_state == "CompleteCommit"
+    assert [r for r in caplog.records if r.exc_info and "a bug in the marker path" in str(r.exc_info[1])]
+    assert coordinator.add_partitions("tx", pid, epoch, {("t", 2)}) == E.NONE
+
+
+def test_a_complete_write_that_raises_is_tried_again(env, monkeypatch):
+    logs, make = env
+    coordinator = make()
+    pid, epoch = begin(coordinator)
+    write, raised = coordinator._write, []
+
+    def write_raising_once_for_complete(meta, transit, keep_pending=False):
+        if transit.state == COMPLETE_ABORT and not raised:
+            raised.append(transit)
+            raise RuntimeError("a bug in the completion")
+        return write(meta, transit, keep_pending)
+    monkeypatch.setattr(coordinator, "_write", write_raising_once_for_complete)
+    assert coordinator.end_transaction("tx", pid, epoch, False) == E.NONE
+    settle(coordinator)
+    assert raised and describe(coordinator, "tx").transaction_state == "CompleteAbort"
+
+
+def test_a_marker_writer_that_raises_on_a_request_thread_is_tried_again(env, monkeypatch):
+    """The next transaction's AddPartitionsToTxn writing the markers itself: the exception does not reach the
+    request, which is answered CONCURRENT_TRANSACTIONS, and the timer writes them after the backoff."""
+    logs, make = env
+    coordinator = make()
+    calls = raise_once(monkeypatch, coordinator._markers, "write")
+    timer_busy, release = threading.Event(), threading.Event()
+    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
+    try:
+        assert timer_busy.wait(10)
+        pid, epoch = begin(coordinator)
+        assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+        assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.CONCURRENT_TRANSACTIONS
+        assert len(calls) == 1 and coordinator.markers_pending() == 1
+    finally:
+        release.set()
+    settle(coordinator)
+    assert coordinator._markers.writes == [(pid, epoch, True, (("t", 0),))]
+    assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
 
 
 def test_the_next_transaction_writes_the_markers_the_timer_has_not_written(env):

@@ -27,7 +27,8 @@ a transactional id names this broker. Each id moves through the states of
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
   on the broker's timer thread at once (or by the id's next AddPartitionsToTxn, see above), then
   CompleteCommit or CompleteAbort is written. A marker that fails (a storage error) is written again after a
-  backoff, as Kafka's marker channel retries, until it is in.
+  backoff, as Kafka's marker channel retries, until it is in; an unexpected exception while writing the
+  markers or Complete* is logged and counts as such a failure of every partition still missing.
   A retried EndTxn is answered NONE once complete, CONCURRENT_TRANSACTIONS meanwhile, INVALID_TXN_STATE
   for the other outcome or without a transaction.
 - ``verify_transaction`` answers the produce path's KIP-890 check (``transaction.partition.verification.enable``).
@@ -365,19 +366,22 @@ class TransactionCoordinator:
         self._write_claimed(job)
 
     def _write_claimed(self, job):
-        """Write the markers still missing, then Complete*, for ``job`` claimed (``writing``); not under the lock."""
-        with self._lock:
-            if self._closed:
-                return
-            partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, self.partition_for(job.transactional_id))
-            coordinator_epoch = partition_log.leader_epoch if partition_log is not None else 0
-            partitions = sorted(job.remaining)
-        results = self._markers.write(job.producer_id, job.producer_epoch, coordinator_epoch, job.commit,
-                                      partitions) if partitions else {}
+        """Write the markers still missing, then Complete*, for ``job`` claimed (``writing``); not under the lock.
+        Whatever happens, ``writing`` is cleared, waiters are woken and, unless the job is done (or the
+        coordinator closed), it is tried again after its backoff: an exception that escapes the marker writer
+        or the Complete* write counts as a failure of every partition still missing or of the completion."""
+        try:
+            results = self._write_missing_markers(job)
+        except Exception:
+            log.exception("transactional id %r: writing its markers raised", job.transactional_id)
+            results = None
         with self._lock:
             job.writing = False
+            self._markers_done.notify_all()
             if self._closed:
                 return
+            if results is None:
+                results = dict.fromkeys(job.remaining, ErrorCode.UNKNOWN_SERVER_ERROR)
             meta = self._live[job.transactional_id]
             for partition, error in results.items():
                 if error in MARKER_DONE:
@@ -389,18 +393,34 @@ class TransactionCoordinator:
             failed = {partition: ErrorCode(error).name for partition, error in results.items() if error not in
                       MARKER_DONE}
             if not job.remaining:
-                if not self._write(meta, job.transit, keep_pending=True):
+                try:
+                    error = self._write(meta, job.transit, keep_pending=True)
+                except Exception:
+                    log.exception("transactional id %r: writing its %s raised", job.transactional_id,
+                                  STATE_NAMES[job.transit.state])
+                    error = ErrorCode.UNKNOWN_SERVER_ERROR
+                if not error:
                     del self._jobs[job.transactional_id]
                     self._release(meta)
-                    self._markers_done.notify_all()
                     return
                 failed["__transaction_state"] = "write failed"
             job.retrying = True
-            self._markers_done.notify_all()
             log.warning("transactional id %r: %s failed (%s); trying again in %.1f s", job.transactional_id,
                         "markers" if job.remaining else "completing", failed, job.wait)
             job.task = self._timer.schedule(time.monotonic() + job.wait, lambda: self._write_markers(job))
             job.wait = min(job.wait * 2, MARKER_RETRY_SECONDS[1])
+
+    def _write_missing_markers(self, job):
+        """The markers ``job`` still misses, written: ``{(topic, partition): error code}`` (empty once closed)."""
+        with self._lock:
+            if self._closed:
+                return {}
+            partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, self.partition_for(job.transactional_id))
+            coordinator_epoch = partition_log.leader_epoch if partition_log is not None else 0
+            partitions = sorted(job.remaining)
+        if not partitions:
+            return {}
+        return self._markers.write(job.producer_id, job.producer_epoch, coordinator_epoch, job.commit, partitions)
 
     def _finish_markers(self, transactional_id):
         """Not under the lock. The markers of the id's ended transaction are written now, on this thread, or,
