@@ -52,7 +52,8 @@ producer snapshots are left as Kafka's load leaves them: one at the log end offs
 after a crash the load does), stray ones removed. So a Kafka broker reading the directory finds every
 producer in the snapshot it loads.
 
-Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
+Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention;
+``active_producers`` (DescribeProducers) holds it only to take its view of the producers' ledger.
 """
 import bisect
 import functools
@@ -610,11 +611,12 @@ class PartitionLog:
         return len(deletable)
 
     def active_producers(self):
-        """Kafka's ``activeProducers`` (DescribeProducers): the ``ProducerEntry`` of every producer not expired,
-        read from the ledger a chunk at a time under the partition's lock."""
+        """Kafka's ``activeProducers`` (DescribeProducers): an iterator of the ``ProducerEntry`` of every producer
+        not expired at the last ``remove_expired_producers``, as they are at the call. The partition's lock is
+        held for the call only: the ledger is then walked a chunk at a time while appends go on."""
         with self._lock:
             self._check_open()
-            return list(self.producers.producers())
+            return self.producers.producers()
 
     def remove_expired_producers(self, now_ms=None):
         """Kafka's periodic ``removeExpiredProducers`` (see ``kmem.broker.log.producer_state``)."""
