@@ -12,6 +12,7 @@ from broker_helpers import wait_for
 from kmem.broker import LogManager
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import partition_for
+from kmem.broker.log.unified_log import batches_from_start
 from kmem.broker.timer import Timer
 from kmem.broker.txn import coordinator as coordinator_module
 from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
@@ -371,9 +372,8 @@ def test_state_is_loaded_and_a_prepared_commit_completes_after_a_restart(env):
 
 
 def _records(logs, tid):
-    from kmem.broker.group.coordinator import GroupCoordinator
     partition = logs.get_partition(TRANSACTION_STATE_TOPIC, partition_for(tid, 50))
-    return [(r.key, r.value) for batch in GroupCoordinator._read_partition(partition) for r in batch
+    return [(r.key, r.value) for batch in batches_from_start(partition) for r in batch
             if read_key(r.key) == tid]
 
 

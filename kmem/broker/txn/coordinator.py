@@ -55,10 +55,10 @@ import threading
 import time
 
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, GroupCoordinator, _ranged
+from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, _ranged
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
 from kmem.broker.log.config import _bool
-from kmem.broker.log.unified_log import wall_clock_ms
+from kmem.broker.log.unified_log import batches_from_start, wall_clock_ms
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.txn.metadata import (
     COMPLETE_ABORT, COMPLETE_COMMIT, DEAD, EMPTY, IDLE_STATES, NO_PRODUCER_EPOCH, ONGOING, PREPARE_ABORT,
@@ -271,7 +271,7 @@ class TransactionCoordinator:
         is placed as its record is read, packed when idle: the load never holds more than the ids will."""
         for index in range(self.logs.partition_count(TRANSACTION_STATE_TOPIC)):
             partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, index)
-            records = (record for batch in GroupCoordinator._read_partition(partition_log)
+            records = (record for batch in batches_from_start(partition_log)
                        if not batch.is_control_batch for record in batch)
             for record in records:
                 try:
