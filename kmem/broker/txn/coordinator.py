@@ -65,7 +65,7 @@ from kmem.broker.txn.metadata import (
     PREPARE_COMMIT, PREPARE_EPOCH_FENCE, STATE_IDS, STATE_NAMES, TransactionMetadata, epoch_exhausted,
 )
 from kmem.broker.txn.state_log import (
-    TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
+    INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
 )
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
@@ -79,7 +79,6 @@ TXN_APIS = {
     ApiKey.END_TXN: "end_txn", ApiKey.DESCRIBE_TRANSACTIONS: "describe_transactions",
     ApiKey.LIST_TRANSACTIONS: "list_transactions",
 }
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
 # How long AddPartitionsToTxn waits for the timer thread writing the markers of the id's previous transaction
@@ -403,7 +402,7 @@ class TransactionCoordinator:
                     del self._jobs[job.transactional_id]
                     self._release(meta)
                     return
-                failed["__transaction_state"] = "write failed"
+                failed[TRANSACTION_STATE_TOPIC] = "write failed"
             job.retrying = True
             log.warning("transactional id %r: %s failed (%s); trying again in %.1f s", job.transactional_id,
                         "markers" if job.remaining else "completing", failed, job.wait)

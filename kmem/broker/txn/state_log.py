@@ -15,11 +15,13 @@ A transactional id's records go to partition ``abs(hashCode(id)) % transaction.s
 """
 from typing import NamedTuple
 
-from kmem.broker.group.offsets import _Reader, _Writer
+from kmem.broker.group.offsets import OFFSETS_TOPIC, _Reader, _Writer
 from kmem.broker.txn.metadata import EMPTY, STATE_NAMES
 from kmem.errors import CorruptRecordError
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
+# Kafka's internal topics (``Topic.isInternal``): the coordinators' own, which clients may not write to
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 KEY_VERSION = 0
 VALUE_VERSION = 0
 
