@@ -1,6 +1,7 @@
 """The transaction coordinator on its own: Kafka 3.9's state machine and error codes, the
 ``__transaction_state`` records byte for byte, loading them back (a PrepareCommit completes after a restart),
 timeouts and expiry, with a recording double of ``TxnMarkerWriter``."""
+import contextlib
 import struct
 import sys
 import threading
@@ -240,6 +241,18 @@ def test_failed_markers_are_written_again(env):
     assert describe(coordinator, "tx").transaction_state == "CompleteAbort"
 
 
+@contextlib.contextmanager
+def timer_held(coordinator):
+    """The timer thread is busy (with a task of the test's) for the block: what it would run waits."""
+    timer_busy, release = threading.Event(), threading.Event()
+    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
+    try:
+        assert timer_busy.wait(10)
+        yield
+    finally:
+        release.set()
+
+
 def raise_once(monkeypatch, target, name):
     """``target.name`` raises RuntimeError at its first call, then behaves; returns the list of its calls."""
     original, calls = getattr(target, name), []
@@ -291,16 +304,11 @@ def test_a_marker_writer_that_raises_on_a_request_thread_is_tried_again(env, mon
     logs, make = env
     coordinator = make()
     calls = raise_once(monkeypatch, coordinator._markers, "write")
-    timer_busy, release = threading.Event(), threading.Event()
-    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
-    try:
-        assert timer_busy.wait(10)
+    with timer_held(coordinator):
         pid, epoch = begin(coordinator)
         assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
         assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.CONCURRENT_TRANSACTIONS
         assert len(calls) == 1 and coordinator.markers_pending() == 1
-    finally:
-        release.set()
     settle(coordinator)
     assert coordinator._markers.writes == [(pid, epoch, True, (("t", 0),))]
     assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
@@ -312,10 +320,7 @@ def test_the_next_transaction_writes_the_markers_the_timer_has_not_written(env):
     not CONCURRENT_TRANSACTIONS (which librdkafka and the Java client retry only after 20 ms)."""
     logs, make = env
     coordinator = make()
-    timer_busy, release = threading.Event(), threading.Event()
-    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
-    try:
-        assert timer_busy.wait(10)
+    with timer_held(coordinator):
         pid, epoch = begin(coordinator)
         assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
         assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
@@ -323,8 +328,6 @@ def test_the_next_transaction_writes_the_markers_the_timer_has_not_written(env):
         state = describe(coordinator, "tx")
         assert state.transaction_state == "Ongoing" and [(t.topic, t.partitions) for t in state.topics] == [
             ("t", [1])]
-    finally:
-        release.set()
 
 
 def test_the_next_transaction_waits_for_the_markers_the_timer_is_writing(env, monkeypatch):

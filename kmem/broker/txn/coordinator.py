@@ -209,11 +209,14 @@ class TransactionCoordinator:
 
     def create_state_topic(self):
         """Create ``__transaction_state`` if it is missing (FindCoordinator and InitProducerId do, as Kafka's
-        first FindCoordinator for a transactional id does); a failure is logged and left to the requests."""
+        first FindCoordinator for a transactional id does); a failure is logged and left to the requests.
+        Whether the topic is there."""
         try:
             self._create_state_topic()
         except (LogError, OSError) as e:
             log.error("cannot create %s: %s", TRANSACTION_STATE_TOPIC, e)
+            return False
+        return True
 
     def _create_state_topic(self):
         if self.logs.get_partition(TRANSACTION_STATE_TOPIC, 0) is not None:
@@ -481,10 +484,7 @@ class TransactionCoordinator:
         with self._lock:
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, -1
-            try:
-                self._create_state_topic()
-            except (LogError, OSError) as e:
-                log.error("cannot create %s: %s", TRANSACTION_STATE_TOPIC, e)
+            if not self.create_state_topic():
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, -1
             meta = self._get(transactional_id)
             if meta is None:
@@ -606,20 +606,29 @@ class TransactionCoordinator:
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
         self._finish_markers(transactional_id)
+        return self._with_metadata(transactional_id,
+                                   lambda meta: self._add_partitions(meta, producer_id, epoch, partitions))
+
+    def _add_partitions(self, meta, producer_id, epoch, partitions):
+        if meta is None or meta.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if meta.producer_epoch != epoch:
+            return ErrorCode.PRODUCER_FENCED
+        if meta.pending_state is not None or meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if meta.state == ONGOING and partitions <= meta.partitions:
+            return ErrorCode.NONE
+        return self._write(meta, meta.prepare_add_partitions(partitions, self._clock()))
+
+    def _with_metadata(self, transactional_id, action):
+        """``action(metadata of the id, or None)`` under the lock, the metadata released after: its error code,
+        or COORDINATOR_NOT_AVAILABLE once the coordinator is closed."""
         with self._lock:
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
             meta = self._get(transactional_id)
             try:
-                if meta is None or meta.producer_id != producer_id:
-                    return ErrorCode.INVALID_PRODUCER_ID_MAPPING
-                if meta.producer_epoch != epoch:
-                    return ErrorCode.PRODUCER_FENCED
-                if meta.pending_state is not None or meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    return ErrorCode.CONCURRENT_TRANSACTIONS
-                if meta.state == ONGOING and partitions <= meta.partitions:
-                    return ErrorCode.NONE
-                return self._write(meta, meta.prepare_add_partitions(partitions, self._clock()))
+                return action(meta)
             finally:
                 self._release(meta)
 
@@ -652,14 +661,8 @@ class TransactionCoordinator:
         """Kafka's ``handleEndTransaction``: the error code (NONE once Prepare* is written)."""
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
-        with self._lock:
-            if self._closed:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
-            meta = self._get(transactional_id)
-            try:
-                return self._end_transaction(meta, producer_id, epoch, commit, True)
-            finally:
-                self._release(meta)
+        return self._with_metadata(transactional_id,
+                                   lambda meta: self._end_transaction(meta, producer_id, epoch, commit, True))
 
     def _end_transaction(self, meta, producer_id, epoch, commit, from_client):
         """Under the lock. From the client the epoch must be the current one; from the coordinator (a fence)
