@@ -1,6 +1,7 @@
 """The transaction coordinator on its own: Kafka 3.9's state machine and error codes, the
 ``__transaction_state`` records byte for byte, loading them back (a PrepareCommit completes after a restart),
 timeouts and expiry, with a recording double of ``TxnMarkerWriter``."""
+import contextlib
 import struct
 import sys
 import threading
@@ -12,11 +13,12 @@ from broker_helpers import wait_for
 from kmem.broker import LogManager
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import partition_for
+from kmem.broker.log.unified_log import batches_from_start
 from kmem.broker.timer import Timer
 from kmem.broker.txn import coordinator as coordinator_module
 from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
 from kmem.broker.txn.metadata import (
-    COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
+    COMPLETE_ABORT, COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
 )
 from kmem.broker.txn.state_log import (
     TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
@@ -239,16 +241,86 @@ def test_failed_markers_are_written_again(env):
     assert describe(coordinator, "tx").transaction_state == "CompleteAbort"
 
 
+@contextlib.contextmanager
+def timer_held(coordinator):
+    """The timer thread is busy (with a task of the test's) for the block: what it would run waits."""
+    timer_busy, release = threading.Event(), threading.Event()
+    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
+    try:
+        assert timer_busy.wait(10)
+        yield
+    finally:
+        release.set()
+
+
+def raise_once(monkeypatch, target, name):
+    """``target.name`` raises RuntimeError at its first call, then behaves; returns the list of its calls."""
+    original, calls = getattr(target, name), []
+
+    def flaky(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("a bug in the marker path")
+        return original(*args, **kwargs)
+    monkeypatch.setattr(target, name, flaky)
+    return calls
+
+
+def test_a_marker_writer_that_raises_on_the_timer_is_tried_again(env, monkeypatch, caplog):
+    """An unexpected exception counts as a failed write of every partition still missing: the job is tried
+    again after its backoff (before, it was never rescheduled and the id answered CONCURRENT_TRANSACTIONS)."""
+    logs, make = env
+    coordinator = make()
+    calls = raise_once(monkeypatch, coordinator._markers, "write")
+    pid, epoch = begin(coordinator, partitions=(("t", 0), ("t", 1)))
+    assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+    settle(coordinator)
+    assert len(calls) == 2 and coordinator._markers.writes == [(pid, epoch, True, (("t", 0), ("t", 1)))]
+    assert describe(coordinator, "tx").transaction_state == "CompleteCommit"
+    assert [r for r in caplog.records if r.exc_info and "a bug in the marker path" in str(r.exc_info[1])]
+    assert coordinator.add_partitions("tx", pid, epoch, {("t", 2)}) == E.NONE
+
+
+def test_a_complete_write_that_raises_is_tried_again(env, monkeypatch):
+    logs, make = env
+    coordinator = make()
+    pid, epoch = begin(coordinator)
+    write, raised = coordinator._write, []
+
+    def write_raising_once_for_complete(meta, transit, keep_pending=False):
+        if transit.state == COMPLETE_ABORT and not raised:
+            raised.append(transit)
+            raise RuntimeError("a bug in the completion")
+        return write(meta, transit, keep_pending)
+    monkeypatch.setattr(coordinator, "_write", write_raising_once_for_complete)
+    assert coordinator.end_transaction("tx", pid, epoch, False) == E.NONE
+    settle(coordinator)
+    assert raised and describe(coordinator, "tx").transaction_state == "CompleteAbort"
+
+
+def test_a_marker_writer_that_raises_on_a_request_thread_is_tried_again(env, monkeypatch):
+    """The next transaction's AddPartitionsToTxn writing the markers itself: the exception does not reach the
+    request, which is answered CONCURRENT_TRANSACTIONS, and the timer writes them after the backoff."""
+    logs, make = env
+    coordinator = make()
+    calls = raise_once(monkeypatch, coordinator._markers, "write")
+    with timer_held(coordinator):
+        pid, epoch = begin(coordinator)
+        assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
+        assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.CONCURRENT_TRANSACTIONS
+        assert len(calls) == 1 and coordinator.markers_pending() == 1
+    settle(coordinator)
+    assert coordinator._markers.writes == [(pid, epoch, True, (("t", 0),))]
+    assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
+
+
 def test_the_next_transaction_writes_the_markers_the_timer_has_not_written(env):
     """A client starts its next transaction as soon as EndTxn is answered: when its AddPartitionsToTxn comes
     before the timer thread wrote the last transaction's markers, the request writes them and is answered NONE,
     not CONCURRENT_TRANSACTIONS (which librdkafka and the Java client retry only after 20 ms)."""
     logs, make = env
     coordinator = make()
-    timer_busy, release = threading.Event(), threading.Event()
-    coordinator._timer.schedule(0, lambda: (timer_busy.set(), release.wait(60)))
-    try:
-        assert timer_busy.wait(10)
+    with timer_held(coordinator):
         pid, epoch = begin(coordinator)
         assert coordinator.end_transaction("tx", pid, epoch, True) == E.NONE
         assert coordinator.add_partitions("tx", pid, epoch, {("t", 1)}) == E.NONE
@@ -256,8 +328,6 @@ def test_the_next_transaction_writes_the_markers_the_timer_has_not_written(env):
         state = describe(coordinator, "tx")
         assert state.transaction_state == "Ongoing" and [(t.topic, t.partitions) for t in state.topics] == [
             ("t", [1])]
-    finally:
-        release.set()
 
 
 def test_the_next_transaction_waits_for_the_markers_the_timer_is_writing(env, monkeypatch):
@@ -305,9 +375,8 @@ def test_state_is_loaded_and_a_prepared_commit_completes_after_a_restart(env):
 
 
 def _records(logs, tid):
-    from kmem.broker.group.coordinator import GroupCoordinator
     partition = logs.get_partition(TRANSACTION_STATE_TOPIC, partition_for(tid, 50))
-    return [(r.key, r.value) for batch in GroupCoordinator._read_partition(partition) for r in batch
+    return [(r.key, r.value) for batch in batches_from_start(partition) for r in batch
             if read_key(r.key) == tid]
 
 

@@ -2,14 +2,17 @@
 partition verified with the transaction coordinator as KIP-890 part 1, a marker voiding a verification under
 way), WriteTxnMarkers and DescribeProducers. The coordinator is a small test double here; raw requests use
 kafka-python's codec."""
+import threading
 import time
 
+import numpy as np
 import pytest
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
-from broker_helpers import RawConnection
+from broker_helpers import TIMEOUT, RawConnection
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
+from kmem.ledger import ENTRY_DTYPE
 from kmem.records import RecordsBuilder
 
 
@@ -192,3 +195,63 @@ def test_describe_producers_answers_kafkas_errors(broker):
             for p in t.partitions] == [("t", 0, 0, []), ("t", 7, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, []),
                                        ("missing", 0, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, []),
                                        ("bad/name", 0, ErrorCode.INVALID_TOPIC_EXCEPTION, [])]
+
+
+def test_describe_producers_lists_every_producer_while_appends_go_on(broker, monkeypatch):
+    """20,000 producers (in the ledger's snapshot and active file): the answer holds each one not expired, as
+    it was when the request came, and an append to the partition completes while the ledger is walked."""
+    from kafka.protocol.admin.transactions import DescribeProducersRequest, DescribeProducersResponse
+
+    partition_log = broker.logs.get_partition("t", 1)
+    ledger = partition_log.producers.ledger
+    now = time.time_ns() // 1_000_000
+    day = 86_400_000                                                       # producer.id.expiration.ms
+    entries = np.zeros(20_000, ENTRY_DTYPE)
+    entries["producer_id"] = np.arange(1000, 21_000)
+    entries["epoch"] = entries["producer_id"] % 7
+    entries["last_sequence"] = entries["producer_id"] % 1000
+    entries["last_offset"] = np.arange(20_000)
+    entries["timestamp"] = now - 1000
+    entries["coordinator_epoch"] = -1
+    entries["current_txn_first_offset"] = -1
+    entries["timestamp"][::10] = now - 2 * day                             # expired: not listed ...
+    entries["current_txn_first_offset"][::20] = 5                          # ... unless in a transaction
+    ledger.update_many(entries)
+    partition_log.remove_expired_producers(now)
+    assert ledger.snapshot_paths                 # more than the active file holds: a snapshot is walked too
+    expected = {int(e["producer_id"]): (int(e["epoch"]), int(e["last_sequence"]), int(e["timestamp"]), -1,
+                                        int(e["current_txn_first_offset"]))
+                for e in entries if e["timestamp"] == now - 1000 or e["current_txn_first_offset"] == 5}
+
+    # a new producer, and one whose entry is in the snapshot (its next entry goes to the active file)
+    later_batches = [txn_batch(99, 0), txn_batch(1001, 2, epoch=1001 % 7)]
+    entry_chunks, appended = ledger.entry_chunks, []
+
+    def entry_chunks_appending_after_the_first(**options):
+        chunks = entry_chunks(**options)
+
+        def walk():
+            for index, chunk in enumerate(chunks):
+                yield chunk
+                if index == 0:
+                    appender = threading.Thread(target=lambda: appended.extend(partition_log.append(batch).error_code
+                                                                               for batch in later_batches))
+                    appender.start()
+                    appender.join(TIMEOUT)
+                    appended.append(appender.is_alive())
+        return walk()
+    monkeypatch.setattr(ledger, "entry_chunks", entry_chunks_appending_after_the_first)
+
+    def describe():
+        request = DescribeProducersRequest(topics=[DescribeProducersRequest.TopicRequest(name="t",
+                                                                                         partition_indexes=[1])])
+        with RawConnection(broker.bootstrap_servers) as connection:
+            partition, = connection.request(request, DescribeProducersResponse, 0).topics[0].partitions
+        assert partition.error_code == ErrorCode.NONE
+        return {p.producer_id: (p.producer_epoch, p.last_sequence, p.last_timestamp, p.coordinator_epoch,
+                                p.current_txn_start_offset) for p in partition.active_producers}
+    assert describe() == expected                                       # as it was when the request came
+    assert appended == [ErrorCode.NONE, ErrorCode.NONE, False]          # both appended during the walk
+    monkeypatch.setattr(ledger, "entry_chunks", entry_chunks)
+    after = describe()
+    assert set(after) == set(expected) | {99} and after[1001][1] == 2

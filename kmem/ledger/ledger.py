@@ -9,9 +9,10 @@ producers from its newest snapshot alone. So the ledger reads two files:
 - the active file: the producers written since the newest snapshot (updated in place);
 - the newest snapshot, through its sidecar: every other producer.
 
-``entry_chunks()`` yields every live producer's newest entry once, a bounded chunk at a time (the
-broker's DescribeProducers and its load of open transactions). ``read(pid)`` checks the active file, then a
-file being flushed, then the newest snapshot if its filter may hold the id; an expired entry reads as absent.
+``entry_chunks()`` yields every live producer's newest entry once, a bounded chunk at a time, as the ledger
+was when it was called (the broker's DescribeProducers and its load of open transactions). ``read(pid)``
+checks the active file, then a file being flushed, then the newest snapshot if its filter may hold the id; an
+expired entry reads as absent.
 ``update(entry)`` writes to the active file; ``flush(offset)`` merges the active file's rows with the newest
 snapshot into the next snapshot, named ``offset`` (see ``flush``): streamed in id order, the newer entry of a
 producer winning and the expired ones left out (as Kafka's ``removeExpiredProducers`` forgets them), so it
@@ -67,6 +68,7 @@ lost with the machine.
 """
 import contextlib
 import fcntl
+import functools
 import logging
 import math
 import operator
@@ -495,31 +497,44 @@ class PidLedger:
     def entry_chunks(self, *, open_transactions=False):
         """Every unexpired producer's newest entry, each once, as ENTRY_DTYPE arrays (``kafka_view``) of at
         most ``MERGE_ROWS`` entries: the active file's rows, those of files being flushed, then the
-        snapshots', less the ids a newer file holds. One chunk is in the heap at a time (the files are
-        mapped; pages of a snapshot read are dropped afterwards). ``open_transactions``: only the entries
-        with an open transaction may matter, so a snapshot whose header pass found none is not read (the
-        chunks may still hold other entries). No update or flush may run while the chunks are taken (the
-        broker's partition lock keeps them out)."""
+        snapshots', less the ids a newer file holds. ``open_transactions``: only the entries with an open
+        transaction may matter, so a snapshot whose header pass found none is not read (the chunks may still
+        hold other entries).
+
+        The chunks are the ledger as it is at the call: the rows of the active file and of the files being
+        flushed are copied then (at most ``capacity`` each) and the snapshots mapped (a mapping outlives the
+        file's deletion), so updates and flushes may run while the chunks are taken; a caller serialising its
+        updates (the broker's partition lock) holds its lock for the call only, not for the walk. Beyond those
+        copies one chunk is in the heap at a time (pages of a snapshot read are dropped afterwards)."""
         self._check_open()
-        view, active = self._view, self._active
-        files = ([active] if active is not None else []) + list(view.sealing) + list(view.snapshots)
         threshold = self._clock_ms() - self.expiration_ms
-        for i, source in enumerate(files):
-            if open_transactions and getattr(source, "stats", None) is not None \
-                    and not source.stats.open_transactions:
-                continue
-            rows = source.entries()
+        with self._lock:
+            view, active = self._view, self._active
+            copies = [source.entries().copy() for source in ([active] if active is not None else []) + list(
+                view.sealing)]
+            snapshots = [(snapshot, snapshot.entries()) for snapshot in view.snapshots
+                         if not (open_transactions and not snapshot.stats.open_transactions)]
+        return self._chunks(copies, snapshots, threshold)
+
+    @staticmethod
+    def _chunks(copies, snapshots, threshold):
+        """``entry_chunks``' walk over what it took: row arrays newest first."""
+        newer = []          # for each source walked: its ids' membership test
+        for rows, snapshot in [(rows, None) for rows in copies] + [(rows, s) for s, rows in snapshots]:
             for start in range(0, len(rows), MERGE_ROWS):
                 chunk = kafka_view_array(rows[start:start + MERGE_ROWS].copy())
                 keep = ~((chunk["current_txn_first_offset"] < 0) & (chunk["timestamp"] <= threshold)) \
                     if threshold >= np.iinfo(np.int64).min else np.ones(len(chunk), np.bool_)
                 pids = chunk["producer_id"].astype(np.int64)
-                for newer in files[:i]:
-                    keep &= ~newer.find_many(pids)[0]
+                for holds in newer:
+                    keep &= ~holds(pids)
                 if keep.any():
                     yield chunk[keep]
-            if hasattr(source, "trim"):
-                source.trim()
+            if snapshot is None:
+                newer.append(functools.partial(np.isin, test_elements=rows["producer_id"].astype(np.int64)))
+            else:
+                newer.append(lambda pids, snapshot=snapshot: snapshot.find_many(pids)[0])
+                snapshot.trim()
 
     def flush(self, offset=None, *, sync=False):
         """Write the next snapshot: every unexpired producer, as Kafka's ``takeSnapshot`` at ``offset``

@@ -19,8 +19,7 @@ from kmem.broker.apis.authorized import CLUSTER_OPERATIONS
 from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import TOPIC_SETTINGS
-from kmem.broker.group.offsets import OFFSETS_TOPIC
-from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
+from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
 
@@ -127,7 +126,7 @@ class AdminHandlers:
     def _create_partitions(self, topic, times_named, validate_only):
         if times_named > 1:
             raise _Refused(ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} named twice")
-        if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):
+        if topic.name in INTERNAL_TOPICS:
             raise _Refused(ErrorCode.INVALID_REQUEST, f"the partition count of {topic.name} places the groups or "
                                                       "transactional ids: it cannot grow")
         info = self.logs.topics().get(topic.name)
@@ -251,7 +250,7 @@ class AdminHandlers:
                 result = Response.DeleteRecordsPartitionResult(partition_index=wanted.partition_index,
                                                                low_watermark=-1, error_code=ErrorCode.NONE)
                 topic_result.partitions.append(result)
-                if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):      # Kafka refuses internal topics
+                if topic.name in INTERNAL_TOPICS:      # Kafka refuses internal topics
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
                     continue
                 partition_log = self.logs.get_partition(topic.name, wanted.partition_index)

@@ -66,11 +66,10 @@ from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.purgatory import DelayedOperation, DelayedOperationPurgatory
 from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.group.coordinator import GROUP_VERSIONS
-from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.log.unified_log import EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, TRANSACTION_OPEN
-from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC
+from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
 from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
@@ -246,7 +245,7 @@ class Handlers:
                 replica_nodes=[node], isr_nodes=[node], offline_replicas=[]))
         return messages.MetadataResponse.MetadataResponseTopic(
             error_code=ErrorCode.NONE, name=name, topic_id=protocol_uuid(info.topic_id),
-            is_internal=name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC), partitions=partitions)
+            is_internal=name in INTERNAL_TOPICS, partitions=partitions)
 
     # --- CreateTopics, DeleteTopics -------------------------------------------------------------------
 
@@ -372,7 +371,7 @@ class Handlers:
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
-                if topic.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):     # Kafka's internalTopicsAllowed=false
+                if topic.name in INTERNAL_TOPICS:     # Kafka's internalTopicsAllowed=false
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
                     result.error_message = f"cannot append to internal topic {topic.name}"
                     continue

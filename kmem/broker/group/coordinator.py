@@ -74,7 +74,7 @@ from kmem.broker.group.offsets import (
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
 from kmem.broker.log.config import INT32_MAX, _int
-from kmem.broker.log.unified_log import TRANSACTION_OPEN
+from kmem.broker.log.unified_log import TRANSACTION_OPEN, batches_from_start
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
@@ -87,7 +87,6 @@ log = logging.getLogger(__name__)
 CONSUMER_PROTOCOL = "consumer"
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
-LOAD_CHUNK_BYTES = 1 << 20
 MEMBER_ID_PREFIX_BYTES = 32767 - 37    # a protocol string's bytes, less "-" and a uuid
 
 # api key -> GroupCoordinator method (FindCoordinator stays with the other handlers)
@@ -392,7 +391,7 @@ class GroupCoordinator:
         now_ms, now = _now_ms(), time.monotonic()
         for index in range(self.logs.partition_count(OFFSETS_TOPIC)):
             pending = {}        # producer id -> {(group, topic, partition): OffsetAndMetadata}
-            for batch in self._read_partition(self.logs.get_partition(OFFSETS_TOPIC, index)):
+            for batch in batches_from_start(self.logs.get_partition(OFFSETS_TOPIC, index)):
                 if batch.is_control_batch:
                     try:
                         commit = batch.control_type == ControlRecordType.COMMIT
@@ -438,22 +437,6 @@ class GroupCoordinator:
 
     def _loaded_group(self, group_id, now_ms):
         return self.groups.get(group_id) or self.groups.setdefault(group_id, Group(group_id, now_ms))
-
-    @staticmethod
-    def _read_partition(partition_log):
-        """The partition's batches, from the log start (each valid until the next one is asked for)."""
-        offset = partition_log.log_start_offset
-        while True:
-            data = partition_log.read(offset, LOAD_CHUNK_BYTES)
-            if data.records is None:
-                return
-            with data.records as records:
-                batches = list(records.batches())
-                for batch in batches:
-                    yield batch
-                    offset = batch.next_offset
-            if not batches:
-                return
 
     def _load_group(self, group_id, record, now_ms, now):
         group = self.groups.get(group_id) or Group(group_id, now_ms)

@@ -190,24 +190,28 @@ def group_metadata_value(group):
     return w.value()
 
 
+def versioned_reader(data, topic, part, versions, reader=_Reader):
+    """``(reader, version)`` of a record's key or value ``data`` of ``topic`` (``part``: "key", "offset commit
+    value"...), past its version; ``CorruptRecordError`` without data or for a version not in ``versions``."""
+    if data is None:
+        raise CorruptRecordError(f"{topic}: a record without a {part}")
+    r = reader(data, f"{topic} {part}")
+    version = r.i16()
+    if version not in versions:
+        raise CorruptRecordError(f"{topic}: unknown {part} version {version}")
+    return r, version
+
+
 def read_key(key):
     """``("offset", group, topic, partition)`` or ``("group", group)``; ``CorruptRecordError`` otherwise."""
-    if key is None:
-        raise CorruptRecordError(f"{OFFSETS_TOPIC}: a record without a key")
-    r = _Reader(key, f"{OFFSETS_TOPIC} key")
-    version = r.i16()
-    if version in (0, 1):
-        return "offset", r.string(), r.string(), r.i32()
+    r, version = versioned_reader(key, OFFSETS_TOPIC, "key", (0, 1, 2))
     if version == 2:
         return "group", r.string()
-    raise CorruptRecordError(f"{OFFSETS_TOPIC}: unknown key version {version}")
+    return "offset", r.string(), r.string(), r.i32()
 
 
 def read_offset_value(value):
-    r = _Reader(value, f"{OFFSETS_TOPIC} offset commit value")
-    version = r.i16()
-    if not 0 <= version <= 3:
-        raise CorruptRecordError(f"{OFFSETS_TOPIC}: unknown offset commit value version {version}")
+    r, version = versioned_reader(value, OFFSETS_TOPIC, "offset commit value", range(4))
     offset = r.i64()
     leader_epoch = r.i32() if version >= 3 else -1
     metadata = r.string()
@@ -217,10 +221,7 @@ def read_offset_value(value):
 
 
 def read_group_value(value):
-    r = _Reader(value, f"{OFFSETS_TOPIC} group metadata value")
-    version = r.i16()
-    if not 0 <= version <= 3:
-        raise CorruptRecordError(f"{OFFSETS_TOPIC}: unknown group metadata value version {version}")
+    r, version = versioned_reader(value, OFFSETS_TOPIC, "group metadata value", range(4))
     protocol_type = r.string()
     generation = r.i32()
     protocol = r.string(nullable=True)

@@ -376,10 +376,10 @@ class ProducerStateManager:
             self._ongoing = ongoing
 
     def producers(self):
-        """Every known producer's ``ProducerEntry`` (the ledger's, a chunk at a time: nothing is loaded whole)."""
-        for chunk in self.ledger.entry_chunks():
-            for fields in chunk.tolist():
-                yield ProducerEntry(*fields)
+        """Every known producer's ``ProducerEntry``, an iterator over the ledger as it is at the call (read a
+        chunk at a time: nothing is loaded whole, and appends may go on while it is walked)."""
+        chunks = self.ledger.entry_chunks()
+        return (ProducerEntry(*fields) for chunk in chunks for fields in chunk.tolist())
 
     @property
     def first_unstable_offset(self):

@@ -26,6 +26,8 @@
   the later ones, until one's last stable offset reaches the bound) overlapping the range from
   ``fetch_offset`` to the first indexed offset past the bytes read (Kafka's ``fetchUpperBoundOffset``), the
   bound or the segment's end, whichever is first: Kafka's ``collectAbortedTransactions``.
+- ``batches_from_start(partition_log)`` (a function): every batch from the log start, a read at a time, for
+  the coordinators' loads.
 - ``offset_for_timestamp(ts)``: ListOffsets, -2 earliest, -1 latest, -3 the record with the largest
   timestamp, -4 earliest local, else the first record with a timestamp at or after ``ts`` (time index,
   offset index, then the segment) or None.
@@ -52,7 +54,8 @@ producer snapshots are left as Kafka's load leaves them: one at the log end offs
 after a crash the load does), stray ones removed. So a Kafka broker reading the directory finds every
 producer in the snapshot it loads.
 
-Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention.
+Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention;
+``active_producers`` (DescribeProducers) holds it only to take its view of the producers' ledger.
 """
 import bisect
 import functools
@@ -84,6 +87,7 @@ log = logging.getLogger(__name__)
 
 EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP = -2, -1, -3, -4
 READ_UNCOMMITTED, READ_COMMITTED = 0, 1
+LOAD_CHUNK_BYTES = 1 << 20        # each read of batches_from_start
 
 
 class AppendResult(NamedTuple):
@@ -610,11 +614,12 @@ class PartitionLog:
         return len(deletable)
 
     def active_producers(self):
-        """Kafka's ``activeProducers`` (DescribeProducers): the ``ProducerEntry`` of every producer not expired,
-        read from the ledger a chunk at a time under the partition's lock."""
+        """Kafka's ``activeProducers`` (DescribeProducers): an iterator of the ``ProducerEntry`` of every producer
+        not expired at the last ``remove_expired_producers``, as they are at the call. The partition's lock is
+        held for the call only: the ledger is then walked a chunk at a time while appends go on."""
         with self._lock:
             self._check_open()
-            return list(self.producers.producers())
+            return self.producers.producers()
 
     def remove_expired_producers(self, now_ms=None):
         """Kafka's periodic ``removeExpiredProducers`` (see ``kmem.broker.log.producer_state``)."""
@@ -707,3 +712,21 @@ class PartitionLog:
             doomed = f"{self.directory}.{uuid.uuid4().hex}-delete"
             os.rename(self.directory, doomed)
             shutil.rmtree(doomed)
+
+
+def batches_from_start(partition_log):
+    """Every batch of ``partition_log`` from its log start, in offset order, read ``LOAD_CHUNK_BYTES`` at a time
+    (the group and transaction coordinators replay ``__consumer_offsets`` and ``__transaction_state`` with it).
+    Each batch is valid until the next one is asked for."""
+    offset = partition_log.log_start_offset
+    while True:
+        data = partition_log.read(offset, LOAD_CHUNK_BYTES)
+        if data.records is None:
+            return
+        with data.records as records:
+            batches = list(records.batches())
+            for batch in batches:
+                yield batch
+                offset = batch.next_offset
+        if not batches:
+            return

@@ -27,7 +27,8 @@ a transactional id names this broker. Each id moves through the states of
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
   on the broker's timer thread at once (or by the id's next AddPartitionsToTxn, see above), then
   CompleteCommit or CompleteAbort is written. A marker that fails (a storage error) is written again after a
-  backoff, as Kafka's marker channel retries, until it is in.
+  backoff, as Kafka's marker channel retries, until it is in; an unexpected exception while writing the
+  markers or Complete* is logged and counts as such a failure of every partition still missing.
   A retried EndTxn is answered NONE once complete, CONCURRENT_TRANSACTIONS meanwhile, INVALID_TXN_STATE
   for the other outcome or without a transaction.
 - ``verify_transaction`` answers the produce path's KIP-890 check (``transaction.partition.verification.enable``).
@@ -54,17 +55,17 @@ import threading
 import time
 
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, GroupCoordinator, _ranged
+from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, _ranged
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
 from kmem.broker.log.config import _bool
-from kmem.broker.log.unified_log import wall_clock_ms
+from kmem.broker.log.unified_log import batches_from_start, wall_clock_ms
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.txn.metadata import (
     COMPLETE_ABORT, COMPLETE_COMMIT, DEAD, EMPTY, IDLE_STATES, NO_PRODUCER_EPOCH, ONGOING, PREPARE_ABORT,
     PREPARE_COMMIT, PREPARE_EPOCH_FENCE, STATE_IDS, STATE_NAMES, TransactionMetadata, epoch_exhausted,
 )
 from kmem.broker.txn.state_log import (
-    TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
+    INTERNAL_TOPICS, TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
 )
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
@@ -78,7 +79,6 @@ TXN_APIS = {
     ApiKey.END_TXN: "end_txn", ApiKey.DESCRIBE_TRANSACTIONS: "describe_transactions",
     ApiKey.LIST_TRANSACTIONS: "list_transactions",
 }
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
 # How long AddPartitionsToTxn waits for the timer thread writing the markers of the id's previous transaction
@@ -209,11 +209,14 @@ class TransactionCoordinator:
 
     def create_state_topic(self):
         """Create ``__transaction_state`` if it is missing (FindCoordinator and InitProducerId do, as Kafka's
-        first FindCoordinator for a transactional id does); a failure is logged and left to the requests."""
+        first FindCoordinator for a transactional id does); a failure is logged and left to the requests.
+        Whether the topic is there."""
         try:
             self._create_state_topic()
         except (LogError, OSError) as e:
             log.error("cannot create %s: %s", TRANSACTION_STATE_TOPIC, e)
+            return False
+        return True
 
     def _create_state_topic(self):
         if self.logs.get_partition(TRANSACTION_STATE_TOPIC, 0) is not None:
@@ -270,7 +273,7 @@ class TransactionCoordinator:
         is placed as its record is read, packed when idle: the load never holds more than the ids will."""
         for index in range(self.logs.partition_count(TRANSACTION_STATE_TOPIC)):
             partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, index)
-            records = (record for batch in GroupCoordinator._read_partition(partition_log)
+            records = (record for batch in batches_from_start(partition_log)
                        if not batch.is_control_batch for record in batch)
             for record in records:
                 try:
@@ -365,19 +368,22 @@ class TransactionCoordinator:
         self._write_claimed(job)
 
     def _write_claimed(self, job):
-        """Write the markers still missing, then Complete*, for ``job`` claimed (``writing``); not under the lock."""
-        with self._lock:
-            if self._closed:
-                return
-            partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, self.partition_for(job.transactional_id))
-            coordinator_epoch = partition_log.leader_epoch if partition_log is not None else 0
-            partitions = sorted(job.remaining)
-        results = self._markers.write(job.producer_id, job.producer_epoch, coordinator_epoch, job.commit,
-                                      partitions) if partitions else {}
+        """Write the markers still missing, then Complete*, for ``job`` claimed (``writing``); not under the lock.
+        Whatever happens, ``writing`` is cleared, waiters are woken and, unless the job is done (or the
+        coordinator closed), it is tried again after its backoff: an exception that escapes the marker writer
+        or the Complete* write counts as a failure of every partition still missing or of the completion."""
+        try:
+            results = self._write_missing_markers(job)
+        except Exception:
+            log.exception("transactional id %r: writing its markers raised", job.transactional_id)
+            results = None
         with self._lock:
             job.writing = False
+            self._markers_done.notify_all()
             if self._closed:
                 return
+            if results is None:
+                results = dict.fromkeys(job.remaining, ErrorCode.UNKNOWN_SERVER_ERROR)
             meta = self._live[job.transactional_id]
             for partition, error in results.items():
                 if error in MARKER_DONE:
@@ -389,18 +395,34 @@ class TransactionCoordinator:
             failed = {partition: ErrorCode(error).name for partition, error in results.items() if error not in
                       MARKER_DONE}
             if not job.remaining:
-                if not self._write(meta, job.transit, keep_pending=True):
+                try:
+                    error = self._write(meta, job.transit, keep_pending=True)
+                except Exception:
+                    log.exception("transactional id %r: writing its %s raised", job.transactional_id,
+                                  STATE_NAMES[job.transit.state])
+                    error = ErrorCode.UNKNOWN_SERVER_ERROR
+                if not error:
                     del self._jobs[job.transactional_id]
                     self._release(meta)
-                    self._markers_done.notify_all()
                     return
-                failed["__transaction_state"] = "write failed"
+                failed[TRANSACTION_STATE_TOPIC] = "write failed"
             job.retrying = True
-            self._markers_done.notify_all()
             log.warning("transactional id %r: %s failed (%s); trying again in %.1f s", job.transactional_id,
                         "markers" if job.remaining else "completing", failed, job.wait)
             job.task = self._timer.schedule(time.monotonic() + job.wait, lambda: self._write_markers(job))
             job.wait = min(job.wait * 2, MARKER_RETRY_SECONDS[1])
+
+    def _write_missing_markers(self, job):
+        """The markers ``job`` still misses, written: ``{(topic, partition): error code}`` (empty once closed)."""
+        with self._lock:
+            if self._closed:
+                return {}
+            partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, self.partition_for(job.transactional_id))
+            coordinator_epoch = partition_log.leader_epoch if partition_log is not None else 0
+            partitions = sorted(job.remaining)
+        if not partitions:
+            return {}
+        return self._markers.write(job.producer_id, job.producer_epoch, coordinator_epoch, job.commit, partitions)
 
     def _finish_markers(self, transactional_id):
         """Not under the lock. The markers of the id's ended transaction are written now, on this thread, or,
@@ -462,10 +484,7 @@ class TransactionCoordinator:
         with self._lock:
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, -1
-            try:
-                self._create_state_topic()
-            except (LogError, OSError) as e:
-                log.error("cannot create %s: %s", TRANSACTION_STATE_TOPIC, e)
+            if not self.create_state_topic():
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE, -1, -1
             meta = self._get(transactional_id)
             if meta is None:
@@ -587,20 +606,29 @@ class TransactionCoordinator:
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
         self._finish_markers(transactional_id)
+        return self._with_metadata(transactional_id,
+                                   lambda meta: self._add_partitions(meta, producer_id, epoch, partitions))
+
+    def _add_partitions(self, meta, producer_id, epoch, partitions):
+        if meta is None or meta.producer_id != producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if meta.producer_epoch != epoch:
+            return ErrorCode.PRODUCER_FENCED
+        if meta.pending_state is not None or meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        if meta.state == ONGOING and partitions <= meta.partitions:
+            return ErrorCode.NONE
+        return self._write(meta, meta.prepare_add_partitions(partitions, self._clock()))
+
+    def _with_metadata(self, transactional_id, action):
+        """``action(metadata of the id, or None)`` under the lock, the metadata released after: its error code,
+        or COORDINATOR_NOT_AVAILABLE once the coordinator is closed."""
         with self._lock:
             if self._closed:
                 return ErrorCode.COORDINATOR_NOT_AVAILABLE
             meta = self._get(transactional_id)
             try:
-                if meta is None or meta.producer_id != producer_id:
-                    return ErrorCode.INVALID_PRODUCER_ID_MAPPING
-                if meta.producer_epoch != epoch:
-                    return ErrorCode.PRODUCER_FENCED
-                if meta.pending_state is not None or meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    return ErrorCode.CONCURRENT_TRANSACTIONS
-                if meta.state == ONGOING and partitions <= meta.partitions:
-                    return ErrorCode.NONE
-                return self._write(meta, meta.prepare_add_partitions(partitions, self._clock()))
+                return action(meta)
             finally:
                 self._release(meta)
 
@@ -633,14 +661,8 @@ class TransactionCoordinator:
         """Kafka's ``handleEndTransaction``: the error code (NONE once Prepare* is written)."""
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
-        with self._lock:
-            if self._closed:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
-            meta = self._get(transactional_id)
-            try:
-                return self._end_transaction(meta, producer_id, epoch, commit, True)
-            finally:
-                self._release(meta)
+        return self._with_metadata(transactional_id,
+                                   lambda meta: self._end_transaction(meta, producer_id, epoch, commit, True))
 
     def _end_transaction(self, meta, producer_id, epoch, commit, from_client):
         """Under the lock. From the client the epoch must be the current one; from the coordinator (a fence)

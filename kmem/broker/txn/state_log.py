@@ -15,11 +15,13 @@ A transactional id's records go to partition ``abs(hashCode(id)) % transaction.s
 """
 from typing import NamedTuple
 
-from kmem.broker.group.offsets import _Reader, _Writer
+from kmem.broker.group.offsets import OFFSETS_TOPIC, _Reader, _Writer, versioned_reader
 from kmem.broker.txn.metadata import EMPTY, STATE_NAMES
 from kmem.errors import CorruptRecordError
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
+# Kafka's internal topics (``Topic.isInternal``): the coordinators' own, which clients may not write to
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 KEY_VERSION = 0
 VALUE_VERSION = 0
 
@@ -70,12 +72,7 @@ def transaction_log_value(transit):
 
 def read_key(key):
     """The transactional id of a key; ``CorruptRecordError`` for a missing key or an unknown version."""
-    if key is None:
-        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: a record without a key")
-    r = _Reader(key, f"{TRANSACTION_STATE_TOPIC} key")
-    version = r.i16()
-    if version != KEY_VERSION:
-        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: unknown key version {version}")
+    r, _ = versioned_reader(key, TRANSACTION_STATE_TOPIC, "key", (KEY_VERSION,))
     return r.string()
 
 
@@ -110,11 +107,7 @@ def read_value(value):
     """A ``TransactionLogValue``, or None for a tombstone; ``CorruptRecordError`` for bad bytes."""
     if value is None:
         return None
-    what = f"{TRANSACTION_STATE_TOPIC} value"
-    r = _FlexibleReader(value, what)
-    version = r.i16()
-    if version not in (0, 1):
-        raise CorruptRecordError(f"{TRANSACTION_STATE_TOPIC}: unknown value version {version}")
+    r, version = versioned_reader(value, TRANSACTION_STATE_TOPIC, "value", (0, 1), _FlexibleReader)
     flexible = version == 1
     producer_id, epoch, timeout = r.i64(), r.i16(), r.i32()
     state = r._take(1)[0]
