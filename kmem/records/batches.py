@@ -217,8 +217,10 @@ class RecordBatch:
 
     @property
     def control_type(self):
-        """For a control batch, the ``ControlRecordType`` (or raw int) of its marker record; else None."""
-        if not self.is_control_batch:
+        """For a control batch, the ``ControlRecordType`` (or raw int) of its marker record; else None, and None
+        for an empty control batch (Kafka's cleaner keeps a marker emptied once its transaction is cleaned
+        away: it marks nothing)."""
+        if not self.is_control_batch or self.records_count == 0:
             return None
         marker = next(iter(self), None)
         if marker is None or marker.key is None or len(marker.key) < 4:

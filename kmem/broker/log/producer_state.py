@@ -311,8 +311,8 @@ class ProducerStateManager:
         """Bring the state up to date with ``batch`` (a ``RecordBatch`` of the log, during recovery); returns
         the ``CompletedTxn`` a marker closes, if known, else None."""
         pid = batch.producer_id
-        if batch.magic != 2 or pid < 0:
-            return None
+        if batch.magic != 2 or pid < 0 or (batch.is_control_batch and batch.records_count == 0):
+            return None         # an empty marker: its transaction was cleaned away, nothing to replay (Kafka)
         with self._lock:
             state = self._cache.get(pid)
         entry = self.ledger.read(pid)
