@@ -24,16 +24,23 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
    whose records all stay is copied byte for byte, else it is rebuilt with the same base and last offset,
    producer id, epoch, base sequence and codec. A batch left without records is dropped, unless it is the
    last batch of its producer (Kafka's ``RETAIN_EMPTY``): kept as an empty batch so that the producer's
-   sequence survives and its retries are still recognised. Transactions: nothing at or past the last stable
-   offset is cleaned (the segment holding it and later ones stay dirty); the records of aborted
-   transactions (found in the ``.txnindex`` files) never enter the key map, so they cannot supersede a
-   committed record, and are dropped as Kafka's cleaner drops them (an empty batch stays when it is its
-   producer's last). Transaction markers are kept, and the cleaned segment's ``.txnindex`` holds the
-   entries of the segments it replaces (Kafka removes markers once their transaction's records are gone
-   and the delete horizon passed; kmem keeps them).
-4. Tombstones (null values), KIP-534: the first pass that keeps a batch holding a tombstone gives it a
-   delete horizon (``now + delete.retention.ms``, in the base timestamp with attribute bit 0x40, as
-   Kafka); a later pass drops the tombstones of a batch whose horizon is past.
+   sequence survives and its retries are still recognised. Transactions (Kafka's
+   ``CleanedTransactionMetadata``): nothing at or past the last stable offset is cleaned (the segment
+   holding it and later ones stay dirty); the records of aborted transactions never enter the key map, so
+   they cannot supersede a committed record, and are dropped (an empty batch stays when it is its
+   producer's last). Which transactions aborted comes from the ``.txnindex`` files, read a few entries at a
+   time as the pass moves through the log (``CleanedTransactions``): a pass holds one entry per producer
+   with a transaction open at its position, whatever the number of aborted transactions in the log. A
+   transaction marker stays while a batch of its transaction is before it; the first pass that finds it
+   alone gives it a delete horizon (as a tombstone's, below) and a pass after the horizon removes it,
+   leaving an empty batch when it is its producer's last batch (Kafka keeps it: it holds the producer's
+   epoch). The cleaned segment's ``.txnindex`` holds the aborted transactions whose ABORT marker stays
+   because part of the transaction is still before it (Kafka rewrites it the same way): the entry of an
+   aborted transaction whose records are all gone is dropped, its marker follows after the horizon.
+4. Tombstones (null values) and lone transaction markers, KIP-534: the first pass that keeps a batch
+   holding a tombstone, or a marker whose transaction is gone, gives it a delete horizon
+   (``now + delete.retention.ms``, in the base timestamp with attribute bit 0x40, as Kafka); a later pass
+   drops the tombstones of a batch, or the marker, whose horizon is past.
 5. The cleaned files are fsynced and swapped in under the partition's lock (``PartitionLog.replace_segments``)
    as Kafka's ``replaceSegments``: renamed ``.swap``, the old segments renamed ``.deleted``, the ``.swap``
    files renamed to their live names; the ``.deleted`` files are removed once the lock is released (appends
@@ -43,8 +50,9 @@ A pass over one partition (``Cleaner.clean``), as Kafka's ``Cleaner.doClean``:
    rebuilt. If the old segments changed meanwhile (retention deleted one), the pass is dropped.
 
 Reads and writes go through ``log.cleaner.io.buffer.size`` windows and are throttled to
-``log.cleaner.io.max.bytes.per.second``. Memory of a pass: the map, the I/O buffers, and one batch
-decompressed (at most ``MAX_DECOMPRESSED_BYTES``) with its filtered copy.
+``log.cleaner.io.max.bytes.per.second``. Memory of a pass: the map, the I/O buffers, one batch
+decompressed (at most ``MAX_DECOMPRESSED_BYTES``) with its filtered copy, two chunks of ``.txnindex``
+entries, and per producer with a transaction open at the pass's position its entry (``CleanedTransactions``).
 """
 import bisect
 import logging
@@ -58,7 +66,7 @@ from kmem import _core
 from kmem.broker.log import checkpoints
 from kmem.broker.log.index import OffsetIndex, TimeIndex
 from kmem.broker.log.segment import INDEX_SUFFIX, TIME_INDEX_SUFFIX, delete_segment_files
-from kmem.broker.log.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
+from kmem.broker.log.txn_index import ENTRY_SIZE, READ_ENTRIES, TXN_INDEX_SUFFIX, TransactionIndex
 from kmem.durable import fsync_directory
 from kmem.errors import IllegalStateError, KmemError
 from kmem.records import FileRecords, MemoryRecords, codecs, segment_file_name
@@ -131,6 +139,7 @@ class _CleanedSegment:
         self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX + CLEANED_SUFFIX, base_offset,
                                     config.segment_index_bytes, writable=True)
         self.txn_index = TransactionIndex(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX, base_offset)
+        self._aborted, self._aborted_written = [], 0     # AbortedTxn entries to write to txn_index, written
         self.size = 0
         self._since_index_entry = 0
         self.max_timestamp, self.offset_of_max_timestamp = -1, -1
@@ -159,16 +168,32 @@ class _CleanedSegment:
     def mark(self):
         """What has been written so far, to ``rewind`` to."""
         return (self.size, self._since_index_entry, self.max_timestamp, self.offset_of_max_timestamp,
-                self.offset_index.mark(), self.time_index.mark())
+                self.offset_index.mark(), self.time_index.mark(), self._aborted_written + len(self._aborted))
 
     def rewind(self, mark):
         """Forget what was appended since ``mark``: the file is cut back to it."""
         self._write_pending()
         (self.size, self._since_index_entry, self.max_timestamp, self.offset_of_max_timestamp, offset_index,
-         time_index) = mark
+         time_index, aborted) = mark
         os.ftruncate(self._fd, self.size)
         self.offset_index.rewind(offset_index)
         self.time_index.rewind(time_index)
+        if aborted < self._aborted_written:
+            self.txn_index.rewind(aborted * ENTRY_SIZE if aborted else None)
+            self._aborted, self._aborted_written = [], aborted
+        else:
+            del self._aborted[aborted - self._aborted_written:]
+
+    def add_aborted(self, txn):
+        """Index ``txn`` (an ``AbortedTxn`` whose ABORT marker this segment keeps), in marker order."""
+        self._aborted.append(txn)
+        if len(self._aborted) == READ_ENTRIES:
+            self._write_aborted()
+
+    def _write_aborted(self):
+        self.txn_index.extend(self._aborted)
+        self._aborted_written += len(self._aborted)
+        self._aborted = []
 
     def _write_pending(self):
         data = b"".join(self._pending)
@@ -183,6 +208,7 @@ class _CleanedSegment:
     def finish(self):
         """Write what is buffered, the last time index entry, trim the indexes and fsync everything."""
         self._write_pending()
+        self._write_aborted()
         if self.max_timestamp >= 0:
             self.time_index.maybe_append(self.max_timestamp, self.offset_of_max_timestamp, skip_full_check=True)
         for index in (self.offset_index, self.time_index):
@@ -216,7 +242,7 @@ def swap_in_cleaned_files(directory, new_base, old_bases):
     live names (the log first). Every step is durable before the next, so a crash leaves a state
     ``complete_interrupted_swaps`` completes or undoes."""
     stem = _stem(directory, new_base)
-    if os.path.exists(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX):        # made only when a transaction aborted
+    if os.path.exists(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX):        # made only for an aborted transaction kept
         os.rename(stem + TXN_INDEX_SUFFIX + CLEANED_SUFFIX, stem + TXN_INDEX_SUFFIX + SWAP_SUFFIX)
     for suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, ".log"):
         os.rename(stem + suffix + CLEANED_SUFFIX, stem + suffix + SWAP_SUFFIX)
@@ -303,24 +329,111 @@ def _next_offset(path, base):
     return next_offset
 
 
-class AbortedBatches:
-    """Which batches belong to an aborted transaction (the part of Kafka's ``CleanedTransactionMetadata``
-    that decides it): the ``AbortedTxn`` entries of the range cleaned, by producer."""
+class _IndexedAbortedTxns:
+    """The ``AbortedTxn`` entries of consecutive segments' ``.txnindex`` files as one sequence, numbered from
+    0 in marker order, as many as the files held when it was made; read ``READ_ENTRIES`` at a time, the
+    last ``CACHED_CHUNKS`` chunks read kept."""
+    CACHED_CHUNKS = 2
 
-    def __init__(self, aborted_txns):
-        self._by_producer = {}          # pid -> ([first offsets], [last offsets]), in offset order
-        for txn in sorted(aborted_txns, key=lambda t: t.first_offset):
-            firsts, lasts = self._by_producer.setdefault(txn.producer_id, ([], []))
-            firsts.append(txn.first_offset)
-            lasts.append(txn.last_offset)
+    def __init__(self, txn_indexes):
+        self._indexes = txn_indexes
+        self._firsts = []               # the number of each file's first entry
+        self.count = 0
+        for index in txn_indexes:
+            self._firsts.append(self.count)
+            self.count += index.entry_count()
+        self._chunks = {}               # (file, chunk number) -> [AbortedTxn], oldest read first
 
-    def holds(self, batch):
-        """Whether ``batch`` (a transactional data batch) is part of an aborted transaction."""
-        if not batch.is_transactional or batch.producer_id not in self._by_producer:
+    def get(self, number):
+        """Entry ``number``, or None past the last."""
+        if number >= self.count:
+            return None
+        file = bisect.bisect_right(self._firsts, number) - 1
+        chunk, at = divmod(number - self._firsts[file], READ_ENTRIES)
+        entries = self._chunks.get((file, chunk))
+        if entries is None:
+            entries = self._indexes[file].read(chunk * READ_ENTRIES, READ_ENTRIES)
+            if len(self._chunks) == self.CACHED_CHUNKS:
+                del self._chunks[next(iter(self._chunks))]
+            self._chunks[file, chunk] = entries
+        return entries[at] if at < len(entries) else None       # None: the file shrank (retention deleted it)
+
+
+class CleanedTransactions:
+    """Kafka's ``CleanedTransactionMetadata``: which batches of a pass belong to aborted transactions and which
+    transaction markers may go, the batches given in offset order. The aborted transactions come from the
+    ``.txnindex`` files (``txn_indexes``, those of every segment from the pass's first offset to the log
+    end, taken once the last stable offset is known) a few entries at a time: what is held is one entry per
+    producer with a transaction read and its marker not yet, and where each producer's next search starts,
+    not every aborted transaction of the log.
+
+    A transaction's fate is looked up when its first batch is read: the producer's first entry whose marker
+    is not behind the batch, searched from the entries whose markers are not behind the batches read, up to
+    the first entry whose last stable offset is past the batch (every transaction open at the batch had
+    ended when it was written, so a later entry cannot be this one's). Each producer's search resumes where
+    its last one stopped: the entries before hold no transaction of it.
+    ``cleaned`` is the ``_CleanedSegment`` written: an ABORT marker kept because its transaction's batches
+    were read adds its ``AbortedTxn`` there."""
+    FORGET_RESUMES = 4096               # resume points the pass went by are dropped past this many
+
+    def __init__(self, txn_indexes, start_offset):
+        first = max(bisect.bisect_right([index.base_offset for index in txn_indexes], start_offset) - 1, 0)
+        self._entries = _IndexedAbortedTxns(txn_indexes[first:])
+        self._passed = 0                # the entries before have their markers behind the batch read
+        self._ongoing = {}              # producer id -> its AbortedTxn, or None (committed): marker not read yet
+        self._resume = {}               # producer id -> the entry its next search starts from
+        self._forget_at = self.FORGET_RESUMES
+        self.cleaned = None
+
+    def _pass(self, offset):
+        while (txn := self._entries.get(self._passed)) is not None and txn.last_offset < offset:
+            self._passed += 1
+
+    def on_batch_read(self, batch):
+        """Whether ``batch`` (a data batch) belongs to an aborted transaction (Kafka's ``onBatchRead``)."""
+        if not batch.is_transactional:
             return False
-        firsts, lasts = self._by_producer[batch.producer_id]
-        i = bisect.bisect_right(firsts, batch.base_offset) - 1
-        return i >= 0 and batch.base_offset <= lasts[i]
+        pid = batch.producer_id
+        if pid not in self._ongoing:
+            self._pass(batch.base_offset)
+            self._ongoing[pid] = self._find_aborted(pid, batch.base_offset)
+        return self._ongoing[pid] is not None
+
+    def _find_aborted(self, pid, offset):
+        number = max(self._passed, self._resume.get(pid, 0))
+        while (txn := self._entries.get(number)) is not None:
+            if txn.producer_id == pid:
+                if txn.first_offset <= offset:
+                    self._resume[pid] = number + 1
+                    return txn
+                break
+            if txn.last_stable_offset > offset:
+                break
+            number += 1
+        self._resume[pid] = number
+        if len(self._resume) > self._forget_at:
+            self._resume = {p: n for p, n in self._resume.items() if n > self._passed}
+            self._forget_at = max(self.FORGET_RESUMES, 2 * len(self._resume))
+        return None
+
+    def mark(self):
+        """Where the pass is, to ``rewind`` to: a segment tried in a group and taken back is read again."""
+        return self._passed, dict(self._ongoing), dict(self._resume), self._forget_at
+
+    def rewind(self, mark):
+        self._passed, self._ongoing, self._resume, self._forget_at = mark
+
+    def on_marker_read(self, marker):
+        """Whether the transaction marker ``marker`` may go (Kafka's ``onControlBatchRead``): no batch of its
+        transaction was read before it in this pass. An ABORT kept indexes its transaction in ``cleaned``."""
+        self._pass(marker.base_offset)
+        pid = marker.producer_id
+        if pid not in self._ongoing:
+            return True
+        aborted = self._ongoing.pop(pid)
+        if aborted is not None and self.cleaned is not None:
+            self.cleaned.add_aborted(aborted)
+        return False
 
 
 class Cleaner:
@@ -330,7 +443,7 @@ class Cleaner:
                  max_io_bytes_per_second=float("inf")):
         self.dedupe_buffer_size = dedupe_buffer_size
         self.offset_map = None          # made for each pass and freed after it (see clean)
-        self._aborted = None            # the AbortedBatches of the pass
+        self._transactions = None       # the CleanedTransactions of the map's fill, then of the rewrite
         self.io_buffer_size = io_buffer_size
         self.load_factor = load_factor
         self.max_io_bytes_per_second = max_io_bytes_per_second
@@ -344,7 +457,7 @@ class Cleaner:
         try:
             return self._clean(partition_log, first_dirty_offset, now_ms)
         finally:
-            self.offset_map = self._aborted = None
+            self.offset_map = self._transactions = None
 
     def _clean(self, partition_log, first_dirty_offset, now_ms):
         stats = CleanerStats()
@@ -354,12 +467,14 @@ class Cleaner:
         first_dirty = max(first_dirty_offset, log_start)
         uncleanable = first_uncleanable_offset(segments, active_base, partition_log.last_stable_offset, config,
                                                now_ms)
-        self._aborted = AbortedBatches(partition_log.aborted_transactions(log_start, uncleanable))
+        txn_indexes = partition_log.transaction_indexes()      # after the LSO: every marker before it is indexed
+        self._transactions = CleanedTransactions(txn_indexes, first_dirty)
         end = self._build_offset_map(partition_log, segments, first_dirty, uncleanable, stats, throttler)
         if end <= first_dirty:
             stats.elapsed_secs = time.monotonic() - stats.started
             return first_dirty, stats
         to_clean = [s for s in segments if s.base_offset < end]
+        self._transactions = CleanedTransactions(txn_indexes, to_clean[0].base_offset)
         while to_clean:
             cleaned = self._clean_segments(partition_log, to_clean, now_ms, stats, throttler)
             if not cleaned:
@@ -385,7 +500,9 @@ class Cleaner:
                     continue
                 if batch.base_offset >= uncleanable:        # the last stable offset, within this segment
                     return end
-                if not batch.is_control_batch and not self._aborted.holds(batch):
+                if batch.is_control_batch:
+                    self._transactions.on_marker_read(batch)
+                elif not self._transactions.on_batch_read(batch):
                     count = batch.records_count
                     if offset_map.size + count > max_keys:
                         if end == first_dirty:
@@ -425,6 +542,7 @@ class Cleaner:
         config = partition_log.config
         cleaned = _CleanedSegment(partition_log.directory, segments[0].base_offset, config, self.io_buffer_size,
                                   throttler)
+        self._transactions.cleaned = cleaned
         group, kept_ratio = [], 0.0
         try:
             for segment in segments:
@@ -434,16 +552,15 @@ class Cleaner:
                               or segment.next_offset - 1 - cleaned.base_offset > INT32_MAX):
                     break
                 size_before, mark, counts = cleaned.size, cleaned.mark(), (stats.records_read, stats.records_kept)
+                transactions = self._transactions.mark()
                 if not self._clean_into(cleaned, partition_log, segment, now_ms, stats, throttler,
                                         config.segment_bytes if group else None):
                     cleaned.rewind(mark)
+                    self._transactions.rewind(transactions)
                     stats.records_read, stats.records_kept = counts
                     break
                 kept_ratio = (cleaned.size - size_before) / segment.size if segment.size else 0.0
                 group.append(segment)
-                # The aborted transactions stay indexed: read_committed fetches of the cleaned segment
-                # still skip the aborted records the clean kept.
-                cleaned.txn_index.extend(segment.txn_index.entries())
             cleaned.finish()
             stats.bytes_written += cleaned.size
         except BaseException:
@@ -470,10 +587,12 @@ class Cleaner:
     def _retained(self, partition_log, batch, now_ms, config, stats):
         """``(bytes, max timestamp, offset of it)`` of what stays of ``batch``, or None."""
         stats.records_read += batch.records_count
-        if batch.magic != 2 or batch.is_control_batch:
+        if batch.is_control_batch:
+            return self._retained_marker(partition_log, batch, now_ms, config, stats)
+        if batch.magic != 2:
             stats.records_kept += batch.records_count
             return bytes(batch.buffer), batch.max_timestamp, batch.last_offset
-        if self._aborted.holds(batch):          # Kafka's cleaner drops the records of aborted transactions
+        if self._transactions.on_batch_read(batch):     # Kafka's cleaner drops the records of aborted transactions
             if self._is_last_batch_of_producer(partition_log, batch):
                 return _empty_batch(batch), batch.max_timestamp, batch.last_offset
             return None
@@ -501,10 +620,34 @@ class Cleaner:
             horizon = None
         return _rebuilt_batch(batch, kept, horizon)
 
+    def _retained_marker(self, partition_log, marker, now_ms, config, stats):
+        """A transaction marker stays while a batch of its transaction is before it, then until its delete
+        horizon (KIP-534: ``delete.retention.ms`` after the first clean that found it alone, stored as a
+        tombstone's), then as an empty batch if it is its producer's last (it holds the producer's epoch)."""
+        if not self._transactions.on_marker_read(marker):
+            stats.records_kept += marker.records_count
+            return bytes(marker.buffer), marker.max_timestamp, marker.last_offset
+        has_horizon = bool(marker.attributes & DELETE_HORIZON_FLAG)
+        if marker.records_count and not has_horizon:
+            stats.records_kept += marker.records_count
+            return _with_delete_horizon(marker, now_ms + config.delete_retention_ms)
+        if has_horizon and now_ms < marker.base_timestamp:
+            stats.records_kept += marker.records_count
+            return bytes(marker.buffer), marker.max_timestamp, marker.last_offset
+        if self._is_last_batch_of_producer(partition_log, marker):
+            return _empty_batch(marker), marker.max_timestamp, marker.last_offset
+        return None
+
     @staticmethod
     def _is_last_batch_of_producer(partition_log, batch):
+        """Kafka's ``isBatchLastRecordOfProducer``: the batch holding the producer's last sequence, or, when the
+        producer has written no data since its epoch changed, a marker of that epoch."""
         state = partition_log.producers.state(batch.producer_id)
-        return state is not None and state.last_offset == batch.last_offset
+        if state is None:
+            return False
+        if state.last_offset >= 0:
+            return state.last_offset == batch.last_offset
+        return batch.is_control_batch and batch.producer_epoch == state.epoch
 
 
 def _records_section(batch):
@@ -529,6 +672,18 @@ def _empty_batch(batch):
     """The header alone, no records (Kafka's ``writeEmptyHeader``): keeps the producer's last sequence."""
     attributes = batch.attributes & ~DELETE_HORIZON_FLAG & ~0x07
     return _batch_bytes(batch, attributes, batch.max_timestamp, batch.max_timestamp, 0, b"")
+
+
+def _with_delete_horizon(marker, horizon):
+    """``marker`` (a control batch) with the delete horizon as its base timestamp, its records' timestamps
+    kept (as Kafka's ``MemoryRecordsBuilder`` given a delete horizon)."""
+    records = _core.encode_v2_records([(r.offset - marker.base_offset, r.timestamp - horizon, r.key, r.value,
+                                        [(k.encode(), v) for k, v in r.headers]) for r in marker])
+    if marker.is_compressed:
+        records = codecs.compress(marker.compression, records, 2)
+    data = _batch_bytes(marker, marker.attributes | DELETE_HORIZON_FLAG, horizon, marker.max_timestamp,
+                        marker.records_count, records)
+    return data, marker.max_timestamp, marker.last_offset
 
 
 def _rebuilt_batch(batch, kept, horizon):

@@ -53,7 +53,7 @@ class TransactionIndex:
 
     def extend(self, txns):
         """Append every ``AbortedTxn`` of the iterable ``txns``, ``READ_ENTRIES`` at a time (the cleaner
-        carries a segment's entries into the cleaned one); creates the file only if there is one."""
+        writes the aborted transactions a cleaned segment keeps); creates the file only if there is one."""
         chunk = []
         for txn in txns:
             chunk.append(ENTRY.pack(CURRENT_VERSION, *txn))
@@ -84,24 +84,37 @@ class TransactionIndex:
 
     def entries(self):
         """Every ``AbortedTxn``, in order (a trailing partial entry is ignored, as Kafka's reader does)."""
+        first = 0
+        while True:
+            chunk = self.read(first, READ_ENTRIES)
+            yield from chunk
+            if len(chunk) < READ_ENTRIES:
+                return
+            first += READ_ENTRIES
+
+    def entry_count(self):
+        """How many whole entries the file holds (0 when it does not exist)."""
+        try:
+            return os.stat(self.path).st_size // ENTRY_SIZE
+        except FileNotFoundError:
+            return 0
+
+    def read(self, first, count):
+        """The ``AbortedTxn`` entries numbered ``first`` to ``first + count - 1`` (fewer at the file's end)."""
         try:
             fd = os.open(self.path, os.O_RDONLY | _CLOEXEC)
         except FileNotFoundError:
-            return
+            return []
         try:
-            position = 0
-            while True:
-                chunk = os.pread(fd, READ_ENTRIES * ENTRY_SIZE, position)
-                whole = len(chunk) - len(chunk) % ENTRY_SIZE
-                for version, *fields in ENTRY.iter_unpack(memoryview(chunk)[:whole]):
-                    if version > CURRENT_VERSION:
-                        raise CorruptIndexError(f"{self.path}: aborted transaction of version {version}")
-                    yield AbortedTxn(*fields)
-                if len(chunk) < READ_ENTRIES * ENTRY_SIZE:
-                    return
-                position += whole
+            chunk = os.pread(fd, count * ENTRY_SIZE, first * ENTRY_SIZE)
         finally:
             os.close(fd)
+        found = []
+        for version, *fields in ENTRY.iter_unpack(memoryview(chunk)[:len(chunk) - len(chunk) % ENTRY_SIZE]):
+            if version > CURRENT_VERSION:
+                raise CorruptIndexError(f"{self.path}: aborted transaction of version {version}")
+            found.append(AbortedTxn(*fields))
+        return found
 
     def collect(self, fetch_offset, upper_bound):
         """Kafka's ``collectAbortedTxns``: ``(the entries overlapping [fetch_offset, upper_bound), complete)``,

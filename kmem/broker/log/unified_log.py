@@ -34,9 +34,10 @@
 - ``add_listener(fn)``: ``fn(log)`` after every append (outside the lock), to wake parked fetches.
 - ``offset_metadata(offset)``, ``fetch_upper_bound(isolation)``: where an offset sits (segment, file
   position), so a parked fetch can count the bytes that arrived (Kafka's ``LogOffsetMetadata``).
-- ``cleanable_segments()``, ``replace_segments(old, base)``: what ``kmem.broker.log.cleaner`` cleans and
-  the swap of its cleaned segment (at load, ``.cleaned``/``.swap``/``.deleted`` files an interrupted clean
-  left are completed or removed first).
+- ``cleanable_segments()``, ``transaction_indexes()``, ``replace_segments(old, base)``: what
+  ``kmem.broker.log.cleaner`` cleans, the ``.txnindex`` files it reads and the swap of its cleaned segment
+  (at load, ``.cleaned``/``.swap``/``.deleted`` files an interrupted clean left are completed or removed
+  first).
 - ``delete_old_segments(now)``: when ``cleanup.policy`` holds ``delete``, retention as Kafka's
   ``deleteOldSegments``: by ``retention.ms`` (a
   segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first, rolling
@@ -651,14 +652,12 @@ class PartitionLog:
             self._check_open()
             return list(self.segments[:-1]), self.log_start_offset, self.active.base_offset
 
-    def aborted_transactions(self, start_offset, upper_bound):
-        """The ``AbortedTxn`` entries overlapping ``[start_offset, upper_bound)`` (Kafka's
-        ``collectAbortedTransactions``, which its cleaner calls too)."""
+    def transaction_indexes(self):
+        """The ``TransactionIndex`` of every segment, oldest first: the cleaner reads the aborted transactions
+        of what it cleans from them, a few entries at a time."""
         with self._lock:
             self._check_open()
-            bases = [s.base_offset for s in self.segments]
-            return self._collect_aborted(max(bisect.bisect_right(bases, start_offset) - 1, 0), start_offset,
-                                         upper_bound)
+            return [s.txn_index for s in self.segments]
 
     def replace_segments(self, old_segments, cleaned_base):
         """Swap in the cleaned segment ``<cleaned_base>.log.cleaned`` (with its indexes) for
