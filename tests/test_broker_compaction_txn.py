@@ -286,6 +286,7 @@ class Cleaned:
 @pytest.mark.parametrize("seed", range(20))
 def test_the_aborted_transactions_read_from_the_index_match_the_log(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(cleaner, "READ_ENTRIES", 7)       # many chunks, read again once dropped
+    monkeypatch.setattr(CleanedTransactions, "FORGET_RESUMES", 3)     # the producers' resume points pruned
     rng = random.Random(seed)
     events, aborted_batches, entries, txn_batches = random_transactions(rng, producers=rng.choice([2, 5, 30]),
                                                                         count=300)
