@@ -255,6 +255,29 @@ def test_snapshots_at_offsets_and_kafkas_rules_for_the_older_ones(tmp_path):
                 ledger.flush(bad)
 
 
+def test_open_transactions_of_the_snapshot_a_recovery_starts_from(tmp_path, caplog):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), keep_snapshots=True) as ledger:
+        assert ledger.open_transactions_at(100) == {}                   # no snapshot yet
+        ledger.update(entry(1, offset=10, txn=10))
+        ledger.update(entry(2, offset=20))
+        ledger.flush(100)
+        ledger.update(entry(1, offset=110))                               # closed after 100
+        ledger.update(entry(3, offset=120, txn=115))
+        ledger.flush(200)
+        ledger.update(entry(4, offset=210, txn=205))
+        assert ledger.open_transactions_at(99) == {}
+        assert ledger.open_transactions_at(150) == {1: 10}              # the newest snapshot at or below
+        assert ledger.open_transactions_at(10**6) == {3: 115}           # not the active file's rows
+        path = tmp_path / snapshot_name(200)
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        path.write_bytes(bytes(data))
+        assert ledger.open_transactions_at(10**6) == {1: 10}            # an unreadable one: the previous
+        assert "CRC" in caplog.text
+        with pytest.raises(InvalidArgumentError, match="offset"):
+            ledger.open_transactions_at(-1)
+
+
 def test_active_file_holding_an_id_twice_is_refused(tmp_path):
     path = tmp_path / active_name(7)
     active = ActiveFile(path, SMALL, capacity=8)

@@ -18,8 +18,9 @@ snapshot into the next snapshot, named ``offset`` (see ``flush``): streamed in i
 producer winning and the expired ones left out (as Kafka's ``removeExpiredProducers`` forgets them), so it
 costs a pass over the live producers, as Kafka's snapshot of its whole map does, and no memory per producer.
 
-The other files: older snapshots are never read by the ledger; they are Kafka's recovery points (after a
-truncation Kafka loads the newest snapshot at or below the new log end and replays the log from it).
+The other files: older snapshots are Kafka's recovery points (after a truncation Kafka loads the newest
+snapshot at or below the new log end and replays the log from it); the ledger reads them only for
+``open_transactions_at(offset)``, the transactions open at the snapshot a log's recovery replays from.
 By default a flush deletes them (``keep_snapshots=False``: Kafka's ``removeStraySnapshots`` for a log
 without segments keeps only the newest); a broker keeps them (``keep_snapshots=True``) and deletes them by
 Kafka's rules: ``delete_snapshots_before`` (segments deleted) and ``remove_stray_snapshots`` (at load).
@@ -86,7 +87,8 @@ from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgument
 from kmem.ledger.active import INITIAL_ROWS, ActiveFile, active_name, active_sequence, room_for
 from kmem.ledger.snapshot import (
     ENTRY_DTYPE, ENTRY_SIZE, MERGE_ROWS, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order,
-    kafka_view, kafka_view_array, merge_snapshot, scatter, snapshot_name, snapshot_offset, write_entries,
+    kafka_view, kafka_view_array, merge_snapshot, open_transactions, scatter, snapshot_name, snapshot_offset,
+    verify_snapshot, write_entries,
 )
 
 log = logging.getLogger(__name__)
@@ -692,6 +694,22 @@ class PidLedger:
             for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path + suffix)
+
+    def open_transactions_at(self, offset):
+        """``{producer id: first offset of its open transaction}`` in the newest readable snapshot at or below
+        ``offset``, {} when there is none: the transactions Kafka's loader knows open when it replays the log
+        from there. An unreadable snapshot is skipped for the previous one, as at open."""
+        self._check_open()
+        _require_int("offset", offset, 0)
+        for older in reversed([o for o in self._snapshot_offsets() if o <= offset]):
+            path = os.path.join(self.directory, snapshot_name(older))
+            try:
+                stats = verify_snapshot(path)
+            except CorruptSnapshotError as e:
+                log.warning("ledger: skipping snapshot: %s", e)
+                continue
+            return open_transactions(path, stats.count) if stats.open_transactions else {}
+        return {}
 
     def delete_snapshots_before(self, offset):
         """Kafka's ``deleteSnapshotsBefore``: delete the snapshots below ``offset`` (the log start offset,
