@@ -280,6 +280,60 @@ def test_recovery_drops_the_entries_of_a_truncated_part(tmp_path):
         assert entries_per_segment(partition_log) == [EXPECTED[:1], []]
 
 
+# Producers 1 and 2 interleave their transactions over two segments, and producer 1 aborts in the second: the
+# batches of each segment as (producer, None for a record or the marker's commit flag), and the AbortedTxn the
+# abort adds at run time, whose last stable offset is where producer 2's open transaction starts.
+INTERLEAVED = {
+    "the other transaction opened before the replayed segment":
+        ([(2, None)], [(1, None), (1, False), (2, True)], AbortedTxn(1, 1, 2, 0)),
+    "the aborted transaction opened before the replayed segment":
+        ([(1, None), (2, None)], [(1, False)], AbortedTxn(1, 0, 2, 1)),
+}
+
+
+@pytest.mark.parametrize("replayed_because", ["crash", "unreadable snapshot"])
+@pytest.mark.parametrize("layout", INTERLEAVED)
+def test_an_abort_replayed_by_recovery_is_indexed_as_at_run_time(tmp_path, layout, replayed_because):
+    """The second segment is replayed (after a crash, or because the producer snapshot taken at the close is
+    unreadable) without its .txnindex: the entry rebuilt is the one written at run time, as Kafka's loader
+    computes it with the producers of the snapshot at the segment's base (producer 2's open transaction)."""
+    config = BrokerConfig.from_properties(producer_ledger_ids=100)
+    first, second, expected = INTERLEAVED[layout]
+    with LogManager(tmp_path, config) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for pid, commit in first:
+            produce(partition_log, pid, 0, 0)
+        partition_log.roll()
+        for pid, commit in second:
+            if commit is None:
+                produce(partition_log, pid, 0, 0)
+            else:
+                assert partition_log.write_txn_marker(pid, 0, 0, commit).error_code == ErrorCode.NONE
+        index, base = txn_index_path(partition_log), partition_log.active.base_offset
+        end, last_stable_offset = partition_log.log_end_offset, partition_log.last_stable_offset
+    with open(index, "rb") as f:
+        written = f.read()
+    assert written == struct.pack(">hqqqq", 0, *expected)
+    os.unlink(index)
+    if replayed_because == "crash":
+        crash(tmp_path, recovery_point=base)
+    else:
+        with open(tmp_path / "t-0" / f"{end:020d}.snapshot", "r+b") as f:     # its CRC fails
+            f.seek(-1, os.SEEK_END)
+            last = f.read(1)
+            f.seek(-1, os.SEEK_END)
+            f.write(bytes([last[0] ^ 0x01]))
+    with LogManager(tmp_path, config) as manager:
+        partition_log = manager.get_partition("t", 0)
+        with open(index, "rb") as f:
+            assert f.read() == written
+        assert partition_log.last_stable_offset == last_stable_offset
+        fetched = partition_log.read(expected.first_offset, 1 << 20, isolation=READ_COMMITTED)
+        assert fetched.aborted_transactions == [expected]
+        fetched.records.close()
+
+
 def test_an_open_transaction_bounds_the_last_stable_offset_after_a_restart(tmp_path):
     config = BrokerConfig.from_properties(producer_ledger_ids=100)
     with LogManager(tmp_path, config) as manager:

@@ -50,11 +50,15 @@ transactions the markers close (Kafka's ``CompletedTxn``) for the log's ``.txnin
 
 After an unclean shutdown the log replays the batches it revalidated (those past the recovery point)
 through ``replay``, which brings the ledger up to date with batches a crash left out of it and
-rebuilds the last-five metadata of their producers. A process crash never leaves the ledger ahead of
-the log (a batch is written before its producer's entry). When recovery truncates batches that were
-written whole (a bad CRC, power loss), ``discard`` rolls back every producer whose entry points into the
-lost part, to the state replayed from the batches kept or else to an unknown producer, so a retry of a
-lost batch is appended again (Kafka reloads an older snapshot for the same purpose).
+rebuilds the last-five metadata of their producers. Each run of replayed segments starts
+(``start_replay``) from the transactions open in the producer snapshot at its first segment's base, as
+Kafka's loader loads the snapshot before replaying: a replayed marker then closes a transaction opened
+before the replay, and the ``CompletedTxn`` of an abort has the last stable offset it had at run time.
+A process crash never leaves the ledger ahead of the log (a batch is written before its producer's
+entry). When recovery truncates batches that were written whole (a bad CRC, power loss), ``discard``
+rolls back every producer whose entry points into the lost part, to the state replayed from the batches
+kept or else to an unknown producer, so a retry of a lost batch is appended again (Kafka reloads an
+older snapshot for the same purpose).
 """
 import collections
 import logging
@@ -307,18 +311,33 @@ class ProducerStateManager:
             else:
                 self._ongoing.pop(state.producer_id, None)
 
+    def start_replay(self, offset):
+        """Before recovery replays the log from ``offset``: the open transactions are those of the newest
+        producer snapshot at or below it, as Kafka's loader loads that snapshot before replaying, so that a
+        replayed marker closes a transaction opened before ``offset`` and its ``CompletedTxn`` has the last
+        stable offset it had at run time. States remembered from an earlier replay are forgotten (the log
+        between the two was not replayed)."""
+        ongoing = self.ledger.open_transactions_at(offset)
+        with self._lock:
+            self._cache.clear()
+            self._ongoing = ongoing
+
     def replay(self, batch):
-        """Bring the state up to date with ``batch`` (a ``RecordBatch`` of the log, during recovery); returns
-        the ``CompletedTxn`` a marker closes, if known, else None."""
+        """Bring the state up to date with ``batch`` (a ``RecordBatch`` of the log, during recovery, after
+        ``start_replay``); returns the ``CompletedTxn`` a marker closes, if known, else None."""
         pid = batch.producer_id
         if batch.magic != 2 or pid < 0 or (batch.is_control_batch and batch.records_count == 0):
             return None         # an empty marker: its transaction was cleaned away, nothing to replay (Kafka)
         with self._lock:
             state = self._cache.get(pid)
+            txn_first_offset = self._ongoing.get(pid, NO_TXN)
         entry = self.ledger.read(pid)
         if state is None:
             state = ProducerState.from_entry(entry) if entry is not None and entry.last_offset < batch.last_offset \
                 else ProducerState(pid)
+            # The ledger may hold a later state (a marker leaves the last offset as it was): the open
+            # transactions are those the replay has followed since the snapshot it started from.
+            state.current_txn_first_offset = txn_first_offset
         control = batch.is_control_batch
         completed = state.add(BatchInfo(pid, batch.producer_epoch, batch.base_sequence, batch.last_sequence,
                                         batch.base_offset, batch.last_offset, batch.max_timestamp,

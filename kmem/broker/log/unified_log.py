@@ -48,12 +48,14 @@
 On open, a log directory without the clean-shutdown marker is recovered as Kafka's ``LogLoader``: every
 segment holding offsets at or past the partition's recovery point is revalidated batch by batch,
 truncated at the first invalid or partial batch (later segments are deleted) and its indexes rebuilt;
-the revalidated batches are replayed into the producer state. Segments with a missing or failing index
-are rebuilt the same way after a clean shutdown too, and those after the producer snapshot read when a
-newer one was unreadable (its producers come from the log then, as Kafka's loader replays it). Then the
-producer snapshots are left as Kafka's load leaves them: one at the log end offset (``close`` takes it;
-after a crash the load does), stray ones removed. So a Kafka broker reading the directory finds every
-producer in the snapshot it loads.
+the revalidated batches are replayed into the producer state, from the transactions open in the producer
+snapshot at the first replayed segment's base (Kafka's loader loads it first), so an ABORT replayed past
+its segment's ``.txnindex`` entries is indexed as at run time, with the same last stable offset. Segments
+with a missing or failing index are rebuilt the same way after a clean shutdown too, and those after the
+producer snapshot read when a newer one was unreadable (its producers come from the log then, as Kafka's
+loader replays it). Then the producer snapshots are left as Kafka's load leaves them: one at the log end
+offset (``close`` takes it; after a crash the load does), stray ones removed. So a Kafka broker reading the
+directory finds every producer in the snapshot it loads.
 
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention;
 ``active_producers`` (DescribeProducers) holds it only to take its view of the producers' ledger.
@@ -229,6 +231,8 @@ class PartitionLog:
                     continue
                 except CorruptIndexError as e:
                     log.warning("%s: rebuilding the indexes: %s", segment.log_path, e)
+            if not recovered or recovered[-1] is not self.segments[-2]:
+                self.producers.start_replay(base)       # the replay does not go on from the segment before
             discarded = []
             indexed_up_to = segment.txn_index.last_offset()
             truncated = segment.recover(functools.partial(self._replay, segment, -1 if indexed_up_to is None
