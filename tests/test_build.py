@@ -160,7 +160,9 @@ def _imported_distributions(paths):
         for name in names:
             top = name.split(".")[0]
             if top != "kmem" and top not in sys.stdlib_module_names and not (path.parent / f"{top}.py").exists():
-                found.update(_normalized(dist) for dist in providers[top])
+                # a module not installed here (quixstreams: its application runs in .venv-quix) counts as the
+                # distribution of its name
+                found.update(_normalized(dist) for dist in providers.get(top, [top]))
     return found
 
 
