@@ -23,7 +23,7 @@ from kmem.broker.txn.metadata import (
 from kmem.broker.txn.state_log import (
     TRANSACTION_STATE_TOPIC, read_key, read_value, transaction_log_key, transaction_log_value,
 )
-from kmem.errors import ConfigError, IllegalStateError
+from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, RequestHeader, decode_request, encode_request, messages
 
 E = ErrorCode
@@ -535,3 +535,28 @@ def test_verification_can_be_switched_off(env):
     logs, make = env
     coordinator = make(partition_verification_enable=False)
     assert coordinator.verify_transaction("unknown", 1, 0, "t", 0) == E.NONE
+
+
+def test_damaged_state_records_raise_corrupt_record_error_only():
+    """Every cut of a v0 and a v1 value, and bytes flipped anywhere, either read or raise CorruptRecordError
+    (never an IndexError, struct.error or a loop over a count the bytes do not hold)."""
+    import random
+
+    transit = TxnTransit(5, -1, 2, -1, 60000, ONGOING, frozenset({("b", 1), ("a", 0)}), 111, 222)
+    flexible = struct.pack(">hqhib", 1, 9, 1, 5000, 2) + bytes([2, 2]) + b"t" + bytes([2]) \
+        + struct.pack(">i", 4) + bytes([0]) + struct.pack(">qq", 20, 10) + bytes([1, 0, 8]) + struct.pack(">q", 3)
+    rng = random.Random(29)
+    for value in (transaction_log_value(transit), flexible):
+        for cut in range(len(value)):
+            with pytest.raises(CorruptRecordError):
+                read_value(value[:cut])
+        for _ in range(500):
+            damaged = bytearray(value)
+            damaged[rng.randrange(len(damaged))] = rng.randrange(256)
+            try:
+                read_value(bytes(damaged))
+            except CorruptRecordError:
+                pass
+    for key in (b"", b"\x00", b"\x00\x05tx", b"\x00\x00\x00\x09tx", b"\x00\x00\xff\xfe\xff\xfe"):
+        with pytest.raises(CorruptRecordError):
+            read_key(key)

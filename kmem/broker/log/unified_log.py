@@ -234,7 +234,12 @@ class PartitionLog:
             if not recovered or recovered[-1] is not self.segments[-2]:
                 self.producers.start_replay(base)       # the replay does not go on from the segment before
             discarded = []
-            indexed_up_to = segment.txn_index.last_offset()
+            try:
+                indexed_up_to = segment.txn_index.last_offset()
+            except CorruptIndexError as e:          # not Kafka's entries: rebuilt from the markers replayed
+                log.warning("%s: rebuilding: %s", segment.txn_index.path, e)
+                segment.txn_index.rewind(None)
+                indexed_up_to = None
             truncated = segment.recover(functools.partial(self._replay, segment, -1 if indexed_up_to is None
                                                           else indexed_up_to), discarded.append)
             recovered.append(segment)
