@@ -447,3 +447,32 @@ def test_close_sends_responses_completed_as_it_stops_and_cancels_the_rest():
     finally:
         answered.close()
         left.close()
+
+
+def test_work_after_a_response_runs_on_the_network_thread_once_the_response_is_out(caplog):
+    """``Request.after_response``: the client has its answer before the work starts (the work here waits
+    for the client to say it has it); a failing piece of work is logged and the processor serves on."""
+    client_has_answer = threading.Event()
+    ran_on = []
+
+    def handler(req):
+        payload = bytes(req.payload)
+        if payload == b"fail":
+            req.after_response(lambda: 1 / 0)
+        else:
+            req.after_response(lambda: ran_on.append((threading.current_thread().name,
+                                                      client_has_answer.wait(10))))
+        return payload
+
+    with SocketServer(handler, num_network_threads=1) as server:
+        with connect(server.address) as sock:
+            sock.sendall(frame(b"work"))
+            assert recv_frame(sock) == b"work"
+            client_has_answer.set()
+            assert wait_until(lambda: ran_on)
+            assert ran_on == [("kmem-network-processor-0", True)]
+            sock.sendall(frame(b"fail"))
+            assert recv_frame(sock) == b"fail"
+            sock.sendall(frame(b"again"))
+            assert recv_frame(sock) == b"again"
+    assert "work after a response failed" in caplog.text and "ZeroDivisionError" in caplog.text

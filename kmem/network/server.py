@@ -152,6 +152,11 @@ class Request:
         """Park this request: return the ``Deferred`` from the handler and ``complete`` it later."""
         return Deferred(self)
 
+    def after_response(self, fn):
+        """Run ``fn()`` on this network thread once the requests read with this one are answered: work the
+        response must not wait for (the markers after EndTxn). Called by the handler, on the network thread."""
+        self.processor.after_responses.append(fn)
+
     def offload(self, fn):
         """Answer this request with ``fn(request)`` run on an io thread; return the ``Deferred`` from the
         handler. The payload stays valid until ``fn`` returns."""
@@ -262,6 +267,7 @@ class _Processor(threading.Thread):
         self._responses = queue.SimpleQueue()
         self._deferred = {}             # connection id -> Deferred of its request in flight
         self._ids = itertools.count()
+        self.after_responses = []       # Request.after_response's work, run after each poll's receives
 
     def accept(self, sock):
         self._new_connections.put(sock)
@@ -281,6 +287,7 @@ class _Processor(threading.Thread):
                     self._process_responses()
                     self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
                     self._process_completed_receives()
+                    self._run_after_responses()
                     self._process_completed_sends()
                     self._process_disconnected()
                 except BaseException:
@@ -374,6 +381,14 @@ class _Processor(threading.Thread):
             self.selector.mute(connection_id)
             channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
             self._handle(Request(connection_id, self, receive))
+
+    def _run_after_responses(self):
+        work, self.after_responses = self.after_responses, []
+        for fn in work:
+            try:
+                fn()
+            except Exception:
+                log.exception("network processor %d: work after a response failed", self._index)
 
     def _handle(self, request):
         keep_payload = False

@@ -123,6 +123,8 @@ class RequestDispatcher:
         """The response (encoded), None (acks=0), or a delayed response to start."""
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        elif header.api_key == ApiKey.END_TXN:
+            response = self.transactions.end_txn(header, body, write_markers=request.after_response)
         else:
             response = self._methods[header.api_key](header, body)
         if response is None or isinstance(response, (DelayedFetch, DelayedResponse)):

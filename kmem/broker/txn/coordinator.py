@@ -353,18 +353,23 @@ class TransactionCoordinator:
 
     # --- markers ------------------------------------------------------------------------------------------
 
-    def _send_markers(self, meta):
-        """After Prepare* is written: the markers go out on the timer thread, then Complete* is written."""
+    def _send_markers(self, meta, write_markers=None):
+        """After Prepare* is written: the markers go out, then Complete* is written. On the timer thread, or
+        handed to ``write_markers`` (the timer then only stands by, in case they never run)."""
         job = _MarkerJob(meta, meta.state == PREPARE_COMMIT, meta.prepare_complete(self._clock()))
         self._jobs[meta.transactional_id] = job
-        job.task = self._timer.schedule(time.monotonic(), lambda: self._write_markers(job))
+        delay = 0 if write_markers is None else MARKER_RETRY_SECONDS[0]
+        job.task = self._timer.schedule(time.monotonic() + delay, lambda: self._write_markers(job))
+        if write_markers is not None:
+            write_markers(lambda: self._write_markers(job))
 
     def _write_markers(self, job):
-        """The timer's task; nothing to do when a request wrote the markers or is writing them."""
+        """Nothing to do when a request wrote the markers or is writing them."""
         with self._lock:
             if job.writing or self._jobs.get(job.transactional_id) is not job:
                 return
             job.writing = True
+            job.task.cancel()
         self._write_claimed(job)
 
     def _write_claimed(self, job):
@@ -650,21 +655,23 @@ class TransactionCoordinator:
 
     # --- EndTxn ----------------------------------------------------------------------------------------------
 
-    def end_txn(self, header, request):
+    def end_txn(self, header, request, write_markers=None):
+        """``write_markers(job)``: where the markers are written once the response is out (the network
+        thread's ``Request.after_response``); by default the timer thread writes them."""
         error = self.end_transaction(request.transactional_id, request.producer_id, request.producer_epoch,
-                                     request.committed)
+                                     request.committed, write_markers)
         if header.api_version < 2 and error == ErrorCode.PRODUCER_FENCED:
             error = ErrorCode.INVALID_PRODUCER_EPOCH
         return messages.EndTxnResponse(throttle_time_ms=0, error_code=error)
 
-    def end_transaction(self, transactional_id, producer_id, epoch, commit):
+    def end_transaction(self, transactional_id, producer_id, epoch, commit, write_markers=None):
         """Kafka's ``handleEndTransaction``: the error code (NONE once Prepare* is written)."""
         if not transactional_id:
             return ErrorCode.INVALID_REQUEST
-        return self._with_metadata(transactional_id,
-                                   lambda meta: self._end_transaction(meta, producer_id, epoch, commit, True))
+        return self._with_metadata(transactional_id, lambda meta: self._end_transaction(
+            meta, producer_id, epoch, commit, True, write_markers))
 
-    def _end_transaction(self, meta, producer_id, epoch, commit, from_client):
+    def _end_transaction(self, meta, producer_id, epoch, commit, from_client, write_markers=None):
         """Under the lock. From the client the epoch must be the current one; from the coordinator (a fence)
         it is the bumped epoch, with PrepareEpochFence pending."""
         if meta is None or meta.producer_id != producer_id:
@@ -684,7 +691,7 @@ class TransactionCoordinator:
             if error:
                 meta.failed_epoch_fence = meta.failed_epoch_fence or fence
                 return error
-            self._send_markers(meta)
+            self._send_markers(meta, write_markers)
             return ErrorCode.NONE
         if state in (COMPLETE_COMMIT, COMPLETE_ABORT):
             return ErrorCode.NONE if commit == (state == COMPLETE_COMMIT) else ErrorCode.INVALID_TXN_STATE
