@@ -232,11 +232,7 @@ class Selector:
         timeout = self._limit_by_idle_expiry(timeout)
         self._made_read_progress_last_poll = False
         ready = {}
-        _s = time.monotonic()
-        _events = self._selector.select(timeout)
-        self._select_wall = time.monotonic() - _s
-        self._select_timeout = timeout
-        for key, mask in _events:
+        for key, mask in self._selector.select(timeout):
             if self._waker.owns(key):
                 self._waker.drain()
             else:
