@@ -129,6 +129,32 @@ def test_an_abort_marker_drops_the_pending_offsets(logs):
         coord.close()
 
 
+
+def offset_delete(coord, partitions, group="g"):
+    R = messages.OffsetDeleteRequest
+    topics = {}
+    for topic, partition in partitions:
+        topics.setdefault(topic, []).append(R.OffsetDeleteRequestPartition(partition_index=partition))
+    response = coord.offset_delete(header(ApiKey.OFFSET_DELETE, 0), R(group_id=group, topics=[
+        R.OffsetDeleteRequestTopic(name=t, partitions=p) for t, p in topics.items()]))
+    assert response.error_code == NONE
+    return {(t.name, p.partition_index): p.error_code for t in response.topics for p in t.partitions}
+
+
+def test_offset_delete_drops_the_pending_offsets_of_open_transactions_too(logs):
+    """Kafka's GroupMetadata.removeOffsets: a COMMIT marker after OffsetDelete does not bring them back."""
+    coord = coordinator(logs)
+    try:
+        commit(coord, {("t", 0): 5, ("t", 2): 6})
+        assert txn_commit(coord, {("t", 0): 10, ("t", 1): 20, ("t", 3): 30}) == {
+            ("t", 0): NONE, ("t", 1): NONE, ("t", 3): NONE}
+        assert offset_delete(coord, [("t", 0), ("t", 1), ("t", 2)]) == {("t", 0): NONE, ("t", 1): NONE, ("t", 2): NONE}
+        assert fetch(coord) == {}
+        complete(coord, logs, commit=True)
+        assert fetch(coord) == {("t", 3): 30}
+    finally:
+        coord.close()
+
 def test_a_commit_written_after_the_transactions_offsets_wins_over_them(logs):
     """Kafka orders a completed transaction's offsets against the committed ones by their place in the log."""
     coord = coordinator(logs)

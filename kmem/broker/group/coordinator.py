@@ -1316,7 +1316,8 @@ class GroupCoordinator:
 
     def offset_delete(self, header, request):
         """Kafka's ``deleteOffsets`` (KIP-496): the committed offsets of topics the group's members do not
-        subscribe to become tombstones; a subscribed topic's partitions get GROUP_SUBSCRIBED_TO_TOPIC."""
+        subscribe to become tombstones, and their offsets pending in open transactions are dropped; a
+        subscribed topic's partitions get GROUP_SUBSCRIBED_TO_TOPIC."""
         Response = messages.OffsetDeleteResponse
         response = Response(error_code=ErrorCode.NONE, throttle_time_ms=0, topics=[])
         with self._lock:
@@ -1332,7 +1333,7 @@ class GroupCoordinator:
             if response.error_code:
                 return response
             subscribed = self._subscribed_topics(group)
-            deleted = []
+            eligible = []
             for topic in request.topics:
                 topic_result = Response.OffsetDeleteResponseTopic(name=topic.name, partitions=[])
                 response.topics.append(topic_result)
@@ -1340,8 +1341,9 @@ class GroupCoordinator:
                     error = ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC if topic.name in subscribed else ErrorCode.NONE
                     topic_result.partitions.append(Response.OffsetDeleteResponsePartition(
                         partition_index=p.partition_index, error_code=error))
-                    if not error and (topic.name, p.partition_index) in group.offsets:
-                        deleted.append((topic.name, p.partition_index))
+                    if not error:
+                        eligible.append((topic.name, p.partition_index))
+            deleted = [key for key in eligible if key in group.offsets]
             if deleted:
                 error = self._append(group.group_id, [(offset_commit_key(group.group_id, t, p), None)
                                                       for t, p in deleted])
@@ -1350,6 +1352,11 @@ class GroupCoordinator:
                     return response
                 for key in deleted:
                     del group.offsets[key]
+            # As Kafka's GroupMetadata.removeOffsets: the offsets of open transactions go too, so that a
+            # later COMMIT marker does not bring back what was deleted.
+            for pending in group.txn_offsets.values():
+                for key in eligible:
+                    pending.pop(key, None)
         return response
 
     @staticmethod
