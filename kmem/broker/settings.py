@@ -22,7 +22,7 @@ import socket
 import ssl
 from dataclasses import dataclass, replace
 
-from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, _int
+from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, integer
 from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
@@ -70,7 +70,7 @@ def parse_listeners(setting, value):
         host, colon, port = address.rpartition(":")
         if not entry or not sep or not colon or not name:
             raise ConfigError(f"{setting} must look like PLAINTEXT://host:port, not {value!r}")
-        listener = Listener(host.strip("[]"), _int(setting, port, 0, 65535), name.strip().upper())
+        listener = Listener(host.strip("[]"), integer(setting, port, 0, 65535), name.strip().upper())
         if any(other.name == listener.name for other in listeners):
             raise ConfigError(f"{setting} names listener {listener.name} twice: {value!r}")
         listeners.append(listener)
@@ -207,7 +207,7 @@ class BrokerSettings:
                    SocketServerConfig.from_properties(network, host=listener.host, port=listener.port,
                                                       ssl_context=ssl_context),
                    listener, advertised,
-                   _int("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged),
+                   integer("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged),
                    TxnConfig.from_properties(merged))
 
 

@@ -73,7 +73,7 @@ from kmem.broker.group.offsets import (
     INT64_MAX, OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
 )
-from kmem.broker.log.config import INT32_MAX, _int
+from kmem.broker.log.config import INT32_MAX, at_least, config_from_properties
 from kmem.broker.log.unified_log import TRANSACTION_OPEN, batches_from_start
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.timer import Timer
@@ -118,23 +118,17 @@ COMMIT_WRITE_ERRORS = {**GROUP_WRITE_ERRORS, ErrorCode.MESSAGE_TOO_LARGE: ErrorC
                        ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE}
 
 
-def _ranged(name, low=1, high=INT32_MAX):
-    return lambda value: _int(name, value, low, high)
-
-
 # Kafka's group coordinator settings: name -> (GroupConfig field, parser)
 GROUP_SETTINGS = {
-    "group.min.session.timeout.ms": ("min_session_timeout_ms", _ranged("group.min.session.timeout.ms", 0)),
-    "group.max.session.timeout.ms": ("max_session_timeout_ms", _ranged("group.max.session.timeout.ms", 0)),
-    "group.initial.rebalance.delay.ms": ("initial_rebalance_delay_ms",
-                                         _ranged("group.initial.rebalance.delay.ms", 0)),
-    "group.max.size": ("max_size", _ranged("group.max.size")),
-    "offsets.topic.num.partitions": ("offsets_topic_partitions", _ranged("offsets.topic.num.partitions")),
-    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", _ranged("offsets.topic.segment.bytes", 14)),
-    "offsets.retention.minutes": ("offsets_retention_minutes", _ranged("offsets.retention.minutes")),
-    "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms",
-                                            _ranged("offsets.retention.check.interval.ms", 1, 2**63 - 1)),
-    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", _ranged("offset.metadata.max.bytes", 0)),
+    "group.min.session.timeout.ms": ("min_session_timeout_ms", at_least(0, INT32_MAX)),
+    "group.max.session.timeout.ms": ("max_session_timeout_ms", at_least(0, INT32_MAX)),
+    "group.initial.rebalance.delay.ms": ("initial_rebalance_delay_ms", at_least(0, INT32_MAX)),
+    "group.max.size": ("max_size", at_least(1, INT32_MAX)),
+    "offsets.topic.num.partitions": ("offsets_topic_partitions", at_least(1, INT32_MAX)),
+    "offsets.topic.segment.bytes": ("offsets_topic_segment_bytes", at_least(14, INT32_MAX)),
+    "offsets.retention.minutes": ("offsets_retention_minutes", at_least(1, INT32_MAX)),
+    "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms", at_least(1)),
+    "offset.metadata.max.bytes": ("offset_metadata_max_bytes", at_least(0, INT32_MAX)),
 }
 
 
@@ -159,8 +153,7 @@ class GroupConfig:
 
     @classmethod
     def from_properties(cls, properties):
-        return cls(**{GROUP_SETTINGS[name][0]: GROUP_SETTINGS[name][1](value)
-                      for name, value in properties.items() if name in GROUP_SETTINGS})
+        return config_from_properties(cls, GROUP_SETTINGS, properties)
 
 
 def _now_ms():

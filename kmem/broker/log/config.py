@@ -85,7 +85,7 @@ _LIST_SEPARATOR = re.compile(r"\s*,\s*")
 _THROTTLED_REPLICA = re.compile(r"([0-9]+:[0-9]+)?")     # partitionId:brokerId (an empty item is allowed)
 
 
-def _int(name, value, low, high=INT64_MAX):
+def integer(name, value, low, high=INT64_MAX):
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(f"{name} must be an integer, not {value!r}")
     if isinstance(value, str):
@@ -128,7 +128,7 @@ def _positive_number(name, value):
     return number
 
 
-def _bool(name, value):
+def boolean(name, value):
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
@@ -211,62 +211,69 @@ def _message_format_version(name, value):
 
 
 def _gzip_level(name, value):
-    level = _int(name, value, -1, 9)
+    level = integer(name, value, -1, 9)
     if level == 0:
         raise ConfigError(f"{name} must be between 1 and 9 or -1 (the default level), not 0")
     return level
 
 
 def _remote_storage(name, value):
-    if _bool(name, value):
+    if boolean(name, value):
         raise ConfigError(f"{name} = true: kmem broker has no tiered storage (as Kafka while "
                           "remote.log.storage.system.enable is false)")
     return False
 
 
-def _at_least(low, high=INT64_MAX):
-    return lambda name, value: _int(name, value, low, high)
+def at_least(low, high=INT64_MAX):
+    """The parser ``(name, value)`` of an integer setting within ``[low, high]``."""
+    return lambda name, value: integer(name, value, low, high)
+
+
+def config_from_properties(cls, table, properties):
+    """A settings dataclass ``cls`` from the Kafka names in ``properties`` that ``table`` knows
+    (``name -> (field, parser(name, value))``); other names are left to other tables."""
+    return cls(**{table[name][0]: table[name][1](name, value) for name, value in properties.items() if name in table})
 
 
 # topic-level name -> (LogConfig field, parser with its range)
 TOPIC_SETTINGS = {
-    "segment.bytes": ("segment_bytes", _at_least(LEGACY_RECORD_OVERHEAD_V0, INT32_MAX)),
-    "segment.ms": ("segment_ms", _at_least(1)),
-    "segment.jitter.ms": ("segment_jitter_ms", _at_least(0)),
-    "retention.ms": ("retention_ms", _at_least(-1)),
-    "retention.bytes": ("retention_bytes", _at_least(-(2**63))),
-    "max.message.bytes": ("max_message_bytes", _at_least(0, INT32_MAX)),
+    "segment.bytes": ("segment_bytes", at_least(LEGACY_RECORD_OVERHEAD_V0, INT32_MAX)),
+    "segment.ms": ("segment_ms", at_least(1)),
+    "segment.jitter.ms": ("segment_jitter_ms", at_least(0)),
+    "retention.ms": ("retention_ms", at_least(-1)),
+    "retention.bytes": ("retention_bytes", at_least(-(2**63))),
+    "max.message.bytes": ("max_message_bytes", at_least(0, INT32_MAX)),
     "message.timestamp.type": ("message_timestamp_type", _timestamp_type),
-    "message.downconversion.enable": ("message_downconversion_enable", _bool),
-    "index.interval.bytes": ("index_interval_bytes", _at_least(0, INT32_MAX)),
-    "segment.index.bytes": ("segment_index_bytes", _at_least(4, INT32_MAX)),
+    "message.downconversion.enable": ("message_downconversion_enable", boolean),
+    "index.interval.bytes": ("index_interval_bytes", at_least(0, INT32_MAX)),
+    "segment.index.bytes": ("segment_index_bytes", at_least(4, INT32_MAX)),
     "compression.type": ("compression_type", _compression),
     "cleanup.policy": ("cleanup_policy", _cleanup_policy),
-    "min.insync.replicas": ("min_insync_replicas", _at_least(1, 1)),
-    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", _at_least(0)),
-    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", _at_least(0)),
-    "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", _at_least(0)),
+    "min.insync.replicas": ("min_insync_replicas", at_least(1, 1)),
+    "message.timestamp.before.max.ms": ("message_timestamp_before_max_ms", at_least(0)),
+    "message.timestamp.after.max.ms": ("message_timestamp_after_max_ms", at_least(0)),
+    "message.timestamp.difference.max.ms": ("message_timestamp_difference_max_ms", at_least(0)),
     # kept and described, no effect here (see the module docstring)
     "compression.gzip.level": ("compression_gzip_level", _gzip_level),
-    "compression.lz4.level": ("compression_lz4_level", _at_least(1, 17)),
-    "compression.zstd.level": ("compression_zstd_level", _at_least(-131072, 22)),
-    "delete.retention.ms": ("delete_retention_ms", _at_least(0)),
-    "min.compaction.lag.ms": ("min_compaction_lag_ms", _at_least(0)),
-    "max.compaction.lag.ms": ("max_compaction_lag_ms", _at_least(1)),
+    "compression.lz4.level": ("compression_lz4_level", at_least(1, 17)),
+    "compression.zstd.level": ("compression_zstd_level", at_least(-131072, 22)),
+    "delete.retention.ms": ("delete_retention_ms", at_least(0)),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", at_least(0)),
+    "max.compaction.lag.ms": ("max_compaction_lag_ms", at_least(1)),
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _ratio),
-    "file.delete.delay.ms": ("file_delete_delay_ms", _at_least(0)),
-    "flush.messages": ("flush_messages", _at_least(1)),
-    "flush.ms": ("flush_ms", _at_least(0)),
-    "preallocate": ("preallocate", _bool),
+    "file.delete.delay.ms": ("file_delete_delay_ms", at_least(0)),
+    "flush.messages": ("flush_messages", at_least(1)),
+    "flush.ms": ("flush_ms", at_least(0)),
+    "preallocate": ("preallocate", boolean),
     "message.format.version": ("message_format_version", _message_format_version),
-    "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", boolean),
     "leader.replication.throttled.replicas": ("leader_replication_throttled_replicas", _throttled_replicas),
     "follower.replication.throttled.replicas": ("follower_replication_throttled_replicas", _throttled_replicas),
     "remote.storage.enable": ("remote_storage_enable", _remote_storage),
-    "local.retention.ms": ("local_retention_ms", _at_least(-2)),
-    "local.retention.bytes": ("local_retention_bytes", _at_least(-2)),
-    "remote.log.copy.disable": ("remote_log_copy_disable", _bool),
-    "remote.log.delete.on.disable": ("remote_log_delete_on_disable", _bool),
+    "local.retention.ms": ("local_retention_ms", at_least(-2)),
+    "local.retention.bytes": ("local_retention_bytes", at_least(-2)),
+    "remote.log.copy.disable": ("remote_log_copy_disable", boolean),
+    "remote.log.delete.on.disable": ("remote_log_delete_on_disable", boolean),
 }
 
 
@@ -360,41 +367,41 @@ class LogConfig:
 
 # broker-level name -> (BrokerConfig field, parser)
 BROKER_SETTINGS = {
-    "node.id": ("node_id", lambda n, v: _int(n, v, 0, INT32_MAX)),
-    "num.partitions": ("num_partitions", lambda n, v: _int(n, v, 1, INT32_MAX)),
-    "auto.create.topics.enable": ("auto_create_topics_enable", _bool),
-    "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda n, v: _int(n, v, 1)),
+    "node.id": ("node_id", lambda n, v: integer(n, v, 0, INT32_MAX)),
+    "num.partitions": ("num_partitions", lambda n, v: integer(n, v, 1, INT32_MAX)),
+    "auto.create.topics.enable": ("auto_create_topics_enable", boolean),
+    "producer.id.expiration.ms": ("producer_id_expiration_ms", lambda n, v: integer(n, v, 1)),
     "producer.id.expiration.check.interval.ms": ("producer_id_expiration_check_interval_ms",
-                                                 lambda n, v: _int(n, v, 1, INT32_MAX)),
+                                                 lambda n, v: integer(n, v, 1, INT32_MAX)),
     "log.segment.bytes": ("log_segment_bytes", TOPIC_SETTINGS["segment.bytes"][1]),
-    "log.roll.ms": ("log_roll_ms", lambda n, v: _int(n, v, 1)),
-    "log.roll.hours": ("log_roll_hours", lambda n, v: _int(n, v, 1, INT32_MAX)),
-    "log.roll.jitter.ms": ("log_roll_jitter_ms", lambda n, v: _int(n, v, 0)),
-    "log.retention.ms": ("log_retention_ms", lambda n, v: _int(n, v, -1)),
-    "log.retention.minutes": ("log_retention_minutes", lambda n, v: _int(n, v, -1, INT32_MAX)),
-    "log.retention.hours": ("log_retention_hours", lambda n, v: _int(n, v, -1, INT32_MAX)),
+    "log.roll.ms": ("log_roll_ms", lambda n, v: integer(n, v, 1)),
+    "log.roll.hours": ("log_roll_hours", lambda n, v: integer(n, v, 1, INT32_MAX)),
+    "log.roll.jitter.ms": ("log_roll_jitter_ms", lambda n, v: integer(n, v, 0)),
+    "log.retention.ms": ("log_retention_ms", lambda n, v: integer(n, v, -1)),
+    "log.retention.minutes": ("log_retention_minutes", lambda n, v: integer(n, v, -1, INT32_MAX)),
+    "log.retention.hours": ("log_retention_hours", lambda n, v: integer(n, v, -1, INT32_MAX)),
     "log.retention.bytes": ("log_retention_bytes", TOPIC_SETTINGS["retention.bytes"][1]),
     "message.max.bytes": ("message_max_bytes", TOPIC_SETTINGS["max.message.bytes"][1]),
     "log.message.timestamp.type": ("log_message_timestamp_type", _timestamp_type),
-    "log.message.downconversion.enable": ("log_message_downconversion_enable", _bool),
+    "log.message.downconversion.enable": ("log_message_downconversion_enable", boolean),
     "log.index.interval.bytes": ("log_index_interval_bytes", TOPIC_SETTINGS["index.interval.bytes"][1]),
     "log.index.size.max.bytes": ("log_index_size_max_bytes", TOPIC_SETTINGS["segment.index.bytes"][1]),
     "compression.type": ("compression_type", _compression),
     "log.cleanup.policy": ("log_cleanup_policy", _cleanup_policy),
     "min.insync.replicas": ("min_insync_replicas", TOPIC_SETTINGS["min.insync.replicas"][1]),
-    "log.cleaner.enable": ("log_cleaner_enable", _bool),
-    "log.cleaner.threads": ("log_cleaner_threads", lambda n, v: _int(n, v, 1, 1)),
-    "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", lambda n, v: _int(n, v, 24)),
-    "log.cleaner.io.buffer.size": ("log_cleaner_io_buffer_size", lambda n, v: _int(n, v, 512, INT32_MAX)),
+    "log.cleaner.enable": ("log_cleaner_enable", boolean),
+    "log.cleaner.threads": ("log_cleaner_threads", lambda n, v: integer(n, v, 1, 1)),
+    "log.cleaner.dedupe.buffer.size": ("log_cleaner_dedupe_buffer_size", lambda n, v: integer(n, v, 24)),
+    "log.cleaner.io.buffer.size": ("log_cleaner_io_buffer_size", lambda n, v: integer(n, v, 512, INT32_MAX)),
     "log.cleaner.io.buffer.load.factor": ("log_cleaner_io_buffer_load_factor", _load_factor),
     "log.cleaner.io.max.bytes.per.second": ("log_cleaner_io_max_bytes_per_second", _positive_number),
-    "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", lambda n, v: _int(n, v, 0)),
+    "log.cleaner.backoff.ms": ("log_cleaner_backoff_ms", lambda n, v: integer(n, v, 0)),
     "log.cleaner.min.cleanable.ratio": ("log_cleaner_min_cleanable_ratio", _ratio),
-    "log.cleaner.delete.retention.ms": ("log_cleaner_delete_retention_ms", lambda n, v: _int(n, v, 0)),
-    "log.cleaner.min.compaction.lag.ms": ("log_cleaner_min_compaction_lag_ms", lambda n, v: _int(n, v, 0)),
-    "log.cleaner.max.compaction.lag.ms": ("log_cleaner_max_compaction_lag_ms", lambda n, v: _int(n, v, 1)),
-    "producer.ledger.ids": ("producer_ledger_ids", lambda n, v: _int(n, v, 16, INT32_MAX)),
-    "producer.state.cache.entries": ("producer_state_cache_entries", lambda n, v: _int(n, v, 1, INT32_MAX)),
+    "log.cleaner.delete.retention.ms": ("log_cleaner_delete_retention_ms", lambda n, v: integer(n, v, 0)),
+    "log.cleaner.min.compaction.lag.ms": ("log_cleaner_min_compaction_lag_ms", lambda n, v: integer(n, v, 0)),
+    "log.cleaner.max.compaction.lag.ms": ("log_cleaner_max_compaction_lag_ms", lambda n, v: integer(n, v, 1)),
+    "producer.ledger.ids": ("producer_ledger_ids", lambda n, v: integer(n, v, 16, INT32_MAX)),
+    "producer.state.cache.entries": ("producer_state_cache_entries", lambda n, v: integer(n, v, 1, INT32_MAX)),
 }
 
 

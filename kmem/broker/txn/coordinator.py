@@ -55,9 +55,9 @@ import threading
 import time
 
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS, _ranged
+from kmem.broker.group.coordinator import GROUP_WRITE_ERRORS
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
-from kmem.broker.log.config import _bool
+from kmem.broker.log.config import INT32_MAX, at_least, boolean, config_from_properties
 from kmem.broker.log.unified_log import batches_from_start, wall_clock_ms
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.txn.metadata import (
@@ -98,17 +98,15 @@ MARKER_DONE = frozenset({ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, E
 
 # Kafka's transaction coordinator settings: name -> (TxnConfig field, parser)
 TXN_SETTINGS = {
-    "transaction.max.timeout.ms": ("max_timeout_ms", _ranged("transaction.max.timeout.ms")),
-    "transactional.id.expiration.ms": ("id_expiration_ms", _ranged("transactional.id.expiration.ms")),
-    "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
-        "abort_timed_out_interval_ms", _ranged("transaction.abort.timed.out.transaction.cleanup.interval.ms")),
-    "transaction.remove.expired.transaction.cleanup.interval.ms": (
-        "remove_expired_interval_ms", _ranged("transaction.remove.expired.transaction.cleanup.interval.ms")),
-    "transaction.partition.verification.enable": (
-        "partition_verification_enable", lambda value: _bool("transaction.partition.verification.enable", value)),
-    "transaction.state.log.num.partitions": ("state_log_partitions", _ranged("transaction.state.log.num.partitions")),
-    "transaction.state.log.segment.bytes": ("state_log_segment_bytes",
-                                            _ranged("transaction.state.log.segment.bytes", 14)),
+    "transaction.max.timeout.ms": ("max_timeout_ms", at_least(1, INT32_MAX)),
+    "transactional.id.expiration.ms": ("id_expiration_ms", at_least(1, INT32_MAX)),
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": ("abort_timed_out_interval_ms",
+                                                                    at_least(1, INT32_MAX)),
+    "transaction.remove.expired.transaction.cleanup.interval.ms": ("remove_expired_interval_ms",
+                                                                   at_least(1, INT32_MAX)),
+    "transaction.partition.verification.enable": ("partition_verification_enable", boolean),
+    "transaction.state.log.num.partitions": ("state_log_partitions", at_least(1, INT32_MAX)),
+    "transaction.state.log.segment.bytes": ("state_log_segment_bytes", at_least(14, INT32_MAX)),
 }
 
 
@@ -125,8 +123,7 @@ class TxnConfig:
 
     @classmethod
     def from_properties(cls, properties):
-        return cls(**{TXN_SETTINGS[name][0]: TXN_SETTINGS[name][1](value)
-                      for name, value in properties.items() if name in TXN_SETTINGS})
+        return config_from_properties(cls, TXN_SETTINGS, properties)
 
 
 class _MarkerJob:
