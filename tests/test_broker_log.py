@@ -111,6 +111,22 @@ def test_topic_config_rejects_unknown_and_bad_values():
         BrokerConfig().topic_config({"segment.ms": 0})
 
 
+
+def test_partition_count_follows_topics_created_grown_and_deleted(tmp_path):
+    with open_manager(tmp_path / "logs") as manager:
+        assert manager.partition_count("orders") == 0
+        manager.create_topic("orders", 2)
+        assert manager.partition_count("orders") == 2
+        manager.add_partitions("orders", 5)
+        assert manager.partition_count("orders") == 5
+        manager.delete_topic("orders")
+        assert manager.partition_count("orders") == 0
+        manager.create_topic("orders", 3)
+        assert manager.partition_count("orders") == 3
+        for name in (f"absent-{i}" for i in range(1000)):      # names asked of absent topics are not kept
+            assert manager.partition_count(name) == 0
+        assert len(manager._partition_counts) == 1
+
 # --- the log directory's files ----------------------------------------------------------------------------
 
 def test_create_topic_syncs_each_new_directory_once_after_its_files(tmp_path, monkeypatch):

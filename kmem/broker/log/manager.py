@@ -114,6 +114,7 @@ class LogManager:
         self._topic_configs = self._read_topics_file()
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
+        self._partition_counts = {}     # topic -> partition count, cleared when partitions come or go
         self._closed = False
         try:
             for name in sorted(os.listdir(self.log_dir)):
@@ -215,6 +216,7 @@ class LogManager:
             raise storage_error(e, f"creating partitions of topic {name!r}") from None
         for p, partition_log in zip(numbers, created):
             self._logs[(name, p)] = partition_log
+        self._partition_counts.clear()
 
     def delete_topic(self, name):
         """Delete every partition of ``name``; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
@@ -224,6 +226,7 @@ class LogManager:
             if not doomed:
                 raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
             deleted = [self._logs.pop(key) for key in doomed]
+            self._partition_counts.clear()
             for partition_log in deleted:
                 partition_log.delete()
             self.cleaner.forget(doomed)
@@ -311,11 +314,16 @@ class LogManager:
             return info
 
     def partition_count(self, topic):
-        """The topic's partition count, 0 when it does not exist (a lookup per partition, where ``topics()``
-        passes over every partition of the broker: the coordinators ask on every request)."""
-        count = 0
-        while (topic, count) in self._logs:
-            count += 1
+        """The topic's partition count, 0 when it does not exist. The coordinators ask on every request:
+        a topic's count is kept until partitions come or go (not for absent topics: any name may be asked)."""
+        count = self._partition_counts.get(topic)
+        if count is None:
+            with self._lock:
+                count = 0
+                while (topic, count) in self._logs:
+                    count += 1
+                if count:
+                    self._partition_counts[topic] = count
         return count
 
     def topic_name(self, topic_id):
