@@ -18,14 +18,15 @@ a transactional id names this broker. Each id moves through the states of
   the transaction (Ongoing); INVALID_PRODUCER_ID_MAPPING for an unknown id or another producer id,
   PRODUCER_FENCED for another epoch, CONCURRENT_TRANSACTIONS while the previous transaction's markers are
   being written (a request that finds them still to write writes them itself first, or waits, up to 20 ms,
-  for the timer thread writing them: the next transaction's first request comes as soon as EndTxn is
-  answered, and clients retry that answer only after 20 ms).
+  for the thread writing them: the next transaction's first request comes as soon as EndTxn is answered,
+  and clients retry that answer only after 20 ms).
   v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks each partition
   (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
   UNKNOWN_TOPIC_OR_PARTITION and the others of its transaction OPERATION_NOT_ATTEMPTED.
 - EndTxn writes PrepareCommit or PrepareAbort to ``__transaction_state`` and is answered then; the
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
-  on the broker's timer thread at once (or by the id's next AddPartitionsToTxn, see above), then
+  by the network thread once the response is out (``Request.after_response``; the timer thread writes
+  those of the aborts the coordinator starts itself), or by the id's next request (see above), then
   CompleteCommit or CompleteAbort is written. A marker that fails (a storage error) is written again after a
   backoff, as Kafka's marker channel retries, until it is in; an unexpected exception while writing the
   markers or Complete* is logged and counts as such a failure of every partition still missing.
@@ -352,12 +353,14 @@ class TransactionCoordinator:
 
     def _send_markers(self, meta, write_markers=None):
         """After Prepare* is written: the markers go out, then Complete* is written. On the timer thread, or
-        handed to ``write_markers`` (the timer then only stands by, in case they never run)."""
+        handed to ``write_markers`` (which runs it unless the broker stops: then the next start completes the
+        transaction from its Prepare* record). Scheduling no timer task then also keeps the timer thread
+        asleep while the response goes out."""
         job = _MarkerJob(meta, meta.state == PREPARE_COMMIT, meta.prepare_complete(self._clock()))
         self._jobs[meta.transactional_id] = job
-        delay = 0 if write_markers is None else MARKER_RETRY_SECONDS[0]
-        job.task = self._timer.schedule(time.monotonic() + delay, lambda: self._write_markers(job))
-        if write_markers is not None:
+        if write_markers is None:
+            job.task = self._timer.schedule(time.monotonic(), lambda: self._write_markers(job))
+        else:
             write_markers(lambda: self._write_markers(job))
 
     def _write_markers(self, job):
@@ -366,7 +369,6 @@ class TransactionCoordinator:
             if job.writing or self._jobs.get(job.transactional_id) is not job:
                 return
             job.writing = True
-            job.task.cancel()
         self._write_claimed(job)
 
     def _write_claimed(self, job):
@@ -428,9 +430,8 @@ class TransactionCoordinator:
 
     def _finish_markers(self, transactional_id):
         """Not under the lock. The markers of the id's ended transaction are written now, on this thread, or,
-        while the timer thread is writing them, waited for (up to ``MARKER_AWAIT_SECONDS``): the next
-        transaction's first AddPartitionsToTxn typically comes before the timer thread is done with them, and
-        answered CONCURRENT_TRANSACTIONS, the client would retry only after its backoff. After a failed write
+        while another thread is writing them, waited for (up to ``MARKER_AWAIT_SECONDS``): answered
+        CONCURRENT_TRANSACTIONS, the client would retry only after its backoff. After a failed write
         neither: the job waits for its backoff."""
         with self._lock:
             job = self._jobs.get(transactional_id)
@@ -440,7 +441,8 @@ class TransactionCoordinator:
                 self._markers_done.wait_for(lambda: self._closed or not job.writing, MARKER_AWAIT_SECONDS)
                 return
             job.writing = True
-            job.task.cancel()
+            if job.task is not None:
+                job.task.cancel()
         self._write_claimed(job)
 
     def markers_pending(self):
