@@ -260,7 +260,8 @@ class Transactions:
         self.error = error
         self.calls = []
 
-    def verify_transaction(self, transactional_id, producer_id, producer_epoch, topic, partition):
+    def verify_transaction(self, transactional_id, producer_id, producer_epoch, topic, partition,
+                           transaction_abortable=False):
         self.calls.append((transactional_id, producer_id, producer_epoch, topic, partition))
         return self.error
 
@@ -292,7 +293,7 @@ def test_a_transaction_ending_while_its_offsets_are_verified_takes_none_of_them(
     try:
         partition = coord._offsets_partition("g")
         coord.transactions = Transactions(NONE)
-        coord.transactions.verify_transaction = lambda *args: partition.write_txn_marker(
+        coord.transactions.verify_transaction = lambda *args, **options: partition.write_txn_marker(
             PRODUCER, EPOCH, 0, False).error_code
         assert txn_commit(coord, {("t", 0): 10}) == {("t", 0): INVALID_TXN_STATE}
         assert partition.last_stable_offset == partition.log_end_offset

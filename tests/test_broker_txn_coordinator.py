@@ -168,7 +168,14 @@ def test_wrong_requests_get_kafkas_errors(env):
     coordinator = make(max_timeout_ms=1000)
     assert coordinator.init_producer("tx", 1001)[0] == E.INVALID_TRANSACTION_TIMEOUT
     assert coordinator.init_producer("", 100)[0] == E.INVALID_REQUEST
+    # no __transaction_state yet: no coordinator for any id (the client looks it up again, which creates it)
+    assert coordinator.add_partitions("nobody", 1, 0, {("t", 0)}) == E.NOT_COORDINATOR
+    assert coordinator.end_transaction("nobody", 1, 0, True) == E.NOT_COORDINATOR
+    assert (describe(coordinator, "nobody").error_code, describe(coordinator, "").error_code) == (
+        E.NOT_COORDINATOR, E.INVALID_REQUEST)
+    assert coordinator.create_state_topic()
     assert coordinator.add_partitions("nobody", 1, 0, {("t", 0)}) == E.INVALID_PRODUCER_ID_MAPPING
+    assert describe(coordinator, "nobody").error_code == E.TRANSACTIONAL_ID_NOT_FOUND
     error, pid, epoch = coordinator.init_producer("tx", 1000)
     assert coordinator.end_transaction("tx", pid, epoch, True) == E.INVALID_TXN_STATE    # nothing open
     assert coordinator.add_partitions("tx", pid + 1, epoch, {("t", 0)}) == E.INVALID_PRODUCER_ID_MAPPING

@@ -1,7 +1,8 @@
 """The log side of transactions on the wire: Produce of transactional batches (a transactional id needed, each
 partition verified with the transaction coordinator as KIP-890 part 1, a marker voiding a verification under
-way), WriteTxnMarkers and DescribeProducers. The coordinator is a small test double here; raw requests use
-kafka-python's codec."""
+way), WriteTxnMarkers and DescribeProducers, with a small test double of the coordinator; then the broker's
+own coordinator answering Kafka 3.9's error codes (the verification's as Produce and TxnOffsetCommit map them,
+NOT_COORDINATOR before ``__transaction_state`` exists). Raw requests use kafka-python's codec."""
 import threading
 import time
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
-from broker_helpers import TIMEOUT, RawConnection
+from broker_helpers import TIMEOUT, RawConnection, fail_appends
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
 from kmem.ledger import ENTRY_DTYPE
@@ -22,7 +23,8 @@ class CoordinatorDouble:
     def __init__(self, answer=ErrorCode.NONE, during=None):
         self.answer, self.during, self.calls = answer, during, []
 
-    def verify_transaction(self, transactional_id, producer_id, producer_epoch, topic, partition):
+    def verify_transaction(self, transactional_id, producer_id, producer_epoch, topic, partition,
+                           transaction_abortable=False):
         self.calls.append((transactional_id, producer_id, producer_epoch, topic, partition))
         if self.during is not None:
             self.during()
@@ -255,3 +257,131 @@ def test_describe_producers_lists_every_producer_while_appends_go_on(broker, mon
     monkeypatch.setattr(ledger, "entry_chunks", entry_chunks)
     after = describe()
     assert set(after) == set(expected) | {99} and after[1001][1] == 2
+
+
+# --- the transaction coordinator's answers on the wire (Kafka 3.9's codes) ---------------------------------------
+
+def txn_request(broker, name, version, **fields):
+    """A raw request of kafka-python's ``<name>Request`` at ``version``; returns its response."""
+    from kafka.protocol.admin import transactions as admin
+    from kafka.protocol.producer import transaction
+
+    module = admin if name == "DescribeTransactions" else transaction
+    request = getattr(module, f"{name}Request")(**fields)
+    with RawConnection(broker.bootstrap_servers) as connection:
+        return connection.request(request, getattr(module, f"{name}Response"), version)
+
+
+def init_producer(broker, transactional_id="tx"):
+    response = txn_request(broker, "InitProducerId", 4, transactional_id=transactional_id,
+                           transaction_timeout_ms=60000, producer_id=-1, producer_epoch=-1)
+    assert response.error_code == ErrorCode.NONE
+    return response.producer_id, response.producer_epoch
+
+
+def add_partitions(broker, producer_id, epoch, topics, transactional_id="tx", version=3, verify_only=False):
+    """AddPartitionsToTxn of ``topics`` ({topic: [partitions]}); returns {(topic, partition): error code}."""
+    from kafka.protocol.producer.transaction import AddPartitionsToTxnRequest as Request
+
+    if version < 4:
+        response = txn_request(broker, "AddPartitionsToTxn", version, v3_and_below_transactional_id=transactional_id,
+                               v3_and_below_producer_id=producer_id, v3_and_below_producer_epoch=epoch,
+                               v3_and_below_topics=[Request.AddPartitionsToTxnTopic(name=t, partitions=p)
+                                                    for t, p in topics.items()])
+        results = response.results_by_topic_v3_and_below
+    else:
+        Transaction = Request.AddPartitionsToTxnTransaction
+        response = txn_request(broker, "AddPartitionsToTxn", version, transactions=[Transaction(
+            transactional_id=transactional_id, producer_id=producer_id, producer_epoch=epoch, verify_only=verify_only,
+            topics=[Transaction.AddPartitionsToTxnTopic(name=t, partitions=p) for t, p in topics.items()])])
+        results = response.results_by_transaction[0].topic_results
+    return {(t.name, p.partition_index): p.partition_error_code for t in results for p in t.results_by_partition}
+
+
+def end_txn(broker, producer_id, epoch, commit=True, version=3):
+    return txn_request(broker, "EndTxn", version, transactional_id="tx", producer_id=producer_id,
+                       producer_epoch=epoch, committed=commit).error_code
+
+
+def describe_txn(broker, transactional_id="tx"):
+    state, = txn_request(broker, "DescribeTransactions", 0, transactional_ids=[transactional_id]).transaction_states
+    return state
+
+
+def test_before_the_state_topic_exists_the_coordinator_apis_answer_not_coordinator(broker):
+    """Kafka answers NOT_COORDINATOR for an id whose ``__transaction_state`` partition it does not lead (the
+    client finds the coordinator again, which creates the topic), not INVALID_PRODUCER_ID_MAPPING; a produce's
+    verification finds no coordinator to ask (COORDINATOR_NOT_AVAILABLE), answered NOT_ENOUGH_REPLICAS."""
+    assert add_partitions(broker, 5, 0, {"t": [0]}) == {("t", 0): ErrorCode.NOT_COORDINATOR}
+    assert add_partitions(broker, 5, 0, {"t": [0]}, version=4, verify_only=True) == {
+        ("t", 0): ErrorCode.NOT_COORDINATOR}
+    assert end_txn(broker, 5, 0) == ErrorCode.NOT_COORDINATOR
+    state = describe_txn(broker)
+    assert (state.error_code, state.producer_id, state.producer_epoch, state.transaction_start_time_ms,
+            state.transaction_state) == (ErrorCode.NOT_COORDINATOR, 0, 0, 0, "")     # the schema's defaults
+    assert produce(broker, {0: txn_batch(5, 0)}) == {0: (ErrorCode.NOT_ENOUGH_REPLICAS, -1)}
+    assert not broker.logs.get_partition("t", 0)._verifications
+    init_producer(broker)
+    state = describe_txn(broker, "unknown")
+    assert (state.error_code, state.producer_id, state.producer_epoch) == (ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, 0, 0)
+
+
+@pytest.mark.parametrize("version", [9, 11])
+def test_a_produce_is_answered_the_verifications_codes_as_kafka_maps_them(broker, monkeypatch, version):
+    """What Kafka's coordinator answers ``verify_only`` and its ``AddPartitionsToTxnManager`` and
+    ``ReplicaManager`` make of it for the producer: an unknown id or another producer id is
+    INVALID_PRODUCER_ID_MAPPING, another epoch INVALID_PRODUCER_EPOCH, a partition not in the transaction
+    INVALID_TXN_STATE (TRANSACTION_ABORTABLE from Produce v11), a transaction being ended NOT_ENOUGH_REPLICAS."""
+    broker.logs.create_topic("u", 1)
+    init_producer(broker)
+    pid, epoch = init_producer(broker)              # epoch 1: the producer before it had epoch 0
+    init_producer(broker, "other")
+    not_added = ErrorCode.TRANSACTION_ABORTABLE if version >= 11 else ErrorCode.INVALID_TXN_STATE
+    assert produce(broker, {0: txn_batch(pid, 0, epoch=epoch)}, transactional_id="unknown", version=version) == {
+        0: (ErrorCode.INVALID_PRODUCER_ID_MAPPING, -1)}
+    assert produce(broker, {0: txn_batch(pid, 0, epoch=epoch)}, transactional_id="other", version=version) == {
+        0: (ErrorCode.INVALID_PRODUCER_ID_MAPPING, -1)}
+    for wrong_epoch in (epoch + 1, epoch - 1):
+        assert produce(broker, {0: txn_batch(pid, 0, epoch=wrong_epoch)}, version=version) == {
+            0: (ErrorCode.INVALID_PRODUCER_EPOCH, -1)}
+    assert produce(broker, {0: txn_batch(pid, 0, epoch=epoch)}, version=version) == {0: (not_added, -1)}
+    assert add_partitions(broker, pid, epoch, {"t": [1], "u": [0]}) == {("t", 1): 0, ("u", 0): 0}
+    assert produce(broker, {0: txn_batch(pid, 0, epoch=epoch), 1: txn_batch(pid, 0, epoch=epoch)},
+                   version=version) == {0: (not_added, -1), 1: (ErrorCode.NONE, 0)}
+    # The marker of "u" cannot be written (a full disk): the transaction stays in PrepareCommit.
+    fail_appends(monkeypatch, broker.logs, "u", "result")
+    assert end_txn(broker, pid, epoch) == ErrorCode.NONE
+    assert produce(broker, {0: txn_batch(pid, 0, epoch=epoch)}, version=version) == {
+        0: (ErrorCode.NOT_ENOUGH_REPLICAS, -1)}
+    assert describe_txn(broker).transaction_state == "PrepareCommit"
+    assert log_end(broker, 0) == 0
+
+
+def test_transactional_batches_of_two_producers_refuse_the_whole_produce(broker):
+    """Kafka's ``handleProduceAppend``: one Produce carries the batches of one producer id and epoch; else every
+    partition is INVALID_PRODUCER_ID_MAPPING and nothing is verified or appended."""
+    broker.handlers.transactions = coordinator = CoordinatorDouble()
+    refused = (ErrorCode.INVALID_PRODUCER_ID_MAPPING, -1)
+    assert produce(broker, {0: txn_batch(7, 0), 1: txn_batch(8, 0)}) == {0: refused, 1: refused}
+    assert produce(broker, {0: txn_batch(7, 0), 1: txn_batch(7, 0, epoch=1)}) == {0: refused, 1: refused}
+    assert coordinator.calls == [] and (log_end(broker, 0), log_end(broker, 1)) == (0, 0)
+    assert produce(broker, {0: txn_batch(7, 0), 1: txn_batch(9, 0, transactional=False)}) == {
+        0: (ErrorCode.NONE, 0), 1: (ErrorCode.NONE, 0)}
+
+
+def test_txn_offset_commit_outside_the_transaction_is_answered_by_version(broker):
+    """TxnOffsetCommit v4 (KIP-890) knows TRANSACTION_ABORTABLE; before it Kafka answers INVALID_TXN_STATE."""
+    from kafka.protocol.producer.transaction import TxnOffsetCommitRequest as Request
+
+    pid, epoch = init_producer(broker)
+    Partition = Request.TxnOffsetCommitRequestTopic.TxnOffsetCommitRequestPartition
+    topics = [Request.TxnOffsetCommitRequestTopic(name="t", partitions=[Partition(
+        partition_index=0, committed_offset=5, committed_leader_epoch=-1, committed_metadata="")])]
+    answers = {}
+    for version in (3, 4):
+        response = txn_request(broker, "TxnOffsetCommit", version, transactional_id="tx", group_id="g",
+                               producer_id=pid, producer_epoch=epoch, generation_id=-1, member_id="",
+                               group_instance_id=None, topics=topics)
+        answers[version] = response.topics[0].partitions[0].error_code
+    assert answers == {3: ErrorCode.INVALID_TXN_STATE, 4: ErrorCode.TRANSACTION_ABORTABLE}
+

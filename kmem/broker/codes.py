@@ -64,6 +64,7 @@ class ErrorCode(enum.IntEnum):
     TRANSACTIONAL_ID_NOT_FOUND = 105
     TRANSACTION_ABORTABLE = 120
     UNSTABLE_OFFSET_COMMIT = 88
+    NOT_ENOUGH_REPLICAS = 19
 
 
 class LogError(KmemError):

@@ -11,10 +11,14 @@ the transaction coordinator's (``Handlers.transactions``; without a coordinator 
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka refuses an id its ACLs deny). A Produce carrying
 transactional batches needs a transactional id, else every partition is answered
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED (Kafka's ``handleProduceRequest``); without a transaction coordinator
-(``Handlers.transactions`` None) it is refused so too. Otherwise each partition whose producer has no
-transaction open there at that epoch is verified with the coordinator first (KIP-890 part 1,
-``verify_transaction``): its error (INVALID_TXN_STATE, INVALID_PRODUCER_EPOCH...) answers the partition, and
-a marker written between the verification (or the check finding the transaction open) and the append voids
+(``Handlers.transactions`` None) it is refused so too, and one whose transactional batches carry more than one
+producer id and epoch is answered INVALID_PRODUCER_ID_MAPPING on every partition (``handleProduceAppend``).
+Otherwise each partition whose producer has no transaction open there at that epoch is verified with the
+coordinator first (KIP-890 part 1, ``verify_transaction``): its error answers the partition as Kafka's
+``ReplicaManager`` answers it (INVALID_PRODUCER_ID_MAPPING, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE or from
+Produce v11 TRANSACTION_ABORTABLE for a partition not in the transaction; NOT_ENOUGH_REPLICAS, which every
+producer retries, for a retriable one such as CONCURRENT_TRANSACTIONS while the transaction ends), and a
+marker written between the verification (or the check finding the transaction open) and the append voids
 it (INVALID_TXN_STATE, Kafka's ``VerificationGuard``), so no batch opens a transaction that already ended.
 WriteTxnMarkers and DescribeProducers are served (see their handlers).
 Topic ids are served from Metadata v12: a v10-11 request naming a topic by id is INVALID_REQUEST for every
@@ -97,6 +101,11 @@ GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types 
 ZERO_UUID = uuid.UUID(int=0)
 NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
 MAGIC_OFFSET = 16                  # of a batch's magic byte
+# Kafka's ReplicaManager.handleProduceAppend answers a transaction verification failing with one of these retriable
+# codes, which older producers may not retry, NOT_ENOUGH_REPLICAS: every producer retries it, without a metadata
+# refresh.
+RETRIABLE_VERIFICATION_ERRORS = frozenset({ErrorCode.CONCURRENT_TRANSACTIONS, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                                           ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR})
 
 
 def protocol_uuid(text):
@@ -347,13 +356,18 @@ class Handlers:
         # such request is: its batches would hold the last stable offset back for good (no marker would come).
         transactional = any(_first_transactional_batch(data.records) is not None
                             for topic in request.topic_data for data in topic.partition_data)
-        refusal = None
-        if transactional and (request.transactional_id is None or self.transactions is None):
-            refusal = ("a Produce of transactional batches needs a transactional id" if self.transactions
-                       else "kmem broker serves no transactions here: transactional batches are refused")
         # A partition listed again is appended and answered once, with its last listing's records (Kafka
         # keys the request's partitions by TopicPartition), in its first place.
         latest = {(topic.name, data.index): data for topic in request.topic_data for data in topic.partition_data}
+        refusal = None
+        if transactional and (request.transactional_id is None or self.transactions is None):
+            refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
+                "a Produce of transactional batches needs a transactional id" if self.transactions
+                else "kmem broker serves no transactions here: transactional batches are refused")
+        elif transactional and len(self._transactional_producers(version, latest)) > 1:
+            # Kafka's ReplicaManager.handleProduceAppend refuses the whole request
+            refusal = ErrorCode.INVALID_PRODUCER_ID_MAPPING, \
+                "the transactional batches of a Produce must all be of one producer id and epoch"
         for topic in request.topic_data:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
@@ -365,8 +379,7 @@ class Handlers:
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
                 if refusal:
-                    result.error_code = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-                    result.error_message = refusal
+                    result.error_code, result.error_message = refusal
                     continue
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
@@ -384,9 +397,10 @@ class Handlers:
                     result.error_code, result.error_message = error
                     continue
                 try:
-                    guard, error = self._verify_transaction(request, topic.name, data, partition_log)
+                    guard, error = self._verify_transaction(request, version, topic.name, data, partition_log)
                     if error:
-                        result.error_code = error
+                        result.error_code = ErrorCode.NOT_ENOUGH_REPLICAS if error in RETRIABLE_VERIFICATION_ERRORS \
+                            else error
                         name = ErrorCode(error).name if error in ErrorCode._value2member_map_ else error
                         result.error_message = f"the transaction of {request.transactional_id!r} was not verified " \
                                                f"for {topic.name}-{data.index}: {name}"
@@ -406,9 +420,18 @@ class Handlers:
                 result.log_append_time_ms = appended.log_append_time
         return None if request.acks == 0 else response
 
-    def _verify_transaction(self, request, topic, data, partition_log):
+    def _transactional_producers(self, version, partitions):
+        """The ``(producer id, epoch)`` of each transactional batch Kafka's ``handleProduceAppend`` gets: those of
+        ``partitions`` (``{(topic, index): partition data}``) that exist and whose records are valid."""
+        return {(batch.producer_id, batch.producer_epoch) for (topic, index), data in partitions.items()
+                if (batch := _first_transactional_batch(data.records)) is not None
+                and self.logs.get_partition(topic, index) is not None
+                and not _check_produce_records(version, data.records)}
+
+    def _verify_transaction(self, request, version, topic, data, partition_log):
         """KIP-890 part 1 for one partition's transactional batch: ``(guard for the append, error code)``.
-        The coordinator is asked only when the producer has no transaction open here at this epoch."""
+        The coordinator is asked only when the producer has no transaction open here at this epoch; Produce
+        v11+ may be answered TRANSACTION_ABORTABLE."""
         first = _first_transactional_batch(data.records)
         if first is None:
             return None, ErrorCode.NONE
@@ -416,7 +439,8 @@ class Handlers:
         if guard is TRANSACTION_OPEN:
             return guard, ErrorCode.NONE
         error = self.transactions.verify_transaction(request.transactional_id, first.producer_id,
-                                                     first.producer_epoch, topic, data.index)
+                                                     first.producer_epoch, topic, data.index,
+                                                     transaction_abortable=version >= 11)
         if error:
             partition_log.cancel_txn_verification(first.producer_id, guard)
         return guard, error

@@ -56,8 +56,9 @@ pending offset, which clients retry. From v3 (KIP-447) the request's generation,
 FENCED_INSTANCE_ID); a generation of -1 commits for an unknown or empty group, which is created as a group
 that only commits. When ``transactions`` is set (the broker's ``TransactionCoordinator``), the group's offsets
 partition must be in the producer's ongoing transaction first (KIP-890's verification; its error is the
-answer). On loading, a transactional batch's offsets are pending until their producer's COMMIT or ABORT
-control batch is read; those whose marker is not in the log stay pending, for a marker to come. A group with
+answer: INVALID_TXN_STATE for a partition not in it, TRANSACTION_ABORTABLE from v4). On loading, a
+transactional batch's offsets are pending until their producer's COMMIT or ABORT control batch is read; those
+whose marker is not in the log stay pending, for a marker to come. A group with
 pending offsets is kept however old its committed offsets get, and the log cleaner never cleans past the
 partition's last stable offset, so a pending offset stays in the log.
 """
@@ -1062,7 +1063,7 @@ class GroupCoordinator:
                     wanted.append((result, topic.name, p))
         if not wanted:
             return response
-        error, guard = self._verify_txn_commit(request)
+        error, guard = self._verify_txn_commit(request, version)
         with self._lock:
             error = error or self._check_txn_commit(request, version)
             fitting = []
@@ -1079,13 +1080,14 @@ class GroupCoordinator:
             result.error_code = error
         return response
 
-    def _verify_txn_commit(self, request):
+    def _verify_txn_commit(self, request, version):
         """KIP-890: the group's offsets partition must be in the producer's ongoing transaction; returns
         ``(error code, guard for the append)``. Unless the producer has its transaction open in the partition
         at this epoch already, the transaction coordinator is asked, before the coordinator's lock is taken
         (it calls ``handle_txn_completion`` holding its own); a marker written meanwhile voids the guard (or
         closes the transaction found open), so the offsets cannot open a transaction that has ended (Kafka's
-        ``VerificationGuard``)."""
+        ``VerificationGuard``). From v4 a partition not in the transaction is TRANSACTION_ABORTABLE, before it
+        INVALID_TXN_STATE."""
         if self._closed:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, None
         if not request.group_id:
@@ -1103,7 +1105,8 @@ class GroupCoordinator:
         if guard is TRANSACTION_OPEN:
             return ErrorCode.NONE, guard
         error = self.transactions.verify_transaction(request.transactional_id, request.producer_id,
-                                                     request.producer_epoch, OFFSETS_TOPIC, partition_log.partition)
+                                                     request.producer_epoch, OFFSETS_TOPIC, partition_log.partition,
+                                                     transaction_abortable=version >= 4)
         if error:
             partition_log.cancel_txn_verification(request.producer_id, guard)
         return COMMIT_WRITE_ERRORS.get(error, error), guard

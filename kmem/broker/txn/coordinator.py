@@ -22,7 +22,10 @@ a transactional id names this broker. Each id moves through the states of
   and clients retry that answer only after 20 ms).
   v4+ (Kafka's broker-to-broker form) carries several transactions; ``verify_only`` checks each partition
   (NONE or TRANSACTION_ABORTABLE) without adding it. A partition of an unknown topic is
-  UNKNOWN_TOPIC_OR_PARTITION and the others of its transaction OPERATION_NOT_ATTEMPTED.
+  UNKNOWN_TOPIC_OR_PARTITION and the others of its transaction OPERATION_NOT_ATTEMPTED. Until
+  ``__transaction_state`` exists (FindCoordinator and InitProducerId create it) AddPartitionsToTxn,
+  AddOffsetsToTxn, EndTxn and DescribeTransactions answer NOT_COORDINATOR, as Kafka answers for a partition
+  it does not lead.
 - EndTxn writes PrepareCommit or PrepareAbort to ``__transaction_state`` and is answered then; the
   markers (``kmem.broker.txn.markers.TxnMarkerWriter``) are written to every partition of the transaction
   by the network thread once the response is out (``Request.after_response``; the timer thread writes
@@ -32,7 +35,9 @@ a transactional id names this broker. Each id moves through the states of
   markers or Complete* is logged and counts as such a failure of every partition still missing.
   A retried EndTxn is answered NONE once complete, CONCURRENT_TRANSACTIONS meanwhile, INVALID_TXN_STATE
   for the other outcome or without a transaction.
-- ``verify_transaction`` answers the produce path's KIP-890 check (``transaction.partition.verification.enable``).
+- ``verify_transaction`` answers the KIP-890 check of Produce and TxnOffsetCommit
+  (``transaction.partition.verification.enable``) as Kafka's ``AddPartitionsToTxnManager`` hands the
+  coordinator's ``verify_only`` answer on.
 
 State: every transition is a ``TransactionLogValue`` record (``kmem.broker.txn.state_log``) written with
 origin COORDINATOR to ``__transaction_state`` before it takes effect; the topic (created on first need,
@@ -90,6 +95,11 @@ MARKER_AWAIT_SECONDS = 0.02
 # A failed write to __transaction_state is answered as Kafka's TransactionStateManager.appendTransactionToLog
 # maps the append's error, which is the group coordinator's mapping for __consumer_offsets.
 STATE_WRITE_ERRORS = GROUP_WRITE_ERRORS
+# The coordinator's verify_only answers as Kafka's AddPartitionsToTxnManager hands them to the produce path: no
+# coordinator to ask (no __transaction_state) is COORDINATOR_NOT_AVAILABLE, and PRODUCER_FENCED, which producers
+# do not expect from a Produce, INVALID_PRODUCER_EPOCH.
+VERIFICATION_ERRORS = {ErrorCode.NOT_COORDINATOR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                       ErrorCode.PRODUCER_FENCED: ErrorCode.INVALID_PRODUCER_EPOCH}
 # marker results after which a partition needs no marker: written, its topic gone (Kafka skips a partition
 # without a leader), or a newer producer or coordinator epoch there (nothing this coordinator writes can go in;
 # Kafka's marker channel stops sending them too)
@@ -229,6 +239,14 @@ class TransactionCoordinator:
 
     def state_topic_exists(self):
         return self.logs.get_partition(TRANSACTION_STATE_TOPIC, 0) is not None
+
+    def _coordinator_error(self):
+        """COORDINATOR_NOT_AVAILABLE once closed; NOT_COORDINATOR while ``__transaction_state`` does not exist
+        (Kafka's ``getTransactionState`` for a partition it does not lead: the client looks the coordinator up
+        again, and FindCoordinator creates the topic); else NONE. Under the lock."""
+        if self._closed:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE if self.state_topic_exists() else ErrorCode.NOT_COORDINATOR
 
     def partition_for(self, transactional_id):
         return partition_for(transactional_id, self._partition_count())
@@ -586,24 +604,26 @@ class TransactionCoordinator:
         return {tp: error for tp in partitions}
 
     def _verify_partitions(self, transactional_id, producer_id, epoch, partitions):
-        """AddPartitionsToTxn v4+ ``verify_only`` (Kafka's ``handleVerifyPartitionsInTransaction``)."""
+        """AddPartitionsToTxn v4+ ``verify_only`` (Kafka's ``handleVerifyPartitionsInTransaction``):
+        ``{partition: error code}``, each partition NONE or TRANSACTION_ABORTABLE when the producer's transaction
+        is open, else all one error. An idle id is read in its packed form, not made live."""
         if not transactional_id:
-            return {tp: ErrorCode.INVALID_REQUEST for tp in partitions}
+            return dict.fromkeys(partitions, ErrorCode.INVALID_REQUEST)
         with self._lock:
-            meta = self._get(transactional_id)
-            try:
-                if meta is None or meta.producer_id != producer_id:
-                    error = ErrorCode.INVALID_PRODUCER_ID_MAPPING
-                elif meta.producer_epoch != epoch:
-                    error = ErrorCode.PRODUCER_FENCED
-                elif meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
-                    error = ErrorCode.CONCURRENT_TRANSACTIONS
-                else:
-                    return {tp: ErrorCode.NONE if tp in meta.partitions else ErrorCode.TRANSACTION_ABORTABLE
-                            for tp in partitions}
-                return {tp: error for tp in partitions}
-            finally:
-                self._release(meta)
+            error = self._coordinator_error()
+            if error:
+                return dict.fromkeys(partitions, error)
+            meta = self._peek(transactional_id)
+            if meta is None or meta.producer_id != producer_id:
+                error = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+            elif meta.producer_epoch != epoch:
+                error = ErrorCode.PRODUCER_FENCED
+            elif meta.state in (PREPARE_COMMIT, PREPARE_ABORT):
+                error = ErrorCode.CONCURRENT_TRANSACTIONS
+            else:
+                return {tp: ErrorCode.NONE if tp in meta.partitions else ErrorCode.TRANSACTION_ABORTABLE
+                        for tp in partitions}
+            return dict.fromkeys(partitions, error)
 
     def add_partitions(self, transactional_id, producer_id, epoch, partitions):
         """Kafka's ``handleAddPartitionsToTransaction``: the error code."""
@@ -626,10 +646,11 @@ class TransactionCoordinator:
 
     def _with_metadata(self, transactional_id, action):
         """``action(metadata of the id, or None)`` under the lock, the metadata released after: its error code,
-        or COORDINATOR_NOT_AVAILABLE once the coordinator is closed."""
+        or ``_coordinator_error``'s."""
         with self._lock:
-            if self._closed:
-                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            error = self._coordinator_error()
+            if error:
+                return error
             meta = self._get(transactional_id)
             try:
                 return action(meta)
@@ -703,27 +724,23 @@ class TransactionCoordinator:
 
     # --- the produce path's check (KIP-890 part 1) -----------------------------------------------------------
 
-    def verify_transaction(self, transactional_id, producer_id, producer_epoch, topic, partition):
-        """NONE when verification is off or the partition is in this producer's ongoing transaction;
-        INVALID_PRODUCER_EPOCH for an epoch older than the coordinator's; INVALID_TXN_STATE otherwise."""
+    def verify_transaction(self, transactional_id, producer_id, producer_epoch, topic, partition,
+                           transaction_abortable=False):
+        """The produce path's check of one partition (KIP-890 part 1): what Kafka's ``AddPartitionsToTxnManager``
+        hands the append after asking ``verify_only``. NONE when verification is off or the partition is in the
+        producer's open transaction; COORDINATOR_NOT_AVAILABLE without ``__transaction_state`` (no coordinator
+        to ask) or once closed; INVALID_REQUEST for an empty id; INVALID_PRODUCER_ID_MAPPING for an unknown id
+        or another producer id; INVALID_PRODUCER_EPOCH for another epoch (see ``VERIFICATION_ERRORS``);
+        CONCURRENT_TRANSACTIONS while the transaction ends; a partition not in the transaction is
+        TRANSACTION_ABORTABLE if the request's version knows it (``transaction_abortable``: Produce v11+,
+        TxnOffsetCommit v4+), else INVALID_TXN_STATE."""
         if not self.config.partition_verification_enable:
             return ErrorCode.NONE
-        with self._lock:
-            meta = self._live.get(transactional_id)
-            if meta is not None:
-                current_id, current_epoch = meta.producer_id, meta.producer_epoch
-            else:
-                packed = self._idle.get(transactional_id)
-                if packed is None:
-                    return ErrorCode.INVALID_TXN_STATE
-                current = TransactionMetadata.unpack(transactional_id, packed)
-                current_id, current_epoch = current.producer_id, current.producer_epoch
-            if current_id == producer_id and producer_epoch < current_epoch:
-                return ErrorCode.INVALID_PRODUCER_EPOCH
-            if meta is not None and current_id == producer_id and producer_epoch == current_epoch \
-                    and meta.state == ONGOING and (topic, partition) in meta.partitions:
-                return ErrorCode.NONE
+        error = self._verify_partitions(transactional_id, producer_id, producer_epoch, [(topic, partition)])[
+            (topic, partition)]
+        if error == ErrorCode.TRANSACTION_ABORTABLE and not transaction_abortable:
             return ErrorCode.INVALID_TXN_STATE
+        return VERIFICATION_ERRORS.get(error, error)
 
     # --- DescribeTransactions, ListTransactions ---------------------------------------------------------------
 
@@ -739,9 +756,10 @@ class TransactionCoordinator:
         Response = messages.DescribeTransactionsResponse
         response = Response(throttle_time_ms=0, transaction_states=[])
         for transactional_id in request.transactional_ids:
+            # an error leaves the other fields at the schema's defaults, as Kafka's answer does
             state = Response.TransactionState(error_code=ErrorCode.NONE, transactional_id=transactional_id,
                                               transaction_state="", transaction_timeout_ms=0,
-                                              transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1,
+                                              transaction_start_time_ms=0, producer_id=0, producer_epoch=0,
                                               topics=[])
             response.transaction_states.append(state)
             with self._lock:
@@ -750,6 +768,8 @@ class TransactionCoordinator:
                     state.error_code = ErrorCode.COORDINATOR_NOT_AVAILABLE
                 elif not transactional_id:
                     state.error_code = ErrorCode.INVALID_REQUEST
+                elif not self.state_topic_exists():
+                    state.error_code = ErrorCode.NOT_COORDINATOR
                 elif meta is None:
                     state.error_code = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
                 else:
