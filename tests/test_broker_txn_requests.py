@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
-from broker_helpers import TIMEOUT, RawConnection, fail_appends
+from broker_helpers import TIMEOUT, RawConnection, fail_appends, wait_for
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
 from kmem.ledger import ENTRY_DTYPE
@@ -385,3 +385,17 @@ def test_txn_offset_commit_outside_the_transaction_is_answered_by_version(broker
         answers[version] = response.topics[0].partitions[0].error_code
     assert answers == {3: ErrorCode.INVALID_TXN_STATE, 4: ErrorCode.TRANSACTION_ABORTABLE}
 
+
+def test_markers_refused_for_a_newer_epoch_end_the_transaction_on_a_single_node(broker):
+    """INVALID_PRODUCER_EPOCH (a newer epoch is in the partition) makes that partition need no marker: the
+    transaction completes and its id serves its next request, rather than staying in PrepareCommit (Kafka's
+    marker channel leaves that to another coordinator, which a single node does not have)."""
+    pid, epoch = init_producer(broker)
+    assert add_partitions(broker, pid, epoch, {"t": [0, 1]}) == {("t", 0): 0, ("t", 1): 0}
+    broker.logs.get_partition("t", 1).append(txn_batch(pid, 0, epoch=epoch + 1))     # not verified: the log's
+    assert end_txn(broker, pid, epoch) == ErrorCode.NONE
+    wait_for(lambda: broker.transactions.markers_pending() == 0, "the markers written")
+    assert describe_txn(broker).transaction_state == "CompleteCommit"
+    assert end_txn(broker, pid, epoch) == ErrorCode.NONE                        # a retry of the commit
+    assert add_partitions(broker, pid, epoch, {"t": [0]}) == {("t", 0): ErrorCode.NONE}
+    assert broker.logs.get_partition("t", 0).last_stable_offset == 1            # its marker is in

@@ -101,8 +101,10 @@ STATE_WRITE_ERRORS = GROUP_WRITE_ERRORS
 VERIFICATION_ERRORS = {ErrorCode.NOT_COORDINATOR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
                        ErrorCode.PRODUCER_FENCED: ErrorCode.INVALID_PRODUCER_EPOCH}
 # marker results after which a partition needs no marker: written, its topic gone (Kafka skips a partition
-# without a leader), or a newer producer or coordinator epoch there (nothing this coordinator writes can go in;
-# Kafka's marker channel stops sending them too)
+# without a leader), or a newer producer or coordinator epoch there (nothing this coordinator writes can go in).
+# Kafka's marker channel stops there without completing the transaction, and leaves it to the coordinator that
+# took over; a single node has no other coordinator, so the transaction completes (else its id would answer
+# CONCURRENT_TRANSACTIONS until the broker restarts).
 MARKER_DONE = frozenset({ErrorCode.NONE, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.INVALID_PRODUCER_EPOCH,
                          ErrorCode.TRANSACTION_COORDINATOR_FENCED})
 
