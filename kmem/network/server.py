@@ -14,6 +14,9 @@ cannot be answered at once is deferred instead:
   bounded by ``queued_max_requests``): for work that blocks, such as fsync. The request's memory is kept
   until ``fn`` returns. ``offloaded(fn)`` makes a handler that offloads every request.
 
+Work the response need not wait for goes to ``request.after_response(fn)``: the processor runs ``fn()``
+once it has answered the requests of that poll, before it reads more (the markers after EndTxn).
+
 A connection has one request in flight: it is muted from the moment its request is complete until the
 last byte of its response is written, so responses go out in the order of the requests whether answered
 at once or deferred. A connection that closes while its request is deferred cancels the ``Deferred``
