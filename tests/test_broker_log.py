@@ -112,17 +112,26 @@ def test_topic_config_rejects_unknown_and_bad_values():
 
 
 
-def test_partition_count_follows_topics_created_grown_and_deleted(tmp_path):
+def test_topics_and_partition_counts_follow_topics_created_grown_reconfigured_and_deleted(tmp_path):
+    def described(manager):
+        return {name: (info.partitions, dict(info.configs)) for name, info in manager.topics().items()}
+
     with open_manager(tmp_path / "logs") as manager:
-        assert manager.partition_count("orders") == 0
-        manager.create_topic("orders", 2)
+        assert manager.partition_count("orders") == 0 and described(manager) == {}
+        manager.create_topic("orders", 2, {"retention.ms": 1000})
         assert manager.partition_count("orders") == 2
+        assert described(manager) == {"orders": (2, {"retention.ms": 1000})}
         manager.add_partitions("orders", 5)
+        manager.set_topic_configs("orders", {"cleanup.policy": "compact"})
         assert manager.partition_count("orders") == 5
+        assert described(manager) == {"orders": (5, {"cleanup.policy": "compact"})}
+        with pytest.raises(TypeError):
+            manager.topics()["orders"].configs["retention.ms"] = 1        # shared: read-only
+        manager.topics().pop("orders")                                    # the mapping itself is the caller's
         manager.delete_topic("orders")
-        assert manager.partition_count("orders") == 0
+        assert manager.partition_count("orders") == 0 and described(manager) == {}
         manager.create_topic("orders", 3)
-        assert manager.partition_count("orders") == 3
+        assert manager.partition_count("orders") == 3 and described(manager) == {"orders": (3, {})}
         for name in (f"absent-{i}" for i in range(1000)):      # names asked of absent topics are not kept
             assert manager.partition_count(name) == 0
         assert len(manager._partition_counts) == 1

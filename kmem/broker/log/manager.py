@@ -18,6 +18,7 @@ import os
 import re
 import shutil
 import threading
+from types import MappingProxyType
 from typing import NamedTuple
 
 from kmem.broker.codes import ErrorCode, LogError, storage_error
@@ -115,6 +116,7 @@ class LogManager:
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
         self._partition_counts = {}     # topic -> partition count, cleared when partitions come or go
+        self._topics = None             # what topics() answers, gathered on demand
         self._closed = False
         try:
             for name in sorted(os.listdir(self.log_dir)):
@@ -173,7 +175,7 @@ class LogManager:
         configs, topic_config = self._checked_topic_configs(configs or {})
         with self._lock:
             self._check_open()
-            if name in self._topic_names():
+            if name in self.topics():
                 raise LogError(ErrorCode.TOPIC_ALREADY_EXISTS, f"topic {name!r} already exists")
             topic_id = checkpoints.random_uuid()
 
@@ -216,7 +218,7 @@ class LogManager:
             raise storage_error(e, f"creating partitions of topic {name!r}") from None
         for p, partition_log in zip(numbers, created):
             self._logs[(name, p)] = partition_log
-        self._partition_counts.clear()
+        self._topics_changed()
 
     def delete_topic(self, name):
         """Delete every partition of ``name``; UNKNOWN_TOPIC_OR_PARTITION if there is no such topic."""
@@ -226,7 +228,7 @@ class LogManager:
             if not doomed:
                 raise LogError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {name!r}")
             deleted = [self._logs.pop(key) for key in doomed]
-            self._partition_counts.clear()
+            self._topics_changed()
             for partition_log in deleted:
                 partition_log.delete()
             self.cleaner.forget(doomed)
@@ -288,6 +290,7 @@ class LogManager:
                 self._topic_configs[name] = configs
             else:
                 self._topic_configs.pop(name, None)
+            self._topics_changed()
             self._write_topics_file()
             for partition_log in partition_logs:
                 partition_log.config = topic_config
@@ -301,21 +304,29 @@ class LogManager:
         except ConfigError as e:
             raise LogError(ErrorCode.INVALID_CONFIG, str(e)) from None
 
-    def _topic_names(self):
-        return {topic for topic, _ in self._logs}
-
     def topics(self):
-        """``{name: TopicInfo}`` of every topic."""
-        with self._lock:
-            info = {}
-            for (topic, partition), partition_log in sorted(self._logs.items()):
-                info[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
-                                        dict(self._topic_configs.get(topic, {})))
-            return info
+        """``{name: TopicInfo}`` of every topic (each ``configs`` read-only). Every Metadata request asks:
+        the topics are gathered from the partitions once, and again only after topics or their configs change."""
+        topics = self._topics
+        if topics is None:
+            with self._lock:
+                if self._topics is None:
+                    gathered = {}
+                    for (topic, partition), partition_log in sorted(self._logs.items()):
+                        gathered[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
+                                                    MappingProxyType(dict(self._topic_configs.get(topic, {}))))
+                    self._topics = gathered
+                topics = self._topics
+        return dict(topics)
+
+    def _topics_changed(self):
+        """Under the lock, after partitions came or went or a topic's configs changed."""
+        self._topics = None
+        self._partition_counts.clear()
 
     def partition_count(self, topic):
         """The topic's partition count, 0 when it does not exist. The coordinators ask on every request:
-        a topic's count is kept until partitions come or go (not for absent topics: any name may be asked)."""
+        a topic's count is kept until partitions come or go (not an absent topic's: any name may be asked)."""
         count = self._partition_counts.get(topic)
         if count is None:
             with self._lock:
