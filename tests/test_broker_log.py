@@ -118,8 +118,8 @@ def test_topics_and_partition_counts_follow_topics_created_grown_reconfigured_an
 
     with open_manager(tmp_path / "logs") as manager:
         assert manager.partition_count("orders") == 0 and described(manager) == {}
-        manager.create_topic("orders", 2, {"retention.ms": 1000})
-        assert manager.partition_count("orders") == 2
+        first_id = manager.create_topic("orders", 2, {"retention.ms": 1000})
+        assert manager.partition_count("orders") == 2 and manager.topic_name(first_id) == "orders"
         assert described(manager) == {"orders": (2, {"retention.ms": 1000})}
         manager.add_partitions("orders", 5)
         manager.set_topic_configs("orders", {"cleanup.policy": "compact"})
@@ -130,8 +130,9 @@ def test_topics_and_partition_counts_follow_topics_created_grown_reconfigured_an
         manager.topics().pop("orders")                                    # the mapping itself is the caller's
         manager.delete_topic("orders")
         assert manager.partition_count("orders") == 0 and described(manager) == {}
-        manager.create_topic("orders", 3)
+        second_id = manager.create_topic("orders", 3)
         assert manager.partition_count("orders") == 3 and described(manager) == {"orders": (3, {})}
+        assert manager.topic_name(first_id) is None and manager.topic_name(second_id) == "orders"
         for name in (f"absent-{i}" for i in range(1000)):      # names asked of absent topics are not kept
             assert manager.partition_count(name) == 0
         assert len(manager._partition_counts) == 1

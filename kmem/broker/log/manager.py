@@ -116,7 +116,7 @@ class LogManager:
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
         self._partition_counts = {}     # topic -> partition count, cleared when partitions come or go
-        self._topics = None             # what topics() answers, gathered on demand
+        self._topics = None             # what topics() and topic_name() answer, gathered on demand
         self._closed = False
         try:
             for name in sorted(os.listdir(self.log_dir)):
@@ -307,17 +307,21 @@ class LogManager:
     def topics(self):
         """``{name: TopicInfo}`` of every topic (each ``configs`` read-only). Every Metadata request asks:
         the topics are gathered from the partitions once, and again only after topics or their configs change."""
-        topics = self._topics
-        if topics is None:
+        return dict(self._gathered()[0])
+
+    def _gathered(self):
+        """``({name: TopicInfo}, {topic id: name})``, kept until topics or their configs change."""
+        gathered = self._topics
+        if gathered is None:
             with self._lock:
                 if self._topics is None:
-                    gathered = {}
+                    topics = {}
                     for (topic, partition), partition_log in sorted(self._logs.items()):
-                        gathered[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
-                                                    MappingProxyType(dict(self._topic_configs.get(topic, {}))))
-                    self._topics = gathered
-                topics = self._topics
-        return dict(topics)
+                        topics[topic] = TopicInfo(topic, partition_log.topic_id, partition + 1,
+                                                  MappingProxyType(dict(self._topic_configs.get(topic, {}))))
+                    self._topics = topics, {p.topic_id: topic for (topic, _), p in self._logs.items()}
+                gathered = self._topics
+        return gathered
 
     def _topics_changed(self):
         """Under the lock, after partitions came or went or a topic's configs changed."""
@@ -339,8 +343,7 @@ class LogManager:
 
     def topic_name(self, topic_id):
         """The name of the topic with ``topic_id`` (Fetch v13+ and Metadata v10+ name topics by id), or None."""
-        with self._lock:
-            return next((p.topic for p in self._logs.values() if p.topic_id == topic_id), None)
+        return self._gathered()[1].get(topic_id)
 
     def get_partition(self, topic, partition):
         """The ``PartitionLog``, or None when the topic or partition does not exist."""
