@@ -82,7 +82,10 @@ def test_every_record_processed_once_across_a_rebalance(cluster, strategy):
     for thread in threads:
         thread.join(30)
     processed = first + second
-    assert len(processed) == len(set(processed)) == total
+    assert len(processed) == len(set(processed)), "a record counted twice"
+    assert len(processed) == total, (f"{total - len(processed)} records not processed "
+                                     f"({'deadline passed' if time.monotonic() >= deadline else 'members stopped'}"
+                                     f"; first {len(first)}, second {len(second)})")
     assert second, "the second member never got partitions"
 
 
