@@ -3,10 +3,10 @@
 ``words`` in RocksDB state, which Quix backs with a compacted changelog topic it writes at each commit.
 
     python tests/quix_word_count.py BOOTSTRAP STATE_DIR COUNT [--guarantee exactly-once] [--output TOPIC]
-                                    [--commit-every N] [--idle SECONDS] [--delay SECONDS]
+                                    [--commit-every N] [--delay SECONDS]
 
-Stops after COUNT outputs (0: no limit) or ``--idle`` seconds (15) without one, and prints them as one JSON
-list of ``[word, count]``. ``--output`` also writes each count to TOPIC (key: the word, value: JSON
+Stops after COUNT outputs (0: no limit) or 15 s without one, and prints them as one JSON list of
+``[word, count]``. ``--output`` also writes each count to TOPIC (key: the word, value: JSON
 ``{"word", "count"}``). Under ``--guarantee exactly-once`` Quix commits each checkpoint (every
 ``--commit-every`` records, 10) as a Kafka transaction of the output, the changelog and the consumer's
 offsets, with the fixed ``transactional.id`` ``word-count``, so that a restarted instance fences the one
@@ -38,7 +38,7 @@ def main(options):
     words = words.apply(count, stateful=True)
     if options.output:
         words.to_topic(app.topic(options.output, key_serializer="str", value_serializer="json"))
-    counts = [(row["word"], row["count"]) for row in app.run(count=options.count, timeout=options.idle)]
+    counts = [(row["word"], row["count"]) for row in app.run(count=options.count, timeout=15)]
     print(json.dumps(counts))
 
 
@@ -50,7 +50,6 @@ def parse(arguments=None):
     parser.add_argument("--guarantee", choices=["at-least-once", "exactly-once"], default="at-least-once")
     parser.add_argument("--output")
     parser.add_argument("--commit-every", type=int, default=10)
-    parser.add_argument("--idle", type=float, default=15)
     parser.add_argument("--delay", type=float, default=0)
     return parser.parse_args(arguments)
 
