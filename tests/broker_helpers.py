@@ -26,6 +26,34 @@ def wait_for(condition, what, timeout=TIMEOUT):
     return result
 
 
+def consume_to_end(bootstrap, topic, partitions=1, isolation="read_committed", **config):
+    """``[(partition, offset, key, value)]`` of ``topic``'s first ``partitions`` partitions, in the order a
+    confluent-kafka consumer at ``isolation`` (librdkafka's default, read_committed) reads them from their
+    beginning to the end it sees (the last stable offset for read_committed)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "isolation.level": isolation,
+                         "enable.partition.eof": True, "enable.auto.commit": False, **config})
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+    found, ended = [], set()
+
+    def at_end():
+        for message in consumer.consume(1000, 0.2):
+            if message.error():
+                if message.error().code() != KafkaError._PARTITION_EOF:
+                    raise KafkaException(message.error())
+                ended.add(message.partition())
+            else:
+                found.append((message.partition(), message.offset(), message.key(), message.value()))
+                ended.discard(message.partition())
+        return len(ended) == partitions
+    try:
+        wait_for(at_end, f"the end of {topic} at {isolation}")
+    finally:
+        consumer.close()
+    return found
+
+
 def stored_batches(log_dir, topic, partition):
     """Every batch the broker wrote for a partition, read back from its segment files."""
     directory = os.path.join(log_dir, f"{topic}-{partition}")

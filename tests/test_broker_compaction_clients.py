@@ -3,13 +3,13 @@ with INVALID_RECORD as Kafka 3.9 refuses it, and ``cleanup.policy`` changed from
 and back with IncrementalAlterConfigs and AlterConfigs, the broker's cleaner thread compacting the topic
 meanwhile; a policy Kafka does not know is INVALID_CONFIG."""
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from kafka import KafkaAdminClient, KafkaProducer
 from kafka.admin import ConfigResource as PeerConfigResource, ConfigResourceType
 from kafka.errors import InvalidRecordError
 
-from broker_helpers import TIMEOUT, wait_for
+from broker_helpers import TIMEOUT, consume_to_end, wait_for
 from kmem.broker import Broker, ErrorCode
 
 # the cleaner thread looks for work every 10 ms rather than every 15 s, so a test waits for it briefly
@@ -84,20 +84,8 @@ def alter_policy(broker, how, policy):
 
 def read_all(broker):
     """``[(offset, key, value)]`` of partition 0 from its start, read with confluent-kafka."""
-    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "reader",
-                         "enable.auto.commit": False, "enable.partition.eof": True, "fetch.wait.max.ms": 10})
-    try:
-        consumer.assign([TopicPartition("t", 0, -2)])          # OFFSET_BEGINNING
-        found = []
-        while True:
-            message = consumer.poll(TIMEOUT)
-            assert message is not None, "no record nor end of partition"
-            if message.error():
-                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-                return found
-            found.append((message.offset(), message.key(), message.value()))
-    finally:
-        consumer.close()
+    return [(offset, key, value) for _, offset, key, value in consume_to_end(broker.bootstrap_servers, "t",
+                                                                             **{"fetch.wait.max.ms": 10})]
 
 
 @pytest.mark.parametrize("how", ["IncrementalAlterConfigs", "AlterConfigs"])

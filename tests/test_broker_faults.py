@@ -4,14 +4,13 @@ import errno
 import os
 
 import pytest
-from confluent_kafka import KafkaError
 
 from kmem.broker import Broker, ErrorCode, LogError
 from kmem.broker.log import index as index_module, segment as segment_module
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.records import FileRecords
 
-from broker_helpers import TIMEOUT, RawConnection, produce_raw, start_broker_process, wait_for
+from broker_helpers import TIMEOUT, RawConnection, consume_to_end, produce_raw, start_broker_process, wait_for
 from test_broker_log_recovery import batch, crash, open_manager, populate, values
 
 
@@ -196,23 +195,8 @@ def test_running_out_of_descriptors_creates_nothing_and_the_broker_starts_again(
 # --- a full disk ------------------------------------------------------------------------------------------
 
 def read_partition(bootstrap, topic):
-    """Every value of partition 0 of ``topic``, read from offset 0 to its end (read_committed)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.partition.eof": True,
-                         "enable.auto.commit": False})
-    try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
-        found = []
-        while True:
-            message = consumer.poll(TIMEOUT)
-            assert message is not None, "no end of partition"
-            if message.error():
-                assert message.error().code() == KafkaError._PARTITION_EOF, message.error()
-                return found
-            found.append(message.value())
-    finally:
-        consumer.close()
+    """Every value of partition 0 of ``topic``, read from its start to its end (read_committed)."""
+    return [value for *_, value in consume_to_end(bootstrap, topic)]
 
 
 def test_a_full_disk_under_an_idempotent_producer_loses_and_repeats_nothing(small_filesystem):

@@ -27,7 +27,7 @@ import subprocess
 import confluent_kafka
 import pytest
 
-from broker_helpers import TIMEOUT, wait_for
+from broker_helpers import TIMEOUT, consume_to_end, wait_for
 from kmem.broker import Broker, ErrorCode
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -97,24 +97,7 @@ EXACTLY_ONCE = ("--guarantee", "exactly-once", "--output", "counts")
 def read_topic(bootstrap, topic, isolation):
     """Every ``(key, value)`` of partition 0 of ``topic`` up to its end for a consumer at ``isolation`` (the
     last stable offset for read_committed), in offset order."""
-    consumer = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": "reader",
-                                         "isolation.level": isolation, "enable.partition.eof": True})
-    consumer.assign([confluent_kafka.TopicPartition(topic, 0, confluent_kafka.OFFSET_BEGINNING)])
-    records = []
-
-    def at_end():
-        for message in consumer.consume(1000, 0.2):
-            if message.error():
-                if message.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
-                    return True
-                raise confluent_kafka.KafkaException(message.error())
-            records.append((message.key(), message.value()))
-        return False
-    try:
-        wait_for(at_end, f"the end of {topic} at {isolation}")
-    finally:
-        consumer.close()
-    return records
+    return [(key, value) for _, _, key, value in consume_to_end(bootstrap, topic, isolation=isolation)]
 
 
 def read_counts(broker, isolation):

@@ -7,13 +7,12 @@ AddPartitionsToTxn (the transaction is aborted at its timeout), after PrepareCom
 import asyncio
 import os
 import signal
-import uuid
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewPartitions
 
-from broker_helpers import TIMEOUT, start_broker_process, wait_for
+from broker_helpers import TIMEOUT, consume_to_end, start_broker_process, wait_for
 from kmem.broker import Broker
 from kmem.broker.txn.metadata import COMPLETE_ABORT
 from kmem.consumer import Consumer as KmemConsumer
@@ -38,15 +37,7 @@ def transactional(bootstrap, transactional_id, **config):
 
 def read_all(bootstrap, isolation, topic="t", partitions=2):
     """Every value of ``topic`` up to the end a consumer at ``isolation`` sees (the LSO for read_committed)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": str(uuid.uuid4()), "isolation.level": isolation,
-                         "enable.partition.eof": True, "enable.auto.commit": False})
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
-    values, ended = [], set()
-    try:
-        wait_for(lambda: _poll_into(consumer, values, ended) and len(ended) == partitions, f"the end of {topic}")
-    finally:
-        consumer.close()
-    return sorted(values)
+    return sorted(value for *_, value in consume_to_end(bootstrap, topic, partitions, isolation))
 
 
 def _poll_into(consumer, values, ended):

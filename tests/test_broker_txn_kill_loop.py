@@ -19,15 +19,12 @@ the same records as the broker answered, and the ``.txnindex`` entries are the a
 import random
 import threading
 import time
-import uuid
 
 import pytest
-from confluent_kafka import (
-    OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition,
-)
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from broker_helpers import TIMEOUT, start_broker_process, wait_for
+from broker_helpers import TIMEOUT, consume_to_end, start_broker_process, wait_for
 from kmem.broker import BrokerConfig, LogManager
 from kmem.broker.log.unified_log import batches_from_start
 from kmem.consumer import Consumer as KmemConsumer
@@ -200,28 +197,9 @@ class TransactionalApp(threading.Thread):
 
 def read_committed(bootstrap):
     """Every record of "out" up to its last stable offsets: {value: [(partition, offset)]}."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": str(uuid.uuid4()),
-                         "isolation.level": "read_committed", "enable.partition.eof": True,
-                         "enable.auto.commit": False})
-    consumer.assign([TopicPartition(OUTPUT, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
-    found, ended = {}, set()
-
-    def poll():
-        message = consumer.poll(0.2)
-        if message is None:
-            return False
-        if message.error():
-            if message.error().code() != KafkaError._PARTITION_EOF:
-                raise KafkaException(message.error())
-            ended.add(message.partition())
-        else:
-            found.setdefault(message.value(), []).append((message.partition(), message.offset()))
-            ended.discard(message.partition())
-        return len(ended) == PARTITIONS
-    try:
-        wait_for(poll, "the end of out")
-    finally:
-        consumer.close()
+    found = {}
+    for partition, offset, _, value in consume_to_end(bootstrap, OUTPUT, PARTITIONS):
+        found.setdefault(value, []).append((partition, offset))
     return found
 
 
