@@ -87,7 +87,7 @@ TXN_APIS = {
 }
 TOMBSTONES_PER_BATCH = 1000          # when ids expire
 MARKER_RETRY_SECONDS = (0.1, 10.0)   # the first and the longest wait before a failed marker is written again
-# How long AddPartitionsToTxn waits for the timer thread writing the markers of the id's previous transaction
+# How long AddPartitionsToTxn waits for another thread writing the markers of the id's previous transaction
 # before it answers CONCURRENT_TRANSACTIONS: librdkafka and Kafka's Java client retry that answer after 20 ms,
 # so waiting longer gains nothing.
 MARKER_AWAIT_SECONDS = 0.02
