@@ -354,17 +354,20 @@ class Handlers:
         # Kafka's KafkaApis.handleProduceRequest: a request holding transactional batches needs a transactional
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
         # such request is: its batches would hold the last stable offset back for good (no marker would come).
-        transactional = any(_first_transactional_batch(data.records) is not None
-                            for topic in request.topic_data for data in topic.partition_data)
+        # Each listing's first batch if transactional, looked at once (by the listing's identity).
+        firsts = {id(data): _first_transactional_batch(data.records)
+                  for topic in request.topic_data for data in topic.partition_data}
+        transactional = any(first is not None for first in firsts.values())
         # A partition listed again is appended and answered once, with its last listing's records (Kafka
         # keys the request's partitions by TopicPartition), in its first place.
         latest = {(topic.name, data.index): data for topic in request.topic_data for data in topic.partition_data}
+        checked = {key: _check_produce_records(version, data.records) for key, data in latest.items()}
         refusal = None
         if transactional and (request.transactional_id is None or self.transactions is None):
             refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
                 "a Produce of transactional batches needs a transactional id" if self.transactions
                 else "kmem broker serves no transactions here: transactional batches are refused")
-        elif transactional and len(self._transactional_producers(version, latest)) > 1:
+        elif transactional and len(self._transactional_producers(latest, firsts, checked)) > 1:
             # Kafka's ReplicaManager.handleProduceAppend refuses the whole request
             refusal = ErrorCode.INVALID_PRODUCER_ID_MAPPING, \
                 "the transactional batches of a Produce must all be of one producer id and epoch"
@@ -372,7 +375,8 @@ class Handlers:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
             for data in topic.partition_data:
-                data = latest.pop((topic.name, data.index), None)
+                key = (topic.name, data.index)
+                data = latest.pop(key, None)
                 if data is None:
                     continue
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
@@ -392,12 +396,13 @@ class Handlers:
                 if partition_log is None:
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
-                error = _check_produce_records(version, data.records)
+                error = checked[key]
                 if error:
                     result.error_code, result.error_message = error
                     continue
                 try:
-                    guard, error = self._verify_transaction(request, version, topic.name, data, partition_log)
+                    guard, error = self._verify_transaction(request, version, topic.name, data, firsts[id(data)],
+                                                            partition_log)
                     if error:
                         result.error_code = ErrorCode.NOT_ENOUGH_REPLICAS if error in RETRIABLE_VERIFICATION_ERRORS \
                             else error
@@ -420,19 +425,19 @@ class Handlers:
                 result.log_append_time_ms = appended.log_append_time
         return None if request.acks == 0 else response
 
-    def _transactional_producers(self, version, partitions):
+    def _transactional_producers(self, partitions, firsts, checked):
         """The ``(producer id, epoch)`` of each transactional batch Kafka's ``handleProduceAppend`` gets: those of
-        ``partitions`` (``{(topic, index): partition data}``) that exist and whose records are valid."""
+        ``partitions`` (``{(topic, index): partition data}``) that exist and whose records are valid (``firsts``,
+        ``checked``: what ``produce`` found of each)."""
         return {(batch.producer_id, batch.producer_epoch) for (topic, index), data in partitions.items()
-                if (batch := _first_transactional_batch(data.records)) is not None
+                if (batch := firsts[id(data)]) is not None
                 and self.logs.get_partition(topic, index) is not None
-                and not _check_produce_records(version, data.records)}
+                and not checked[topic, index]}
 
-    def _verify_transaction(self, request, version, topic, data, partition_log):
-        """KIP-890 part 1 for one partition's transactional batch: ``(guard for the append, error code)``.
-        The coordinator is asked only when the producer has no transaction open here at this epoch; Produce
-        v11+ may be answered TRANSACTION_ABORTABLE."""
-        first = _first_transactional_batch(data.records)
+    def _verify_transaction(self, request, version, topic, data, first, partition_log):
+        """KIP-890 part 1 for one partition's transactional batch (``first``, or None when its records are not
+        transactional): ``(guard for the append, error code)``. The coordinator is asked only when the producer
+        has no transaction open here at this epoch; Produce v11+ may be answered TRANSACTION_ABORTABLE."""
         if first is None:
             return None, ErrorCode.NONE
         guard = partition_log.start_txn_verification(first.producer_id, first.producer_epoch)
