@@ -12,7 +12,7 @@ from records_samples import CODECS, MINIMAL_RECORD, read_kmem, scenario_batches,
 from kmem import _core
 from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
 from kmem.records import (ControlRecordType, MemoryRecords, RecordsBuilder, TimestampType, build_control_batch,
-                          build_records)
+                          build_coordinator_records, build_records)
 from kmem.records import codecs
 
 
@@ -111,6 +111,25 @@ def test_control_batch():
     assert batch.is_control_batch and batch.is_transactional
     assert batch.control_type == ControlRecordType.COMMIT
     assert (batch.base_offset, batch.producer_id, batch.producer_epoch) == (50, 8, 2)
+
+
+@pytest.mark.parametrize("control_type", [ControlRecordType.ABORT, ControlRecordType.COMMIT])
+def test_control_batch_is_the_batch_a_builder_makes(control_type):
+    builder = RecordsBuilder(2, base_offset=50, producer_id=8, producer_epoch=2, transactional=True, control=True,
+                             partition_leader_epoch=4)
+    builder.append(struct.pack(">hi", 0, 17), key=struct.pack(">hh", 0, control_type), timestamp=99)
+    assert build_control_batch(control_type, 50, 8, 2, 99, coordinator_epoch=17, partition_leader_epoch=4) \
+        == builder.build()
+
+
+@pytest.mark.parametrize("fields", [{}, {"producer_id": 5, "producer_epoch": 3, "base_sequence": 0,
+                                         "transactional": True}])
+def test_coordinator_records_are_the_batch_build_records_makes(fields):
+    entries = [(b"key-1", b"value"), (b"key-2", None), (b"", b"v" * 300)]
+    expected = build_records([{"key": k, "value": v, "timestamp": 1234} for k, v in entries], **fields)
+    assert build_coordinator_records(entries, 1234, **fields) == expected
+    assert [(r.key, r.value, r.timestamp) for r in MemoryRecords(expected).records()] == \
+        [(k, v, 1234) for k, v in entries]
 
 
 def test_mixed_magics_and_truncated_tail():

@@ -131,13 +131,9 @@ class RecordsBuilder:
             attributes |= ATTR_TRANSACTIONAL
         if self.control:
             attributes |= ATTR_CONTROL
-        header = bytearray(V2_HEADER.pack(
-            first_offset, V2_HEADER.size - 12 + len(section), self.partition_leader_epoch, 2, 0, attributes,
-            self._records[-1][0] - first_offset, base_timestamp, max(self._timestamps()), self.producer_id,
-            self.producer_epoch, self.base_sequence, len(self._records)))
-        crc = _core.crc32c(section, _core.crc32c(memoryview(header)[21:]))
-        struct.pack_into(">I", header, 17, crc)
-        return bytes(header) + section
+        return _v2_batch(section, first_offset, self.partition_leader_epoch, attributes,
+                         self._records[-1][0] - first_offset, base_timestamp, max(self._timestamps()),
+                         self.producer_id, self.producer_epoch, self.base_sequence, len(self._records))
 
     def _build_legacy(self):
         log_append = self.timestamp_type == TimestampType.LOG_APPEND_TIME
@@ -154,6 +150,26 @@ class RecordsBuilder:
         return _core.encode_legacy_entries(self.magic, attributes | self.compression, [
             (self._records[-1][0], wrapper_timestamp, None, codecs.compress(self.compression, inner, self.magic,
                                                                           self.gzip_level))])
+
+
+def _v2_batch(section, first_offset, partition_leader_epoch, attributes, last_offset_delta, base_timestamp,
+              max_timestamp, producer_id, producer_epoch, base_sequence, count):
+    """A v2 batch: its header (CRC-32C included) in front of ``section``, its records as written."""
+    header = bytearray(V2_HEADER.pack(
+        first_offset, V2_HEADER.size - 12 + len(section), partition_leader_epoch, 2, 0, attributes,
+        last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, count))
+    struct.pack_into(">I", header, 17, _core.crc32c(section, _core.crc32c(memoryview(header)[21:])))
+    return bytes(header) + section
+
+
+def build_coordinator_records(entries, timestamp, producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                              transactional=False):
+    """One uncompressed v2 batch of ``[(key, value or None)]`` records, all at ``timestamp``: a coordinator's
+    own records (``__consumer_offsets``, ``__transaction_state``). Unlike ``build_records`` nothing is checked:
+    the coordinator made every field, and it writes on the path of the request that waits for them."""
+    section = _core.encode_v2_records([(delta, 0, key, value, ()) for delta, (key, value) in enumerate(entries)])
+    return _v2_batch(section, 0, -1, ATTR_TRANSACTIONAL if transactional else 0, len(entries) - 1, timestamp,
+                     timestamp, producer_id, producer_epoch, base_sequence, len(entries))
 
 
 def build_records(records, magic=2, compression="none", base_offset=0, **batch_fields):
@@ -179,9 +195,11 @@ def build_control_batch(control_type, offset, producer_id, producer_epoch, times
     if control_type not in ControlRecordType._value2member_map_ or isinstance(control_type, bool):
         raise InvalidArgumentError(f"control_type must be a ControlRecordType, not {control_type!r}")
     check_int("coordinator_epoch", coordinator_epoch, *INT32)
-    builder = RecordsBuilder(2, "none", base_offset=offset, producer_id=producer_id,
-                             producer_epoch=producer_epoch, transactional=True, control=True,
-                             partition_leader_epoch=partition_leader_epoch)
-    builder.append(struct.pack(">hi", 0, coordinator_epoch), key=struct.pack(">hh", 0, int(ControlRecordType(control_type))),
-                   timestamp=timestamp)
-    return builder.build()
+    check_long("offset", offset)
+    check_long("producer_id", producer_id)
+    check_int("producer_epoch", producer_epoch, *INT16)
+    check_long("timestamp", timestamp)
+    check_int("partition_leader_epoch", partition_leader_epoch, *INT32)
+    key, value = struct.pack(">hh", 0, int(control_type)), struct.pack(">hi", 0, coordinator_epoch)
+    return _v2_batch(_core.encode_v2_records([(0, 0, key, value, ())]), offset, partition_leader_epoch,
+                     ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp, producer_id, producer_epoch, -1, 1)

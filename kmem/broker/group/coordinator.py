@@ -81,7 +81,7 @@ from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
-from kmem.records import ControlRecordType, build_records
+from kmem.records import ControlRecordType, build_coordinator_records
 
 log = logging.getLogger(__name__)
 
@@ -348,12 +348,10 @@ class GroupCoordinator:
         return self._write(group_id, entries, errors)[0]
 
     def _write(self, group_id, entries, errors, verification_guard=None, **batch_fields):
-        """``_append`` with the batch's fields (``build_records``'s: a transaction's producer) and the
-        guard of its transaction's verification (``PartitionLog.start_txn_verification``); returns
+        """``_append`` with the batch's fields (``build_coordinator_records``'s: a transaction's producer) and
+        the guard of its transaction's verification (``PartitionLog.start_txn_verification``); returns
         ``(error code, offset of the batch)``."""
-        now = _now_ms()
-        batch = build_records([{"key": key, "value": value, "timestamp": now} for key, value in entries],
-                              **batch_fields)
+        batch = build_coordinator_records(entries, _now_ms(), **batch_fields)
         try:
             partition_log = self._offsets_partition(group_id)
         except (LogError, OSError) as e:

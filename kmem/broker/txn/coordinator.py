@@ -75,7 +75,7 @@ from kmem.broker.txn.state_log import (
 )
 from kmem.errors import CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
-from kmem.records import build_records
+from kmem.records import build_coordinator_records
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +256,7 @@ class TransactionCoordinator:
     def _append(self, partition, entries):
         """Write ``[(key, value or None)]`` to a partition of ``__transaction_state``: the Kafka error code to
         answer (``STATE_WRITE_ERRORS``)."""
-        batch = build_records([{"key": key, "value": value, "timestamp": self._clock()} for key, value in entries])
+        batch = build_coordinator_records(entries, self._clock())
         partition_log = self.logs.get_partition(TRANSACTION_STATE_TOPIC, partition)
         if partition_log is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
