@@ -288,7 +288,8 @@ class ProducerStateManager:
         if len(updated) > self.ledger.max_reservation:
             raise LogError(ErrorCode.INVALID_RECORD, f"{len(updated)} producers in one append: at most "
                                                      f"{self.ledger.max_reservation}")
-        self.ledger.reserve(len(updated))
+        if updated:             # batches without a producer id (the coordinators' own, plain ones) need no room
+            self.ledger.reserve(len(updated))
 
     def apply(self, updated):
         """Store the states ``check`` returned, once their batches are in the log (after ``reserve``)."""
