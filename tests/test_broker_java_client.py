@@ -7,44 +7,26 @@ transactional producer committing and aborting among plain records (read_committ
 consumers), consume-transform-produce with ``sendOffsetsToTransaction(offsets, consumer.groupMetadata())``
 (KIP-447), fencing, and the AdminClient finding and aborting a hanging transaction (KIP-664).
 
-tests/java/KafkaClientProbe.java is compiled here with javac and runs in one JVM for the whole module,
-taking a command a line and answering a JSON line each. Skipped without a JDK or the jar's wheel; the jar's
-SHA-256 is checked before use."""
+tests/java/KafkaClientProbe.java runs in one JVM for the whole module (``java_probes``: compiled with javac, a
+command a line, a JSON answer each). Skipped without a JDK or the jar's wheel; the jar's SHA-256 is checked
+before use."""
 import glob
-import hashlib
-import importlib.metadata
-import json
 import os
-import select
-import shutil
-import subprocess
 
 import pytest
 
-from broker_helpers import TIMEOUT, stored_batches, wait_for
+from broker_helpers import stored_batches, wait_for
 from consumer_helpers import Recorder
+from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from kmem.broker import Broker
 from kmem.broker.log.checkpoints import random_uuid
 from kmem.consumer import Consumer, TopicPartition
 from kmem.records import build_records
 
-PROBE_SOURCE = os.path.join(os.path.dirname(__file__), "java", "KafkaClientProbe.java")
-KAFKA_CLIENTS_WHEEL, KAFKA_CLIENTS_JAR = "shigawire-apache-flink-libraries", "pyflink/lib/kafka-clients.jar"
-KAFKA_CLIENTS_SHA256 = "7568b998572d256f0b7bc0afdc1b7a2588b8b08415c62ce314c864a6851ae9d9"     # kafka-clients 3.9.1
 RUNTIME_JARS = ("lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")                  # in pyspark's jars/
 CODEC_IDS = {"lz4": 3, "snappy": 2, "zstd": 4}
 OFFSET_FOR_LEADER_EPOCH_V4 = (23, 4)
 COOPERATIVE_STICKY = "org.apache.kafka.clients.consumer.CooperativeStickyAssignor"
-
-
-def kafka_clients_jar():
-    try:
-        path = importlib.metadata.distribution(KAFKA_CLIENTS_WHEEL).locate_file(KAFKA_CLIENTS_JAR)
-    except importlib.metadata.PackageNotFoundError:
-        pytest.skip(f"{KAFKA_CLIENTS_WHEEL} (the test extra) is not installed: no Java Kafka client")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert digest == KAFKA_CLIENTS_SHA256, f"{path} is not the kafka-clients 3.9.1 jar this test knows: {digest}"
-    return str(path)
 
 
 def runtime_jars():
@@ -55,39 +37,10 @@ def runtime_jars():
     return [jars[0] for jars in found]
 
 
-class JavaProbe:
-    """The probe's JVM: ``probe(*words)`` sends one command and returns its decoded answer."""
-
-    def __init__(self, classpath, log_path):
-        self.log_path = log_path
-        with open(log_path, "w") as log:
-            self.process = subprocess.Popen(["java", "-cp", classpath, "KafkaClientProbe"], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=log, text=True)
-
-    def __call__(self, *words):
-        self.process.stdin.write(" ".join(str(word) for word in words) + "\n")
-        self.process.stdin.flush()
-        # every command answers within its own deadlines (30 s a step); this only catches a dead JVM
-        ready, _, _ = select.select([self.process.stdout], [], [], 4 * TIMEOUT)
-        line = self.process.stdout.readline() if ready else ""
-        assert line, f"the Java probe gave no answer to {words}:\n{open(self.log_path).read()[-4000:]}"
-        return json.loads(line)
-
-    def close(self):
-        self.process.stdin.close()
-        self.process.wait(TIMEOUT)
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    if shutil.which("javac") is None or shutil.which("java") is None:
-        pytest.skip("no JDK (javac and java): the Java client tests need one")
-    classpath = [kafka_clients_jar(), *runtime_jars()]
-    classes = tmp_path_factory.mktemp("java-probe")
-    compiled = subprocess.run(["javac", "-d", str(classes), "-cp", os.pathsep.join(classpath), PROBE_SOURCE],
-                              capture_output=True, text=True, timeout=120)
-    assert compiled.returncode == 0, compiled.stderr
-    running = JavaProbe(os.pathsep.join([str(classes), *classpath]), classes / "probe.log")
+    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256), *runtime_jars()]
+    running = start_probe(tmp_path_factory.mktemp("java-probe"), "KafkaClientProbe.java", classpath)
     yield running
     running.close()
 
