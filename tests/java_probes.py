@@ -20,6 +20,7 @@ JARS_WHEEL = "shigawire-apache-flink-libraries"
 KAFKA_CLIENTS_JAR = "kafka-clients.jar"
 KAFKA_CLIENTS_SHA256 = "7568b998572d256f0b7bc0afdc1b7a2588b8b08415c62ce314c864a6851ae9d9"     # kafka-clients 3.9.1
 PROBES_DIR = os.path.join(os.path.dirname(__file__), "java")
+SHARED_SOURCE = "JsonLines.java"        # the command loop and JSON answers every probe uses, compiled with each
 
 
 def wheel_jar(name, sha256=None):
@@ -59,12 +60,13 @@ class JavaProbe:
 
 
 def start_probe(directory, source_name, classpath):
-    """tests/java/``source_name`` compiled into ``directory`` against ``classpath`` (jar paths) and started; the
-    test is skipped without a JDK. Its JVM's stderr goes to ``directory``/probe.log."""
+    """tests/java/``source_name`` (with ``SHARED_SOURCE``) compiled into ``directory`` against ``classpath`` (jar
+    paths) and started; the test is skipped without a JDK. Its JVM's stderr goes to ``directory``/probe.log."""
     if shutil.which("javac") is None or shutil.which("java") is None:
         pytest.skip("no JDK (javac and java): the Java probe tests need one")
-    compiled = subprocess.run(["javac", "-d", str(directory), "-cp", os.pathsep.join(classpath),
-                               os.path.join(PROBES_DIR, source_name)], capture_output=True, text=True, timeout=120)
+    sources = [os.path.join(PROBES_DIR, name) for name in (source_name, SHARED_SOURCE)]
+    compiled = subprocess.run(["javac", "-d", str(directory), "-cp", os.pathsep.join(classpath), *sources],
+                              capture_output=True, text=True, timeout=120)
     assert compiled.returncode == 0, compiled.stderr
     return JavaProbe(os.path.splitext(source_name)[0], os.pathsep.join([str(directory), *classpath]),
                      os.path.join(directory, "probe.log"))

@@ -1,6 +1,3 @@
-import java.io.BufferedReader;
-import java.io.InputStreamReader;
-import java.io.PrintStream;
 import java.lang.reflect.Constructor;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -12,7 +9,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Set;
-import java.util.concurrent.ExecutionException;
 
 import org.apache.flink.api.connector.sink2.Committer.CommitRequest;
 import org.apache.flink.connector.kafka.sink.KafkaCommittable;
@@ -68,19 +64,7 @@ public class FlinkTxnProbe {
     static int writers, commits;
 
     public static void main(String[] args) throws Exception {
-        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
-        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
-        String line;
-        while ((line = in.readLine()) != null) {
-            String[] words = line.trim().split(" ");
-            Object answer;
-            try {
-                answer = run(words[0], Arrays.copyOfRange(words, 1, words.length));
-            } catch (Throwable e) {
-                answer = error(e);
-            }
-            out.println(json(answer));
-        }
+        JsonLines.serve(FlinkTxnProbe::run);
     }
 
     static Object run(String command, String[] a) throws Exception {
@@ -96,17 +80,6 @@ public class FlinkTxnProbe {
                                                           Set.of(Arrays.copyOfRange(a, 5, a.length)));
             default: throw new IllegalArgumentException("unknown command " + command);
         }
-    }
-
-    static Map<String, Object> error(Throwable e) {
-        Throwable cause = e instanceof ExecutionException && e.getCause() != null ? e.getCause() : e;
-        Map<String, Object> answer = new LinkedHashMap<>();
-        answer.put("error", cause.getClass().getSimpleName());
-        StringBuilder message = new StringBuilder(String.valueOf(cause.getMessage()));
-        for (Throwable inner = cause.getCause(); inner != null; inner = inner.getCause())
-            message.append(" <- ").append(inner);
-        answer.put("message", message.toString());
-        return answer;
     }
 
     /** The producer configuration KafkaSinkBuilder gives its producers (byte arrays), with timeoutMs. */
@@ -239,36 +212,5 @@ public class FlinkTxnProbe {
         Map<String, Object> answer = new LinkedHashMap<>();
         answer.put("aborted", aborted);
         return answer;
-    }
-
-    static String json(Object value) {
-        if (value == null) return "null";
-        if (value instanceof Number || value instanceof Boolean) return value.toString();
-        if (value instanceof Map) {
-            StringBuilder text = new StringBuilder("{");
-            String separator = "";
-            for (Map.Entry<?, ?> entry : ((Map<?, ?>) value).entrySet()) {
-                text.append(separator).append(json(String.valueOf(entry.getKey()))).append(": ")
-                    .append(json(entry.getValue()));
-                separator = ", ";
-            }
-            return text.append("}").toString();
-        }
-        if (value instanceof List) {
-            StringBuilder text = new StringBuilder("[");
-            String separator = "";
-            for (Object item : (List<?>) value) {
-                text.append(separator).append(json(item));
-                separator = ", ";
-            }
-            return text.append("]").toString();
-        }
-        StringBuilder text = new StringBuilder("\"");
-        for (char c : value.toString().toCharArray()) {
-            if (c == '"' || c == '\\') text.append('\\').append(c);
-            else if (c < 0x20) text.append(String.format("\\u%04x", (int) c));
-            else text.append(c);
-        }
-        return text.append('"').toString();
     }
 }

@@ -1,12 +1,7 @@
-import java.io.BufferedReader;
-import java.io.InputStreamReader;
-import java.io.PrintStream;
-import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collection;
-import java.util.Iterator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -63,19 +58,7 @@ public class KafkaClientProbe {
     static final Duration DEADLINE = Duration.ofSeconds(30);
 
     public static void main(String[] args) throws Exception {
-        PrintStream out = new PrintStream(System.out, true, StandardCharsets.UTF_8);
-        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
-        String line;
-        while ((line = in.readLine()) != null) {
-            String[] words = line.trim().split(" ");
-            Object answer;
-            try {
-                answer = run(words[0], Arrays.copyOfRange(words, 1, words.length));
-            } catch (Throwable e) {
-                answer = error(e);
-            }
-            out.println(json(answer));
-        }
+        JsonLines.serve(KafkaClientProbe::run);
     }
 
     static Object run(String command, String[] a) throws Exception {
@@ -105,17 +88,6 @@ public class KafkaClientProbe {
                                                       Integer.parseInt(a[5]));
             default: throw new IllegalArgumentException("unknown command " + command);
         }
-    }
-
-    static Map<String, Object> error(Throwable e) {
-        Throwable cause = e instanceof ExecutionException && e.getCause() != null ? e.getCause() : e;
-        Map<String, Object> answer = new LinkedHashMap<>();
-        answer.put("error", cause.getClass().getSimpleName());
-        StringBuilder message = new StringBuilder(String.valueOf(cause.getMessage()));
-        for (Throwable inner = cause.getCause(); inner != null; inner = inner.getCause())
-            message.append(" <- ").append(inner);
-        answer.put("message", message.toString());
-        return answer;
     }
 
     static Properties client(String bootstrap) {
@@ -150,7 +122,7 @@ public class KafkaClientProbe {
                     topic.put("partitions", description.partitions().size());
                     answer.put(id.toString(), topic);
                 } catch (ExecutionException e) {
-                    answer.put(id.toString(), error(e));
+                    answer.put(id.toString(), JsonLines.error(e));
                 }
             }
         }
@@ -180,7 +152,7 @@ public class KafkaClientProbe {
             answer.put("divergent_offset", divergent == null ? null : divergent.offset());
             answer.put("divergent_epoch", divergent == null ? null : divergent.leaderEpoch().orElse(-1));
         } catch (RuntimeException e) {
-            answer.putAll(error(e));
+            answer.putAll(JsonLines.error(e));
         }
         return answer;
     }
@@ -332,7 +304,7 @@ public class KafkaClientProbe {
                 answer.put("producer", id);
             } catch (RuntimeException e) {
                 PRODUCERS.remove(id).producer.close(Duration.ZERO);
-                answer.putAll(error(e));
+                answer.putAll(JsonLines.error(e));
             }
             return answer;
         }
@@ -345,7 +317,7 @@ public class KafkaClientProbe {
                 call.run(producer);
                 answer.put("ok", true);
             } catch (RuntimeException e) {
-                answer.putAll(error(e));
+                answer.putAll(JsonLines.error(e));
             }
             return answer;
         }
@@ -361,7 +333,7 @@ public class KafkaClientProbe {
                     offsets.add(metadata.get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS).offset());
                 answer.put("offsets", offsets);
             } catch (RuntimeException | ExecutionException e) {
-                answer.putAll(error(e));
+                answer.putAll(JsonLines.error(e));
             }
             return answer;
         }
@@ -401,7 +373,7 @@ public class KafkaClientProbe {
             answer.put("generation", consumer.groupMetadata().generationId());
             answer.put("member", consumer.groupMetadata().memberId());
         } catch (RuntimeException e) {
-            answer.putAll(error(e));
+            answer.putAll(JsonLines.error(e));
         }
         return answer;
     }
@@ -429,7 +401,7 @@ public class KafkaClientProbe {
             for (TopicPartition tp : tps) positions.add(consumer.position(tp));
             answer.put("positions", positions);
         } catch (RuntimeException e) {
-            answer.putAll(error(e));
+            answer.putAll(JsonLines.error(e));
         }
         return answer;
     }
@@ -498,36 +470,5 @@ public class KafkaClientProbe {
         Map<String, Object> answer = new LinkedHashMap<>();
         answer.put("ok", true);
         return answer;
-    }
-
-    static String json(Object value) {
-        if (value == null) return "null";
-        if (value instanceof Number || value instanceof Boolean) return value.toString();
-        if (value instanceof Map) {
-            StringBuilder text = new StringBuilder("{");
-            Iterator<? extends Map.Entry<?, ?>> entries = ((Map<?, ?>) value).entrySet().iterator();
-            while (entries.hasNext()) {
-                Map.Entry<?, ?> entry = entries.next();
-                text.append(json(String.valueOf(entry.getKey()))).append(": ").append(json(entry.getValue()));
-                if (entries.hasNext()) text.append(", ");
-            }
-            return text.append("}").toString();
-        }
-        if (value instanceof List) {
-            StringBuilder text = new StringBuilder("[");
-            Iterator<?> items = ((List<?>) value).iterator();
-            while (items.hasNext()) {
-                text.append(json(items.next()));
-                if (items.hasNext()) text.append(", ");
-            }
-            return text.append("]").toString();
-        }
-        StringBuilder text = new StringBuilder("\"");
-        for (char c : value.toString().toCharArray()) {
-            if (c == '"' || c == '\\') text.append('\\').append(c);
-            else if (c < 0x20) text.append(String.format("\\u%04x", (int) c));
-            else text.append(c);
-        }
-        return text.append('"').toString();
     }
 }
