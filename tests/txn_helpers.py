@@ -12,17 +12,20 @@ from kmem.protocol import ApiKey, RequestHeader, messages
 
 
 class RecordingMarkers:
-    """A ``TxnMarkerWriter`` double: records each write; ``fail`` partitions answer KAFKA_STORAGE_ERROR."""
+    """A ``TxnMarkerWriter`` double: records each write; ``fail`` partitions answer KAFKA_STORAGE_ERROR,
+    ``refused`` ones (partition -> error code) their code."""
 
     def __init__(self):
         self.writes = []
         self.fail = set()
+        self.refused = {}
         self.lock = threading.Lock()
 
     def write(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions):
         with self.lock:
             self.writes.append((producer_id, producer_epoch, commit, tuple(partitions)))
-            return {tp: ErrorCode.KAFKA_STORAGE_ERROR if tp in self.fail else ErrorCode.NONE for tp in partitions}
+            return {tp: ErrorCode.KAFKA_STORAGE_ERROR if tp in self.fail else self.refused.get(tp, ErrorCode.NONE)
+                    for tp in partitions}
 
 
 class Clock:
