@@ -26,8 +26,10 @@ Requests, relative to the id's producer id P and its epoch e at the coordinator:
   ``check(out, old client)`` for a Produce up to v10 or a TxnOffsetCommit up to v3, which know no
   TRANSACTION_ABORTABLE.
 
-Each cell runs every version on its own transactional id in the same state.
+Each cell runs every version on a transactional id of its own, brought to the state by the requests (or
+records loaded at start) that bring a Kafka id there; the cells of a state share one coordinator.
 """
+import contextlib
 import functools
 from typing import NamedTuple
 
@@ -36,6 +38,7 @@ import pytest
 from broker_helpers import fail_appends
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import OFFSETS_TOPIC
+from kmem.broker.log.config import INT32_MAX
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.txn.metadata import EMPTY, ONGOING, TxnTransit
 from kmem.broker.txn.state_log import TRANSACTION_STATE_TOPIC, transaction_log_key, transaction_log_value
@@ -47,13 +50,12 @@ E = ErrorCode
 TIMEOUT_MS = 60000
 T0, T1 = ("t", 0), ("t", 1)
 EXHAUSTED = (1 << 15) - 2           # Short.MaxValue - 1: TransactionMetadata.isEpochExhausted
-MAX_EPOCH = (1 << 15) - 1           # Short.MaxValue: only a fence reaches it
 OTHER_PID = 1 << 40                 # never allocated here
 SAME = "same"                       # the state, producer id and epoch the request found
 
 
 class Cell(NamedTuple):
-    error: ErrorCode                # at the newest version (PRODUCER_FENCED: see FENCED_BELOW)
+    error: ErrorCode                # at the newest version (PRODUCER_FENCED: see Request.fenced_below)
     after: str = SAME               # "<state> <P or new> <epoch: e, e+1 or a number>", "absent" or SAME
     kafka: str = ""                 # set when kmem answers otherwise on purpose: Kafka's answer and why
 
@@ -165,6 +167,7 @@ STATES = {
                                                                                             markers="failing"),
                                                          "failing"),
     "CompleteCommit": State("CompleteCommit", functools.partial(Setup.end, commit=True)),
+    # Kafka's id stays in PrepareCommit (its marker channel gives up); kmem's completes: see the cells
     "PrepareCommit (markers refused for a newer epoch)": State(
         "CompleteCommit", functools.partial(Setup.end, commit=True, markers="refused")),
     "CompleteAbort": State("CompleteAbort", functools.partial(Setup.end, commit=False)),
@@ -456,28 +459,50 @@ def answered(cell, version, fenced_below):
     return cell.error
 
 
+def cell_tid(request_name, version):
+    return f"{request_name} v{version}"
+
+
+@pytest.fixture(scope="module")
+def coordinators(tmp_path_factory):
+    """``get(state name)``: ``(coordinator, {tid: loaded producer id})``, one coordinator per state, made on its
+    first use: each cell uses transactional ids of its own (``cell_tid``). No timed out transaction is aborted
+    but by a setup (the timer's check would be every INT32_MAX ms)."""
+    made = {}
+    with contextlib.ExitStack() as stack:
+        def get(state_name):
+            if state_name not in made:
+                logs, make = stack.enter_context(coordinator_env(tmp_path_factory.mktemp("txn")))
+                logs.create_topic(OFFSETS_TOPIC, 1)
+                state = STATES[state_name]
+                tids = [cell_tid(name, version) for name in EXPECTED[state_name]
+                        for version in REQUESTS[name].versions]
+                loaded = seed(logs, make, state, tids) if state.loaded else {}
+                coordinator = make(state_log_partitions=1, abort_timed_out_interval_ms=INT32_MAX)
+                assert coordinator.create_state_topic()
+                made[state_name] = coordinator, loaded
+            return made[state_name]
+        yield get
+
+
 @pytest.mark.parametrize("state_name, request_name", CELLS)
-def test_the_coordinator_answers_as_kafka(tmp_path, monkeypatch, state_name, request_name):
+def test_the_coordinator_answers_as_kafka(coordinators, monkeypatch, state_name, request_name):
     state, request, cell = STATES[state_name], REQUESTS[request_name], EXPECTED[state_name][request_name]
-    tids = [f"tx-v{version}" for version in request.versions]
-    with coordinator_env(tmp_path) as (logs, make):
-        logs.create_topic(OFFSETS_TOPIC, 1)
-        loaded = seed(logs, make, state, tids) if state.loaded else {}
-        coordinator = make(state_log_partitions=1)
-        assert coordinator.create_state_topic()
-        setup = Setup(coordinator, loaded, monkeypatch)
-        for tid, version in zip(tids, request.versions):
-            pid, epoch = state.setup(setup, tid)
-            assert observed(coordinator, tid, pid) == expected_after(Cell(E.NONE), state.state, epoch)
-            result = request.run(coordinator, tid, *request.producer(pid, epoch), version)
-            error, answer = result if isinstance(result, tuple) else (result, None)
-            if state.markers == "written":
-                settle(coordinator)
-            after = observed(coordinator, tid, pid)
-            assert (error, after) == (answered(cell, version, request.fenced_below),
-                                      expected_after(cell, state.state, epoch)), f"v{version}"
-            if answer is not None:           # InitProducerId answers the producer id and epoch it wrote
-                assert answer == ((coordinator._peek(tid).producer_id, after[2]) if error == E.NONE else (-1, -1))
+    coordinator, loaded = coordinators(state_name)
+    setup = Setup(coordinator, loaded, monkeypatch)
+    for version in request.versions:
+        tid = cell_tid(request_name, version)
+        pid, epoch = state.setup(setup, tid)
+        assert observed(coordinator, tid, pid) == expected_after(Cell(E.NONE), state.state, epoch)
+        result = request.run(coordinator, tid, *request.producer(pid, epoch), version)
+        error, answer = result if isinstance(result, tuple) else (result, None)
+        if state.markers == "written":
+            settle(coordinator)
+        after = observed(coordinator, tid, pid)
+        assert (error, after) == (answered(cell, version, request.fenced_below),
+                                  expected_after(cell, state.state, epoch)), f"v{version} {cell.kafka}"
+        if answer is not None:           # InitProducerId answers the producer id and epoch it wrote
+            assert answer == ((coordinator._peek(tid).producer_id, after[2]) if error == E.NONE else (-1, -1))
 
 
 def test_the_table_has_every_request_in_every_state():
