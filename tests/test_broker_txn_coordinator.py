@@ -1,6 +1,6 @@
 """The transaction coordinator on its own: Kafka 3.9's state machine and error codes, the
 ``__transaction_state`` records byte for byte, loading them back (a PrepareCommit completes after a restart),
-timeouts and expiry, with a recording double of ``TxnMarkerWriter``."""
+timeouts and expiry, with the recording double of ``TxnMarkerWriter`` of ``txn_helpers``."""
 import contextlib
 import struct
 import sys
@@ -10,13 +10,12 @@ import tracemalloc
 import pytest
 
 from broker_helpers import wait_for
-from kmem.broker import LogManager
+from txn_helpers import begin, coordinator_env, describe, settle
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.offsets import partition_for
 from kmem.broker.log.unified_log import batches_from_start
-from kmem.broker.timer import Timer
 from kmem.broker.txn import coordinator as coordinator_module
-from kmem.broker.txn.coordinator import TransactionCoordinator, TxnConfig
+from kmem.broker.txn.coordinator import TxnConfig
 from kmem.broker.txn.metadata import (
     COMPLETE_ABORT, COMPLETE_COMMIT, EMPTY, ONGOING, PREPARE_COMMIT, TransactionMetadata, TxnTransit,
 )
@@ -29,64 +28,10 @@ from kmem.protocol import ApiKey, RequestHeader, decode_request, encode_request,
 E = ErrorCode
 
 
-class RecordingMarkers:
-    """A ``TxnMarkerWriter`` double: records each write; ``fail`` partitions answer KAFKA_STORAGE_ERROR."""
-
-    def __init__(self):
-        self.writes = []
-        self.fail = set()
-        self.lock = threading.Lock()
-
-    def write(self, producer_id, producer_epoch, coordinator_epoch, commit, partitions):
-        with self.lock:
-            self.writes.append((producer_id, producer_epoch, commit, tuple(partitions)))
-            return {tp: E.KAFKA_STORAGE_ERROR if tp in self.fail else E.NONE for tp in partitions}
-
-
-class Clock:
-    def __init__(self):
-        self.now = 1_700_000_000_000
-
-    def __call__(self):
-        return self.now
-
-
 @pytest.fixture
 def env(tmp_path):
-    timer = Timer()
-    logs = LogManager(tmp_path)
-    logs.create_topic("t", 3)
-    made = []
-
-    def make(**settings):
-        clock = settings.pop("clock", None) or Clock()
-        coordinator = TransactionCoordinator(logs, TxnConfig(**settings), timer=timer, markers=RecordingMarkers(),
-                                             clock=clock)
-        coordinator.clock = clock
-        made.append(coordinator)
-        return coordinator
-    yield logs, make
-    for coordinator in made:
-        coordinator.close()
-    timer.close()
-    logs.close()
-
-
-def settle(coordinator):
-    wait_for(lambda: coordinator.markers_pending() == 0, "the markers and completion written")
-
-
-def begin(coordinator, tid="tx", partitions=(("t", 0),)):
-    error, pid, epoch = coordinator.init_producer(tid, 60000)
-    assert error == E.NONE
-    assert coordinator.add_partitions(tid, pid, epoch, set(partitions)) == E.NONE
-    return pid, epoch
-
-
-def describe(coordinator, tid):
-    response = coordinator.describe_transactions(RequestHeader(ApiKey.DESCRIBE_TRANSACTIONS, 0, 1, "c"),
-                                                 messages.DescribeTransactionsRequest(transactional_ids=[tid]))
-    return response.transaction_states[0]
+    with coordinator_env(tmp_path) as made:
+        yield made
 
 
 # --- the state machine -----------------------------------------------------------------------------------

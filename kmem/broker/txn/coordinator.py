@@ -12,8 +12,10 @@ a transactional id names this broker. Each id moves through the states of
   (epoch fenced, PrepareAbort, markers) and the request answered CONCURRENT_TRANSACTIONS, which clients
   retry. An exhausted epoch (32766) moves the id to a new producer id at epoch 0. KIP-360 (v3+): a
   producer naming its producer id and epoch gets its epoch bumped if they are the current ones, the same
-  answer again if they are the previous ones (a retry), else PRODUCER_FENCED. ``transaction.max.timeout.ms``
-  bounds the timeout (INVALID_TRANSACTION_TIMEOUT).
+  answer again if they are the previous ones (a retry), else PRODUCER_FENCED; naming an older epoch of an
+  exhausted one is answered UNKNOWN_SERVER_ERROR, as Kafka 3.9 answers the IllegalStateException its
+  ``prepareIncrementProducerEpoch`` throws there. ``transaction.max.timeout.ms`` bounds the timeout
+  (INVALID_TRANSACTION_TIMEOUT).
 - AddPartitionsToTxn and AddOffsetsToTxn (the group's ``__consumer_offsets`` partition) start or extend
   the transaction (Ongoing); INVALID_PRODUCER_ID_MAPPING for an unknown id or another producer id,
   PRODUCER_FENCED for another epoch, CONCURRENT_TRANSACTIONS while the previous transaction's markers are
@@ -551,7 +553,12 @@ class TransactionCoordinator:
         if meta.state not in IDLE_STATES:
             raise IllegalStateError(f"transactional id {meta.transactional_id!r} in state {STATE_NAMES[meta.state]}")
         now = self._clock()
-        if meta.epoch_exhausted and (expected is None or expected[1] == meta.producer_epoch):
+        if meta.epoch_exhausted and expected is not None and expected[1] != meta.producer_epoch:
+            # Kafka's prepareIncrementProducerEpoch throws IllegalStateException here, answered by KafkaApis
+            log.error("transactional id %r: InitProducerId expects epoch %d of producer id %d, whose epochs are "
+                      "exhausted (%d)", meta.transactional_id, expected[1], meta.producer_id, meta.producer_epoch)
+            return ErrorCode.UNKNOWN_SERVER_ERROR
+        if meta.epoch_exhausted:
             try:
                 producer_id = self.logs.allocate_producer_id()
             except OSError as e:
