@@ -130,6 +130,7 @@ def test_coordinator_records_are_the_batch_build_records_makes(fields):
     assert build_coordinator_records(entries, 1234, **fields) == expected
     assert [(r.key, r.value, r.timestamp) for r in MemoryRecords(expected).records()] == \
         [(k, v, 1234) for k, v in entries]
+    assert build_coordinator_records([], 1234, **fields) == build_records([], **fields) == b""
 
 
 def test_mixed_magics_and_truncated_tail():

@@ -166,7 +166,10 @@ def build_coordinator_records(entries, timestamp, producer_id=-1, producer_epoch
                               transactional=False):
     """One uncompressed v2 batch of ``[(key, value or None)]`` records, all at ``timestamp``: a coordinator's
     own records (``__consumer_offsets``, ``__transaction_state``). Unlike ``build_records`` nothing is checked:
-    the coordinator made every field, and it writes on the path of the request that waits for them."""
+    the coordinator made every field, and it writes on the path of the request that waits for them. No entries:
+    empty bytes, as ``build_records`` gives."""
+    if not entries:
+        return b""
     section = _core.encode_v2_records([(delta, 0, key, value, ()) for delta, (key, value) in enumerate(entries)])
     return _v2_batch(section, 0, -1, ATTR_TRANSACTIONAL if transactional else 0, len(entries) - 1, timestamp,
                      timestamp, producer_id, producer_epoch, base_sequence, len(entries))
