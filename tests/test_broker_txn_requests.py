@@ -13,6 +13,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from broker_helpers import TIMEOUT, RawConnection, fail_appends, wait_for
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
+from kmem.broker.log import PartitionLog
 from kmem.ledger import ENTRY_DTYPE
 from kmem.records import RecordsBuilder
 
@@ -270,6 +271,31 @@ def txn_request(broker, name, version, **fields):
     request = getattr(module, f"{name}Request")(**fields)
     with RawConnection(broker.bootstrap_servers) as connection:
         return connection.request(request, getattr(module, f"{name}Response"), version)
+
+
+def test_a_request_whose_handler_fails_is_answered_unknown_server_error(broker, monkeypatch, caplog):
+    """A bug in a handler (EndTxn's here) is answered as Kafka's ``KafkaApis.handleError`` answers it, and the
+    connection stays open for the next request. A Produce, whose errors are per partition, cannot be answered
+    so: its connection is closed, as before."""
+    from kafka.protocol.producer.transaction import EndTxnRequest, EndTxnResponse
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(broker.transactions, "end_txn", fails)
+    request = EndTxnRequest(transactional_id="tx", producer_id=1, producer_epoch=0, committed=True)
+    with RawConnection(broker.bootstrap_servers) as connection:
+        for correlation_id in (1, 2):
+            response = connection.request(request, EndTxnResponse, 3, correlation_id)
+            assert response.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+    assert "END_TXN v3 from 'raw' failed; answered UNKNOWN_SERVER_ERROR" in caplog.text
+    monkeypatch.setattr(PartitionLog, "append", fails)
+    with RawConnection(broker.bootstrap_servers) as connection:
+        records = txn_batch(1, 0, transactional=False)
+        request = ProduceRequest(acks=-1, timeout_ms=1000, topic_data=[ProduceRequest.TopicProduceData(
+            name="t", partition_data=[ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=records)])])
+        request.with_header(correlation_id=3, client_id="raw")
+        connection.send_frame(request.encode(version=9, header=True))
+        assert connection.receive_frame() is None
 
 
 def init_producer(broker, transactional_id="tx"):

@@ -358,6 +358,15 @@ def encode_response(request_header, body, unknown_tags=None):
     return _finish(buf, splices, spliced_bytes)
 
 
+def error_response(api_key, api_version, error_code):
+    """The response of ``api_key`` carrying ``error_code`` in its top-level ``ErrorCode``, every other field at
+    its default (Kafka's ``getErrorResponse`` for a request answered as a whole), or None when that version's
+    response has no top-level error code (its errors are per topic or partition)."""
+    if not any(f.name == "error_code" and f.present(api_version) for f in message(api_key, "Response").fields):
+        return None
+    return message_class(api_key, "Response")(error_code=error_code)
+
+
 def api_versions_fallback_response(request_header):
     """Kafka's answer to an ApiVersions request at a version it does not support: error
     UNSUPPORTED_VERSION in the v0 layout, listing ApiVersions' own range (the client retries at its

@@ -14,17 +14,25 @@ and answers in one of three ways (see ``kmem.network.server``):
   (FindCoordinator creates it, as Kafka's does), and FindCoordinator for a transactional id and
   InitProducerId with one before ``__transaction_state`` exists (both create it), AddOffsetsToTxn before
   ``__consumer_offsets`` exists.
+
+A handler that raises (a bug) gets its request answered UNKNOWN_SERVER_ERROR, as Kafka's ``handleError``
+answers it, when the response has a top-level error code; the connection stays open. A response whose
+errors are per topic or partition (Produce, Metadata, ...) has no such answer: that connection is closed.
 """
+import logging
 import threading
 
 from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
+from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
 from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
-                           encode_response)
+                           encode_response, error_response)
+
+log = logging.getLogger(__name__)
 
 # api key -> Handlers method (the group and admin APIs have their own tables)
 DATA_APIS = {
@@ -89,14 +97,29 @@ class RequestDispatcher:
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
         if self._blocks(header, body):
-            return request.offload(lambda _: self._answer_blocking(request, header, body))
-        response = self._answer(request, header, body)
+            return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
+        response = self._answered(self._answer, request, header, body)
         if isinstance(response, (DelayedFetch, DelayedResponse)):
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
             response.start(lambda build: deferred.complete_with(lambda: encode_response(header, build())))
             return deferred
         return response
+
+    @staticmethod
+    def _answered(answer, request, header, body):
+        """``answer(request, header, body)``; should it raise (a bug), the request is answered as Kafka's
+        ``KafkaApis.handleError`` answers it: UNKNOWN_SERVER_ERROR, where the response has a top-level error
+        code. Else the error goes on to the network layer, which closes the connection."""
+        try:
+            return answer(request, header, body)
+        except Exception:
+            response = error_response(header.api_key, header.api_version, ErrorCode.UNKNOWN_SERVER_ERROR)
+            if response is None:
+                raise
+            log.exception("%s v%d from %r failed; answered UNKNOWN_SERVER_ERROR", header.api_key.name,
+                          header.api_version, header.client_id)
+            return encode_response(header, response)
 
     def _blocks(self, header, body):
         api = header.api_key
