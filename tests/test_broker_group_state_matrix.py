@@ -260,6 +260,7 @@ REQUESTS = {
     "sync(F)": request(sync_run, (5,), role="F"),
     "sync(L, old gen)": request(sync_run, (5,), role="L", old=True),
     "sync(unknown id)": request(sync_run, (5,), member="nobody"),
+    "sync(L, unknown instance)": request(sync_run, (5,), role="L", instance="nobody-instance"),
     "sync(L, other protocol) v4": request(sync_run, (4,), role="L", protocol_name="other"),
     "sync(L, other protocol) v5": request(sync_run, (5,), role="L", protocol_name="other"),
     "sync(iF, unknown id) v2": request(sync_run, (2,), member="nobody", instance="iF"),
@@ -281,6 +282,7 @@ REQUESTS = {
     "commit(F)": request(commit_run, (8,), role="F"),
     "commit(L, old gen)": request(commit_run, (8,), role="L", old=True),
     "commit(unknown id)": request(commit_run, (8,), member="nobody"),
+    "commit(L, unknown instance)": request(commit_run, (8,), role="L", instance="nobody-instance"),
     "commit(iF, unknown id) v6": request(commit_run, (6,), member="nobody", instance="iF"),
     "commit(iF, unknown id) v7+": request(commit_run, (7, 8), member="nobody", instance="iF"),
     "fetch": request(fetch_run, (7,)),
@@ -341,7 +343,8 @@ def with_members(static, follower=True):
         "commit(iF, unknown id) v6": Cell(UNKNOWN),
         "sync(iF, unknown id) v3+": instance_check, "heartbeat(iF, unknown id) v3+": instance_check,
         "commit(iF, unknown id) v7+": instance_check, "leave(iF, unknown id)": instance_check,
-        "heartbeat(L, unknown instance)": Cell(UNKNOWN),
+        **same_answers(Cell(UNKNOWN), "heartbeat(L, unknown instance)", "sync(L, unknown instance)",
+                       "commit(L, unknown instance)"),
         "fetch": Cell(COMMITTED),
     }
     if not static:
