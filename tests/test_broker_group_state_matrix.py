@@ -230,7 +230,7 @@ def commit_run(coord, gid, group, version, role=None, member="", instance=None, 
 
 
 def fetch_run(coord, gid, group, version):
-    return fetch(coord, gid)
+    return fetch(coord, gid, version)
 
 
 class Request(NamedTuple):
@@ -285,7 +285,7 @@ REQUESTS = {
     "commit(L, unknown instance)": request(commit_run, (8,), role="L", instance="nobody-instance"),
     "commit(iF, unknown id) v6": request(commit_run, (6,), member="nobody", instance="iF"),
     "commit(iF, unknown id) v7+": request(commit_run, (7, 8), member="nobody", instance="iF"),
-    "fetch": request(fetch_run, (7,)),
+    "fetch": request(fetch_run, (7, 8)),
 }
 
 

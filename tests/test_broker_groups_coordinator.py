@@ -106,9 +106,20 @@ def commit(coord, offsets, member_id="", generation=-1, version=8, group="g", in
     return {(t.name, p.partition_index): p.error_code for t in response.topics for p in t.partitions}
 
 
-def fetch(coord, group="g"):
-    request = messages.OffsetFetchRequest(group_id=group, topics=None, require_stable=False)
-    response = coord.offset_fetch(header(ApiKey.OFFSET_FETCH, 7), request)
+def fetch(coord, group="g", version=7):
+    """The group's committed offsets (all of them: topics null); from v8 (KIP-709) asked in the groups list."""
+    R = messages.OffsetFetchRequest
+    if version < 8:
+        request = R(group_id=group, topics=None, require_stable=False)
+    else:
+        request = R(groups=[R.OffsetFetchRequestGroup(group_id=group, member_id=None, member_epoch=-1, topics=None)],
+                    require_stable=False)
+    response = coord.offset_fetch(header(ApiKey.OFFSET_FETCH, version), request)
+    if version >= 8:
+        assert response.groups[0].error_code == NONE
+        response = response.groups[0]
+    else:
+        assert response.error_code == NONE
     return {(t.name, p.partition_index): p.committed_offset for t in response.topics for p in t.partitions}
 
 
