@@ -50,9 +50,10 @@ def header(api_key, version, client_id="c"):
     return RequestHeader(api_key, version, 1, client_id)
 
 
-def join_request(member_id="", instance_id=None, protocols=(("range", b"sub"),), session_ms=6000, rebalance_ms=2000):
-    return J(group_id="g", session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms, member_id=member_id,
-             group_instance_id=instance_id, protocol_type="consumer", reason=None,
+def join_request(member_id="", instance_id=None, protocols=(("range", b"sub"),), session_ms=6000, rebalance_ms=2000,
+                 group="g", protocol_type="consumer"):
+    return J(group_id=group, session_timeout_ms=session_ms, rebalance_timeout_ms=rebalance_ms, member_id=member_id,
+             group_instance_id=instance_id, protocol_type=protocol_type, reason=None,
              protocols=[J.JoinGroupRequestProtocol(name=n, metadata=m) for n, m in protocols])
 
 
@@ -74,36 +75,51 @@ def join_async(coord, **kwargs):
     return thread, result
 
 
-def sync(coord, member_id, generation, assignments=(), instance_id=None, version=5):
+def sync_request(member_id, generation, assignments=(), instance_id=None, group="g", protocol_name="range"):
     S = messages.SyncGroupRequest
-    request = S(group_id="g", generation_id=generation, member_id=member_id, group_instance_id=instance_id,
-                protocol_type="consumer", protocol_name="range",
-                assignments=[S.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in assignments])
+    return S(group_id=group, generation_id=generation, member_id=member_id, group_instance_id=instance_id,
+             protocol_type="consumer", protocol_name=protocol_name,
+             assignments=[S.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in assignments])
+
+
+def sync(coord, member_id, generation, assignments=(), instance_id=None, version=5, group="g"):
+    request = sync_request(member_id, generation, assignments, instance_id, group)
     return settled(coord.sync_group(header(ApiKey.SYNC_GROUP, version), request))
 
 
-def heartbeat(coord, member_id, generation, instance_id=None):
-    request = messages.HeartbeatRequest(group_id="g", generation_id=generation, member_id=member_id,
+def heartbeat(coord, member_id, generation, instance_id=None, version=4, group="g"):
+    request = messages.HeartbeatRequest(group_id=group, generation_id=generation, member_id=member_id,
                                         group_instance_id=instance_id)
-    return coord.heartbeat(header(ApiKey.HEARTBEAT, 4), request).error_code
+    return coord.heartbeat(header(ApiKey.HEARTBEAT, version), request).error_code
 
 
-def commit(coord, offsets, member_id="", generation=-1, version=8, group="g"):
+def commit(coord, offsets, member_id="", generation=-1, version=8, group="g", instance_id=None):
     R = messages.OffsetCommitRequest
     topics = {}
     for (topic, partition), offset in offsets.items():
         topics.setdefault(topic, []).append(R.OffsetCommitRequestPartition(
             partition_index=partition, committed_offset=offset, committed_leader_epoch=-1, committed_metadata="m"))
     request = R(group_id=group, generation_id_or_member_epoch=generation, member_id=member_id,
-                group_instance_id=None, retention_time_ms=-1,
+                group_instance_id=instance_id, retention_time_ms=-1,
                 topics=[R.OffsetCommitRequestTopic(name=t, partitions=p) for t, p in topics.items()])
     response = coord.offset_commit(header(ApiKey.OFFSET_COMMIT, version), request)
     return {(t.name, p.partition_index): p.error_code for t in response.topics for p in t.partitions}
 
 
-def fetch(coord, group="g"):
-    request = messages.OffsetFetchRequest(group_id=group, topics=None, require_stable=False)
-    response = coord.offset_fetch(header(ApiKey.OFFSET_FETCH, 7), request)
+def fetch(coord, group="g", version=7):
+    """The group's committed offsets (all of them: topics null); from v8 (KIP-709) asked in the groups list."""
+    R = messages.OffsetFetchRequest
+    if version < 8:
+        request = R(group_id=group, topics=None, require_stable=False)
+    else:
+        request = R(groups=[R.OffsetFetchRequestGroup(group_id=group, member_id=None, member_epoch=-1, topics=None)],
+                    require_stable=False)
+    response = coord.offset_fetch(header(ApiKey.OFFSET_FETCH, version), request)
+    if version >= 8:
+        assert response.groups[0].error_code == NONE
+        response = response.groups[0]
+    else:
+        assert response.error_code == NONE
     return {(t.name, p.partition_index): p.committed_offset for t in response.topics for p in t.partitions}
 
 

@@ -6,7 +6,8 @@ Groups move through Kafka's states: Empty -> PreparingRebalance (members (re)joi
 
 - JoinGroup v4+ without a member id is answered MEMBER_ID_REQUIRED with a new id, which stays pending
   for one session timeout; ``group.instance.id`` (static membership) joins directly and a later join with
-  the same instance id takes over the member (the old id is then FENCED_INSTANCE_ID). In a Stable group
+  the same instance id takes over the member (the old id is then FENCED_INSTANCE_ID; an instance id no
+  member has is UNKNOWN_MEMBER_ID, as Kafka's ``validateCurrentMember``). In a Stable group
   whose selected protocol that join leaves unchanged, the new id keeps the member's assignment without a
   rebalance, also for the leader (answered, as Kafka, with the previous leader id before JoinGroup v9 and
   with KIP-814's ``skip_assignment`` from v9).
@@ -14,7 +15,9 @@ Groups move through Kafka's states: Empty -> PreparingRebalance (members (re)joi
   largest ``rebalance.timeout.ms``) without those that did not; a group starting from Empty waits
   ``group.initial.rebalance.delay.ms`` (extended by each new member, up to the rebalance timeout). The
   members chosen protocol is the one all support that most members prefer; the first member to join
-  leads.
+  leads. A JoinGroup offering no protocol that every member supports is INCONSISTENT_GROUP_PROTOCOL
+  (Kafka's ``supportsProtocols``: the joining member's current protocols count too, so a lone member
+  cannot switch to one it did not have; an Empty group takes any).
 - Members that do not heartbeat within their ``session.timeout.ms`` (unless waiting in JoinGroup or
   SyncGroup; during a rebalance too, so a silent member does not hold it for the rebalance timeout), or do
   not send SyncGroup within the rebalance timeout after a join, are removed and the group rebalances (or
@@ -783,20 +786,18 @@ class GroupCoordinator:
 
     def _join_known(self, group, client, request, version, member_id, instance_id, protocols, rebalance_timeout,
                     now):
+        # As Kafka's doCurrentMemberJoinGroup: the protocols first (the member's own count among those the group
+        # supports, so a lone member cannot switch to a protocol it did not have), then the member
+        if not group.supports(request.protocol_type, protocols):
+            return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
         if member_id in group.pending:
-            if not group.supports(request.protocol_type, protocols):
-                return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
             del group.pending[member_id]
             return self._add_member(group, member_id, client, request, version, None, protocols, rebalance_timeout,
                                     now)
-        member = group.members.get(member_id)
-        if instance_id is not None and group.static_members.get(instance_id) not in (None, member_id):
-            return self._join_error(ErrorCode.FENCED_INSTANCE_ID, member_id)
-        if member is None:
-            return self._join_error(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
-        if not group.supports(request.protocol_type, protocols) and not (
-                len(group.members) == 1 and request.protocol_type == group.protocol_type and protocols):
-            return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        error = self._check_member(group, member_id, instance_id)
+        if error:
+            return self._join_error(error, member_id)
+        member = group.members[member_id]
         member.join_version = version
         member.rebalance_timeout_ms, member.session_timeout_ms = rebalance_timeout, request.session_timeout_ms
         if group.state == PREPARING:
@@ -884,10 +885,13 @@ class GroupCoordinator:
         return error or (ErrorCode.ILLEGAL_GENERATION if generation_id != group.generation else ErrorCode.NONE)
 
     def _check_member(self, group, member_id, instance_id):
-        """Kafka's member validation: FENCED_INSTANCE_ID, UNKNOWN_MEMBER_ID or NONE."""
+        """Kafka's ``validateCurrentMember``: FENCED_INSTANCE_ID (the instance id is another member's),
+        UNKNOWN_MEMBER_ID (no member has the instance id, or the member id) or NONE."""
         if instance_id is not None:
             known = group.static_members.get(instance_id)
-            if known is not None and known != member_id:
+            if known is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            if known != member_id:
                 return ErrorCode.FENCED_INSTANCE_ID
         if member_id not in group.members:
             return ErrorCode.UNKNOWN_MEMBER_ID
