@@ -201,7 +201,8 @@ def build_control_batch(control_type, offset, producer_id, producer_epoch, times
     check_long("offset", offset)
     check_long("producer_id", producer_id)
     check_int("producer_epoch", producer_epoch, *INT16)
-    check_long("timestamp", timestamp)
+    if check_long("timestamp", timestamp) < -1:
+        raise InvalidArgumentError(f"invalid timestamp {timestamp}")
     check_int("partition_leader_epoch", partition_leader_epoch, *INT32)
     key, value = struct.pack(">hh", 0, int(control_type)), struct.pack(">hi", 0, coordinator_epoch)
     return _v2_batch(_core.encode_v2_records([(0, 0, key, value, ())]), offset, partition_leader_epoch,
