@@ -5,10 +5,9 @@ content checksum); below 0.10 it refuses lz4 itself. The Produce request it sent
 as bytes (records_samples.SARAMA_LZ4_PRODUCE), so that case is tested without Go too."""
 import pytest
 import xxhash
-from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceResponse
 
-from broker_helpers import RawConnection, consume_to_end, stored_batches
+from broker_helpers import RawConnection, consume_to_end, fetch_raw, stored_batches
 from go_probes import build_probe
 from kmem.broker import Broker
 from kmem.records import codecs
@@ -26,16 +25,6 @@ def broker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def sarama():
     return build_probe("sarama_probe.go")
-
-
-def fetch_raw(broker, topic, version):
-    partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)
-    request = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
-                           topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])])
-    with RawConnection(broker.bootstrap_servers) as connection:
-        data = connection.request(request, FetchResponse, version).responses[0].partitions[0]
-    assert data.error_code == 0
-    return data.records
 
 
 def lz4_header_checksums(records):
@@ -61,7 +50,10 @@ def test_sarama_lz4_produce_request_is_stored_and_read_at_every_magic(broker):
     # Fetch v2 and v3 down-convert to magic 1, whose frames carry the right header checksum; v0 and v1 to
     # magic 0, whose frames carry the one Kafka before 0.10 wrote, which old readers expect (KAFKA-3160)
     for version, magic in [(1, 0), (2, 1)]:
-        records = fetch_raw(broker, SARAMA_LZ4_TOPIC, version)
+        with RawConnection(broker.bootstrap_servers) as connection:
+            fetched = fetch_raw(connection, SARAMA_LZ4_TOPIC, version)
+        assert fetched.error_code == 0
+        records = fetched.records
         assert records[16] == magic
         assert [row[3] for row in read_kafka_python(records)] == [SARAMA_LZ4_VALUE]
         written, standard, broken = lz4_header_checksums(records)
