@@ -132,6 +132,17 @@ def produce_raw(connection, topic, records, version=9):
     return response.responses[0].partition_responses[0]
 
 
+def fetch_raw(connection, topic, version, offset=0):
+    """One partition's answer to a Fetch (no wait, up to 1 MiB) of partition 0 of ``topic`` from ``offset``."""
+    from kafka.protocol.consumer import FetchRequest, FetchResponse
+
+    partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=offset,
+                                                       partition_max_bytes=1 << 20)
+    request = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
+                           topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])])
+    return connection.request(request, FetchResponse, version).responses[0].partitions[0]
+
+
 def start_broker_process(log_dir, *args, port=0, open_files=None, before=None):
     """``kmem broker`` in a child interpreter; returns (process, bootstrap) once it logs where it listens;
     ``process.log_lines`` collects its log.

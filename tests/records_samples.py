@@ -68,3 +68,22 @@ def v2_batch_of(section, count=1, codec=codecs.NONE):
                                    -1, -1, -1, count))
     struct.pack_into(">I", header, 17, _core.crc32c(section, _core.crc32c(bytes(header[21:]))))
     return bytes(header) + section
+
+
+# One Produce request (v2) exactly as Sarama 1.22 sent it with config.Version = V0_10_0_0 and
+# CompressionLZ4, captured on the wire (tests/go/sarama_probe.go, sync, one record): a magic 1 wrapper
+# around an LZ4 frame of pierrec/lz4 (FLG 0x64: content checksum; BD 0x70: 4 MiB blocks) whose one block
+# begins 16 00 01 00, bytes that read as a plausible size prefix.
+SARAMA_LZ4_TOPIC = "sarama-lz4"
+SARAMA_LZ4_VALUE = b"sarama-lz4-sync-0"
+SARAMA_LZ4_PRODUCE = bytes.fromhex(
+    "00000002000000000006736172616d61ffff0000271000000001000a736172616d612d6c7a340000000100000000000000630000"
+    "00000000000000000057af6e41ac0103000001a21fa9a173ffffffff0000004104224d186470b92e00000016000100f0192795d1"
+    "fadd0100000001a21fa9a173ffffffff00000011736172616d612d6c7a342d73796e632d300000000070e7357e")
+
+
+def sarama_lz4_frame():
+    """The LZ4 frame inside ``SARAMA_LZ4_PRODUCE``'s wrapper message (its value, the request's end)."""
+    start = SARAMA_LZ4_PRODUCE.index(codecs.LZ4_MAGIC)
+    size, = struct.unpack_from(">i", SARAMA_LZ4_PRODUCE, start - 4)
+    return SARAMA_LZ4_PRODUCE[start:start + size]

@@ -3,9 +3,8 @@ message sets, which the broker stores as magic 2) and consume. Every client also
 any Fetch version, so a raw Fetch at v0-v3 checks what the broker actually serves: magic 0 for v0-1,
 magic 1 for v2-3 (lazily down-converted), magic 2 as stored from v4."""
 import pytest
-from kafka.protocol.consumer import FetchRequest, FetchResponse
 
-from broker_helpers import RawConnection, entry_magics, stored_batches, wait_for
+from broker_helpers import RawConnection, entry_magics, fetch_raw, stored_batches, wait_for
 from kmem.broker import Broker
 
 COUNT = 20
@@ -112,11 +111,8 @@ def test_raw_fetch_gets_the_magic_of_its_version(broker, version, magic):
             producer.send(topic, value, partition=0)
         producer.flush()
         producer.close()
-    partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=3, partition_max_bytes=1 << 20)
-    request = FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20,
-                           topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])])
     with RawConnection(broker.bootstrap_servers) as connection:
-        data = connection.request(request, FetchResponse, version).responses[0].partitions[0]
+        data = fetch_raw(connection, topic, version, offset=3)
     assert data.error_code == 0
     magics = entry_magics(data.records)
     assert magics and set(magics) == {magic}

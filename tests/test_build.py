@@ -47,19 +47,27 @@ def test_a_bench_runs_with_benchmarks_disabled():
     assert result.returncode == 0, result.stdout[-3000:]
 
 
-@pytest.mark.parametrize("present, installs", [
-    (["java", "javac"], False),
-    (["java"], True),           # a JRE alone: the commons-collections probe would skip for want of javac
-    ([], True),
+JDK = "openjdk-17-jdk-headless"
+GO_AND_SARAMA = "golang-go golang-github-shopify-sarama-dev"
+
+
+@pytest.mark.parametrize("present, sarama, installs", [
+    (["java", "javac", "go"], True, None),
+    (["java", "go"], True, JDK),        # a JRE alone: the commons-collections probe would skip for want of javac
+    (["java", "javac", "go"], False, GO_AND_SARAMA),        # Go without Debian's Sarama sources
+    (["java", "javac"], False, GO_AND_SARAMA),
+    ([], False, f"{JDK} {GO_AND_SARAMA}"),      # one apt-get for both
 ])
-def test_ci_installs_a_jdk_unless_java_and_javac_are_there(tmp_path, present, installs):
-    """.ci/run, with apt-get, make and the Java tools replaced by stubs that log their calls."""
+def test_ci_installs_a_jdk_go_and_sarama_unless_they_are_there(tmp_path, present, sarama, installs):
+    """.ci/run, with apt-get, make and the Java and Go tools replaced by stubs that log their calls (the go
+    stub finds Sarama's package or not, as ``sarama`` says)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "calls"
     for tool in ["apt-get", "make", *present]:
         stub = bin_dir / tool
-        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+        found = "0" if tool != "go" or sarama else "1"
+        stub.write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexit {found}\n')
         stub.chmod(0o755)
     for tool in ["dirname", "sh"]:
         (bin_dir / tool).symlink_to(shutil.which(tool))
@@ -67,7 +75,10 @@ def test_ci_installs_a_jdk_unless_java_and_javac_are_there(tmp_path, present, in
     subprocess.run([bash, str(ROOT / ".ci" / "run")], check=True, env={"PATH": str(bin_dir)}, timeout=60)
     logged = calls.read_text().splitlines()
     assert logged[-1] == "make test"
-    assert ("apt-get install -y -qq openjdk-17-jdk-headless" in logged) == installs
+    if "go" in present:
+        assert "go list github.com/Shopify/sarama" in logged
+    installed = [line for line in logged if line.startswith("apt-get install")]
+    assert installed == ([f"apt-get install -y -qq {installs}"] if installs else [])
 
 
 def test_version_matches_project_metadata():

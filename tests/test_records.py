@@ -7,7 +7,8 @@ import zlib
 
 import pytest
 import xxhash
-from records_samples import CODECS, MINIMAL_RECORD, read_kmem, scenario_batches, scenario_records, v2_batch_of
+from records_samples import (CODECS, MINIMAL_RECORD, SARAMA_LZ4_VALUE, read_kmem, sarama_lz4_frame,
+                             scenario_batches, scenario_records, v2_batch_of)
 
 from kmem import _core
 from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
@@ -494,6 +495,16 @@ def test_decompress_chunks_reads_every_framing_and_refuses_what_decompress_refus
     with pytest.raises(CorruptRecordError, match="header checksum"):
         list(codecs.decompress_chunks(codecs.LZ4, bytes(frame), 1))
     assert b"".join(map(bytes, codecs.decompress_chunks(codecs.LZ4, codecs.compress(codecs.LZ4, b"x", 0), 0))) == b"x"
+
+
+def test_decompress_chunks_reads_an_lz4_block_whose_first_bytes_look_like_a_size():
+    # Sarama's frame (4 MiB blocks): its block's first four bytes, 16 00 01 00, are 65558 as a little-endian
+    # size, which fits the block buffer; a reader taking them for lz4's optional size prefix decodes the
+    # rest into 33 wrong bytes and the inner message's CRC fails
+    frame = sarama_lz4_frame()
+    whole = bytes(codecs.decompress(codecs.LZ4, frame, 1))
+    assert b"".join(map(bytes, codecs.decompress_chunks(codecs.LZ4, frame, 1))) == whole
+    assert [record.value for record in MemoryRecords(whole).records()] == [SARAMA_LZ4_VALUE]
 
 
 @pytest.mark.parametrize("codec", [1, 2, 3, 4])

@@ -314,7 +314,9 @@ def _unlz4_blocks(data, magic, limit, position):
             out = block
         else:
             out = bytearray(block_max)
-            out = memoryview(out)[:cramjam.lz4.decompress_block_into(block, out)]
+            # output_len says the block has no size prefix; without it cramjam takes the block's first four
+            # bytes for one whenever they fit the buffer, and decodes the rest into other bytes
+            out = memoryview(out)[:cramjam.lz4.decompress_block_into(block, out, output_len=block_max)]
         total += len(out)
         if total > limit:
             raise _too_large(limit, position)
