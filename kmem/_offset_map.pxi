@@ -343,9 +343,11 @@ def filter_v2_records(OffsetMap offset_map not None, const unsigned char[::1] se
     return result
 
 
-def first_keyless_record(const unsigned char[::1] section not None, *, int64_t count, Py_ssize_t base=0):
-    """The index of the first record without a key in a v2 records section (``count`` records,
-    decompressed), or -1: what a compacted topic refuses (Kafka's ``LogValidator``)."""
+def first_invalid_record(const unsigned char[::1] section not None, *, int64_t count, bint keyless,
+                         int64_t base_timestamp, int64_t low, int64_t high, Py_ssize_t base=0):
+    """The index of the first record of a v2 records section (``count`` records, decompressed) that Kafka's
+    ``LogValidator`` refuses, or -1: one without a key when ``keyless`` (a compacted topic), or one whose
+    timestamp (``base_timestamp`` plus its delta) is neither -1 nor within ``[low, high]`` (KIP-937)."""
     cdef Py_ssize_t n = section.shape[0]
     cdef const unsigned char* start = &section[0] if n else NULL
     cdef Cursor c = Cursor(start, start + n, start, OK, 0)
@@ -356,10 +358,10 @@ def first_keyless_record(const unsigned char[::1] section not None, *, int64_t c
         raise _corrupt(ERR_COUNT, 0, base)
     with nogil:
         for i in range(count):
-            if c.p >= c.end or parse_v2_record(&c, 0, 0, &f) < 0:
+            if c.p >= c.end or parse_v2_record(&c, 0, base_timestamp, &f) < 0:
                 rc = -1
                 break
-            if f.key_len < 0:
+            if (keyless and f.key_len < 0) or (f.timestamp != -1 and not low <= f.timestamp <= high):
                 found = i
                 break
     if rc < 0:

@@ -9,13 +9,13 @@
   batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
   Kafka trims it; input without any complete batch is INVALID_RECORD. More bytes than ``segment.bytes``
   is RECORD_LIST_TOO_LARGE.
-- On a compacted topic (``cleanup.policy`` holding ``compact``) a record without a key from a client is
-  INVALID_RECORD, as Kafka refuses it.
-- On a CreateTime topic (KIP-937), a batch from a client whose first or largest timestamp (a v2 header's
-  base and max timestamps, a v0/v1 entry's own) lies more than ``message.timestamp.before.max.ms`` before
-  the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP. Kafka
-  checks every record; here a record older than its batch's first one, or an inner message of a
-  compressed v0/v1 entry (whose own timestamp is their largest), escapes the lower bound.
+- Per record, as Kafka's ``LogValidator.validateRecord``: on a compacted topic (``cleanup.policy`` holding
+  ``compact``) a record without a key from a client is INVALID_RECORD; on a CreateTime topic (KIP-937) a
+  record (not from replication) whose timestamp, unless -1, lies more than ``message.timestamp.before.max.ms``
+  before the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP. The
+  first batch holding such records is refused naming each by its index in the batch (KIP-467's
+  ``record_errors``, Kafka's ``RecordValidationException``): INVALID_TIMESTAMP if any timestamp is among
+  them, else INVALID_RECORD. v2 batches are scanned by the core; the indices are gathered only on a refusal.
 - v2 batches are written as they came, each behind a rewritten 61-byte header: base offset, partition
   leader epoch and, on a ``LogAppendTime`` topic, the timestamp type bit, the broker's time as max
   timestamp and the CRC. The records after the header are never copied: they are written from the
@@ -60,12 +60,13 @@ import time
 from dataclasses import dataclass, field
 
 from kmem import _core
-from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.codes import ErrorCode, LogError, RecordValidationError
 from kmem.broker.log.index import NO_TIMESTAMP
 from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
 from kmem.records import MemoryRecords, codecs
 from kmem.records.arguments import byte_view
-from kmem.records.batches import ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, NO_SEQUENCE, V2_HEADER
+from kmem.records.batches import (ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX, INT64_MIN,
+                                  NO_SEQUENCE, V2_HEADER)
 
 V2_HEADER_SIZE = V2_HEADER.size
 CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
@@ -148,19 +149,6 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
                                                          f"batch with producer id {batch.producer_id}")
 
 
-def _check_timestamps(batches, now, before_max_ms, after_max_ms):
-    """KIP-937 on a CreateTime topic: INVALID_TIMESTAMP when a batch's first or largest timestamp (a v2
-    header's base and max timestamps, a v0/v1 entry's own) lies more than ``before_max_ms`` before ``now``
-    or more than ``after_max_ms`` after it; -1 (no timestamp) passes."""
-    for index, batch in enumerate(batches):
-        for timestamp in (batch.base_timestamp, batch.max_timestamp):
-            if timestamp != NO_TIMESTAMP and not -after_max_ms <= now - timestamp <= before_max_ms:
-                raise LogError(ErrorCode.INVALID_TIMESTAMP,
-                               f"timestamp {timestamp} of batch {index} is out of range: it should be within "
-                               f"[{now - before_max_ms}, {now + after_max_ms}] (message.timestamp.before.max.ms, "
-                               "message.timestamp.after.max.ms)")
-
-
 def _check_records(batch):
     """Every record of a v2 batch must parse, exactly filling the batch (Kafka iterates them too)."""
     body = batch.buffer[V2_HEADER_SIZE:]
@@ -174,20 +162,77 @@ def _check_records(batch):
         raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
 
 
-def _check_keys(batches):
-    """A compacted topic takes only records with a key: else INVALID_RECORD, as Kafka's ``LogValidator``."""
+def _check_record_contents(batches, compact, window):
+    """Kafka's ``LogValidator.validateRecord`` of each batch in turn: on a compacted topic every record needs a
+    key (INVALID_RECORD); on a CreateTime topic every timestamp but -1 must lie within ``window``,
+    ``(lowest, highest)`` (KIP-937, INVALID_TIMESTAMP; None: any). The first batch holding such records raises
+    ``RecordValidationError`` naming each of them (KIP-467). A v2 batch is scanned by the core, which stops at
+    the first such record; only then are its records read one by one for the indices."""
     for batch in batches:
-        if batch.is_control_batch:
-            continue
-        if batch.magic == 2:
-            body = batch.buffer[V2_HEADER_SIZE:]
-            if batch.is_compressed:
-                body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
-            keyless = _core.first_keyless_record(body, count=batch.records_count) >= 0
-        else:
-            keyless = any(record.key is None for record in batch)
-        if keyless:
-            raise LogError(ErrorCode.INVALID_RECORD, "compacted topic cannot accept message without key")
+        compact_batch = compact and not batch.is_control_batch
+        try:
+            if batch.magic == 2 and _first_invalid_v2_record(batch, compact_batch, window) < 0:
+                _check_max_timestamp(batch, window)
+                continue
+            errors = _record_errors(batch, compact_batch, window)
+        except DecompressionLimitError as e:
+            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        except CorruptRecordError as e:
+            if batch.magic == 2:
+                raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
+            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        if errors:
+            _raise_record_errors(errors)
+
+
+def _check_max_timestamp(batch, window):
+    """Kafka sets a CreateTime batch's max timestamp from its records; kept here as it came (it goes to the
+    time index), it must be within ``window`` too (INVALID_TIMESTAMP)."""
+    if window is not None and batch.max_timestamp != NO_TIMESTAMP and not window[0] <= batch.max_timestamp <= window[1]:
+        raise LogError(ErrorCode.INVALID_TIMESTAMP, f"the max timestamp {batch.max_timestamp} of the batch is out of "
+                                                    f"range: it should be within [{window[0]}, {window[1]}]")
+
+
+def _first_invalid_v2_record(batch, compact, window):
+    """The index of the first record of v2 ``batch`` that ``_record_errors`` would name, or -1."""
+    low, high = window or (INT64_MIN, INT64_MAX)
+    if batch.attributes & ATTR_LOG_APPEND_TIME:         # its records read with its max timestamp
+        if batch.max_timestamp != NO_TIMESTAMP and not low <= batch.max_timestamp <= high:
+            return 0
+        low, high = INT64_MIN, INT64_MAX
+    body = batch.buffer[V2_HEADER_SIZE:]
+    if batch.is_compressed:
+        body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
+    return _core.first_invalid_record(body, count=batch.records_count, keyless=compact,
+                                      base_timestamp=batch.base_timestamp, low=low, high=high)
+
+
+def _record_errors(batch, compact, window):
+    """``[(index in the batch, INVALID_RECORD or INVALID_TIMESTAMP, message)]`` of each record of ``batch``
+    Kafka refuses (a keyless record's key first), worded as Kafka's ``LogValidator``."""
+    errors = []
+    for index, record in enumerate(batch):
+        if compact and record.key is None:
+            errors.append((index, ErrorCode.INVALID_RECORD, "Compacted topic cannot accept message without key"))
+        elif window is not None and record.timestamp != NO_TIMESTAMP \
+                and not window[0] <= record.timestamp <= window[1]:
+            errors.append((index, ErrorCode.INVALID_TIMESTAMP, f"Timestamp {record.timestamp} of message with offset "
+                                                               f"{record.offset} is out of range. The timestamp should "
+                                                               f"be within [{window[0]}, {window[1]}]"))
+    return errors
+
+
+def _raise_record_errors(errors):
+    """Kafka's ``processRecordErrors``: INVALID_TIMESTAMP when a timestamp is among ``errors``, else
+    INVALID_RECORD, with Kafka's summary as the message."""
+    record_errors = tuple((index, message) for index, _, message in errors)
+    if any(code == ErrorCode.INVALID_TIMESTAMP for _, code, _ in errors):
+        raise RecordValidationError(ErrorCode.INVALID_TIMESTAMP,
+                                    "One or more records have been rejected due to invalid timestamp", record_errors)
+    shown = ", ".join(f"RecordError(batchIndex={index}, message='{message}')" for index, message in record_errors[:3])
+    raise RecordValidationError(ErrorCode.INVALID_RECORD,
+                                f"One or more records have been rejected due to {len(errors)} record errors in total, "
+                                f"and only showing the first three errors at most: [{shown}]", record_errors)
 
 
 def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CLIENT, now_ms=None):
@@ -212,11 +257,11 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
                                      or all(batch.compression == target for batch in batches))
     for batch in batches:
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
-    if config.compact and origin == CLIENT:
-        _check_keys(batches)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    if not config.log_append_time and origin != REPLICATION:
-        _check_timestamps(batches, now, config.timestamp_before_max_ms, config.timestamp_after_max_ms)
+    if origin != REPLICATION:
+        window = _timestamp_window(config, now)
+        if config.compact and origin == CLIENT or window is not None:
+            _check_record_contents(batches, config.compact and origin == CLIENT, window)
     log_append_time = now if config.log_append_time else -1
     if in_place:
         return _assign_in_place(batches, next_offset, leader_epoch, log_append_time)
@@ -224,6 +269,15 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
         raise LogError(ErrorCode.CORRUPT_MESSAGE, f"unknown compression codec {first.compression}")
     return _rebuild(batches, first.compression if target is None else target, next_offset, leader_epoch,
                     log_append_time, config.max_message_bytes)
+
+
+def _timestamp_window(config, now):
+    """``(lowest, highest)`` CreateTime timestamp ``config`` takes at ``now`` (KIP-937), or None for any: a
+    bound of Long.MAX_VALUE (the default) is none."""
+    before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
+    if config.log_append_time or before == after == INT64_MAX:
+        return None
+    return (INT64_MIN if before == INT64_MAX else now - before), min(now + after, INT64_MAX)
 
 
 def _target_codec(compression_type):
