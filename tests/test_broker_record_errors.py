@@ -14,6 +14,7 @@ from broker_helpers import TIMEOUT, RawConnection
 from kmem import _core
 from kmem.broker import Broker, ErrorCode
 from kmem.broker.log import LogManager
+from kmem.broker.log.validator import MAX_RECORD_ERRORS
 from kmem.records import RecordsBuilder
 
 NOW = 1_700_000_000_000
@@ -58,6 +59,15 @@ def test_every_keyless_record_of_a_batch_is_named_by_its_index(logs, magic, code
     assert (result.error_code, result.record_errors) == (ErrorCode.INVALID_RECORD, expected)
     assert result.error_message == kafkas_summary(expected)
     assert partition.log_end_offset == 0
+
+
+@pytest.mark.parametrize("magic", [2, 1])
+def test_a_batch_of_many_keyless_records_names_a_bounded_number(logs, magic):
+    logs.create_topic("t", 1, {"cleanup.policy": "compact"})
+    count = MAX_RECORD_ERRORS + 1000
+    result = logs.get_partition("t", 0).append(batch_of([None] * count, magic=magic, codec="gzip"), now_ms=NOW)
+    assert result.error_code == ErrorCode.INVALID_RECORD
+    assert result.record_errors == tuple((index, KEYLESS) for index in range(MAX_RECORD_ERRORS))
 
 
 def test_uncompressed_v0_v1_messages_are_batches_of_one(logs):

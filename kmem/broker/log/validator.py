@@ -55,6 +55,7 @@ A batch decompresses to at most ``MAX_DECOMPRESSED_BYTES``, so at worst (one rec
 is below ``2.25 × max.message.bytes + 3 × MAX_DECOMPRESSED_BYTES + REBUILD_OVERHEAD_BYTES``; a batch of
 small records in gzip or lz4 costs about ``max.message.bytes`` plus a few MiB, however many it holds.
 """
+import itertools
 import struct
 import time
 from dataclasses import dataclass, field
@@ -74,6 +75,10 @@ CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
 REBUILD_SLICE_BYTES = 256 << 10
 #: Allowance for the slices, pieces and codec state of a rebuild (zstd's compressor takes a few MiB).
 REBUILD_OVERHEAD_BYTES = 16 << 20
+#: At most this many records of a refused batch are named (KIP-467's ``record_errors``, librdkafka's default
+#: ``batch.num.messages``). Kafka names every one, but a batch may decompress to millions of records, and the
+#: answer grows with them; the records past these fail unnamed, with the rest of the batch.
+MAX_RECORD_ERRORS = 10_000
 
 
 @dataclass
@@ -166,73 +171,75 @@ def _check_record_contents(batches, compact, window):
     """Kafka's ``LogValidator.validateRecord`` of each batch in turn: on a compacted topic every record needs a
     key (INVALID_RECORD); on a CreateTime topic every timestamp but -1 must lie within ``window``,
     ``(lowest, highest)`` (KIP-937, INVALID_TIMESTAMP; None: any). The first batch holding such records raises
-    ``RecordValidationError`` naming each of them (KIP-467). A v2 batch is scanned by the core, which stops at
-    the first such record; only then are its records read one by one for the indices."""
+    ``RecordValidationError`` naming them (KIP-467)."""
     for batch in batches:
         compact_batch = compact and not batch.is_control_batch
         try:
-            if batch.magic == 2 and _first_invalid_v2_record(batch, compact_batch, window) < 0:
+            invalid = _invalid_records(batch, compact_batch, window)
+            if not invalid and batch.magic == 2:
                 _check_max_timestamp(batch, window)
-                continue
-            errors = _record_errors(batch, compact_batch, window)
         except DecompressionLimitError as e:
             raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
         except CorruptRecordError as e:
             if batch.magic == 2:
                 raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
             raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
-        if errors:
-            _raise_record_errors(errors)
+        if invalid:
+            _raise_record_errors(invalid, compact_batch, window)
+
+
+def _outside(timestamp, low, high):
+    return timestamp != NO_TIMESTAMP and not low <= timestamp <= high
 
 
 def _check_max_timestamp(batch, window):
     """Kafka sets a CreateTime batch's max timestamp from its records; kept here as it came (it goes to the
     time index), it must be within ``window`` too (INVALID_TIMESTAMP)."""
-    if window is not None and batch.max_timestamp != NO_TIMESTAMP and not window[0] <= batch.max_timestamp <= window[1]:
+    if window is not None and _outside(batch.max_timestamp, *window):
         raise LogError(ErrorCode.INVALID_TIMESTAMP, f"the max timestamp {batch.max_timestamp} of the batch is out of "
                                                     f"range: it should be within [{window[0]}, {window[1]}]")
 
 
-def _first_invalid_v2_record(batch, compact, window):
-    """The index of the first record of v2 ``batch`` that ``_record_errors`` would name, or -1."""
+def _invalid_records(batch, compact, window):
+    """``[(index in the batch, offset, timestamp, has a key)]`` of the first ``MAX_RECORD_ERRORS`` records of
+    ``batch`` that ``_check_record_contents`` refuses: found by the core in a v2 batch; read one by one in a
+    v0/v1 entry, or in a v2 LogAppendTime batch whose time (all its records') is refused."""
     low, high = window or (INT64_MIN, INT64_MAX)
-    if batch.attributes & ATTR_LOG_APPEND_TIME:         # its records read with its max timestamp
-        if batch.max_timestamp != NO_TIMESTAMP and not low <= batch.max_timestamp <= high:
-            return 0
-        low, high = INT64_MIN, INT64_MAX
-    body = batch.buffer[V2_HEADER_SIZE:]
-    if batch.is_compressed:
-        body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
-    return _core.first_invalid_record(body, count=batch.records_count, keyless=compact,
-                                      base_timestamp=batch.base_timestamp, low=low, high=high)
+    log_append = batch.magic == 2 and batch.attributes & ATTR_LOG_APPEND_TIME
+    if batch.magic == 2 and not (log_append and _outside(batch.max_timestamp, low, high)):
+        if log_append:                  # its records read with its max timestamp, which is taken
+            low, high = INT64_MIN, INT64_MAX
+        body = batch.buffer[V2_HEADER_SIZE:]
+        if batch.is_compressed:
+            body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
+        return [(index, batch.base_offset + delta, timestamp, has_key) for index, delta, timestamp, has_key
+                in _core.invalid_records(body, count=batch.records_count, keyless=compact, limit=MAX_RECORD_ERRORS,
+                                         base_timestamp=batch.base_timestamp, low=low, high=high)]
+    refused = ((index, record.offset, record.timestamp, record.key is not None) for index, record in enumerate(batch)
+               if compact and record.key is None or _outside(record.timestamp, low, high))
+    return list(itertools.islice(refused, MAX_RECORD_ERRORS))
 
 
-def _record_errors(batch, compact, window):
-    """``[(index in the batch, INVALID_RECORD or INVALID_TIMESTAMP, message)]`` of each record of ``batch``
-    Kafka refuses (a keyless record's key first), worded as Kafka's ``LogValidator``."""
-    errors = []
-    for index, record in enumerate(batch):
-        if compact and record.key is None:
-            errors.append((index, ErrorCode.INVALID_RECORD, "Compacted topic cannot accept message without key"))
-        elif window is not None and record.timestamp != NO_TIMESTAMP \
-                and not window[0] <= record.timestamp <= window[1]:
-            errors.append((index, ErrorCode.INVALID_TIMESTAMP, f"Timestamp {record.timestamp} of message with offset "
-                                                               f"{record.offset} is out of range. The timestamp should "
-                                                               f"be within [{window[0]}, {window[1]}]"))
-    return errors
-
-
-def _raise_record_errors(errors):
-    """Kafka's ``processRecordErrors``: INVALID_TIMESTAMP when a timestamp is among ``errors``, else
-    INVALID_RECORD, with Kafka's summary as the message."""
-    record_errors = tuple((index, message) for index, _, message in errors)
-    if any(code == ErrorCode.INVALID_TIMESTAMP for _, code, _ in errors):
+def _raise_record_errors(invalid, compact, window):
+    """Kafka's ``processRecordErrors`` for the records ``_invalid_records`` found (a keyless one named for its
+    key, as Kafka checks that first): INVALID_TIMESTAMP when a timestamp is among them, else INVALID_RECORD,
+    each record's message and the summary worded as Kafka's."""
+    record_errors, untimely = [], False
+    for index, offset, timestamp, has_key in invalid:
+        if compact and not has_key:
+            record_errors.append((index, "Compacted topic cannot accept message without key"))
+        else:
+            untimely = True
+            record_errors.append((index, f"Timestamp {timestamp} of message with offset {offset} is out of range. "
+                                         f"The timestamp should be within [{window[0]}, {window[1]}]"))
+    record_errors = tuple(record_errors)
+    if untimely:
         raise RecordValidationError(ErrorCode.INVALID_TIMESTAMP,
                                     "One or more records have been rejected due to invalid timestamp", record_errors)
     shown = ", ".join(f"RecordError(batchIndex={index}, message='{message}')" for index, message in record_errors[:3])
     raise RecordValidationError(ErrorCode.INVALID_RECORD,
-                                f"One or more records have been rejected due to {len(errors)} record errors in total, "
-                                f"and only showing the first three errors at most: [{shown}]", record_errors)
+                                f"One or more records have been rejected due to {len(record_errors)} record errors "
+                                f"in total, and only showing the first three errors at most: [{shown}]", record_errors)
 
 
 def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CLIENT, now_ms=None):
