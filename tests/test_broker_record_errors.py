@@ -15,7 +15,7 @@ from kmem import _core
 from kmem.broker import Broker, ErrorCode
 from kmem.broker.log import LogManager
 from kmem.broker.log.validator import MAX_RECORD_ERRORS
-from kmem.records import RecordsBuilder
+from kmem.records import RecordsBuilder, TimestampType
 
 NOW = 1_700_000_000_000
 HOUR_MS = 3_600_000
@@ -100,6 +100,26 @@ def test_keyless_and_untimely_records_together_are_invalid_timestamp(logs):
     assert result.error_code == ErrorCode.INVALID_TIMESTAMP
     assert [(index, message.split(" of message")[0]) for index, message in result.record_errors] == [
         (1, KEYLESS), (2, KEYLESS), (3, f"Timestamp {NOW + HOUR_MS}")]
+
+
+@pytest.mark.parametrize("topic_type, batch_time, magic, refused", [
+    ("LogAppendTime", NOW, 2, True), ("LogAppendTime", NOW, 1, True),
+    ("CreateTime", -1, 2, True),                   # a LogAppendTime batch without a time
+    ("CreateTime", NOW, 2, False), ("CreateTime", NOW - HOUR_MS, 2, False),       # its time checked as any
+])
+def test_a_producer_may_not_set_log_append_time(logs, topic_type, batch_time, magic, refused):
+    logs.create_topic("t", 1, {"message.timestamp.type": topic_type})
+    builder = RecordsBuilder(magic, "gzip", TimestampType.LOG_APPEND_TIME, log_append_time=batch_time)
+    for index in range(3):
+        builder.append(b"v", key=b"k")
+    result = logs.get_partition("t", 0).append(builder.build(), now_ms=NOW)
+    if not refused:
+        assert (result.error_code, result.record_errors) == (ErrorCode.NONE, ())
+        return
+    assert result.error_code == ErrorCode.INVALID_TIMESTAMP
+    assert result.record_errors == tuple((index, f"Invalid timestamp type in message with offset {index}. Producer "
+                                                 "should not set timestamp type to LogAppendTime.") for index in range(3))
+    assert logs.get_partition("t", 0).log_end_offset == 0
 
 
 def test_a_batch_whose_max_timestamp_alone_is_out_of_bounds_names_no_record(logs):

@@ -12,10 +12,12 @@
 - Per record, as Kafka's ``LogValidator.validateRecord``: on a compacted topic (``cleanup.policy`` holding
   ``compact``) a record without a key from a client is INVALID_RECORD; on a CreateTime topic (KIP-937) a
   record (not from replication) whose timestamp, unless -1, lies more than ``message.timestamp.before.max.ms``
-  before the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP. The
-  first batch holding such records is refused naming each by its index in the batch (KIP-467's
-  ``record_errors``, Kafka's ``RecordValidationException``): INVALID_TIMESTAMP if any timestamp is among
-  them, else INVALID_RECORD. v2 batches are scanned by the core; the indices are gathered only on a refusal.
+  before the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP, as
+  is a batch saying LogAppendTime on a LogAppendTime topic or without a time on a CreateTime one. The first
+  batch holding such records is refused naming each by its index in the batch (KIP-467's ``record_errors``,
+  Kafka's ``RecordValidationException``; at most ``MAX_RECORD_ERRORS``): INVALID_TIMESTAMP if any timestamp
+  is among them, else INVALID_RECORD. v2 batches are scanned by the core in one pass; a CreateTime v2
+  batch's max timestamp, kept as it came, must be within the bounds too.
 - v2 batches are written as they came, each behind a rewritten 61-byte header: base offset, partition
   leader epoch and, on a ``LogAppendTime`` topic, the timestamp type bit, the broker's time as max
   timestamp and the CRC. The records after the header are never copied: they are written from the
@@ -67,7 +69,7 @@ from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgu
 from kmem.records import MemoryRecords, codecs
 from kmem.records.arguments import byte_view
 from kmem.records.batches import (ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX, INT64_MIN,
-                                  NO_SEQUENCE, V2_HEADER)
+                                  NO_SEQUENCE, V2_HEADER, TimestampType)
 
 V2_HEADER_SIZE = V2_HEADER.size
 CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
@@ -167,15 +169,17 @@ def _check_records(batch):
         raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
 
 
-def _check_record_contents(batches, compact, window):
+def _check_record_contents(batches, compact, window, log_append_topic):
     """Kafka's ``LogValidator.validateRecord`` of each batch in turn: on a compacted topic every record needs a
     key (INVALID_RECORD); on a CreateTime topic every timestamp but -1 must lie within ``window``,
-    ``(lowest, highest)`` (KIP-937, INVALID_TIMESTAMP; None: any). The first batch holding such records raises
+    ``(lowest, highest)`` (KIP-937, INVALID_TIMESTAMP; None: any); a batch may not say LogAppendTime where the
+    broker does not set its time instead (INVALID_TIMESTAMP). The first batch holding such records raises
     ``RecordValidationError`` naming them (KIP-467)."""
     for batch in batches:
         compact_batch = compact and not batch.is_control_batch
+        wrong_type = _wrong_timestamp_type(batch, log_append_topic)
         try:
-            invalid = _invalid_records(batch, compact_batch, window)
+            invalid = _invalid_records(batch, compact_batch, window, wrong_type)
             if not invalid and batch.magic == 2:
                 _check_max_timestamp(batch, window)
         except DecompressionLimitError as e:
@@ -185,7 +189,14 @@ def _check_record_contents(batches, compact, window):
                 raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
             raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
         if invalid:
-            _raise_record_errors(invalid, compact_batch, window)
+            _raise_record_errors(invalid, compact_batch, window, wrong_type)
+
+
+def _wrong_timestamp_type(batch, log_append_topic):
+    """Kafka's ``LogValidator.validateTimestamp``: a LogAppendTime batch (whose records all read with its
+    max timestamp) sent to a LogAppendTime topic, or to a CreateTime topic without a time."""
+    return batch.timestamp_type == TimestampType.LOG_APPEND_TIME and (log_append_topic
+                                                                      or batch.max_timestamp == NO_TIMESTAMP)
 
 
 def _outside(timestamp, low, high):
@@ -200,13 +211,15 @@ def _check_max_timestamp(batch, window):
                                                     f"range: it should be within [{window[0]}, {window[1]}]")
 
 
-def _invalid_records(batch, compact, window):
+def _invalid_records(batch, compact, window, wrong_type):
     """``[(index in the batch, offset, timestamp, has a key)]`` of the first ``MAX_RECORD_ERRORS`` records of
-    ``batch`` that ``_check_record_contents`` refuses: found by the core in a v2 batch; read one by one in a
-    v0/v1 entry, or in a v2 LogAppendTime batch whose time (all its records') is refused."""
+    ``batch`` that ``_check_record_contents`` refuses (every one when ``wrong_type``): found by the core in a v2
+    batch; read one by one in a v0/v1 entry, or in a batch whose records' time is refused."""
+    if not (compact or window or wrong_type):
+        return []
     low, high = window or (INT64_MIN, INT64_MAX)
-    log_append = batch.magic == 2 and batch.attributes & ATTR_LOG_APPEND_TIME
-    if batch.magic == 2 and not (log_append and _outside(batch.max_timestamp, low, high)):
+    log_append = batch.timestamp_type == TimestampType.LOG_APPEND_TIME
+    if batch.magic == 2 and not wrong_type and not (log_append and _outside(batch.max_timestamp, low, high)):
         if log_append:                  # its records read with its max timestamp, which is taken
             low, high = INT64_MIN, INT64_MAX
         body = batch.buffer[V2_HEADER_SIZE:]
@@ -216,11 +229,11 @@ def _invalid_records(batch, compact, window):
                 in _core.invalid_records(body, count=batch.records_count, keyless=compact, limit=MAX_RECORD_ERRORS,
                                          base_timestamp=batch.base_timestamp, low=low, high=high)]
     refused = ((index, record.offset, record.timestamp, record.key is not None) for index, record in enumerate(batch)
-               if compact and record.key is None or _outside(record.timestamp, low, high))
+               if compact and record.key is None or wrong_type or _outside(record.timestamp, low, high))
     return list(itertools.islice(refused, MAX_RECORD_ERRORS))
 
 
-def _raise_record_errors(invalid, compact, window):
+def _raise_record_errors(invalid, compact, window, wrong_type):
     """Kafka's ``processRecordErrors`` for the records ``_invalid_records`` found (a keyless one named for its
     key, as Kafka checks that first): INVALID_TIMESTAMP when a timestamp is among them, else INVALID_RECORD,
     each record's message and the summary worded as Kafka's."""
@@ -228,6 +241,10 @@ def _raise_record_errors(invalid, compact, window):
     for index, offset, timestamp, has_key in invalid:
         if compact and not has_key:
             record_errors.append((index, "Compacted topic cannot accept message without key"))
+        elif wrong_type:
+            untimely = True
+            record_errors.append((index, f"Invalid timestamp type in message with offset {offset}. Producer should "
+                                         f"not set timestamp type to LogAppendTime."))
         else:
             untimely = True
             record_errors.append((index, f"Timestamp {timestamp} of message with offset {offset} is out of range. "
@@ -266,9 +283,8 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     if origin != REPLICATION:
-        window = _timestamp_window(config, now)
-        if config.compact and origin == CLIENT or window is not None:
-            _check_record_contents(batches, config.compact and origin == CLIENT, window)
+        _check_record_contents(batches, config.compact and origin == CLIENT, _timestamp_window(config, now),
+                               config.log_append_time)
     log_append_time = now if config.log_append_time else -1
     if in_place:
         return _assign_in_place(batches, next_offset, leader_epoch, log_append_time)
