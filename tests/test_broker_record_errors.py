@@ -1,7 +1,8 @@
 """KIP-467: a batch refused for some of its records names each of them, by its index in the batch, as Kafka's
 ``LogValidator`` does (``RecordValidationException``): keyless records to a compacted topic (INVALID_RECORD) and
-timestamps out of KIP-937's bounds (INVALID_TIMESTAMP). Produce v8+ answers ``record_errors`` and Kafka's
-``error_message``; librdkafka then fails the named records with the error and the others of the batch with
+timestamps out of KIP-937's bounds or a producer's LogAppendTime (INVALID_TIMESTAMP). Produce v8+ answers
+``record_errors`` and Kafka's ``error_message``; librdkafka then fails the named records with INVALID_RECORD
+(whatever the answer's code, as Kafka's Java producer does) and the others of the batch with
 ``_INVALID_DIFFERENT_RECORD``."""
 import struct
 import time
