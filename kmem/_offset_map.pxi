@@ -343,25 +343,40 @@ def filter_v2_records(OffsetMap offset_map not None, const unsigned char[::1] se
     return result
 
 
-def first_keyless_record(const unsigned char[::1] section not None, *, int64_t count, Py_ssize_t base=0):
-    """The index of the first record without a key in a v2 records section (``count`` records,
-    decompressed), or -1: what a compacted topic refuses (Kafka's ``LogValidator``)."""
+def invalid_records(const unsigned char[::1] section not None, *, int64_t count, bint keyless,
+                    int64_t base_timestamp, int64_t low, int64_t high, Py_ssize_t limit, Py_ssize_t base=0):
+    """The first ``limit`` records of a v2 records section (``count`` records, decompressed) that Kafka's
+    ``LogValidator`` refuses, as ``[(index, offset delta, timestamp, has a key)]``: one without a key when
+    ``keyless`` (a compacted topic), or one whose timestamp (``base_timestamp`` plus its delta) is neither -1
+    nor within ``[low, high]`` (KIP-937). The records are parsed until the ``limit``-th is found (every one
+    when fewer are), their structure checked."""
     cdef Py_ssize_t n = section.shape[0]
     cdef const unsigned char* start = &section[0] if n else NULL
     cdef Cursor c = Cursor(start, start + n, start, OK, 0)
     cdef Fields f
-    cdef int64_t i, found = -1
+    cdef int64_t i = 0
     cdef int rc = 0
+    cdef bint hit = False
     if count < 0 or count > n:
         raise _corrupt(ERR_COUNT, 0, base)
-    with nogil:
-        for i in range(count):
-            if c.p >= c.end or parse_v2_record(&c, 0, 0, &f) < 0:
-                rc = -1
-                break
-            if f.key_len < 0:
-                found = i
-                break
-    if rc < 0:
-        raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
-    return found
+    if limit <= 0:
+        raise ValueError("limit must be positive")
+    found = []
+    while True:
+        with nogil:
+            while i < count:
+                if c.p >= c.end or parse_v2_record(&c, 0, base_timestamp, &f) < 0:
+                    rc = -1
+                    break
+                i += 1
+                if (keyless and f.key_len < 0) or (f.timestamp != -1 and not low <= f.timestamp <= high):
+                    hit = True
+                    break
+        if rc < 0:
+            raise _corrupt(c.error or ERR_COUNT, c.error_at if c.error else c.p - start, base)
+        if not hit:
+            return found
+        found.append((i - 1, f.offset, f.timestamp, f.key_len >= 0))
+        if len(found) == limit:
+            return found
+        hit = False

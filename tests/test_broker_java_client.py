@@ -1,7 +1,7 @@
 """kmem broker against Apache's Java clients (kafka-clients 3.9.1, the jar inside the PyPI wheel
 ``shigawire-apache-flink-libraries``, with the lz4, snappy, zstd and slf4j jars the wheel ships): an AdminClient
 describing topics by id, a consumer validating a seek with its leader epoch (KIP-320), an idempotent producer
-with each codec, a consumer group reading back and resuming from its commit, and a cooperative-sticky group
+with each codec, a producer told which records of its batch were refused (KIP-467), a consumer group reading back and resuming from its commit, and a cooperative-sticky group
 (KIP-429) of a Java member and a kmem member, either joining the other's group; and transactions: a
 transactional producer committing and aborting among plain records (read_committed and read_uncommitted
 consumers), consume-transform-produce with ``sendOffsetsToTransaction(offsets, consumer.groupMetadata())``
@@ -81,6 +81,19 @@ def test_an_idempotent_producer_is_stored_in_its_codec(broker, probe, codec):
     stored = stored_batches(broker.log_dir, topic, 0)
     assert {(compression, producer_id >= 0) for _, producer_id, compression, _ in stored} == {(CODEC_IDS[codec], True)}
     assert [value for *_, values in stored for value in values] == [b"%s-%d" % (codec.encode(), i) for i in range(20)]
+
+
+def test_a_producer_learns_which_records_of_a_batch_were_refused(broker, probe):
+    # KIP-467: Kafka's Sender fails each record the answer names with its message, the others with a KafkaException
+    broker.logs.create_topic("compacted", 1, {"cleanup.policy": "compact"})
+    keyless = [4, 11, 17]
+    outcomes = probe("produce-keyless", broker.bootstrap_servers, "compacted", 20, *keyless)
+    assert [i for i, outcome in enumerate(outcomes) if outcome.get("error") == "InvalidRecordException"] == keyless
+    assert {outcomes[i]["message"] for i in keyless} == {"Compacted topic cannot accept message without key"}
+    assert {(outcome.get("error"), outcome.get("message")) for i, outcome in enumerate(outcomes) if i not in keyless} \
+        == {("KafkaException", "Failed to append record because it was part of a batch which had one more more "
+                               "invalid records")}
+    assert broker.logs.get_partition("compacted", 0).log_end_offset == 0
 
 
 def test_a_consumer_group_reads_back_and_resumes_from_its_commit(broker, probe):

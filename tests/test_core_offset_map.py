@@ -154,3 +154,26 @@ def test_sections_of_many_records_are_mapped_and_filtered_record_by_record_in_or
     expected = [1000 + i for i, key in enumerate(keys)
                 if 1000 + i > 1060 or key and latest.get(key) == 1000 + i and i % 9]
     assert [offset for offset, _, _, _ in _decode(kept.section, kept.count, 1000, batch.base_timestamp)] == expected
+
+
+def _invalid(section, count=6, keyless=True, low=1000, high=1004, limit=100):
+    return _core.invalid_records(section, count=count, keyless=keyless, base_timestamp=1000, low=low, high=high,
+                                 limit=limit)
+
+
+def test_invalid_records_are_the_keyless_ones_and_those_out_of_bounds_in_order():
+    records = [{"key": b"a", "value": b"1", "timestamp": 1000}, {"key": None, "value": b"x", "timestamp": 1001},
+               {"key": b"b", "value": b"2", "timestamp": 999}, {"key": b"c", "value": b"3", "timestamp": -1},
+               {"key": None, "value": b"y", "timestamp": 1005}, {"key": b"d", "value": b"4", "timestamp": 1004}]
+    _, section = _section(records)
+    # (index, offset delta, timestamp, has a key); -1 is no timestamp, never out of bounds
+    assert _invalid(section) == [(1, 1, 1001, False), (2, 2, 999, True), (4, 4, 1005, False)]
+    assert _invalid(section, keyless=False) == [(2, 2, 999, True), (4, 4, 1005, False)]
+    assert _invalid(section, limit=2) == [(1, 1, 1001, False), (2, 2, 999, True)]
+    assert _invalid(section, keyless=False, low=-1 << 63, high=(1 << 63) - 1) == []
+    with pytest.raises(CorruptRecordError):             # every record is parsed when none is refused
+        _invalid(section[:-1], keyless=False, low=-1 << 63, high=(1 << 63) - 1)
+    with pytest.raises(CorruptRecordError):
+        _invalid(section, count=7)
+    with pytest.raises(ValueError):
+        _invalid(section, limit=0)

@@ -70,9 +70,22 @@ class ErrorCode(enum.IntEnum):
 class LogError(KmemError):
     """A request the log refuses, with the Kafka error code a broker answers it with."""
 
+    #: KIP-467: ``[(batch index, message)]`` of the records that made a batch fail (Produce v8+ carries them)
+    record_errors = ()
+
     def __init__(self, code, message):
         super().__init__(f"{ErrorCode(code).name}: {message}")
         self.code = ErrorCode(code)
+
+
+class RecordValidationError(LogError):
+    """Kafka's ``RecordValidationException``: records of a batch refused, each named by its index in the batch
+    (KIP-467). Its text is the Produce response's ``error_message``, worded as Kafka's, without the code's name."""
+
+    def __init__(self, code, message, record_errors):
+        super().__init__(code, message)
+        self.args = (message,)
+        self.record_errors = record_errors
 
 
 def storage_error(error, action):

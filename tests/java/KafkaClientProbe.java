@@ -67,6 +67,8 @@ public class KafkaClientProbe {
             case "seek": return seek(a[0], a[1], Integer.parseInt(a[2]), Long.parseLong(a[3]),
                                      Integer.parseInt(a[4]), Integer.parseInt(a[5]));
             case "produce": return produce(a[0], a[1], a[2], Integer.parseInt(a[3]));
+            case "produce-keyless": return produceKeyless(a[0], a[1], Integer.parseInt(a[2]),
+                                                          Arrays.copyOfRange(a, 3, a.length));
             case "group-read": return groupRead(a[0], a[1], a[2], Integer.parseInt(a[3]));
             case "member-start": return Member.start(a[0], a[1], a[2], a[3]);
             case "member-state": return Member.MEMBERS.get(Integer.parseInt(a[0])).state();
@@ -177,6 +179,39 @@ public class KafkaClientProbe {
         Map<String, Object> answer = new LinkedHashMap<>();
         answer.put("offsets", offsets);
         return answer;
+    }
+
+    /** COUNT records to partition 0 of TOPIC in one batch, those at the INDICES without a key; each one's
+     *  outcome in order: {"offset"} or {"error": the exception's class, "message"}. */
+    static Object produceKeyless(String bootstrap, String topic, int count, String[] indices) throws Exception {
+        Properties p = client(bootstrap);
+        p.put("key.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        p.put("value.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        p.put("enable.idempotence", "false");
+        p.put("retries", "0");
+        p.put("linger.ms", "500");
+        p.put("batch.size", "1048576");
+        TreeSet<Integer> keyless = new TreeSet<>();
+        for (String index : indices)
+            keyless.add(Integer.parseInt(index));
+        List<Object> outcomes = new ArrayList<>();
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(p)) {
+            List<Future<RecordMetadata>> sent = new ArrayList<>();
+            for (int i = 0; i < count; i++)
+                sent.add(producer.send(new ProducerRecord<>(topic, 0, keyless.contains(i) ? null : "key-" + i,
+                                                            "value-" + i)));
+            for (Future<RecordMetadata> metadata : sent) {
+                Map<String, Object> outcome = new LinkedHashMap<>();
+                try {
+                    outcome.put("offset", metadata.get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS).offset());
+                } catch (ExecutionException e) {
+                    outcome.put("error", e.getCause().getClass().getSimpleName());
+                    outcome.put("message", e.getCause().getMessage());
+                }
+                outcomes.add(outcome);
+            }
+        }
+        return outcomes;
     }
 
     /** Join GROUP on TOPIC (from the committed offsets, else the earliest), read COUNT values, commit them. */

@@ -350,6 +350,7 @@ class Handlers:
         memory, released when the handler returns). acks=0 gets no response (None)."""
         version = header.api_version
         Partition = messages.ProduceResponse.PartitionProduceResponse
+        RecordError = messages.ProduceResponse.BatchIndexAndErrorMessage
         response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
         # Kafka's KafkaApis.handleProduceRequest: a request holding transactional batches needs a transactional
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
@@ -419,6 +420,8 @@ class Handlers:
                 result.log_start_offset = appended.log_start_offset
                 if appended.error_code:
                     result.error_message = appended.error_message
+                    result.record_errors = [RecordError(batch_index=index, batch_index_error_message=message)
+                                            for index, message in appended.record_errors]
                     log.debug("produce to %s-%d refused: %s", topic.name, data.index, appended.error_message)
                     continue
                 result.base_offset = appended.base_offset

@@ -102,6 +102,7 @@ class AppendResult(NamedTuple):
     log_start_offset: int
     error_message: str | None = None
     duplicate: bool = False
+    record_errors: tuple = ()           # KIP-467: [(batch index, message)] of the records refused
 
 
 class FetchData(NamedTuple):
@@ -355,7 +356,7 @@ class PartitionLog:
                         segment.txn_index.rewind(indexed)
                     raise
             except LogError as e:
-                return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e))
+                return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e), record_errors=e.record_errors)
             except OSError as e:
                 error = storage_error(e, f"appending to {self.topic}-{self.partition}")
                 log.error("%s: %s", self.directory, error)

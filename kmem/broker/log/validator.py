@@ -9,13 +9,15 @@
   batch that is not alone are INVALID_RECORD. A truncated trailing batch is dropped, as
   Kafka trims it; input without any complete batch is INVALID_RECORD. More bytes than ``segment.bytes``
   is RECORD_LIST_TOO_LARGE.
-- On a compacted topic (``cleanup.policy`` holding ``compact``) a record without a key from a client is
-  INVALID_RECORD, as Kafka refuses it.
-- On a CreateTime topic (KIP-937), a batch from a client whose first or largest timestamp (a v2 header's
-  base and max timestamps, a v0/v1 entry's own) lies more than ``message.timestamp.before.max.ms`` before
-  the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP. Kafka
-  checks every record; here a record older than its batch's first one, or an inner message of a
-  compressed v0/v1 entry (whose own timestamp is their largest), escapes the lower bound.
+- Per record, as Kafka's ``LogValidator.validateRecord``: on a compacted topic (``cleanup.policy`` holding
+  ``compact``) a record without a key from a client is INVALID_RECORD; on a CreateTime topic (KIP-937) a
+  record (not from replication) whose timestamp, unless -1, lies more than ``message.timestamp.before.max.ms``
+  before the broker's time or more than ``message.timestamp.after.max.ms`` after it is INVALID_TIMESTAMP, as
+  is a batch saying LogAppendTime on a LogAppendTime topic or without a time on a CreateTime one. The first
+  batch holding such records is refused naming each by its index in the batch (KIP-467's ``record_errors``,
+  Kafka's ``RecordValidationException``; at most ``MAX_RECORD_ERRORS``): INVALID_TIMESTAMP if any timestamp
+  is among them, else INVALID_RECORD. v2 batches are scanned by the core in one pass; a CreateTime v2
+  batch's max timestamp, kept as it came, must be within the bounds too.
 - v2 batches are written as they came, each behind a rewritten 61-byte header: base offset, partition
   leader epoch and, on a ``LogAppendTime`` topic, the timestamp type bit, the broker's time as max
   timestamp and the CRC. The records after the header are never copied: they are written from the
@@ -55,17 +57,19 @@ A batch decompresses to at most ``MAX_DECOMPRESSED_BYTES``, so at worst (one rec
 is below ``2.25 × max.message.bytes + 3 × MAX_DECOMPRESSED_BYTES + REBUILD_OVERHEAD_BYTES``; a batch of
 small records in gzip or lz4 costs about ``max.message.bytes`` plus a few MiB, however many it holds.
 """
+import itertools
 import struct
 import time
 from dataclasses import dataclass, field
 
 from kmem import _core
-from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.codes import ErrorCode, LogError, RecordValidationError
 from kmem.broker.log.index import NO_TIMESTAMP
 from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgumentError
 from kmem.records import MemoryRecords, codecs
 from kmem.records.arguments import byte_view
-from kmem.records.batches import ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, NO_SEQUENCE, V2_HEADER
+from kmem.records.batches import (ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX, INT64_MIN,
+                                  NO_SEQUENCE, V2_HEADER, TimestampType)
 
 V2_HEADER_SIZE = V2_HEADER.size
 CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
@@ -73,6 +77,10 @@ CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
 REBUILD_SLICE_BYTES = 256 << 10
 #: Allowance for the slices, pieces and codec state of a rebuild (zstd's compressor takes a few MiB).
 REBUILD_OVERHEAD_BYTES = 16 << 20
+#: At most this many records of a refused batch are named (KIP-467's ``record_errors``, librdkafka's default
+#: ``batch.num.messages``). Kafka names every one, but a batch may decompress to millions of records, and the
+#: answer grows with them; the records past these fail unnamed, with the rest of the batch.
+MAX_RECORD_ERRORS = 10_000
 
 
 @dataclass
@@ -148,19 +156,6 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
                                                          f"batch with producer id {batch.producer_id}")
 
 
-def _check_timestamps(batches, now, before_max_ms, after_max_ms):
-    """KIP-937 on a CreateTime topic: INVALID_TIMESTAMP when a batch's first or largest timestamp (a v2
-    header's base and max timestamps, a v0/v1 entry's own) lies more than ``before_max_ms`` before ``now``
-    or more than ``after_max_ms`` after it; -1 (no timestamp) passes."""
-    for index, batch in enumerate(batches):
-        for timestamp in (batch.base_timestamp, batch.max_timestamp):
-            if timestamp != NO_TIMESTAMP and not -after_max_ms <= now - timestamp <= before_max_ms:
-                raise LogError(ErrorCode.INVALID_TIMESTAMP,
-                               f"timestamp {timestamp} of batch {index} is out of range: it should be within "
-                               f"[{now - before_max_ms}, {now + after_max_ms}] (message.timestamp.before.max.ms, "
-                               "message.timestamp.after.max.ms)")
-
-
 def _check_records(batch):
     """Every record of a v2 batch must parse, exactly filling the batch (Kafka iterates them too)."""
     body = batch.buffer[V2_HEADER_SIZE:]
@@ -174,20 +169,94 @@ def _check_records(batch):
         raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
 
 
-def _check_keys(batches):
-    """A compacted topic takes only records with a key: else INVALID_RECORD, as Kafka's ``LogValidator``."""
+def _check_record_contents(batches, compact, window, log_append_topic):
+    """Kafka's ``LogValidator.validateRecord`` of each batch in turn: on a compacted topic every record needs a
+    key (INVALID_RECORD); on a CreateTime topic every timestamp but -1 must lie within ``window``,
+    ``(lowest, highest)`` (KIP-937, INVALID_TIMESTAMP; None: any); a batch may not say LogAppendTime where the
+    broker does not set its time instead (INVALID_TIMESTAMP). The first batch holding such records raises
+    ``RecordValidationError`` naming them (KIP-467)."""
     for batch in batches:
-        if batch.is_control_batch:
-            continue
-        if batch.magic == 2:
-            body = batch.buffer[V2_HEADER_SIZE:]
-            if batch.is_compressed:
-                body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
-            keyless = _core.first_keyless_record(body, count=batch.records_count) >= 0
+        compact_batch = compact and not batch.is_control_batch
+        wrong_type = _wrong_timestamp_type(batch, log_append_topic)
+        try:
+            invalid = _invalid_records(batch, compact_batch, window, wrong_type)
+            if not invalid and batch.magic == 2:
+                _check_max_timestamp(batch, window)
+        except DecompressionLimitError as e:
+            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        except CorruptRecordError as e:
+            if batch.magic == 2:
+                raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
+            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+        if invalid:
+            _raise_record_errors(invalid, compact_batch, window, wrong_type)
+
+
+def _wrong_timestamp_type(batch, log_append_topic):
+    """Kafka's ``LogValidator.validateTimestamp``: a LogAppendTime batch (whose records all read with its
+    max timestamp) sent to a LogAppendTime topic, or to a CreateTime topic without a time."""
+    return batch.timestamp_type == TimestampType.LOG_APPEND_TIME and (log_append_topic
+                                                                      or batch.max_timestamp == NO_TIMESTAMP)
+
+
+def _outside(timestamp, low, high):
+    return timestamp != NO_TIMESTAMP and not low <= timestamp <= high
+
+
+def _check_max_timestamp(batch, window):
+    """Kafka sets a CreateTime batch's max timestamp from its records; kept here as it came (it goes to the
+    time index), it must be within ``window`` too (INVALID_TIMESTAMP)."""
+    if window is not None and _outside(batch.max_timestamp, *window):
+        raise LogError(ErrorCode.INVALID_TIMESTAMP, f"the max timestamp {batch.max_timestamp} of the batch is out of "
+                                                    f"range: it should be within [{window[0]}, {window[1]}]")
+
+
+def _invalid_records(batch, compact, window, wrong_type):
+    """``[(index in the batch, offset, timestamp, has a key)]`` of the first ``MAX_RECORD_ERRORS`` records of
+    ``batch`` that ``_check_record_contents`` refuses (every one when ``wrong_type``): found by the core in a v2
+    batch; read one by one in a v0/v1 entry, or in a batch whose records' time is refused."""
+    if not (compact or window or wrong_type):
+        return []
+    low, high = window or (INT64_MIN, INT64_MAX)
+    log_append = batch.timestamp_type == TimestampType.LOG_APPEND_TIME
+    if batch.magic == 2 and not wrong_type and not (log_append and _outside(batch.max_timestamp, low, high)):
+        if log_append:                  # its records read with its max timestamp, which is taken
+            low, high = INT64_MIN, INT64_MAX
+        body = batch.buffer[V2_HEADER_SIZE:]
+        if batch.is_compressed:
+            body = codecs.decompress(batch.compression, body, 2, codecs.MAX_DECOMPRESSED_BYTES, batch.position)
+        return [(index, batch.base_offset + delta, timestamp, has_key) for index, delta, timestamp, has_key
+                in _core.invalid_records(body, count=batch.records_count, keyless=compact, limit=MAX_RECORD_ERRORS,
+                                         base_timestamp=batch.base_timestamp, low=low, high=high)]
+    refused = ((index, record.offset, record.timestamp, record.key is not None) for index, record in enumerate(batch)
+               if compact and record.key is None or wrong_type or _outside(record.timestamp, low, high))
+    return list(itertools.islice(refused, MAX_RECORD_ERRORS))
+
+
+def _raise_record_errors(invalid, compact, window, wrong_type):
+    """Kafka's ``processRecordErrors`` for the records ``_invalid_records`` found (a keyless one named for its
+    key, as Kafka checks that first): INVALID_TIMESTAMP when a timestamp is among them, else INVALID_RECORD,
+    each record's message and the summary worded as Kafka's."""
+    record_errors, untimely = [], False
+    for index, offset, timestamp, has_key in invalid:
+        if compact and not has_key:
+            record_errors.append((index, "Compacted topic cannot accept message without key"))
+        elif wrong_type:
+            untimely = True
+            record_errors.append((index, f"Invalid timestamp type in message with offset {offset}. Producer should "
+                                         f"not set timestamp type to LogAppendTime."))
         else:
-            keyless = any(record.key is None for record in batch)
-        if keyless:
-            raise LogError(ErrorCode.INVALID_RECORD, "compacted topic cannot accept message without key")
+            untimely = True
+            record_errors.append((index, f"Timestamp {timestamp} of message with offset {offset} is out of range. "
+                                         f"The timestamp should be within [{window[0]}, {window[1]}]"))
+    record_errors = tuple(record_errors)
+    if untimely:
+        raise RecordValidationError(ErrorCode.INVALID_TIMESTAMP,
+                                    "One or more records have been rejected due to invalid timestamp", record_errors)
+    shown = ", ".join(f"RecordError(batchIndex={index}, message='{message}')" for index, message in record_errors[:3])
+    raise RecordValidationError(ErrorCode.INVALID_RECORD,
+                                f"One or more records have been rejected due to {len(record_errors)} record errors "
+                                f"in total, and only showing the first three errors at most: [{shown}]", record_errors)
 
 
 def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CLIENT, now_ms=None):
@@ -212,11 +281,10 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
                                      or all(batch.compression == target for batch in batches))
     for batch in batches:
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
-    if config.compact and origin == CLIENT:
-        _check_keys(batches)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
-    if not config.log_append_time and origin != REPLICATION:
-        _check_timestamps(batches, now, config.timestamp_before_max_ms, config.timestamp_after_max_ms)
+    if origin != REPLICATION:
+        _check_record_contents(batches, config.compact and origin == CLIENT, _timestamp_window(config, now),
+                               config.log_append_time)
     log_append_time = now if config.log_append_time else -1
     if in_place:
         return _assign_in_place(batches, next_offset, leader_epoch, log_append_time)
@@ -224,6 +292,15 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
         raise LogError(ErrorCode.CORRUPT_MESSAGE, f"unknown compression codec {first.compression}")
     return _rebuild(batches, first.compression if target is None else target, next_offset, leader_epoch,
                     log_append_time, config.max_message_bytes)
+
+
+def _timestamp_window(config, now):
+    """``(lowest, highest)`` CreateTime timestamp ``config`` takes at ``now`` (KIP-937), or None for any: a
+    bound of Long.MAX_VALUE (the default) is none."""
+    before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
+    if config.log_append_time or before == after == INT64_MAX:
+        return None
+    return (INT64_MIN if before == INT64_MAX else now - before), min(now + after, INT64_MAX)
 
 
 def _target_codec(compression_type):
