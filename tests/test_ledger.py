@@ -640,6 +640,25 @@ def test_readers_racing_evictions_never_read_through_a_closed_descriptor(tmp_pat
     assert held_files(tmp_path) == []
 
 
+def test_a_forked_child_keeps_none_of_its_parents_snapshot_descriptors(tmp_path):
+    (ledger,) = ledgers_with_a_snapshot(tmp_path, 1)
+    try:
+        assert ledger.read(3) == entry(3, offset=3) and held_files(tmp_path) == ledger.snapshot_paths
+        child = os.fork()
+        if child == 0:              # the child's copies are closed; its own searches keep their own
+            try:
+                kept = [open_snapshots()[0], held_files(tmp_path)]
+                kept += [ledger.read(4) == entry(4, offset=4), open_snapshots()[0], held_files(tmp_path)]
+                os._exit(0 if kept == [0, [], True, 1, ledger.snapshot_paths] else 1)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert held_files(tmp_path) == ledger.snapshot_paths       # the parent's is still open
+    finally:
+        ledger.close()
+
+
 def test_searches_under_a_descriptor_limit_keep_at_most_the_limit_and_give_them_back(tmp_path):
     # A process at its RLIMIT_NOFILE: many partitions' snapshots searched never hold more than the limit of
     # descriptors, and a search that finds none left takes back those kept before failing.
