@@ -603,11 +603,6 @@ cdef class SnapshotIndex:
             return False
         return producer_entry_at(row, cls) if got else None
 
-    @property
-    def keeps_descriptor(self):
-        """Whether a descriptor of the file is kept now."""
-        return self.opened != NULL
-
     def retire(self):
         self.drop(True)
 
