@@ -330,8 +330,8 @@ def set_open_snapshots_limit(limit):
     least recently searched now. Each kept descriptor saves a search the ``open`` and ``close`` of its file
     (about 2 us, more than the search); the limit keeps a process's descriptors bounded however many
     ledgers (a broker's partitions) it has open."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise InvalidArgumentError(f"the limit of open snapshots must be an integer of at least 0: {limit!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
+        raise InvalidArgumentError(f"the limit of open snapshots must be an integer from 0 to 2**31 - 1: {limit!r}")
     _core.set_open_snapshots_limit(limit)
 
 
