@@ -640,6 +640,19 @@ def test_readers_racing_evictions_never_read_through_a_closed_descriptor(tmp_pat
     assert held_files(tmp_path) == []
 
 
+def test_a_process_allowed_few_descriptors_keeps_fewer_for_snapshots():
+    child = textwrap.dedent("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from kmem.ledger import open_snapshots
+        print(*open_snapshots())
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "10"]          # an eighth of 80, not 32
+
+
 def test_a_forked_child_keeps_none_of_its_parents_snapshot_descriptors(tmp_path):
     (ledger,) = ledgers_with_a_snapshot(tmp_path, 1)
     try:

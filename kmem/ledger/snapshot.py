@@ -20,6 +20,7 @@ newer entries, streamed in id order (the ledger's flush: each snapshot holds eve
 import mmap
 import os
 import re
+import resource
 import struct
 from typing import NamedTuple
 
@@ -326,10 +327,11 @@ def open_transactions(path, count):
 
 def set_open_snapshots_limit(limit):
     """Keep a descriptor open between searches for at most ``limit`` sorted snapshots in this process, the
-    most recently searched (default 32; 0: every search opens and closes its file). Lowering it closes the
-    least recently searched now. Each kept descriptor saves a search the ``open`` and ``close`` of its file
-    (about 2 us, more than the search); the limit keeps a process's descriptors bounded however many
-    ledgers (a broker's partitions) it has open."""
+    most recently searched (default 32, or an eighth of RLIMIT_NOFILE's soft limit at import when lower;
+    0: every search opens and closes its file). Lowering it closes the least recently searched now. Each
+    kept descriptor saves a search the ``open`` and ``close`` of its file (about 2 us, more than the
+    search); the limit keeps a process's descriptors bounded however many ledgers (a broker's partitions)
+    it has open."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
         raise InvalidArgumentError(f"the limit of open snapshots must be an integer from 0 to 2**31 - 1: {limit!r}")
     _core.set_open_snapshots_limit(limit)
@@ -339,6 +341,11 @@ def open_snapshots():
     """``(open, limit)``: the sorted snapshots keeping a descriptor open now, and the most that may."""
     return _core.open_snapshots()
 
+
+# A process allowed few descriptors keeps fewer for snapshots: they would be missed by its other files.
+_allowed = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+if _allowed != resource.RLIM_INFINITY and _allowed // 8 < open_snapshots()[1]:
+    set_open_snapshots_limit(_allowed // 8)
 
 # A forked child gets copies of the kept descriptors and of the list's mutex, perhaps held by a thread of
 # the parent that does not exist there.
