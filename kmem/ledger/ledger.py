@@ -50,12 +50,12 @@ that file exists, so it cannot open while a writer has the directory, nor a writ
 ``lock_directory=False`` takes no lock and creates no ``ledger.lock``: for a caller that already holds an
 exclusive lock covering the directory (the broker's LogManager ``flock``s ``<log.dir>/.lock``).
 
-Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The
-active file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``). A
-snapshot is read with ``pread`` through a descriptor that the process keeps for the most recently searched
-snapshots of all its ledgers, at most ``set_open_snapshots_limit`` of them (32 by default, fewer under a
-low RLIMIT_NOFILE; the least recently searched is closed to open another), and for the length of a flush; so a process may keep the
-ledgers of thousands of partitions open. A snapshot's descriptor is closed when its ledger closes, when a
+Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The active
+file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``). A snapshot is
+read with ``pread`` through a descriptor that the process keeps for the most recently searched snapshots of
+all its ledgers, at most ``set_open_snapshots_limit`` of them (32 by default, fewer under a low RLIMIT_NOFILE;
+the least recently searched is closed to open another), and for the length of a flush; so a process may keep
+the ledgers of thousands of partitions open. A snapshot's descriptor is closed when its ledger closes, when a
 flush supersedes it (before any deletion) and when a search finds its file deleted or replaced.
 
 A full disk is an ``OSError`` where it happens and leaves nothing half-made: a growth of the active file
