@@ -10,7 +10,7 @@
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
-from libc.errno cimport EINTR, ENOENT, ENOMEM, EPERM, errno
+from libc.errno cimport EINTR, EMFILE, ENFILE, ENOENT, ENOMEM, EPERM, errno
 from libc.string cimport strerror
 from posix.fcntl cimport O_CLOEXEC, O_RDONLY, open as open_fd
 from posix.unistd cimport close as close_fd, pread, pwrite
@@ -336,20 +336,154 @@ cdef extern from *:
     enum: O_NOATIME
 
 
+# --- the descriptors of recently searched sorted snapshots, shared by every index of the process ------------
+#
+# Opening a snapshot for each search cost more than the search (the path walk and a new open file: ~2 us of a
+# ~3.5 us read). So the most recently searched snapshots keep their descriptor in one list for the process, at
+# most `open_snapshots_limit` of them: a broker's descriptors stay bounded however many partitions it has. A
+# search takes an entry under the mutex and reads through it without the lock; `users` counts those searches,
+# and an entry evicted meanwhile is closed by the last of them, so no search reads a descriptor number that
+# was closed (and perhaps reused for another file).
+
+cdef struct OpenSnapshot:
+    int fd
+    int users                   # searches reading through fd now
+    bint evicted                # out of the list: the last user closes fd
+    OpenSnapshot** owner        # the SnapshotIndex field that points here, while listed
+    OpenSnapshot* newer
+    OpenSnapshot* older
+
+
+cdef pthread_mutex_t open_snapshots_mutex
+pthread_mutex_init(&open_snapshots_mutex, NULL)
+cdef OpenSnapshot* newest_open = NULL
+cdef OpenSnapshot* oldest_open = NULL
+cdef Py_ssize_t open_snapshots_count = 0
+cdef Py_ssize_t open_snapshots_limit = 32
+
+
+cdef void list_newest(OpenSnapshot* entry) noexcept nogil:
+    """Put ``entry`` first in the list (the mutex is held)."""
+    global newest_open, oldest_open
+    entry.newer, entry.older = NULL, newest_open
+    if newest_open != NULL:
+        newest_open.newer = entry
+    else:
+        oldest_open = entry
+    newest_open = entry
+
+
+cdef void unlist(OpenSnapshot* entry) noexcept nogil:
+    """Take ``entry`` out of the list (the mutex is held)."""
+    global newest_open, oldest_open
+    if entry.newer != NULL:
+        entry.newer.older = entry.older
+    else:
+        newest_open = entry.older
+    if entry.older != NULL:
+        entry.older.newer = entry.newer
+    else:
+        oldest_open = entry.newer
+    entry.newer = entry.older = NULL
+
+
+cdef void evict(OpenSnapshot* entry) noexcept nogil:
+    """Drop ``entry`` from the list and its index (the mutex is held); its descriptor is closed now, or by
+    the last search still reading through it."""
+    global open_snapshots_count
+    unlist(entry)
+    entry.owner[0] = NULL
+    entry.owner = NULL
+    entry.evicted = True
+    open_snapshots_count -= 1
+    if entry.users == 0:
+        close_fd(entry.fd)
+        free(entry)
+
+
+cdef void evict_beyond(Py_ssize_t limit) noexcept nogil:
+    """Evict the least recently searched entries until at most ``limit`` are left (the mutex is held)."""
+    while open_snapshots_count > limit:
+        evict(oldest_open)
+
+
+cdef OpenSnapshot* use_open(OpenSnapshot** slot) noexcept nogil:
+    """The entry at ``slot`` counted as used (the caller calls ``done_with``), made the most recent; or NULL."""
+    pthread_mutex_lock(&open_snapshots_mutex)
+    cdef OpenSnapshot* entry = slot[0]
+    if entry != NULL:
+        entry.users += 1
+        if entry != newest_open:
+            unlist(entry)
+            list_newest(entry)
+    pthread_mutex_unlock(&open_snapshots_mutex)
+    return entry
+
+
+cdef void done_with(OpenSnapshot* entry) noexcept nogil:
+    """A search through ``entry`` is over: close it if it was evicted meanwhile and no other search uses it."""
+    pthread_mutex_lock(&open_snapshots_mutex)
+    entry.users -= 1
+    cdef bint last = entry.evicted and entry.users == 0
+    pthread_mutex_unlock(&open_snapshots_mutex)
+    if last:
+        close_fd(entry.fd)
+        free(entry)
+
+
+def set_open_snapshots_limit(Py_ssize_t limit):
+    """At most ``limit`` sorted snapshots keep a descriptor open between searches, in the whole process
+    (0: every search opens its file); beyond it, the least recently searched are closed now."""
+    global open_snapshots_limit
+    if limit < 0:
+        raise ValueError(f"the limit of open snapshots is at least 0: {limit}")
+    with nogil:
+        pthread_mutex_lock(&open_snapshots_mutex)
+        open_snapshots_limit = limit
+        evict_beyond(limit)
+        pthread_mutex_unlock(&open_snapshots_mutex)
+
+
+def open_snapshots():
+    """(sorted snapshots keeping a descriptor open now, the limit)."""
+    return open_snapshots_count, open_snapshots_limit
+
+
+def forget_open_snapshots_in_child():
+    """After ``fork``: a new mutex (another thread of the parent may have held it) and no entry; the child's
+    copies of the descriptors are closed (searches of the parent's other threads do not run here)."""
+    global newest_open, oldest_open, open_snapshots_count
+    pthread_mutex_init(&open_snapshots_mutex, NULL)
+    cdef OpenSnapshot* entry
+    while newest_open != NULL:
+        entry = newest_open
+        newest_open = entry.older
+        entry.owner[0] = NULL
+        close_fd(entry.fd)
+        free(entry)
+    oldest_open, open_snapshots_count = NULL, 0
+
+
 @cython.final
 cdef class SnapshotIndex:
     """What the core needs to search one sorted snapshot file: its path, count and fences (every
-    ``stride``-th id, in the heap). Each search opens the file, reads it with ``pread`` and closes it, so
-    no descriptor is held between searches: a broker keeps an index per snapshot of every partition, and
-    descriptors are bounded per log segment. An id below the first fence is answered without a read.
+    ``stride``-th id, in the heap). A search reads the file with ``pread`` through a descriptor kept in the
+    process's list of recently searched snapshots (see ``set_open_snapshots_limit``), opening it when it is
+    not there; so descriptors stay bounded however many indexes a broker keeps (one per snapshot of every
+    partition), and a hot snapshot is not opened again for each search. A kept descriptor whose file was
+    deleted or replaced since (no link left) is dropped and the path opened again, so the index reads what
+    the path names, as when it opened the file for each search. An id below the first fence is answered
+    without a read.
 
     O_NOATIME where allowed (the file's owner): updating the access time cost a tenth of the read.
-    ``retire``: the file is about to be deleted; a search that then finds no file finds no entry (the
-    ledger deletes a snapshot a newer one superseded; ``LedgerCore.read`` then looks in the newer one).
-    ``close``: later searches raise."""
+    ``retire``: the file is about to be deleted; its descriptor is closed and a search that then finds no
+    file finds no entry (the ledger deletes a snapshot a newer one superseded; ``LedgerCore.read`` then looks
+    in the newer one). ``close``: its descriptor is closed and later searches raise."""
     cdef bytes name                     # the path for open(2); None once closed
     cdef int flags
     cdef bint retired
+    cdef bint keeps                     # may keep a descriptor: not retired nor closed (under the mutex)
+    cdef OpenSnapshot* opened           # its entry in the list of open snapshots, or NULL (under the mutex)
     cdef Py_ssize_t count, stride
     cdef const int64_t[::1] fences
     cdef readonly object path           # for messages
@@ -363,9 +497,54 @@ cdef class SnapshotIndex:
         self.name, self.path = name, os.fsdecode(name)
         self.count, self.fences, self.stride = count, fences, stride
         self.flags = O_RDONLY | O_CLOEXEC | O_NOATIME
+        self.keeps = True
+
+    def __dealloc__(self):
+        self.drop(False)
+
+    cdef void drop(self, bint retire) noexcept nogil:
+        """Keep no descriptor from now on (and, ``retire``, find nothing where the file is gone)."""
+        pthread_mutex_lock(&open_snapshots_mutex)
+        self.keeps = False
+        if retire:
+            self.retired = True
+        if self.opened != NULL:
+            evict(self.opened)
+        pthread_mutex_unlock(&open_snapshots_mutex)
+
+    cdef int open_file(self, const char* path) noexcept nogil:
+        """A new descriptor of the file, or -1 (``errno``)."""
+        cdef int fd = open_fd(path, self.flags)
+        if fd < 0 and errno == EPERM and self.flags & O_NOATIME:     # not the file's owner
+            self.flags &= ~O_NOATIME
+            fd = open_fd(path, self.flags)
+        if fd < 0 and (errno == EMFILE or errno == ENFILE) and open_snapshots_count:
+            # Out of descriptors: the list gives back what it keeps before the search fails.
+            pthread_mutex_lock(&open_snapshots_mutex)
+            evict_beyond(0)
+            pthread_mutex_unlock(&open_snapshots_mutex)
+            fd = open_fd(path, self.flags)
+        return fd
+
+    cdef OpenSnapshot* keep(self, int fd) noexcept nogil:
+        """List ``fd`` as this index's descriptor, used by the caller's search; NULL when it is not kept (a
+        limit of 0, retired or closed, or another search listed one meanwhile): the caller closes it."""
+        global open_snapshots_count
+        cdef OpenSnapshot* entry = NULL
+        pthread_mutex_lock(&open_snapshots_mutex)
+        if self.keeps and self.opened == NULL and open_snapshots_limit > 0:
+            entry = <OpenSnapshot*>malloc(sizeof(OpenSnapshot))
+            if entry != NULL:
+                entry.fd, entry.users, entry.evicted, entry.owner = fd, 1, False, &self.opened
+                list_newest(entry)
+                self.opened = entry
+                open_snapshots_count += 1
+                evict_beyond(open_snapshots_limit)
+        pthread_mutex_unlock(&open_snapshots_mutex)
+        return entry
 
     cdef int find_row(self, int64_t pid, uint8_t* out) except -1:
-        """``sorted_find_row`` on this file, opened for the search."""
+        """``sorted_find_row`` on this file, through its kept descriptor or a new one."""
         cdef bytes name = self.name            # held while the GIL is released, even if closed meanwhile
         if name is None:
             from kmem.errors import IllegalStateError
@@ -375,19 +554,35 @@ cdef class SnapshotIndex:
         if n_fences == 0 or pid < self.fences[0]:
             return 0
         cdef const int64_t* fences = &self.fences[0]
-        cdef int fd, got = 0, error = 0
+        cdef int fd = -1, got = 0, error = 0
+        cdef OpenSnapshot* entry
+        cdef struct_stat status
         with nogil:
-            fd = open_fd(path, self.flags)
-            if fd < 0 and errno == EPERM and self.flags & O_NOATIME:     # not the file's owner
-                self.flags &= ~O_NOATIME
-                fd = open_fd(path, self.flags)
+            entry = use_open(&self.opened)
+            if entry != NULL:
+                if fstat(entry.fd, &status) == 0 and status.st_nlink > 0:
+                    fd = entry.fd
+                else:                   # deleted or replaced since it was opened: search what the path names
+                    pthread_mutex_lock(&open_snapshots_mutex)
+                    if entry.owner != NULL:
+                        evict(entry)
+                    pthread_mutex_unlock(&open_snapshots_mutex)
+                    done_with(entry)
+                    entry = NULL
             if fd < 0:
-                error = errno
-            else:
+                fd = self.open_file(path)
+                if fd < 0:
+                    error = errno
+                else:
+                    entry = self.keep(fd)
+            if fd >= 0:
                 got = sorted_find_row(fd, self.count, fences, n_fences, self.stride, pid, out)
                 if got < 0:
                     error = errno
-                close_fd(fd)
+                if entry != NULL:
+                    done_with(entry)
+                else:
+                    close_fd(fd)
         if fd < 0:
             if error == ENOENT and self.retired:
                 return 0
@@ -409,9 +604,10 @@ cdef class SnapshotIndex:
         return producer_entry_at(row, cls) if got else None
 
     def retire(self):
-        self.retired = True
+        self.drop(True)
 
     def close(self):
+        self.drop(False)
         self.name = None
 
 

@@ -1,11 +1,15 @@
 """PidLedger and PidCache: the KIP-1044 read/update/flush behaviour, adoption, expiry, retention, faults."""
+import contextlib
 import gc
 import logging
 import os
 import random
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
+import textwrap
 import threading
 
 import numpy as np
@@ -14,15 +18,15 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from snapshot_files import kafka_snapshot, random_entries
-from thread_helpers import switching_often
+from thread_helpers import run_racing, switching_often
 
 from kmem.bloom import BloomFilter, Shape
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import ActiveFile, active_name
 from kmem.ledger.snapshot import ENTRY_SIZE, HEADER
 from kmem.ledger import (
-    ENTRY_DTYPE, PidCache, PidLedger, ProducerEntry, Snapshot, read_snapshot, snapshot_name, write_ledger_snapshot,
-    write_snapshot,
+    ENTRY_DTYPE, PidCache, PidLedger, ProducerEntry, Snapshot, open_snapshots, read_snapshot, set_open_snapshots_limit,
+    snapshot_name, write_ledger_snapshot, write_snapshot,
 )
 
 SMALL = Shape.from_np(200, 0.01)        # saturates after ~190 ids: many flushes in small tests
@@ -512,6 +516,206 @@ def test_open_ledgers_hold_no_descriptor_for_their_files(tmp_path, lock_director
     for ledger in opened:
         ledger.close()
     assert open_fds() == before
+
+
+# --- the descriptors kept for the most recently searched snapshots ---------------------------------------
+
+@pytest.fixture
+def open_snapshot_limit():
+    """``set_open_snapshots_limit`` for one test; the limit it found is set again after it."""
+    found = open_snapshots()[1]
+    yield set_open_snapshots_limit
+    set_open_snapshots_limit(found)
+
+
+def held_files(directory):
+    """The files under ``directory`` this process holds a descriptor of (a file gone ends in " (deleted)")."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):        # the listing's own descriptor, closed since
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(str(directory) + os.sep):
+                held.append(target)
+    return sorted(held)
+
+
+def ledgers_with_a_snapshot(directory, count, **kwargs):
+    """``count`` ledgers under ``directory``, each with the ids 0-49 in a snapshot (ledger n's at offsets
+    n * 1000 + id) and an empty active file: a read goes to the snapshot."""
+    ledgers = []
+    for n in range(count):
+        ledger = PidLedger(os.path.join(directory, str(n)), SMALL, clock_ms=Clock(), lock_directory=False, **kwargs)
+        ledger.update_many([entry(pid, offset=n * 1000 + pid) for pid in range(50)])
+        ledger.flush()
+        ledgers.append(ledger)
+    return ledgers
+
+
+def test_the_process_keeps_a_descriptor_for_its_most_recently_searched_snapshots(tmp_path, open_snapshot_limit):
+    open_snapshot_limit(5)
+    ledgers = ledgers_with_a_snapshot(tmp_path, 20)
+    assert held_files(tmp_path) == []                      # none searched yet
+    for n, ledger in enumerate(ledgers):
+        assert ledger.read(7) == entry(7, offset=n * 1000 + 7)
+        assert len(held_files(tmp_path)) == min(n + 1, 5)  # never more than the limit
+    assert held_files(tmp_path) == sorted(ledger.snapshot_paths[0] for ledger in ledgers[-5:])
+    assert open_snapshots() == (5, 5)
+    for n in (2, 0, 1):                                    # searched again: they replace the least recent
+        assert ledgers[n].read(8) == entry(8, offset=n * 1000 + 8)
+    assert held_files(tmp_path) == sorted(ledger.snapshot_paths[0] for ledger in ledgers[:3] + ledgers[-2:])
+    open_snapshot_limit(2)                                 # lowered: the least recently searched go now
+    assert held_files(tmp_path) == sorted(ledger.snapshot_paths[0] for ledger in ledgers[:2])
+    open_snapshot_limit(0)                                 # none kept: each search opens its file
+    assert held_files(tmp_path) == [] and ledgers[3].read(9) == entry(9, offset=3009)
+    assert held_files(tmp_path) == []
+    open_snapshot_limit(5)
+    for ledger in ledgers:
+        ledger.read(1)
+    for ledger in ledgers:                                 # a partition's ledger closes: its descriptor goes
+        ledger.close()
+    assert held_files(tmp_path) == [] and open_snapshots() == (0, 5)
+    for bad in (-1, 2**31, 2**64, True, 1.5, "3"):
+        with pytest.raises(InvalidArgumentError, match="limit of open snapshots"):
+            set_open_snapshots_limit(bad)
+    assert open_snapshots() == (0, 5)
+
+
+def test_no_descriptor_is_kept_for_a_snapshot_superseded_deleted_or_replaced(tmp_path):
+    with PidLedger(tmp_path, SMALL, clock_ms=Clock(), lock_directory=False, keep_snapshots=True) as ledger:
+        ledger.update(entry(1))
+        first = ledger.flush(100)
+        assert ledger.read(1) == entry(1) and held_files(tmp_path) == [first]
+        ledger.update(entry(2))
+        second = ledger.flush(200)                         # supersedes the first, which stays on disk
+        assert held_files(tmp_path) == []
+        assert ledger.read(1) == entry(1) and held_files(tmp_path) == [second]
+        ledger.update(entry(3))
+        assert ledger.flush(200) == second                 # written again: the file at that name is replaced
+        assert held_files(tmp_path) == []
+        assert ledger.read(3) == entry(3) and held_files(tmp_path) == [second]      # the new file
+        ledger.delete_snapshots_before(200)                # Kafka's retention: the first goes
+        assert files(tmp_path, ".snapshot") == [snapshot_name(200)] and held_files(tmp_path) == [second]
+        saved = open(second, "rb").read()
+        os.unlink(second)                                  # someone else's doing
+        with pytest.raises(FileNotFoundError, match=snapshot_name(200)):
+            ledger.read(1)                                 # not read from the file kept open
+        assert held_files(tmp_path) == []
+        with open(second, "wb") as f:                      # put back: the new file is read
+            f.write(saved)
+        assert ledger.read(1) == entry(1) and held_files(tmp_path) == [second]
+    assert held_files(tmp_path) == []
+
+
+def test_readers_racing_evictions_never_read_through_a_closed_descriptor(tmp_path, open_snapshot_limit):
+    # With a limit of 1, each search of one ledger evicts the descriptor another thread may be reading
+    # through; limit changes evict too. A descriptor closed under a reader would fail its pread (EBADF) or,
+    # its number reused by another snapshot's, find another ledger's offsets.
+    open_snapshot_limit(1)
+    ledgers = ledgers_with_a_snapshot(tmp_path, 4)
+    errors, reading = [], [len(ledgers)]
+
+    def reader(n):
+        try:
+            for i in range(3000):
+                pid = i % 50
+                got = ledgers[n].read(pid)
+                if got != entry(pid, offset=n * 1000 + pid):
+                    errors.append((n, pid, got))
+        except Exception as e:     # noqa: BLE001 - surface any error from the thread
+            errors.append(e)
+        finally:
+            reading[0] -= 1
+
+    def resizer():
+        while reading[0]:
+            for limit in (0, 2, 1):
+                open_snapshot_limit(limit)
+
+    try:
+        run_racing(*[lambda n=n: reader(n) for n in range(len(ledgers))], resizer)
+        assert errors == []
+    finally:
+        for ledger in ledgers:
+            ledger.close()
+    assert held_files(tmp_path) == []
+
+
+def test_a_process_allowed_few_descriptors_keeps_fewer_for_snapshots():
+    child = textwrap.dedent("""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (80, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from kmem.ledger import open_snapshots
+        print(*open_snapshots())
+    """)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["0", "10"]          # an eighth of 80, not 32
+
+
+def test_a_forked_child_keeps_none_of_its_parents_snapshot_descriptors(tmp_path):
+    (ledger,) = ledgers_with_a_snapshot(tmp_path, 1)
+    try:
+        assert ledger.read(3) == entry(3, offset=3) and held_files(tmp_path) == ledger.snapshot_paths
+        child = os.fork()
+        if child == 0:              # the child's copies are closed; its own searches keep their own
+            try:
+                kept = [open_snapshots()[0], held_files(tmp_path)]
+                kept += [ledger.read(4) == entry(4, offset=4), open_snapshots()[0], held_files(tmp_path)]
+                os._exit(0 if kept == [0, [], True, 1, ledger.snapshot_paths] else 1)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert held_files(tmp_path) == ledger.snapshot_paths       # the parent's is still open
+    finally:
+        ledger.close()
+
+
+def test_searches_under_a_descriptor_limit_keep_at_most_the_limit_and_give_them_back(tmp_path):
+    # A process at its RLIMIT_NOFILE: many partitions' snapshots searched never hold more than the limit of
+    # descriptors, and a search that finds none left takes back those kept before failing.
+    child = textwrap.dedent("""
+        import os, resource, sys
+        from kmem.bloom import Shape
+        from kmem.ledger import PidLedger, ProducerEntry, open_snapshots
+
+        def opened():
+            return len(os.listdir("/proc/self/fd")) - 1        # the listing's own descriptor
+
+        ledgers = []
+        for n in range(100):
+            ledger = PidLedger(os.path.join(sys.argv[1], str(n)), Shape.from_np(200, 0.01), lock_directory=False)
+            ledger.update(ProducerEntry(n, 0, 0, n, 0, 1, 0, 5))  # in a transaction: it never expires
+            ledger.flush()
+            ledgers.append(ledger)
+        base = opened()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (base + 40, base + 40))
+        most = 0
+        for _ in range(2):
+            for n, ledger in enumerate(ledgers):
+                assert ledger.read(n).last_offset == n
+                most = max(most, opened())
+        assert most == base + 32 and open_snapshots() == (32, 32), (base, most, open_snapshots())
+        hog = []
+        try:
+            while True:
+                hog.append(open(os.devnull, "rb"))
+        except OSError:
+            pass
+        assert ledgers[0].read(0).last_offset == 0          # not kept: opened after the kept ones are closed
+        assert open_snapshots() == (1, 32)
+        for f in hog:
+            f.close()
+        for ledger in ledgers:
+            ledger.close()
+        assert opened() == base and open_snapshots() == (0, 32)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", child, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONSAFEPATH": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"]
 
 
 def test_only_the_ledgers_own_temporary_files_are_deleted(tmp_path):

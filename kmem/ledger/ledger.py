@@ -50,10 +50,13 @@ that file exists, so it cannot open while a writer has the directory, nor a writ
 ``lock_directory=False`` takes no lock and creates no ``ledger.lock``: for a caller that already holds an
 exclusive lock covering the directory (the broker's LogManager ``flock``s ``<log.dir>/.lock``).
 
-Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The
-active file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``) and a
-snapshot is opened for each search (one ``open``, ``pread``, ``close``) and for the length of a flush,
-so a process may keep the ledgers of thousands of partitions open.
+Descriptors: an open ledger holds one, its ``ledger.lock``, and none with ``lock_directory=False``. The active
+file and the Bloom sidecars are mapped without keeping a descriptor (``_core.FileMapping``). A snapshot is
+read with ``pread`` through a descriptor that the process keeps for the most recently searched snapshots of
+all its ledgers, at most ``set_open_snapshots_limit`` of them (32 by default, fewer under a low RLIMIT_NOFILE;
+the least recently searched is closed to open another), and for the length of a flush; so a process may keep
+the ledgers of thousands of partitions open. A snapshot's descriptor is closed when its ledger closes, when a
+flush supersedes it (before any deletion) and when a search finds its file deleted or replaced.
 
 A full disk is an ``OSError`` where it happens and leaves nothing half-made: a growth of the active file
 or a new one reserves its blocks first, a flush that cannot write its snapshot deletes what it wrote and
@@ -656,10 +659,11 @@ class PidLedger:
             raise
         with self._lock:                                                                # steps 6-7
             self._publish(_ReadPath(tuple(a for a in self._view.sealing if a is not old), [added[0]], [added[1]]))
+        for superseded in view.snapshots:       # a reader still searching one finds nothing once it is deleted
+            superseded.retire()                 # (and its descriptor is closed now)
         merged = {s.offset for s in view.snapshots} if len(view.snapshots) > 1 else set()      # kmem 0.1's
         self._delete_snapshots([o for o in self._snapshot_offsets()                     # step 8
-                                if o != offset and (o > offset or o in merged or not self.keep_snapshots)],
-                               view.snapshots)
+                                if o != offset and (o > offset or o in merged or not self.keep_snapshots)])
         if old is not None:
             os.unlink(old.path)
         if sync:
@@ -680,17 +684,14 @@ class PidLedger:
     def _newest_offset(self):
         return self._view.snapshots[0].offset if self._view.snapshots else None
 
-    def _delete_snapshots(self, offsets, held=()):
-        """Delete the snapshots at ``offsets`` with their sidecars and row orders (never the newest);
-        ``held``: Snapshots a reader may still search (retired first: it then finds nothing there)."""
+    def _delete_snapshots(self, offsets):
+        """Delete the snapshots at ``offsets`` with their sidecars and row orders (never the newest, the only
+        one searched: those a reader may still search were retired when a flush superseded them)."""
         newest = self._newest_offset()
-        held = {s.offset: s for s in held}
         for offset in offsets:
             if offset == newest:
                 continue
             path = os.path.join(self.directory, snapshot_name(offset))
-            if offset in held:
-                held[offset].retire()
             for suffix in ("", SIDECAR_SUFFIX, ORDER_SUFFIX):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path + suffix)

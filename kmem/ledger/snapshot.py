@@ -1,4 +1,4 @@
-"""Kafka producer-state snapshot files: read, write, and search them without holding a descriptor.
+"""Kafka producer-state snapshot files: read, write, and search them with a bounded number of descriptors.
 
 Layout (big-endian): ``version i16 (= 1) | crc u32 | count i32`` then ``count`` entries of 46 bytes
 ``producerId i64 | epoch i16 | lastSequence i32 | lastOffset i64 | offsetDelta i32 | timestamp i64 |
@@ -20,6 +20,7 @@ newer entries, streamed in id order (the ledger's flush: each snapshot holds eve
 import mmap
 import os
 import re
+import resource
 import struct
 from typing import NamedTuple
 
@@ -324,14 +325,43 @@ def open_transactions(path, count):
     return found
 
 
+def set_open_snapshots_limit(limit):
+    """Keep a descriptor open between searches for at most ``limit`` sorted snapshots in this process, the
+    most recently searched (default 32, or an eighth of RLIMIT_NOFILE's soft limit at import when lower;
+    0: every search opens and closes its file). Lowering it closes the least recently searched now. Each
+    kept descriptor saves a search the ``open`` and ``close`` of its file (about 2 us, more than the
+    search); the limit keeps a process's descriptors bounded however many ledgers (a broker's partitions)
+    it has open."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit < 2**31:
+        raise InvalidArgumentError(f"the limit of open snapshots must be an integer from 0 to 2**31 - 1: {limit!r}")
+    _core.set_open_snapshots_limit(limit)
+
+
+def open_snapshots():
+    """``(open, limit)``: the sorted snapshots keeping a descriptor open now, and the most that may."""
+    return _core.open_snapshots()
+
+
+# A process allowed few descriptors keeps fewer for snapshots: they would be missed by its other files.
+_allowed = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+if _allowed != resource.RLIM_INFINITY and _allowed // 8 < open_snapshots()[1]:
+    set_open_snapshots_limit(_allowed // 8)
+
+# A forked child gets copies of the kept descriptors and of the list's mutex, perhaps held by a thread of
+# the parent that does not exist there.
+os.register_at_fork(after_in_child=_core.forget_open_snapshots_in_child)
+
+
 class Snapshot:
-    """A verified snapshot file, searchable by producer id without loading it into the heap, holding no
-    file descriptor (a broker keeps the snapshots of every partition open).
+    """A verified snapshot file, searchable by producer id without loading it into the heap, holding a
+    file descriptor only while it is among the process's most recently searched (``set_open_snapshots_limit``:
+    a broker keeps the snapshots of every partition open).
 
     Every FENCE_STRIDE-th id stays in the heap ("fences"). A search picks the stride that may hold the
-    id from the fences, opens the file, reads with one ``pread`` the 16 rows (736 bytes) around the row
-    interpolated between the two fences, or the stride's 5.9 KB when the id is not among them, closes it
-    and binary-searches the rows, all in one call to the core (``SnapshotIndex``). Reading rather than
+    id from the fences, reads with one ``pread`` the 16 rows (736 bytes) around the row interpolated
+    between the two fences, or the stride's 5.9 KB when the id is not among them, and binary-searches the
+    rows, all in one call to the core (``SnapshotIndex``), opening the file only when no descriptor of it
+    is kept (a file deleted or replaced since is opened again by its path). Reading rather than
     touching a mapping is deliberate: Linux maps a whole page-cache folio (up to 2 MB) on a fault, so
     mapped lookups either grow the resident set by about a megabyte per search or pay a fault and an
     unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
@@ -340,8 +370,8 @@ class Snapshot:
     opened ``read_only``); they are searched through read-only mappings of the file and the order
     (``FileMapping``s, which hold no descriptor), unmapping what the search touched afterwards.
 
-    ``retire()`` before deleting the file: a search by a reader still holding the snapshot then finds
-    nothing once the file is gone, instead of failing.
+    ``retire()`` before deleting the file: its descriptor is closed, and a search by a reader still holding
+    the snapshot then finds nothing once the file is gone, instead of failing. ``close()`` closes it too.
     """
 
     def __init__(self, path, stats=None, *, read_only=False, fences=None):
@@ -474,13 +504,15 @@ class Snapshot:
                 m.madvise(mmap.MADV_DONTNEED)
 
     def retire(self):
-        """The file is about to be deleted: searches that no longer find it find no entry."""
+        """The file is about to be deleted: its descriptor is closed, and searches that no longer find it find
+        no entry."""
         self._retired = True
         if self._index is not None:
             self._index.retire()
 
     def close(self):
-        """Unmap the file and the row order (see ``unmap``); sorted files' searches raise from now on."""
+        """Unmap the file and the row order (see ``unmap``), close a kept descriptor; sorted files' searches
+        raise from now on."""
         if self._index is not None:
             self._index.close()
         self._data = self._order = None
