@@ -1,8 +1,8 @@
 """A SparkSession for kmem's jobs: embedded local Spark by default, any cluster unchanged.
 
 In a driver started by ``spark-submit`` (or wherever a session already exists) the submitted master and
-configuration are kept; otherwise an embedded ``local[*]`` session is started. Either way Python workers run the driver's
-interpreter, so the compiled ``kmem._core`` they import is the same build the driver uses.
+configuration are kept; otherwise an embedded ``local[*]`` session is started. Either way Python workers run
+the driver's interpreter, so the compiled ``kmem._core`` they import is the same build the driver uses.
 """
 import contextlib
 import os
