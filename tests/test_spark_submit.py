@@ -22,6 +22,7 @@ pytest.importorskip("pyspark")
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHON = os.environ.get("KMEM_TEST_SPARK_PYTHON", sys.executable)
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"       # short-lived JVMs: less CPU spent compiling and collecting
 
 JOB = """\
 import json
@@ -61,29 +62,35 @@ def cluster(tmp_path_factory):
     # The worker's executors inherit its environment: their Python workers import the kmem under test.
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SPARK_", "PYSPARK_"))}
     env.update(SPARK_HOME=spark_home, SPARK_LOCAL_IP="127.0.0.1", SPARK_DAEMON_MEMORY="256m",
+               SPARK_DAEMON_JAVA_OPTS=QUICK_JVM,
                SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false", PYSPARK_PYTHON=PYTHON, PYTHONPATH=str(ROOT),
                PYTHONSAFEPATH="1")
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     port, ui_port = free_port(), free_port()
     url = f"spark://127.0.0.1:{port}"
-    daemons = []
+    daemons = {}        # log file -> process
 
     def start(name, *args):
-        with open(directory / f"{name}.log", "wb") as log:
-            daemons.append(subprocess.Popen([spark_class, f"org.apache.spark.deploy.{name}", *args], stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, env=env))
+        log = directory / f"{name}.log"
+        with open(log, "wb") as out:
+            daemons[log] = subprocess.Popen([spark_class, f"org.apache.spark.deploy.{name}", *args], stdout=out,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, env=env)
+
+    def ready():
+        for log, daemon in daemons.items():
+            assert daemon.poll() is None, f"{log.name} exited: {log.read_text()[-4000:]}"
+        return (master_state(ui_port) or {}).get("aliveworkers") == 1
 
     try:        # the worker retries until the master is up: both JVMs start at once
         start("master.Master", "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui_port))
         start("worker.Worker", url, "--host", "127.0.0.1", "--webui-port", "0", "--cores", "2", "--memory", "1g",
               "--work-dir", str(directory / "work"))
-        wait_for(lambda: (master_state(ui_port) or {}).get("aliveworkers") == 1, "a Spark master with its worker",
-                 timeout=120)
+        wait_for(ready, "a Spark master with its worker", timeout=120)
         yield url, ui_port, env
     finally:
-        for daemon in daemons:
+        for daemon in daemons.values():
             daemon.terminate()
-        for daemon in daemons:
+        for daemon in daemons.values():
             try:
                 daemon.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -99,7 +106,8 @@ def test_a_submitted_job_runs_on_the_submitted_master(cluster, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     submit = [os.path.join(env["SPARK_HOME"], "bin", "spark-submit"), "--master", url,
-              "--driver-memory", "512m", "--executor-memory", "512m",
+              "--driver-memory", "512m", "--driver-java-options", QUICK_JVM,
+              "--executor-memory", "512m", "--conf", f"spark.executor.extraJavaOptions={QUICK_JVM}",
               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=3",
               str(job), sample.directory, str(out)]
     done = subprocess.run(submit, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
