@@ -73,13 +73,14 @@ def _parser(version):
     add_broker_command(commands)
     pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
                          description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
-                                     "offset>.log), on embedded local Spark or the spark-submit master. "
+                                     "offset>.log), on embedded local Spark or on the cluster given by --master. "
                                      "Spark needs a Java 17+ runtime.")
     jobs = pipeline.add_subparsers(dest="job", required=True)
 
     def job(name, help_text):
         sub = parser_of(jobs.add_parser, name, help=help_text, description=help_text)
-        sub.add_argument("--master", help="Spark master URL (default: spark-submit's, else local[*])")
+        sub.add_argument("--master", help="Spark master URL, e.g. spark://HOST:7077 (default: local[*], embedded; "
+                                             "in a driver started by spark-submit, its --master)")
         sub.add_argument("--no-progress", action="store_true", help="no progress bar")
         return sub
 

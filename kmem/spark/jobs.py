@@ -1,10 +1,11 @@
 """The pipeline's jobs over Kafka log directories: ``report``, ``ledger`` and ``convert``.
 
-Each takes a SparkSession (``kmem.spark.get_session()`` gives an embedded local one) and plain paths,
-runs on whatever cluster the session is attached to, and returns a small summary dict. Arguments are
-checked before any Spark work: a bad one raises ``InvalidArgumentError`` naming it, a missing input
-directory too, and an output directory that overlaps the input or holds files the job did not write
-(``kmem.spark.outputs``). An input directory without segments gives an empty result and a one-line warning.
+Each takes a SparkSession (``kmem.spark.get_session()`` gives an embedded local one, or in a driver started by
+spark-submit one on the submitted master) and plain paths, runs on whatever cluster the session is attached
+to, and returns a small summary dict. Arguments are checked before any Spark work: a bad one raises
+``InvalidArgumentError`` naming it, a missing input directory too, and an output directory that overlaps the
+input or holds files the job did not write (``kmem.spark.outputs``). An input directory without segments gives
+an empty result and a one-line warning.
 Damaged segments never fail a job: each result lists them.
 """
 import itertools

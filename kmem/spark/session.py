@@ -1,8 +1,8 @@
 """A SparkSession for kmem's jobs: embedded local Spark by default, any cluster unchanged.
 
-Under ``spark-submit`` (or wherever a session already exists) the existing master and configuration are
-kept; otherwise an embedded ``local[*]`` session is started. Either way Python workers run the driver's
-interpreter, so the compiled ``kmem._core`` they import is the same build the driver uses.
+In a driver started by ``spark-submit`` (or wherever a session already exists) the submitted master and
+configuration are kept; otherwise an embedded ``local[*]`` session is started. Either way Python workers run
+the driver's interpreter, so the compiled ``kmem._core`` they import is the same build the driver uses.
 """
 import contextlib
 import os
@@ -32,16 +32,23 @@ class JavaRuntimeError(KmemError):
 def get_session(master=None, app_name="kmem", conf=None):
     """Return a SparkSession with kmem's ``kafka-log`` data source registered.
 
-    ``master`` overrides the master URL; by default an active or ``spark-submit`` master is used, else
-    ``local[*]``. ``conf`` is a dict of extra Spark settings. Raises ``JavaRuntimeError`` before
-    anything starts when Spark would need to launch a JVM and cannot find a Java 17+ runtime.
+    ``master`` overrides the master URL. Without it, a driver started by ``spark-submit`` runs on the
+    submitted ``--master`` and keeps the submitted configuration, an active session is reused,
+    and anywhere else an embedded ``local[*]`` session starts. ``conf`` is a dict of extra Spark settings.
+    Raises ``JavaRuntimeError`` before anything starts when Spark would need to launch a JVM and cannot
+    find a Java 17+ runtime.
     """
-    from pyspark import SparkConf, SparkContext
+    from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
     from kmem.spark.source import KafkaLogDataSource
 
-    if SparkContext._active_spark_context is None and "PYSPARK_GATEWAY_PORT" not in os.environ:
+    # spark-submit starts the driver's JVM first, with the submitted master among its system properties,
+    # and hands the Python driver that JVM's Py4J gateway in PYSPARK_GATEWAY_PORT (pyspark's
+    # launch_gateway connects to it instead of launching one). Before a SparkContext connects,
+    # SparkConf() cannot see the JVM's settings, so it cannot tell a submitted driver from a plain one.
+    submitted = SparkContext._active_spark_context is not None or "PYSPARK_GATEWAY_PORT" in os.environ
+    if not submitted:
         check_java()
 
     # Workers must import the same compiled core as the driver. On a cluster, ship the wheel with a
@@ -52,7 +59,6 @@ def get_session(master=None, app_name="kmem", conf=None):
     # from a kmem checkout would have them import the uncompiled source tree instead of the install.
     os.environ.setdefault("PYTHONSAFEPATH", "1")
     builder = SparkSession.builder.appName(app_name)
-    submitted = SparkConf().contains("spark.master")
     if master or not submitted:
         builder = builder.master(master or "local[*]")
         builder = builder.config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
