@@ -11,6 +11,13 @@ import time
 import pytest
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def make_tls_contexts(directory):
     """A server and a client ``SSLContext`` sharing a fresh self-signed certificate for localhost."""
     from cryptography import x509

@@ -5,7 +5,6 @@ kafka-python's codec (``kafka.protocol``), which nobody here wrote."""
 import os
 import pathlib
 import signal
-import socket
 import struct
 import threading
 import time
@@ -18,6 +17,7 @@ from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdRespons
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from broker_helpers import RawConnection, produce_raw, start_broker_process, stored_batches, wait_for
+from network_helpers import free_port
 from kmem.broker import Broker
 from kmem.broker.apis.handlers import protocol_uuid
 from kmem.errors import ConfigError
@@ -108,12 +108,6 @@ def test_metadata_advertises_the_configured_listener(tmp_path):
 
 
 # --- SIGKILL during an idempotent produce -----------------------------------------------------------
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 def test_sigkill_during_idempotent_produce_keeps_every_acknowledged_record_once(tmp_path):
     import confluent_kafka

@@ -19,6 +19,7 @@ import pytest
 import kmem
 import kmem.errors
 from broker_helpers import start_broker_process
+from network_helpers import free_port
 from kmem.records import build_records
 
 SOURCE_TREE = pathlib.Path(__file__).resolve().parent.parent / "kmem"
@@ -226,12 +227,6 @@ log.retention.hours=168
 log.segment.bytes=1073741824
 log.retention.check.interval.ms=300000
 """
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def produce_and_read_back(bootstrap, topic):

@@ -2,17 +2,11 @@
 reconnect backoff (reconnect.backoff.ms doubling up to reconnect.backoff.max.ms), and reported again when
 the connection succeeds."""
 import logging
-import socket
 import time
 
 from kmem.broker import Broker
 from kmem.consumer import Consumer
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from network_helpers import free_port
 
 
 def test_an_unreachable_bootstrap_server_is_reported_once_and_retried_with_backoff(tmp_path, caplog):

@@ -4,7 +4,6 @@ master. KMEM_TEST_SPARK_PYTHON names another interpreter (with its own pyspark, 
 project allows) to run the cluster, the driver and the workers; the default is the one running pytest."""
 import json
 import os
-import pathlib
 import subprocess
 import sys
 import urllib.request
@@ -16,11 +15,10 @@ from kmem.ledger import PidLedger
 from kmem.spark.demo import NEVER_EXPIRE_MS
 from kmem.spark.sample import generate_sample
 from kmem.spark.session import JavaRuntimeError, check_java
-from test_cli import free_port
+from network_helpers import free_port
 
 pytest.importorskip("pyspark")
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
 PYTHON = os.environ.get("KMEM_TEST_SPARK_PYTHON", sys.executable)
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"       # short-lived JVMs: less CPU spent compiling and collecting
 
@@ -63,7 +61,7 @@ def cluster(tmp_path_factory):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("SPARK_", "PYSPARK_"))}
     env.update(SPARK_HOME=spark_home, SPARK_LOCAL_IP="127.0.0.1", SPARK_DAEMON_MEMORY="256m",
                SPARK_DAEMON_JAVA_OPTS=QUICK_JVM,
-               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false", PYSPARK_PYTHON=PYTHON, PYTHONPATH=str(ROOT),
+               SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false", PYSPARK_PYTHON=PYTHON,
                PYTHONSAFEPATH="1")
     spark_class = os.path.join(spark_home, "bin", "spark-class")
     port, ui_port = free_port(), free_port()
