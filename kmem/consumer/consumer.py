@@ -321,12 +321,14 @@ class Consumer:
             if coordinator.assignment_changed is not None:
                 assigned, coordinator.assignment_changed = coordinator.assignment_changed, None
                 self._apply_assignment(assigned)
-        if self._auto_commit and now >= self._next_auto_commit:
+        # Not during a rebalance (Kafka's ConsumerCoordinator skips it too): the commit goes out at the
+        # first poll once the member is stable again.
+        if self._auto_commit and now >= self._next_auto_commit and coordinator.ready \
+                and (coordinator.stable or not self._subscribed):
             self._next_auto_commit = now + self._auto_commit_interval
-            if coordinator.ready and (coordinator.stable or not self._subscribed):
-                offsets = self._positions()
-                if offsets:
-                    coordinator.commit(offsets, self._on_auto_commit)
+            offsets = self._positions()
+            if offsets:
+                coordinator.commit(offsets, self._on_auto_commit)
         self._update_positions()
 
     def _apply_assignment(self, assigned):

@@ -48,3 +48,10 @@ class OffsetOutOfRangeError(KafkaError):
 
 class CommitFailedError(KafkaError):
     """An offset commit was refused (typically: the group rebalanced, so the partitions may have moved)."""
+
+
+class RebalanceInProgressError(CommitFailedError):
+    """Kafka's RebalanceInProgressException: an offset commit while the member rejoins its group (between
+    its JoinGroup and the end of its SyncGroup), when no generation can carry it. Nothing was sent; the
+    member still holds what it held before the rebalance. ``poll()`` completes the rebalance; then commit
+    again (the positions of partitions still assigned)."""
