@@ -180,9 +180,13 @@ class ScriptedClient:
 
     def __init__(self):
         self.sent = []
+        self.connected = True
 
     def is_connected(self, node):
-        return True
+        return self.connected
+
+    def close(self, node):
+        self.connected = False
 
     def send(self, node, request, callback):
         self.sent.append((request, callback))
@@ -210,14 +214,20 @@ def joined_follower(client, generation, partitions):
         error_code=0, assignment=encode_assignment(partitions)))
 
 
+def scripted_coordinator(client, on_join_prepare=lambda: None):
+    coordinator = Coordinator(client, None, consumer_config.parse({"bootstrap.servers": "127.0.0.1:1",
+                                                                   "group.id": "g"}),
+                              on_join_prepare=on_join_prepare)
+    coordinator.node = "coordinator-0"
+    return coordinator
+
+
 def test_no_commit_goes_out_during_a_rebalance_and_a_late_refusal_leaves_the_rebalance_alone():
     # Kafka's ConsumerCoordinator: a commit while the member rejoins fails locally (nothing on the wire,
     # which would be refused with the ending generation); a refusal of a commit of the previous
     # generation, answered once the member rejoins, does not undo its JoinGroup or SyncGroup.
     client = ScriptedClient()
-    coordinator = Coordinator(client, None, consumer_config.parse({"bootstrap.servers": "127.0.0.1:1",
-                                                                   "group.id": "g"}))
-    coordinator.node = "coordinator-0"
+    coordinator = scripted_coordinator(client)
     coordinator.subscribe(["t"])
     coordinator.poll(time.monotonic())
     owned = tps(("t", 0), ("t", 1))
@@ -253,3 +263,25 @@ def test_no_commit_goes_out_during_a_rebalance_and_a_late_refusal_leaves_the_reb
     client.answer(messages.OffsetCommitRequest, commit_answer(codes.REBALANCE_IN_PROGRESS))
     assert isinstance(results[3], RebalanceInProgressError) and coordinator.generation == 3
     assert not coordinator.stable and not coordinator.rebalancing      # its JoinGroup goes at the next poll
+
+
+def test_the_rebalance_preparation_runs_once_and_may_poll_or_lose_the_coordinator():
+    # The preparation (the consumer's commit and revocation, and the listener) runs before the first
+    # JoinGroup with the generation being left; a listener's poll() there does not join (nor prepare)
+    # again, and a commit there that loses the coordinator leaves the JoinGroup to the next poll.
+    client = ScriptedClient()
+    prepared = []
+
+    def prepare():
+        prepared.append((coordinator.rebalancing, coordinator.generation))
+        coordinator.poll(time.monotonic())
+        client.close(coordinator.node)
+    coordinator = scripted_coordinator(client, prepare)
+    coordinator.subscribe(["t"])
+    coordinator.poll(time.monotonic())
+    assert prepared == [(False, -1)] and not client.sent
+    client.connected = True
+    coordinator.node = "coordinator-0"
+    coordinator.poll(time.monotonic())
+    assert prepared == [(False, -1)] and len(client.requests(messages.JoinGroupRequest)) == 1
+    assert coordinator.rebalancing

@@ -5,7 +5,9 @@ Metadata, fetches, joining the group, commits and record delivery happen inside 
 ``kmem.consumer.group.HeartbeatThread``) keeps the membership while the application works between
 polls: a batch may take longer than ``session.timeout.ms``, but ``poll`` must come again within
 ``max.poll.interval.ms`` (default 5 minutes), or the member leaves the group and rejoins at its next
-``poll`` (its partitions may have moved; a commit in between raises ``CommitFailedError``). What a C
+``poll`` (its partitions may have moved; a commit in between raises ``CommitFailedError``). While the
+member rejoins (from its JoinGroup to the end of its SyncGroup) no commit goes out, as in Kafka's
+ConsumerCoordinator: ``commit`` raises ``RebalanceInProgressError`` and auto-commit waits. What a C
 extension holding the GIL does to the heartbeats is in ``kmem.consumer.group``'s docstring.
 
 Rebalance listener (Kafka's ``ConsumerRebalanceListener``): ``subscribe(topics, listener=...)`` with an
@@ -526,7 +528,12 @@ class Consumer:
 
     @_locked
     def commit(self, offsets=None):
-        """Commit ``{partition: offset}`` (default: the positions of every assigned partition) and wait."""
+        """Commit ``{partition: offset}`` (default: the positions of every assigned partition) and wait.
+
+        Raises ``RebalanceInProgressError`` (a ``CommitFailedError``) at once, sending nothing, while the
+        member rejoins its group, as Kafka's ``commitSync`` does: ``poll()`` completes the rebalance, then
+        commit again. ``CommitFailedError`` when the member is out of the group (fenced, expired, or it
+        missed ``max.poll.interval.ms``)."""
         self._check_open()
         offsets = self._commit_offsets(offsets)
         if offsets:
@@ -565,7 +572,8 @@ class Consumer:
 
     @_locked
     def commit_async(self, offsets=None, callback=None):
-        """Send a commit; ``callback(offsets, error or None)`` runs inside a later ``poll``."""
+        """Send a commit; ``callback(offsets, error or None)`` runs inside a later ``poll`` (the error is a
+        ``RebalanceInProgressError``, and nothing is sent, while the member rejoins its group)."""
         self._check_open()
         offsets = self._commit_offsets(offsets)
         if callback is None:
