@@ -351,21 +351,26 @@ class Consumer:
     def _on_join_prepare(self):
         """Before a rebalance's JoinGroup: commit what was handed out (when auto-committing), then give up
         the partitions, except with the cooperative protocol (KIP-429), which keeps those of topics still
-        subscribed while it rejoins. Out of the group (it left, expired or was fenced), the partitions are
-        lost instead: nothing is committed, and the listener's ``on_partitions_lost`` is told."""
+        subscribed while it rejoins. Out of the group (it left, expired or was fenced, which that commit
+        may be the one to learn, as in Kafka's ConsumerCoordinator), the partitions are lost instead:
+        nothing is committed, and the listener's ``on_partitions_lost`` is told."""
         owned = sorted(self._fetcher.assignment)
-        if self._coordinator.generation < 0 or not self._coordinator.member_id:
+        if self._in_group():
+            self._auto_commit_before_revoke(owned)
+        if not self._in_group():
             if owned:
                 self._rebalance_callback("on_partitions_lost", owned)
                 self._drop_partitions(owned)
             return
-        self._auto_commit_before_revoke(owned)
         if self._coordinator.cooperative:
             owned = [tp for tp in owned if tp.topic not in self._coordinator.subscription]
             if not owned:
                 return
         self._rebalance_callback("on_partitions_revoked", owned)
         self._drop_partitions(owned)
+
+    def _in_group(self):
+        return self._coordinator.generation >= 0 and bool(self._coordinator.member_id)
 
     def _drop_partitions(self, partitions):
         dropped = set(partitions)
@@ -404,8 +409,7 @@ class Consumer:
         owned = sorted(self._fetcher.assignment)
         error = None
         if owned:
-            coordinator = self._coordinator
-            in_group = coordinator.generation >= 0 and coordinator.member_id and coordinator.stable
+            in_group = self._in_group() and self._coordinator.stable
             error = self._call_listener("on_partitions_revoked" if in_group else "on_partitions_lost", owned)
         self._fetcher.assign([])
         self._offsets_in_flight.clear()
