@@ -51,7 +51,6 @@ class CommitFailedError(KafkaError):
 
 
 class RebalanceInProgressError(CommitFailedError):
-    """Kafka's RebalanceInProgressException: an offset commit while the member rejoins its group (between
-    its JoinGroup and the end of its SyncGroup), when no generation can carry it. Nothing was sent; the
-    member still holds what it held before the rebalance. ``poll()`` completes the rebalance; then commit
-    again (the positions of partitions still assigned)."""
+    """Kafka's RebalanceInProgressException: an offset commit while the member rejoins its group (from its
+    JoinGroup to the end of its SyncGroup), failed at once with nothing sent, or refused by the group for
+    the same reason. Not fatal: ``poll()`` completes the rebalance, then commit what is still assigned."""

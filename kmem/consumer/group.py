@@ -14,11 +14,13 @@ everything before each join, as Kafka's. The consumer's rebalance listener hears
 generation it fenced (ILLEGAL_GENERATION) has lost its partitions, and joins again.
 
 Joining, syncing, assigning and commits are driven from the consumer's ``poll`` on the application's
-thread. As in Kafka's ConsumerCoordinator, no OffsetCommit goes out from a member's JoinGroup to the end of
-its SyncGroup (it would carry a generation that is ending; refused, it would start another rebalance);
+thread. As in Kafka's ConsumerCoordinator, no OffsetCommit goes out from a member's JoinGroup to the end
+of its SyncGroup (it would carry a generation that is ending; refused, it would start another rebalance):
 the commit fails at once with ``RebalanceInProgressError``. A commit refused (ILLEGAL_GENERATION,
 UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS) changes the membership only when the answer concerns the
-current generation and no rebalance is under way. Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
+current generation and no rebalance is under way.
+
+Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
 polls, so a batch that takes longer than ``session.timeout.ms`` to handle does not cost the partitions.
 ``max.poll.interval.ms`` bounds that time, as in Kafka: when ``poll`` was not called within it, the
 heartbeat thread leaves the group (a static member, ``group.instance.id``, sends no LeaveGroup and only
@@ -576,7 +578,7 @@ class Coordinator:
         # (-1, ""), the commit is a simple one.
         generation = self.generation
         request = messages.OffsetCommitRequest(
-            group_id=self.group_id, generation_id_or_member_epoch=self.generation,
+            group_id=self.group_id, generation_id_or_member_epoch=generation,
             member_id=self.member_id, group_instance_id=self.instance_id, retention_time_ms=-1,
             topics=[messages.OffsetCommitRequest.OffsetCommitRequestTopic(name=t, partitions=p)
                     for t, p in topics.items()])
