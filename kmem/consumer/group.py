@@ -607,14 +607,15 @@ class Coordinator:
         rejoins, ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID fence the member. A rebalance already under way
         (its JoinGroup or SyncGroup answer pending) goes on undisturbed."""
         current = generation == self.generation and not self._rebalancing
+        rebalancing = f"{what} as the group rebalances (poll() completes the rebalance, then commit again)"
         if code == codes.REBALANCE_IN_PROGRESS:
             if current:
                 self.request_rejoin()
-            return RebalanceInProgressError(what, code)
+            return RebalanceInProgressError(rebalancing, code)
         if current:
             self._fenced(code)
         elif self._rebalancing:
-            return RebalanceInProgressError(what, code)
+            return RebalanceInProgressError(rebalancing, code)
         return CommitFailedError(what, code)
 
     def fetch_offsets(self, partitions, callback):
