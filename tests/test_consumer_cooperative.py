@@ -282,6 +282,26 @@ def test_a_member_whose_session_expired_hears_its_partitions_lost(broker, strate
         assert after[-1][0] == "assigned"
 
 
+@pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
+def test_a_member_that_learns_it_expired_from_its_rejoin_commit_hears_its_partitions_lost(broker, strategy):
+    # As above, but the member learns it is out of the group from the commit before its rejoin (auto-commit,
+    # for a new subscription): Kafka's ConsumerCoordinator then calls onPartitionsLost, not revoked.
+    first_heard = Recorder()
+    group = f"lost-in-commit-{strategy}"
+    with listening_member(broker, group, strategy, first_heard, session_timeout_ms=1000) as first, \
+            listening_member(broker, group, strategy, Recorder(), session_timeout_ms=1000) as second:
+        poll_until(lambda: shared(first, second), first, second)
+        held = first.assignment()
+        heard = len(first_heard.events)
+        with first._lock:       # no heartbeat: the coordinator expires it; it rejoins before it hears so
+            poll_until(lambda: second.assignment() == EVERY, second)
+            first.subscribe([TOPIC, "more-orders"], listener=first_heard)
+        poll_until(lambda: ("assigned" in {name for name, _ in first_heard.events[heard:]}), first, second)
+        after = first_heard.events[heard:]
+        assert after[0] == ("lost", held), first_heard.events
+        assert ("revoked", held) not in after
+
+
 class Failing(Recorder):
     """Raises from every revoked and assigned callback, after recording it."""
 

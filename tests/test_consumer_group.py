@@ -1,14 +1,18 @@
 """kmem.consumer groups against librdkafka's mock cluster: assignors, commits, a rebalance with every
-record processed exactly once, and KIP-81 liveness (heartbeats read outside a full pool)."""
+record processed exactly once, and KIP-81 liveness (heartbeats read outside a full pool); commits during a
+rebalance, answered by the test."""
 import threading
 import time
 
 import pytest
 
-from kmem.consumer import CommitFailedError, Consumer, TopicPartition
-from kmem.consumer.group import (assign_range, assign_round_robin, decode_assignment, decode_subscription,
-                                 encode_assignment, encode_subscription)
+from kmem.consumer import CommitFailedError, Consumer, RebalanceInProgressError, TopicPartition
+from kmem.consumer import config as consumer_config
+from kmem.consumer import errors as codes
+from kmem.consumer.group import (Coordinator, assign_range, assign_round_robin, decode_assignment,
+                                 decode_subscription, encode_assignment, encode_subscription)
 from kmem.errors import CorruptRecordError
+from kmem.protocol import messages
 from mock_cluster import MockCluster
 
 
@@ -168,3 +172,116 @@ def test_heartbeats_are_read_outside_a_full_pool(cluster):
     assert full_since is not None
     assert generations[1] != generations[0]
     assert answered <= 1
+
+
+class ScriptedClient:
+    """The coordinator's network client, connected, answered by the test: ``sent`` holds each request
+    with its callback until ``answer`` runs it (in any order)."""
+
+    def __init__(self):
+        self.sent = []
+        self.connected = True
+
+    def is_connected(self, node):
+        return self.connected
+
+    def close(self, node):
+        self.connected = False
+
+    def send(self, node, request, callback):
+        self.sent.append((request, callback))
+
+    def requests(self, kind):
+        return [request for request, _ in self.sent if isinstance(request, kind)]
+
+    def answer(self, kind, response):
+        entry = next(entry for entry in self.sent if isinstance(entry[0], kind))
+        self.sent.remove(entry)
+        entry[1](None, response, None)
+
+
+def commit_answer(code):
+    r = messages.OffsetCommitResponse
+    return r(topics=[r.OffsetCommitResponseTopic(name="t", partitions=[
+        r.OffsetCommitResponsePartition(partition_index=0, error_code=code)])])
+
+
+def joined_follower(client, generation, partitions):
+    """The answers that make a member a follower of ``generation`` holding ``partitions``."""
+    client.answer(messages.JoinGroupRequest, messages.JoinGroupResponse(
+        error_code=0, generation_id=generation, protocol_name="range", leader="leader", member_id="me", members=[]))
+    client.answer(messages.SyncGroupRequest, messages.SyncGroupResponse(
+        error_code=0, assignment=encode_assignment(partitions)))
+
+
+def scripted_coordinator(client, on_join_prepare=lambda: None):
+    coordinator = Coordinator(client, None, consumer_config.parse({"bootstrap.servers": "127.0.0.1:1",
+                                                                   "group.id": "g"}),
+                              on_join_prepare=on_join_prepare)
+    coordinator.node = "coordinator-0"
+    return coordinator
+
+
+def test_no_commit_goes_out_during_a_rebalance_and_a_late_refusal_leaves_the_rebalance_alone():
+    # Kafka's ConsumerCoordinator: a commit while the member rejoins fails locally (nothing on the wire,
+    # which would be refused with the ending generation); a refusal of a commit of the previous
+    # generation, answered once the member rejoins, does not undo its JoinGroup or SyncGroup.
+    client = ScriptedClient()
+    coordinator = scripted_coordinator(client)
+    coordinator.subscribe(["t"])
+    coordinator.poll(time.monotonic())
+    owned = tps(("t", 0), ("t", 1))
+    joined_follower(client, 1, owned)
+    assert coordinator.stable and coordinator.assigned == owned
+    results = []
+    coordinator.commit({TopicPartition("t", 0): 5}, results.append)       # stable: sent with generation 1
+    coordinator.request_rejoin()                                           # as a heartbeat's answer would
+    coordinator.poll(time.monotonic())
+    assert coordinator.rebalancing and len(client.requests(messages.JoinGroupRequest)) == 1
+    coordinator.commit({TopicPartition("t", 0): 6}, results.append)
+    assert isinstance(results[0], RebalanceInProgressError) and "rejoining" in str(results[0])
+    assert len(client.requests(messages.OffsetCommitRequest)) == 1         # nothing more went out
+    client.answer(messages.JoinGroupRequest, messages.JoinGroupResponse(
+        error_code=0, generation_id=2, protocol_name="range", leader="leader", member_id="me", members=[]))
+    # The commit of generation 1 refused while generation 2 syncs: the sync goes on.
+    client.answer(messages.OffsetCommitRequest, commit_answer(codes.ILLEGAL_GENERATION))
+    assert isinstance(results[1], RebalanceInProgressError) and results[1].code == codes.ILLEGAL_GENERATION
+    assert coordinator.generation == 2 and coordinator.member_id == "me"
+    client.answer(messages.SyncGroupRequest, messages.SyncGroupResponse(
+        error_code=0, assignment=encode_assignment(owned[:1])))
+    assert coordinator.stable and coordinator.assigned == owned[:1] and coordinator.generations == [1, 2]
+    assert not client.requests(messages.JoinGroupRequest)
+    # A refusal of the current generation, with no rebalance under way, is the coordinator's word: fenced.
+    coordinator.commit({TopicPartition("t", 0): 7}, results.append)
+    client.answer(messages.OffsetCommitRequest, commit_answer(codes.ILLEGAL_GENERATION))
+    assert type(results[2]) is CommitFailedError and results[2].code == codes.ILLEGAL_GENERATION
+    assert coordinator.generation == -1 and coordinator.member_id == "me" and not coordinator.stable
+    # REBALANCE_IN_PROGRESS for the current generation: rejoin, keeping the generation.
+    coordinator.poll(time.monotonic())
+    joined_follower(client, 3, owned)
+    coordinator.commit({TopicPartition("t", 0): 8}, results.append)
+    client.answer(messages.OffsetCommitRequest, commit_answer(codes.REBALANCE_IN_PROGRESS))
+    assert isinstance(results[3], RebalanceInProgressError) and coordinator.generation == 3
+    assert not coordinator.stable and not coordinator.rebalancing      # its JoinGroup goes at the next poll
+
+
+def test_the_rebalance_preparation_runs_once_and_may_poll_or_lose_the_coordinator():
+    # The preparation (the consumer's commit and revocation, and the listener) runs before the first
+    # JoinGroup with the generation being left; a listener's poll() there does not join (nor prepare)
+    # again, and a commit there that loses the coordinator leaves the JoinGroup to the next poll.
+    client = ScriptedClient()
+    prepared = []
+
+    def prepare():
+        prepared.append((coordinator.rebalancing, coordinator.generation))
+        coordinator.poll(time.monotonic())
+        client.close(coordinator.node)
+    coordinator = scripted_coordinator(client, prepare)
+    coordinator.subscribe(["t"])
+    coordinator.poll(time.monotonic())
+    assert prepared == [(False, -1)] and not client.sent
+    client.connected = True
+    coordinator.node = "coordinator-0"
+    coordinator.poll(time.monotonic())
+    assert prepared == [(False, -1)] and len(client.requests(messages.JoinGroupRequest)) == 1
+    assert coordinator.rebalancing

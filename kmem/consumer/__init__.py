@@ -7,8 +7,9 @@
 ...         print(record.offset, record.value)
 """
 from kmem.consumer.consumer import Consumer, ConsumerRebalanceListener
-from kmem.consumer.errors import CommitFailedError, KafkaConnectionError, KafkaError, OffsetOutOfRangeError
+from kmem.consumer.errors import (CommitFailedError, KafkaConnectionError, KafkaError, OffsetOutOfRangeError,
+                                  RebalanceInProgressError)
 from kmem.consumer.fetcher import ConsumerRecord, TopicPartition
 
 __all__ = ["Consumer", "ConsumerRebalanceListener", "ConsumerRecord", "TopicPartition", "KafkaError",
-           "KafkaConnectionError", "CommitFailedError", "OffsetOutOfRangeError"]
+           "KafkaConnectionError", "CommitFailedError", "RebalanceInProgressError", "OffsetOutOfRangeError"]

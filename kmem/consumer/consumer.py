@@ -5,7 +5,9 @@ Metadata, fetches, joining the group, commits and record delivery happen inside 
 ``kmem.consumer.group.HeartbeatThread``) keeps the membership while the application works between
 polls: a batch may take longer than ``session.timeout.ms``, but ``poll`` must come again within
 ``max.poll.interval.ms`` (default 5 minutes), or the member leaves the group and rejoins at its next
-``poll`` (its partitions may have moved; a commit in between raises ``CommitFailedError``). What a C
+``poll`` (its partitions may have moved; a commit in between raises ``CommitFailedError``). While the
+member rejoins (from its JoinGroup to the end of its SyncGroup) no commit goes out, as in Kafka's
+ConsumerCoordinator: ``commit`` raises ``RebalanceInProgressError`` and auto-commit waits. What a C
 extension holding the GIL does to the heartbeats is in ``kmem.consumer.group``'s docstring.
 
 Rebalance listener (Kafka's ``ConsumerRebalanceListener``): ``subscribe(topics, listener=...)`` with an
@@ -321,12 +323,14 @@ class Consumer:
             if coordinator.assignment_changed is not None:
                 assigned, coordinator.assignment_changed = coordinator.assignment_changed, None
                 self._apply_assignment(assigned)
-        if self._auto_commit and now >= self._next_auto_commit:
+        # Not during a rebalance (Kafka's ConsumerCoordinator skips it too): the commit goes out at the
+        # first poll once the member is stable again.
+        if self._auto_commit and now >= self._next_auto_commit and coordinator.ready \
+                and (coordinator.stable or not self._subscribed):
             self._next_auto_commit = now + self._auto_commit_interval
-            if coordinator.ready and (coordinator.stable or not self._subscribed):
-                offsets = self._positions()
-                if offsets:
-                    coordinator.commit(offsets, self._on_auto_commit)
+            offsets = self._positions()
+            if offsets:
+                coordinator.commit(offsets, self._on_auto_commit)
         self._update_positions()
 
     def _apply_assignment(self, assigned):
@@ -347,21 +351,26 @@ class Consumer:
     def _on_join_prepare(self):
         """Before a rebalance's JoinGroup: commit what was handed out (when auto-committing), then give up
         the partitions, except with the cooperative protocol (KIP-429), which keeps those of topics still
-        subscribed while it rejoins. Out of the group (it left, expired or was fenced), the partitions are
-        lost instead: nothing is committed, and the listener's ``on_partitions_lost`` is told."""
+        subscribed while it rejoins. Out of the group (it left, expired or was fenced, which that commit
+        may be the one to learn, as in Kafka's ConsumerCoordinator), the partitions are lost instead:
+        nothing is committed, and the listener's ``on_partitions_lost`` is told."""
         owned = sorted(self._fetcher.assignment)
-        if self._coordinator.generation < 0 or not self._coordinator.member_id:
+        if self._in_group():
+            self._auto_commit_before_revoke(owned)
+        if not self._in_group():
             if owned:
                 self._rebalance_callback("on_partitions_lost", owned)
                 self._drop_partitions(owned)
             return
-        self._auto_commit_before_revoke(owned)
         if self._coordinator.cooperative:
             owned = [tp for tp in owned if tp.topic not in self._coordinator.subscription]
             if not owned:
                 return
         self._rebalance_callback("on_partitions_revoked", owned)
         self._drop_partitions(owned)
+
+    def _in_group(self):
+        return self._coordinator.generation >= 0 and bool(self._coordinator.member_id)
 
     def _drop_partitions(self, partitions):
         dropped = set(partitions)
@@ -400,8 +409,7 @@ class Consumer:
         owned = sorted(self._fetcher.assignment)
         error = None
         if owned:
-            coordinator = self._coordinator
-            in_group = coordinator.generation >= 0 and coordinator.member_id and coordinator.stable
+            in_group = self._in_group() and self._coordinator.stable
             error = self._call_listener("on_partitions_revoked" if in_group else "on_partitions_lost", owned)
         self._fetcher.assign([])
         self._offsets_in_flight.clear()
@@ -524,7 +532,12 @@ class Consumer:
 
     @_locked
     def commit(self, offsets=None):
-        """Commit ``{partition: offset}`` (default: the positions of every assigned partition) and wait."""
+        """Commit ``{partition: offset}`` (default: the positions of every assigned partition) and wait.
+
+        Raises ``RebalanceInProgressError`` (a ``CommitFailedError``) at once, sending nothing, while the
+        member rejoins its group, as Kafka's ``commitSync`` does: ``poll()`` completes the rebalance, then
+        commit again. ``CommitFailedError`` when the member is out of the group (fenced, expired, or it
+        missed ``max.poll.interval.ms``)."""
         self._check_open()
         offsets = self._commit_offsets(offsets)
         if offsets:
@@ -563,7 +576,8 @@ class Consumer:
 
     @_locked
     def commit_async(self, offsets=None, callback=None):
-        """Send a commit; ``callback(offsets, error or None)`` runs inside a later ``poll``."""
+        """Send a commit; ``callback(offsets, error or None)`` runs inside a later ``poll`` (the error is a
+        ``RebalanceInProgressError``, and nothing is sent, while the member rejoins its group)."""
         self._check_open()
         offsets = self._commit_offsets(offsets)
         if callback is None:

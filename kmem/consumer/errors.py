@@ -48,3 +48,9 @@ class OffsetOutOfRangeError(KafkaError):
 
 class CommitFailedError(KafkaError):
     """An offset commit was refused (typically: the group rebalanced, so the partitions may have moved)."""
+
+
+class RebalanceInProgressError(CommitFailedError):
+    """Kafka's RebalanceInProgressException: an offset commit while the member rejoins its group (from its
+    JoinGroup to the end of its SyncGroup), failed at once with nothing sent, or refused by the group for
+    the same reason. Not fatal: ``poll()`` completes the rebalance, then commit what is still assigned."""

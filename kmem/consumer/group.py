@@ -14,7 +14,13 @@ everything before each join, as Kafka's. The consumer's rebalance listener hears
 generation it fenced (ILLEGAL_GENERATION) has lost its partitions, and joins again.
 
 Joining, syncing, assigning and commits are driven from the consumer's ``poll`` on the application's
-thread. Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
+thread. As in Kafka's ConsumerCoordinator, no OffsetCommit goes out from a member's JoinGroup to the end
+of its SyncGroup (it would carry a generation that is ending; refused, it would start another rebalance):
+the commit fails at once with ``RebalanceInProgressError``. A commit refused (ILLEGAL_GENERATION,
+UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS) changes the membership only when the answer concerns the
+current generation and no rebalance is under way.
+
+Heartbeats also go out from a ``HeartbeatThread`` (KIP-62) while the application works between
 polls, so a batch that takes longer than ``session.timeout.ms`` to handle does not cost the partitions.
 ``max.poll.interval.ms`` bounds that time, as in Kafka: when ``poll`` was not called within it, the
 heartbeat thread leaves the group (a static member, ``group.instance.id``, sends no LeaveGroup and only
@@ -38,7 +44,7 @@ import time
 from typing import NamedTuple
 
 from kmem.consumer import errors as codes
-from kmem.consumer.errors import CommitFailedError, KafkaConnectionError, KafkaError
+from kmem.consumer.errors import CommitFailedError, KafkaConnectionError, KafkaError, RebalanceInProgressError
 from kmem.consumer.fetcher import TopicPartition
 from kmem.errors import CorruptRecordError
 from kmem.protocol import messages
@@ -266,7 +272,7 @@ class Coordinator:
     def __init__(self, client, metadata, config, *, priority=True, on_join_prepare=lambda: None):
         self._client = client
         self._on_join_prepare = on_join_prepare     # runs before a rebalance's first JoinGroup (commit, revoke)
-        self._needs_join_prepare = True
+        self._rebalancing = False       # from a rebalance's first JoinGroup until its SyncGroup completes
         self._metadata = metadata
         self.group_id = config["group.id"]
         self._session_timeout_ms = config["session.timeout.ms"]
@@ -305,6 +311,13 @@ class Coordinator:
     @property
     def stable(self):
         return self._state == "stable"
+
+    @property
+    def rebalancing(self):
+        """The member sent a JoinGroup and its rebalance has not completed (Kafka's PREPARING_REBALANCE and
+        COMPLETING_REBALANCE, also while a failed JoinGroup or SyncGroup is retried): its generation is
+        about to be replaced, so no commit goes out with it."""
+        return self._rebalancing
 
     @property
     def ready(self):
@@ -397,11 +410,14 @@ class Coordinator:
     # -- join and sync ---------------------------------------------------------------------------------
 
     def _join(self):
-        if self._needs_join_prepare:    # once per rebalance: not again for a retried JoinGroup
-            self._needs_join_prepare = False
-            self._on_join_prepare()
+        self._join_in_flight = True     # already while preparing: a listener's poll() must not join again
+        if not self._rebalancing:       # once per rebalance: not again for a retried JoinGroup
+            self._on_join_prepare()     # its commits still carry the generation being left
+            self._rebalancing = True
+        if not self.ready:              # the preparation's commit lost the coordinator: join once found
+            self._join_in_flight = False
+            return
         self._state = "joining"
-        self._join_in_flight = True
         metadata = encode_subscription(self.subscription)
         sticky = encode_sticky_subscription(self.subscription, self.assigned if self.cooperative else [],
                                             self.assigned, self.generation)
@@ -507,7 +523,7 @@ class Coordinator:
             self._state = "unjoined"
             return
         self._state = "stable"
-        self._needs_join_prepare = True
+        self._rebalancing = False
         self._heartbeat_due = time.monotonic() + self._heartbeat_interval
         self.assigned = self.assignment_changed = [tp for tp in assigned if tp.topic in self.subscription]
 
@@ -543,36 +559,64 @@ class Coordinator:
     # -- offsets ---------------------------------------------------------------------------------------
 
     def commit(self, offsets, callback):
-        """Send an OffsetCommit of ``{TopicPartition: offset}``; ``callback(error or None)``."""
+        """Send an OffsetCommit of ``{TopicPartition: offset}``; ``callback(error or None)``. During a
+        rebalance nothing is sent and ``callback`` gets a ``RebalanceInProgressError`` at once, as Kafka's
+        ConsumerCoordinator fails such a commit locally: the generation it would carry is ending, and a
+        commit refused with it would start yet another rebalance."""
+        if self._rebalancing:
+            callback(RebalanceInProgressError(
+                f"offset commit refused: the member is rejoining group {self.group_id} (its generation "
+                f"{self.generation} is ending); poll() completes the rebalance, then commit again"))
+            return
         topics = {}
         for tp, offset in sorted(offsets.items()):
             topics.setdefault(tp.topic, []).append(messages.OffsetCommitRequest.OffsetCommitRequestPartition(
                 partition_index=tp.partition, committed_offset=offset, committed_leader_epoch=-1,
                 commit_timestamp=-1, committed_metadata=""))
-        # The last generation joined, also while rejoining: Kafka accepts its commits until the new
-        # generation forms. Outside the group (-1, ""), the commit is a simple one.
+        # The generation joined, also once a rejoin is requested but before its JoinGroup (the commit of
+        # the rebalance's preparation): Kafka accepts it until the new generation forms. Outside the group
+        # (-1, ""), the commit is a simple one.
+        generation = self.generation
         request = messages.OffsetCommitRequest(
-            group_id=self.group_id, generation_id_or_member_epoch=self.generation,
+            group_id=self.group_id, generation_id_or_member_epoch=generation,
             member_id=self.member_id, group_instance_id=self.instance_id, retention_time_ms=-1,
             topics=[messages.OffsetCommitRequest.OffsetCommitRequestTopic(name=t, partitions=p)
                     for t, p in topics.items()])
-        self._client.send(self.node, request, lambda r, b, e: callback(self._commit_error(b, e)))
+        self._client.send(self.node, request, lambda r, b, e: callback(self._commit_error(generation, b, e)))
 
-    def _commit_error(self, body, error):
+    def _commit_error(self, generation, body, error):
         if error is not None:
             self._coordinator_dead(error)
             return CommitFailedError(f"offset commit failed: {error}")
         for topic in body.topics:
             for p in topic.partitions:
-                if p.error_code:
-                    if p.error_code in (codes.REBALANCE_IN_PROGRESS, codes.ILLEGAL_GENERATION,
-                                        codes.UNKNOWN_MEMBER_ID):
-                        self.request_rejoin()
-                    elif p.error_code in _COORDINATOR_ERRORS:
-                        self._coordinator_dead(codes.error_name(p.error_code))
-                    return CommitFailedError(f"offset commit of {topic.name}-{p.partition_index} failed",
-                                             p.error_code)
+                code = p.error_code
+                if not code:
+                    continue
+                what = f"offset commit of {topic.name}-{p.partition_index} failed"
+                if code in (codes.REBALANCE_IN_PROGRESS, codes.ILLEGAL_GENERATION, codes.UNKNOWN_MEMBER_ID):
+                    return self._commit_refused(generation, code, what)
+                if code in _COORDINATOR_ERRORS:
+                    self._coordinator_dead(codes.error_name(code))
+                return CommitFailedError(what, code)
         return None
+
+    def _commit_refused(self, generation, code, what):
+        """The group refused a commit of ``generation``. As Kafka's ConsumerCoordinator, only an answer about
+        the current generation, with no rebalance under way, changes the membership: REBALANCE_IN_PROGRESS
+        rejoins, ILLEGAL_GENERATION and UNKNOWN_MEMBER_ID fence the member. A rebalance already under way
+        (its JoinGroup or SyncGroup answer pending) goes on undisturbed."""
+        current = generation == self.generation and not self._rebalancing
+        rebalancing = f"{what} as the group rebalances (poll() completes the rebalance, then commit again)"
+        if code == codes.REBALANCE_IN_PROGRESS:
+            if current:
+                self.request_rejoin()
+            return RebalanceInProgressError(rebalancing, code)
+        if current:
+            self._fenced(code)
+        elif self._rebalancing:
+            return RebalanceInProgressError(rebalancing, code)
+        return CommitFailedError(what, code)
 
     def fetch_offsets(self, partitions, callback):
         """OffsetFetch for ``partitions``; ``callback({TopicPartition: offset or None}, error)``."""
@@ -620,7 +664,7 @@ class Coordinator:
         self.member_id = ""
         self.generation = -1
         self.assigned = []
-        self._needs_join_prepare = True
+        self._rebalancing = False
 
     def _fenced(self, code):
         """The coordinator no longer knows this member (its session expired) or its generation: the
