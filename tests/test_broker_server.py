@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 import uuid
+import zlib
 
 import pytest
 from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse
@@ -254,6 +255,30 @@ def test_produce_v3_and_later_carries_exactly_one_batch_a_partition(broker):
         assert produce_raw(connection, "t", legacy, version=2).error_code == NONE
     assert broker.logs.get_partition("t", 0).log_end_offset == 3
 
+
+
+def legacy_message(value, attributes, magic=1):
+    """One magic 0/1 message at offset 0 with the given attributes (codec bits) over ``value`` as it is."""
+    body = bytes([magic, attributes]) + (struct.pack(">q", 0) if magic else b"") + struct.pack(">i", -1) \
+        + struct.pack(">i", len(value)) + value
+    message = struct.pack(">I", zlib.crc32(body)) + body
+    return struct.pack(">qi", 0, len(message)) + message
+
+
+def test_zstd_below_produce_v7_is_refused_in_every_message_format(broker):
+    """Kafka's ``ProduceRequest.validateRecords``: zstd needs Produce v7, whichever magic claims it (a magic
+    0/1 message's codec bits included): UNSUPPORTED_COMPRESSION_TYPE, nothing appended."""
+    broker.logs.create_topic("old-zstd")
+    with RawConnection(broker.bootstrap_servers) as connection:
+        for magic in (0, 1):
+            refused = produce_raw(connection, "old-zstd", legacy_message(b"not zstd", 4, magic), version=2)
+            assert (refused.error_code, refused.base_offset) == (UNSUPPORTED_COMPRESSION_TYPE, -1)
+        zstd_batch = build_records([b"z"], magic=2, compression="zstd")
+        assert produce_raw(connection, "old-zstd", zstd_batch, version=6).error_code == UNSUPPORTED_COMPRESSION_TYPE
+        assert broker.logs.get_partition("old-zstd", 0).log_end_offset == 0
+        assert produce_raw(connection, "old-zstd", zstd_batch, version=7).error_code == NONE
+        assert produce_raw(connection, "old-zstd", legacy_message(b"plain", 0), version=2).error_code == NONE
+    assert broker.logs.get_partition("old-zstd", 0).log_end_offset == 2
 
 def hand_built_batch(value, transactional, producer_id):
     """A v2 batch built by kafka-python's own builder, transactional or not."""

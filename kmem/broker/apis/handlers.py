@@ -848,8 +848,8 @@ def _check_produce_records(version, records):
         batches = list(itertools.islice(MemoryRecords(records).batches(), 2)) if version >= 3 else []
         if len(batches) > 1:
             return ErrorCode.INVALID_RECORD, f"Produce v{version} carries exactly one record batch a partition"
-        if version < 7 and magic == 2 and any(batch.compression == codecs.ZSTD
-                                              for batch in MemoryRecords(records).batches()):
+        # a magic 0/1 message's codec bits can say zstd too (Sarama does below 2.1): Kafka refuses it alike
+        if version < 7 and any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
             return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
     except CorruptRecordError:
         return None
