@@ -285,3 +285,33 @@ def test_the_rebalance_preparation_runs_once_and_may_poll_or_lose_the_coordinato
     coordinator.poll(time.monotonic())
     assert prepared == [(False, -1)] and len(client.requests(messages.JoinGroupRequest)) == 1
     assert coordinator.rebalancing
+
+
+def test_a_rejoin_asked_for_during_a_rebalance_waits_for_its_sync():
+    # Kafka's rejoinNeeded: a subscription changed while the JoinGroup or SyncGroup is out leaves them be
+    # (the other members wait on this one's sync); the member rejoins with the new subscription once the
+    # consumer has taken the assignment, not before.
+    client = ScriptedClient()
+    coordinator = scripted_coordinator(client)
+    coordinator.subscribe(["t"])
+    coordinator.poll(time.monotonic())
+    for answered in (messages.JoinGroupRequest, messages.SyncGroupRequest):
+        coordinator.subscribe(["t", f"after-{answered.__name__}"])
+        if answered is messages.JoinGroupRequest:
+            client.answer(answered, messages.JoinGroupResponse(error_code=0, generation_id=1, protocol_name="range",
+                                                               leader="leader", member_id="me", members=[]))
+        assert client.requests(messages.SyncGroupRequest) and not client.requests(messages.JoinGroupRequest)
+    client.answer(messages.SyncGroupRequest, messages.SyncGroupResponse(
+        error_code=0, assignment=encode_assignment(tps(("t", 0)))))
+    assert coordinator.stable and coordinator.assigned == tps(("t", 0))
+    coordinator.poll(time.monotonic())
+    assert coordinator.stable and not client.requests(messages.JoinGroupRequest)    # assignment not yet taken
+    assert coordinator.assignment_changed == tps(("t", 0))
+    coordinator.assignment_changed = None
+    coordinator.poll(time.monotonic())
+    [join] = client.requests(messages.JoinGroupRequest)
+    assert sorted(decode_subscription(join.protocols[0].metadata)) == ["after-SyncGroupRequest", "t"]
+    joined_follower(client, 2, tps(("t", 0)))
+    coordinator.assignment_changed = None
+    coordinator.poll(time.monotonic())
+    assert coordinator.stable and coordinator.generations == [1, 2] and not client.sent

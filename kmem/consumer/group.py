@@ -295,6 +295,7 @@ class Coordinator:
         self.leader = None
         self.subscription = set()
         self._state = "unjoined"        # unjoined -> joining -> syncing -> stable
+        self._rejoin_after_sync = False     # a rejoin asked for while the JoinGroup or SyncGroup was out
         self._join_in_flight = False
         self._heartbeat_in_flight = False
         self._heartbeat_due = 0.0
@@ -329,8 +330,13 @@ class Coordinator:
             self.request_rejoin()
 
     def request_rejoin(self):
-        if self._state in ("stable", "syncing"):
+        """Rejoin: at once when stable; after the rebalance under way completes otherwise, as Kafka's
+        ``rejoinNeeded``. Dropping its JoinGroup or SyncGroup would leave the others waiting for this member,
+        and its next JoinGroup (new metadata) would start yet another rebalance."""
+        if self._state == "stable":
             self._state = "unjoined"
+        elif self._state in ("joining", "syncing"):
+            self._rejoin_after_sync = True
 
     def _coordinator_dead(self, reason):
         log.info("group %s: coordinator lost (%s)", self.group_id, reason)
@@ -350,6 +356,9 @@ class Coordinator:
                 self._state, self._join_in_flight = "unjoined", False
             self._lookup(now)
             return
+        if self._state == "stable" and self._rejoin_after_sync and self.assignment_changed is None:
+            self._rejoin_after_sync = False     # once the consumer has taken the new assignment
+            self._state = "unjoined"
         if self._state == "unjoined" and self.subscription and not self._join_in_flight and now >= self._retry_at:
             self._join()
         elif self._state == "syncing" and self._leader_members is not None:
@@ -418,6 +427,7 @@ class Coordinator:
             self._join_in_flight = False
             return
         self._state = "joining"
+        self._rejoin_after_sync = False     # this JoinGroup carries the subscription as it is now
         metadata = encode_subscription(self.subscription)
         sticky = encode_sticky_subscription(self.subscription, self.assigned if self.cooperative else [],
                                             self.assigned, self.generation)
