@@ -1,6 +1,6 @@
-"""A producer's per-request latency across segment rolls: kmem broker as checked out vs as it was before a
-roll's fsync left the appending thread (commit ``BEFORE``, its ``kmem`` package copied out with ``git archive``
-and run in the same run), ``.venv/bin/pytest bench/bench_roll_latency.py -s``.
+"""A producer's per-request latency across segment rolls: the kmem broker the run imports (the checkout) vs
+kmem as it was before a roll's fsync left the appending thread (commit ``BEFORE``, its ``kmem`` package copied
+out with ``git archive``, in the same run), ``.venv/bin/pytest bench/bench_roll_latency.py -s``.
 
 Each round starts both brokers afresh, in turn, on new log directories with ``log.segment.bytes`` of
 ``KMEM_BENCH_ROLL_SEGMENT`` (default 4 MiB). One confluent-kafka producer (acks=1, ``linger.ms`` 0) sends
@@ -9,6 +9,7 @@ a roll every ~64 requests, so the requests that roll are 1.5% of them and the p9
 Printed per broker and round: requests, rolls, produce-to-ack latency p50 / p99 / p99.9 / max.
 """
 import glob
+import importlib.util
 import io
 import os
 import shutil
@@ -45,7 +46,7 @@ def report():
 
 @pytest.fixture(scope="module")
 def before_checkout(tmp_path_factory):
-    """``BEFORE``'s kmem package with this checkout's compiled core (its Cython sources are the same)."""
+    """``BEFORE``'s kmem package with the compiled core kmem runs on here (its Cython sources are the same)."""
     changed = subprocess.run(["git", "-C", ROOT, "diff", "--quiet", BEFORE, "--", "kmem/*.pyx", "kmem/*.pxi",
                               "kmem/*.pxd"])
     if changed.returncode != 0:
@@ -54,8 +55,7 @@ def before_checkout(tmp_path_factory):
     archive = subprocess.run(["git", "-C", ROOT, "archive", BEFORE, "kmem"], check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(directory)
-    for core in glob.glob(os.path.join(ROOT, "kmem", "_core.*.so")):
-        shutil.copy(core, os.path.join(directory, "kmem"))
+    shutil.copy(importlib.util.find_spec("kmem._core").origin, os.path.join(directory, "kmem"))
     return str(directory)
 
 
@@ -78,9 +78,8 @@ def produce_one_at_a_time(bootstrap, seconds):
 
 @pytest.mark.parametrize("round_", range(ROUNDS))
 def test_produce_latency_across_rolls(tmp_path, before_checkout, round_):
-    for name, source in [(f"before ({BEFORE[:7]})", before_checkout), ("now", ROOT)]:
+    for name, env in [(f"before ({BEFORE[:7]})", dict(CHILD_ENV, PYTHONPATH=before_checkout)), ("now", CHILD_ENV)]:
         log_dir = tmp_path / name.split()[0]
-        env = dict(CHILD_ENV, PYTHONPATH=source)
         with BrokerProcess(log_dir, {"log_segment_bytes": SEGMENT}, env=env) as broker:
             create_topics(broker.bootstrap, ["warm", "rolls"])
             latencies = produce_one_at_a_time(broker.bootstrap, SECONDS)
