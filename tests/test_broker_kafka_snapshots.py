@@ -25,6 +25,7 @@ import crc32c
 import numpy as np
 from kafka.record.memory_records import MemoryRecords
 from snapshot_files import read_kafka_snapshot
+from thread_helpers import switching_often
 
 from kmem.broker import BrokerConfig, ErrorCode, LogManager
 from kmem.ledger import ENTRY_DTYPE, PidLedger, ProducerEntry, write_ledger_snapshot
@@ -355,12 +356,13 @@ def test_snapshots_taken_at_rolls_that_race_appends_hold_the_log_below_their_off
 
         roller = threading.Thread(target=roll)
         producers = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
-        for thread in [roller, *producers]:
-            thread.start()
-        for thread in producers:
-            thread.join()
-        done.set()
-        roller.join()
+        with switching_often():
+            for thread in [roller, *producers]:
+                thread.start()
+            for thread in producers:
+                thread.join()
+            done.set()
+            roller.join()
         assert failures == []
         directory, bases = partition_log.directory, [s.base_offset for s in partition_log.segments]
         assert len(bases) > 30
