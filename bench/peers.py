@@ -58,10 +58,11 @@ class _Peer:
 class BrokerProcess(_Peer):
     name = "kmem"
 
-    def __init__(self, log_dir, settings=None, *extra):
+    def __init__(self, log_dir, settings=None, *extra, env=CHILD_ENV):
+        """``env``: the child's environment (its ``PYTHONPATH`` may name another checkout's kmem)."""
         self.process = subprocess.Popen(
             [sys.executable, os.path.join(HERE, "broker_child.py"), "serve", str(log_dir), json.dumps(settings or {}),
-             *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=CHILD_ENV,
+             *extra], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
             preexec_fn=_raise_fd_limit)
         line = self.process.stdout.readline().split()
         assert line and line[0] == "READY", line

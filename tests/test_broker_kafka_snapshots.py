@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import tracemalloc
 
@@ -24,6 +25,7 @@ import crc32c
 import numpy as np
 from kafka.record.memory_records import MemoryRecords
 from snapshot_files import read_kafka_snapshot
+from thread_helpers import switching_often
 
 from kmem.broker import BrokerConfig, ErrorCode, LogManager
 from kmem.ledger import ENTRY_DTYPE, PidLedger, ProducerEntry, write_ledger_snapshot
@@ -318,3 +320,55 @@ def test_writing_a_snapshot_of_a_million_producers_takes_no_memory_per_producer(
                                                      count + 10_000 - np.isin(np.arange(10_000) * 3, known).sum())
     assert peaks[1_000_000] < 2 << 20, peaks                        # the snapshot is 46 MB
     assert peaks[1_000_000] < peaks[100_000] + (256 << 10), peaks   # the same at ten times the producers
+
+
+def test_snapshots_taken_at_rolls_that_race_appends_hold_the_log_below_their_offset(tmp_path):
+    """Idempotent producers on several threads append to one partition while another thread rolls it too:
+    every snapshot ``N`` holds exactly Kafka's producer state of the batches below ``N``, whatever ran
+    meanwhile (Kafka's ``takeSnapshot`` at a roll)."""
+    with open_manager(tmp_path, log_segment_bytes=1500) as manager:
+        manager.create_topic("t", 1)
+        partition_log = manager.get_partition("t", 0)
+        done, failures = threading.Event(), []
+
+        def produce(thread):
+            rng = random.Random(thread)
+            sessions = {}
+            try:
+                for _ in range(100):
+                    pid = 1000 + thread * 10 + rng.randrange(5)
+                    epoch, sequence = sessions.get(pid, (0, 0))
+                    if rng.random() < 0.05:
+                        epoch, sequence = epoch + 1, 0
+                    count = rng.randrange(1, 25)
+                    builder = RecordsBuilder(2, "none", producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
+                    for i in range(count):
+                        builder.append(b"%d" % i, timestamp=now_ms() - rng.randrange(1000))
+                    result = partition_log.append(builder.build())
+                    assert (result.error_code, result.duplicate) == (ErrorCode.NONE, False), result
+                    sessions[pid] = (epoch, sequence + count)
+            except BaseException as e:
+                failures.append(e)
+
+        def roll():
+            while not done.is_set():
+                partition_log.roll()
+
+        roller = threading.Thread(target=roll)
+        producers = [threading.Thread(target=produce, args=(n,)) for n in range(4)]
+        with switching_often():
+            for thread in [roller, *producers]:
+                thread.start()
+            for thread in producers:
+                thread.join()
+            done.set()
+            roller.join()
+        assert failures == []
+        directory, bases = partition_log.directory, [s.base_offset for s in partition_log.segments]
+        assert len(bases) > 30
+        end = partition_log.log_end_offset
+    snapshots = offsets(directory, ".snapshot")
+    assert set(bases[1:]) | {end} <= set(snapshots)
+    for offset in snapshots:
+        entries = read_kafka_snapshot(os.path.join(directory, f"{offset:020d}.snapshot"))
+        assert sorted(entries) == sorted(log_producers(directory, below=offset).values()), offset

@@ -21,6 +21,7 @@ from kmem.broker import (
     OffsetAndTimestamp,
 )
 from kmem import _core
+from broker_helpers import wait_for
 from records_samples import MINIMAL_RECORD, read_aiokafka, read_kafka_python, v2_batch_of
 from kmem.broker.log import checkpoints, validator
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
@@ -700,7 +701,8 @@ def test_roll_by_size(tmp_path):
         directory = partition_log.directory
         # A rolled segment's indexes are trimmed and a producer snapshot is taken, as at every Kafka roll.
         assert os.path.getsize(os.path.join(directory, "00000000000000000003.index")) == 0
-        assert partition_log.recovery_point == 9
+        # ...and the segments before the new one are flushed on the log manager's flusher thread
+        wait_for(lambda: partition_log.recovery_point == 9, "the recovery point at the last roll")
         assert [r[0] for r in read_all(partition_log, 2)] == list(range(2, 12))
 
 
@@ -713,6 +715,8 @@ def test_older_segments_hold_no_file_descriptors(tmp_path):
         for _ in range(60):
             partition_log.append(batch([b"x" * 200]))
         assert len(partition_log.segments) == 31
+        # (a roll's flush holds descriptors of the files it syncs until it is done)
+        wait_for(lambda: partition_log.recovery_point == partition_log.active.base_offset, "the last roll's flush")
         assert len(os.listdir("/proc/self/fd")) <= before + 1
         assert len(read_all(partition_log)) == 61
 

@@ -8,8 +8,9 @@
   responses) and one that may block on the disk runs on an io thread; every deadline (parked fetches,
   group sessions and rebalances, offset expiry, transaction timeouts and markers, transactional id expiry)
   is a task on one ``kmem.broker.timer.Timer``, so the broker's threads do not grow with its clients:
-  ``num.network.threads`` + ``num.io.threads`` + 4 (the acceptor, the timer, log maintenance, the log
-  cleaner of the compacted topics, ``__consumer_offsets`` and ``__transaction_state`` among them);
+  ``num.network.threads`` + ``num.io.threads`` + 5 (the acceptor, the timer, log maintenance, the flusher
+  of the segments a roll leaves, the log cleaner of the compacted topics, ``__consumer_offsets`` and
+  ``__transaction_state`` among them);
 - Fetch responses are ``kmem.send.Send``s: file regions of the segments for Fetch v4+ (sendfile on plain
   sockets), lazily down-converted chunks for Fetch v0-3 (KIP-283);
 - the log directory is Kafka's (``kmem.broker.LogManager``), idempotent producers' state lives in a

@@ -6,7 +6,9 @@ it raises ``IllegalStateError``): ``meta.properties``, the offset checkpoints at
 ``close``), ``kmem-topics.json`` (each topic's configuration overrides: Kafka keeps them in its metadata
 log), ``kmem-producer-id-block`` (``allocate_producer_id()`` never reissues an id) and the partitions.
 ``maintain(now)`` applies retention and writes the checkpoints; call it periodically (Kafka's
-``log.retention.check.interval.ms`` is 5 minutes). Segments roll only when an append arrives, as in
+``log.retention.check.interval.ms`` is 5 minutes). The segments a roll leaves behind are fsynced on the
+manager's flusher thread (``FlushScheduler``, Kafka's scheduler running ``flushUptoOffsetExclusive``), so
+the recovery points checkpointed are those flushed. Segments roll only when an append arrives, as in
 Kafka; an idle partition's active segment still expires, retention rolling it first. ``cleaner`` is the
 ``kmem.broker.log.cleaner.LogCleaner`` of the compacted topics (``cleaner.start()`` starts its thread;
 ``cleaner-offset-checkpoint`` holds each compacted partition's first dirty offset).
@@ -15,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import threading
@@ -58,6 +61,31 @@ def validate_topic_name(name):
                        "(nor '.' or '..')")
 
 
+class FlushScheduler:
+    """One thread running the tasks given to ``schedule`` in turn: the rolls' flushes (Kafka's roll schedules
+    ``flushUptoOffsetExclusive`` on its scheduler), so that no request waits for an fsync. ``stop`` runs the
+    tasks already given, then ends the thread."""
+
+    def __init__(self):
+        self._tasks = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="kmem-log-flusher", daemon=True)
+        self._thread.start()
+
+    def schedule(self, task):
+        self._tasks.put(task)
+
+    def _run(self):
+        while (task := self._tasks.get()) is not None:
+            try:
+                task()
+            except Exception:           # the thread carries on for the other logs
+                log.exception("log flush failed")
+
+    def stop(self):
+        self._tasks.put(None)
+        self._thread.join()
+
+
 class LogManager:
     """The log directory of one broker (see the module docstring). Thread-safe."""
 
@@ -77,9 +105,11 @@ class LogManager:
             self._lock_file.close()
             raise IllegalStateError(f"log directory {self.log_dir} is in use by another kmem broker (or "
                                     f"LogManager), which holds its {LOCK_FILE}") from None
+        self.flusher = FlushScheduler()
         try:
             self._open()
         except BaseException:
+            self.flusher.stop()
             self._lock_file.close()
             raise
 
@@ -246,7 +276,7 @@ class LogManager:
             self._listeners.append(listener)
 
     def _new_log(self, *args, **kwargs):
-        partition_log = PartitionLog(*args, **kwargs)
+        partition_log = PartitionLog(*args, schedule=self.flusher.schedule, **kwargs)
         partition_log.add_listener(self._changed)
         return partition_log
 
@@ -399,6 +429,7 @@ class LogManager:
         """Flush and close every partition, write the checkpoints, then the clean-shutdown marker
         (``{"version":0,"brokerEpoch":<broker_epoch>}``, as Kafka's ``CleanShutdownFileHandler``)."""
         self.cleaner.stop()             # outside the lock: a pass in progress finishes first
+        self.flusher.stop()             # the flushes of past rolls end first; each log's close flushes the rest
         with self._lock:
             if self._closed:
                 return

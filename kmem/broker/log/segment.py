@@ -269,20 +269,33 @@ class LogSegment:
             index.resize(index.max_index_size)
 
     def on_become_inactive(self):
-        """At roll (and close): the largest timestamp goes into the time index, the indexes are trimmed,
-        the files synced and no longer kept open."""
+        """At roll (and close): the largest timestamp goes into the time index, the indexes are trimmed and
+        the log file is no longer kept open. The files are synced later (``open_for_flush``), as Kafka's
+        roll schedules their flush."""
         self.time_index.maybe_append(self.max_timestamp_so_far, self.offset_of_max_timestamp, skip_full_check=True)
         self.offset_index.trim_to_valid_size()
         self.time_index.trim_to_valid_size()
-        self.flush()
         self.close()
 
+    def open_for_flush(self):
+        """Descriptors of the segment's files (``.txnindex`` when there is one) for ``fsync_and_close``: taken
+        under the partition's lock, they stay valid when the segment is deleted or the log closed meanwhile."""
+        fds = []
+        try:
+            for path in (self.log_path, self.offset_index.path, self.time_index.path, self.txn_index.path):
+                try:
+                    fds.append(os.open(path, os.O_RDONLY | _CLOEXEC))
+                except FileNotFoundError:
+                    if path != self.txn_index.path:         # made with the segment's first aborted transaction
+                        raise
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
     def flush(self):
-        with self._log_file() as fd:
-            os.fsync(fd)
-        self.offset_index.flush()
-        self.time_index.flush()
-        self.txn_index.flush()
+        fsync_and_close(self.open_for_flush())
 
     def close(self):
         self._release_log()
@@ -290,6 +303,16 @@ class LogSegment:
     def delete(self):
         self.close()
         delete_segment_files(self.directory, self.base_offset)
+
+
+def fsync_and_close(fds):
+    """fsync each descriptor, then close them all (also when an fsync fails: its OSError is raised)."""
+    try:
+        for fd in fds:
+            os.fsync(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def for_each_parsable_batch(path, position, callback):

@@ -9,8 +9,11 @@
   instead of raising. An append is all or nothing: the producers' ledger rows are reserved before the
   batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
-  old segment's indexes are trimmed, its files fsynced, the recovery point moved to the new segment and a
-  producer snapshot of every producer taken at the new segment's base offset, as Kafka's ``roll``.
+  old segment's indexes are trimmed and a producer snapshot of every producer taken at the new segment's
+  base offset, as Kafka's ``roll``; the fsync of what precedes the new segment is left to ``schedule``
+  (the log manager's flusher thread, as Kafka's roll schedules ``flushUptoOffsetExclusive``), so no
+  request waits for the disk, and the recovery point moves to the new segment's base only once that
+  flush is done (``flush_up_to``).
 - ``write_txn_marker(producer_id, producer_epoch, coordinator_epoch, commit)``: a transaction marker (Kafka's
   ``EndTransactionMarker``) appended as the coordinator's write (origin COORDINATOR): the producer's open
   transaction closes, so the last stable offset (the first offset of the oldest open transaction, else the
@@ -58,7 +61,11 @@ offset (``close`` takes it; after a crash the load does), stray ones removed. So
 directory finds every producer in the snapshot it loads.
 
 Threads: one re-entrant lock per partition serialises appends, reads' index lookups, rolls and retention;
-``active_producers`` (DescribeProducers) holds it only to take its view of the producers' ledger.
+``active_producers`` (DescribeProducers) holds it only to take its view of the producers' ledger, and a
+roll's flush only to open the files it syncs (their descriptors stay valid if the segments are deleted or
+the log closed meanwhile). A flush that fails (EIO, a full disk) is logged as a storage error and the
+recovery point stays, so the next flush, the close (which then fails: no clean-shutdown marker) or the
+next start's recovery covers those segments again.
 """
 import bisect
 import functools
@@ -78,7 +85,7 @@ from kmem.broker.log.index import CorruptIndexError
 from kmem.broker.log.producer_state import ProducerStateManager
 from kmem.ledger import NO_TXN
 from kmem.broker.log.segment import (
-    INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch,
+    INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch, fsync_and_close,
 )
 from kmem.broker.log.txn_index import AbortedTxn
 from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
@@ -153,8 +160,11 @@ class PartitionLog:
     """The log of one partition directory (see the module docstring)."""
 
     def __init__(self, directory, topic, partition, config, broker, *, topic_id=None, recovery_point=0,
-                 log_start_offset=0, clean=True, clock_ms=None):
+                 log_start_offset=0, clean=True, clock_ms=None, schedule=None):
+        """``schedule(task)``: runs ``task()`` later on another thread (a roll's flush); None: at once, on
+        the rolling thread."""
         self.directory = os.fspath(directory)
+        self._schedule = schedule
         self.topic, self.partition = topic, partition
         self.config = config
         self._clock = clock_ms or wall_clock_ms
@@ -454,15 +464,56 @@ class PartitionLog:
                 return old
             new = self._new_segment(self.log_end_offset, active=True)
             try:
-                old.on_become_inactive()          # also fsyncs it
+                old.on_become_inactive()
             except BaseException:                 # still the active segment: the new one goes
                 new.close()
                 delete_segment_files(self.directory, new.base_offset)
                 raise
             self.segments.append(new)
             self.producers.take_snapshot(new.base_offset)       # at the new segment's base, as Kafka's roll
-            self.recovery_point = self.log_end_offset
+            flush = functools.partial(self._flush_after_roll, new.base_offset)
+            if self._schedule is None:
+                flush()
+            else:
+                self._schedule(flush)
             return self.active
+
+    def flush_up_to(self, offset):
+        """Kafka's ``flushUptoOffsetExclusive``: fsync the segments holding offsets from the recovery point up
+        to ``offset`` and the directory (their names), then move the recovery point to ``offset``. The
+        partition's lock is held only to open the files (unless the caller holds it): appends go on during
+        the fsyncs. Raises OSError, the recovery point unchanged."""
+        with self._lock:
+            if self._closed or offset <= self.recovery_point:
+                return
+            fds = self._open_unflushed(offset)
+        fsync_and_close(fds)
+        with self._lock:
+            self.recovery_point = max(self.recovery_point, offset)
+
+    def _open_unflushed(self, offset):
+        """Descriptors of the files of the segments holding offsets in ``[recovery_point, offset)`` and of the
+        directory, for ``fsync_and_close`` (under the lock)."""
+        fds = []
+        try:
+            for segment in self.segments:
+                if segment.base_offset < offset and segment.next_offset > self.recovery_point:
+                    fds += segment.open_for_flush()
+            fds.append(os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def _flush_after_roll(self, offset):
+        """A roll's flush: a failure is logged as the log's storage errors are, the recovery point stays."""
+        try:
+            self.flush_up_to(offset)
+        except OSError as e:
+            if not self._closed:        # else deleted, or closed, which flushed everything (or failed itself)
+                log.error("%s: %s", self.directory, storage_error(
+                    e, f"flushing {self.topic}-{self.partition} up to offset {offset}"))
 
     def add_listener(self, listener):
         with self._lock:
@@ -690,26 +741,27 @@ class PartitionLog:
     # --- shutdown -----------------------------------------------------------------------------------
 
     def flush(self):
-        """fsync the active segment and move the recovery point to the log end offset."""
+        """fsync every segment not flushed yet and move the recovery point to the log end offset."""
         with self._lock:
             self._check_open()
-            self.active.flush()
-            self.recovery_point = self.log_end_offset
+            self.flush_up_to(self.log_end_offset)
 
     def close(self, *, snapshot=True):
-        """Flush, trim the active segment's indexes, take a producer snapshot at the log end offset (as
-        Kafka's ``UnifiedLog.close``, fsynced: a Kafka broker taking the directory over then scans nothing),
-        close the files and the producer ledger. ``snapshot=False``: none (the log is being deleted)."""
+        """Trim the active segment's indexes, flush every segment not flushed yet (a roll's flush still
+        pending then finds nothing to do), take a producer snapshot at the log end offset (as Kafka's
+        ``UnifiedLog.close``, fsynced: a Kafka broker taking the directory over then scans nothing), close
+        the files and the producer ledger. ``snapshot=False``: no flush, no snapshot (the log is being
+        deleted)."""
         with self._lock:
             if self._closed:
                 return
-            self._closed = True
             try:
                 self.active.on_become_inactive()
-                self.recovery_point = self.log_end_offset
                 if snapshot:
+                    self.flush_up_to(self.log_end_offset)
                     self.producers.take_snapshot(self.log_end_offset, sync=True)
             finally:                    # the files are closed also when the last writes fail (a full disk)
+                self._closed = True
                 for segment in self.segments:
                     segment.close()
                 self.producers.close()
