@@ -12,6 +12,7 @@ compare what it finds with the producers each partition was written by.
 import gc
 import os
 import random
+import shutil
 import signal
 import struct
 import subprocess
@@ -22,6 +23,7 @@ import time
 import tracemalloc
 
 import crc32c
+import pytest
 import numpy as np
 from kafka.record.memory_records import MemoryRecords
 from snapshot_files import read_kafka_snapshot
@@ -241,7 +243,7 @@ CHILD = textwrap.dedent("""
     import random, sys, time
     from kmem.broker import BrokerConfig, LogManager
     from kmem.records import RecordsBuilder
-    path, seed, epoch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    path, seed, epoch, producers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     manager = LogManager(path, BrokerConfig.from_properties(producer_ledger_ids=16, log_segment_bytes=3000))
     if manager.get_partition("t", 0) is None:
         manager.create_topic("t", 2)
@@ -249,7 +251,7 @@ CHILD = textwrap.dedent("""
     sequences = {}
     print("ready", flush=True)
     while True:
-        pid = rng.randrange(1500)
+        pid = rng.randrange(producers)
         sequence, count = sequences.get(pid, 0), rng.randrange(1, 4)
         builder = RecordsBuilder(2, "none", producer_id=pid, producer_epoch=epoch, base_sequence=sequence)
         for i in range(count):
@@ -261,9 +263,9 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def run_child_until_killed(path, seed, epoch, acknowledgements):
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(seed), str(epoch)], stdout=subprocess.PIPE,
-                             text=True)
+def run_child_until_killed(path, seed, epoch, acknowledgements, producers=1500):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path), str(seed), str(epoch), str(producers)],
+                             stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
         for _ in range(acknowledgements):
@@ -285,6 +287,72 @@ def test_after_a_sigkill_a_restart_and_a_clean_stop_kafka_knows_every_producer(t
             expected = log_producers(directory)
             assert len(expected) > 500
             assert kafka_producers(directory, start, end, now_ms()) == (end, expected)
+
+
+def batch_ends(path):
+    """The file positions where the batches of the segment at ``path`` end, in order."""
+    ends, position = [], 0
+    with open(path, "rb") as f:
+        data = f.read()
+    while position + 12 <= len(data):
+        position += 12 + struct.unpack_from(">i", data, position + 8)[0]
+        ends.append(position)
+    return ends
+
+
+@pytest.mark.parametrize("lost", ["half a batch", "whole batches", "the active segment"])
+def test_a_tail_lost_in_a_crash_leaves_no_producer_state_from_after_the_log_end(tmp_path, lost):
+    """A crash that loses the log's tail (a torn batch, whole batches that never reached the disk, the
+    active segment) while the ledger kept those producers' entries: recovery takes each back to the state
+    of the log kept (replayed, else the snapshot's), so the snapshot at the new log end holds exactly the
+    log below it, as Kafka's truncateAndReload would load it, and every snapshot still holds the log below
+    its offset."""
+    run_child_until_killed(tmp_path, seed=3, epoch=0, acknowledgements=1200, producers=40)
+    directory = tmp_path / "t-0"
+    bases = offsets(directory, ".log")
+    last = directory / f"{bases[-1]:020d}.log"
+    ends = batch_ends(last)
+    if lost == "half a batch":
+        os.truncate(last, ends[-1] - 7)
+    elif lost == "whole batches":
+        os.truncate(last, ends[-4] if len(ends) > 3 else 0)
+    else:
+        for name in os.listdir(directory):
+            if name.startswith(f"{bases[-1]:020d}.") and not name.endswith(".snapshot"):
+                os.unlink(directory / name)
+    with open_manager(tmp_path) as manager:
+        partition_log = manager.get_partition("t", 0)
+        start, end = partition_log.log_start_offset, partition_log.log_end_offset
+        expected = log_producers(directory)
+        assert {pid: partition_log.producers.state(pid).to_entry() for pid in expected} == expected
+    assert kafka_producers(directory, start, end, now_ms()) == (end, expected)
+    for offset in offsets(directory, ".snapshot"):
+        entries = read_kafka_snapshot(os.path.join(directory, f"{offset:020d}.snapshot"))
+        assert sorted(entries) == sorted(log_producers(directory, below=offset).values()), offset
+
+
+def test_a_producer_whose_batches_were_all_lost_is_unknown_again(tmp_path):
+    """The disk as a crash leaves it (the files copied while the broker runs), less the last segment's
+    final batches: a producer known only from them is unknown after recovery (as to Kafka: no snapshot
+    holds it), another goes back to its batch kept."""
+    with open_manager(tmp_path / "running") as manager:
+        manager.create_topic("t", 1)
+        partition_log = manager.get_partition("t", 0)
+        for pid, sequence in [(1, 0), (2, 0), (1, 1), (3, 0)]:
+            builder = RecordsBuilder(2, "none", producer_id=pid, producer_epoch=0, base_sequence=sequence)
+            builder.append(b"%d" % pid, timestamp=now_ms())
+            assert partition_log.append(builder.build()).error_code == ErrorCode.NONE
+        shutil.copytree(tmp_path / "running", tmp_path / "crashed")
+    directory = tmp_path / "crashed" / "t-0"
+    [base] = offsets(directory, ".log")
+    os.truncate(directory / f"{base:020d}.log", batch_ends(directory / f"{base:020d}.log")[1])
+    with open_manager(tmp_path / "crashed") as manager:
+        producers = manager.get_partition("t", 0).producers
+        assert producers.state(3) is None
+        assert producers.state(1).to_entry() == log_producers(directory)[1]
+        assert sorted(log_producers(directory)) == [1, 2]
+    [end] = offsets(directory, ".snapshot")
+    assert end == 2 and sorted(e.producer_id for e in read_kafka_snapshot(directory / f"{end:020d}.snapshot")) == [1, 2]
 
 
 def test_writing_a_snapshot_of_a_million_producers_takes_no_memory_per_producer(tmp_path):

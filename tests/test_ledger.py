@@ -259,9 +259,10 @@ def test_snapshots_at_offsets_and_kafkas_rules_for_the_older_ones(tmp_path):
                 ledger.flush(bad)
 
 
-def test_open_transactions_of_the_snapshot_a_recovery_starts_from(tmp_path, caplog):
+def test_open_transactions_and_entries_of_the_snapshot_a_recovery_starts_from(tmp_path, caplog):
     with PidLedger(tmp_path, SMALL, clock_ms=Clock(), keep_snapshots=True) as ledger:
         assert ledger.open_transactions_at(100) == {}                   # no snapshot yet
+        assert ledger.entries_at(100, [1]) == {}
         ledger.update(entry(1, offset=10, txn=10))
         ledger.update(entry(2, offset=20))
         ledger.flush(100)
@@ -272,14 +273,19 @@ def test_open_transactions_of_the_snapshot_a_recovery_starts_from(tmp_path, capl
         assert ledger.open_transactions_at(99) == {}
         assert ledger.open_transactions_at(150) == {1: 10}              # the newest snapshot at or below
         assert ledger.open_transactions_at(10**6) == {3: 115}           # not the active file's rows
+        assert ledger.entries_at(150, [1, 3, 4]) == {1: entry(1, offset=10, txn=10)}
+        assert ledger.entries_at(10**6, [1, 2, 4]) == {1: entry(1, offset=110), 2: entry(2, offset=20)}
         path = tmp_path / snapshot_name(200)
         data = bytearray(path.read_bytes())
         data[-1] ^= 1
         path.write_bytes(bytes(data))
         assert ledger.open_transactions_at(10**6) == {1: 10}            # an unreadable one: the previous
+        assert ledger.entries_at(10**6, [1]) == {1: entry(1, offset=10, txn=10)}
         assert "CRC" in caplog.text
         with pytest.raises(InvalidArgumentError, match="offset"):
             ledger.open_transactions_at(-1)
+        with pytest.raises(InvalidArgumentError, match="offset"):
+            ledger.entries_at(-1, [1])
 
 
 def test_active_file_holding_an_id_twice_is_refused(tmp_path):

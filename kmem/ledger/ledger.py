@@ -20,7 +20,8 @@ costs a pass over the live producers, as Kafka's snapshot of its whole map does,
 
 The other files: older snapshots are Kafka's recovery points (after a truncation Kafka loads the newest
 snapshot at or below the new log end and replays the log from it); the ledger reads them only for
-``open_transactions_at(offset)``, the transactions open at the snapshot a log's recovery replays from.
+``open_transactions_at(offset)``, the transactions open at the snapshot a log's recovery replays from, and
+``entries_at(offset, pids)``, what that snapshot holds of producers whose newest entry recovery cut off.
 By default a flush deletes them (``keep_snapshots=False``: Kafka's ``removeStraySnapshots`` for a log
 without segments keeps only the newest); a broker keeps them (``keep_snapshots=True``) and deletes them by
 Kafka's rules: ``delete_snapshots_before`` (segments deleted) and ``remove_stray_snapshots`` (at load).
@@ -89,8 +90,8 @@ from kmem.durable import fsync_directory
 from kmem.errors import CorruptSnapshotError, IllegalStateError, InvalidArgumentError
 from kmem.ledger.active import INITIAL_ROWS, ActiveFile, active_name, active_sequence, room_for
 from kmem.ledger.snapshot import (
-    ENTRY_DTYPE, ENTRY_SIZE, MERGE_ROWS, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, id_order,
-    kafka_view, kafka_view_array, merge_snapshot, open_transactions, scatter, snapshot_name, snapshot_offset,
+    ENTRY_DTYPE, ENTRY_SIZE, MERGE_ROWS, NO_TXN, ORDER_SUFFIX, ProducerEntry, Snapshot, entries_array, entries_of,
+    id_order, kafka_view, kafka_view_array, merge_snapshot, open_transactions, scatter, snapshot_name, snapshot_offset,
     verify_snapshot, write_entries,
 )
 
@@ -700,17 +701,27 @@ class PidLedger:
         """``{producer id: first offset of its open transaction}`` in the newest readable snapshot at or below
         ``offset``, {} when there is none: the transactions Kafka's loader knows open when it replays the log
         from there. An unreadable snapshot is skipped for the previous one, as at open."""
+        path, stats = self._newest_readable_at(offset)
+        return open_transactions(path, stats.count) if stats is not None and stats.open_transactions else {}
+
+    def entries_at(self, offset, pids):
+        """``{producer id: ProducerEntry}`` of those of ``pids`` the newest readable snapshot at or below
+        ``offset`` holds (as Kafka's loader would load them from it); {} when there is none."""
+        path, stats = self._newest_readable_at(offset)
+        return entries_of(path, stats.count, pids) if stats is not None else {}
+
+    def _newest_readable_at(self, offset):
+        """``(path, SnapshotStats)`` of the newest readable snapshot at or below ``offset``, ``(None, None)``
+        when there is none; an unreadable one is skipped for the previous one, as at open."""
         self._check_open()
         _require_int("offset", offset, 0)
         for older in reversed([o for o in self._snapshot_offsets() if o <= offset]):
             path = os.path.join(self.directory, snapshot_name(older))
             try:
-                stats = verify_snapshot(path)
+                return path, verify_snapshot(path)
             except CorruptSnapshotError as e:
                 log.warning("ledger: skipping snapshot: %s", e)
-                continue
-            return open_transactions(path, stats.count) if stats.open_transactions else {}
-        return {}
+        return None, None
 
     def delete_snapshots_before(self, offset):
         """Kafka's ``deleteSnapshotsBefore``: delete the snapshots below ``offset`` (the log start offset,

@@ -309,19 +309,36 @@ def verify_snapshot(path):
     return SnapshotStats(count, crc, max_timestamp, open_txn)
 
 
-def open_transactions(path, count):
-    """``{producer id: first offset of its open transaction}`` of the snapshot at ``path`` of ``count`` entries
-    (``verify_snapshot`` checked it), read ``MERGE_ROWS`` entries at a time."""
-    found = {}
+def _row_chunks(path, count):
+    """The entries of the snapshot at ``path`` of ``count`` entries (``verify_snapshot`` checked it), as
+    ENTRY_DTYPE arrays of ``MERGE_ROWS`` entries at most."""
     with open(path, "rb", buffering=0, opener=_open_without_atime) as f:
         for start in range(0, count, MERGE_ROWS):
             size = min(MERGE_ROWS, count - start) * ENTRY_SIZE
             data = os.pread(f.fileno(), size, HEADER.size + start * ENTRY_SIZE)
             if len(data) != size:
                 raise CorruptSnapshotError(f"{path}: snapshot shrank while being read")
-            rows = np.frombuffer(data, ENTRY_DTYPE)
-            rows = rows[rows["current_txn_first_offset"] >= 0]
-            found.update(zip(rows["producer_id"].tolist(), rows["current_txn_first_offset"].tolist()))
+            yield np.frombuffer(data, ENTRY_DTYPE)
+
+
+def open_transactions(path, count):
+    """``{producer id: first offset of its open transaction}`` of the snapshot at ``path`` of ``count`` entries
+    (``verify_snapshot`` checked it)."""
+    found = {}
+    for rows in _row_chunks(path, count):
+        rows = rows[rows["current_txn_first_offset"] >= 0]
+        found.update(zip(rows["producer_id"].tolist(), rows["current_txn_first_offset"].tolist()))
+    return found
+
+
+def entries_of(path, count, pids):
+    """``{producer id: ProducerEntry}`` of the snapshot at ``path`` of ``count`` entries (``verify_snapshot``
+    checked it) for those of ``pids`` it holds."""
+    wanted = np.asarray(sorted(pids), np.int64)
+    found = {}
+    for rows in _row_chunks(path, count):
+        for row in rows[np.isin(rows["producer_id"].astype(np.int64), wanted)].tolist():
+            found[row[0]] = ProducerEntry(*row)
     return found
 
 

@@ -349,27 +349,30 @@ class ProducerStateManager:
         self._remember(state)
         return completed
 
-    def discard(self, batch, log_end_offset):
-        """Recovery cut ``batch`` off the log (which now ends at ``log_end_offset``): a producer whose entry
-        points into the lost part goes back to the state replayed from the batches kept, else it becomes
-        unknown (any sequence accepted, as Kafka after losing a producer's data), so that a retry of a lost
-        batch is appended again rather than answered with offsets that no longer hold it."""
-        pid = batch.producer_id
-        if batch.magic != 2 or pid < 0:
+    def discard_after(self, log_end_offset):
+        """Recovery found the log ending at ``log_end_offset`` (a torn or damaged tail cut off, or bytes that
+        never reached the disk): every producer whose entry points at or past it goes back to the state of
+        the log kept, as Kafka's load of the newest snapshot at or below the log end and replay of the log
+        after it gives: the state replayed from the batches kept, else that snapshot's entry, else none (an
+        expired entry: unknown, any sequence accepted, as to Kafka, whose snapshot would not hold it), so that
+        the snapshot taken at the log end holds nothing from after it, and a retry of a lost batch is appended
+        again rather than answered with offsets that no longer hold it. A pass over the ledger's producers."""
+        lost = [pid for chunk in self.ledger.entry_chunks()
+                for pid in chunk["producer_id"][chunk["last_offset"] >= log_end_offset].tolist()]
+        if not lost:
             return
-        entry = self.ledger.read(pid)
-        if entry is None or entry.last_offset < log_end_offset:
-            return
-        with self._lock:
-            state = self._cache.pop(pid, None)
-            self._stale.pop(pid, None)
-        if state is not None and state.last_offset >= log_end_offset:
-            state = None
-        if state is None:
-            state = ProducerState(pid, timestamp=entry.timestamp, coordinator_epoch=entry.coordinator_epoch)
-        self.ledger.update(state.to_entry())
-        if state.batches:
-            self._remember(state)
+        in_snapshot = self.ledger.entries_at(log_end_offset, lost)
+        for pid in lost:
+            with self._lock:
+                state = self._cache.pop(pid, None)
+                self._stale.pop(pid, None)
+            if state is None or state.last_offset >= log_end_offset:
+                kept = in_snapshot.get(pid)
+                state = ProducerState.from_entry(kept) if kept is not None and kept.last_offset < log_end_offset \
+                    else ProducerState(pid)
+            self.ledger.update(state.to_entry())
+            if state.batches:
+                self._remember(state)
 
     def finish_replay(self):
         """After recovery: forget remembered states a replay left behind the ledger (it replayed a segment

@@ -214,10 +214,9 @@ class LogSegment:
         self.max_timestamp_so_far, self.offset_of_max_timestamp = max_timestamp, offset_of_max
         self.bytes_since_last_index_entry = size if index_due else self.bytes_since_last_index_entry + size
 
-    def recover(self, on_batch=None, on_discarded=None):
+    def recover(self, on_batch=None):
         """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
-        truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order;
-        ``on_discarded(batch)`` the batches that can still be parsed in the part cut off."""
+        truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order."""
         self.offset_index.reset()
         self.time_index.reset()
         self.max_timestamp_so_far, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
@@ -248,8 +247,6 @@ class LogSegment:
                 pass
         truncated = self.size - valid_bytes
         if truncated:
-            if on_discarded is not None:
-                for_each_parsable_batch(self.log_path, valid_bytes, on_discarded)
             os.truncate(self.log_path, valid_bytes)
             self.size = valid_bytes
         self.next_offset = previous_last + 1
@@ -313,17 +310,6 @@ def fsync_and_close(fds):
     finally:
         for fd in fds:
             os.close(fd)
-
-
-def for_each_parsable_batch(path, position, callback):
-    """``callback(batch)`` for the batches of ``path`` from ``position`` on, until one cannot be parsed
-    (their CRCs are not checked: this reads what recovery throws away)."""
-    with FileRecords(path, position) as records:
-        try:
-            for batch in records.batches():
-                callback(batch)
-        except CorruptRecordError:
-            pass
 
 
 def delete_segment_files(directory, base_offset):

@@ -85,7 +85,7 @@ from kmem.broker.log.index import CorruptIndexError
 from kmem.broker.log.producer_state import ProducerStateManager
 from kmem.ledger import NO_TXN
 from kmem.broker.log.segment import (
-    INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, for_each_parsable_batch, fsync_and_close,
+    INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, fsync_and_close,
 )
 from kmem.broker.log.txn_index import AbortedTxn
 from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
@@ -244,7 +244,6 @@ class PartitionLog:
                     log.warning("%s: rebuilding the indexes: %s", segment.log_path, e)
             if not recovered or recovered[-1] is not self.segments[-2]:
                 self.producers.start_replay(base)       # the replay does not go on from the segment before
-            discarded = []
             try:
                 indexed_up_to = segment.txn_index.last_offset()
             except CorruptIndexError as e:          # not Kafka's entries: rebuilt from the markers replayed
@@ -252,24 +251,24 @@ class PartitionLog:
                 segment.txn_index.rewind(None)
                 indexed_up_to = None
             truncated = segment.recover(functools.partial(self._replay, segment, -1 if indexed_up_to is None
-                                                          else indexed_up_to), discarded.append)
+                                                          else indexed_up_to))
             recovered.append(segment)
             if truncated:
                 log.warning("%s: truncated %d bytes of invalid or partial batches", segment.log_path, truncated)
                 for later, path in found[i + 1:]:
                     log.warning("%s: deleted: it follows a truncated segment", path)
-                    for_each_parsable_batch(path, 0, discarded.append)
                     delete_segment_files(self.directory, later)
-                for batch in discarded:
-                    self.producers.discard(batch, segment.next_offset)
                 break
-        if recovered:
-            self.producers.finish_replay()
-        self.producers.load_ongoing()
         if not self.segments:
             self.segments.append(self._new_segment(log_start_offset, active=True))
         self.active.make_active()
         self.log_end_offset = self.active.next_offset
+        # Before the snapshot at the log end is taken: whatever the ledger holds from after it (a tail cut off
+        # here, or one that never reached the disk) goes.
+        self.producers.discard_after(self.log_end_offset)
+        if recovered:
+            self.producers.finish_replay()
+        self.producers.load_ongoing()
         self.log_start_offset = min(max(log_start_offset, self.segments[0].base_offset), self.log_end_offset)
         for segment in recovered:
             segment.flush()
