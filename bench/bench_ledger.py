@@ -243,12 +243,11 @@ LIMITS = {
                    "MADV_POPULATE_WRITE cost the same), the snapshot's 44 MB pwrite ~30 ms, the Bloom filter's "
                    "adds ~30 ms, the row table's inserts ~40 ms: the flush is synchronous by design",
     "read_many": "not profiled (unchanged by issue 18's work; it runs at the goal's edge, 4.9-5.8 M/s here)",
-    "read": "a snapshot probe is two system calls through the descriptor the process keeps for its recently "
-            "searched snapshots (at most set_open_snapshots_limit, so a broker's descriptors stay bounded): an "
-            "fstat, which sees a file deleted or replaced since, and the pread, each about a fifth of the read "
-            "here, the rest the call, the lock, the 7 bit tests of the 1 MB sidecar and building the entry; "
-            "probing a mapping instead would save both, but a snapshot truncated under the mapping would kill "
-            "the process with SIGBUS where pread reports it",
+    "read": "a snapshot probe is a pread through the descriptor the process keeps for its recently searched "
+            "snapshots (at most set_open_snapshots_limit, so a broker's descriptors stay bounded), the rest the "
+            "call, the lock, the 7 bit tests of the 1 MB sidecar and building the entry; probing a mapping "
+            "instead would save the system call, but a snapshot truncated under the mapping would kill the "
+            "process with SIGBUS where pread reports it",
 }
 
 

@@ -470,10 +470,10 @@ cdef class SnapshotIndex:
     ``stride``-th id, in the heap). A search reads the file with ``pread`` through a descriptor kept in the
     process's list of recently searched snapshots (see ``set_open_snapshots_limit``), opening it when it is
     not there; so descriptors stay bounded however many indexes a broker keeps (one per snapshot of every
-    partition), and a hot snapshot is not opened again for each search. A kept descriptor whose file was
-    deleted or replaced since (no link left) is dropped and the path opened again, so the index reads what
-    the path names, as when it opened the file for each search. An id below the first fence is answered
-    without a read.
+    partition), and a hot snapshot is not opened again for each search. The ledger retires an index before it
+    deletes or replaces its file; a file deleted by someone else is read as it was through a kept descriptor
+    until that is evicted (checking the link count at each search cost as much as the read). An id below the
+    first fence is answered without a read.
 
     O_NOATIME where allowed (the file's owner): updating the access time cost a tenth of the read.
     ``retire``: the file is about to be deleted; its descriptor is closed and a search that then finds no
@@ -556,19 +556,10 @@ cdef class SnapshotIndex:
         cdef const int64_t* fences = &self.fences[0]
         cdef int fd = -1, got = 0, error = 0
         cdef OpenSnapshot* entry
-        cdef struct_stat status
         with nogil:
             entry = use_open(&self.opened)
             if entry != NULL:
-                if fstat(entry.fd, &status) == 0 and status.st_nlink > 0:
-                    fd = entry.fd
-                else:                   # deleted or replaced since it was opened: search what the path names
-                    pthread_mutex_lock(&open_snapshots_mutex)
-                    if entry.owner != NULL:
-                        evict(entry)
-                    pthread_mutex_unlock(&open_snapshots_mutex)
-                    done_with(entry)
-                    entry = NULL
+                fd = entry.fd
             if fd < 0:
                 fd = self.open_file(path)
                 if fd < 0:

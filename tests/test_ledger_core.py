@@ -463,18 +463,28 @@ def test_a_row_table_keeps_its_identity_when_its_file_grows(tmp_path):
         table.get(555, dict)
 
 
-def test_sorted_snapshot_index_opens_its_file_per_search_and_refuses_use_after_close(tmp_path):
+def test_sorted_snapshot_index_reads_through_its_kept_descriptor_and_refuses_use_after_close(tmp_path):
     path = tmp_path / snapshot_name(3)
     write_snapshot(path, [ProducerEntry(1, 0, 0, 2, 0, NOW, 0, -1)])
     data = np.frombuffer(path.read_bytes(), np.uint8)
     index = _core.SnapshotIndex(path, 1, _core.snapshot_fences(data, 1, 128), 128)
     assert index.find(1, ProducerEntry).last_offset == 2 and index.find(0, ProducerEntry) is None
-    os.unlink(path)                                  # no descriptor held: the file is gone for the index too
-    with pytest.raises(FileNotFoundError, match=snapshot_name(3)):
-        index.find(1, ProducerEntry)
-    assert index.find(0, ProducerEntry) is None      # below the first id: answered without the file
-    index.retire()                                   # deleted by retention: a search finds nothing
+    os.unlink(path)                                  # the descriptor kept since the search still reads the file
+    assert index.find(1, ProducerEntry).last_offset == 2
+    index.retire()                                   # deleted by retention: the descriptor goes, nothing is found
     assert index.find(1, ProducerEntry) is None
+    assert index.find(0, ProducerEntry) is None      # below the first id: answered without the file
+    write_snapshot(path, [ProducerEntry(1, 0, 0, 2, 0, NOW, 0, -1)])
+    fresh = _core.SnapshotIndex(path, 1, _core.snapshot_fences(data, 1, 128), 128)
+    limit = _core.open_snapshots()[1]
+    _core.set_open_snapshots_limit(0)                # none kept: each search opens the file, gone for it too
+    try:
+        os.unlink(path)
+        with pytest.raises(FileNotFoundError, match=snapshot_name(3)):
+            fresh.find(1, ProducerEntry)
+    finally:
+        _core.set_open_snapshots_limit(limit)
+    fresh.close()
     index.close()
     with pytest.raises(IllegalStateError, match="closed"):
         index.find(1, ProducerEntry)

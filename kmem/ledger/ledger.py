@@ -57,7 +57,7 @@ read with ``pread`` through a descriptor that the process keeps for the most rec
 all its ledgers, at most ``set_open_snapshots_limit`` of them (32 by default, fewer under a low RLIMIT_NOFILE;
 the least recently searched is closed to open another), and for the length of a flush; so a process may keep
 the ledgers of thousands of partitions open. A snapshot's descriptor is closed when its ledger closes, when a
-flush supersedes it (before any deletion) and when a search finds its file deleted or replaced.
+flush supersedes it (before any deletion or replacement of its file).
 
 A full disk is an ``OSError`` where it happens and leaves nothing half-made: a growth of the active file
 or a new one reserves its blocks first, a flush that cannot write its snapshot deletes what it wrote and

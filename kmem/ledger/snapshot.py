@@ -378,7 +378,7 @@ class Snapshot:
     id from the fences, reads with one ``pread`` the 16 rows (736 bytes) around the row interpolated
     between the two fences, or the stride's 5.9 KB when the id is not among them, and binary-searches the
     rows, all in one call to the core (``SnapshotIndex``), opening the file only when no descriptor of it
-    is kept (a file deleted or replaced since is opened again by its path). Reading rather than
+    is kept (the ledger drops it before it deletes or replaces the file). Reading rather than
     touching a mapping is deliberate: Linux maps a whole page-cache folio (up to 2 MB) on a fault, so
     mapped lookups either grow the resident set by about a megabyte per search or pay a fault and an
     unmap (~7 us) each time; the read costs ~1 us and leaves RSS flat.
