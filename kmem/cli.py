@@ -265,12 +265,12 @@ def add_broker_command(commands):
 
 def _broker_settings(args):
     """``(log_dir, properties, host, port)`` from --config, --override, --log-dir, --host and --port."""
-    from kmem.broker.settings import KNOWN_SETTINGS, log_dir_of, read_properties_file
+    from kmem.broker.settings import is_known_setting, log_dir_of, read_properties_file
     from kmem.errors import ConfigError
 
     log_dirs = ("log.dirs", "log.dir")
     properties = read_properties_file(args.config) if args.config else {}
-    ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS and name not in log_dirs)
+    ignored = sorted(name for name in properties if not is_known_setting(name) and name not in log_dirs)
     if ignored:
         logging.getLogger("kmem.broker").warning("%s: ignoring settings kmem broker does not use: %s", args.config,
                                                  ", ".join(ignored))
