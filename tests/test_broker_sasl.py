@@ -278,3 +278,15 @@ def test_the_principal_is_on_the_request_and_anonymous_without_sasl():
                 assert connection.receive_frame() == b"\0\0\0\1"
         assert principals[-1] == expected
     assert builder.authenticator("x").state is SaslState.HANDSHAKE_OR_VERSIONS_REQUEST
+
+
+def test_api_versions_at_a_version_too_new_gets_the_fallback_and_may_be_retried(broker):
+    """Kafka's authenticator answers it UNSUPPORTED_VERSION and stays ready for ApiVersions: the client retries at
+    a version both know, then authenticates."""
+    with RawConnection(broker.bootstrap_servers) as connection:
+        connection.send_frame(struct.pack(">hhih", 18, 9, 42, -1) + b"\x00")
+        correlation_id, error_code = struct.unpack_from(">ih", connection.receive_frame())
+        assert (correlation_id, error_code) == (42, 35)
+        assert connection.request(ApiVersionsRequest(), ApiVersionsResponse, 3).error_code == 0
+        assert handshake(connection, "PLAIN").error_code == 0
+        assert authenticate(connection, b"\0alice\0alice-secret").error_code == 0

@@ -21,7 +21,7 @@ import enum
 import logging
 
 from kmem.errors import InvalidSaslCredentialsError, KmemError, SaslAuthenticationError
-from kmem.protocol import (ApiKey, CorruptMessageError, UnknownApiKeyError, UnsupportedVersionError,
+from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, UnknownApiKeyError, UnsupportedVersionError,
                            decode_request, decode_request_header, encode_response, error_response, messages)
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,10 @@ class SaslAuthenticator:
             # Kafka takes a first frame that is no request as a GSSAPI token (0.9 clients), which kmem does not serve
             return self._fail(None, f"not a SaslHandshake request (api key {e.api_key}); GSSAPI is not served")
         if header.api_key == ApiKey.API_VERSIONS and self.state is SaslState.HANDSHAKE_OR_VERSIONS_REQUEST:
-            self.state = SaslState.HANDSHAKE_REQUEST
+            low, high = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS]
+            if low <= header.api_version <= high:
+                self.state = SaslState.HANDSHAKE_REQUEST
+            # else its answer is UNSUPPORTED_VERSION, and the client retries at a version both know (KIP-511)
             return self._api_versions(payload), Outcome.CONTINUE
         if header.api_key != ApiKey.SASL_HANDSHAKE:
             return self._fail(None, f"unexpected Kafka request of type {header.api_key.name} during SASL handshake")
