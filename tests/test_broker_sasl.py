@@ -3,6 +3,7 @@ KIP-43 raw tokens, and every bad input: each answered as Kafka answers it, then 
 Requests and SCRAM tokens are built with kafka-python's codec and ScramClient, which nobody here wrote."""
 import logging
 import struct
+import threading
 import time
 
 import pytest
@@ -288,5 +289,29 @@ def test_api_versions_at_a_version_too_new_gets_the_fallback_and_may_be_retried(
         correlation_id, error_code = struct.unpack_from(">ih", connection.receive_frame())
         assert (correlation_id, error_code) == (42, 35)
         assert connection.request(ApiVersionsRequest(), ApiVersionsResponse, 3).error_code == 0
+        assert handshake(connection, "PLAIN").error_code == 0
+        assert authenticate(connection, b"\0alice\0alice-secret").error_code == 0
+
+
+def test_a_burst_of_failed_authentications_holds_no_thread_and_gives_all_memory_back(broker):
+    threads = threading.active_count()
+    connections = [RawConnection(broker.bootstrap_servers) for _ in range(40)]
+    try:
+        for connection in connections:
+            assert handshake(connection, "PLAIN").error_code == 0
+        for connection in connections:      # the tokens of all, before any answer
+            request = SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong")
+            request.with_header(correlation_id=2, client_id="raw")
+            connection.send_frame(request.encode(version=2, header=True))
+        assert threading.active_count() == threads      # 40 delayed closes wait on the broker's timer
+        for connection in connections:
+            response = SaslAuthenticateResponse.decode(connection.receive_frame(), version=2, header=True)
+            assert response.error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+            assert closed_by_peer(connection.sock)
+    finally:
+        for connection in connections:
+            connection.close()
+    wait_for(lambda: pool_is_full(broker), "the pool back to full")
+    with RawConnection(broker.bootstrap_servers) as connection:     # the others are untouched
         assert handshake(connection, "PLAIN").error_code == 0
         assert authenticate(connection, b"\0alice\0alice-secret").error_code == 0
