@@ -18,13 +18,10 @@ the response (SASL_AUTHENTICATION_FAILED and Kafka's message, or None), which th
 """
 import dataclasses
 import enum
-import logging
 
 from kmem.errors import InvalidSaslCredentialsError, KmemError, SaslAuthenticationError
 from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, UnknownApiKeyError, UnsupportedVersionError,
                            decode_request, decode_request_header, encode_response, error_response, messages)
-
-log = logging.getLogger(__name__)
 
 ANONYMOUS = "User:ANONYMOUS"
 # Kafka's Errors codes the authenticator answers with
