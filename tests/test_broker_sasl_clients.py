@@ -225,3 +225,13 @@ def test_the_cli_refuses_a_log_directory_in_use(tmp_path, capsys):
         assert kmem_main(["scram", "--log-dir", str(tmp_path), "--add-scram",
                           "SCRAM-SHA-256=[name=bob,password=bob-secret]"]) == 2
     assert "in use by a running broker" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["SCRAM-SHA-1=[name=bob,password=bob-secret]",
+                                   "SCRAM-SHA-256=[name=bob,password=bob-secret,iterations=10]",
+                                   "SCRAM-SHA-256=[name=bob,pasword=bob-secret]"])
+def test_the_cli_refuses_a_bad_credential_in_one_line_without_the_password(tmp_path, capsys, value):
+    assert kmem_main(["scram", "--log-dir", str(tmp_path / "logs"), "--add-scram", value]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("kmem scram: ") and error.count("\n") == 1 and "bob-secret" not in error
+    assert not (tmp_path / "logs").exists()

@@ -4,6 +4,7 @@ they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings f
 the channel authenticator of ``kmem.network.sasl``."""
 import dataclasses
 
+from kmem.broker.log.config import INT32_MAX, integer
 from kmem.broker.security.credentials import ScramCredentialStore, parse_add_scram
 from kmem.broker.security.jaas import parse_jaas_config, plain_users
 from kmem.broker.security.plain import PlainServer
@@ -34,16 +35,6 @@ def is_sasl_setting(name):
         return False
     rest = name[len("listener.name."):].partition(".")[2]
     return rest in SASL_SETTINGS or rest.partition(".")[2] == "sasl.jaas.config"
-
-
-def _integer(name, value, low):
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = None
-    if number is None or number < low:
-        raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-    return number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +76,7 @@ class SaslSettings:
             users = plain_users(jaas_key, jaas)
         delay_key, delay = setting("connection.failed.authentication.delay.ms", DEFAULT_FAILED_AUTHENTICATION_DELAY_MS)
         size_key, size = setting("sasl.server.max.receive.size", DEFAULT_MAX_RECEIVE_SIZE)
-        return cls(enabled, users, _integer(delay_key, delay, 0), _integer(size_key, size, 1))
+        return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX))
 
 
 class SaslMechanisms:
