@@ -406,7 +406,7 @@ class _Processor(threading.Thread):
             send = None if response is None else NetworkSend(channel.id, response)
         except Exception:
             log.exception("SASL authentication of connection %s failed unexpectedly; closing it", channel.id)
-            response, outcome, send = None, Outcome.CLOSE, None
+            outcome, send = Outcome.CLOSE, None
         finally:
             receive.close()
         if outcome is Outcome.CONTINUE:
