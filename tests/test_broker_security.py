@@ -200,3 +200,25 @@ def test_sasl_settings():
 def test_sasl_settings_refused(merged, message):
     with pytest.raises(ConfigError, match=message):
         SaslSettings.from_settings(merged, "SASL_PLAINTEXT")
+
+
+def test_a_jaas_setting_continued_over_lines_as_kafka_writes_it(tmp_path):
+    """java.util.Properties: a trailing backslash continues the line (Kafka's documented JAAS settings)."""
+    from kmem.broker.settings import read_properties_file
+    path = tmp_path / "server.properties"
+    path.write_text("listeners=SASL_PLAINTEXT://:9092\n"
+                    "listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain."
+                    "PlainLoginModule required \\\n"
+                    "    username=\"admin\" \\\n"
+                    "    password=\"admin-secret\" \\\n"
+                    "    user_admin=\"admin-secret\" \\\n"
+                    "    user_alice=\"alice-secret\";\n"
+                    "# a comment \\\n"
+                    "path=C:\\\\kafka\\\\\n"             # an even number of backslashes continues nothing
+                    "sasl.enabled.mechanisms=PLAIN\n")
+    properties = read_properties_file(path)
+    assert sorted(properties) == ["listener.name.sasl_plaintext.plain.sasl.jaas.config", "listeners", "path",
+                                  "sasl.enabled.mechanisms"]
+    properties.pop("path")
+    settings = SaslSettings.from_settings(properties, "SASL_PLAINTEXT")
+    assert settings.plain_users == {"admin": "admin-secret", "alice": "alice-secret"}

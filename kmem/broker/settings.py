@@ -245,19 +245,38 @@ def advertised_host(bound_host):
     return socket.getfqdn() if bound_host in ("", "0.0.0.0", "::") else bound_host
 
 
+def _logical_lines(lines):
+    """``(line number, text)`` of each logical line: a line ending in an odd number of backslashes goes on with
+    the next, whose leading blanks are dropped (``java.util.Properties``; Kafka's JAAS settings are often so
+    written, one option per line)."""
+    number, pending = None, None
+    for index, line in enumerate(lines, 1):
+        text = line.lstrip() if pending is not None else line.strip()
+        if pending is None:
+            if not text or text[0] in "#!":
+                continue
+            number, pending = index, ""
+        trailing = len(text) - len(text.rstrip("\\"))
+        if trailing % 2:
+            pending += text[:-1]
+            continue
+        yield number, (pending + text).strip()
+        pending = None
+    if pending is not None:
+        yield number, pending.strip()
+
+
 def read_properties_file(path):
     """``{name: value}`` of a Java properties file (``key=value`` or ``key: value`` lines, ``#``/``!``
-    comments); raises ``ConfigError`` naming the file and line of a malformed line."""
+    comments, a trailing backslash continuing a line); raises ``ConfigError`` naming the file and line of a
+    malformed line."""
     properties = {}
     try:
         with open(path, encoding="utf-8") as file:
             lines = file.read().splitlines()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
+    for number, line in _logical_lines(lines):
         positions = [p for p in (line.find("="), line.find(":")) if p > 0]
         if not positions:
             raise ConfigError(f"{path}:{number}: expected key=value, got {line!r}")
