@@ -235,3 +235,32 @@ def test_the_cli_refuses_a_bad_credential_in_one_line_without_the_password(tmp_p
     error = capsys.readouterr().err
     assert error.startswith("kmem scram: ") and error.count("\n") == 1 and "bob-secret" not in error
     assert not (tmp_path / "logs").exists()
+
+
+def test_kmem_broker_from_a_kafka_server_properties_logs_the_principal_never_a_password(tmp_path):
+    from confluent_kafka import Producer
+    from tests.broker_helpers import start_broker_process
+    config = tmp_path / "server.properties"
+    config.write_text("listeners=SASL_PLAINTEXT://127.0.0.1:9092\n"
+                      "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256\n"
+                      "listener.name.sasl_plaintext.plain.sasl.jaas.config="
+                      "org.apache.kafka.common.security.plain.PlainLoginModule required \\\n"
+                      "    user_alice=\"alice-secret\";\n")
+    add_users(tmp_path / "logs")
+    process, bootstrap = start_broker_process(tmp_path / "logs", "--config", str(config), port=0)
+    try:
+        for mechanism, password in (("PLAIN", "alice-secret"), ("SCRAM-SHA-256", "alice-secret"),
+                                    ("PLAIN", "wrong-secret")):
+            errors = []
+            producer = Producer({"bootstrap.servers": bootstrap, "error_cb": errors.append,
+                                 **confluent_config("SASL_PLAINTEXT", mechanism, password)})
+            producer.produce("logged", b"x")
+            wait_for(lambda: producer.flush(0.1) == 0 or errors, "the record or an error")
+            assert bool(errors) == (password == "wrong-secret")
+        wait_for(lambda: "SASL authentication failed" in "".join(process.log_lines), "the failure's log line")
+    finally:
+        process.terminate()
+        process.wait(30)
+    log = "".join(process.log_lines)
+    assert "authenticated as User:alice (PLAIN)" in log and "authenticated as User:alice (SCRAM-SHA-256)" in log
+    assert "alice-secret" not in log and "wrong-secret" not in log
