@@ -45,7 +45,7 @@ def main(argv=None):
 
     parser = _parser(kmem.__version__)
     args = parser.parse_args(argv)
-    if args.command == "broker":
+    if args.command in ("broker", "scram"):
         return args.run(args)
     _log_warnings_to_stderr()
     missing = [name for name in SPARK_EXTRA if importlib.util.find_spec(name) is None]
@@ -71,6 +71,7 @@ def _parser(version):
     parser.add_argument("--version", action="version", version=f"kmem {version}")
     commands = parser.add_subparsers(dest="command", required=True)
     add_broker_command(commands)
+    add_scram_command(commands)
     pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
                          description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
                                      "offset>.log), on embedded local Spark or on the cluster given by --master. "
@@ -263,14 +264,69 @@ def add_broker_command(commands):
     broker.set_defaults(run=_run_broker)
 
 
+SCRAM_DESCRIPTION = """\
+Add (or replace) SCRAM users of a kmem broker's log directory before it starts, as Kafka's
+'kafka-storage format --add-scram' does: their salted credentials (never the password) go to the
+log directory's scram-credentials.json; a broker started on it authenticates them with SCRAM-SHA-256
+or SCRAM-SHA-512 on a SASL listener (sasl.enabled.mechanisms). The broker must be stopped."""
+
+
+SCRAM_EXIT_CODES = """\
+exit codes:
+  0  the users were added
+  2  nothing added: a bad --add-scram, log directory, or a broker running on it (one line says which)"""
+
+
+def add_scram_command(commands):
+    """``kmem scram``: SCRAM users for a log directory, with kafka-storage's ``--add-scram`` syntax."""
+    scram = commands.add_parser("scram", help="add SCRAM users to a log directory before the broker starts",
+                                description=SCRAM_DESCRIPTION, epilog=SCRAM_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    scram.add_argument("--log-dir", required=True, help="the broker's log directory, created if missing")
+    scram.add_argument("--add-scram", "-S", action="append", required=True, metavar="CREDENTIAL",
+                       help="SCRAM-SHA-256=[name=alice,password=alice-secret] (also iterations=N, or salt=... and "
+                            "saltedpassword=... in base64); repeatable")
+    scram.set_defaults(run=_run_scram)
+
+
+def _run_scram(args):
+    import fcntl
+
+    from kmem.broker.log.manager import LOCK_FILE
+    from kmem.broker.security import ScramCredentialStore, parse_add_scram
+    from kmem.errors import KmemError
+
+    try:
+        users = [parse_add_scram(value) for value in args.add_scram]
+        if os.path.lexists(args.log_dir) and not os.path.isdir(args.log_dir):
+            print(f"kmem scram: log directory {args.log_dir} is not a directory", file=sys.stderr)
+            return FAILED
+        os.makedirs(args.log_dir, exist_ok=True)
+        with open(os.path.join(args.log_dir, LOCK_FILE), "ab") as lock:
+            try:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"kmem scram: log directory {args.log_dir} is in use by a running broker: stop it first",
+                      file=sys.stderr)
+                return FAILED
+            store = ScramCredentialStore(args.log_dir)
+            for mechanism, user, credential in users:
+                store.add(mechanism, user, credential)
+    except (KmemError, OSError) as e:
+        print(f"kmem scram: {e}", file=sys.stderr)
+        return FAILED
+    for mechanism, user, credential in users:
+        print(f"added {mechanism} user {user} ({credential.iterations} iterations) to {store.path}")
+    return 0
+
+
 def _broker_settings(args):
     """``(log_dir, properties, host, port)`` from --config, --override, --log-dir, --host and --port."""
-    from kmem.broker.settings import KNOWN_SETTINGS, log_dir_of, read_properties_file
+    from kmem.broker.settings import is_known_setting, log_dir_of, read_properties_file
     from kmem.errors import ConfigError
 
     log_dirs = ("log.dirs", "log.dir")
     properties = read_properties_file(args.config) if args.config else {}
-    ignored = sorted(name for name in properties if name not in KNOWN_SETTINGS and name not in log_dirs)
+    ignored = sorted(name for name in properties if not is_known_setting(name) and name not in log_dirs)
     if ignored:
         logging.getLogger("kmem.broker").warning("%s: ignoring settings kmem broker does not use: %s", args.config,
                                                  ", ".join(ignored))

@@ -47,3 +47,13 @@ class InvalidReceiveError(KmemError):
 
 class CorruptSnapshotError(KmemError):
     """A producer-state snapshot or Bloom sidecar file is unreadable (version, CRC, truncation)."""
+
+
+class SaslAuthenticationError(KmemError):
+    """A SASL authentication failed; the message is what the client is told (Kafka's
+    ``SaslAuthenticationException``: it holds nothing a client should not learn)."""
+
+
+class InvalidSaslCredentialsError(KmemError):
+    """A SASL exchange failed for a reason the client is not told (Kafka's ``SaslException``: whether the
+    user exists, which check failed); the client gets the mechanism's generic failure message."""

@@ -323,7 +323,9 @@ def test_a_busy_port_names_port_option_and_leaves_no_log_directory_behind(tmp_pa
 
 @pytest.mark.parametrize("listeners, message", [
     ("PLAINTEXT://:9092,SSL://:9093", "listeners must name one broker listener for kmem broker to serve, not 2"),
-    ("SASL_SSL://:9092", "listener SASL_SSL://:9092 is SASL_SSL: kmem broker serves PLAINTEXT and SSL listeners"),
+    ("SASL_SSL://:9092", "listener SASL_SSL://:9092 is SASL_SSL: set ssl.keystore.location (a PEM keystore)"),
+    ("SASL_PLAINTEXT://:9092", "sasl.enabled.mechanisms = 'GSSAPI': kmem broker serves the SASL mechanisms PLAIN, "
+                               "SCRAM-SHA-256, SCRAM-SHA-512, not GSSAPI (Kafka default GSSAPI)"),
     ("SSL://:9092", "listener SSL://:9092 is SSL: set ssl.keystore.location (a PEM keystore)"),
     ("CONTROLLER://:9093", "listeners must name one broker listener for kmem broker to serve, not 0"),
     ("EXTERNAL://:9092", "listener EXTERNAL has no security protocol in listener.security.protocol.map"),

@@ -11,12 +11,14 @@ import kafka.protocol.admin
 import kafka.protocol.consumer
 import kafka.protocol.metadata
 import kafka.protocol.producer
+import kafka.protocol.sasl
 from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, RequestHeader, decode_request, decode_response,
                            encode_request, encode_response, message_class)
 from kmem.protocol.api import message, response_header_version
 from kmem.protocol.schema import ZERO_UUID
 
-PEER_MODULES = (kafka.protocol.metadata, kafka.protocol.producer, kafka.protocol.consumer, kafka.protocol.admin)
+PEER_MODULES = (kafka.protocol.metadata, kafka.protocol.producer, kafka.protocol.consumer, kafka.protocol.admin,
+                kafka.protocol.sasl)
 # kafka-python reads these int32 fields as sets of bit numbers, under a shorter name
 PEER_BITFIELDS = {("MetadataResponse", "cluster_authorized_operations"): "authorized_operations",
                   ("MetadataResponseTopic", "topic_authorized_operations"): "authorized_operations",

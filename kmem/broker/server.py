@@ -36,12 +36,13 @@ from kmem.broker.apis.dispatch import RequestDispatcher
 from kmem.broker.apis.handlers import Handlers
 from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
+from kmem.broker.security import SaslMechanisms, ScramCredentialStore
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator
 from kmem.broker.txn.markers import TxnMarkerWriter
 from kmem.errors import IllegalStateError
-from kmem.network import SocketServer
+from kmem.network import SaslChannelBuilder, SocketServer
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +126,8 @@ class Broker:
             self.handlers.transactions = self.coordinator.transactions = self.transactions
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions)
-            self.server = SocketServer(dispatcher, self.settings.network)
+            self.server = SocketServer(dispatcher, self.settings.network, channel_builder=self._channel_builder(dispatcher),
+                                       timer=self.timer)
             self.server.start()
         except BaseException:
             if self.transactions is not None:
@@ -145,6 +147,16 @@ class Broker:
         if self.settings.advertised is not None:
             log.info("advertising %s:%d to clients (advertised.listeners)", *self.endpoint())
         return self
+
+    def _channel_builder(self, dispatcher):
+        """A SASL listener's authentication (``kmem.network.sasl``): PLAIN's users from the settings, SCRAM's
+        credentials from the log directory; None for a listener without SASL."""
+        sasl = self.settings.sasl
+        if sasl is None:
+            return None
+        mechanisms = SaslMechanisms(sasl, ScramCredentialStore(self.log_dir))
+        return SaslChannelBuilder(mechanisms, dispatcher.api_versions, max_receive_size=sasl.max_receive_size,
+                                  failed_authentication_delay_ms=sasl.failed_authentication_delay_ms)
 
     def endpoint(self):
         """The advertised ``(host, port)``: ``advertised.listeners``, else the bound address."""

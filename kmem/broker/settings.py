@@ -8,9 +8,9 @@ Listeners are read as Kafka reads them (``KafkaConfig``): ``listeners`` is a lis
 ``NAME://host:port`` (an empty host binds every interface), each name's security protocol comes from
 ``listener.security.protocol.map`` (by default PLAINTEXT, SSL, SASL_PLAINTEXT and SASL_SSL map to
 themselves), and the names in ``controller.listener.names`` are the KRaft controller's. kmem is its own
-controller, so it ignores those (logged in one line) and serves the one broker listener left: a
-PLAINTEXT or SSL one (SSL needs ``ssl.keystore.location``). Several broker listeners, or SASL, are
-refused with a ``ConfigError``. Without ``listeners`` the broker listens on the ``host`` and ``port`` it
+controller, so it ignores those (logged in one line) and serves the one broker listener left, of any
+of the four protocols (SSL and SASL_SSL need ``ssl.keystore.location``; SASL's settings are read by
+``kmem.broker.security.SaslSettings``). Several broker listeners are refused with a ``ConfigError``. Without ``listeners`` the broker listens on the ``host`` and ``port`` it
 is given, with TLS when a keystore is set. ``advertised.listeners`` (by default the served listener)
 names what Metadata tells clients: its listener names must be among ``listeners``' (Kafka's rule), a
 port 0 advertises the bound port, and another port than the bound one is allowed, as Kafka allows it
@@ -23,6 +23,7 @@ import ssl
 from dataclasses import dataclass, replace
 
 from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, integer
+from kmem.broker.security import SaslSettings, is_sasl_setting
 from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
@@ -46,7 +47,12 @@ DEFAULT_LISTEN_BACKLOG = 1024
 DEFAULT_HOST = "127.0.0.1"
 # Kafka's default listener.security.protocol.map: each protocol's own name
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-SERVED_PROTOCOLS = ("PLAINTEXT", "SSL")
+TLS_PROTOCOLS = ("SSL", "SASL_SSL")
+
+
+def is_known_setting(name):
+    """True for a setting kmem broker reads (SASL's with their ``listener.name.<name>.`` prefixes included)."""
+    return name in KNOWN_SETTINGS or is_sasl_setting(name)
 
 
 @dataclass(frozen=True)
@@ -117,10 +123,8 @@ def configured_listener(merged, tls=False):
     protocol = _protocol_map(merged).get(listener.name)
     if protocol is None:
         raise ConfigError(f"listener {listener.name} has no security protocol in listener.security.protocol.map")
-    if protocol not in SERVED_PROTOCOLS:
-        raise ConfigError(f"listener {listener} is {protocol}: kmem broker serves PLAINTEXT and SSL listeners")
-    if protocol == "SSL" and not tls:
-        raise ConfigError(f"listener {listener} is SSL: set ssl.keystore.location (a PEM keystore)")
+    if protocol in TLS_PROTOCOLS and not tls:
+        raise ConfigError(f"listener {listener} is {protocol}: set ssl.keystore.location (a PEM keystore)")
     return listener, protocol
 
 
@@ -166,7 +170,7 @@ def merge_settings(properties=None, keywords=None):
     merged = {}
     for source in (properties or {}), {k.replace("_", "."): v for k, v in (keywords or {}).items()}:
         for name, value in source.items():
-            if name not in KNOWN_SETTINGS:
+            if not is_known_setting(name):
                 raise ConfigError(f"unknown broker setting {name!r}")
             merged[name] = value
     return merged
@@ -181,6 +185,7 @@ class BrokerSettings:
     retention_check_interval_ms: int
     groups: GroupConfig
     transactions: TxnConfig = TxnConfig()
+    sasl: SaslSettings | None = None        # a SASL listener's
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -198,7 +203,7 @@ class BrokerSettings:
         listener = replace(default, host=default.host if host is None else host,
                            port=default.port if port is None else port)
         advertised = advertised_listener(merged, listener, configured)
-        if protocol == "PLAINTEXT":
+        if protocol not in TLS_PROTOCOLS:
             ssl_context = None
         elif ssl_context is None:
             ssl_context = _ssl_context(merged)
@@ -208,7 +213,8 @@ class BrokerSettings:
                                                       ssl_context=ssl_context),
                    listener, advertised,
                    integer("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged),
-                   TxnConfig.from_properties(merged))
+                   TxnConfig.from_properties(merged),
+                   SaslSettings.from_settings(merged, listener.name) if protocol.startswith("SASL_") else None)
 
 
 def _ssl_context(merged):
@@ -239,19 +245,38 @@ def advertised_host(bound_host):
     return socket.getfqdn() if bound_host in ("", "0.0.0.0", "::") else bound_host
 
 
+def _logical_lines(lines):
+    """``(line number, text)`` of each logical line: a line ending in an odd number of backslashes goes on with
+    the next, whose leading blanks are dropped (``java.util.Properties``; Kafka's JAAS settings are often so
+    written, one option per line)."""
+    number, pending = None, None
+    for index, line in enumerate(lines, 1):
+        text = line.lstrip() if pending is not None else line.strip()
+        if pending is None:
+            if not text or text[0] in "#!":
+                continue
+            number, pending = index, ""
+        trailing = len(text) - len(text.rstrip("\\"))
+        if trailing % 2:
+            pending += text[:-1]
+            continue
+        yield number, (pending + text).strip()
+        pending = None
+    if pending is not None:
+        yield number, pending.strip()
+
+
 def read_properties_file(path):
     """``{name: value}`` of a Java properties file (``key=value`` or ``key: value`` lines, ``#``/``!``
-    comments); raises ``ConfigError`` naming the file and line of a malformed line."""
+    comments, a trailing backslash continuing a line); raises ``ConfigError`` naming the file and line of a
+    malformed line."""
     properties = {}
     try:
         with open(path, encoding="utf-8") as file:
             lines = file.read().splitlines()
     except OSError as e:
         raise ConfigError(f"cannot read {path}: {e.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line or line[0] in "#!":
-            continue
+    for number, line in _logical_lines(lines):
         positions = [p for p in (line.find("="), line.find(":")) if p > 0]
         if not positions:
             raise ConfigError(f"{path}:{number}: expected key=value, got {line!r}")

@@ -4,6 +4,7 @@ request on the thread that read it (deferring those that wait or block).
 """
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState, KafkaChannel
 from kmem.network.receive import UNLIMITED, NetworkReceive, NetworkSend
+from kmem.network.sasl import SaslAuthenticator, SaslChannelBuilder
 from kmem.network.selector import Selector
 from kmem.network.server import Deferred, Request, SocketServer, SocketServerConfig, offloaded
 from kmem.network.transport import PlaintextTransport, TlsTransport
@@ -11,5 +12,5 @@ from kmem.network.transport import PlaintextTransport, TlsTransport
 __all__ = [
     "UNLIMITED", "NetworkReceive", "NetworkSend", "PlaintextTransport", "TlsTransport", "ChannelMuteState",
     "ChannelMuteEvent", "KafkaChannel", "Selector", "Request", "Deferred", "offloaded",
-    "SocketServer", "SocketServerConfig",
+    "SocketServer", "SocketServerConfig", "SaslChannelBuilder", "SaslAuthenticator",
 ]

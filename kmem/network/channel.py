@@ -9,6 +9,7 @@ import selectors
 
 from kmem.errors import IllegalStateError
 from kmem.network.receive import UNLIMITED, NetworkReceive
+from kmem.network.sasl import ANONYMOUS
 from kmem.pool import NONE
 from kmem.send import close_send
 
@@ -52,6 +53,16 @@ class KafkaChannel:
         self.receive = None
         self.send = None
         self.closed = False
+        self.authenticator = None       # a SASL listener's: frames go to it until it is complete (kmem.network.sasl)
+
+    @property
+    def principal(self):
+        """``User:<name>`` once SASL authenticated, ``User:ANONYMOUS`` on a listener without SASL (None before)."""
+        return ANONYMOUS if self.authenticator is None else self.authenticator.principal
+
+    @property
+    def authenticating(self):
+        return self.authenticator is not None and not self.authenticator.complete
 
     @property
     def ready(self):

@@ -36,7 +36,8 @@ import time
 
 from kmem.errors import ConfigError, IllegalStateError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
-from kmem.network.receive import NetworkSend
+from kmem.network.receive import UNLIMITED, NetworkSend
+from kmem.network.sasl import ANONYMOUS, Outcome
 from kmem.network.selector import Selector
 from kmem.network.waker import Waker
 from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
@@ -137,11 +138,12 @@ class Request:
     (``bytes(request.payload)``).
     """
 
-    __slots__ = ("connection_id", "processor", "_receive")
+    __slots__ = ("connection_id", "processor", "principal", "_receive")
 
-    def __init__(self, connection_id, processor, receive):
+    def __init__(self, connection_id, processor, receive, principal=ANONYMOUS):
         self.connection_id = connection_id
         self.processor = processor
+        self.principal = principal      # who sent it: User:<name> on a SASL listener, else User:ANONYMOUS
         self._receive = receive
 
     @property
@@ -269,6 +271,7 @@ class _Processor(threading.Thread):
         self._new_connections = queue.SimpleQueue()
         self._responses = queue.SimpleQueue()
         self._deferred = {}             # connection id -> Deferred of its request in flight
+        self._closing = set()           # ids that failed authentication: closed once their response is sent
         self._ids = itertools.count()
         self.after_responses = []       # Request.after_response's work, run after each poll's receives
 
@@ -333,10 +336,17 @@ class _Processor(threading.Thread):
             sock = self._new_connections.get()
             connection_id = f"{self._index}-{next(self._ids)}"
             try:
-                self.selector.register(connection_id, sock, ssl_context=self.server.config.ssl_context)
+                channel = self.selector.register(connection_id, sock, ssl_context=self.server.config.ssl_context)
             except (OSError, ssl.SSLError):
                 log.info("could not register connection %s", connection_id, exc_info=True)
                 sock.close()
+                continue
+            builder = self.server.channel_builder
+            if builder is not None:
+                channel.authenticator = builder.authenticator(connection_id)
+                limit = self.selector.max_receive_size
+                channel.max_receive_size = (builder.max_receive_size if limit == UNLIMITED
+                                            else min(limit, builder.max_receive_size))
 
     def _process_responses(self):
         """Send the responses queued for this thread, building those that need it for one slice."""
@@ -383,7 +393,41 @@ class _Processor(threading.Thread):
                 continue
             self.selector.mute(connection_id)
             channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
-            self._handle(Request(connection_id, self, receive))
+            if channel.authenticating:
+                self._authenticate(channel, receive)
+            else:
+                self._handle(Request(connection_id, self, receive, channel.principal))
+
+    def _authenticate(self, channel, receive):
+        """Hand a frame of a channel still authenticating to its SASL authenticator (``kmem.network.sasl``)."""
+        authenticator = channel.authenticator
+        try:
+            response, outcome = authenticator.handle(receive.payload)
+            send = None if response is None else NetworkSend(channel.id, response)
+        except Exception:
+            log.exception("SASL authentication of connection %s failed unexpectedly; closing it", channel.id)
+            outcome, send = Outcome.CLOSE, None
+        finally:
+            receive.close()
+        if outcome is Outcome.CONTINUE:
+            if authenticator.complete:
+                channel.max_receive_size = self.selector.max_receive_size
+                log.info("connection %s from %s: authenticated as %s (%s)", channel.id, _peer(channel),
+                         authenticator.principal, authenticator.mechanism)
+            self._respond_now(channel.id, send)
+            return
+        log.info("connection %s from %s: SASL authentication failed%s: %s", channel.id, _peer(channel),
+                 f" ({authenticator.mechanism})" if authenticator.mechanism else "", authenticator.failure)
+        if outcome is Outcome.CLOSE:
+            self.selector.close(channel.id)
+            return
+        # Kafka's delayed close (KIP-306): the answer and the close wait, the channel muted, without a thread
+        self._closing.add(channel.id)
+        delay = self.server.channel_builder.failed_authentication_delay_ms / 1000
+        if delay <= 0:
+            self._respond_now(channel.id, send)
+        else:
+            self.server.timer.schedule(time.monotonic() + delay, lambda: self.respond(channel.id, send))
 
     def _run_after_responses(self):
         work, self.after_responses = self.after_responses, []
@@ -425,6 +469,7 @@ class _Processor(threading.Thread):
 
     def _process_disconnected(self):
         for connection_id in self.selector.disconnected:
+            self._closing.discard(connection_id)
             deferred = self._deferred.pop(connection_id, None)
             if deferred is not None:
                 deferred.cancel()
@@ -433,9 +478,20 @@ class _Processor(threading.Thread):
         channel = self.selector.channel(connection_id)
         if channel is None:
             return
+        if connection_id in self._closing:
+            self._closing.discard(connection_id)
+            self.selector.close(connection_id)
+            return
         channel.handle_mute_event(ChannelMuteEvent.RESPONSE_SENT)
         if channel.mute_state is ChannelMuteState.MUTED:
             self.selector.unmute(connection_id)
+
+
+def _peer(channel):
+    try:
+        return "%s:%d" % channel.transport.sock.getpeername()[:2]
+    except (OSError, TypeError):
+        return "?"
 
 
 class _Acceptor(threading.Thread):
@@ -510,14 +566,22 @@ class SocketServer:
     A handler that raises anything, ``BaseException`` included, gets its connection closed; the thread
     keeps serving.
 
+    With a ``channel_builder`` (``kmem.network.sasl.SaslChannelBuilder``) every connection authenticates with
+    SASL before its first request reaches ``handler`` (``request.principal`` says who sent it); failed
+    authentications are closed after a delay on ``timer`` (a ``kmem.broker.timer.Timer``; one of its own if
+    none is given).
+
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
     """
 
-    def __init__(self, handler, config=None, **settings):
+    def __init__(self, handler, config=None, *, channel_builder=None, timer=None, **settings):
         if config is not None and settings:
             raise ConfigError("pass either a SocketServerConfig or keyword settings, not both")
         self.config = config if config is not None else SocketServerConfig(**settings)
         self.handler = handler
+        self.channel_builder = channel_builder
+        self.timer = timer
+        self._own_timer = False
         bound = self.config.queued_max_request_bytes
         self.pool = NONE if bound == -1 else SimpleMemoryPool(bound, self.config.socket_request_max_bytes)
         self.requests = queue.Queue(self.config.queued_max_requests)
@@ -543,6 +607,9 @@ class SocketServer:
         capped = ("" if effective == backlog
                   else f" (socket.listen.backlog.size {backlog}, capped by net.core.somaxconn)")
         log.info("accept backlog on %s:%d: %d%s", *self.address, effective, capped)
+        if self.channel_builder is not None and self.timer is None:
+            from kmem.broker.timer import Timer
+            self.timer, self._own_timer = Timer("kmem-network-timer"), True
         self.running = True
         self.processors = [_Processor(self, i) for i in range(self.config.num_network_threads)]
         self._acceptor = _Acceptor(self, listen_socket)
@@ -625,6 +692,8 @@ class SocketServer:
             self.requests.put(None)
         for thread in self._handlers:
             thread.join()
+        if self._own_timer:
+            self.timer.close()
 
     def __enter__(self):
         return self.start()

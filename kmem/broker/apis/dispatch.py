@@ -42,6 +42,7 @@ DATA_APIS = {
     ApiKey.FIND_COORDINATOR: "find_coordinator", ApiKey.OFFSET_FOR_LEADER_EPOCH: "offset_for_leader_epoch",
     ApiKey.WRITE_TXN_MARKERS: "write_txn_markers",
     ApiKey.DESCRIBE_PRODUCERS: "describe_producers",
+    ApiKey.SASL_HANDSHAKE: "sasl_handshake", ApiKey.SASL_AUTHENTICATE: "sasl_authenticate",
 }
 # APIs answered on an io thread: they write files and fsync them
 BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, *ADMIN_APIS})
@@ -82,6 +83,19 @@ class RequestDispatcher:
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
         if transactions is not None:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
+
+    def api_versions(self, payload):
+        """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka
+        answers it before the handshake (KIP-35)."""
+        try:
+            header, body = decode_request(payload)
+        except UnsupportedVersionError as e:
+            if e.api_key == ApiKey.API_VERSIONS and e.header is not None:
+                return api_versions_fallback_response(e.header)
+            raise
+        with self._served_lock:
+            self._served[(int(header.api_key), header.api_version)] += 1
+        return encode_response(header, self.handlers.api_versions(header, body))
 
     def __call__(self, request):
         try:

@@ -96,6 +96,7 @@ SERVED_VERSIONS = {
     ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
     ApiKey.LIST_TRANSACTIONS: (0, 1),
     ApiKey.TXN_OFFSET_COMMIT: (0, 4),
+    ApiKey.SASL_HANDSHAKE: (0, 1), ApiKey.SASL_AUTHENTICATE: (0, 2),
 }
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types (2, share groups, is not served)
 ZERO_UUID = uuid.UUID(int=0)
@@ -143,6 +144,16 @@ class Handlers:
         response.api_keys = [messages.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
                              for key, (low, high) in sorted(SERVED_VERSIONS.items())]
         return response
+
+    def sasl_handshake(self, header, request):
+        """A handshake that reaches the broker comes on a listener without SASL, or after authentication: Kafka's
+        ``KafkaApis`` answers ILLEGAL_SASL_STATE (the authenticator of a SASL listener answers the others)."""
+        return messages.SaslHandshakeResponse(error_code=ErrorCode.ILLEGAL_SASL_STATE, mechanisms=[])
+
+    def sasl_authenticate(self, header, request):
+        return messages.SaslAuthenticateResponse(
+            error_code=ErrorCode.ILLEGAL_SASL_STATE, auth_bytes=b"", session_lifetime_ms=0,
+            error_message="SaslAuthenticate request received after successful authentication")
 
     def find_coordinator(self, header, request):
         """Every group's and every transactional id's coordinator is this broker (``__transaction_state`` is

@@ -1,0 +1,96 @@
+"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152): the SASL mechanisms kmem broker serves and what
+they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings for the served listener;
+``SaslMechanisms`` makes a mechanism server (``evaluate(token)``, ``complete``, ``username``) per exchange, for
+the channel authenticator of ``kmem.network.sasl``."""
+import dataclasses
+
+from kmem.broker.log.config import INT32_MAX, integer
+from kmem.broker.security.credentials import ScramCredentialStore, parse_add_scram
+from kmem.broker.security.jaas import parse_jaas_config, plain_users
+from kmem.broker.security.plain import PlainServer
+from kmem.broker.security.scram import MECHANISMS as SCRAM_MECHANISMS
+from kmem.broker.security.scram import ScramCredential, ScramServer, credential_from_password
+from kmem.errors import ConfigError
+
+SERVED_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+# Kafka's defaults (BrokerSecurityConfigs, KafkaConfig)
+DEFAULT_ENABLED_MECHANISMS = "GSSAPI"
+DEFAULT_FAILED_AUTHENTICATION_DELAY_MS = 100
+DEFAULT_MAX_RECEIVE_SIZE = 524288
+# the settings read here; each may also carry the listener's prefix, listener.name.<name>.
+SASL_SETTINGS = ("sasl.enabled.mechanisms", "sasl.jaas.config", "connection.failed.authentication.delay.ms",
+                 "sasl.server.max.receive.size")
+
+__all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredentialStore", "ScramCredential",
+           "ScramServer", "PlainServer", "credential_from_password", "parse_add_scram", "parse_jaas_config",
+           "plain_users", "is_sasl_setting"]
+
+
+def is_sasl_setting(name):
+    """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration, a
+    ``<mechanism>.``) prefix."""
+    if name in SASL_SETTINGS:
+        return True
+    if not name.startswith("listener.name."):
+        return False
+    rest = name[len("listener.name."):].partition(".")[2]
+    return rest in SASL_SETTINGS or rest.partition(".")[2] == "sasl.jaas.config"
+
+
+@dataclasses.dataclass(frozen=True)
+class SaslSettings:
+    """The SASL settings of one listener."""
+    enabled_mechanisms: tuple
+    plain_users: dict = dataclasses.field(default_factory=dict, repr=False)     # passwords: never in a repr
+    failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS
+    max_receive_size: int = DEFAULT_MAX_RECEIVE_SIZE
+
+    @classmethod
+    def from_settings(cls, merged, listener_name):
+        """Read for listener ``listener_name``: ``listener.name.<name>.<setting>`` wins over ``<setting>`` (and for the
+        JAAS configuration, ``listener.name.<name>.<mechanism>.sasl.jaas.config`` over both). A mechanism kmem does
+        not serve, Kafka's default GSSAPI included, is refused here, at start."""
+        prefix = f"listener.name.{listener_name.lower()}."
+
+        def setting(name, default=None):
+            for key in (prefix + name, name):
+                if key in merged:
+                    return key, merged[key]
+            return name, default
+
+        key, value = setting("sasl.enabled.mechanisms", DEFAULT_ENABLED_MECHANISMS)
+        enabled = tuple(m.strip() for m in str(value).split(",") if m.strip())
+        unserved = [m for m in enabled if m not in SERVED_MECHANISMS]
+        if unserved or not enabled:
+            raise ConfigError(f"{key} = {value!r}: kmem broker serves the SASL mechanisms "
+                              f"{', '.join(SERVED_MECHANISMS)}, not {', '.join(unserved) or 'none'}"
+                              f"{' (Kafka default GSSAPI)' if key not in merged else ''}")
+        users = {}
+        if "PLAIN" in enabled:
+            jaas_key, jaas = prefix + "plain.sasl.jaas.config", merged.get(prefix + "plain.sasl.jaas.config")
+            if jaas is None:
+                jaas_key, jaas = setting("sasl.jaas.config")
+            if jaas is None:
+                raise ConfigError(f"PLAIN is enabled on listener {listener_name}: set {prefix}plain.sasl.jaas.config "
+                                  f"(PlainLoginModule required user_<name>=\"<password>\";)")
+            users = plain_users(jaas_key, jaas)
+        delay_key, delay = setting("connection.failed.authentication.delay.ms", DEFAULT_FAILED_AUTHENTICATION_DELAY_MS)
+        size_key, size = setting("sasl.server.max.receive.size", DEFAULT_MAX_RECEIVE_SIZE)
+        return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX))
+
+
+class SaslMechanisms:
+    """The mechanism servers of a listener: ``enabled`` (in ``sasl.enabled.mechanisms``' order) and
+    ``server(mechanism)``, a new exchange (None for a mechanism not enabled)."""
+
+    def __init__(self, settings, scram_credentials):
+        self.enabled = list(settings.enabled_mechanisms)
+        self._plain_users = settings.plain_users
+        self._scram = scram_credentials
+
+    def server(self, mechanism):
+        if mechanism not in self.enabled:
+            return None
+        if mechanism == "PLAIN":
+            return PlainServer(self._plain_users)
+        return ScramServer(mechanism, lambda user: self._scram.get(mechanism, user))

@@ -1,0 +1,165 @@
+"""SASL authentication on a channel, before any request reaches the handler (Kafka's ``SaslServerAuthenticator``,
+KIP-43, KIP-152).
+
+A channel of a SASL listener gets a ``SaslAuthenticator`` (from ``SaslChannelBuilder.authenticator``); the
+processor hands it the frames the channel reads until it is ``complete``. They are read like requests, into pool
+memory (KIP-72), with ``sasl.server.max.receive.size`` as the frame limit. The exchange:
+
+1. ApiVersions (optional, KIP-35/KIP-511), answered by the broker's ``api_versions(payload)``;
+2. SaslHandshake: v1 makes the tokens SaslAuthenticate requests (KIP-152), v0 makes them raw size-prefixed
+   frames without a request header (KIP-43); a mechanism not enabled is answered UNSUPPORTED_SASL_MECHANISM
+   with the enabled list;
+3. the mechanism's tokens, until its server is complete: the principal is then ``User:<name>``.
+
+Any other request before that, or a failed exchange, ends the connection: ``handle`` returns ``FAILED`` with
+the response (SASL_AUTHENTICATION_FAILED and Kafka's message, or None), which the processor sends once
+``connection.failed.authentication.delay.ms`` has passed, then closes; bytes that cannot be read as a request
+(``CLOSE``) end it at once.
+"""
+import dataclasses
+import enum
+
+from kmem.errors import InvalidSaslCredentialsError, KmemError, SaslAuthenticationError
+from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, UnknownApiKeyError, UnsupportedVersionError,
+                           decode_request, decode_request_header, encode_response, error_response, messages)
+
+ANONYMOUS = "User:ANONYMOUS"
+# Kafka's Errors codes the authenticator answers with
+UNSUPPORTED_SASL_MECHANISM = 33
+ILLEGAL_SASL_STATE = 34
+SASL_AUTHENTICATION_FAILED = 58
+
+
+class Outcome(enum.Enum):
+    CONTINUE = "CONTINUE"   # send the response, read the next frame
+    FAILED = "FAILED"       # send the response (if any) after the failed-authentication delay, then close
+    CLOSE = "CLOSE"         # close now
+
+
+class SaslState(enum.Enum):
+    HANDSHAKE_OR_VERSIONS_REQUEST = "HANDSHAKE_OR_VERSIONS_REQUEST"
+    HANDSHAKE_REQUEST = "HANDSHAKE_REQUEST"
+    AUTHENTICATE = "AUTHENTICATE"
+    COMPLETE = "COMPLETE"
+    FAILED = "FAILED"
+
+
+@dataclasses.dataclass(frozen=True)
+class SaslChannelBuilder:
+    """What the channels of a SASL listener authenticate with (Kafka's ``SaslChannelBuilder``).
+
+    ``mechanisms`` has ``enabled`` (names) and ``server(name)``, a new exchange: ``evaluate(token)`` returns the
+    challenge and raises ``SaslAuthenticationError`` (its message goes to the client) or
+    ``InvalidSaslCredentialsError`` (the client gets Kafka's generic message); then ``complete``, ``username``.
+    ``api_versions(payload)`` answers an ApiVersions request (the encoded response)."""
+    mechanisms: object
+    api_versions: object
+    max_receive_size: int = 524288                  # sasl.server.max.receive.size
+    failed_authentication_delay_ms: int = 100       # connection.failed.authentication.delay.ms
+
+    def authenticator(self, connection_id):
+        return SaslAuthenticator(connection_id, self.mechanisms, self.api_versions)
+
+
+class SaslAuthenticator:
+    """One channel's exchange (see the module docstring): ``handle(payload)`` returns ``(response, Outcome)``;
+    ``complete``, ``principal`` and ``mechanism`` once authenticated."""
+
+    def __init__(self, connection_id, mechanisms, api_versions):
+        self.connection_id = connection_id
+        self._mechanisms = mechanisms
+        self._api_versions = api_versions
+        self.state = SaslState.HANDSHAKE_OR_VERSIONS_REQUEST
+        self.mechanism = None
+        self.principal = None
+        self.failure = None         # why it failed, for the log (never a secret)
+        self._server = None
+        self._kafka_headers = True  # SaslAuthenticate requests (handshake v1), else raw tokens (v0)
+
+    @property
+    def complete(self):
+        return self.state is SaslState.COMPLETE
+
+    def handle(self, payload):
+        try:
+            if self.state is SaslState.AUTHENTICATE:
+                if self._kafka_headers:
+                    return self._authenticate_request(payload)
+                return self._evaluate(bytes(payload), None)
+            return self._handshake_request(payload)
+        except (CorruptMessageError, UnsupportedVersionError, KmemError, ValueError) as e:
+            return self._fail(None, f"unreadable request during SASL authentication: {e}", Outcome.CLOSE)
+
+    def _fail(self, response, reason, outcome=Outcome.FAILED):
+        self.state = SaslState.FAILED
+        self.failure = reason
+        return response, outcome
+
+    def _handshake_request(self, payload):
+        try:
+            header, _ = decode_request_header(payload)
+        except UnknownApiKeyError as e:
+            # Kafka takes a first frame that is no request as a GSSAPI token (0.9 clients), which kmem does not serve
+            return self._fail(None, f"not a SaslHandshake request (api key {e.api_key}); GSSAPI is not served")
+        if header.api_key == ApiKey.API_VERSIONS and self.state is SaslState.HANDSHAKE_OR_VERSIONS_REQUEST:
+            low, high = SUPPORTED_VERSIONS[ApiKey.API_VERSIONS]
+            if low <= header.api_version <= high:
+                self.state = SaslState.HANDSHAKE_REQUEST
+            # else its answer is UNSUPPORTED_VERSION, and the client retries at a version both know (KIP-511)
+            return self._api_versions(payload), Outcome.CONTINUE
+        if header.api_key != ApiKey.SASL_HANDSHAKE:
+            return self._fail(None, f"unexpected Kafka request of type {header.api_key.name} during SASL handshake")
+        header, request = decode_request(payload)
+        enabled = list(self._mechanisms.enabled)
+        server = self._mechanisms.server(request.mechanism)
+        if server is None:
+            response = messages.SaslHandshakeResponse(error_code=UNSUPPORTED_SASL_MECHANISM, mechanisms=enabled)
+            return self._fail(encode_response(header, response), f"unsupported SASL mechanism {request.mechanism!r}")
+        self._server, self.mechanism = server, request.mechanism
+        self._kafka_headers = header.api_version >= 1
+        self.state = SaslState.AUTHENTICATE
+        return encode_response(header, messages.SaslHandshakeResponse(error_code=0, mechanisms=enabled)), \
+            Outcome.CONTINUE
+
+    def _authenticate_request(self, payload):
+        header, _ = decode_request_header(payload)
+        if header.api_key != ApiKey.SASL_AUTHENTICATE:
+            try:
+                body = error_response(header.api_key, header.api_version, ILLEGAL_SASL_STATE)
+                response = None if body is None else encode_response(header, body)
+            except (KmemError, ValueError):
+                response = None
+            return self._fail(response, f"unexpected Kafka request of type {header.api_key.name} during SASL "
+                                        "authentication")
+        header, request = decode_request(payload)
+        return self._evaluate(request.auth_bytes, header)
+
+    def _evaluate(self, token, header):
+        """The mechanism's answer to ``token``: a SaslAuthenticate response (``header``: the request's) or the
+        raw challenge (no header: after a v0 handshake)."""
+        try:
+            challenge = self._server.evaluate(token)
+        except SaslAuthenticationError as e:
+            return self._fail(self._authenticate_failure(header, str(e)), str(e))
+        except InvalidSaslCredentialsError as e:
+            message = f"Authentication failed during authentication due to invalid credentials with SASL " \
+                      f"mechanism {self.mechanism}"
+            return self._fail(self._authenticate_failure(header, message), str(e))
+        if self._server.complete:
+            self.state = SaslState.COMPLETE
+            self.principal = f"User:{self._server.username}"
+        if header is None:
+            return challenge, Outcome.CONTINUE
+        response = messages.SaslAuthenticateResponse(error_code=0, error_message=None, auth_bytes=challenge,
+                                                      session_lifetime_ms=0)
+        return encode_response(header, response), Outcome.CONTINUE
+
+    @staticmethod
+    def _authenticate_failure(header, message):
+        if header is None:
+            return None         # raw tokens have no error response: the connection just closes
+        return encode_response(header, messages.SaslAuthenticateResponse(
+            error_code=SASL_AUTHENTICATION_FAILED, error_message=message, auth_bytes=b"", session_lifetime_ms=0))
+
+    def __repr__(self):
+        return f"<SaslAuthenticator {self.connection_id} {self.state.name} {self.mechanism or ''}>"
