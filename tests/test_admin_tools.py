@@ -16,6 +16,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from broker_helpers import wait_for
 from kmem.cli import main
 from kmem.pytest_plugin import start_broker
+from mock_cluster import MockCluster
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "bench"))
 from peers import Tansu  # noqa: E402
@@ -376,6 +377,18 @@ def test_topics_on_tansu(capsys, tansu):
     assert "elsewhere" in topics(capsys, tansu, "--list")[1].splitlines()
     assert topics(capsys, tansu, "--delete", "--topic", "elsewhere") == (0, "", "")
     assert "elsewhere" not in topics(capsys, tansu, "--list")[1].splitlines()
+
+
+def test_on_librdkafkas_mock_cluster_listing_works_and_what_it_does_not_serve_is_named(capsys):
+    cluster = MockCluster()
+    try:
+        cluster.create_topic("mocked", 2)
+        assert topics(capsys, cluster.bootstrap, "--list") == (0, "mocked\n", "")
+        code, out, err = topics(capsys, cluster.bootstrap, "--create", "--topic", "new")
+        assert code == 1 and out == ""
+        assert one_error_line(err, "topics").endswith("does not serve CREATE_TOPICS: UNSUPPORTED_VERSION")
+    finally:
+        cluster.close()
 
 
 # --- the command line --------------------------------------------------------------------------------
