@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from broker_helpers import wait_for
+from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from kmem.cli import main
 from kmem.pytest_plugin import start_broker
 from mock_cluster import MockCluster
@@ -26,10 +27,24 @@ OFFSETS_HEADER = ["GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFS
 
 
 @pytest.fixture(scope="module")
-def kmem_broker(tmp_path_factory):
+def kmem_server(tmp_path_factory):
     broker = start_broker(tmp_path_factory.mktemp("admin-logs"))
-    yield broker.bootstrap_servers
+    yield broker
     broker.close()
+
+
+@pytest.fixture(scope="module")
+def kmem_broker(kmem_server):
+    return kmem_server.bootstrap_servers
+
+
+@pytest.fixture(scope="module")
+def java_admin(tmp_path_factory):
+    """Apache's Java AdminClient (tests/java/KafkaClientProbe.java), skipped without a JDK or the jars."""
+    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256), wheel_jar("slf4j-api.jar")]
+    running = start_probe(tmp_path_factory.mktemp("java-probe"), "KafkaClientProbe.java", classpath)
+    yield running
+    running.close()
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +87,7 @@ def one_error_line(err, command):
 # --- kmem topics -------------------------------------------------------------------------------------
 
 
-def test_create_list_describe_alter_and_delete_a_topic(capsys, kmem_broker):
+def test_create_list_describe_alter_and_delete_a_topic(capsys, kmem_broker, kmem_server):
     assert topics(capsys, kmem_broker, "--create", "--topic", "orders", "--partitions", 3,
                   "--config", "cleanup.policy=compact", "--config", "retention.ms=60000") == \
         (0, "Created topic orders.\n", "")
@@ -84,6 +99,7 @@ def test_create_list_describe_alter_and_delete_a_topic(capsys, kmem_broker):
     topic_id = re.fullmatch(r"Topic: orders\tTopicId: ([\w-]{22})\tPartitionCount: 3\tReplicationFactor: 1\t"
                             r"Configs: (.*)", first)
     assert topic_id, first
+    assert topic_id.group(1) == kmem_server.logs.topics()["orders"].topic_id
     assert sorted(topic_id.group(2).split(",")) == ["cleanup.policy=compact", "retention.ms=60000"]
     assert partitions == [f"\tTopic: orders\tPartition: {p}\tLeader: 0\tReplicas: 0\tIsr: 0" for p in range(3)]
 
@@ -312,6 +328,21 @@ def test_describe_shows_the_lag_the_group_members_positions_imply(capsys, bootst
     assert code == 0 and group in out.splitlines()
     assert groups(capsys, bootstrap, "--delete", "--group", group) == \
         (0, f"Deletion of requested consumer groups ('{group}') was successful.\n", "")
+
+
+def test_the_lag_is_what_javas_admin_client_computes(capsys, kmem_broker, java_admin):
+    topic, group = "java-lag", "java-lag-group"
+    assert topics(capsys, kmem_broker, "--create", "--topic", topic, "--partitions", 3)[0] == 0
+    produce(kmem_broker, topic, 3, 5)
+    consumer = consume_and_commit(kmem_broker, topic, group, 7, 3)
+    try:
+        code, out, _ = groups(capsys, kmem_broker, "--describe", "--group", group)
+        java = java_admin("group-lag", kmem_broker, group)
+    finally:
+        consumer.close()
+    assert code == 0 and "error" not in java and java
+    shown = {f"{t}-{p}": row[3:6] for (t, p), row in offset_rows(out).items() if row[3] != "-"}
+    assert shown == {tp: [str(figure) for figure in figures] for tp, figures in java.items()}
 
 
 def test_members_and_state_views(capsys, kmem_broker):
