@@ -147,6 +147,18 @@ def test_an_unknown_topic_is_one_line_naming_how_to_list_the_topics_and_exit_1(c
         "kmem topics: error: topic 'no-such-topic' does not exist: kmem topics --list shows the topics"
 
 
+def test_an_internal_topic_is_not_deleted(capsys, kmem_broker):
+    assert topics(capsys, kmem_broker, "--create", "--topic", "committed-to")[0] == 0
+    consumer = Consumer({"bootstrap.servers": kmem_broker, "group.id": "makes-offsets-topic"})
+    consumer.commit(offsets=[TopicPartition("committed-to", 0, 0)], asynchronous=False)
+    consumer.close()
+    code, out, err = topics(capsys, kmem_broker, "--delete", "--topic", "__consumer_offsets")
+    assert code == 1 and out == ""
+    assert one_error_line(err, "topics") == ("kmem topics: error: topic '__consumer_offsets' is a Kafka internal "
+                                             "topic and is not allowed to be deleted")
+    assert "__consumer_offsets" in topics(capsys, kmem_broker, "--list")[1].splitlines()
+
+
 def test_if_exists_accepts_a_missing_topic(capsys, kmem_broker):
     assert topics(capsys, kmem_broker, "--delete", "--topic", "gone", "--if-exists") == (0, "", "")
 
@@ -182,7 +194,7 @@ def test_arguments_argparse_refuses_exit_2(capsys, args):
     assert code == 2 and out == "" and "error:" in err.splitlines()[-1]
 
 
-@pytest.mark.parametrize("server", ["localhost", "localhost:port", ":9092", "localhost:70000"])
+@pytest.mark.parametrize("server", ["localhost", "localhost:port", ":9092", "localhost:70000", "x"])
 def test_a_bootstrap_server_that_is_not_host_port_is_refused(capsys, server):
     code, _, err = topics(capsys, server, "--list")
     assert code == 2
@@ -190,6 +202,11 @@ def test_a_bootstrap_server_that_is_not_host_port_is_refused(capsys, server):
 
 
 # --- reaching the broker -----------------------------------------------------------------------------
+
+
+def test_an_empty_bootstrap_server_is_refused(capsys):
+    code, _, err = topics(capsys, " , ", "--list")
+    assert code == 2 and one_error_line(err, "topics") == "kmem topics: error: no bootstrap server given: HOST:PORT"
 
 
 def test_a_refused_bootstrap_server_is_one_line_and_exit_3(capsys):

@@ -49,8 +49,9 @@ class AdminError(KafkaError):
     """A broker answered an admin request with an error code: ``code`` is Kafka's, ``name`` its name."""
 
     def __init__(self, message, code):
-        super().__init__(f"{message}: {error_name(code)}")
-        self.code, self.name = code, error_name(code)
+        name = error_name(code)
+        super().__init__(message if name in message else f"{message}: {name}")
+        self.code, self.name = code, name
 
 
 class UnsupportedApiError(AdminError):
@@ -58,6 +59,10 @@ class UnsupportedApiError(AdminError):
 
     def __init__(self, message):
         super().__init__(message, UNSUPPORTED_VERSION)
+
+
+class RequestTimedOutError(KafkaConnectionError):
+    """A broker did not answer a request within ``request_timeout_ms`` (its connection is closed)."""
 
 
 class MalformedResponseError(KmemError):
@@ -76,12 +81,14 @@ def topic_id_text(topic_id):
 def parse_bootstrap(servers):
     """``[(host, port)]`` of ``"host:port,host:port"``; raises ``InvalidArgumentError`` naming a bad one."""
     addresses = []
-    for server in (s.strip() for s in str(servers).split(",")):
+    for server in (s.strip() for s in str(servers).split(",") if s.strip()):     # as Kafka's ClientUtils
         host, sep, port = server.rpartition(":")
         host = host.strip("[]")         # an IPv6 literal: [::1]:9092
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InvalidArgumentError(f"bootstrap server {server!r} is not HOST:PORT")
         addresses.append((host, int(port)))
+    if not addresses:
+        raise InvalidArgumentError("no bootstrap server given: HOST:PORT")
     return addresses
 
 
@@ -162,6 +169,8 @@ class AdminClient:
         reason = getattr(error, "reason", None)
         if isinstance(reason, CorruptMessageError):
             raise MalformedResponseError(f"the broker's answer is malformed: {reason}") from None
+        if isinstance(reason, TimeoutError) or not answers:
+            raise RequestTimedOutError(str(error)) from None
         if isinstance(error, KafkaConnectionError):
             raise error
         raise KafkaConnectionError(f"{ApiKey(body.API_KEY).name}: {error}") from None

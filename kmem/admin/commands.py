@@ -50,7 +50,7 @@ def add_commands(commands):
 
 def run(module, args):
     """Run a command: its exit code, with an error as one line on stderr."""
-    from kmem.admin.client import AdminClient, AdminError, MalformedResponseError
+    from kmem.admin.client import AdminClient, AdminError, MalformedResponseError, RequestTimedOutError
     from kmem.consumer.errors import KafkaConnectionError
     from kmem.errors import KmemError
 
@@ -79,6 +79,10 @@ def run(module, args):
     except CommandError as exc:
         print(f"{prefix} {exc}", file=sys.stderr)
         return exc.exit_code
+    except RequestTimedOutError as exc:
+        print(f"{prefix} {exc}: is it a Kafka broker? if it is busy, give it longer with request.timeout.ms in "
+              "--command-config", file=sys.stderr)
+        return UNREACHABLE
     except KafkaConnectionError as exc:
         print(f"{prefix} {exc}: check --bootstrap-server and that the broker is running", file=sys.stderr)
         return UNREACHABLE

@@ -1,5 +1,6 @@
 """``kmem topics``: Kafka's ``kafka-topics.sh`` (its ``TopicCommand``) over any Kafka broker: --list,
 --describe, --create, --delete and --alter --partitions, with its options and output lines."""
+import argparse
 import re
 
 from kmem.admin.commands import BAD_ARGUMENTS, CommandError
@@ -20,6 +21,7 @@ does (its options, its output). One action a run:
 --topic is a regular expression for --list and --describe (as Kafka's), a topic's name otherwise."""
 
 TOPIC_ALREADY_EXISTS = 36   # Kafka's Errors.TOPIC_ALREADY_EXISTS
+INT32_MAX, INT16_MAX = 2 ** 31 - 1, 2 ** 15 - 1     # CreateTopics' num_partitions, replication_factor
 TOPIC_RESOURCE = 2          # Kafka's ConfigResource.Type.TOPIC
 DEFAULT_CONFIG = 5          # Kafka's ConfigEntry.ConfigSource.DEFAULT_CONFIG
 
@@ -33,9 +35,9 @@ def add_arguments(parser):
     actions.add_argument("--delete", action="store_true", help="delete --topic")
     actions.add_argument("--alter", action="store_true", help="add partitions to --topic (--partitions)")
     parser.add_argument("--topic", help="the topic (for --list and --describe: a regular expression)")
-    parser.add_argument("--partitions", type=_count, help="partitions of a new topic (default: the broker's "
+    parser.add_argument("--partitions", type=_count(INT32_MAX), help="partitions of a new topic (default: the broker's "
                                                             "num.partitions), or the count --alter grows it to")
-    parser.add_argument("--replication-factor", type=_count, help="replicas of each partition of a new topic "
+    parser.add_argument("--replication-factor", type=_count(INT16_MAX), help="replicas of each partition of a new topic "
                                                                     "(default: the broker's default.replication.factor)")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="a topic config of a new topic, e.g. cleanup.policy=compact; repeatable")
@@ -45,11 +47,13 @@ def add_arguments(parser):
                         help="--list, --describe: leave out internal topics (__consumer_offsets, ...)")
 
 
-def _count(text):
-    import argparse
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
-    return int(text)
+def _count(highest):
+    """An argparse type: a whole number from 1 to ``highest`` (the protocol field's range)."""
+    def count(text):
+        if not text.strip().isdigit() or not 1 <= int(text) <= highest:
+            raise argparse.ArgumentTypeError(f"must be an integer from 1 to {highest}, not {text!r}")
+        return int(text)
+    return count
 
 
 def check_arguments(args):
@@ -168,6 +172,9 @@ def delete_topic(client, args):
     from kmem.admin.client import UNKNOWN_TOPIC_OR_PARTITION, check
     from kmem.protocol import messages
 
+    listed = client.metadata([args.topic]).topics
+    if listed and listed[0].is_internal:         # as Kafka's TopicCommand, which refuses it before asking
+        raise CommandError(f"topic {args.topic!r} is a Kafka internal topic and is not allowed to be deleted")
     Request = messages.DeleteTopicsRequest
     response = client.controller_request(Request(topics=[Request.DeleteTopicState(name=args.topic)],
                                                  topic_names=[args.topic], timeout_ms=client.request_timeout_ms))
