@@ -159,8 +159,10 @@ def test_an_internal_topic_is_not_deleted(capsys, kmem_broker):
     assert "__consumer_offsets" in topics(capsys, kmem_broker, "--list")[1].splitlines()
 
 
-def test_if_exists_accepts_a_missing_topic(capsys, kmem_broker):
-    assert topics(capsys, kmem_broker, "--delete", "--topic", "gone", "--if-exists") == (0, "", "")
+@pytest.mark.parametrize("action", [["--describe", "--if-exists"], ["--delete", "--if-exists"],
+                                    ["--alter", "--partitions", "2", "--if-exists"], ["--list"]])
+def test_a_missing_topic_is_no_error_with_if_exists_nor_for_list(capsys, kmem_broker, action):
+    assert topics(capsys, kmem_broker, *action, "--topic", "gone") == (0, "", "")
 
 
 def test_an_invalid_config_or_partition_count_is_the_brokers_reason_in_one_line(capsys, kmem_broker):

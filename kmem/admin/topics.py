@@ -41,7 +41,8 @@ def add_arguments(parser):
                                                                     "(default: the broker's default.replication.factor)")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="a topic config of a new topic, e.g. cleanup.policy=compact; repeatable")
-    parser.add_argument("--if-exists", action="store_true", help="--delete, --alter: a missing topic is no error")
+    parser.add_argument("--if-exists", action="store_true", help="--describe, --delete, --alter: a missing topic "
+                                                                 "is no error")
     parser.add_argument("--if-not-exists", action="store_true", help="--create: an existing topic is no error")
     parser.add_argument("--exclude-internal", action="store_true",
                         help="--list, --describe: leave out internal topics (__consumer_offsets, ...)")
@@ -63,7 +64,7 @@ def check_arguments(args):
         raise CommandError("--alter needs --partitions (the new partition count)", BAD_ARGUMENTS)
     for option, allowed in (("partitions", args.create or args.alter), ("replication_factor", args.create),
                             ("config", args.create), ("if_not_exists", args.create),
-                            ("if_exists", args.delete or args.alter),
+                            ("if_exists", args.delete or args.alter or args.describe),
                             ("exclude_internal", args.list or args.describe)):
         if getattr(args, option) and not allowed:
             raise CommandError(f"--{option.replace('_', '-')} does not apply to --{_action(args)}", BAD_ARGUMENTS)
@@ -95,7 +96,7 @@ def _matching(client, args):
         topics = [t for t in topics if not t.is_internal]
     if args.topic is not None:
         topics = [t for t in topics if args.pattern.fullmatch(t.name)]
-        if not topics:
+        if not topics and args.describe and not args.if_exists:       # --list: nothing to list, as Kafka's
             raise CommandError(f"topic {args.topic!r} does not exist: kmem topics --list shows the topics")
     return sorted(topics, key=lambda t: t.name)
 
