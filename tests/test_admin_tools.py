@@ -389,6 +389,33 @@ def test_members_and_state_views(capsys, kmem_broker):
         consumer.close()
 
 
+def test_a_member_without_partitions_has_a_row_of_its_own(capsys, kmem_broker):
+    topic, group = "one-partition", "two-members"
+    assert topics(capsys, kmem_broker, "--create", "--topic", topic, "--partitions", 1)[0] == 0
+    members = [Consumer({"bootstrap.servers": kmem_broker, "group.id": group, "client.id": f"member-{n}"})
+               for n in range(2)]
+    try:
+        for member in members:
+            member.subscribe([topic])
+
+        def both_joined():
+            for member in members:
+                member.poll(0.1)
+            return all(m.memberid() for m in members) and sum(len(m.assignment()) for m in members) == 1 and \
+                groups(capsys, kmem_broker, "--describe", "--group", group, "--state")[1].split()[-2:] == \
+                ["Stable", "2"]
+        wait_for(both_joined, "both members in the group")
+        code, out, _ = groups(capsys, kmem_broker, "--describe", "--group", group)
+        owner, idle = sorted(range(2), key=lambda n: -len(members[n].assignment()))
+        expected = [[group, topic, "0", "-", "0", "-", members[owner].memberid(), "/127.0.0.1", f"member-{owner}"],
+                    [group, "-", "-", "-", "-", "-", members[idle].memberid(), "/127.0.0.1", f"member-{idle}"]]
+    finally:
+        for member in members:
+            member.close()
+    assert code == 0
+    assert [line.split() for line in out.splitlines()[2:]] == expected
+
+
 @pytest.mark.parametrize("action", ["--describe", "--delete"])
 def test_an_unknown_group_is_one_line_and_exit_1(capsys, kmem_broker, action):
     code, out, err = groups(capsys, kmem_broker, action, "--group", "no-such-group")

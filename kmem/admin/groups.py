@@ -22,7 +22,7 @@ List, describe and delete consumer groups on any Kafka broker, as Kafka's kafka-
 
 --describe shows, per partition the group is assigned or has committed: CURRENT-OFFSET (the committed
 offset), LOG-END-OFFSET, LAG (their difference; '-' without a committed offset) and the consumer that
-has it ('-' for none)."""
+has it ('-' for none); a member without partitions has a row of its own."""
 
 MISSING = "-"                   # Kafka's MISSING_COLUMN_VALUE
 CONSUMER_PROTOCOL = "consumer"
@@ -180,6 +180,10 @@ def _offset_rows(client, group_id, coordinator, group):
         lag = log_end - offset if offset is not None and log_end is not None else None
         rows.append((group_id, tp[0], tp[1], *(MISSING if v is None else v for v in (offset, log_end, lag)),
                      *((member.member_id, member.client_host, member.client_id) if member else (MISSING,) * 3)))
+    # a member without partitions has a row too, as in Kafka's tool
+    owning = {id(member) for member in owners.values()}
+    rows += [(group_id, *(MISSING,) * 5, member.member_id, member.client_host, member.client_id)
+             for member in group.members if id(member) not in owning]
     return rows
 
 
