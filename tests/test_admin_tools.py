@@ -147,6 +147,12 @@ def test_an_unknown_topic_is_one_line_naming_how_to_list_the_topics_and_exit_1(c
         "kmem topics: error: topic 'no-such-topic' does not exist: kmem topics --list shows the topics"
 
 
+def test_a_name_too_long_for_the_protocol_is_one_line_not_a_traceback(capsys, kmem_broker):
+    code, out, err = topics(capsys, kmem_broker, "--create", "--topic", "x" * 40000)
+    assert code == 1 and out == ""
+    assert "CreateTopicsRequest" in one_error_line(err, "topics")
+
+
 def test_an_internal_topic_is_not_deleted(capsys, kmem_broker):
     assert topics(capsys, kmem_broker, "--create", "--topic", "committed-to")[0] == 0
     consumer = Consumer({"bootstrap.servers": kmem_broker, "group.id": "makes-offsets-topic"})

@@ -89,6 +89,9 @@ def run(module, args):
     except (AdminError, MalformedResponseError) as exc:
         print(f"{prefix} {exc}", file=sys.stderr)
         return REFUSED
+    except KmemError as exc:        # anything else kmem refused (a value a message cannot carry): one line too
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return REFUSED
     except BrokenPipeError:         # stdout closed early (| head): what was asked for is out
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())    # no second error at exit's flush
         return DONE
