@@ -422,6 +422,41 @@ def test_a_member_without_partitions_has_a_row_of_its_own(capsys, kmem_broker):
     assert [line.split() for line in out.splitlines()[2:]] == expected
 
 
+@pytest.mark.parametrize("api", ["DESCRIBE_GROUPS", "OFFSET_FETCH", "DELETE_GROUPS"])
+def test_a_coordinator_loading_the_group_is_asked_again(capsys, kmem_broker, kmem_server, monkeypatch, api):
+    """COORDINATOR_LOAD_IN_PROGRESS (a coordinator reading __consumer_offsets after it took the group over)
+    is retried, as Kafka's admin client retries it, not reported."""
+    from kmem.protocol import ApiKey, messages
+
+    group = f"loading-{api.lower()}"
+    assert topics(capsys, kmem_broker, "--create", "--topic", group)[0] == 0
+    consumer = Consumer({"bootstrap.servers": kmem_broker, "group.id": group})
+    consumer.commit(offsets=[TopicPartition(group, 0, 0)], asynchronous=False)
+    consumer.close()
+    methods = kmem_server.server.handler._methods
+    answer, loading = methods[ApiKey[api]], []
+
+    def loading_once(header, body):
+        if loading:
+            return answer(header, body)
+        loading.append(header.api_version)
+        if api == "DELETE_GROUPS":      # answered without deleting
+            Response = messages.DeleteGroupsResponse
+            return Response(throttle_time_ms=0, results=[Response.DeletableGroupResult(group_id=group,
+                                                                                       error_code=14)])
+        response = answer(header, body)
+        for result in getattr(response, "groups", None) or [response]:
+            result.error_code = 14      # COORDINATOR_LOAD_IN_PROGRESS
+        return response
+    monkeypatch.setitem(methods, ApiKey[api], loading_once)
+    code, out, err = groups(capsys, kmem_broker, "--delete" if api == "DELETE_GROUPS" else "--describe",
+                            "--group", group)
+    assert loading and (code, err) == (0, "\nConsumer group '{group}' has no active members.\n".format(group=group)
+                                       if api != "DELETE_GROUPS" else "")
+    if api == "OFFSET_FETCH":
+        assert offset_rows(out)[(group, 0)][3:6] == ["0", "0", "0"]
+
+
 @pytest.mark.parametrize("action", ["--describe", "--delete"])
 def test_an_unknown_group_is_one_line_and_exit_1(capsys, kmem_broker, action):
     code, out, err = groups(capsys, kmem_broker, action, "--group", "no-such-group")

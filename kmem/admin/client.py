@@ -41,7 +41,8 @@ ERROR_NAMES = {
 }
 UNSUPPORTED_VERSION = 35
 UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 3, 14, 15, 16
-RETRIABLE = {5, 6, 7, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR, 41}
+COORDINATOR_MOVED_OR_LOADING = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
+RETRIABLE = {5, 6, 7, 41, *COORDINATOR_MOVED_OR_LOADING}
 GROUP_KEY = 0                       # FindCoordinator's key type of a consumer group
 
 
@@ -110,6 +111,7 @@ class AdminClient:
         self.controller_id = -1
         self.cluster_id = None
         self._any = None                # the channel of the connection used for "any broker"
+        self._coordinators = {}         # group id -> its coordinator's node id
 
     # --- connections and requests ---------------------------------------------------------------------
 
@@ -193,21 +195,35 @@ class AdminClient:
         node = self.controller_id if self.controller_id in self.brokers else None
         return self.request(body, node)
 
-    def coordinator(self, group_id):
-        """The node id of ``group_id``'s coordinator (FindCoordinator, retried while it loads)."""
+    def coordinator(self, group_id, refresh=False):
+        """The node id of ``group_id``'s coordinator (FindCoordinator, retried while it loads; remembered
+        unless ``refresh``)."""
+        if not refresh and group_id in self._coordinators:
+            return self._coordinators[group_id]
         deadline = time.monotonic() + self._request_timeout
         while True:
             response = self.request(messages.FindCoordinatorRequest(key=group_id, key_type=GROUP_KEY))
             if response.error_code == 0:
                 self.brokers.setdefault(response.node_id, (response.host, response.port))
+                self._coordinators[group_id] = response.node_id
                 return response.node_id
             if response.error_code not in RETRIABLE or time.monotonic() > deadline:
                 raise AdminError(f"no coordinator for group {group_id!r}", response.error_code)
             time.sleep(0.1)
 
-    def group_request(self, group_id, body):
-        """``body`` sent to ``group_id``'s coordinator."""
-        return self.request(body, self.coordinator(group_id))
+    def group_request(self, group_id, body, error_of=None):
+        """``body`` sent to ``group_id``'s coordinator. While ``error_of(response)`` says the coordinator
+        is loading the group or has moved, it is found again and asked again (as Kafka's admin client
+        does), for up to ``request_timeout_ms``."""
+        deadline = time.monotonic() + self._request_timeout
+        refresh = False
+        while True:
+            response = self.request(body, self.coordinator(group_id, refresh))
+            refresh = True
+            if error_of is None or error_of(response) not in COORDINATOR_MOVED_OR_LOADING or \
+                    time.monotonic() > deadline:
+                return response
+            time.sleep(0.1)
 
     def close(self):
         self._client.close()

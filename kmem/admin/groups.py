@@ -95,10 +95,9 @@ def _described(client, group_id):
     from kmem.admin.client import check
     from kmem.protocol import messages
 
-    coordinator = client.coordinator(group_id)
-    response = client.request(messages.DescribeGroupsRequest(groups=[group_id],
-                                                             include_authorized_operations=False), coordinator)
-    group = response.groups[0]
+    response = client.group_request(group_id, messages.DescribeGroupsRequest(
+        groups=[group_id], include_authorized_operations=False), lambda r: r.groups[0].error_code)
+    coordinator, group = client.coordinator(group_id), response.groups[0]
     check(group.error_code, f"cannot describe group {group_id!r}", group.error_message)
     if group.group_state == "Dead":
         raise CommandError(f"consumer group {group_id!r} does not exist: kmem groups --list shows the groups")
@@ -135,7 +134,7 @@ def describe_groups(client, args, group_ids):
                 print_table(("GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"), rows,
                             {0: 15, 1: 15, 2: 15, 3: 15})
             continue
-        rows = _offset_rows(client, group_id, coordinator, group)
+        rows = _offset_rows(client, group_id, group)
         if rows:
             print()
             print_table(("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
@@ -156,14 +155,15 @@ def _assignment(group, member):
         return []
 
 
-def _offset_rows(client, group_id, coordinator, group):
+def _offset_rows(client, group_id, group):
     from kmem.admin.client import check
     from kmem.protocol import messages
 
     Request = messages.OffsetFetchRequest
-    response = client.request(Request(group_id=group_id, topics=None, require_stable=False,    # v0-7
-                                      groups=[Request.OffsetFetchRequestGroup(group_id=group_id, topics=None)]),
-                              coordinator)
+    response = client.group_request(group_id, Request(
+        group_id=group_id, topics=None, require_stable=False,                                 # v0-7
+        groups=[Request.OffsetFetchRequestGroup(group_id=group_id, topics=None)]),
+        lambda r: (r.groups[0] if r.groups else r).error_code)
     answer = response.groups[0] if response.groups else response                             # v8+: per group
     check(answer.error_code, f"cannot fetch the offsets of group {group_id!r}")
     committed = {}
@@ -222,7 +222,8 @@ def delete_groups(client, args, group_ids):
 
     deleted = []
     for group_id in group_ids:
-        response = client.group_request(group_id, messages.DeleteGroupsRequest(groups_names=[group_id]))
+        response = client.group_request(group_id, messages.DeleteGroupsRequest(groups_names=[group_id]),
+                                        lambda r: r.results[0].error_code)
         code = response.results[0].error_code
         if code == NON_EMPTY_GROUP:
             raise CommandError(f"consumer group {group_id!r} has active members: stop its consumers, then delete it")
