@@ -35,6 +35,7 @@ exit codes:
   3  nothing to do: no Kafka log segments under the input directory (a warning says so)"""
 
 DONE, PARTIAL, FAILED, NOTHING_TO_DO = 0, 1, 2, 3
+ADMIN_COMMANDS = ("topics", "groups")       # kmem.admin.commands: Kafka's tools over any broker
 # what kmem pipeline imports, the spark extra of pyproject.toml
 SPARK_EXTRA = ("pyspark", "pyarrow", "matplotlib", "tqdm")
 
@@ -45,7 +46,7 @@ def main(argv=None):
 
     parser = _parser(kmem.__version__)
     args = parser.parse_args(argv)
-    if args.command in ("broker", "scram"):
+    if args.command in ("broker", "scram", *ADMIN_COMMANDS):
         return args.run(args)
     _log_warnings_to_stderr()
     missing = [name for name in SPARK_EXTRA if importlib.util.find_spec(name) is None]
@@ -62,6 +63,8 @@ def main(argv=None):
 
 
 def _parser(version):
+    from kmem.admin.commands import add_commands as add_admin_commands
+
     def parser_of(add, name, **kwargs):
         return add(name, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
 
@@ -72,6 +75,7 @@ def _parser(version):
     commands = parser.add_subparsers(dest="command", required=True)
     add_broker_command(commands)
     add_scram_command(commands)
+    add_admin_commands(commands)
     pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
                          description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
                                      "offset>.log), on embedded local Spark or on the cluster given by --master. "

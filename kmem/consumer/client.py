@@ -57,8 +57,14 @@ class NetworkClient:
     """Connections by id (a broker's node id, or a name) to addresses, over one selector and pool."""
 
     def __init__(self, pool, *, client_id, request_timeout_ms, reconnect_backoff_ms, reconnect_backoff_max_ms,
-                 ssl_context=None, coordinator_max_receive_bytes):
+                 ssl_context=None, coordinator_max_receive_bytes, max_versions=MAX_VERSIONS,
+                 min_versions=MIN_VERSIONS, connect_timeout_ms=None):
+        """``max_versions``/``min_versions``: the version range of each API this client sends (the
+        consumer's by default); ``connect_timeout_ms`` bounds a TCP connect (default: the request timeout)."""
         self.selector = Selector(pool)
+        self._max_versions = max_versions
+        self._min_versions = min_versions
+        self._connect_timeout = (request_timeout_ms if connect_timeout_ms is None else connect_timeout_ms) / 1000.0
         self._client_id = client_id
         self._request_timeout = request_timeout_ms / 1000.0
         self._reconnect_backoff = reconnect_backoff_ms / 1000.0
@@ -115,7 +121,7 @@ class NetworkClient:
         try:
             channel = self.selector.connect(channel_id, (host, port), ssl_context=self._ssl_context,
                                             server_hostname=host if self._ssl_context else None,
-                                            priority=priority, timeout=self._request_timeout or None)
+                                            priority=priority, timeout=self._connect_timeout or None)
         except OSError as exc:
             self._failed(channel_id, address, exc)
             raise KafkaConnectionError(f"cannot connect to {host}:{port}: {exc}") from None
@@ -149,11 +155,15 @@ class NetworkClient:
         """The version a request of ``api_key`` goes out at on this (negotiated) connection."""
         conn = self._connections[channel_id]
         low, high = conn.versions.get(api_key, (0, -1))
-        version = min(high, MAX_VERSIONS[api_key])
-        if version < max(low, MIN_VERSIONS.get(api_key, 0)):
-            raise KafkaConnectionError(f"broker at {conn.address} supports {ApiKey(api_key).name} "
-                                       f"v{low}-{high}; this consumer needs v{MIN_VERSIONS.get(api_key, 0)}"
-                                       f"-{MAX_VERSIONS[api_key]}")
+        wanted_low, wanted_high = self._min_versions.get(api_key, 0), self._max_versions[api_key]
+        version = min(high, wanted_high)
+        if version < max(low, wanted_low):
+            if high < 0:
+                raise KafkaConnectionError(f"the broker at {conn.address[0]}:{conn.address[1]} does not serve "
+                                           f"{ApiKey(api_key).name}")
+            raise KafkaConnectionError(f"the broker at {conn.address[0]}:{conn.address[1]} supports "
+                                       f"{ApiKey(api_key).name} v{low}-{high}; this client needs "
+                                       f"v{wanted_low}-{wanted_high}")
         return version
 
     def send(self, channel_id, body, callback, *, keep_receive=False):

@@ -16,6 +16,8 @@ import java.util.concurrent.TimeUnit;
 import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.DescribeProducersResult.PartitionProducerState;
+import org.apache.kafka.clients.admin.ListOffsetsResult.ListOffsetsResultInfo;
+import org.apache.kafka.clients.admin.OffsetSpec;
 import org.apache.kafka.clients.admin.ProducerState;
 import org.apache.kafka.clients.admin.TransactionDescription;
 import org.apache.kafka.clients.admin.TransactionListing;
@@ -51,6 +53,7 @@ import org.apache.kafka.common.Uuid;
  *   transactions BOOTSTRAP TXID...                     Admin.listTransactions and describeTransactions
  *   producers BOOTSTRAP TOPIC PARTITION                Admin.describeProducers
  *   abort-txn BOOTSTRAP TOPIC PARTITION PID EPOCH COORDINATOR_EPOCH   Admin.abortTransaction
+ *   group-lag BOOTSTRAP GROUP                          a group's committed offsets, log end offsets and lag, by Admin
  *
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
@@ -88,6 +91,7 @@ public class KafkaClientProbe {
             case "abort-txn": return abortTransaction(a[0], new TopicPartition(a[1], Integer.parseInt(a[2])),
                                                       Long.parseLong(a[3]), Short.parseShort(a[4]),
                                                       Integer.parseInt(a[5]));
+            case "group-lag": return groupLag(a[0], a[1]);
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
@@ -492,6 +496,25 @@ public class KafkaClientProbe {
         }
         Map<String, Object> answer = new LinkedHashMap<>();
         answer.put("producers", producers);
+        return answer;
+    }
+
+    /** {"topic-partition": [committed offset, log end offset, lag]} of each partition GROUP committed, by the
+     * Admin calls kafka-consumer-groups.sh makes: listConsumerGroupOffsets, then listOffsets latest. */
+    static Object groupLag(String bootstrap, String group) throws Exception {
+        Map<String, Object> answer = new LinkedHashMap<>();
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            Map<TopicPartition, OffsetAndMetadata> committed = admin.listConsumerGroupOffsets(group)
+                .partitionsToOffsetAndMetadata().get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+            Map<TopicPartition, OffsetSpec> latest = new LinkedHashMap<>();
+            for (TopicPartition tp : committed.keySet()) latest.put(tp, OffsetSpec.latest());
+            Map<TopicPartition, ListOffsetsResultInfo> ends = admin.listOffsets(latest).all()
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+            for (Map.Entry<TopicPartition, OffsetAndMetadata> entry : committed.entrySet()) {
+                long offset = entry.getValue().offset(), end = ends.get(entry.getKey()).offset();
+                answer.put(entry.getKey().toString(), List.of(offset, end, end - offset));
+            }
+        }
         return answer;
     }
 

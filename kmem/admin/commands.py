@@ -1,0 +1,137 @@
+"""``kmem topics`` and ``kmem groups``: Kafka's ``kafka-topics.sh`` and ``kafka-consumer-groups.sh`` as kmem
+commands, with their options and output, talking to any Kafka broker over the protocol (``AdminClient``).
+
+What they share lives here: ``--bootstrap-server`` and ``--command-config`` (Kafka's client properties;
+plaintext only for now), the one-line errors and the exit codes.
+"""
+import argparse
+import logging
+import os
+import sys
+
+ADMIN_EXIT_CODES = """\
+exit codes:
+  0  done
+  1  the broker refused or reported an error (an unknown topic or group, a topic that exists, ...)
+  2  bad arguments or --command-config (nothing was sent)
+  3  no broker reachable at --bootstrap-server, or no answer within request.timeout.ms"""
+
+DONE, REFUSED, BAD_ARGUMENTS, UNREACHABLE = 0, 1, 2, 3
+
+# the client properties of --command-config the tools honour (Kafka's names and AdminClient defaults)
+CLIENT_DEFAULTS = {"client.id": "kmem-admin", "request.timeout.ms": 30000, "socket.connection.setup.timeout.ms": 10000}
+# settings that ask for what the tools cannot do yet: refused rather than silently sent in plaintext
+SECURITY_PREFIXES = ("ssl.", "sasl.")
+
+
+class CommandError(Exception):
+    """A one-line error of a command, with its exit code."""
+
+    def __init__(self, message, exit_code=REFUSED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def add_commands(commands):
+    """Register ``kmem topics`` and ``kmem groups`` on the ``kmem`` command's subparsers."""
+    from kmem.admin import groups, topics
+
+    for module in (topics, groups):
+        parser = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
+                                     epilog=ADMIN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
+                            help="the broker(s) to connect to: HOST:PORT, or several separated by commas")
+        parser.add_argument("--command-config", metavar="FILE",
+                            help="client properties (Kafka's names): client.id, request.timeout.ms, "
+                                 "socket.connection.setup.timeout.ms; security.protocol PLAINTEXT only")
+        module.add_arguments(parser)
+        parser.set_defaults(run=lambda args, module=module: run(module, args))
+
+
+def run(module, args):
+    """Run a command: its exit code, with an error as one line on stderr."""
+    from kmem.admin.client import AdminClient, AdminError, MalformedResponseError, RequestTimedOutError
+    from kmem.consumer.errors import KafkaConnectionError
+    from kmem.errors import KmemError
+
+    prefix = f"kmem {module.NAME}: error:"
+    try:
+        module.check_arguments(args)
+        config = client_config(args.command_config)
+        client = AdminClient(args.bootstrap_server, client_id=config["client.id"],
+                             request_timeout_ms=config["request.timeout.ms"],
+                             connect_timeout_ms=config["socket.connection.setup.timeout.ms"])
+    except CommandError as exc:
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KmemError as exc:
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return BAD_ARGUMENTS
+    # the network client's own warnings (a failed connect) would repeat the one error line
+    network_log = logging.getLogger("kmem.consumer.client")
+    level = network_log.level
+    network_log.setLevel(logging.ERROR)
+    try:
+        with client:
+            exit_code = module.execute(client, args) or DONE
+        sys.stdout.flush()          # here, so a closed stdout is caught below
+        return exit_code
+    except CommandError as exc:
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return exc.exit_code
+    except RequestTimedOutError as exc:
+        print(f"{prefix} {exc}: is it a Kafka broker? if it is busy, give it longer with request.timeout.ms in "
+              "--command-config", file=sys.stderr)
+        return UNREACHABLE
+    except KafkaConnectionError as exc:
+        print(f"{prefix} {exc}: check --bootstrap-server and that the broker is running", file=sys.stderr)
+        return UNREACHABLE
+    except (AdminError, MalformedResponseError) as exc:
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return REFUSED
+    except KmemError as exc:        # anything else kmem refused (a value a message cannot carry): one line too
+        print(f"{prefix} {exc}", file=sys.stderr)
+        return REFUSED
+    except BrokenPipeError:         # stdout closed early (| head): what was asked for is out
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())    # no second error at exit's flush
+        return DONE
+    finally:
+        network_log.setLevel(level)
+
+
+def client_config(path):
+    """The client settings of a --command-config file, Kafka's defaults for the rest; refuses what
+    the tools cannot honour in one line (``CommandError``, exit 2)."""
+    from kmem.broker.settings import read_properties_file
+
+    config = dict(CLIENT_DEFAULTS)
+    if path is None:
+        return config
+    properties = read_properties_file(path)
+    protocol = properties.get("security.protocol", "PLAINTEXT").upper()
+    security = sorted(name for name in properties if name.startswith(SECURITY_PREFIXES))
+    if protocol != "PLAINTEXT" or security:
+        named = f"security.protocol={protocol}" if protocol != "PLAINTEXT" else ", ".join(security)
+        raise CommandError(f"{path}: {named}: kmem's tools speak plaintext only for now; use a PLAINTEXT listener",
+                           BAD_ARGUMENTS)
+    for name in ("request.timeout.ms", "socket.connection.setup.timeout.ms"):
+        if name in properties:
+            try:
+                config[name] = int(properties[name])
+            except ValueError:
+                config[name] = 0
+            if config[name] <= 0:
+                raise CommandError(f"{path}: {name} must be a positive number of milliseconds, "
+                                   f"not {properties[name]!r}", BAD_ARGUMENTS)
+    config["client.id"] = properties.get("client.id", config["client.id"])
+    return config
+
+
+def print_table(header, rows, widths=None):
+    """Rows under a header, each column as wide as its widest cell (a minimum from ``widths``), as
+    Kafka's tools left-align them; the last column is not padded."""
+    widths = [max([len(str(cell)) for cell in column] + [(widths or {}).get(i, 0)])
+              for i, column in enumerate(zip(header, *rows))]
+    for row in [header, *rows]:
+        cells = [f"{str(cell):<{width}}" for cell, width in zip(row[:-1], widths)]
+        print(" ".join([*cells, str(row[-1])]))
