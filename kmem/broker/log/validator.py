@@ -57,6 +57,7 @@ A batch decompresses to at most ``MAX_DECOMPRESSED_BYTES``, so at worst (one rec
 is below ``2.25 × max.message.bytes + 3 × MAX_DECOMPRESSED_BYTES + REBUILD_OVERHEAD_BYTES``; a batch of
 small records in gzip or lz4 costs about ``max.message.bytes`` plus a few MiB, however many it holds.
 """
+import contextlib
 import itertools
 import struct
 import time
@@ -178,18 +179,26 @@ def _check_record_contents(batches, compact, window, log_append_topic):
     for batch in batches:
         compact_batch = compact and not batch.is_control_batch
         wrong_type = _wrong_timestamp_type(batch, log_append_topic)
-        try:
+        with _unreadable_as_log_error(batch):
             invalid = _invalid_records(batch, compact_batch, window, wrong_type)
             if not invalid and batch.magic == 2:
                 _check_max_timestamp(batch, window)
-        except DecompressionLimitError as e:
-            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
-        except CorruptRecordError as e:
-            if batch.magic == 2:
-                raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
-            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
         if invalid:
             _raise_record_errors(invalid, compact_batch, window, wrong_type)
+
+
+@contextlib.contextmanager
+def _unreadable_as_log_error(batch):
+    """Records of ``batch`` that cannot be read as Kafka answers them: CORRUPT_MESSAGE past the decompression
+    limit or in a v0/v1 entry, INVALID_RECORD for a v2 batch's record structure."""
+    try:
+        yield
+    except DecompressionLimitError as e:
+        raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
+    except CorruptRecordError as e:
+        if batch.magic == 2:
+            raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
+        raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
 
 
 def _wrong_timestamp_type(batch, log_append_topic):
@@ -361,14 +370,8 @@ def _rebuild(batches, codec, next_offset, leader_epoch, log_append_time, max_mes
             add(compressor.compress(view[i:i + REBUILD_SLICE_BYTES]))
 
     for batch in batches:
-        try:
+        with _unreadable_as_log_error(batch):
             _rewrite_batch(batch, rewriter, add_slice)
-        except DecompressionLimitError as e:
-            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
-        except CorruptRecordError as e:
-            if batch.magic == 2:
-                raise LogError(ErrorCode.INVALID_RECORD, f"found invalid record structure: {e}") from None
-            raise LogError(ErrorCode.CORRUPT_MESSAGE, str(e)) from None
     add(compressor.flush())
     return _rebuilt_batch(batches[0], codec, rewriter, payload, next_offset, leader_epoch, log_append_time)
 
