@@ -12,13 +12,13 @@ from kafka.protocol.metadata import ApiVersionsRequest, ApiVersionsResponse, Met
 from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
                                  SaslHandshakeResponse)
 
+from broker_helpers import RawConnection, wait_for
+from network_helpers import closed_by_peer
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
 from kmem.broker.security import ScramCredentialStore, parse_add_scram
 from kmem.network import SaslChannelBuilder, SocketServer
 from kmem.network.sasl import SaslState
-from tests.broker_helpers import RawConnection, wait_for
-from tests.network_helpers import closed_by_peer
 
 PLAIN_JAAS = ('org.apache.kafka.common.security.plain.PlainLoginModule required '
               'user_alice="alice-secret" user_bob="bob-secret";')

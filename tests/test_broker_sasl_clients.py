@@ -7,10 +7,10 @@ import uuid
 
 import pytest
 
+from broker_helpers import wait_for
+from network_helpers import make_tls_contexts
 from kmem.broker import Broker
 from kmem.cli import main as kmem_main
-from tests.broker_helpers import wait_for
-from tests.network_helpers import make_tls_contexts
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 CLIENTS = ("confluent-kafka", "kafka-python", "aiokafka")
@@ -239,7 +239,7 @@ def test_the_cli_refuses_a_bad_credential_in_one_line_without_the_password(tmp_p
 
 def test_kmem_broker_from_a_kafka_server_properties_logs_the_principal_never_a_password(tmp_path):
     from confluent_kafka import Producer
-    from tests.broker_helpers import start_broker_process
+    from broker_helpers import start_broker_process
     config = tmp_path / "server.properties"
     config.write_text("listeners=SASL_PLAINTEXT://127.0.0.1:9092\n"
                       "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256\n"
