@@ -150,7 +150,8 @@ def test_core_stubs_describe_the_compiled_surface():
 
 def _imported_distributions(paths):
     """Distributions (normalized names) that the files at ``paths`` import (or locate for their data with
-    ``find_spec``), outside the stdlib, kmem and the files' sibling modules."""
+    ``find_spec``), outside the stdlib, kmem, the files' sibling modules and the benchmarks' (bench/peers.py
+    starts the peer brokers for tests too)."""
     import importlib.metadata
     import re
 
@@ -170,7 +171,8 @@ def _imported_distributions(paths):
                                                    re.MULTILINE)]
         for name in names:
             top = name.split(".")[0]
-            if top != "kmem" and top not in sys.stdlib_module_names and not (path.parent / f"{top}.py").exists():
+            local = (path.parent / f"{top}.py").exists() or (ROOT / "bench" / f"{top}.py").exists()
+            if top != "kmem" and top not in sys.stdlib_module_names and not local:
                 # a module not installed here (quixstreams: its application runs in .venv-quix) counts as the
                 # distribution of its name
                 found.update(_normalized(dist) for dist in providers.get(top, [top]))

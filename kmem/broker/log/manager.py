@@ -63,27 +63,53 @@ def validate_topic_name(name):
 
 class FlushScheduler:
     """One thread running the tasks given to ``schedule`` in turn: the rolls' flushes (Kafka's roll schedules
-    ``flushUptoOffsetExclusive`` on its scheduler), so that no request waits for an fsync. ``stop`` runs the
-    tasks already given, then ends the thread."""
+    ``flushUptoOffsetExclusive`` on its scheduler), so that no request waits for an fsync. The thread starts
+    with a task and ends after ``IDLE_SECONDS`` without one (a manager whose logs seldom roll, or one left
+    open, keeps no thread). ``stop`` runs the tasks already given, then ends the thread; a task given after it
+    runs at once, on the caller's thread."""
+
+    IDLE_SECONDS = 5
 
     def __init__(self):
         self._tasks = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="kmem-log-flusher", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()
+        self._thread = None
+        self._stopped = False
 
     def schedule(self, task):
-        self._tasks.put(task)
+        with self._lock:
+            if not self._stopped:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="kmem-log-flusher", daemon=True)
+                    self._thread.start()
+                self._tasks.put(task)
+                return
+        task()
 
     def _run(self):
-        while (task := self._tasks.get()) is not None:
+        while True:
+            try:
+                task = self._tasks.get(timeout=self.IDLE_SECONDS)
+            except queue.Empty:
+                with self._lock:        # schedule() puts its task under the lock: none comes in between
+                    if self._tasks.empty():
+                        self._thread = None
+                        return
+                continue
+            if task is None:
+                return
             try:
                 task()
             except Exception:           # the thread carries on for the other logs
                 log.exception("log flush failed")
 
     def stop(self):
-        self._tasks.put(None)
-        self._thread.join()
+        with self._lock:
+            self._stopped, thread = True, self._thread
+            if thread is not None:
+                self._tasks.put(None)
+        if thread is not None:
+            thread.join()
 
 
 class LogManager:
