@@ -5,6 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 PYTEST_ARGS ?=
+# Most tests wait on brokers, clients and subprocesses rather than on the CPU, so `make test` runs test files
+# in worker processes (pytest-xdist), a file's tests in one worker so its module fixtures start once.
+# PARALLEL= runs them in this process.
+TEST_WORKERS ?= 3
+PARALLEL ?= -n $(TEST_WORKERS) --dist loadfile
 
 # kmem is compiled once per change of its sources: into one wheel, which every target installs
 # (pip installs a wheel file as it is; given the source directory it would compile again).
@@ -47,7 +52,7 @@ $(QUIX_INSTALLED):
 # so a missing build step or package file fails here rather than for users.
 test: $(INSTALLED) $(QUIX_INSTALLED)
 	$(PIP) install "$(WHEEL)[test]"
-	$(QUIX_ENV) $(VENV)/bin/pytest -m "not slow" $(PYTEST_ARGS)
+	$(QUIX_ENV) $(VENV)/bin/pytest -m "not slow" $(PARALLEL) $(PYTEST_ARGS)
 
 test-slow: $(INSTALLED)
 	$(PIP) install "$(WHEEL)[test]"
