@@ -240,20 +240,6 @@ def test_a_server_that_never_answers_is_given_up_after_request_timeout_ms(capsys
     assert elapsed < 10
 
 
-@pytest.mark.parametrize("properties, named", [
-    ("security.protocol=SASL_SSL\n", "security.protocol=SASL_SSL"),
-    ("security.protocol=ssl\n", "security.protocol=SSL"),
-    ("sasl.mechanism=PLAIN\nssl.truststore.location=/x\n", "sasl.mechanism, ssl.truststore.location"),
-])
-def test_security_settings_the_tools_cannot_honour_are_refused_in_one_line(capsys, tmp_path, properties, named):
-    config = tmp_path / "client.properties"
-    config.write_text(properties)
-    code, out, err = topics(capsys, "127.0.0.1:1", "--command-config", config, "--list")
-    assert code == 2 and out == ""
-    assert one_error_line(err, "topics") == (f"kmem topics: error: {config}: {named}: kmem's tools speak plaintext "
-                                             "only for now; use a PLAINTEXT listener")
-
-
 def test_command_config_sets_the_client_id_the_broker_sees(capsys, kmem_broker, tmp_path):
     config = tmp_path / "client.properties"
     config.write_text("# Kafka's client properties\nsecurity.protocol=PLAINTEXT\nclient.id=ops-tool\n"

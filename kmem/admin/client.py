@@ -12,7 +12,7 @@ import time
 
 from kmem.consumer.client import NetworkClient
 from kmem.consumer.errors import KafkaConnectionError, KafkaError
-from kmem.errors import InvalidArgumentError, KmemError
+from kmem.errors import InvalidArgumentError, KmemError, SaslAuthenticationError
 from kmem.pool import SimpleMemoryPool
 from kmem.protocol import ApiKey, CorruptMessageError, messages
 
@@ -97,7 +97,9 @@ class AdminClient:
     """Requests to the brokers of the cluster ``bootstrap_servers`` ("host:port,...") leads to."""
 
     def __init__(self, bootstrap_servers, *, client_id="kmem-admin", request_timeout_ms=30000,
-                 connect_timeout_ms=10000):
+                 connect_timeout_ms=10000, ssl_context=None, sasl=None):
+        """``ssl_context``: TLS for every connection; ``sasl``: a ``kmem.consumer.sasl.SaslClientSettings`` each
+        connection authenticates with."""
         self._bootstrap = parse_bootstrap(bootstrap_servers)
         self.request_timeout_ms = request_timeout_ms
         self._request_timeout = request_timeout_ms / 1000.0
@@ -106,7 +108,7 @@ class AdminClient:
             SimpleMemoryPool(32 << 20, 32 << 20, strict=False), client_id=client_id,
             request_timeout_ms=request_timeout_ms, reconnect_backoff_ms=50, reconnect_backoff_max_ms=1000,
             coordinator_max_receive_bytes=1 << 20, max_versions=MAX_VERSIONS, min_versions=MIN_VERSIONS,
-            connect_timeout_ms=connect_timeout_ms)
+            connect_timeout_ms=connect_timeout_ms, ssl_context=ssl_context, sasl=sasl)
         self.brokers = {}               # node id -> (host, port), from the latest Metadata
         self.controller_id = -1
         self.cluster_id = None
@@ -116,12 +118,18 @@ class AdminClient:
     # --- connections and requests ---------------------------------------------------------------------
 
     def _ready(self, channel, address):
-        """Connect ``channel`` to ``address`` and negotiate versions; raises ``KafkaConnectionError``."""
+        """Connect ``channel`` to ``address``, negotiate versions and authenticate; raises
+        ``KafkaConnectionError``, or ``SaslAuthenticationError`` when the broker refused the credentials."""
         if self._client.is_ready(channel):
             return
         self._client.connect(channel, address)
-        # answered once the connection's own ApiVersions is: a closed connection or a timeout says why
-        self._call(channel, messages.ApiVersionsRequest())
+        # answered once the connection's own ApiVersions (and SASL) is: a closed connection or a timeout says why
+        try:
+            self._call(channel, messages.ApiVersionsRequest())
+        except KafkaConnectionError as exc:
+            if isinstance(getattr(exc, "reason", None), SaslAuthenticationError):
+                raise exc.reason from None      # not a broker out of reach: another one would refuse it too
+            raise
 
     def _any_channel(self):
         if self._any is not None and self._client.is_ready(self._any):

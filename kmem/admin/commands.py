@@ -1,8 +1,9 @@
 """``kmem topics`` and ``kmem groups``: Kafka's ``kafka-topics.sh`` and ``kafka-consumer-groups.sh`` as kmem
 commands, with their options and output, talking to any Kafka broker over the protocol (``AdminClient``).
 
-What they share lives here: ``--bootstrap-server`` and ``--command-config`` (Kafka's client properties;
-plaintext only for now), the one-line errors and the exit codes.
+What they share lives here: ``--bootstrap-server`` and ``--command-config`` (Kafka's client properties, the
+security ones included: TLS and SASL PLAIN/SCRAM as kmem's consumer speaks them), the one-line errors and the
+exit codes.
 """
 import argparse
 import logging
@@ -12,15 +13,16 @@ import sys
 ADMIN_EXIT_CODES = """\
 exit codes:
   0  done
-  1  the broker refused or reported an error (an unknown topic or group, a topic that exists, ...)
+  1  the broker refused or reported an error (an unknown topic or group, a topic that exists, a failed
+     SASL authentication, ...)
   2  bad arguments or --command-config (nothing was sent)
   3  no broker reachable at --bootstrap-server, or no answer within request.timeout.ms"""
 
 DONE, REFUSED, BAD_ARGUMENTS, UNREACHABLE = 0, 1, 2, 3
 
-# the client properties of --command-config the tools honour (Kafka's names and AdminClient defaults)
+# the client properties of --command-config the tools honour (Kafka's names and AdminClient defaults), beside
+# the security settings kmem's consumer reads (kmem.consumer.config)
 CLIENT_DEFAULTS = {"client.id": "kmem-admin", "request.timeout.ms": 30000, "socket.connection.setup.timeout.ms": 10000}
-# settings that ask for what the tools cannot do yet: refused rather than silently sent in plaintext
 SECURITY_PREFIXES = ("ssl.", "sasl.")
 
 
@@ -43,7 +45,9 @@ def add_commands(commands):
                             help="the broker(s) to connect to: HOST:PORT, or several separated by commas")
         parser.add_argument("--command-config", metavar="FILE",
                             help="client properties (Kafka's names): client.id, request.timeout.ms, "
-                                 "socket.connection.setup.timeout.ms; security.protocol PLAINTEXT only")
+                                 "socket.connection.setup.timeout.ms, security.protocol (PLAINTEXT, SSL, "
+                                 "SASL_PLAINTEXT, SASL_SSL), ssl.truststore.location and ssl.keystore.location "
+                                 "(PEM), sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), sasl.jaas.config")
         module.add_arguments(parser)
         parser.set_defaults(run=lambda args, module=module: run(module, args))
 
@@ -52,7 +56,7 @@ def run(module, args):
     """Run a command: its exit code, with an error as one line on stderr."""
     from kmem.admin.client import AdminClient, AdminError, MalformedResponseError, RequestTimedOutError
     from kmem.consumer.errors import KafkaConnectionError
-    from kmem.errors import KmemError
+    from kmem.errors import KmemError, SaslAuthenticationError
 
     prefix = f"kmem {module.NAME}: error:"
     try:
@@ -60,7 +64,8 @@ def run(module, args):
         config = client_config(args.command_config)
         client = AdminClient(args.bootstrap_server, client_id=config["client.id"],
                              request_timeout_ms=config["request.timeout.ms"],
-                             connect_timeout_ms=config["socket.connection.setup.timeout.ms"])
+                             connect_timeout_ms=config["socket.connection.setup.timeout.ms"],
+                             ssl_context=config["ssl_context"], sasl=config["sasl"])
     except CommandError as exc:
         print(f"{prefix} {exc}", file=sys.stderr)
         return exc.exit_code
@@ -83,6 +88,9 @@ def run(module, args):
         print(f"{prefix} {exc}: is it a Kafka broker? if it is busy, give it longer with request.timeout.ms in "
               "--command-config", file=sys.stderr)
         return UNREACHABLE
+    except SaslAuthenticationError as exc:
+        print(f"{prefix} {exc}: check the user and password of --command-config", file=sys.stderr)
+        return REFUSED
     except KafkaConnectionError as exc:
         print(f"{prefix} {exc}: check --bootstrap-server and that the broker is running", file=sys.stderr)
         return UNREACHABLE
@@ -100,20 +108,24 @@ def run(module, args):
 
 
 def client_config(path):
-    """The client settings of a --command-config file, Kafka's defaults for the rest; refuses what
-    the tools cannot honour in one line (``CommandError``, exit 2)."""
+    """The client settings of a --command-config file, Kafka's defaults for the rest, with ``ssl_context`` and
+    ``sasl`` for the connections; refuses what the tools cannot honour in one line (``CommandError``, exit 2)."""
     from kmem.broker.settings import read_properties_file
+    from kmem.consumer import config as consumer_config
+    from kmem.errors import ConfigError
 
-    config = dict(CLIENT_DEFAULTS)
+    config = dict(CLIENT_DEFAULTS, ssl_context=None, sasl=None)
     if path is None:
         return config
     properties = read_properties_file(path)
-    protocol = properties.get("security.protocol", "PLAINTEXT").upper()
-    security = sorted(name for name in properties if name.startswith(SECURITY_PREFIXES))
-    if protocol != "PLAINTEXT" or security:
-        named = f"security.protocol={protocol}" if protocol != "PLAINTEXT" else ", ".join(security)
-        raise CommandError(f"{path}: {named}: kmem's tools speak plaintext only for now; use a PLAINTEXT listener",
-                           BAD_ARGUMENTS)
+    security = {name: value for name, value in properties.items()
+                if name == "security.protocol" or name.startswith(SECURITY_PREFIXES)}
+    try:
+        security = consumer_config.security(security)
+        config["ssl_context"] = consumer_config.ssl_context(security)
+        config["sasl"] = consumer_config.sasl_settings(security)
+    except ConfigError as exc:
+        raise CommandError(f"{path}: {exc}", BAD_ARGUMENTS) from None
     for name in ("request.timeout.ms", "socket.connection.setup.timeout.ms"):
         if name in properties:
             try:

@@ -2,8 +2,9 @@
 
 Requests are queued per connection (the selector writes one send at a time), responses are matched to
 their requests in order, as Kafka's ``NetworkClient`` does. Each connection opens with ApiVersions v2
-(the highest non-flexible version, which every broker answers in its own layout), and each request uses
-the highest version both sides know, capped by ``MAX_VERSIONS``.
+(the highest non-flexible version, which every broker answers in its own layout), then, on a SASL listener,
+authenticates (SaslHandshake v1 and SaslAuthenticate, ``kmem.consumer.sasl``); each request uses the highest
+version both sides know, capped by ``MAX_VERSIONS``.
 """
 import collections
 import itertools
@@ -12,7 +13,7 @@ import random
 import time
 
 from kmem.consumer.errors import KafkaConnectionError
-from kmem.errors import KmemError
+from kmem.errors import KmemError, SaslAuthenticationError
 from kmem.network import NetworkSend, Selector
 from kmem.protocol import ApiKey, decode_response, encode_request
 from kmem.protocol import messages
@@ -26,6 +27,9 @@ MAX_VERSIONS = {
     ApiKey.FIND_COORDINATOR: 3, ApiKey.JOIN_GROUP: 5, ApiKey.SYNC_GROUP: 3, ApiKey.HEARTBEAT: 3,
     ApiKey.LEAVE_GROUP: 1, ApiKey.OFFSET_COMMIT: 7, ApiKey.OFFSET_FETCH: 7,
 }
+# the SASL requests each connection to a SASL listener opens with (KIP-152: Kafka 1.0 and later)
+SASL_VERSIONS = {ApiKey.SASL_HANDSHAKE: 1, ApiKey.SASL_AUTHENTICATE: 2}
+UNSUPPORTED_SASL_MECHANISM = 33
 MIN_VERSIONS = {ApiKey.FETCH: 4, ApiKey.LIST_OFFSETS: 1, ApiKey.METADATA: 1, ApiKey.JOIN_GROUP: 0}
 
 
@@ -46,7 +50,8 @@ class _Connection:
         self.channel_id = channel_id
         self.address = address
         self.priority = priority
-        self.versions = None            # {api_key: (min, max)} once ApiVersions answered
+        self.versions = None            # {api_key: (min, max)} once ApiVersions answered (and SASL succeeded)
+        self.exchange = None            # the SASL exchange under way
         self.waiting = collections.deque()      # (request, body) not yet encoded: versions unknown
         self.queued = collections.deque()       # (request, NetworkSend) encoded, not yet handed to the selector
         self.sending = None                     # request whose send the selector is writing
@@ -58,9 +63,10 @@ class NetworkClient:
 
     def __init__(self, pool, *, client_id, request_timeout_ms, reconnect_backoff_ms, reconnect_backoff_max_ms,
                  ssl_context=None, coordinator_max_receive_bytes, max_versions=MAX_VERSIONS,
-                 min_versions=MIN_VERSIONS, connect_timeout_ms=None):
+                 min_versions=MIN_VERSIONS, connect_timeout_ms=None, sasl=None):
         """``max_versions``/``min_versions``: the version range of each API this client sends (the
-        consumer's by default); ``connect_timeout_ms`` bounds a TCP connect (default: the request timeout)."""
+        consumer's by default); ``connect_timeout_ms`` bounds a TCP connect (default: the request timeout);
+        ``sasl``: a ``kmem.consumer.sasl.SaslClientSettings``, each connection authenticates with it."""
         self.selector = Selector(pool)
         self._max_versions = max_versions
         self._min_versions = min_versions
@@ -70,6 +76,9 @@ class NetworkClient:
         self._reconnect_backoff = reconnect_backoff_ms / 1000.0
         self._reconnect_backoff_max = max(reconnect_backoff_max_ms, reconnect_backoff_ms) / 1000.0
         self._ssl_context = ssl_context
+        self._sasl = sasl
+        # the latest failed SASL authentication, until taken (Kafka's consumer raises it from poll)
+        self._authentication_failure = None
         self._priority_max_receive = coordinator_max_receive_bytes
         self._connections = {}
         self._retry_at = {}             # channel id -> earliest time to connect again (reconnect backoff)
@@ -80,7 +89,7 @@ class NetworkClient:
         return channel_id in self._connections
 
     def is_ready(self, channel_id):
-        """Connected and version-negotiated."""
+        """Connected, version-negotiated and authenticated."""
         conn = self._connections.get(channel_id)
         return conn is not None and conn.versions is not None
 
@@ -130,21 +139,86 @@ class NetworkClient:
             channel.max_receive_size = self._priority_max_receive
         conn = _Connection(channel_id, (host, port), priority)
         self._connections[channel_id] = conn
-        request = _Request(next(self._correlation), ApiKey.API_VERSIONS, MAX_VERSIONS[ApiKey.API_VERSIONS],
-                           lambda _, body, error: self._on_api_versions(conn, body, error), False)
-        payload = encode_request(messages.ApiVersionsRequest(), request.version, request.correlation_id,
-                                 self._client_id)
-        conn.queued.append((request, NetworkSend(channel_id, payload)))
+        self._send_opening(conn, messages.ApiVersionsRequest(), MAX_VERSIONS[ApiKey.API_VERSIONS],
+                           lambda body: self._on_api_versions(conn, body))
+
+    def _send_opening(self, conn, body, version, on_response):
+        """Send one of the requests a connection opens with, before it is ready: at ``version``, ahead of
+        the requests waiting for it; ``on_response(body)`` runs unless the connection was lost."""
+        def callback(_, response, error):
+            if error is None:
+                on_response(response)
+        request = _Request(next(self._correlation), body.API_KEY, version, callback, False)
+        conn.queued.append((request, NetworkSend(conn.channel_id, encode_request(body, version,
+                                                                                request.correlation_id,
+                                                                                self._client_id))))
         self._pump(conn)
 
-    def _on_api_versions(self, conn, body, error):
-        if error is not None:
-            return
+    def _on_api_versions(self, conn, body):
         if body.error_code:
             log.warning("ApiVersions from %s: error %d", conn.address, body.error_code)
             self.close(conn.channel_id, KafkaConnectionError(f"ApiVersions failed with error {body.error_code}"))
             return
-        conn.versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+        versions = {k.api_key: (k.min_version, k.max_version) for k in body.api_keys}
+        if self._sasl is None:
+            self._opened(conn, versions)
+            return
+        missing = [ApiKey(key).name for key, version in SASL_VERSIONS.items()
+                   if not versions.get(key, (0, -1))[0] <= version <= versions.get(key, (0, -1))[1]]
+        if missing:
+            self.close(conn.channel_id, KafkaConnectionError(
+                f"the broker at {conn.address[0]}:{conn.address[1]} does not serve {' and '.join(missing)} at "
+                "the versions of Kafka 1.0 and later: it cannot authenticate this client with SASL"))
+            return
+        mechanism = self._sasl.mechanism
+        self._send_opening(conn, messages.SaslHandshakeRequest(mechanism=mechanism),
+                           SASL_VERSIONS[ApiKey.SASL_HANDSHAKE], lambda body: self._on_handshake(conn, versions, body))
+
+    def _on_handshake(self, conn, versions, body):
+        if body.error_code:
+            enabled = ", ".join(body.mechanisms) or "none"
+            reason = (f"SASL mechanism {self._sasl.mechanism} is not enabled on the broker at "
+                      f"{conn.address[0]}:{conn.address[1]} (it has {enabled})"
+                      if body.error_code == UNSUPPORTED_SASL_MECHANISM else f"SaslHandshake failed with error "
+                                                                             f"{body.error_code}")
+            self._authentication_failed(conn, SaslAuthenticationError(reason))
+            return
+        conn.exchange = self._sasl.exchange()
+        self._authenticate(conn, versions, conn.exchange.first())
+
+    def _authenticate(self, conn, versions, token):
+        self._send_opening(conn, messages.SaslAuthenticateRequest(auth_bytes=token),
+                           SASL_VERSIONS[ApiKey.SASL_AUTHENTICATE],
+                           lambda body: self._on_authenticate(conn, versions, body))
+
+    def _on_authenticate(self, conn, versions, body):
+        try:
+            if body.error_code:
+                raise SaslAuthenticationError(body.error_message or f"SaslAuthenticate failed with error "
+                                                                    f"{body.error_code}")
+            token = conn.exchange.evaluate(body.auth_bytes)
+        except SaslAuthenticationError as exc:
+            self._authentication_failed(conn, SaslAuthenticationError(
+                f"authentication as {self._sasl.username!r} with {self._sasl.mechanism} at "
+                f"{conn.address[0]}:{conn.address[1]} failed: {exc}"))
+            return
+        if token is not None:
+            self._authenticate(conn, versions, token)
+            return
+        conn.exchange = None
+        self._opened(conn, versions)
+
+    def _authentication_failed(self, conn, error):
+        self._authentication_failure = error
+        self.close(conn.channel_id, error)
+
+    def take_authentication_failure(self):
+        """The latest failed SASL authentication (a ``SaslAuthenticationError``) since the last call, or None."""
+        failure, self._authentication_failure = self._authentication_failure, None
+        return failure
+
+    def _opened(self, conn, versions):
+        conn.versions = versions
         self._succeeded(conn)
         while conn.waiting:
             request, body = conn.waiting.popleft()

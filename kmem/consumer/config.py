@@ -36,7 +36,11 @@ DEFAULTS = {
     "isolation.level": ("read_uncommitted", ("read_uncommitted", "read_committed")),
     "check.crcs": (True, bool),
     "allow.auto.create.topics": (True, bool),
-    "security.protocol": ("PLAINTEXT", ("PLAINTEXT", "SSL")),
+    "security.protocol": ("PLAINTEXT", ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")),
+    "sasl.mechanism": ("GSSAPI", str),
+    "sasl.jaas.config": (None, "optional_str"),
+    "sasl.username": (None, "optional_str"),      # librdkafka's names, for sasl.jaas.config's two options
+    "sasl.password": (None, "optional_str"),
     "ssl.truststore.location": (None, "optional_str"),
     "ssl.keystore.location": (None, "optional_str"),
     "ssl.key.password": (None, "optional_str"),
@@ -117,31 +121,45 @@ def _parse_assignors(value):
     return parsed
 
 
+def _parse_value(name, value):
+    kind = DEFAULTS[name][1]
+    if name == "security.protocol" and isinstance(value, str):
+        value = value.upper()           # as Kafka's SecurityProtocol.forName reads it
+    if kind == "servers":
+        return _parse_servers(value)
+    if kind == "assignors":
+        return _parse_assignors(value)
+    if kind == "optional_str":
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, not {value!r}")
+    elif kind is bool:
+        value = _parse_bool(name, value)
+    elif kind is int:
+        value = _parse_int(name, value)
+    elif kind is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{name} must be a string, not {value!r}")
+    elif value not in kind:
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, kind))}, not {value!r}")
+    return value
+
+
+def security(properties):
+    """The validated security settings (``security.protocol``, ``ssl.*``, ``sasl.*`` of ``DEFAULTS``) of a client
+    other than the consumer (kmem's tools), from Kafka-named ``properties`` holding only those."""
+    names = [name for name in DEFAULTS if name == "security.protocol" or name.startswith(("ssl.", "sasl."))]
+    unknown = sorted(set(properties) - set(names))
+    if unknown:
+        raise ConfigError(f"unknown client security properties: {', '.join(map(str, unknown))}")
+    return {name: _parse_value(name, properties.get(name, DEFAULTS[name][0])) for name in names}
+
+
 def parse(properties):
     """Validated config dict (every name of ``DEFAULTS``) from Kafka-named ``properties``."""
     unknown = sorted(set(properties) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"unknown consumer properties: {', '.join(map(str, unknown))}")
-    config = {}
-    for name, (default, kind) in DEFAULTS.items():
-        value = properties.get(name, default)
-        if kind == "servers":
-            value = _parse_servers(value)
-        elif kind == "assignors":
-            value = _parse_assignors(value)
-        elif kind == "optional_str":
-            if value is not None and not isinstance(value, str):
-                raise ConfigError(f"{name} must be a string, not {value!r}")
-        elif kind is bool:
-            value = _parse_bool(name, value)
-        elif kind is int:
-            value = _parse_int(name, value)
-        elif kind is str:
-            if not isinstance(value, str):
-                raise ConfigError(f"{name} must be a string, not {value!r}")
-        elif value not in kind:
-            raise ConfigError(f"{name} must be one of {', '.join(map(repr, kind))}, not {value!r}")
-        config[name] = value
+    config = {name: _parse_value(name, properties.get(name, default)) for name, (default, _) in DEFAULTS.items()}
     if config["buffer.memory"] < config["fetch.max.bytes"]:
         # KIP-81: a pool smaller than one fetch response could never hold it.
         raise ConfigError(f"buffer.memory ({config['buffer.memory']}) must be at least fetch.max.bytes "
@@ -160,8 +178,8 @@ def from_keywords(kwargs):
 
 
 def ssl_context(config):
-    """An ``ssl.SSLContext`` for ``security.protocol=SSL`` from PEM files, or None for PLAINTEXT."""
-    if config["security.protocol"] != "SSL":
+    """An ``ssl.SSLContext`` for ``security.protocol`` SSL or SASL_SSL from PEM files, or None."""
+    if config["security.protocol"] not in ("SSL", "SASL_SSL"):
         return None
     try:
         context = ssl.create_default_context(cafile=config["ssl.truststore.location"])
@@ -173,3 +191,13 @@ def ssl_context(config):
     if not context.check_hostname:
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def sasl_settings(config):
+    """The SASL client settings (``kmem.consumer.sasl.SaslClientSettings``) for ``security.protocol``
+    SASL_PLAINTEXT or SASL_SSL, or None."""
+    if not config["security.protocol"].startswith("SASL_"):
+        return None
+    from kmem.consumer.sasl import SaslClientSettings
+
+    return SaslClientSettings.from_config(config)

@@ -122,7 +122,7 @@ class Consumer:
             self.pool, client_id=config["client.id"], request_timeout_ms=config["request.timeout.ms"],
             reconnect_backoff_ms=config["reconnect.backoff.ms"],
             reconnect_backoff_max_ms=config["reconnect.backoff.max.ms"], ssl_context=ssl_context,
-            coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
+            sasl=cfg.sasl_settings(config), coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
         self._metadata = Metadata(self._client, config)
         self._fetcher = Fetcher(self._client, self._metadata, config, self.pool)
         self._coordinator = (Coordinator(self._client, self._metadata, config, priority=priority_coordinator,
@@ -507,6 +507,9 @@ class Consumer:
             callback()
 
     def _raise_errors(self):
+        failure = self._client.take_authentication_failure()
+        if failure is not None:         # as Kafka's consumer: poll raises it, and the next poll tries again
+            raise failure
         if self._errors:
             error = self._errors[0]
             self._errors.clear()
