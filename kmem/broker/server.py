@@ -127,7 +127,7 @@ class Broker:
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions)
             self.server = SocketServer(dispatcher, self.settings.network, channel_builder=self._channel_builder(dispatcher),
-                                       timer=self.timer)
+                                       timer=self.timer, ssl_principal_mapper=self.settings.ssl_principal_mapper)
             self.server.start()
         except BaseException:
             if self.transactions is not None:

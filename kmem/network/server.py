@@ -35,12 +35,13 @@ import ssl
 import threading
 import time
 
-from kmem.errors import ConfigError, IllegalStateError
+from kmem.errors import ConfigError, IllegalStateError, SslAuthenticationError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.receive import UNLIMITED, NetworkSend
 from kmem.network.sasl import ANONYMOUS, Outcome
 from kmem.protocol import ApiKey
 from kmem.network.selector import Selector
+from kmem.network.ssl_principal import SslPrincipalMapper
 from kmem.network.waker import Waker
 from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
 from kmem.send import close_send
@@ -303,6 +304,7 @@ class _Processor(threading.Thread):
                     self._configure_new_connections()
                     self._process_responses()
                     self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
+                    self._establish_ssl_principals()
                     self._process_completed_receives()
                     self._run_after_responses()
                     self._process_completed_sends()
@@ -384,6 +386,27 @@ class _Processor(threading.Thread):
                 log.info("connection %s from %s: closed, its SASL authentication did not complete within "
                          "connections.max.idle.ms", connection_id, _peer(channel))
                 self.selector.close(connection_id)
+
+    def _establish_ssl_principals(self):
+        """The principal of each connection of an SSL listener (without SASL) whose TLS handshake completed in this
+        poll, before its first request is handled: its client certificate's, mapped by
+        ``ssl.principal.mapping.rules``; one that no rule maps is closed."""
+        mapper = self.server.ssl_principal_mapper
+        if mapper is None:
+            return
+        for connection_id in self.selector.connected:
+            channel = self.selector.channel(connection_id)
+            if channel is None:
+                continue
+            try:
+                channel.peer_principal = mapper.principal(channel.transport.sock.getpeercert())
+            except (SslAuthenticationError, ValueError, OSError) as e:
+                log.info("connection %s from %s: SSL authentication failed: %s", connection_id, _peer(channel), e)
+                self.selector.close(connection_id)
+                continue
+            if channel.peer_principal != ANONYMOUS:
+                log.info("connection %s from %s: authenticated as %s (SSL client certificate)", connection_id,
+                         _peer(channel), channel.peer_principal)
 
     def _process_responses(self):
         """Send the responses queued for this thread, building those that need it for one slice."""
@@ -640,17 +663,22 @@ class SocketServer:
     With a ``channel_builder`` (``kmem.network.sasl.SaslChannelBuilder``) every connection authenticates with
     SASL before its first request reaches ``handler`` (``request.principal`` says who sent it); failed
     authentications are closed after a delay on ``timer`` (a ``kmem.broker.timer.Timer``; one of its own if
-    none is given).
+    none is given). Without one, on TLS, a client certificate's subject is the principal, mapped by
+    ``ssl_principal_mapper`` (a ``kmem.network.ssl_principal.SslPrincipalMapper``; Kafka's DEFAULT rule if none).
 
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
     """
 
-    def __init__(self, handler, config=None, *, channel_builder=None, timer=None, **settings):
+    def __init__(self, handler, config=None, *, channel_builder=None, timer=None, ssl_principal_mapper=None,
+                 **settings):
         if config is not None and settings:
             raise ConfigError("pass either a SocketServerConfig or keyword settings, not both")
         self.config = config if config is not None else SocketServerConfig(**settings)
         self.handler = handler
         self.channel_builder = channel_builder
+        self.ssl_principal_mapper = None
+        if self.config.ssl_context is not None and channel_builder is None:
+            self.ssl_principal_mapper = ssl_principal_mapper or SslPrincipalMapper()
         self.timer = timer
         self._own_timer = False
         bound = self.config.queued_max_request_bytes
