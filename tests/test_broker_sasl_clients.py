@@ -57,7 +57,8 @@ def tls_broker(tmp_path_factory):
 
 @contextlib.contextmanager
 def reauth_broker(log_dir):
-    """A SASL_PLAINTEXT broker whose sessions last ``REAUTH_MS`` (``connections.max.reauth.ms``), with topic "stream"."""
+    """A SASL_PLAINTEXT broker whose sessions last ``REAUTH_MS`` (``connections.max.reauth.ms``), with a topic
+    "stream"."""
     add_users(log_dir)
     properties = {**sasl_properties("SASL_PLAINTEXT"), "connections.max.reauth.ms": REAUTH_MS}
     with Broker(log_dir, properties=properties) as broker:

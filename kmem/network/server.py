@@ -39,11 +39,11 @@ from kmem.errors import ConfigError, IllegalStateError, SslAuthenticationError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.receive import UNLIMITED, NetworkSend
 from kmem.network.sasl import ANONYMOUS, Outcome
-from kmem.protocol import ApiKey
 from kmem.network.selector import Selector
 from kmem.network.ssl_principal import SslPrincipalMapper
 from kmem.network.waker import Waker
 from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
+from kmem.protocol import ApiKey
 from kmem.send import close_send
 
 log = logging.getLogger(__name__)
@@ -499,13 +499,13 @@ class _Processor(threading.Thread):
                 channel.max_receive_size = self.selector.max_receive_size
                 self._count_success(authenticator, again)
                 log.info("connection %s from %s: %sauthenticated as %s (%s)", channel.id, _peer(channel),
-                         again and "re-",
-                         authenticator.principal, authenticator.mechanism)
+                         again and "re-", authenticator.principal, authenticator.mechanism)
             self._respond_now(channel.id, send)
             return
         self.authentication_counts[f"failed-{again}authentication-total"] += 1
-        log.info("connection %s from %s: SASL %sauthentication failed%s: %s", channel.id, _peer(channel), again and "re-",
-                 f" ({authenticator.mechanism})" if authenticator.mechanism else "", authenticator.failure)
+        log.info("connection %s from %s: SASL %sauthentication failed%s: %s", channel.id, _peer(channel),
+                 again and "re-", f" ({authenticator.mechanism})" if authenticator.mechanism else "",
+                 authenticator.failure)
         if outcome is Outcome.CLOSE:
             self.selector.close(channel.id)
             return
