@@ -6,6 +6,7 @@ import time
 
 import pytest
 from kafka.net.sasl.scram import ScramClient
+from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceRequest
 from kafka.protocol.sasl import (SaslAuthenticateRequest, SaslAuthenticateResponse, SaslHandshakeRequest,
                                  SaslHandshakeResponse)
@@ -183,6 +184,28 @@ def test_a_request_pipelined_behind_the_re_authentication_handshake_ends_the_con
         response = SaslHandshakeResponse.decode(connection.receive_frame(), version=1, header=True)
         assert response.error_code == 0
         assert closed_by_peer(connection.sock)
+
+
+def test_a_response_in_flight_is_sent_before_the_re_authentication_pipelined_behind_it(broker):
+    """The Java client may begin re-authenticating while a fetch waits on the broker: the fetch's answer comes first,
+    then the handshake's (a connection's next request is read once its response is sent)."""
+    with RawConnection(broker.bootstrap_servers) as connection:
+        plain_login(connection)
+        end = broker.logs.get_partition("reauth", 0).log_end_offset
+        partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=end, partition_max_bytes=1 << 20)
+        fetch = FetchRequest(replica_id=-1, max_wait_ms=300, min_bytes=1, max_bytes=1 << 20,
+                             topics=[FetchRequest.FetchTopic(topic="reauth", partitions=[partition])])
+        fetch.with_header(correlation_id=11, client_id="raw")
+        connection.send_frame(fetch.encode(version=4, header=True))
+        handshake_request = SaslHandshakeRequest(mechanism="PLAIN")
+        handshake_request.with_header(correlation_id=12, client_id="raw")
+        connection.send_frame(handshake_request.encode(version=1, header=True))
+        fetched = FetchResponse.decode(connection.receive_frame(), version=4, header=True)
+        assert fetched.responses[0].partitions[0].error_code == 0
+        response = SaslHandshakeResponse.decode(connection.receive_frame(), version=1, header=True)
+        assert response.error_code == 0
+        assert authenticate(connection, PLAIN_ALICE).error_code == 0
+        assert metadata_works(connection)
 
 
 def test_a_sasl_authenticate_v0_client_gets_no_lifetime_and_is_closed_past_its_session(broker):
