@@ -57,3 +57,8 @@ class SaslAuthenticationError(KmemError):
 class InvalidSaslCredentialsError(KmemError):
     """A SASL exchange failed for a reason the client is not told (Kafka's ``SaslException``: whether the
     user exists, which check failed); the client gets the mechanism's generic failure message."""
+
+
+class SslAuthenticationError(KmemError):
+    """An SSL client's certificate names no principal (Kafka's ``SslAuthenticationException``, from
+    ``SslPrincipalMapper``'s ``NoMatchingRule``); the connection ends."""

@@ -5,11 +5,14 @@ with each codec, a producer told which records of its batch were refused (KIP-46
 (KIP-429) of a Java member and a kmem member, either joining the other's group; and transactions: a
 transactional producer committing and aborting among plain records (read_committed and read_uncommitted
 consumers), consume-transform-produce with ``sendOffsetsToTransaction(offsets, consumer.groupMetadata())``
-(KIP-447), fencing, and the AdminClient finding and aborting a hanging transaction (KIP-664).
+(KIP-447), fencing, and the AdminClient finding and aborting a hanging transaction (KIP-664); and a producer and a
+group consumer over SASL re-authenticating (KIP-368).
 
 tests/java/KafkaClientProbe.java runs in one JVM for the whole module (``java_probes``: compiled with javac, a
 command a line, a JSON answer each). Skipped without a JDK or the jar's wheel; the jar's SHA-256 is checked
 before use."""
+from urllib.parse import quote
+
 import pytest
 
 from broker_helpers import stored_batches, wait_for
@@ -19,6 +22,7 @@ from kmem.broker import Broker
 from kmem.broker.log.checkpoints import random_uuid
 from kmem.consumer import Consumer, TopicPartition
 from kmem.records import build_records
+from test_broker_sasl_clients import STREAM_SECONDS, assert_reauthenticated, reauth_broker
 
 RUNTIME_JARS = ("lz4-java.jar", "snappy-java.jar", "zstd-jni.jar", "slf4j-api.jar")       # the wheel's too
 CODEC_IDS = {"lz4": 3, "snappy": 2, "zstd": 4}
@@ -299,3 +303,19 @@ def test_java_admin_finds_and_aborts_a_hanging_transaction(broker, probe):
     settled(broker)
     assert partition_log.last_stable_offset == partition_log.log_end_offset
     assert [value for *_, value in java_read(probe, broker, "java-hanging", "read_committed")] == ["live", "plain"]
+
+
+def test_a_producer_and_a_group_consumer_re_authenticate_over_sasl(probe, tmp_path):
+    """KIP-368: the Java clients re-authenticate each connection before its session ends, with no error and no
+    record lost."""
+    jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="alice-secret";'
+    settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.jaas.config": jaas}
+    with reauth_broker(tmp_path) as broker:
+        assert probe("client-properties", *(quote(f"{k}={v}", safe="") for k, v in settings.items()))
+        try:
+            answer = probe("stream", broker.bootstrap_servers, "stream", "stream", STREAM_SECONDS * 1000)
+        finally:
+            probe("client-properties")
+        assert answer["errors"] == []
+        assert answer["acked"] == answer["sent"] > 0 and answer["missing"] == 0
+        assert_reauthenticated(broker)

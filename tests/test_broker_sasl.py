@@ -2,6 +2,7 @@
 KIP-43 raw tokens, and every bad input: each answered as Kafka answers it, then closed, with the pool memory back.
 Requests and SCRAM tokens are built with kafka-python's codec and ScramClient, which nobody here wrote."""
 import logging
+import socket
 import struct
 import threading
 import time
@@ -251,6 +252,35 @@ def test_a_handshake_that_never_completes_is_closed_by_the_idle_timeout(tmp_path
         with RawConnection(idle_broker.bootstrap_servers) as connection:
             assert handshake(connection, "PLAIN").error_code == 0
             assert connection.receive_frame() is None
+
+
+def test_a_token_sent_a_byte_at_a_time_is_cut_off_by_the_same_deadline(tmp_path):
+    """Each byte is progress to the idle timeout, but not to the authentication's deadline: connections.max.idle.ms
+    after the connection came (the token's size is bounded by sasl.server.max.receive.size as well)."""
+    idle_ms = 500
+    with Broker(tmp_path, properties={**SASL_PROPERTIES, "connections.max.idle.ms": str(idle_ms)}) as idle_broker:
+        with RawConnection(idle_broker.bootstrap_servers) as connection:
+            began = time.monotonic()
+            assert handshake(connection, "PLAIN").error_code == 0
+            request = SaslAuthenticateRequest(auth_bytes=b"\0alice\0alice-secret" + b"x" * 200)
+            request.with_header(correlation_id=2, client_id="raw")
+            frame = request.encode(version=2, header=True)
+            frame = struct.pack(">i", len(frame)) + frame
+            connection.sock.settimeout(0.05)
+            closed_after = None
+            for byte in frame:      # 50 ms a byte: 12 s for the whole token
+                try:
+                    connection.sock.sendall(bytes([byte]))
+                    if connection.sock.recv(1) == b"":
+                        closed_after = time.monotonic() - began
+                        break
+                except (TimeoutError, socket.timeout):
+                    continue
+                except (BrokenPipeError, ConnectionResetError):
+                    closed_after = time.monotonic() - began
+                    break
+            assert closed_after is not None, "the trickled token was read to its end"
+            assert closed_after < 4 * idle_ms / 1000
 
 
 def test_the_principal_is_on_the_request_and_anonymous_without_sasl():

@@ -1,8 +1,11 @@
 """confluent-kafka (librdkafka), kafka-python and aiokafka over SASL_PLAINTEXT with PLAIN, SCRAM-SHA-256 and
 SCRAM-SHA-512, and over SASL_SSL: each produces and consumes in a group, and each is refused a wrong password
-with the error its own API reports. SCRAM users come from ``kmem scram`` and survive a restart."""
+with the error its own API reports. SCRAM users come from ``kmem scram`` and survive a restart. confluent-kafka
+re-authenticates (KIP-368) while it produces and consumes."""
 import asyncio
+import contextlib
 import logging
+import time
 import uuid
 
 import pytest
@@ -16,6 +19,9 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 CLIENTS = ("confluent-kafka", "kafka-python", "aiokafka")
 PLAIN_JAAS = 'org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";'
 RECORDS = 5
+# KIP-368: clients stream for four sessions' time, re-authenticating each connection three times or more
+REAUTH_MS = 1500
+STREAM_SECONDS = 6
 
 
 def sasl_properties(protocol):
@@ -47,6 +53,25 @@ def tls_broker(tmp_path_factory):
     (directory / "bundle.pem").write_bytes((directory / "cert.pem").read_bytes() + (directory / "key.pem").read_bytes())
     with Broker(directory / "logs", properties=properties) as running:
         yield running, str(directory / "cert.pem")
+
+
+@contextlib.contextmanager
+def reauth_broker(log_dir):
+    """A SASL_PLAINTEXT broker whose sessions last ``REAUTH_MS`` (``connections.max.reauth.ms``), with a topic
+    "stream"."""
+    add_users(log_dir)
+    properties = {**sasl_properties("SASL_PLAINTEXT"), "connections.max.reauth.ms": REAUTH_MS}
+    with Broker(log_dir, properties=properties) as broker:
+        broker.logs.create_topic("stream", 1)
+        yield broker
+
+
+def assert_reauthenticated(broker):
+    """The clients' connections re-authenticated, each in time: none refused, none closed past its session."""
+    counts = broker.server.metrics()
+    assert counts["expired-connections-killed-count"] == 0
+    assert counts["failed-reauthentication-total"] == 0
+    assert counts["successful-reauthentication-total"] >= STREAM_SECONDS * 1000 // REAUTH_MS
 
 
 def confluent_config(protocol, mechanism, password, ca=None):
@@ -180,6 +205,46 @@ def test_confluent_kafka_refused_a_wrong_password(broker, mechanism, message):
                          **confluent_config("SASL_PLAINTEXT", mechanism, "wrong")})
     wait_for(lambda: producer.poll(0.1) is not None and errors, "librdkafka's error callback")
     assert errors[0].code() == KafkaError._AUTHENTICATION and message in errors[0].str()
+
+
+def test_confluent_kafka_re_authenticates_while_it_produces_and_consumes_in_a_group(tmp_path):
+    from confluent_kafka import Consumer, Producer
+    errors, acked, read = [], set(), set()
+    with reauth_broker(tmp_path) as broker:
+        config = {"bootstrap.servers": broker.bootstrap_servers, "error_cb": errors.append,
+                  **confluent_config("SASL_PLAINTEXT", "SCRAM-SHA-512", "alice-secret")}
+
+        def delivered(error, message):
+            if error is not None:
+                errors.append(error)
+            else:
+                acked.add(message.value())
+        producer = Producer({**config, "acks": "all"})
+        consumer = Consumer({**config, "group.id": "stream", "auto.offset.reset": "earliest"})
+        consumer.subscribe(["stream"])
+
+        def read_some(timeout):
+            message = consumer.poll(timeout)
+            if message is not None:
+                if message.error():
+                    errors.append(message.error())
+                else:
+                    read.add(message.value())
+        try:
+            sent, end = 0, time.monotonic() + STREAM_SECONDS
+            while time.monotonic() < end:
+                producer.produce("stream", b"%d" % sent, partition=0, on_delivery=delivered)
+                sent += 1
+                producer.poll(0)
+                read_some(0.02)
+            assert producer.flush(30) == 0
+            wait_for(lambda: read_some(0.1) or read >= acked, "every acknowledged record read")
+            consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+        assert not errors
+        assert len(acked) == sent and read == acked
+        assert_reauthenticated(broker)
 
 
 def test_kafka_python_refused_a_wrong_password(broker, caplog):

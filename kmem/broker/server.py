@@ -127,7 +127,7 @@ class Broker:
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions)
             self.server = SocketServer(dispatcher, self.settings.network, channel_builder=self._channel_builder(dispatcher),
-                                       timer=self.timer)
+                                       timer=self.timer, ssl_principal_mapper=self.settings.ssl_principal_mapper)
             self.server.start()
         except BaseException:
             if self.transactions is not None:
@@ -156,7 +156,8 @@ class Broker:
             return None
         mechanisms = SaslMechanisms(sasl, ScramCredentialStore(self.log_dir))
         return SaslChannelBuilder(mechanisms, dispatcher.api_versions, max_receive_size=sasl.max_receive_size,
-                                  failed_authentication_delay_ms=sasl.failed_authentication_delay_ms)
+                                  failed_authentication_delay_ms=sasl.failed_authentication_delay_ms,
+                                  connections_max_reauth_ms=sasl.max_reauth_ms)
 
     def endpoint(self):
         """The advertised ``(host, port)``: ``advertised.listeners``, else the bound address."""

@@ -28,6 +28,7 @@ from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
 from kmem.network import SocketServerConfig
+from kmem.network.ssl_principal import DEFAULT_RULES, SslPrincipalMapper
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ LISTENER_SETTINGS = ("listeners", "advertised.listeners", "listener.security.pro
                      "controller.listener.names")
 # the handlers' own settings and what they mean (Kafka's names)
 HANDLER_SETTINGS = ("log.retention.check.interval.ms", "ssl.keystore.location", "ssl.keystore.type",
-                    "ssl.key.password", "ssl.truststore.location", "ssl.client.auth", "broker.id")
+                    "ssl.key.password", "ssl.truststore.location", "ssl.client.auth", "ssl.principal.mapping.rules",
+                    "broker.id")
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(LISTENER_SETTINGS) \
     | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS)
 # Kafka's socket.listen.backlog.size is 50: a burst of 5,000 connections then took 55 s to accept here
@@ -186,6 +188,7 @@ class BrokerSettings:
     groups: GroupConfig
     transactions: TxnConfig = TxnConfig()
     sasl: SaslSettings | None = None        # a SASL listener's
+    ssl_principal_mapper: SslPrincipalMapper = SslPrincipalMapper()     # ssl.principal.mapping.rules
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -214,7 +217,8 @@ class BrokerSettings:
                    listener, advertised,
                    integer("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged),
                    TxnConfig.from_properties(merged),
-                   SaslSettings.from_settings(merged, listener.name) if protocol.startswith("SASL_") else None)
+                   SaslSettings.from_settings(merged, listener.name) if protocol.startswith("SASL_") else None,
+                   SslPrincipalMapper(merged.get("ssl.principal.mapping.rules", DEFAULT_RULES)))
 
 
 def _ssl_context(merged):

@@ -54,11 +54,13 @@ class KafkaChannel:
         self.send = None
         self.closed = False
         self.authenticator = None       # a SASL listener's: frames go to it until it is complete (kmem.network.sasl)
+        self.peer_principal = ANONYMOUS     # on an SSL listener, its client certificate's (kmem.network.ssl_principal)
 
     @property
     def principal(self):
-        """``User:<name>`` once SASL authenticated, ``User:ANONYMOUS`` on a listener without SASL (None before)."""
-        return ANONYMOUS if self.authenticator is None else self.authenticator.principal
+        """``User:<name>`` once SASL authenticated (None before), else ``peer_principal``: its client certificate's
+        on an SSL listener, ``User:ANONYMOUS`` without one."""
+        return self.peer_principal if self.authenticator is None else self.authenticator.principal
 
     @property
     def authenticating(self):

@@ -15,9 +15,19 @@ Any other request before that, or a failed exchange, ends the connection: ``hand
 the response (SASL_AUTHENTICATION_FAILED and Kafka's message, or None), which the processor sends once
 ``connection.failed.authentication.delay.ms`` has passed, then closes; bytes that cannot be read as a request
 (``CLOSE``) end it at once.
+
+Re-authentication (KIP-368, Kafka's ``ReauthInfo``): with ``connections.max.reauth.ms`` > 0, or a mechanism
+whose credential expires (``session_expiry_ms``), an authentication opens a session of that many milliseconds
+(the smaller of the two), told to the client in ``session_lifetime_ms``. A SaslHandshake on the authenticated
+connection (``begin_reauthentication``, at most once a second as Kafka's ``KafkaChannel`` allows) runs the
+exchange again: same mechanism (another one is refused at its first token, with no answer), same principal
+(another one answers SASL_AUTHENTICATION_FAILED), and a new session. Past its session, a connection that did
+not re-authenticate is closed at its next request (``session_expired``), whatever the client's SaslAuthenticate
+version: a client of v0 does not learn its session lifetime, so it reconnects, as Kafka has it.
 """
 import dataclasses
 import enum
+import time
 
 from kmem.errors import InvalidSaslCredentialsError, KmemError, SaslAuthenticationError
 from kmem.protocol import (SUPPORTED_VERSIONS, ApiKey, CorruptMessageError, UnknownApiKeyError, UnsupportedVersionError,
@@ -28,6 +38,9 @@ ANONYMOUS = "User:ANONYMOUS"
 UNSUPPORTED_SASL_MECHANISM = 33
 ILLEGAL_SASL_STATE = 34
 SASL_AUTHENTICATION_FAILED = 58
+# Kafka's KafkaChannel.MIN_REAUTH_INTERVAL_ONE_SECOND_NANOS: a handshake sooner after the last re-authentication
+# began is an ordinary request (answered ILLEGAL_SASL_STATE by the broker)
+MIN_REAUTH_INTERVAL_SECONDS = 1.0
 
 
 class Outcome(enum.Enum):
@@ -50,39 +63,78 @@ class SaslChannelBuilder:
 
     ``mechanisms`` has ``enabled`` (names) and ``server(name)``, a new exchange: ``evaluate(token)`` returns the
     challenge and raises ``SaslAuthenticationError`` (its message goes to the client) or
-    ``InvalidSaslCredentialsError`` (the client gets Kafka's generic message); then ``complete``, ``username``.
-    ``api_versions(payload)`` answers an ApiVersions request (the encoded response)."""
+    ``InvalidSaslCredentialsError`` (the client gets Kafka's generic message); then ``complete``, ``username``,
+    and optionally ``session_expiry_ms``: when the credential expires (milliseconds since the epoch, as a JWT's
+    ``exp`` times 1000; None or absent: never), which bounds the session (Kafka's
+    ``CREDENTIAL_LIFETIME_MS`` negotiated property).
+    ``api_versions(payload)`` answers an ApiVersions request (the encoded response).
+    ``connections_max_reauth_ms``: ``{mechanism: ms}`` (``connections.max.reauth.ms``; absent or 0: no session
+    limit but the credential's)."""
     mechanisms: object
     api_versions: object
     max_receive_size: int = 524288                  # sasl.server.max.receive.size
     failed_authentication_delay_ms: int = 100       # connection.failed.authentication.delay.ms
+    connections_max_reauth_ms: dict = dataclasses.field(default_factory=dict)
 
     def authenticator(self, connection_id):
-        return SaslAuthenticator(connection_id, self.mechanisms, self.api_versions)
+        return SaslAuthenticator(connection_id, self.mechanisms, self.api_versions, self.connections_max_reauth_ms)
 
 
 class SaslAuthenticator:
     """One channel's exchange (see the module docstring): ``handle(payload)`` returns ``(response, Outcome)``;
-    ``complete``, ``principal`` and ``mechanism`` once authenticated."""
+    ``complete``, ``principal`` and ``mechanism`` once authenticated, ``session_expires_at`` (``time.monotonic()``
+    seconds, None: never) while a session has a lifetime."""
 
-    def __init__(self, connection_id, mechanisms, api_versions):
+    def __init__(self, connection_id, mechanisms, api_versions, connections_max_reauth_ms=None):
         self.connection_id = connection_id
         self._mechanisms = mechanisms
         self._api_versions = api_versions
+        self._max_reauth_ms = connections_max_reauth_ms or {}
         self.state = SaslState.HANDSHAKE_OR_VERSIONS_REQUEST
         self.mechanism = None
         self.principal = None
         self.failure = None         # why it failed, for the log (never a secret)
+        self.session_expires_at = None
+        self.client_supports_reauthentication = False   # it sent a SaslAuthenticate of v1 or later
         self._server = None
         self._kafka_headers = True  # SaslAuthenticate requests (handshake v1), else raw tokens (v0)
+        self._previous = None       # (mechanism, principal) of the session being re-authenticated
+        self._bad_mechanism = None  # why a re-authentication with another mechanism fails at its first token
+        self._reauthentication_began = None
 
     @property
     def complete(self):
         return self.state is SaslState.COMPLETE
 
+    @property
+    def reauthenticating(self):
+        return self._previous is not None
+
+    def session_expired(self, now):
+        """True when the session has a lifetime and it is over at ``now`` (``time.monotonic()``)."""
+        return self.session_expires_at is not None and now > self.session_expires_at
+
+    def begin_reauthentication(self, now):
+        """A SaslHandshake came on the authenticated connection: start re-authenticating (then ``handle`` it), or
+        return False when the session has no lifetime or the last re-authentication began less than a second ago
+        (Kafka's ``KafkaChannel.maybeBeginServerReauthentication``; the broker then answers it ILLEGAL_SASL_STATE)."""
+        if not self.complete or self.session_expires_at is None:
+            return False
+        if self._reauthentication_began is not None and now - self._reauthentication_began < \
+                MIN_REAUTH_INTERVAL_SECONDS:
+            return False
+        self._reauthentication_began = now
+        self._previous = (self.mechanism, self.principal)
+        self._server = None
+        self.state = SaslState.HANDSHAKE_REQUEST
+        return True
+
     def handle(self, payload):
         try:
             if self.state is SaslState.AUTHENTICATE:
+                if self._bad_mechanism is not None:
+                    # Kafka's REAUTH_BAD_MECHANISM: the handshake was answered, the first token fails unanswered
+                    return self._fail(None, self._bad_mechanism)
                 if self._kafka_headers:
                     return self._authenticate_request(payload)
                 return self._evaluate(bytes(payload), None)
@@ -115,6 +167,9 @@ class SaslAuthenticator:
         if server is None:
             response = messages.SaslHandshakeResponse(error_code=UNSUPPORTED_SASL_MECHANISM, mechanisms=enabled)
             return self._fail(encode_response(header, response), f"unsupported SASL mechanism {request.mechanism!r}")
+        if self.reauthenticating and request.mechanism != self._previous[0]:
+            self._bad_mechanism = f"SASL mechanism '{request.mechanism}' requested by client is not supported for " \
+                                  f"re-authentication of mechanism '{self._previous[0]}'"
         self._server, self.mechanism = server, request.mechanism
         self._kafka_headers = header.api_version >= 1
         self.state = SaslState.AUTHENTICATE
@@ -132,6 +187,8 @@ class SaslAuthenticator:
             return self._fail(response, f"unexpected Kafka request of type {header.api_key.name} during SASL "
                                         "authentication")
         header, request = decode_request(payload)
+        if header.api_version >= 1:
+            self.client_supports_reauthentication = True
         return self._evaluate(request.auth_bytes, header)
 
     def _evaluate(self, token, header):
@@ -142,17 +199,42 @@ class SaslAuthenticator:
         except SaslAuthenticationError as e:
             return self._fail(self._authenticate_failure(header, str(e)), str(e))
         except InvalidSaslCredentialsError as e:
-            message = f"Authentication failed during authentication due to invalid credentials with SASL " \
-                      f"mechanism {self.mechanism}"
+            message = f"Authentication failed during {'re-' if self.reauthenticating else ''}authentication due to " \
+                      f"invalid credentials with SASL mechanism {self.mechanism}"
             return self._fail(self._authenticate_failure(header, message), str(e))
+        session_lifetime_ms = 0
         if self._server.complete:
+            principal = f"User:{self._server.username}"
+            if self.reauthenticating and principal != self._previous[1]:
+                message = f"Cannot change principals during re-authentication from " \
+                          f"{self._previous[1].replace(':', '.', 1)}: {principal.replace(':', '.', 1)}"
+                return self._fail(self._authenticate_failure(header, message), message)
             self.state = SaslState.COMPLETE
-            self.principal = f"User:{self._server.username}"
+            self.principal = principal
+            self._previous = None
+            session_lifetime_ms = self._start_session()
         if header is None:
             return challenge, Outcome.CONTINUE
         response = messages.SaslAuthenticateResponse(error_code=0, error_message=None, auth_bytes=challenge,
-                                                      session_lifetime_ms=0)
+                                                      session_lifetime_ms=session_lifetime_ms)
         return encode_response(header, response), Outcome.CONTINUE
+
+    def _start_session(self):
+        """The new session's lifetime in ms (0: none): ``connections.max.reauth.ms`` of the mechanism, bounded by
+        the credential's expiry (Kafka's ``ReauthInfo.calcCompletionTimesAndReturnSessionLifetimeMs``)."""
+        lifetimes = []
+        max_reauth_ms = self._max_reauth_ms.get(self.mechanism, 0)
+        if max_reauth_ms > 0:
+            lifetimes.append(max_reauth_ms)
+        expiry_ms = getattr(self._server, "session_expiry_ms", None)
+        if expiry_ms is not None:
+            lifetimes.append(max(0, int(expiry_ms - time.time() * 1000)))
+        if not lifetimes:
+            self.session_expires_at = None
+            return 0
+        lifetime_ms = min(lifetimes)
+        self.session_expires_at = time.monotonic() + lifetime_ms / 1000
+        return lifetime_ms
 
     @staticmethod
     def _authenticate_failure(header, message):

@@ -23,6 +23,7 @@ at once or deferred. A connection that closes while its request is deferred canc
 (its ``on_cancel`` callbacks run, so what was parked can be freed); a response it leaves unsent, or one
 made for it after it closed, is closed (``kmem.send.close_send``): its file descriptors go at once.
 """
+import collections
 import dataclasses
 import errno
 import itertools
@@ -34,13 +35,15 @@ import ssl
 import threading
 import time
 
-from kmem.errors import ConfigError, IllegalStateError
+from kmem.errors import ConfigError, IllegalStateError, SslAuthenticationError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.receive import UNLIMITED, NetworkSend
 from kmem.network.sasl import ANONYMOUS, Outcome
 from kmem.network.selector import Selector
+from kmem.network.ssl_principal import SslPrincipalMapper
 from kmem.network.waker import Waker
 from kmem.pool import MAX_POOL_BYTES, NONE, SimpleMemoryPool
+from kmem.protocol import ApiKey
 from kmem.send import close_send
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,9 @@ BUILD_SLICE_SECONDS = 0.002
 ACCEPT_BACKOFF_MIN_SECONDS = 0.01
 ACCEPT_BACKOFF_MAX_SECONDS = 1.0
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+AUTHENTICATION_METRICS = ("successful-authentication-total", "successful-reauthentication-total",
+                          "failed-authentication-total", "failed-reauthentication-total",
+                          "successful-authentication-no-reauth-total", "expired-connections-killed-count")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,6 +278,12 @@ class _Processor(threading.Thread):
         self._responses = queue.SimpleQueue()
         self._deferred = {}             # connection id -> Deferred of its request in flight
         self._closing = set()           # ids that failed authentication: closed once their response is sent
+        # ids still authenticating -> when they are closed if not done (connections.max.idle.ms after the
+        # authentication began: bytes trickling in do not extend it); in the order of their deadlines
+        self._authentication_deadlines = collections.OrderedDict()
+        # Kafka's selector sensors, by metric name (every name there from the start: metrics() reads them from
+        # another thread)
+        self.authentication_counts = dict.fromkeys(AUTHENTICATION_METRICS, 0)
         self._ids = itertools.count()
         self.after_responses = []       # Request.after_response's work, run after each poll's receives
 
@@ -292,10 +304,12 @@ class _Processor(threading.Thread):
                     self._configure_new_connections()
                     self._process_responses()
                     self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
+                    self._establish_ssl_principals()
                     self._process_completed_receives()
                     self._run_after_responses()
                     self._process_completed_sends()
                     self._process_disconnected()
+                    self._close_unauthenticated()
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -344,9 +358,55 @@ class _Processor(threading.Thread):
             builder = self.server.channel_builder
             if builder is not None:
                 channel.authenticator = builder.authenticator(connection_id)
-                limit = self.selector.max_receive_size
-                channel.max_receive_size = (builder.max_receive_size if limit == UNLIMITED
-                                            else min(limit, builder.max_receive_size))
+                self._authentication_began(channel)
+
+    def _authentication_began(self, channel):
+        """A channel's (re-)authentication began: its frames are read under ``sasl.server.max.receive.size``
+        until it completes, which it must before its deadline."""
+        builder = self.server.channel_builder
+        limit = self.selector.max_receive_size
+        channel.max_receive_size = (builder.max_receive_size if limit == UNLIMITED
+                                    else min(limit, builder.max_receive_size))
+        idle_ms = self.server.config.connections_max_idle_ms
+        if idle_ms >= 0:
+            self._authentication_deadlines[channel.id] = time.monotonic() + idle_ms / 1000
+            self._authentication_deadlines.move_to_end(channel.id)
+
+    def _close_unauthenticated(self):
+        """Close the channels whose authentication did not complete by its deadline (a client that stalls, or
+        sends its token a byte at a time)."""
+        now = time.monotonic()
+        while self._authentication_deadlines:
+            connection_id, deadline = next(iter(self._authentication_deadlines.items()))
+            if deadline > now:
+                return
+            del self._authentication_deadlines[connection_id]
+            channel = self.selector.channel(connection_id)
+            if channel is not None and channel.authenticating:
+                log.info("connection %s from %s: closed, its SASL authentication did not complete within "
+                         "connections.max.idle.ms", connection_id, _peer(channel))
+                self.selector.close(connection_id)
+
+    def _establish_ssl_principals(self):
+        """The principal of each connection of an SSL listener (without SASL) whose TLS handshake completed in this
+        poll, before its first request is handled: its client certificate's, mapped by
+        ``ssl.principal.mapping.rules``; one that no rule maps is closed."""
+        mapper = self.server.ssl_principal_mapper
+        if mapper is None:
+            return
+        for connection_id in self.selector.connected:
+            channel = self.selector.channel(connection_id)
+            if channel is None:
+                continue
+            try:
+                channel.peer_principal = mapper.principal(channel.transport.sock.getpeercert())
+            except (SslAuthenticationError, ValueError, OSError) as e:
+                log.info("connection %s from %s: SSL authentication failed: %s", connection_id, _peer(channel), e)
+                self.selector.close(connection_id)
+                continue
+            if channel.peer_principal != ANONYMOUS:
+                log.info("connection %s from %s: authenticated as %s (SSL client certificate)", connection_id,
+                         _peer(channel), channel.peer_principal)
 
     def _process_responses(self):
         """Send the responses queued for this thread, building those that need it for one slice."""
@@ -395,12 +455,36 @@ class _Processor(threading.Thread):
             channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
             if channel.authenticating:
                 self._authenticate(channel, receive)
-            else:
+            elif channel.authenticator is None or channel.authenticator.session_expires_at is None \
+                    or not self._reauthenticate_or_expire(channel, receive):
                 self._handle(Request(connection_id, self, receive, channel.principal))
+
+    def _reauthenticate_or_expire(self, channel, receive):
+        """For a SASL session with a lifetime (KIP-368): a SaslHandshake begins a re-authentication, another
+        request past the session closes the connection (Kafka's ``SocketServer.processCompletedReceives``).
+        True when the receive was taken so."""
+        authenticator = channel.authenticator
+        now = time.monotonic()
+        payload = memoryview(receive.payload)
+        api_key = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else None
+        payload.release()
+        if api_key == ApiKey.SASL_HANDSHAKE and authenticator.begin_reauthentication(now):
+            self._authentication_began(channel)
+            self._authenticate(channel, receive)
+            return True
+        if not authenticator.session_expired(now):
+            return False
+        log.info("connection %s from %s: closed, the session of %s expired without re-authentication",
+                 channel.id, _peer(channel), authenticator.principal)
+        self.authentication_counts["expired-connections-killed-count"] += 1
+        receive.close()
+        self.selector.close(channel.id)
+        return True
 
     def _authenticate(self, channel, receive):
         """Hand a frame of a channel still authenticating to its SASL authenticator (``kmem.network.sasl``)."""
         authenticator = channel.authenticator
+        again = "re" if authenticator.reauthenticating else ""     # Kafka's metric names; re-authentication
         try:
             response, outcome = authenticator.handle(receive.payload)
             send = None if response is None else NetworkSend(channel.id, response)
@@ -411,13 +495,17 @@ class _Processor(threading.Thread):
             receive.close()
         if outcome is Outcome.CONTINUE:
             if authenticator.complete:
+                self._authentication_deadlines.pop(channel.id, None)
                 channel.max_receive_size = self.selector.max_receive_size
-                log.info("connection %s from %s: authenticated as %s (%s)", channel.id, _peer(channel),
-                         authenticator.principal, authenticator.mechanism)
+                self._count_success(authenticator, again)
+                log.info("connection %s from %s: %sauthenticated as %s (%s)", channel.id, _peer(channel),
+                         again and "re-", authenticator.principal, authenticator.mechanism)
             self._respond_now(channel.id, send)
             return
-        log.info("connection %s from %s: SASL authentication failed%s: %s", channel.id, _peer(channel),
-                 f" ({authenticator.mechanism})" if authenticator.mechanism else "", authenticator.failure)
+        self.authentication_counts[f"failed-{again}authentication-total"] += 1
+        log.info("connection %s from %s: SASL %sauthentication failed%s: %s", channel.id, _peer(channel),
+                 again and "re-", f" ({authenticator.mechanism})" if authenticator.mechanism else "",
+                 authenticator.failure)
         if outcome is Outcome.CLOSE:
             self.selector.close(channel.id)
             return
@@ -428,6 +516,11 @@ class _Processor(threading.Thread):
             self._respond_now(channel.id, send)
         else:
             self.server.timer.schedule(time.monotonic() + delay, lambda: self.respond(channel.id, send))
+
+    def _count_success(self, authenticator, again):
+        self.authentication_counts[f"successful-{again}authentication-total"] += 1
+        if not again and not authenticator.client_supports_reauthentication:
+            self.authentication_counts["successful-authentication-no-reauth-total"] += 1
 
     def _run_after_responses(self):
         work, self.after_responses = self.after_responses, []
@@ -470,6 +563,7 @@ class _Processor(threading.Thread):
     def _process_disconnected(self):
         for connection_id in self.selector.disconnected:
             self._closing.discard(connection_id)
+            self._authentication_deadlines.pop(connection_id, None)
             deferred = self._deferred.pop(connection_id, None)
             if deferred is not None:
                 deferred.cancel()
@@ -569,17 +663,22 @@ class SocketServer:
     With a ``channel_builder`` (``kmem.network.sasl.SaslChannelBuilder``) every connection authenticates with
     SASL before its first request reaches ``handler`` (``request.principal`` says who sent it); failed
     authentications are closed after a delay on ``timer`` (a ``kmem.broker.timer.Timer``; one of its own if
-    none is given).
+    none is given). Without one, on TLS, a client certificate's subject is the principal, mapped by
+    ``ssl_principal_mapper`` (a ``kmem.network.ssl_principal.SslPrincipalMapper``; Kafka's DEFAULT rule if none).
 
     Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
     """
 
-    def __init__(self, handler, config=None, *, channel_builder=None, timer=None, **settings):
+    def __init__(self, handler, config=None, *, channel_builder=None, timer=None, ssl_principal_mapper=None,
+                 **settings):
         if config is not None and settings:
             raise ConfigError("pass either a SocketServerConfig or keyword settings, not both")
         self.config = config if config is not None else SocketServerConfig(**settings)
         self.handler = handler
         self.channel_builder = channel_builder
+        self.ssl_principal_mapper = None
+        if self.config.ssl_context is not None and channel_builder is None:
+            self.ssl_principal_mapper = ssl_principal_mapper or SslPrincipalMapper()
         self.timer = timer
         self._own_timer = False
         bound = self.config.queued_max_request_bytes
@@ -661,9 +760,15 @@ class SocketServer:
             log.exception("releasing the memory of %r failed", request)
 
     def metrics(self):
-        """The pool's sensors under Kafka's names, plus the request queue's length (empty if unbounded)."""
+        """The pool's sensors under Kafka's names (none if unbounded), the request queue's length, and with SASL
+        the authentication counts of Kafka's selector (``successful-authentication-total``,
+        ``successful-reauthentication-total``, ``failed-authentication-total``, ``failed-reauthentication-total``,
+        ``successful-authentication-no-reauth-total``, ``expired-connections-killed-count``)."""
         values = self.pool.metrics() if self.bounded else {}
         values["RequestQueueSize"] = self.requests.qsize()
+        if self.channel_builder is not None:
+            for name in AUTHENTICATION_METRICS:
+                values[name] = sum(processor.authentication_counts[name] for processor in self.processors)
         return values
 
     def register_metrics(self, name="socket_server", registry=None):

@@ -1,7 +1,10 @@
+import java.net.URLDecoder;
+import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collection;
+import java.util.Collections;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -54,6 +57,10 @@ import org.apache.kafka.common.Uuid;
  *   producers BOOTSTRAP TOPIC PARTITION                Admin.describeProducers
  *   abort-txn BOOTSTRAP TOPIC PARTITION PID EPOCH COORDINATOR_EPOCH   Admin.abortTransaction
  *   group-lag BOOTSTRAP GROUP                          a group's committed offsets, log end offsets and lag, by Admin
+ *   client-properties KEY=VALUE...                     added to every client made after (each word URL-encoded,
+ *                                                      as a JAAS configuration has spaces); none: cleared
+ *   stream BOOTSTRAP TOPIC GROUP MILLIS                a producer sending to partition 0 while a consumer reads
+ *                                                      in a group, for MILLIS; then every record read back
  *
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
@@ -92,15 +99,85 @@ public class KafkaClientProbe {
                                                       Long.parseLong(a[3]), Short.parseShort(a[4]),
                                                       Integer.parseInt(a[5]));
             case "group-lag": return groupLag(a[0], a[1]);
+            case "client-properties": return clientProperties(a);
+            case "stream": return stream(a[0], a[1], a[2], Long.parseLong(a[3]));
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
+
+    static final Properties EXTRA = new Properties();
 
     static Properties client(String bootstrap) {
         Properties p = new Properties();
         p.put("bootstrap.servers", bootstrap);
         p.put("client.id", "kmem-java-probe");
+        p.putAll(EXTRA);
         return p;
+    }
+
+    static Object clientProperties(String[] words) {
+        EXTRA.clear();
+        for (String word : words) {
+            String[] entry = URLDecoder.decode(word, StandardCharsets.UTF_8).split("=", 2);
+            EXTRA.put(entry[0], entry[1]);
+        }
+        Map<String, Object> answer = new LinkedHashMap<>();
+        answer.put("properties", new ArrayList<>(EXTRA.stringPropertyNames()));
+        return answer;
+    }
+
+    /** A producer (acks=all) sends "stream-i" to partition 0 every 20 ms or so for MILLIS while a consumer of GROUP
+     * polls; then it reads until it has every record acknowledged. What was sent, acknowledged and read (the
+     * number of distinct records), and every error either client reported. */
+    static Object stream(String bootstrap, String topic, String group, long millis) throws Exception {
+        Properties pp = client(bootstrap);
+        pp.put("key.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        pp.put("value.serializer", "org.apache.kafka.common.serialization.StringSerializer");
+        pp.put("acks", "all");
+        Properties cp = consumer(bootstrap);
+        cp.put("group.id", group);
+        cp.put("auto.offset.reset", "earliest");
+        List<Object> errors = Collections.synchronizedList(new ArrayList<>());
+        TreeSet<String> acked = new TreeSet<>();
+        TreeSet<String> read = new TreeSet<>();
+        int sent = 0;
+        try (KafkaProducer<String, String> producer = new KafkaProducer<>(pp);
+             KafkaConsumer<String, String> consumer = new KafkaConsumer<>(cp)) {
+            consumer.subscribe(List.of(topic));
+            long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(millis);
+            while (System.nanoTime() < end) {
+                String value = "stream-" + sent++;
+                producer.send(new ProducerRecord<>(topic, 0, null, value), (metadata, e) -> {
+                    if (e != null) errors.add(e.toString());
+                    else synchronized (acked) { acked.add(value); }
+                });
+                for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(20)))
+                    read.add(record.value());
+            }
+            producer.flush();
+            long deadline = System.nanoTime() + DEADLINE.toNanos();
+            while (System.nanoTime() < deadline) {
+                synchronized (acked) {
+                    if (read.containsAll(acked)) break;
+                }
+                for (ConsumerRecord<String, String> record : consumer.poll(Duration.ofMillis(100)))
+                    read.add(record.value());
+            }
+            consumer.commitSync(DEADLINE);
+        } catch (RuntimeException e) {
+            errors.add(e.toString());
+        }
+        Map<String, Object> answer = new LinkedHashMap<>();
+        answer.put("sent", sent);
+        synchronized (acked) {
+            answer.put("acked", acked.size());
+            TreeSet<String> missing = new TreeSet<>(acked);
+            missing.removeAll(read);
+            answer.put("missing", missing.size());
+        }
+        answer.put("read", read.size());
+        answer.put("errors", new ArrayList<>(errors));
+        return answer;
     }
 
     static Properties consumer(String bootstrap) {

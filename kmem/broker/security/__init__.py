@@ -17,9 +17,12 @@ SERVED_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
 DEFAULT_ENABLED_MECHANISMS = "GSSAPI"
 DEFAULT_FAILED_AUTHENTICATION_DELAY_MS = 100
 DEFAULT_MAX_RECEIVE_SIZE = 524288
+DEFAULT_MAX_REAUTH_MS = 0       # connections.max.reauth.ms: no re-authentication asked of clients
 # the settings read here; each may also carry the listener's prefix, listener.name.<name>.
 SASL_SETTINGS = ("sasl.enabled.mechanisms", "sasl.jaas.config", "connection.failed.authentication.delay.ms",
-                 "sasl.server.max.receive.size")
+                 "sasl.server.max.receive.size", "connections.max.reauth.ms")
+# those that may also be given per mechanism, listener.name.<name>.<mechanism in lower case>.
+MECHANISM_SETTINGS = ("sasl.jaas.config", "connections.max.reauth.ms")
 
 __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredentialStore", "ScramCredential",
            "ScramServer", "PlainServer", "credential_from_password", "parse_add_scram", "parse_jaas_config",
@@ -27,14 +30,14 @@ __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredenti
 
 
 def is_sasl_setting(name):
-    """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration, a
-    ``<mechanism>.``) prefix."""
+    """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration and
+    ``connections.max.reauth.ms``, a ``<mechanism>.``) prefix."""
     if name in SASL_SETTINGS:
         return True
     if not name.startswith("listener.name."):
         return False
     rest = name[len("listener.name."):].partition(".")[2]
-    return rest in SASL_SETTINGS or rest.partition(".")[2] == "sasl.jaas.config"
+    return rest in SASL_SETTINGS or rest.partition(".")[2] in MECHANISM_SETTINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,11 +47,13 @@ class SaslSettings:
     plain_users: dict = dataclasses.field(default_factory=dict, repr=False)     # passwords: never in a repr
     failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS
     max_receive_size: int = DEFAULT_MAX_RECEIVE_SIZE
+    max_reauth_ms: dict = dataclasses.field(default_factory=dict)       # mechanism -> connections.max.reauth.ms
 
     @classmethod
     def from_settings(cls, merged, listener_name):
         """Read for listener ``listener_name``: ``listener.name.<name>.<setting>`` wins over ``<setting>`` (and for the
-        JAAS configuration, ``listener.name.<name>.<mechanism>.sasl.jaas.config`` over both). A mechanism kmem does
+        JAAS configuration and ``connections.max.reauth.ms``, ``listener.name.<name>.<mechanism>.<setting>`` over
+        both, as Kafka's ``SaslChannelBuilder`` reads them). A mechanism kmem does
         not serve, Kafka's default GSSAPI included, is refused here, at start."""
         prefix = f"listener.name.{listener_name.lower()}."
 
@@ -76,7 +81,14 @@ class SaslSettings:
             users = plain_users(jaas_key, jaas)
         delay_key, delay = setting("connection.failed.authentication.delay.ms", DEFAULT_FAILED_AUTHENTICATION_DELAY_MS)
         size_key, size = setting("sasl.server.max.receive.size", DEFAULT_MAX_RECEIVE_SIZE)
-        return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX))
+        max_reauth_ms = {}
+        for mechanism in enabled:
+            per_mechanism = f"{prefix}{mechanism.lower()}.connections.max.reauth.ms"
+            key, value = ((per_mechanism, merged[per_mechanism]) if per_mechanism in merged
+                          else setting("connections.max.reauth.ms", DEFAULT_MAX_REAUTH_MS))
+            max_reauth_ms[mechanism] = integer(key, value, 0)
+        return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX),
+                   max_reauth_ms)
 
 
 class SaslMechanisms:
