@@ -3,6 +3,7 @@ reads what confluent-kafka wrote, in a group, and a wrong password, a mechanism 
 broker that does not hold the user's credential is refused with one clear error. The SCRAM client is checked
 against RFC 7677's exchange, which nobody here wrote."""
 import base64
+import time
 import uuid
 
 import pytest
@@ -16,7 +17,9 @@ from kmem.consumer import Consumer
 from kmem.consumer import sasl as client_sasl
 from kmem.consumer.sasl import SaslClientSettings
 from kmem.errors import ConfigError, SaslAuthenticationError
+from kmem.records import build_records
 from network_helpers import make_tls_contexts
+from test_broker_sasl_clients import STREAM_SECONDS, assert_reauthenticated, reauth_broker
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 JAAS_MODULES = {"PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
@@ -204,3 +207,26 @@ def test_security_settings_the_tools_cannot_honour_are_refused(tmp_path, propert
     with pytest.raises(CommandError, match=message) as raised:
         client_config(str(config))
     assert raised.value.exit_code == 2
+
+
+def test_the_consumer_re_authenticates_in_time_while_it_reads_a_stream(tmp_path):
+    """KIP-368: with connections.max.reauth.ms the broker's sessions end; kmem's consumer (the broker's only
+    client here: the records are appended in-process) authenticates again on the same connections before they
+    do, and reads every record appended meanwhile."""
+    with reauth_broker(tmp_path) as broker:
+        partition = broker.logs.get_partition("stream", 0)
+        with Consumer.from_properties({"bootstrap.servers": broker.bootstrap_servers, "group.id": "stream",
+                                       "auto.offset.reset": "earliest", "fetch.max.wait.ms": 100,
+                                       "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
+                                       "sasl.jaas.config": jaas("SCRAM-SHA-512", "alice-secret")}) as consumer:
+            consumer.subscribe(["stream"])
+            appended, read, end = 0, [], time.monotonic() + STREAM_SECONDS
+            while time.monotonic() < end:
+                assert partition.append(build_records([b"%d" % appended])).error_code == 0
+                appended += 1
+                read += [record.value for record in consumer.poll(20)]
+            deadline = time.monotonic() + 30
+            while len(read) < appended and time.monotonic() < deadline:
+                read += [record.value for record in consumer.poll(100)]
+        assert read == [b"%d" % i for i in range(appended)]
+        assert_reauthenticated(broker)

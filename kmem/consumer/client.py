@@ -52,6 +52,8 @@ class _Connection:
         self.priority = priority
         self.versions = None            # {api_key: (min, max)} once ApiVersions answered (and SASL succeeded)
         self.exchange = None            # the SASL exchange under way
+        self.reauthenticate_at = None   # KIP-368: when the broker's session for this connection runs out, less a margin
+        self.reauthenticating = None    # the versions to restore once a re-authentication succeeds
         self.waiting = collections.deque()      # (request, body) not yet encoded: versions unknown
         self.queued = collections.deque()       # (request, NetworkSend) encoded, not yet handed to the selector
         self.sending = None                     # request whose send the selector is writing
@@ -170,9 +172,22 @@ class NetworkClient:
                 f"the broker at {conn.address[0]}:{conn.address[1]} does not serve {' and '.join(missing)} at "
                 "the versions of Kafka 1.0 and later: it cannot authenticate this client with SASL"))
             return
-        mechanism = self._sasl.mechanism
-        self._send_opening(conn, messages.SaslHandshakeRequest(mechanism=mechanism),
+        self._start_sasl(conn, versions)
+
+    def _start_sasl(self, conn, versions):
+        self._send_opening(conn, messages.SaslHandshakeRequest(mechanism=self._sasl.mechanism),
                            SASL_VERSIONS[ApiKey.SASL_HANDSHAKE], lambda body: self._on_handshake(conn, versions, body))
+
+    def _maybe_reauthenticate(self, conn):
+        """KIP-368, as Kafka's clients do it: once the session is near its end, requests wait while the
+        connection authenticates again, which starts when nothing is in flight on it."""
+        if conn.reauthenticate_at is not None and conn.versions is not None \
+                and time.monotonic() >= conn.reauthenticate_at:
+            conn.reauthenticating, conn.versions, conn.reauthenticate_at = conn.versions, None, None
+        if conn.reauthenticating is not None and conn.sending is None and not conn.queued and not conn.in_flight:
+            versions, conn.reauthenticating = conn.reauthenticating, None
+            log.debug("re-authenticating connection %s to %s:%s", conn.channel_id, *conn.address)
+            self._start_sasl(conn, versions)
 
     def _on_handshake(self, conn, versions, body):
         if body.error_code:
@@ -206,6 +221,9 @@ class NetworkClient:
             self._authenticate(conn, versions, token)
             return
         conn.exchange = None
+        if body.session_lifetime_ms > 0:
+            # Kafka's clients start at 85-95% of the session, so not every connection does at once
+            conn.reauthenticate_at = time.monotonic() + body.session_lifetime_ms / 1000 * random.uniform(0.85, 0.95)
         self._opened(conn, versions)
 
     def _authentication_failed(self, conn, error):
@@ -249,6 +267,7 @@ class NetworkClient:
         """
         conn = self._connections[channel_id]
         request = _Request(next(self._correlation), body.API_KEY, None, callback, keep_receive)
+        self._maybe_reauthenticate(conn)
         if conn.versions is None:
             conn.waiting.append((request, body))
         else:
@@ -285,6 +304,9 @@ class NetworkClient:
             self._complete(receive)
         for channel_id, reason in selector.disconnected.items():
             self._disconnected(channel_id, reason)
+        for conn in list(self._connections.values()):
+            if conn.reauthenticating is not None:
+                self._maybe_reauthenticate(conn)
         self._expire_requests()
 
     def _complete(self, receive):
