@@ -50,7 +50,8 @@ class SaslChannelBuilder:
 
     ``mechanisms`` has ``enabled`` (names) and ``server(name)``, a new exchange: ``evaluate(token)`` returns the
     challenge and raises ``SaslAuthenticationError`` (its message goes to the client) or
-    ``InvalidSaslCredentialsError`` (the client gets Kafka's generic message); then ``complete``, ``username``.
+    ``InvalidSaslCredentialsError`` (the client gets Kafka's generic message); then ``complete``, ``username``,
+    and ``credential_expiry_ms`` if its credential expires (OAUTHBEARER's token: epoch ms).
     ``api_versions(payload)`` answers an ApiVersions request (the encoded response)."""
     mechanisms: object
     api_versions: object
@@ -63,7 +64,8 @@ class SaslChannelBuilder:
 
 class SaslAuthenticator:
     """One channel's exchange (see the module docstring): ``handle(payload)`` returns ``(response, Outcome)``;
-    ``complete``, ``principal`` and ``mechanism`` once authenticated."""
+    ``complete``, ``principal``, ``mechanism`` and ``credential_expiry_ms`` (None: the credential does not
+    expire) once authenticated."""
 
     def __init__(self, connection_id, mechanisms, api_versions):
         self.connection_id = connection_id
@@ -72,6 +74,7 @@ class SaslAuthenticator:
         self.state = SaslState.HANDSHAKE_OR_VERSIONS_REQUEST
         self.mechanism = None
         self.principal = None
+        self.credential_expiry_ms = None
         self.failure = None         # why it failed, for the log (never a secret)
         self._server = None
         self._kafka_headers = True  # SaslAuthenticate requests (handshake v1), else raw tokens (v0)
@@ -140,7 +143,9 @@ class SaslAuthenticator:
         try:
             challenge = self._server.evaluate(token)
         except SaslAuthenticationError as e:
-            return self._fail(self._authenticate_failure(header, str(e)), str(e))
+            # the cause, if any, says why (an OAUTHBEARER token's fault): for the log, not the client
+            reason = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
+            return self._fail(self._authenticate_failure(header, str(e)), reason)
         except InvalidSaslCredentialsError as e:
             message = f"Authentication failed during authentication due to invalid credentials with SASL " \
                       f"mechanism {self.mechanism}"
@@ -148,6 +153,7 @@ class SaslAuthenticator:
         if self._server.complete:
             self.state = SaslState.COMPLETE
             self.principal = f"User:{self._server.username}"
+            self.credential_expiry_ms = getattr(self._server, "credential_expiry_ms", None)
         if header is None:
             return challenge, Outcome.CONTINUE
         response = messages.SaslAuthenticateResponse(error_code=0, error_message=None, auth_bytes=challenge,

@@ -1,4 +1,4 @@
-"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152): the SASL mechanisms kmem broker serves and what
+"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152, KIP-255, KIP-768): the SASL mechanisms kmem broker serves and what
 they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings for the served listener;
 ``SaslMechanisms`` makes a mechanism server (``evaluate(token)``, ``complete``, ``username``) per exchange, for
 the channel authenticator of ``kmem.network.sasl``."""
@@ -7,19 +7,24 @@ import dataclasses
 from kmem.broker.log.config import INT32_MAX, integer
 from kmem.broker.security.credentials import ScramCredentialStore, parse_add_scram
 from kmem.broker.security.jaas import parse_jaas_config, plain_users
+from kmem.broker.security.oauthbearer import LOGIN_MODULE as OAUTHBEARER_LOGIN_MODULE
+from kmem.broker.security.oauthbearer import (OAUTHBEARER_SETTINGS, JwksSettings, JwksValidator, OAuthBearerServer,
+                                                validator_settings)
 from kmem.broker.security.plain import PlainServer
 from kmem.broker.security.scram import MECHANISMS as SCRAM_MECHANISMS
 from kmem.broker.security.scram import ScramCredential, ScramServer, credential_from_password
 from kmem.errors import ConfigError
 
-SERVED_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+SERVED_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS, "OAUTHBEARER")
 # Kafka's defaults (BrokerSecurityConfigs, KafkaConfig)
 DEFAULT_ENABLED_MECHANISMS = "GSSAPI"
 DEFAULT_FAILED_AUTHENTICATION_DELAY_MS = 100
 DEFAULT_MAX_RECEIVE_SIZE = 524288
 # the settings read here; each may also carry the listener's prefix, listener.name.<name>.
 SASL_SETTINGS = ("sasl.enabled.mechanisms", "sasl.jaas.config", "connection.failed.authentication.delay.ms",
-                 "sasl.server.max.receive.size")
+                 "sasl.server.max.receive.size", *OAUTHBEARER_SETTINGS)
+# the settings that may also carry a mechanism's prefix, listener.name.<name>.<mechanism>.
+MECHANISM_SETTINGS = ("sasl.jaas.config", *OAUTHBEARER_SETTINGS)
 
 __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredentialStore", "ScramCredential",
            "ScramServer", "PlainServer", "credential_from_password", "parse_add_scram", "parse_jaas_config",
@@ -27,14 +32,14 @@ __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredenti
 
 
 def is_sasl_setting(name):
-    """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration, a
-    ``<mechanism>.``) prefix."""
+    """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration and
+    OAUTHBEARER's settings, a ``<mechanism>.``) prefix."""
     if name in SASL_SETTINGS:
         return True
     if not name.startswith("listener.name."):
         return False
     rest = name[len("listener.name."):].partition(".")[2]
-    return rest in SASL_SETTINGS or rest.partition(".")[2] == "sasl.jaas.config"
+    return rest in SASL_SETTINGS or rest.partition(".")[2] in MECHANISM_SETTINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,12 +49,14 @@ class SaslSettings:
     plain_users: dict = dataclasses.field(default_factory=dict, repr=False)     # passwords: never in a repr
     failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS
     max_receive_size: int = DEFAULT_MAX_RECEIVE_SIZE
+    # OAUTHBEARER's validator: an UnsecuredValidator, or JwksSettings (KIP-768)
+    oauthbearer: object = None
 
     @classmethod
     def from_settings(cls, merged, listener_name):
         """Read for listener ``listener_name``: ``listener.name.<name>.<setting>`` wins over ``<setting>`` (and for the
-        JAAS configuration, ``listener.name.<name>.<mechanism>.sasl.jaas.config`` over both). A mechanism kmem does
-        not serve, Kafka's default GSSAPI included, is refused here, at start."""
+        JAAS configuration and OAUTHBEARER's settings, ``listener.name.<name>.<mechanism>.<setting>`` over both). A
+        mechanism kmem does not serve, Kafka's default GSSAPI included, is refused here, at start."""
         prefix = f"listener.name.{listener_name.lower()}."
 
         def setting(name, default=None):
@@ -74,23 +81,43 @@ class SaslSettings:
                 raise ConfigError(f"PLAIN is enabled on listener {listener_name}: set {prefix}plain.sasl.jaas.config "
                                   f"(PlainLoginModule required user_<name>=\"<password>\";)")
             users = plain_users(jaas_key, jaas)
+        oauthbearer = None
+        if "OAUTHBEARER" in enabled:
+            def oauthbearer_setting(name, default=None):
+                key = prefix + "oauthbearer." + name
+                return (key, merged[key]) if key in merged else setting(name, default)
+            jaas_key, jaas = oauthbearer_setting("sasl.jaas.config")
+            modules = parse_jaas_config(jaas_key, jaas) if jaas is not None else []
+            options = next((options for module, options in modules if module == OAUTHBEARER_LOGIN_MODULE), {})
+            oauthbearer = validator_settings(oauthbearer_setting, (jaas_key, options))
         delay_key, delay = setting("connection.failed.authentication.delay.ms", DEFAULT_FAILED_AUTHENTICATION_DELAY_MS)
         size_key, size = setting("sasl.server.max.receive.size", DEFAULT_MAX_RECEIVE_SIZE)
-        return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX))
+        return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX),
+                   oauthbearer)
 
 
 class SaslMechanisms:
     """The mechanism servers of a listener: ``enabled`` (in ``sasl.enabled.mechanisms``' order) and
-    ``server(mechanism)``, a new exchange (None for a mechanism not enabled)."""
+    ``server(mechanism)``, a new exchange (None for a mechanism not enabled). KIP-768's validator reads its
+    JWKS here (``ConfigError`` when it cannot) and refreshes it until ``close()``."""
 
     def __init__(self, settings, scram_credentials):
         self.enabled = list(settings.enabled_mechanisms)
         self._plain_users = settings.plain_users
         self._scram = scram_credentials
+        oauthbearer = settings.oauthbearer
+        self._oauthbearer = oauthbearer.start() if isinstance(oauthbearer, JwksSettings) else oauthbearer
+
+    def close(self):
+        """Stops the JWKS refresh of KIP-768's validator, if any."""
+        if isinstance(self._oauthbearer, JwksValidator):
+            self._oauthbearer.keys.close()
 
     def server(self, mechanism):
         if mechanism not in self.enabled:
             return None
         if mechanism == "PLAIN":
             return PlainServer(self._plain_users)
+        if mechanism == "OAUTHBEARER":
+            return OAuthBearerServer(self._oauthbearer)
         return ScramServer(mechanism, lambda user: self._scram.get(mechanism, user))
