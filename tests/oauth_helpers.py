@@ -1,6 +1,9 @@
 """OAUTHBEARER for the broker tests: JWTs made with PyJWT (unsigned, or signed with an RSA key of
-``cryptography``), the JWKS that verifies them, and RFC 7628's client initial response."""
+``cryptography``), the JWKS that verifies them, RFC 7628's client initial response, and an HTTP endpoint
+serving JSON (a JWKS, or tokens as an OAuth token endpoint serves them)."""
+import http.server
 import json
+import threading
 import time
 
 import jwt
@@ -47,3 +50,47 @@ def initial_response(token, authzid="", **extensions):
     """RFC 7628's client initial response: ``n,[a=authzid],^Aauth=Bearer <token>^A[key=value^A...]^A``."""
     pairs = "".join(f"{key}={value}\x01" for key, value in extensions.items())
     return f"n,{'a=' + authzid if authzid else ''},\x01auth=Bearer {token}\x01{pairs}\x01".encode()
+
+
+class JsonEndpoint(http.server.ThreadingHTTPServer):
+    """Answers every GET and POST on 127.0.0.1 with the JSON of ``answer()``; ``requests`` counts them, and
+    each waits while ``held`` is clear (an endpoint that hangs). ``start()``, ``url``, ``close()``."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.held = threading.Event()
+        self.held.set()
+        self.requests = 0
+        super().__init__(("127.0.0.1", 0), _JsonHandler)
+
+    def start(self):
+        threading.Thread(target=self.serve_forever, name="json-endpoint", daemon=True).start()
+        return self
+
+    @property
+    def url(self):
+        return "http://%s:%d/" % self.server_address
+
+    def close(self):
+        self.held.set()
+        self.shutdown()
+        self.server_close()
+
+
+class _JsonHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.server.requests += 1
+        self.server.held.wait(30)
+        body = json.dumps(self.server.answer()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.do_GET()
+
+    def log_message(self, *args):
+        pass

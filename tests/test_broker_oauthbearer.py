@@ -4,7 +4,6 @@ challenge {"status":"invalid_token"}, then, after the client's ^A, SASL_AUTHENTI
 the close. Tokens are made with PyJWT and cryptography, which nobody here wrote."""
 import base64
 import hmac
-import http.server
 import json
 import logging
 import struct
@@ -17,8 +16,8 @@ from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
 
 from broker_helpers import RawConnection, wait_for
 from network_helpers import closed_by_peer
-from oauth_helpers import (JWKS_VALIDATOR, OAUTHBEARER_JAAS, SigningKey, claims_from_now, initial_response,
-                           unsecured_token, write_jwks)
+from oauth_helpers import (JWKS_VALIDATOR, OAUTHBEARER_JAAS, JsonEndpoint, SigningKey, claims_from_now,
+                           initial_response, unsecured_token, write_jwks)
 from test_broker_sasl import DELAY_SECONDS, authenticate, handshake, metadata_works, pool_is_full
 from kmem.broker import Broker
 from kmem.broker.security import SaslMechanisms, SaslSettings
@@ -292,38 +291,9 @@ def test_a_missing_kid_asks_for_a_refresh_at_most_once_a_minute(tmp_path, signin
         keys.close()
 
 
-class SlowJwksServer(http.server.ThreadingHTTPServer):
-    """Serves ``jwks`` at /jwks; a request waits while ``held`` is clear."""
-
-    def __init__(self, jwks):
-        self.jwks = jwks
-        self.held = threading.Event()
-        self.held.set()
-        self.requests = 0
-        super().__init__(("127.0.0.1", 0), self.Handler)
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.server.requests += 1
-            self.server.held.wait(30)
-            body = json.dumps(self.server.jwks).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    @property
-    def url(self):
-        return "http://%s:%d/jwks" % self.server_address
-
-
 def test_a_jwks_over_http_and_a_refresh_that_hangs_stalls_no_client(tmp_path, signing_key):
-    server = SlowJwksServer({"keys": [signing_key.jwk()]})
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    jwks = {"keys": [signing_key.jwk()]}
+    server = JsonEndpoint(lambda: jwks).start()
     properties = oauthbearer_properties(**{
         "sasl.server.callback.handler.class": JWKS_VALIDATOR, "sasl.oauthbearer.jwks.endpoint.url": server.url,
         "sasl.oauthbearer.jwks.endpoint.refresh.ms": "3600000"})
@@ -337,13 +307,11 @@ def test_a_jwks_over_http_and_a_refresh_that_hangs_stalls_no_client(tmp_path, si
             wait_for(lambda: server.requests == 2, "the refresh the missing kid asked for")
             assert authenticates(broker, signing_key.token(sub="alice"))
             assert time.monotonic() - started < 5       # nothing waited for the hanging endpoint
-            server.jwks = {"keys": [signing_key.jwk(), rotated.jwk()]}
+            jwks["keys"].append(rotated.jwk())
             server.held.set()
             wait_for(lambda: authenticates(broker, rotated.token(sub="alice")), "the rotated key accepted")
     finally:
-        server.held.set()
-        server.shutdown()
-        server.server_close()
+        server.close()
 
 
 @pytest.mark.parametrize("settings, message", [

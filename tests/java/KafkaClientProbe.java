@@ -1,3 +1,8 @@
+import java.io.IOException;
+import java.io.Reader;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -55,6 +60,7 @@ import org.apache.kafka.common.Uuid;
  *   abort-txn BOOTSTRAP TOPIC PARTITION PID EPOCH COORDINATOR_EPOCH   Admin.abortTransaction
  *   group-lag BOOTSTRAP GROUP                          a group's committed offsets, log end offsets and lag, by Admin
  *
+ * BOOTSTRAP may be @FILE, a client properties file (see client()).
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
 public class KafkaClientProbe {
@@ -96,10 +102,20 @@ public class KafkaClientProbe {
         }
     }
 
+    /** BOOTSTRAP is host:port, or @FILE: a client properties file (bootstrap.servers and any other setting, such
+     *  as the security ones), so every command runs with a client configured as a test needs. */
     static Properties client(String bootstrap) {
         Properties p = new Properties();
-        p.put("bootstrap.servers", bootstrap);
         p.put("client.id", "kmem-java-probe");
+        if (!bootstrap.startsWith("@")) {
+            p.put("bootstrap.servers", bootstrap);
+            return p;
+        }
+        try (Reader file = Files.newBufferedReader(Path.of(bootstrap.substring(1)))) {
+            p.load(file);
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
         return p;
     }
 

@@ -1,7 +1,7 @@
-"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152, KIP-255, KIP-768): the SASL mechanisms kmem broker serves and what
-they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings for the served listener;
-``SaslMechanisms`` makes a mechanism server (``evaluate(token)``, ``complete``, ``username``) per exchange, for
-the channel authenticator of ``kmem.network.sasl``."""
+"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152, KIP-255, KIP-768): the SASL mechanisms kmem broker
+serves and what they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings for the served
+listener; ``SaslMechanisms`` makes a mechanism server (``evaluate(token)``, ``complete``, ``username``) per
+exchange, for the channel authenticator of ``kmem.network.sasl``."""
 import dataclasses
 
 from kmem.broker.log.config import INT32_MAX, integer
