@@ -134,6 +134,7 @@ def test_the_authorization_id_and_extensions(unsecured):
     pytest.param("abcde.e30.", id="truncated-base64"),
     pytest.param("bm90IGpzb24.e30.", id="not-json"),
     pytest.param("W10.W10.", id="json-not-an-object"),
+    pytest.param(base64.urlsafe_b64encode(b"[" * 100_000).decode().rstrip("=") + ".e30.", id="json-nested-too-deep"),
 ])
 def test_a_bad_unsecured_token_is_refused_as_kafka_refuses_it(unsecured, token):
     assert refused_as_kafka_refuses(unsecured, token)

@@ -149,7 +149,7 @@ def _base64url_json(section):
     try:
         decoded = base64.b64decode(section + "=" * (-len(section) % 4), altchars=b"-_", validate=True)
         value = json.loads(decoded)
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):       # RecursionError: JSON nested too deep
         raise TokenError("malformed Base64 URL encoded value or JSON") from None
     if not isinstance(value, dict):
         raise TokenError("malformed JSON: not an object")
@@ -238,7 +238,7 @@ class UnsecuredValidator:
                 # the scope as Kafka writes a Java list: [a, b]
                 raise TokenError(f"The provided scope ({sorted(scope)}) was missing a required scope ({item})",
                                  scope=f"[{', '.join(self.required_scope)}]")
-        return Token(principal, scope, round(expiration * 1000))
+        return Token(principal, scope, min(round(expiration * 1000), INT64_MAX))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,7 +261,7 @@ class JwksValidator:
             raise TokenError("Malformed JWT provided; expected three sections (header, payload, and signature)")
         try:
             header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError as e:
+        except (jwt.PyJWTError, RecursionError) as e:
             raise TokenError(f"Could not validate the access token: {e}") from None
         algorithm, key_id = header.get("alg"), header.get("kid")
         if not isinstance(algorithm, str) or algorithm == "none" or algorithm[:2] not in _KEY_TYPES:
@@ -276,7 +276,7 @@ class JwksValidator:
             claims = jwt.decode(token, key, algorithms=[algorithm], audience=list(self.expected_audience) or None,
                                 issuer=self.expected_issuer, leeway=self.clock_skew_seconds,
                                 options={"require": ["exp", "iat"]})
-        except jwt.PyJWTError as e:
+        except (jwt.PyJWTError, RecursionError) as e:
             raise TokenError(f"Could not validate the access token: {e}") from None
         subject = claims.get(self.sub_claim_name)
         if not isinstance(subject, str) or not subject.strip():
@@ -290,7 +290,7 @@ class JwksValidator:
             raise TokenError(f"{self.scope_claim_name} value must not contain duplicates")
         if claims["exp"] < 0 or claims["iat"] < 0:
             raise TokenError("exp and iat values must be non-negative")
-        return Token(subject.strip(), frozenset(scope), round(claims["exp"] * 1000))
+        return Token(subject.strip(), frozenset(scope), min(round(claims["exp"] * 1000), INT64_MAX))
 
 
 class JwksKeys:
