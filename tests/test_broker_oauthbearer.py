@@ -279,6 +279,16 @@ def test_a_missing_kid_is_refused_at_once_and_fetches_the_jwks_again(signed, sig
     assert authenticates(signed, signing_key.token(**signed_claims()))
 
 
+def test_a_jwks_holding_a_private_key_verifies_with_its_public_part(tmp_path, signing_key):
+    private = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(signing_key.private_key))
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**private, "kid": signing_key.kid}]}))
+    properties = oauthbearer_properties(**{"sasl.server.callback.handler.class": JWKS_VALIDATOR,
+                                           "sasl.oauthbearer.jwks.endpoint.url": (tmp_path / "jwks.json").as_uri()})
+    with Broker(tmp_path / "logs", properties=properties) as broker:
+        assert authenticates(broker, signing_key.token(sub="alice"))
+        assert refused_as_kafka_refuses(broker, SigningKey(signing_key.kid).token(sub="alice"))
+
+
 def test_a_missing_kid_asks_for_a_refresh_at_most_once_a_minute(tmp_path, signing_key):
     keys = JwksKeys(write_jwks(tmp_path / "jwks.json", signing_key)).start()
     try:

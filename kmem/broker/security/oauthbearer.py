@@ -16,6 +16,7 @@ import base64
 import binascii
 import collections
 import dataclasses
+import http.client
 import json
 import logging
 import math
@@ -52,6 +53,8 @@ MAX_KEY_ID_LENGTH = 1000
 JWKS_FETCH_TIMEOUT_S = 10
 MAX_JWKS_SIZE = 1 << 20
 CONTROL_A = b"\x01"
+# what reading a JWKS may raise: the network, HTTP, a file, or its JSON (nested too deep included)
+_FETCH_ERRORS = (OSError, http.client.HTTPException, ValueError, RecursionError)
 
 # Kafka's OAuthBearerClientInitialResponse grammar
 _SASLNAME = r"(?:[\x01-\x2b\x2d-\x3c\x3e-\x7f]|=2C|=3D)+"
@@ -64,6 +67,8 @@ _AUTH = re.compile(r"(?P<scheme>\w+) +(?P<token>[-_~+/.a-zA-Z0-9]+=*)", re.ASCII
 _SCOPE_ITEM = re.compile(r"[\x21\x23-\x5b\x5d-\x7e]+")
 # a JWS alg -> the JWK key type that verifies it
 _KEY_TYPES = {"RS": "RSA", "PS": "RSA", "ES": "EC", "Ed": "OKP", "HS": "oct"}
+# RFC 7518's private members of RSA, EC and OKP keys
+_PRIVATE_MEMBERS = frozenset(("d", "p", "q", "dp", "dq", "qi", "oth"))
 
 
 class TokenError(Exception):
@@ -302,21 +307,21 @@ class JwksKeys:
     def __init__(self, url, refresh_ms=DEFAULT_JWKS_REFRESH_MS, retry_backoff_ms=DEFAULT_JWKS_RETRY_BACKOFF_MS,
                  retry_backoff_max_ms=DEFAULT_JWKS_RETRY_BACKOFF_MAX_MS):
         self.url = url
-        self._refresh_s = refresh_ms / 1000
-        self._retry_backoff_s = retry_backoff_ms / 1000
-        self._retry_backoff_max_s = retry_backoff_max_ms / 1000
+        # Kafka's settings are longs; a thread cannot wait longer than TIMEOUT_MAX
+        self._refresh_s = min(refresh_ms / 1000, threading.TIMEOUT_MAX)
+        self._retry_backoff_s = min(retry_backoff_ms / 1000, threading.TIMEOUT_MAX)
+        self._retry_backoff_max_s = min(retry_backoff_max_ms / 1000, threading.TIMEOUT_MAX)
         self._jwks = []                                 # JWK dicts, replaced whole by a refresh
         self._missing = collections.OrderedDict()       # key id -> when it may ask for a refresh again
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = None
-        self.refreshes = 0
 
     def start(self):
         try:
             self._jwks = self._fetch()
-        except (OSError, ValueError) as e:
+        except _FETCH_ERRORS as e:
             raise ConfigError(f"sasl.oauthbearer.jwks.endpoint.url = {self.url}: cannot read its JWKS: {e}") from None
         self._thread = threading.Thread(target=self._run, name="kmem-oauthbearer-jwks", daemon=True)
         self._thread.start()
@@ -335,7 +340,9 @@ class JwksKeys:
             if (key_id is None or jwk.get("kid") == key_id) and jwk.get("kty") == key_type \
                     and jwk.get("use", "sig") == "sig" and jwk.get("alg", algorithm) == algorithm:
                 try:
-                    return jwt.PyJWK(jwk, algorithm)
+                    # a private key's members (a JWKS published by mistake) are left out: it verifies as public
+                    return jwt.PyJWK({name: value for name, value in jwk.items() if name not in _PRIVATE_MEMBERS},
+                                     algorithm)
                 except jwt.PyJWTError:
                     continue
         self.expedite_refresh(key_id or "")
@@ -370,7 +377,7 @@ class JwksKeys:
             try:
                 jwks = self._fetch()
                 break
-            except (OSError, ValueError) as e:
+            except _FETCH_ERRORS as e:
                 if waited >= self._retry_backoff_max_s or self._stop.wait(backoff):
                     log.warning("OAuth JWKS refresh of %s failed, keeping the keys held: %s", self.url, e)
                     return
@@ -380,7 +387,6 @@ class JwksKeys:
             for jwk in jwks:
                 self._missing.pop(jwk.get("kid"), None)
             self._jwks = jwks
-            self.refreshes += 1
         log.info("OAuth JWKS refreshed from %s: %d keys", self.url, len(jwks))
 
     def _fetch(self):
