@@ -302,6 +302,25 @@ def test_a_missing_kid_asks_for_a_refresh_at_most_once_a_minute(tmp_path, signin
         keys.close()
 
 
+def test_the_jwks_is_read_every_refresh_ms_and_a_failed_read_keeps_the_keys(signing_key):
+    answers = [{"keys": [signing_key.jwk()]}]
+    endpoint = JsonEndpoint(lambda: answers[-1]).start()
+    keys = JwksKeys(endpoint.url, refresh_ms=50, retry_backoff_ms=10, retry_backoff_max_ms=20).start()
+    try:
+        wait_for(lambda: endpoint.requests >= 3, "the JWKS read again")
+        answers.append(["not", "a", "jwks"])
+        requests = endpoint.requests
+        wait_for(lambda: endpoint.requests >= requests + 6, "failed reads retried, then read again")
+        assert keys.key(signing_key.kid, "RS256") is not None
+        rotated = SigningKey("key-2")
+        answers.append({"keys": [rotated.jwk()]})
+        wait_for(lambda: keys.key("key-2", "RS256") is not None, "the new JWKS")
+        assert keys.key(signing_key.kid, "RS256") is None
+    finally:
+        keys.close()
+        endpoint.close()
+
+
 def test_a_jwks_over_http_and_a_refresh_that_hangs_stalls_no_client(tmp_path, signing_key):
     jwks = {"keys": [signing_key.jwk()]}
     server = JsonEndpoint(lambda: jwks).start()

@@ -26,8 +26,6 @@ import time
 import urllib.parse
 import urllib.request
 
-import jwt
-
 from kmem.broker.log.config import INT32_MAX, INT64_MAX, integer
 from kmem.errors import ConfigError, InvalidSaslCredentialsError, SaslAuthenticationError
 
@@ -260,6 +258,9 @@ class JwksValidator:
     scope_claim_name: str = "scope"
 
     def validate(self, token):
+        # PyJWT (with cryptography, about 160 ms to import) loads only when KIP-768's validator is used
+        import jwt
+
         token = token.strip()
         sections = token.split(".")
         if len(sections) != 3 or not all(section.strip() for section in sections):
@@ -335,6 +336,8 @@ class JwksKeys:
 
     def key(self, key_id, algorithm):
         """The ``jwt.PyJWK`` that verifies ``algorithm`` with id ``key_id`` (any id when None), else None."""
+        import jwt
+
         key_type = _KEY_TYPES[algorithm[:2]]
         for jwk in self._jwks:
             if (key_id is None or jwk.get("kid") == key_id) and jwk.get("kty") == key_type \
