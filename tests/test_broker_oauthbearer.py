@@ -344,6 +344,24 @@ def test_a_jwks_over_http_and_a_refresh_that_hangs_stalls_no_client(tmp_path, si
         server.close()
 
 
+def jwks_threads():
+    return sum(thread.name == "kmem-oauthbearer-jwks" for thread in threading.enumerate())
+
+
+def test_the_jwks_refresh_ends_with_the_broker_and_with_a_failed_start(tmp_path, jwks_file):
+    properties = oauthbearer_properties(**{"sasl.server.callback.handler.class": JWKS_VALIDATOR,
+                                           "sasl.oauthbearer.jwks.endpoint.url": jwks_file.as_uri()})
+    before = jwks_threads()
+    with Broker(tmp_path / "a", properties=properties) as broker:
+        assert jwks_threads() == before + 1
+        # the same port again: the listener cannot bind, and the start undoes itself
+        host, port = broker.server.address
+        with pytest.raises(OSError):
+            Broker(tmp_path / "b", port=port, properties=properties).start()
+        assert jwks_threads() == before + 1
+    assert jwks_threads() == before
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"sasl.server.callback.handler.class": "com.example.MyHandler"}, "com.example.MyHandler"),
     ({"sasl.server.callback.handler.class": JWKS_VALIDATOR}, "sasl.oauthbearer.jwks.endpoint.url"),
