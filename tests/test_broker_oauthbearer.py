@@ -289,10 +289,23 @@ def test_a_jwks_holding_a_private_key_verifies_with_its_public_part(tmp_path, si
         assert refused_as_kafka_refuses(broker, SigningKey(signing_key.kid).token(sub="alice"))
 
 
+def test_a_jwks_key_without_kid_use_or_alg_verifies_any_token_of_its_type(tmp_path, signing_key):
+    """As jose4j's VerificationJwkSelector selects keys for Kafka's validator."""
+    bare = {name: value for name, value in signing_key.jwk().items() if name not in ("kid", "use", "alg")}
+    (tmp_path / "jwks.json").write_text(json.dumps({"keys": [{**bare, "use": "enc"}, bare]}))
+    keys = JwksKeys((tmp_path / "jwks.json").as_uri()).start()
+    try:
+        assert keys.key("any", "RS256") is not None and keys.key("any", "PS384") is not None
+        assert keys.key("any", "ES256") is None
+    finally:
+        keys.close()
+
+
 def test_a_missing_kid_asks_for_a_refresh_at_most_once_a_minute(tmp_path, signing_key):
     keys = JwksKeys(write_jwks(tmp_path / "jwks.json", signing_key)).start()
     try:
         assert keys.key(signing_key.kid, "RS256") is not None and keys.key(signing_key.kid, "ES256") is None
+        assert keys.key(None, "RS256") is not None and keys.key("other", "RS256") is None
         assert keys.expedite_refresh("unknown") and not keys.expedite_refresh("unknown")
         assert not keys.expedite_refresh("k" * 1001)         # garbage: never asks, never remembered
         for i in range(16):

@@ -335,12 +335,13 @@ class JwksKeys:
             self._thread.join(JWKS_FETCH_TIMEOUT_S + 1)
 
     def key(self, key_id, algorithm):
-        """The ``jwt.PyJWK`` that verifies ``algorithm`` with id ``key_id`` (any id when None), else None."""
+        """The ``jwt.PyJWK`` that verifies ``algorithm`` with id ``key_id`` (None: any id), else None."""
         import jwt
 
         key_type = _KEY_TYPES[algorithm[:2]]
         for jwk in self._jwks:
-            if (key_id is None or jwk.get("kid") == key_id) and jwk.get("kty") == key_type \
+            # as jose4j's VerificationJwkSelector: a key without kid, use or alg may match any
+            if (key_id is None or jwk.get("kid", key_id) == key_id) and jwk.get("kty") == key_type \
                     and jwk.get("use", "sig") == "sig" and jwk.get("alg", algorithm) == algorithm:
                 try:
                     # a private key's members (a JWKS published by mistake) are left out: it verifies as public
