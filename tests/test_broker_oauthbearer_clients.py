@@ -1,9 +1,11 @@
 """confluent-kafka (librdkafka) and Apache's Java client 3.9.1 over SASL_PLAINTEXT with OAUTHBEARER: with Kafka's
 default unsecured validator (each client's own unsecured token) and with KIP-768's JWKS validator (signed tokens:
-confluent-kafka's oauth_cb, the Java client's OAuthBearerLoginCallbackHandler and a token endpoint). Each
-produces and consumes in a group, and is refused a bad token with the error its own API reports."""
+confluent-kafka's oauth_cb, and a token endpoint for librdkafka's OIDC client and the Java client's
+OAuthBearerLoginCallbackHandler). Each produces and consumes in a group, and is refused a bad token with the
+error its own API reports."""
 import uuid
 
+import jwt
 import pytest
 
 from broker_helpers import wait_for
@@ -53,7 +55,6 @@ def signed_token_callback(key, subject="alice"):
 
 
 def jwt_expiry(token):
-    import jwt
     return jwt.decode(token, options={"verify_signature": False})["exp"]
 
 
@@ -66,6 +67,18 @@ def confluent_refused(bootstrap, config):
     wait_for(lambda: producer.poll(0.1) is not None and errors, "librdkafka's error callback")
     producer.purge()
     return errors[0]
+
+
+@pytest.fixture
+def token_endpoint(signing_key):
+    """An OAuth token endpoint (client_credentials): each POST gets a new token signed by ``endpoint.key``."""
+    def token():
+        access_token = endpoint.key.token(sub="alice", aud="kmem")
+        return {"access_token": access_token, "token_type": "Bearer", "expires_in": 3600}
+    endpoint = JsonEndpoint(token)
+    endpoint.key = signing_key
+    yield endpoint.start()
+    endpoint.close()
 
 
 # confluent-kafka
@@ -103,6 +116,17 @@ def test_confluent_kafka_refused_a_token_signed_by_another_key(signed, signing_k
                                                          "sasl.mechanism": "OAUTHBEARER",
                                                          "oauth_cb": signed_token_callback(impostor)})
     assert error.code() == KafkaError._AUTHENTICATION and INVALID_TOKEN in error.str()
+
+
+def test_confluent_kafka_with_tokens_from_a_token_endpoint(signed, token_endpoint):
+    """librdkafka's own OIDC client (sasl.oauthbearer.method=oidc): client credentials at the token endpoint."""
+    topic = f"oidc-{uuid.uuid4().hex[:6]}"
+    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "OAUTHBEARER", "sasl.oauthbearer.method": "oidc",
+              "sasl.oauthbearer.client.id": "kmem-test", "sasl.oauthbearer.client.secret": "not-checked",
+              "sasl.oauthbearer.token.endpoint.url": token_endpoint.url + "token"}
+    seen = round_trip_confluent(signed.bootstrap_servers, topic, config)
+    assert sorted(seen) == [b"%d" % i for i in range(RECORDS)]
+    assert token_endpoint.requests >= 1
 
 
 # Apache's Java client 3.9.1
@@ -147,18 +171,6 @@ def test_java_client_refused_an_unsecured_token_without_the_broker_s_scope(tmp_p
         answer = probe("produce", client, "refused", "none", 1)
     assert answer["error"] == "SaslAuthenticationException"
     assert '{"status":"insufficient_scope", "scope":"[kafka]"}' in answer["message"]
-
-
-@pytest.fixture
-def token_endpoint(signing_key):
-    """An OAuth token endpoint (client_credentials): each POST gets a new token signed by ``endpoint.key``."""
-    def token():
-        access_token = endpoint.key.token(sub="alice", aud="kmem")
-        return {"access_token": access_token, "token_type": "Bearer", "expires_in": 3600}
-    endpoint = JsonEndpoint(token)
-    endpoint.key = signing_key
-    yield endpoint.start()
-    endpoint.close()
 
 
 def signed_java_client(path, bootstrap, token_endpoint):
