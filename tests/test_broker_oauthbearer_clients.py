@@ -1,8 +1,8 @@
-"""confluent-kafka (librdkafka) and Apache's Java client 3.9.1 over SASL_PLAINTEXT with OAUTHBEARER: with Kafka's
-default unsecured validator (each client's own unsecured token) and with KIP-768's JWKS validator (signed tokens:
-confluent-kafka's oauth_cb, and a token endpoint for librdkafka's OIDC client and the Java client's
-OAuthBearerLoginCallbackHandler). Each produces and consumes in a group, and is refused a bad token with the
-error its own API reports."""
+"""confluent-kafka (librdkafka), Apache's Java client 3.9.1, kafka-python and aiokafka over SASL_PLAINTEXT with
+OAUTHBEARER: with Kafka's default unsecured validator (each client's own unsecured token) and with KIP-768's JWKS
+validator (signed tokens: confluent-kafka's oauth_cb, the Python clients' token providers, and a token endpoint
+for librdkafka's OIDC client and the Java client's OAuthBearerLoginCallbackHandler). Each produces and consumes
+in a group; librdkafka and the Java client are refused a bad token with the error their own API reports."""
 import uuid
 
 import jwt
@@ -11,7 +11,7 @@ import pytest
 from broker_helpers import wait_for
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from oauth_helpers import JWKS_VALIDATOR, OAUTHBEARER_JAAS, JsonEndpoint, SigningKey, write_jwks
-from test_broker_sasl_clients import RECORDS, round_trip_confluent
+from test_broker_sasl_clients import RECORDS, ROUND_TRIPS, round_trip_confluent
 from kmem.broker import Broker
 
 INVALID_TOKEN = '{"status":"invalid_token"}'
@@ -127,6 +127,33 @@ def test_confluent_kafka_with_tokens_from_a_token_endpoint(signed, token_endpoin
     seen = round_trip_confluent(signed.bootstrap_servers, topic, config)
     assert sorted(seen) == [b"%d" % i for i in range(RECORDS)]
     assert token_endpoint.requests >= 1
+
+
+# kafka-python and aiokafka: a token provider of their own each
+
+def python_clients_config(client, key):
+    """kafka-python's or aiokafka's settings, with a token provider signing with ``key``."""
+    if client == "kafka-python":
+        from kafka.net.sasl.oauth import AbstractTokenProvider
+
+        class Provider(AbstractTokenProvider):
+            def token(self):
+                return key.token(sub="alice", aud="kmem")
+    else:
+        from aiokafka.abc import AbstractTokenProvider
+
+        class Provider(AbstractTokenProvider):
+            async def token(self):
+                return key.token(sub="alice", aud="kmem")
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "OAUTHBEARER",
+            "sasl_oauth_token_provider": Provider()}
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "aiokafka"])
+def test_python_clients_with_signed_tokens_from_their_token_provider(signed, signing_key, client):
+    topic = f"{client}-signed-{uuid.uuid4().hex[:6]}"
+    seen = ROUND_TRIPS[client][0](signed.bootstrap_servers, topic, python_clients_config(client, signing_key))
+    assert sorted(seen) == [b"%d" % i for i in range(RECORDS)]
 
 
 # Apache's Java client 3.9.1
