@@ -4,8 +4,10 @@ challenge {"status":"invalid_token"}, then, after the client's ^A, SASL_AUTHENTI
 the close. Tokens are made with PyJWT and cryptography, which nobody here wrote."""
 import base64
 import hmac
+import itertools
 import json
 import logging
+import re
 import struct
 import threading
 import time
@@ -21,8 +23,8 @@ from oauth_helpers import (JWKS_VALIDATOR, OAUTHBEARER_JAAS, JsonEndpoint, Signi
 from test_broker_sasl import DELAY_SECONDS, authenticate, handshake, metadata_works, pool_is_full
 from kmem.broker import Broker
 from kmem.broker.security import SaslMechanisms, SaslSettings
-from kmem.broker.security.oauthbearer import JwksKeys
-from kmem.errors import ConfigError
+from kmem.broker.security.oauthbearer import JwksKeys, parse_client_initial_response
+from kmem.errors import ConfigError, InvalidSaslCredentialsError
 from kmem.network import SaslChannelBuilder
 
 INVALID_TOKEN = '{"status":"invalid_token"}'
@@ -157,6 +159,21 @@ def test_a_malformed_client_message_gets_kafkas_generic_failure(unsecured, messa
         response = authenticate(connection, message)
         assert (response.error_code, response.error_message) == (58, GENERIC_FAILURE)
         assert closed_by_peer(connection.sock)
+
+
+def test_the_authorization_id_is_read_with_kafkas_grammar():
+    """kmem writes Kafka's saslname, (?:[\\x01-\\x7F&&[^=,]]|=2C|=3D)+, unrolled: the same names are read."""
+    kafkas = re.compile(r"n,(?:a=(?:[\x01-\x2b\x2d-\x3c\x3e-\x7f]|=2C|=3D)+)?,\x01auth=Bearer t\x01\x01")
+    for length in range(5):
+        for name in map("".join, itertools.product(["a", "=", "2", "C", "3", "D", ",", "\x01", "\x80"],
+                                                   repeat=length)):
+            message = f"n,a={name},\x01auth=Bearer t\x01\x01"
+            try:
+                parse_client_initial_response(message.encode())
+                read = True
+            except InvalidSaslCredentialsError:
+                read = False
+            assert read == bool(kafkas.fullmatch(message)), repr(name)
 
 
 def test_after_a_v0_handshake_the_challenge_is_raw_and_the_failure_closes(unsecured):

@@ -54,8 +54,10 @@ CONTROL_A = b"\x01"
 # what reading a JWKS may raise: the network, HTTP, a file, or its JSON (nested too deep included)
 _FETCH_ERRORS = (OSError, http.client.HTTPException, ValueError, RecursionError)
 
-# Kafka's OAuthBearerClientInitialResponse grammar
-_SASLNAME = r"(?:[\x01-\x2b\x2d-\x3c\x3e-\x7f]|=2C|=3D)+"
+# Kafka's OAuthBearerClientInitialResponse grammar. Its saslname, (?:[\x01-\x7F&&[^=,]]|=2C|=3D)+, is
+# written unrolled (runs of plain characters, then escapes): the same strings, matched in linear time without an
+# alternation per character (which took 0.2 s to refuse a 500 kB authzid, on the network thread)
+_SASLNAME = r"(?=[^,])[\x01-\x2b\x2d-\x3c\x3e-\x7f]*(?:=(?:2C|3D)[\x01-\x2b\x2d-\x3c\x3e-\x7f]*)*"
 _KEY = r"[A-Za-z]+"
 _VALUE = r"[\x21-\x7e \t\r\n]+"
 _CLIENT_INITIAL_RESPONSE = re.compile(
