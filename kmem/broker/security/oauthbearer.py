@@ -49,6 +49,7 @@ MISSING_KEY_ID_RETRY_S = 60
 MISSING_KEY_IDS_REMEMBERED = 16
 MAX_KEY_ID_LENGTH = 1000
 JWKS_FETCH_TIMEOUT_S = 10
+CLOSE_WAIT_S = 2
 MAX_JWKS_SIZE = 1 << 20
 CONTROL_A = b"\x01"
 # what reading a JWKS may raise: the network, HTTP, a file, or its JSON (nested too deep included)
@@ -331,10 +332,12 @@ class JwksKeys:
         return self
 
     def close(self):
+        """Stops the refresh thread; one stuck in a read of the JWKS endpoint (a daemon holding nothing) is not
+        waited for beyond ``CLOSE_WAIT_S``, so a broker's shutdown does not hang on its identity provider."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(JWKS_FETCH_TIMEOUT_S + 1)
+            self._thread.join(CLOSE_WAIT_S)
 
     def key(self, key_id, algorithm):
         """The ``jwt.PyJWK`` that verifies ``algorithm`` with id ``key_id`` (None: any id), else None."""
