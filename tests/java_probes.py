@@ -70,3 +70,12 @@ def start_probe(directory, source_name, classpath):
     assert compiled.returncode == 0, compiled.stderr
     return JavaProbe(os.path.splitext(source_name)[0], os.pathsep.join([str(directory), *classpath]),
                      os.path.join(directory, "probe.log"))
+
+
+def client_properties(path, bootstrap, **settings):
+    """A client properties file at ``path`` (``bootstrap.servers`` and ``settings``, Kafka's names); the probe's
+    BOOTSTRAP argument that makes a command's clients read it, ``@path``. Values must hold no backslash (a
+    properties file escapes them)."""
+    assert not any("\\" in str(value) for value in settings.values())
+    path.write_text("".join(f"{key}={value}\n" for key, value in {"bootstrap.servers": bootstrap, **settings}.items()))
+    return f"@{path}"

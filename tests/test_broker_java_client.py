@@ -11,13 +11,12 @@ group consumer over SASL re-authenticating (KIP-368).
 tests/java/KafkaClientProbe.java runs in one JVM for the whole module (``java_probes``: compiled with javac, a
 command a line, a JSON answer each). Skipped without a JDK or the jar's wheel; the jar's SHA-256 is checked
 before use."""
-from urllib.parse import quote
 
 import pytest
 
 from broker_helpers import stored_batches, wait_for
 from consumer_helpers import Recorder
-from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
+from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, client_properties, start_probe, wheel_jar
 from kmem.broker import Broker
 from kmem.broker.log.checkpoints import random_uuid
 from kmem.consumer import Consumer, TopicPartition
@@ -311,11 +310,8 @@ def test_a_producer_and_a_group_consumer_re_authenticate_over_sasl(probe, tmp_pa
     jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="alice-secret";'
     settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.jaas.config": jaas}
     with reauth_broker(tmp_path) as broker:
-        assert probe("client-properties", *(quote(f"{k}={v}", safe="") for k, v in settings.items()))
-        try:
-            answer = probe("stream", broker.bootstrap_servers, "stream", "stream", STREAM_SECONDS * 1000)
-        finally:
-            probe("client-properties")
+        client = client_properties(tmp_path / "client.properties", broker.bootstrap_servers, **settings)
+        answer = probe("stream", client, "stream", "stream", STREAM_SECONDS * 1000)
         assert answer["errors"] == []
         assert answer["acked"] == answer["sent"] > 0 and answer["missing"] == 0
         assert_reauthenticated(broker)

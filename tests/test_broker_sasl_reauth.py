@@ -242,9 +242,9 @@ def test_connections_max_reauth_ms_per_listener_and_per_mechanism():
 
 
 def test_a_credential_expiry_bounds_the_session():
-    """A mechanism server reporting ``session_expiry_ms`` (OAUTHBEARER's token ``exp``) shortens the session."""
+    """A mechanism server reporting ``credential_expiry_ms`` (OAUTHBEARER's token ``exp``) shortens the session."""
     class ExpiringPlain(PlainServer):
-        session_expiry_ms = time.time() * 1000 + 400
+        credential_expiry_ms = time.time() * 1000 + 400
 
     class Mechanisms:
         enabled = ["PLAIN"]

@@ -191,7 +191,7 @@ def test_sasl_settings():
 
 @pytest.mark.parametrize("merged, message", [
     ({}, r"not GSSAPI \(Kafka default GSSAPI\)"),
-    ({"sasl.enabled.mechanisms": "SCRAM-SHA-256,OAUTHBEARER"}, "not OAUTHBEARER"),
+    ({"sasl.enabled.mechanisms": "SCRAM-SHA-256,GSSAPI"}, "not GSSAPI$"),
     ({"sasl.enabled.mechanisms": "PLAIN"}, "set listener.name.sasl_plaintext.plain.sasl.jaas.config"),
     ({"sasl.enabled.mechanisms": "PLAIN", "sasl.jaas.config": "x required;"}, "no .*PlainLoginModule"),
     ({"sasl.enabled.mechanisms": "PLAIN", "sasl.jaas.config": PLAIN_JAAS,

@@ -97,6 +97,7 @@ class Broker:
         self.transactions = None
         self.admin = None
         self.timer = None
+        self._sasl_mechanisms = None
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._maintenance = None
@@ -130,6 +131,7 @@ class Broker:
                                        timer=self.timer, ssl_principal_mapper=self.settings.ssl_principal_mapper)
             self.server.start()
         except BaseException:
+            self._close_sasl()
             if self.transactions is not None:
                 self.transactions.close()
             if self.coordinator is not None:
@@ -154,10 +156,16 @@ class Broker:
         sasl = self.settings.sasl
         if sasl is None:
             return None
-        mechanisms = SaslMechanisms(sasl, ScramCredentialStore(self.log_dir))
+        mechanisms = self._sasl_mechanisms = SaslMechanisms(sasl, ScramCredentialStore(self.log_dir))
         return SaslChannelBuilder(mechanisms, dispatcher.api_versions, max_receive_size=sasl.max_receive_size,
                                   failed_authentication_delay_ms=sasl.failed_authentication_delay_ms,
                                   connections_max_reauth_ms=sasl.max_reauth_ms)
+
+    def _close_sasl(self):
+        """Stops what the SASL mechanisms run beside the listener (KIP-768's JWKS refresh)."""
+        if self._sasl_mechanisms is not None:
+            self._sasl_mechanisms.close()
+            self._sasl_mechanisms = None
 
     def endpoint(self):
         """The advertised ``(host, port)``: ``advertised.listeners``, else the bound address."""
@@ -201,6 +209,7 @@ class Broker:
         self.transactions.close()
         self.coordinator.close()
         self.server.close()
+        self._close_sasl()
         self.timer.close()
         if self._maintenance is not None:
             self._maintenance.join()

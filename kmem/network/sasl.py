@@ -17,7 +17,7 @@ the response (SASL_AUTHENTICATION_FAILED and Kafka's message, or None), which th
 (``CLOSE``) end it at once.
 
 Re-authentication (KIP-368, Kafka's ``ReauthInfo``): with ``connections.max.reauth.ms`` > 0, or a mechanism
-whose credential expires (``session_expiry_ms``), an authentication opens a session of that many milliseconds
+whose credential expires (``credential_expiry_ms``), an authentication opens a session of that many milliseconds
 (the smaller of the two), told to the client in ``session_lifetime_ms``. A SaslHandshake on the authenticated
 connection (``begin_reauthentication``, at most once a second as Kafka's ``KafkaChannel`` allows) runs the
 exchange again: same mechanism (another one is refused at its first token, with no answer), same principal
@@ -64,8 +64,8 @@ class SaslChannelBuilder:
     ``mechanisms`` has ``enabled`` (names) and ``server(name)``, a new exchange: ``evaluate(token)`` returns the
     challenge and raises ``SaslAuthenticationError`` (its message goes to the client) or
     ``InvalidSaslCredentialsError`` (the client gets Kafka's generic message); then ``complete``, ``username``,
-    and optionally ``session_expiry_ms``: when the credential expires (milliseconds since the epoch, as a JWT's
-    ``exp`` times 1000; None or absent: never), which bounds the session (Kafka's
+    and optionally ``credential_expiry_ms``: when the credential expires (milliseconds since the epoch, as a
+    JWT's ``exp`` times 1000; None or absent: never), which bounds the session (Kafka's
     ``CREDENTIAL_LIFETIME_MS`` negotiated property).
     ``api_versions(payload)`` answers an ApiVersions request (the encoded response).
     ``connections_max_reauth_ms``: ``{mechanism: ms}`` (``connections.max.reauth.ms``; absent or 0: no session
@@ -82,8 +82,9 @@ class SaslChannelBuilder:
 
 class SaslAuthenticator:
     """One channel's exchange (see the module docstring): ``handle(payload)`` returns ``(response, Outcome)``;
-    ``complete``, ``principal`` and ``mechanism`` once authenticated, ``session_expires_at`` (``time.monotonic()``
-    seconds, None: never) while a session has a lifetime."""
+    ``complete``, ``principal``, ``mechanism`` and ``credential_expiry_ms`` (None: the credential does not
+    expire) once authenticated, ``session_expires_at`` (``time.monotonic()`` seconds, None: never) while a session
+    has a lifetime."""
 
     def __init__(self, connection_id, mechanisms, api_versions, connections_max_reauth_ms=None):
         self.connection_id = connection_id
@@ -93,6 +94,7 @@ class SaslAuthenticator:
         self.state = SaslState.HANDSHAKE_OR_VERSIONS_REQUEST
         self.mechanism = None
         self.principal = None
+        self.credential_expiry_ms = None
         self.failure = None         # why it failed, for the log (never a secret)
         self.session_expires_at = None
         self.client_supports_reauthentication = False   # it sent a SaslAuthenticate of v1 or later
@@ -197,7 +199,9 @@ class SaslAuthenticator:
         try:
             challenge = self._server.evaluate(token)
         except SaslAuthenticationError as e:
-            return self._fail(self._authenticate_failure(header, str(e)), str(e))
+            # the cause, if any, says why (an OAUTHBEARER token's fault): for the log, not the client
+            reason = str(e) if e.__cause__ is None else f"{e}: {e.__cause__}"
+            return self._fail(self._authenticate_failure(header, str(e)), reason)
         except InvalidSaslCredentialsError as e:
             message = f"Authentication failed during {'re-' if self.reauthenticating else ''}authentication due to " \
                       f"invalid credentials with SASL mechanism {self.mechanism}"
@@ -212,6 +216,7 @@ class SaslAuthenticator:
             self.state = SaslState.COMPLETE
             self.principal = principal
             self._previous = None
+            self.credential_expiry_ms = getattr(self._server, "credential_expiry_ms", None)
             session_lifetime_ms = self._start_session()
         if header is None:
             return challenge, Outcome.CONTINUE
@@ -226,9 +231,8 @@ class SaslAuthenticator:
         max_reauth_ms = self._max_reauth_ms.get(self.mechanism, 0)
         if max_reauth_ms > 0:
             lifetimes.append(max_reauth_ms)
-        expiry_ms = getattr(self._server, "session_expiry_ms", None)
-        if expiry_ms is not None:
-            lifetimes.append(max(0, int(expiry_ms - time.time() * 1000)))
+        if self.credential_expiry_ms is not None:
+            lifetimes.append(max(0, int(self.credential_expiry_ms - time.time() * 1000)))
         if not lifetimes:
             self.session_expires_at = None
             return 0

@@ -1,5 +1,8 @@
-import java.net.URLDecoder;
-import java.nio.charset.StandardCharsets;
+import java.io.IOException;
+import java.io.Reader;
+import java.io.UncheckedIOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -62,6 +65,7 @@ import org.apache.kafka.common.Uuid;
  *   stream BOOTSTRAP TOPIC GROUP MILLIS                a producer sending to partition 0 while a consumer reads
  *                                                      in a group, for MILLIS; then every record read back
  *
+ * BOOTSTRAP may be @FILE, a client properties file (see client()).
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
 public class KafkaClientProbe {
@@ -99,31 +103,26 @@ public class KafkaClientProbe {
                                                       Long.parseLong(a[3]), Short.parseShort(a[4]),
                                                       Integer.parseInt(a[5]));
             case "group-lag": return groupLag(a[0], a[1]);
-            case "client-properties": return clientProperties(a);
             case "stream": return stream(a[0], a[1], a[2], Long.parseLong(a[3]));
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
 
-    static final Properties EXTRA = new Properties();
-
+    /** BOOTSTRAP is host:port, or @FILE: a client properties file (bootstrap.servers and any other setting, such
+     *  as the security ones), so every command runs with a client configured as a test needs. */
     static Properties client(String bootstrap) {
         Properties p = new Properties();
-        p.put("bootstrap.servers", bootstrap);
         p.put("client.id", "kmem-java-probe");
-        p.putAll(EXTRA);
-        return p;
-    }
-
-    static Object clientProperties(String[] words) {
-        EXTRA.clear();
-        for (String word : words) {
-            String[] entry = URLDecoder.decode(word, StandardCharsets.UTF_8).split("=", 2);
-            EXTRA.put(entry[0], entry[1]);
+        if (!bootstrap.startsWith("@")) {
+            p.put("bootstrap.servers", bootstrap);
+            return p;
         }
-        Map<String, Object> answer = new LinkedHashMap<>();
-        answer.put("properties", new ArrayList<>(EXTRA.stringPropertyNames()));
-        return answer;
+        try (Reader file = Files.newBufferedReader(Path.of(bootstrap.substring(1)))) {
+            p.load(file);
+        } catch (IOException e) {
+            throw new UncheckedIOException(e);
+        }
+        return p;
     }
 
     /** A producer (acks=all) sends "stream-i" to partition 0 every 20 ms or so for MILLIS while a consumer of GROUP

@@ -1,18 +1,21 @@
-"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152): the SASL mechanisms kmem broker serves and what
-they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings for the served listener;
-``SaslMechanisms`` makes a mechanism server (``evaluate(token)``, ``complete``, ``username``) per exchange, for
-the channel authenticator of ``kmem.network.sasl``."""
+"""Authentication as Kafka does it (KIP-43, KIP-84, KIP-152, KIP-255, KIP-768): the SASL mechanisms kmem broker
+serves and what they check against. ``SaslSettings.from_settings`` reads Kafka's SASL settings for the served
+listener; ``SaslMechanisms`` makes a mechanism server (``evaluate(token)``, ``complete``, ``username``) per
+exchange, for the channel authenticator of ``kmem.network.sasl``."""
 import dataclasses
 
 from kmem.broker.log.config import INT32_MAX, integer
 from kmem.broker.security.credentials import ScramCredentialStore, parse_add_scram
 from kmem.broker.security.jaas import parse_jaas_config, plain_users
+from kmem.broker.security.oauthbearer import LOGIN_MODULE as OAUTHBEARER_LOGIN_MODULE
+from kmem.broker.security.oauthbearer import (OAUTHBEARER_SETTINGS, JwksSettings, JwksValidator, OAuthBearerServer,
+                                                validator_settings)
 from kmem.broker.security.plain import PlainServer
 from kmem.broker.security.scram import MECHANISMS as SCRAM_MECHANISMS
 from kmem.broker.security.scram import ScramCredential, ScramServer, credential_from_password
 from kmem.errors import ConfigError
 
-SERVED_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS)
+SERVED_MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS, "OAUTHBEARER")
 # Kafka's defaults (BrokerSecurityConfigs, KafkaConfig)
 DEFAULT_ENABLED_MECHANISMS = "GSSAPI"
 DEFAULT_FAILED_AUTHENTICATION_DELAY_MS = 100
@@ -20,9 +23,9 @@ DEFAULT_MAX_RECEIVE_SIZE = 524288
 DEFAULT_MAX_REAUTH_MS = 0       # connections.max.reauth.ms: no re-authentication asked of clients
 # the settings read here; each may also carry the listener's prefix, listener.name.<name>.
 SASL_SETTINGS = ("sasl.enabled.mechanisms", "sasl.jaas.config", "connection.failed.authentication.delay.ms",
-                 "sasl.server.max.receive.size", "connections.max.reauth.ms")
+                 "sasl.server.max.receive.size", "connections.max.reauth.ms", *OAUTHBEARER_SETTINGS)
 # those that may also be given per mechanism, listener.name.<name>.<mechanism in lower case>.
-MECHANISM_SETTINGS = ("sasl.jaas.config", "connections.max.reauth.ms")
+MECHANISM_SETTINGS = ("sasl.jaas.config", "connections.max.reauth.ms", *OAUTHBEARER_SETTINGS)
 
 __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredentialStore", "ScramCredential",
            "ScramServer", "PlainServer", "credential_from_password", "parse_add_scram", "parse_jaas_config",
@@ -31,7 +34,7 @@ __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredenti
 
 def is_sasl_setting(name):
     """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration and
-    ``connections.max.reauth.ms``, a ``<mechanism>.``) prefix."""
+    ``connections.max.reauth.ms`` and OAUTHBEARER's settings, a ``<mechanism>.``) prefix."""
     if name in SASL_SETTINGS:
         return True
     if not name.startswith("listener.name."):
@@ -48,13 +51,15 @@ class SaslSettings:
     failed_authentication_delay_ms: int = DEFAULT_FAILED_AUTHENTICATION_DELAY_MS
     max_receive_size: int = DEFAULT_MAX_RECEIVE_SIZE
     max_reauth_ms: dict = dataclasses.field(default_factory=dict)       # mechanism -> connections.max.reauth.ms
+    # OAUTHBEARER's validator: an UnsecuredValidator, or JwksSettings (KIP-768)
+    oauthbearer: object = None
 
     @classmethod
     def from_settings(cls, merged, listener_name):
         """Read for listener ``listener_name``: ``listener.name.<name>.<setting>`` wins over ``<setting>`` (and for the
-        JAAS configuration and ``connections.max.reauth.ms``, ``listener.name.<name>.<mechanism>.<setting>`` over
-        both, as Kafka's ``SaslChannelBuilder`` reads them). A mechanism kmem does
-        not serve, Kafka's default GSSAPI included, is refused here, at start."""
+        JAAS configuration, ``connections.max.reauth.ms`` and OAUTHBEARER's settings,
+        ``listener.name.<name>.<mechanism>.<setting>`` over both, as Kafka's ``SaslChannelBuilder`` reads them). A
+        mechanism kmem does not serve, Kafka's default GSSAPI included, is refused here, at start."""
         prefix = f"listener.name.{listener_name.lower()}."
 
         def setting(name, default=None):
@@ -79,6 +84,15 @@ class SaslSettings:
                 raise ConfigError(f"PLAIN is enabled on listener {listener_name}: set {prefix}plain.sasl.jaas.config "
                                   f"(PlainLoginModule required user_<name>=\"<password>\";)")
             users = plain_users(jaas_key, jaas)
+        oauthbearer = None
+        if "OAUTHBEARER" in enabled:
+            def oauthbearer_setting(name, default=None):
+                key = prefix + "oauthbearer." + name
+                return (key, merged[key]) if key in merged else setting(name, default)
+            jaas_key, jaas = oauthbearer_setting("sasl.jaas.config")
+            modules = parse_jaas_config(jaas_key, jaas) if jaas is not None else []
+            options = next((options for module, options in modules if module == OAUTHBEARER_LOGIN_MODULE), {})
+            oauthbearer = validator_settings(oauthbearer_setting, (jaas_key, options))
         delay_key, delay = setting("connection.failed.authentication.delay.ms", DEFAULT_FAILED_AUTHENTICATION_DELAY_MS)
         size_key, size = setting("sasl.server.max.receive.size", DEFAULT_MAX_RECEIVE_SIZE)
         max_reauth_ms = {}
@@ -88,21 +102,31 @@ class SaslSettings:
                           else setting("connections.max.reauth.ms", DEFAULT_MAX_REAUTH_MS))
             max_reauth_ms[mechanism] = integer(key, value, 0)
         return cls(enabled, users, integer(delay_key, delay, 0, INT32_MAX), integer(size_key, size, 1, INT32_MAX),
-                   max_reauth_ms)
+                   max_reauth_ms, oauthbearer)
 
 
 class SaslMechanisms:
     """The mechanism servers of a listener: ``enabled`` (in ``sasl.enabled.mechanisms``' order) and
-    ``server(mechanism)``, a new exchange (None for a mechanism not enabled)."""
+    ``server(mechanism)``, a new exchange (None for a mechanism not enabled). KIP-768's validator reads its
+    JWKS here (``ConfigError`` when it cannot) and refreshes it until ``close()``."""
 
     def __init__(self, settings, scram_credentials):
         self.enabled = list(settings.enabled_mechanisms)
         self._plain_users = settings.plain_users
         self._scram = scram_credentials
+        oauthbearer = settings.oauthbearer
+        self._oauthbearer = oauthbearer.start() if isinstance(oauthbearer, JwksSettings) else oauthbearer
+
+    def close(self):
+        """Stops the JWKS refresh of KIP-768's validator, if any."""
+        if isinstance(self._oauthbearer, JwksValidator):
+            self._oauthbearer.keys.close()
 
     def server(self, mechanism):
         if mechanism not in self.enabled:
             return None
         if mechanism == "PLAIN":
             return PlainServer(self._plain_users)
+        if mechanism == "OAUTHBEARER":
+            return OAuthBearerServer(self._oauthbearer)
         return ScramServer(mechanism, lambda user: self._scram.get(mechanism, user))
