@@ -2,6 +2,8 @@
 SASL settings, without a network: each against an independent client (kafka-python's ScramClient) or RFC 7677's
 exchange."""
 import base64
+import hashlib
+import hmac
 import json
 import os
 
@@ -66,7 +68,8 @@ def _started(mechanism="SCRAM-SHA-256"):
 
 
 @pytest.mark.parametrize("final, reason", [
-    (lambda f: f.replace(b",r=", b",r=x"), "nonce"),                  # another nonce
+    (lambda f: f.replace(b",p=", b"x,p="), "nonce"),                  # another nonce
+    (lambda f: f.replace(b",r=", b",r=x"), "credentials"),            # ends with the nonce: the proof fails
     (lambda f: f[:len(f) // 2], "invalid client final"),              # truncated
     (lambda f: f.replace(b"c=biws", b"c=eSws"), "channel binding"),   # y,, instead of n,,
     (lambda f: f[:-8] + b"AAAAAAA=", "credentials"),                  # another proof
@@ -77,6 +80,25 @@ def test_scram_bad_client_final(final, reason):
     with pytest.raises(InvalidSaslCredentialsError, match=reason):
         server.evaluate(final(client.final_message()))
     assert not server.complete
+
+
+def test_scram_final_with_the_client_nonce_twice_is_accepted_as_kafka_accepts_it():
+    """librdkafka 2.0 (Debian's kcat) sends ``r=<client nonce><client nonce><server nonce>`` in its final message;
+    Kafka's ScramSaslServer only checks that the nonce ends with the server-first's, and the proof covers the
+    message as sent."""
+    server = scram.ScramServer("SCRAM-SHA-256", {"alice": credential_from_password("SCRAM-SHA-256", "alice-secret",
+                                                                                  salt=b"salt")}.get)
+    first_bare = "n=alice,r=client-nonce"
+    server_first = server.evaluate(b"n,," + first_bare.encode()).decode()
+    nonce = server_first.split(",")[0][len("r="):]
+    without_proof = f"c=biws,r=client-nonce{nonce}"
+    salted = hashlib.pbkdf2_hmac("sha256", b"alice-secret", b"salt", 4096)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), f"{first_bare},{server_first},{without_proof}".encode(),
+                         "sha256").digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    server.evaluate(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+    assert server.complete and server.username == "alice"
 
 
 def test_scram_final_replayed_on_another_exchange_fails():
