@@ -244,3 +244,66 @@ def test_a_jaas_setting_continued_over_lines_as_kafka_writes_it(tmp_path):
     properties.pop("path")
     settings = SaslSettings.from_settings(properties, "SASL_PLAINTEXT")
     assert settings.plain_users == {"admin": "admin-secret", "alice": "alice-secret"}
+
+
+JAAS_FILE = """// the broker's JAAS file, as Kafka's documentation writes it
+KafkaServer {
+    org.apache.kafka.common.security.plain.PlainLoginModule required
+    username="admin"
+    password="admin-secret"   /* the broker's own, for inter-broker connections */
+    user_admin="admin-secret"
+    user_alice="alice-secret";
+    org.apache.kafka.common.security.scram.ScramLoginModule required;
+};
+sasl_ssl.KafkaServer {
+    org.apache.kafka.common.security.plain.PlainLoginModule required user_bob="bob-}-secret";
+};
+Client { org.apache.zookeeper.server.auth.DigestLoginModule required username="zk" password="zk-secret"; };
+"""
+
+
+def test_a_jaas_file_gives_each_listener_its_context_as_kafkas_jaas_context(tmp_path):
+    """<listener>.KafkaServer, else KafkaServer (JaasContext.loadServerContext); a sasl.jaas.config setting wins."""
+    path = tmp_path / "kafka_server_jaas.conf"
+    path.write_text(JAAS_FILE)
+    from_file = {"sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256", "java.security.auth.login.config": str(path)}
+    assert SaslSettings.from_settings(from_file, "SASL_PLAINTEXT").plain_users == {"admin": "admin-secret",
+                                                                                  "alice": "alice-secret"}
+    assert SaslSettings.from_settings(from_file, "SASL_SSL").plain_users == {"bob": "bob-}-secret"}
+    for setting in ("sasl.jaas.config", "listener.name.sasl_ssl.plain.sasl.jaas.config"):
+        assert SaslSettings.from_settings({**from_file, setting: PLAIN_JAAS}, "SASL_SSL").plain_users["alice"] == \
+            "alice-secret"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret; };',
+     "cannot read the JAAS configuration at line 1"),
+    ('KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret"; }',
+     "the context KafkaServer must end with '};'"),
+    ('KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule user_alice="alice-secret"; };',
+     "a JAAS login module must read"),
+    ('KafkaServer {\n org.apache.kafka.common.security.plain.PlainLoginModule required user_alice "alice-secret"; };',
+     "the options of org.apache.kafka.common.security.plain.PlainLoginModule must read"),
+    ('/* KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";',
+     "cannot read the JAAS configuration at line 1"),
+    ('Client { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret"; };',
+     "could not find a 'KafkaServer' or 'sasl_plaintext.KafkaServer' entry"),
+    ('KafkaServer { org.apache.kafka.common.security.scram.ScramLoginModule required user_alice="alice-secret"; };',
+     "context KafkaServer has no org.apache.kafka.common.security.plain.PlainLoginModule entry"),
+    (None, "cannot read the JAAS file"),
+])
+def test_a_bad_jaas_file_is_refused_naming_the_file_never_a_password(tmp_path, text, message):
+    path = tmp_path / "jaas.conf"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as raised:
+        SaslSettings.from_settings({"sasl.enabled.mechanisms": "PLAIN", "java.security.auth.login.config": str(path)},
+                                   "SASL_PLAINTEXT")
+    assert str(path) in str(raised.value) and "alice-secret" not in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unreadable_sasl_jaas_config_never_echoes_a_password():
+    with pytest.raises(ConfigError) as raised:
+        plain_users("sasl.jaas.config", 'x required user_a="alice-secret" user_b="unclosed;')
+    assert "alice-secret" not in str(raised.value)
