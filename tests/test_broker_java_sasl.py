@@ -5,11 +5,15 @@ are refused a wrong password with SaslAuthenticationException, and the users sti
 
 The probe's clients take their settings from a client properties file (``@FILE`` for BOOTSTRAP), written here as
 a production client configuration is."""
+import pathlib
+import re
+
 import pytest
 
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from network_helpers import make_tls_contexts
 from kmem.broker import Broker
+from kmem.pytest_plugin import start_sasl_broker
 
 RUNTIME_JARS = ("lz4-java.jar", "snappy-java.jar", "zstd-jni.jar", "slf4j-api.jar")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -49,12 +53,12 @@ def probe(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):
-    """``(properties of a SASL_SSL listener, the PEM truststore of its certificate)``."""
+    """``(the PEM keystore of a SASL_SSL listener, the PEM truststore of its certificate)``."""
     directory = tmp_path_factory.mktemp("java-sasl-tls")
     make_tls_contexts(str(directory))
-    bundle = directory / "bundle.pem"
-    bundle.write_bytes((directory / "cert.pem").read_bytes() + (directory / "key.pem").read_bytes())
-    return {**sasl_properties("SASL_SSL"), "ssl.keystore.location": str(bundle)}, str(directory / "cert.pem")
+    keystore = directory / "keystore.pem"
+    keystore.write_bytes((directory / "cert.pem").read_bytes() + (directory / "key.pem").read_bytes())
+    return str(keystore), str(directory / "cert.pem")
 
 
 def round_trip(probe, bootstrap, topic):
@@ -71,7 +75,8 @@ def refused(probe, bootstrap):
 
 def test_the_admin_client_creates_scram_users_who_then_produce_consume_and_survive_a_restart(
         probe, tmp_path, tls):
-    tls_properties, truststore = tls
+    keystore, truststore = tls
+    tls_properties = {**sasl_properties("SASL_SSL"), "ssl.keystore.location": keystore}
     with Broker(tmp_path / "logs", properties=sasl_properties("SASL_PLAINTEXT")) as broker:
         admin = client_file(tmp_path, broker, "PLAIN", "admin", "admin-secret")
         assert probe("scram-describe", admin, "carol")["carol"]["error"] == "ResourceNotFoundException"
@@ -93,3 +98,31 @@ def test_the_admin_client_creates_scram_users_who_then_produce_consume_and_survi
             refused(probe, client_file(tmp_path, broker, mechanism, user, "wrong", truststore))
         assert probe("scram-describe", client_file(tmp_path, broker, "SCRAM-SHA-512", "carol", "carol-512",
                                                    truststore), "carol")["carol"][1] == ["SCRAM-SHA-512", 4096]
+
+
+def documented_java_configurations():
+    """The ```properties blocks of docs/security.md: the Java client's settings per mechanism."""
+    text = (pathlib.Path(__file__).resolve().parent.parent / "docs" / "security.md").read_text()
+    return [dict(line.split("=", 1) for line in block.strip().splitlines())
+            for block in re.findall(r"^```properties\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)]
+
+
+def test_the_documented_java_client_configurations_run(probe, tmp_path, tls):
+    """Each block, as written but for the broker's address and the truststore's path, produces, consumes in a
+    group and lists topics, against a broker from the pytest plugin's start_sasl_broker."""
+    keystore, truststore = tls
+    configurations = documented_java_configurations()
+    assert {(c["security.protocol"], c["sasl.mechanism"]) for c in configurations} == {
+        ("SASL_PLAINTEXT", "PLAIN"), ("SASL_PLAINTEXT", "SCRAM-SHA-256"), ("SASL_SSL", "SCRAM-SHA-512")}
+    for number, configuration in enumerate(configurations):
+        ssl = configuration["security.protocol"] == "SASL_SSL"
+        broker = start_sasl_broker(tmp_path / f"logs-{number}", {"alice": "alice-secret"},
+                                   keystore=keystore if ssl else None)
+        try:
+            settings = {**configuration, "bootstrap.servers": broker.bootstrap_servers,
+                        **({"ssl.truststore.location": truststore} if ssl else {})}
+            path = tmp_path / f"client-{number}.properties"
+            path.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+            round_trip(probe, f"@{path}", f"documented-{number}")
+        finally:
+            broker.close()
