@@ -382,7 +382,7 @@ def test_broker_help_describes_the_command_and_every_option(tmp_path):
     assert "Run a single-node Kafka broker on a log directory" in result.stdout
     options = result.stdout.split("options:")[1].split("exit codes:")[0]
     described = {entry.split()[0]: entry.split()[2:] for entry in options.split("\n  -")[1:]}
-    assert sorted(described) == ["-config", "-host", "-log-dir", "-override", "-port", "h,"]
+    assert sorted(described) == ["-config", "-host", "-jaas", "-log-dir", "-override", "-port", "h,"]
     assert all(len(words) > 4 for words in described.values()), described
     assert "  2  not started" in result.stdout
 
