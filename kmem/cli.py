@@ -276,7 +276,8 @@ SCRAM_DESCRIPTION = """\
 Add (or replace) SCRAM users of a kmem broker's log directory before it starts, as Kafka's
 'kafka-storage format --add-scram' does: their salted credentials (never the password) go to the
 log directory's scram-credentials.json; a broker started on it authenticates them with SCRAM-SHA-256
-or SCRAM-SHA-512 on a SASL listener (sasl.enabled.mechanisms). The broker must be stopped."""
+or SCRAM-SHA-512 on a SASL listener (sasl.enabled.mechanisms). The broker must be stopped (while it
+runs, its admin API manages users: AlterUserScramCredentials, KIP-554, as kafka-configs sends it)."""
 
 
 SCRAM_EXIT_CODES = """\

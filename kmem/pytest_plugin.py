@@ -118,9 +118,9 @@ def kafka_sasl_broker_factory(request, tmp_path_factory):
     the test's own with a SASL listener and ``users`` (``{name: password}``), see ``start_sasl_broker``; the ini
     settings apply under ``properties``. Stopped after the test."""
     def make(users, mechanisms=SASL_MECHANISMS, *, keystore=None, properties=None, **keywords):
+        properties = {**_ini_settings(request.config), **(properties or {})}
         broker = start_sasl_broker(tmp_path_factory.mktemp("kafka-sasl-broker"), users, mechanisms,
-                                   keystore=keystore, properties={**_ini_settings(request.config), **(properties or {})},
-                                   **keywords)
+                                   keystore=keystore, properties=properties, **keywords)
         request.addfinalizer(broker.close)
         return broker
     return make

@@ -13,6 +13,7 @@ kmem has no authorizer yet: any client that reached the broker (authenticated, o
 them, as Kafka does with no ``authorizer.class.name``.
 """
 import logging
+import threading
 
 from kmem.broker.codes import ErrorCode
 from kmem.broker.security.scram import MAX_ITERATIONS, MIN_ITERATIONS, credential_from_salted_password
@@ -38,6 +39,7 @@ class ScramAdminHandlers:
 
     def __init__(self, credentials):
         self.credentials = credentials
+        self._altering = threading.Lock()   # io threads alter one request at a time, as Kafka's controller does
 
     def describe_user_scram_credentials(self, header, request):
         Result = messages.DescribeUserScramCredentialsResponse.DescribeUserScramCredentialsResult
@@ -61,6 +63,10 @@ class ScramAdminHandlers:
     def alter_user_scram_credentials(self, header, request):
         """Each user is altered once per request: a second deletion or upsertion of a user (whatever the
         mechanism) fails that user with DUPLICATE_RESOURCE, and what was accepted for it is dropped."""
+        with self._altering:        # a deletion is checked against the credentials it then removes
+            return self._alter(header, request)
+
+    def _alter(self, header, request):
         deletions, upsertions, errors = {}, {}, {}
         for deletion in request.deletions:
             name = deletion.name
@@ -101,9 +107,15 @@ class ScramAdminHandlers:
                 log.exception("AlterUserScramCredentials: cannot write %s", self.credentials.path)
                 errors.update((name, (ErrorCode.UNKNOWN_SERVER_ERROR, None)) for name in [*deletions, *credentials])
                 deletions, credentials = {}, {}
+            else:
+                log.info("SCRAM credentials altered (client %r): deleted %s, upserted %s", header.client_id,
+                         sorted(deletions.values()) or "none",
+                         sorted((mechanism, name) for mechanism, name, _ in credentials.values()) or "none")
         Result = messages.AlterUserScramCredentialsResponse.AlterUserScramCredentialsResult
-        results = [Result(user=name, error_code=ErrorCode.NONE, error_message=None) for name in [*deletions, *credentials]]
-        results += [Result(user=name, error_code=code, error_message=message) for name, (code, message) in errors.items()]
+        results = [Result(user=name, error_code=ErrorCode.NONE, error_message=None)
+                   for name in [*deletions, *credentials]]
+        results += [Result(user=name, error_code=code, error_message=message)
+                    for name, (code, message) in errors.items()]
         return messages.AlterUserScramCredentialsResponse(throttle_time_ms=0, results=results)
 
     def _deletion_error(self, deletion):

@@ -11,8 +11,8 @@ SCRAM_LOGIN_MODULE = "org.apache.kafka.common.security.scram.ScramLoginModule"
 SERVER_CONTEXT = "KafkaServer"       # Kafka's JaasContext.GLOBAL_CONTEXT_NAME_SERVER
 _FLAGS = ("required", "requisite", "sufficient", "optional")
 _TOKEN = re.compile(r'\s*(?:(?P<quoted>"(?:[^"\\]|\\.)*")|(?P<semicolon>;)|(?P<equals>=)|(?P<word>[^\s=;"]+))', re.S)
-_FILE_TOKEN = re.compile(r'\s*(?:(?P<comment>//[^\n]*|/\*.*?\*/)|(?P<quoted>"(?:[^"\\]|\\.)*")|(?P<open>\{)|(?P<close>\})'
-                         r'|(?P<semicolon>;)|(?P<equals>=)|(?P<word>[^\s=;"{}/]+))', re.S)
+_FILE_TOKEN = re.compile(r'\s*(?:(?P<comment>//[^\n]*|/\*.*?\*/)|(?P<quoted>"(?:[^"\\]|\\.)*")'
+                         r'|(?P<open>\{)|(?P<close>\})|(?P<semicolon>;)|(?P<equals>=)|(?P<word>[^\s=;"{}/]+))', re.S)
 
 
 def _tokens(setting, text, pattern=_TOKEN):
