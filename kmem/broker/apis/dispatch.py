@@ -9,8 +9,8 @@ and answers in one of three ways (see ``kmem.network.server``):
   purgatory), a JoinGroup or SyncGroup during a rebalance (a ``DelayedResponse`` the group completes).
   The request is deferred and its memory goes back to the pool; nothing holds a thread;
 - on an io thread (``num.io.threads``), for what may block on the disk: topic creation and deletion (each
-  partition fsyncs its files), the admin APIs, AlterUserScramCredentials, a Metadata request that auto-creates topics, and
-  FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
+  partition fsyncs its files), the admin APIs, AlterUserScramCredentials, a Metadata request that auto-creates
+  topics, and FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
   (FindCoordinator creates it, as Kafka's does), and FindCoordinator for a transactional id and
   InitProducerId with one before ``__transaction_state`` exists (both create it), AddOffsetsToTxn before
   ``__consumer_offsets`` exists.
@@ -46,7 +46,8 @@ DATA_APIS = {
     ApiKey.SASL_HANDSHAKE: "sasl_handshake", ApiKey.SASL_AUTHENTICATE: "sasl_authenticate",
 }
 # APIs answered on an io thread: they write files and fsync them
-BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS, *ADMIN_APIS})
+BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+                           *ADMIN_APIS})
 
 
 class RequestRefused(KmemError):

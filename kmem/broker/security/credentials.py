@@ -84,6 +84,7 @@ class ScramCredentialStore:
                 file.write(json.dumps(document, indent=1).encode())
             self._credentials = credentials
 
+
 def parse_add_scram(value):
     """``(mechanism, user, ScramCredential)`` of a ``kafka-storage format --add-scram`` argument:
     ``SCRAM-SHA-256=[name=alice,password=alice-secret]``, with ``iterations=N`` and either ``password`` or
