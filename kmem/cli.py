@@ -265,6 +265,10 @@ def add_broker_command(commands):
                                                          "listed and ignored)")
     broker.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="a broker setting under Kafka's name, e.g. num.partitions=3; repeatable")
+    broker.add_argument("--jaas", metavar="FILE",
+                        help="a JAAS file (KafkaServer { ... };) for the SASL listeners, as Kafka's "
+                             "-Djava.security.auth.login.config=FILE (also read from KAFKA_OPTS); sasl.jaas.config "
+                             "settings win over it")
     broker.set_defaults(run=_run_broker)
 
 
@@ -272,7 +276,8 @@ SCRAM_DESCRIPTION = """\
 Add (or replace) SCRAM users of a kmem broker's log directory before it starts, as Kafka's
 'kafka-storage format --add-scram' does: their salted credentials (never the password) go to the
 log directory's scram-credentials.json; a broker started on it authenticates them with SCRAM-SHA-256
-or SCRAM-SHA-512 on a SASL listener (sasl.enabled.mechanisms). The broker must be stopped."""
+or SCRAM-SHA-512 on a SASL listener (sasl.enabled.mechanisms). The broker must be stopped (while it
+runs, its admin API manages users: AlterUserScramCredentials, KIP-554, as kafka-configs sends it)."""
 
 
 SCRAM_EXIT_CODES = """\
@@ -325,6 +330,7 @@ def _run_scram(args):
 
 def _broker_settings(args):
     """``(log_dir, properties, host, port)`` from --config, --override, --log-dir, --host and --port."""
+    from kmem.broker.security import JAAS_FILE_SETTING
     from kmem.broker.settings import is_known_setting, log_dir_of, read_properties_file
     from kmem.errors import ConfigError
 
@@ -340,6 +346,9 @@ def _broker_settings(args):
         if not sep:
             raise ConfigError(f"--override takes key=value, not {override!r}")
         properties[name.strip()] = value.strip()
+    jaas = args.jaas or _jaas_file_of_kafka_opts(os.environ.get("KAFKA_OPTS", ""))
+    if jaas:
+        properties[JAAS_FILE_SETTING] = jaas
     log_dir = args.log_dir or log_dir_of(properties)
     if not log_dir:
         raise ConfigError("--log-dir (or log.dirs in --config) is required")
@@ -351,6 +360,22 @@ def _broker_settings(args):
 
 
 DEFAULT_BROKER_PORT = 9092     # Kafka's
+
+
+def _jaas_file_of_kafka_opts(kafka_opts):
+    """The JAAS file a Kafka start script's ``KAFKA_OPTS`` names (``-Djava.security.auth.login.config=FILE``; the
+    last one, as the JVM takes it), or None."""
+    import shlex
+
+    from kmem.broker.security import JAAS_FILE_SETTING
+
+    prefix = f"-D{JAAS_FILE_SETTING}="
+    try:
+        words = shlex.split(kafka_opts)
+    except ValueError:
+        words = kafka_opts.split()
+    files = [word[len(prefix):] for word in words if word.startswith(prefix)]
+    return files[-1] if files else None
 
 
 def _run_broker(args):

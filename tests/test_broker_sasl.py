@@ -345,3 +345,48 @@ def test_a_burst_of_failed_authentications_holds_no_thread_and_gives_all_memory_
     with RawConnection(broker.bootstrap_servers) as connection:     # the others are untouched
         assert handshake(connection, "PLAIN").error_code == 0
         assert authenticate(connection, b"\0alice\0alice-secret").error_code == 0
+
+
+JAAS_FILE = """KafkaServer {
+    org.apache.kafka.common.security.plain.PlainLoginModule required
+    user_carol="carol-secret";
+};
+"""
+
+
+@pytest.mark.parametrize("how", ["--jaas", "KAFKA_OPTS"])
+def test_kmem_broker_takes_a_jaas_file_as_kafka_does(tmp_path, monkeypatch, how):
+    """``kmem broker --jaas FILE``, or Kafka's ``KAFKA_OPTS=-Djava.security.auth.login.config=FILE``."""
+    from broker_helpers import start_broker_process
+    jaas = tmp_path / "kafka_server_jaas.conf"
+    jaas.write_text(JAAS_FILE)
+    args = ["--override", "listeners=SASL_PLAINTEXT://127.0.0.1:0", "--override", "sasl.enabled.mechanisms=PLAIN"]
+    if how == "--jaas":
+        args += ["--jaas", str(jaas)]
+    else:
+        monkeypatch.setenv("KAFKA_OPTS", f"-Xmx1G -Djava.security.auth.login.config={jaas} -Dother=1")
+    process, bootstrap = start_broker_process(tmp_path / "logs", *args)
+    try:
+        with RawConnection(bootstrap) as connection:
+            assert handshake(connection, "PLAIN").error_code == 0
+            assert authenticate(connection, b"\0carol\0carol-secret").error_code == 0
+            assert metadata_works(connection)
+        with RawConnection(bootstrap) as connection:
+            assert handshake(connection, "PLAIN").error_code == 0
+            assert authenticate(connection, b"\0carol\0wrong").error_code == ErrorCode.SASL_AUTHENTICATION_FAILED
+    finally:
+        process.terminate()
+        process.wait(30)
+    assert "carol-secret" not in "".join(process.log_lines)
+
+
+def test_kmem_broker_refuses_a_bad_jaas_file_in_one_line_without_the_password(tmp_path, capsys):
+    from kmem.cli import main as kmem_main
+    jaas = tmp_path / "kafka_server_jaas.conf"
+    jaas.write_text(JAAS_FILE.replace('"carol-secret";', '"carol-secret"'))      # the entry never ends
+    assert kmem_main(["broker", "--log-dir", str(tmp_path / "logs"), "--port", "0", "--jaas", str(jaas),
+                      "--override", "listeners=SASL_PLAINTEXT://127.0.0.1:0",
+                      "--override", "sasl.enabled.mechanisms=PLAIN"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"kmem broker: JAAS file {jaas}") and error.count("\n") == 1
+    assert "carol-secret" not in error

@@ -1,10 +1,13 @@
 """confluent-kafka (librdkafka), kafka-python and aiokafka over SASL_PLAINTEXT with PLAIN, SCRAM-SHA-256 and
 SCRAM-SHA-512, and over SASL_SSL: each produces and consumes in a group, and each is refused a wrong password
-with the error its own API reports. SCRAM users come from ``kmem scram`` and survive a restart. confluent-kafka
-re-authenticates (KIP-368) while it produces and consumes."""
+with the error its own API reports. SCRAM users come from ``kmem scram`` and survive a restart; kcat
+authenticates as a user kafka-python's admin client created (KIP-554). confluent-kafka re-authenticates
+(KIP-368) while it produces and consumes."""
 import asyncio
 import contextlib
 import logging
+import shutil
+import subprocess
 import time
 import uuid
 
@@ -330,3 +333,38 @@ def test_kmem_broker_from_a_kafka_server_properties_logs_the_principal_never_a_p
     log = "".join(process.log_lines)
     assert "authenticated as User:alice (PLAIN)" in log and "authenticated as User:alice (SCRAM-SHA-256)" in log
     assert "alice-secret" not in log and "wrong-secret" not in log
+
+
+def kcat(bootstrap, password, *args, stdin=None):
+    """kcat (librdkafka's command line tool) as user kate with SCRAM-SHA-256."""
+    return subprocess.run(["kcat", "-b", bootstrap, "-X", "security.protocol=SASL_PLAINTEXT",
+                           "-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=kate",
+                           "-X", f"sasl.password={password}", *args],
+                          input=stdin, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="no kcat")
+def test_kcat_as_a_user_kafka_pythons_admin_client_created(broker):
+    """kafka-python's KafkaAdminClient creates the user (AlterUserScramCredentials, KIP-554); kcat produces and
+    consumes in a group as that user, and is refused a wrong password with librdkafka's message."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import UserScramCredentialUpsertion
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers,
+                             **python_config("SASL_PLAINTEXT", "SCRAM-SHA-512", "alice-secret"))
+    try:
+        assert admin.alter_user_scram_credentials([UserScramCredentialUpsertion("kate", "SCRAM-SHA-256",
+                                                                                "kate-secret")]) == {"kate": None}
+    finally:
+        admin.close()
+    topic = f"kcat-{uuid.uuid4().hex[:6]}"
+    produced = kcat(broker.bootstrap_servers, "kate-secret", "-P", "-t", topic, stdin="".join(
+        f"{i}\n" for i in range(RECORDS)))
+    assert produced.returncode == 0, produced.stderr
+    consumed = kcat(broker.bootstrap_servers, "kate-secret", "-G", topic, "-X", "auto.offset.reset=earliest",
+                    "-c", str(RECORDS), "-e", topic)
+    assert consumed.returncode == 0, consumed.stderr
+    assert sorted(consumed.stdout.split()) == [str(i) for i in range(RECORDS)]
+    refused = kcat(broker.bootstrap_servers, "wrong", "-L")
+    assert refused.returncode != 0
+    assert ("Authentication failed during authentication due to invalid credentials with SASL mechanism "
+            "SCRAM-SHA-256") in refused.stderr

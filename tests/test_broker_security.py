@@ -2,6 +2,8 @@
 SASL settings, without a network: each against an independent client (kafka-python's ScramClient) or RFC 7677's
 exchange."""
 import base64
+import hashlib
+import hmac
 import json
 import os
 
@@ -66,7 +68,8 @@ def _started(mechanism="SCRAM-SHA-256"):
 
 
 @pytest.mark.parametrize("final, reason", [
-    (lambda f: f.replace(b",r=", b",r=x"), "nonce"),                  # another nonce
+    (lambda f: f.replace(b",p=", b"x,p="), "nonce"),                  # another nonce
+    (lambda f: f.replace(b",r=", b",r=x"), "credentials"),            # ends with the nonce: the proof fails
     (lambda f: f[:len(f) // 2], "invalid client final"),              # truncated
     (lambda f: f.replace(b"c=biws", b"c=eSws"), "channel binding"),   # y,, instead of n,,
     (lambda f: f[:-8] + b"AAAAAAA=", "credentials"),                  # another proof
@@ -77,6 +80,25 @@ def test_scram_bad_client_final(final, reason):
     with pytest.raises(InvalidSaslCredentialsError, match=reason):
         server.evaluate(final(client.final_message()))
     assert not server.complete
+
+
+def test_scram_final_with_the_client_nonce_twice_is_accepted_as_kafka_accepts_it():
+    """librdkafka 2.0 (Debian's kcat) sends ``r=<client nonce><client nonce><server nonce>`` in its final message;
+    Kafka's ScramSaslServer only checks that the nonce ends with the server-first's, and the proof covers the
+    message as sent."""
+    server = scram.ScramServer("SCRAM-SHA-256", {"alice": credential_from_password("SCRAM-SHA-256", "alice-secret",
+                                                                                  salt=b"salt")}.get)
+    first_bare = "n=alice,r=client-nonce"
+    server_first = server.evaluate(b"n,," + first_bare.encode()).decode()
+    nonce = server_first.split(",")[0][len("r="):]
+    without_proof = f"c=biws,r=client-nonce{nonce}"
+    salted = hashlib.pbkdf2_hmac("sha256", b"alice-secret", b"salt", 4096)
+    client_key = hmac.new(salted, b"Client Key", "sha256").digest()
+    signature = hmac.new(hashlib.sha256(client_key).digest(), f"{first_bare},{server_first},{without_proof}".encode(),
+                         "sha256").digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature))
+    server.evaluate(f"{without_proof},p={base64.b64encode(proof).decode()}".encode())
+    assert server.complete and server.username == "alice"
 
 
 def test_scram_final_replayed_on_another_exchange_fails():
@@ -222,3 +244,66 @@ def test_a_jaas_setting_continued_over_lines_as_kafka_writes_it(tmp_path):
     properties.pop("path")
     settings = SaslSettings.from_settings(properties, "SASL_PLAINTEXT")
     assert settings.plain_users == {"admin": "admin-secret", "alice": "alice-secret"}
+
+
+JAAS_FILE = """// the broker's JAAS file, as Kafka's documentation writes it
+KafkaServer {
+    org.apache.kafka.common.security.plain.PlainLoginModule required
+    username="admin"
+    password="admin-secret"   /* the broker's own, for inter-broker connections */
+    user_admin="admin-secret"
+    user_alice="alice-secret";
+    org.apache.kafka.common.security.scram.ScramLoginModule required;
+};
+sasl_ssl.KafkaServer {
+    org.apache.kafka.common.security.plain.PlainLoginModule required user_bob="bob-}-secret";
+};
+Client { org.apache.zookeeper.server.auth.DigestLoginModule required username="zk" password="zk-secret"; };
+"""
+
+
+def test_a_jaas_file_gives_each_listener_its_context_as_kafkas_jaas_context(tmp_path):
+    """<listener>.KafkaServer, else KafkaServer (JaasContext.loadServerContext); a sasl.jaas.config setting wins."""
+    path = tmp_path / "kafka_server_jaas.conf"
+    path.write_text(JAAS_FILE)
+    from_file = {"sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256", "java.security.auth.login.config": str(path)}
+    assert SaslSettings.from_settings(from_file, "SASL_PLAINTEXT").plain_users == {"admin": "admin-secret",
+                                                                                  "alice": "alice-secret"}
+    assert SaslSettings.from_settings(from_file, "SASL_SSL").plain_users == {"bob": "bob-}-secret"}
+    for setting in ("sasl.jaas.config", "listener.name.sasl_ssl.plain.sasl.jaas.config"):
+        assert SaslSettings.from_settings({**from_file, setting: PLAIN_JAAS}, "SASL_SSL").plain_users["alice"] == \
+            "alice-secret"
+
+
+@pytest.mark.parametrize("text, message", [
+    ('KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret; };',
+     "cannot read the JAAS configuration at line 1"),
+    ('KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret"; }',
+     "the context KafkaServer must end with '};'"),
+    ('KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule user_alice="alice-secret"; };',
+     "a JAAS login module must read"),
+    ('KafkaServer {\n org.apache.kafka.common.security.plain.PlainLoginModule required user_alice "alice-secret"; };',
+     "the options of org.apache.kafka.common.security.plain.PlainLoginModule must read"),
+    ('/* KafkaServer { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret";',
+     "cannot read the JAAS configuration at line 1"),
+    ('Client { org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret"; };',
+     "could not find a 'KafkaServer' or 'sasl_plaintext.KafkaServer' entry"),
+    ('KafkaServer { org.apache.kafka.common.security.scram.ScramLoginModule required user_alice="alice-secret"; };',
+     "context KafkaServer has no org.apache.kafka.common.security.plain.PlainLoginModule entry"),
+    (None, "cannot read the JAAS file"),
+])
+def test_a_bad_jaas_file_is_refused_naming_the_file_never_a_password(tmp_path, text, message):
+    path = tmp_path / "jaas.conf"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as raised:
+        SaslSettings.from_settings({"sasl.enabled.mechanisms": "PLAIN", "java.security.auth.login.config": str(path)},
+                                   "SASL_PLAINTEXT")
+    assert str(path) in str(raised.value) and "alice-secret" not in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unreadable_sasl_jaas_config_never_echoes_a_password():
+    with pytest.raises(ConfigError) as raised:
+        plain_users("sasl.jaas.config", 'x required user_a="alice-secret" user_b="unclosed;')
+    assert "alice-secret" not in str(raised.value)

@@ -325,7 +325,7 @@ def test_a_busy_port_names_port_option_and_leaves_no_log_directory_behind(tmp_pa
     ("PLAINTEXT://:9092,SSL://:9093", "listeners must name one broker listener for kmem broker to serve, not 2"),
     ("SASL_SSL://:9092", "listener SASL_SSL://:9092 is SASL_SSL: set ssl.keystore.location (a PEM keystore)"),
     ("SASL_PLAINTEXT://:9092", "sasl.enabled.mechanisms = 'GSSAPI': kmem broker serves the SASL mechanisms PLAIN, "
-                               "SCRAM-SHA-256, SCRAM-SHA-512, not GSSAPI (Kafka default GSSAPI)"),
+                               "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, not GSSAPI (Kafka default GSSAPI)"),
     ("SSL://:9092", "listener SSL://:9092 is SSL: set ssl.keystore.location (a PEM keystore)"),
     ("CONTROLLER://:9093", "listeners must name one broker listener for kmem broker to serve, not 0"),
     ("EXTERNAL://:9092", "listener EXTERNAL has no security protocol in listener.security.protocol.map"),
@@ -382,7 +382,7 @@ def test_broker_help_describes_the_command_and_every_option(tmp_path):
     assert "Run a single-node Kafka broker on a log directory" in result.stdout
     options = result.stdout.split("options:")[1].split("exit codes:")[0]
     described = {entry.split()[0]: entry.split()[2:] for entry in options.split("\n  -")[1:]}
-    assert sorted(described) == ["-config", "-host", "-log-dir", "-override", "-port", "h,"]
+    assert sorted(described) == ["-config", "-host", "-jaas", "-log-dir", "-override", "-port", "h,"]
     assert all(len(words) > 4 for words in described.values()), described
     assert "  2  not started" in result.stdout
 

@@ -169,3 +169,66 @@ def test_the_package_declares_the_plugin_as_a_pytest11_entry_point():
     built = json.loads(installed.read_text("direct_url.json") or "{}").get("archive_info") is not None
     if built:           # installed from a wheel (make test): pytest loads the plugin by its entry point
         assert [ep.value for ep in installed.entry_points if ep.group == "pytest11"] == ["kmem.pytest_plugin"]
+
+
+SASL_TESTS = '''
+import pytest
+from confluent_kafka import KafkaError, Producer
+
+USERS = {"alice": 'alice "quoted" \\\\ secret', "bob": "bob-secret"}
+
+
+def produce(broker, config):
+    """The errors librdkafka reports, once the record is delivered or an error came."""
+    errors = []
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "error_cb": errors.append,
+                         "message.timeout.ms": 10000, **config})
+    producer.produce("sasl", b"x")
+    while producer.flush(0.1) and not errors:
+        pass
+    return errors
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_a_production_client_configuration(kafka_sasl_broker_factory, mechanism):
+    broker = kafka_sasl_broker_factory(USERS)
+    config = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism}
+    for user, password in USERS.items():
+        assert produce(broker, {**config, "sasl.username": user, "sasl.password": password}) == []
+    errors = produce(broker, {**config, "sasl.username": "alice", "sasl.password": "wrong"})
+    assert errors and errors[0].code() == KafkaError._AUTHENTICATION
+
+
+def test_only_the_mechanisms_asked(kafka_sasl_broker_factory):
+    broker = kafka_sasl_broker_factory({"carol": "carol-secret"}, ["SCRAM-SHA-512"])
+    assert broker.settings.sasl.enabled_mechanisms == ("SCRAM-SHA-512",)
+    assert broker.scram_credentials.describe("carol") == [("SCRAM-SHA-512", 4096)]
+'''
+
+
+def test_the_sasl_broker_factory_serves_its_users_to_a_production_client_configuration(pytestconfig, tmp_path):
+    result = run_pytest(pytestconfig, tmp_path, SASL_TESTS)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "4 passed" in result.stdout
+    assert len(sorted((tmp_path / "base").rglob(".kafka_cleanshutdown"))) == 4     # each stopped after its test
+
+
+def test_start_sasl_broker_serves_sasl_ssl_with_a_keystore(tmp_path):
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+
+    from network_helpers import make_tls_contexts
+    from kmem.pytest_plugin import start_sasl_broker
+    _, client_context = make_tls_contexts(str(tmp_path))
+    keystore = tmp_path / "keystore.pem"
+    keystore.write_bytes((tmp_path / "cert.pem").read_bytes() + (tmp_path / "key.pem").read_bytes())
+    broker = start_sasl_broker(tmp_path / "logs", {"alice": "alice-secret"}, keystore=keystore)
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap_servers, security_protocol="SASL_SSL",
+                                 ssl_context=client_context, sasl_mechanism="SCRAM-SHA-256",
+                                 sasl_plain_username="alice", sasl_plain_password="alice-secret")
+        admin.create_topics([NewTopic("secured", 1, 1)])
+        admin.close()
+        assert "secured" in broker.logs.topics()
+    finally:
+        broker.close()

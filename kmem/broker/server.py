@@ -34,6 +34,7 @@ import time
 from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.dispatch import RequestDispatcher
 from kmem.broker.apis.handlers import Handlers
+from kmem.broker.apis.scram_admin import ScramAdminHandlers
 from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
 from kmem.broker.security import SaslMechanisms, ScramCredentialStore
@@ -96,6 +97,7 @@ class Broker:
         self.coordinator = None
         self.transactions = None
         self.admin = None
+        self.scram_credentials = None     # the log directory's ScramCredentialStore
         self.timer = None
         self._sasl_mechanisms = None
         self._stop = threading.Event()
@@ -120,13 +122,14 @@ class Broker:
         try:
             self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer)
             self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
+            self.scram_credentials = ScramCredentialStore(self.log_dir)
             self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)
             self.handlers.txn_markers = TxnMarkerWriter(self.logs, self.coordinator)
             self.transactions = TransactionCoordinator(self.logs, self.settings.transactions, timer=self.timer,
                                                        markers=self.handlers.txn_markers, groups=self.coordinator)
             self.handlers.transactions = self.coordinator.transactions = self.transactions
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
-                                           self.transactions)
+                                           self.transactions, ScramAdminHandlers(self.scram_credentials))
             self.server = SocketServer(dispatcher, self.settings.network, channel_builder=self._channel_builder(dispatcher),
                                        timer=self.timer, ssl_principal_mapper=self.settings.ssl_principal_mapper)
             self.server.start()
@@ -156,7 +159,7 @@ class Broker:
         sasl = self.settings.sasl
         if sasl is None:
             return None
-        mechanisms = self._sasl_mechanisms = SaslMechanisms(sasl, ScramCredentialStore(self.log_dir))
+        mechanisms = self._sasl_mechanisms = SaslMechanisms(sasl, self.scram_credentials)
         return SaslChannelBuilder(mechanisms, dispatcher.api_versions, max_receive_size=sasl.max_receive_size,
                                   failed_authentication_delay_ms=sasl.failed_authentication_delay_ms,
                                   connections_max_reauth_ms=sasl.max_reauth_ms)

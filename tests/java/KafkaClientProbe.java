@@ -21,6 +21,10 @@ import java.util.concurrent.TimeUnit;
 
 import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ScramCredentialInfo;
+import org.apache.kafka.clients.admin.ScramMechanism;
+import org.apache.kafka.clients.admin.UserScramCredentialUpsertion;
+import org.apache.kafka.clients.admin.UserScramCredentialsDescription;
 import org.apache.kafka.clients.admin.DescribeProducersResult.PartitionProducerState;
 import org.apache.kafka.clients.admin.ListOffsetsResult.ListOffsetsResultInfo;
 import org.apache.kafka.clients.admin.OffsetSpec;
@@ -60,12 +64,15 @@ import org.apache.kafka.common.Uuid;
  *   producers BOOTSTRAP TOPIC PARTITION                Admin.describeProducers
  *   abort-txn BOOTSTRAP TOPIC PARTITION PID EPOCH COORDINATOR_EPOCH   Admin.abortTransaction
  *   group-lag BOOTSTRAP GROUP                          a group's committed offsets, log end offsets and lag, by Admin
- *   client-properties KEY=VALUE...                     added to every client made after (each word URL-encoded,
- *                                                      as a JAAS configuration has spaces); none: cleared
  *   stream BOOTSTRAP TOPIC GROUP MILLIS                a producer sending to partition 0 while a consumer reads
  *                                                      in a group, for MILLIS; then every record read back
+ *   list-topics BOOTSTRAP                              Admin.listTopics: the topic names
+ *   scram-upsert BOOTSTRAP USER MECHANISM ITERATIONS PASSWORD   Admin.alterUserScramCredentials (KIP-554)
+ *   scram-describe BOOTSTRAP USER...                   Admin.describeUserScramCredentials: each user's
+ *                                                      [mechanism, iterations] or {"error"}
  *
- * BOOTSTRAP may be @FILE, a client properties file (see client()).
+ * BOOTSTRAP is host:port, or @FILE: a client properties file (bootstrap.servers and any other setting, e.g.
+ * security.protocol, sasl.mechanism, sasl.jaas.config, ssl.truststore.location) every client of the command uses.
  * Every command answers within its deadline; a failure is answered {"error": class, "message": ...}.
  */
 public class KafkaClientProbe {
@@ -104,6 +111,10 @@ public class KafkaClientProbe {
                                                       Integer.parseInt(a[5]));
             case "group-lag": return groupLag(a[0], a[1]);
             case "stream": return stream(a[0], a[1], a[2], Long.parseLong(a[3]));
+            case "list-topics": return listTopics(a[0]);
+            case "scram-upsert": return scramUpsert(a[0], a[1], ScramMechanism.fromMechanismName(a[2]),
+                                                    Integer.parseInt(a[3]), a[4]);
+            case "scram-describe": return scramDescribe(a[0], Arrays.copyOfRange(a, 1, a.length));
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
@@ -177,6 +188,43 @@ public class KafkaClientProbe {
         answer.put("read", read.size());
         answer.put("errors", new ArrayList<>(errors));
         return answer;
+    }
+
+    static Object listTopics(String bootstrap) throws Exception {
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            Map<String, Object> answer = new LinkedHashMap<>();
+            answer.put("topics", new ArrayList<>(new TreeSet<>(admin.listTopics().names().get())));
+            return answer;
+        }
+    }
+
+    /** USER's credential for MECHANISM from PASSWORD: the client salts it, the broker keeps the keys. */
+    static Object scramUpsert(String bootstrap, String user, ScramMechanism mechanism, int iterations,
+                              String password) throws Exception {
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            admin.alterUserScramCredentials(List.of(new UserScramCredentialUpsertion(
+                user, new ScramCredentialInfo(mechanism, iterations), password))).all().get();
+            return new LinkedHashMap<String, Object>();
+        }
+    }
+
+    static Object scramDescribe(String bootstrap, String[] users) throws Exception {
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            var result = admin.describeUserScramCredentials(Arrays.asList(users));
+            Map<String, Object> answer = new LinkedHashMap<>();
+            for (String user : users) {
+                try {
+                    UserScramCredentialsDescription description = result.description(user).get();
+                    List<Object> infos = new ArrayList<>();
+                    for (ScramCredentialInfo info : description.credentialInfos())
+                        infos.add(List.of(info.mechanism().mechanismName(), info.iterations()));
+                    answer.put(user, infos);
+                } catch (ExecutionException e) {
+                    answer.put(user, JsonLines.error(e));
+                }
+            }
+            return answer;
+        }
     }
 
     static Properties consumer(String bootstrap) {

@@ -9,8 +9,8 @@ and answers in one of three ways (see ``kmem.network.server``):
   purgatory), a JoinGroup or SyncGroup during a rebalance (a ``DelayedResponse`` the group completes).
   The request is deferred and its memory goes back to the pool; nothing holds a thread;
 - on an io thread (``num.io.threads``), for what may block on the disk: topic creation and deletion (each
-  partition fsyncs its files), the admin APIs, a Metadata request that auto-creates topics, and
-  FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
+  partition fsyncs its files), the admin APIs, AlterUserScramCredentials, a Metadata request that auto-creates
+  topics, and FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
   (FindCoordinator creates it, as Kafka's does), and FindCoordinator for a transactional id and
   InitProducerId with one before ``__transaction_state`` exists (both create it), AddOffsetsToTxn before
   ``__consumer_offsets`` exists.
@@ -24,6 +24,7 @@ import threading
 
 from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
+from kmem.broker.apis.scram_admin import SCRAM_APIS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
@@ -45,7 +46,8 @@ DATA_APIS = {
     ApiKey.SASL_HANDSHAKE: "sasl_handshake", ApiKey.SASL_AUTHENTICATE: "sasl_authenticate",
 }
 # APIs answered on an io thread: they write files and fsync them
-BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, *ADMIN_APIS})
+BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+                           *ADMIN_APIS})
 
 
 class RequestRefused(KmemError):
@@ -72,7 +74,7 @@ class RequestDispatcher:
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
     requests answered by (api key, version)."""
 
-    def __init__(self, handlers, admin, coordinator, served, transactions=None):
+    def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None):
         self.handlers = handlers
         self.coordinator = coordinator
         self.transactions = transactions
@@ -83,6 +85,8 @@ class RequestDispatcher:
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
         if transactions is not None:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
+        if scram_admin is not None:
+            self._methods.update({key: getattr(scram_admin, name) for key, name in SCRAM_APIS.items()})
 
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka

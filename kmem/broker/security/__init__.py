@@ -6,7 +6,8 @@ import dataclasses
 
 from kmem.broker.log.config import INT32_MAX, integer
 from kmem.broker.security.credentials import ScramCredentialStore, parse_add_scram
-from kmem.broker.security.jaas import parse_jaas_config, plain_users
+from kmem.broker.security.jaas import (parse_jaas_config, parse_jaas_file, plain_module_users, plain_users,
+                                       server_context)
 from kmem.broker.security.oauthbearer import LOGIN_MODULE as OAUTHBEARER_LOGIN_MODULE
 from kmem.broker.security.oauthbearer import (OAUTHBEARER_SETTINGS, JwksSettings, JwksValidator, OAuthBearerServer,
                                                 validator_settings)
@@ -26,16 +27,19 @@ SASL_SETTINGS = ("sasl.enabled.mechanisms", "sasl.jaas.config", "connection.fail
                  "sasl.server.max.receive.size", "connections.max.reauth.ms", *OAUTHBEARER_SETTINGS)
 # those that may also be given per mechanism, listener.name.<name>.<mechanism in lower case>.
 MECHANISM_SETTINGS = ("sasl.jaas.config", "connections.max.reauth.ms", *OAUTHBEARER_SETTINGS)
+# the JAAS file, a JVM system property for Kafka (-Djava.security.auth.login.config=FILE in KAFKA_OPTS): a setting
+# of kmem broker (its --jaas option), read when no sasl.jaas.config setting applies
+JAAS_FILE_SETTING = "java.security.auth.login.config"
 
 __all__ = ["SERVED_MECHANISMS", "SaslSettings", "SaslMechanisms", "ScramCredentialStore", "ScramCredential",
            "ScramServer", "PlainServer", "credential_from_password", "parse_add_scram", "parse_jaas_config",
-           "plain_users", "is_sasl_setting"]
+           "plain_users", "is_sasl_setting", "JAAS_FILE_SETTING"]
 
 
 def is_sasl_setting(name):
     """True for a SASL setting, with or without a ``listener.name.<name>.`` (and, for the JAAS configuration and
     ``connections.max.reauth.ms`` and OAUTHBEARER's settings, a ``<mechanism>.``) prefix."""
-    if name in SASL_SETTINGS:
+    if name in SASL_SETTINGS or name == JAAS_FILE_SETTING:
         return True
     if not name.startswith("listener.name."):
         return False
@@ -58,7 +62,9 @@ class SaslSettings:
     def from_settings(cls, merged, listener_name):
         """Read for listener ``listener_name``: ``listener.name.<name>.<setting>`` wins over ``<setting>`` (and for the
         JAAS configuration, ``connections.max.reauth.ms`` and OAUTHBEARER's settings,
-        ``listener.name.<name>.<mechanism>.<setting>`` over both, as Kafka's ``SaslChannelBuilder`` reads them). A
+        ``listener.name.<name>.<mechanism>.<setting>`` over both, as Kafka's ``SaslChannelBuilder`` reads them; and
+        any JAAS configuration over the JAAS file's ``<name>.KafkaServer`` or ``KafkaServer`` context, as Kafka's
+        ``JaasContext`` reads them). A
         mechanism kmem does not serve, Kafka's default GSSAPI included, is refused here, at start."""
         prefix = f"listener.name.{listener_name.lower()}."
 
@@ -75,22 +81,35 @@ class SaslSettings:
             raise ConfigError(f"{key} = {value!r}: kmem broker serves the SASL mechanisms "
                               f"{', '.join(SERVED_MECHANISMS)}, not {', '.join(unserved) or 'none'}"
                               f"{' (Kafka default GSSAPI)' if key not in merged else ''}")
+        jaas_file = merged.get(JAAS_FILE_SETTING)
+        jaas_contexts = parse_jaas_file(jaas_file) if jaas_file else None      # a bad file is refused at start
         users = {}
         if "PLAIN" in enabled:
             jaas_key, jaas = prefix + "plain.sasl.jaas.config", merged.get(prefix + "plain.sasl.jaas.config")
             if jaas is None:
                 jaas_key, jaas = setting("sasl.jaas.config")
-            if jaas is None:
+            if jaas is not None:
+                users = plain_users(jaas_key, jaas)
+            elif jaas_contexts is not None:
+                context, modules = server_context(jaas_file, jaas_contexts, listener_name)
+                users = plain_module_users(f"JAAS file {jaas_file}, context {context}", modules)
+            else:
                 raise ConfigError(f"PLAIN is enabled on listener {listener_name}: set {prefix}plain.sasl.jaas.config "
-                                  f"(PlainLoginModule required user_<name>=\"<password>\";)")
-            users = plain_users(jaas_key, jaas)
+                                  f"(PlainLoginModule required user_<name>=\"<password>\";) or give a JAAS file "
+                                  "(--jaas) with a KafkaServer context")
         oauthbearer = None
         if "OAUTHBEARER" in enabled:
             def oauthbearer_setting(name, default=None):
                 key = prefix + "oauthbearer." + name
                 return (key, merged[key]) if key in merged else setting(name, default)
             jaas_key, jaas = oauthbearer_setting("sasl.jaas.config")
-            modules = parse_jaas_config(jaas_key, jaas) if jaas is not None else []
+            if jaas is not None:
+                modules = parse_jaas_config(jaas_key, jaas)
+            elif jaas_contexts is not None:
+                context, modules = server_context(jaas_file, jaas_contexts, listener_name)
+                jaas_key = f"JAAS file {jaas_file}, context {context}"
+            else:
+                modules = []
             options = next((options for module, options in modules if module == OAUTHBEARER_LOGIN_MODULE), {})
             oauthbearer = validator_settings(oauthbearer_setting, (jaas_key, options))
         delay_key, delay = setting("connection.failed.authentication.delay.ms", DEFAULT_FAILED_AUTHENTICATION_DELAY_MS)

@@ -19,7 +19,8 @@ _FIELD = re.compile(r'\s*(?P<key>[a-z]+)=(?:"(?P<quoted>[^"]*)"|(?P<plain>[^,]*)
 
 
 class ScramCredentialStore:
-    """The SCRAM credentials of a log directory: ``get(mechanism, user)`` (None when absent), ``add``."""
+    """The SCRAM credentials of a log directory: ``get(mechanism, user)`` (None when absent), ``describe``,
+    ``add`` and ``alter`` (the file is replaced: a change is on disk, and in use, when it returns)."""
 
     def __init__(self, log_dir):
         self.path = os.path.join(os.fspath(log_dir), CREDENTIALS_FILE)
@@ -50,11 +51,29 @@ class ScramCredentialStore:
     def users(self, mechanism):
         return sorted(self._credentials.get(mechanism, {}))
 
+    def describe(self, user):
+        """``[(mechanism, iterations)]`` of ``user``'s credentials, in ``MECHANISMS``' order."""
+        credentials = self._credentials
+        return [(m, credentials[m][user].iterations) for m in MECHANISMS if user in credentials.get(m, {})]
+
+    def all_users(self):
+        """Every user with a credential, sorted."""
+        return sorted({user for users in self._credentials.values() for user in users})
+
     def add(self, mechanism, user, credential):
         """Store (or replace) ``user``'s credential for ``mechanism``, on disk before this returns."""
+        self.alter(upsertions=[(mechanism, user, credential)])
+
+    def alter(self, deletions=(), upsertions=()):
+        """Remove the ``(mechanism, user)`` of ``deletions`` and store the ``(mechanism, user, credential)`` of
+        ``upsertions``, all in one replacement of the file, on disk before this returns (and in use at once)."""
         with self._lock:
             credentials = {m: dict(users) for m, users in self._credentials.items()}
-            credentials.setdefault(mechanism, {})[user] = credential
+            for mechanism, user in deletions:
+                credentials.get(mechanism, {}).pop(user, None)
+            for mechanism, user, credential in upsertions:
+                credentials.setdefault(mechanism, {})[user] = credential
+            credentials = {m: users for m, users in credentials.items() if users}
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             document = {"version": VERSION, "credentials": {
                 m: {u: {"salt": base64.b64encode(c.salt).decode(), "stored_key": base64.b64encode(c.stored_key).decode(),
