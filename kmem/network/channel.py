@@ -54,6 +54,8 @@ class KafkaChannel:
         self.send = None
         self.closed = False
         self.authenticator = None       # a SASL listener's: frames go to it until it is complete (kmem.network.sasl)
+        self.listener = None            # a server's: the listener it came in on (kmem.network.server.ListenerConfig)
+        self.on_close = None            # called once, when the channel closes
 
     @property
     def principal(self):
@@ -160,6 +162,8 @@ class KafkaChannel:
             close_send(self.send)
             self.send = None
         self.transport.close()
+        if self.on_close is not None:
+            self.on_close()
 
     def __repr__(self):
         return f"<KafkaChannel {self.id} {self.mute_state.name}{' priority' if self.priority else ''}>"
