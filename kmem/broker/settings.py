@@ -34,6 +34,7 @@ from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
 from kmem.network import SocketServerConfig
+from kmem.network.server import check_connection_limits
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,8 @@ def _listener_settings(merged, listener, protocol, advertised, ssl_context):
         key = f"listener.name.{listener.name.lower()}.{name}"
         if key in merged:
             limits[name.replace(".", "_")] = integer(key, merged[key], 0)
+    check_connection_limits(limits.get("max_connections"), limits.get("max_connection_creation_rate"),
+                            f"listener.name.{listener.name.lower()}.")
     return ListenerSettings(listener, protocol, advertised, context,
                             SaslSettings.from_settings(merged, listener.name) if protocol.startswith("SASL_") else None,
                             **limits)

@@ -90,7 +90,8 @@ class SocketServerConfig:
         check_connection_limits(self.max_connections, self.max_connection_creation_rate)
         if not isinstance(self.max_connections_per_ip, int) or self.max_connections_per_ip < 0:
             raise ConfigError(f"max.connections.per.ip must be an integer >= 0, got {self.max_connections_per_ip!r}")
-        if self.max_connections_per_ip == 0 and not ip_overrides(self.max_connections_per_ip_overrides):
+        overrides = ip_overrides(self.max_connections_per_ip_overrides)       # refused here if malformed
+        if self.max_connections_per_ip == 0 and not overrides:
             raise ConfigError("max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides "
                               "property is set.")
         positive = ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
