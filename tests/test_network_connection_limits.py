@@ -10,9 +10,7 @@ import time
 import pytest
 
 from network_helpers import closed_by_peer, connect, frame, recv_frame, tls_contexts, wait_until  # noqa: F401
-from kmem.network import ListenerConfig, SaslChannelBuilder, SocketServer
-from kmem.network.quotas import ConnectionQuotas
-from kmem.network.server import SocketServerConfig
+from kmem.network import ConnectionQuotas, ListenerConfig, SaslChannelBuilder, SocketServer, SocketServerConfig
 
 
 def echo(request):

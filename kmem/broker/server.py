@@ -17,12 +17,12 @@
   ``PidLedger`` per partition (KIP-1044) and producer ids are never reissued.
 
 ``Broker(log_dir, port=0, **settings)`` is a context manager; ``bootstrap_servers`` is the address of its
-first listener (``bootstrap_servers_of(name)`` another's);
-``requests_served`` counts the requests answered by (api key, version).
-Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see ``kmem.broker.settings``);
-``host`` and ``port``, when given, replace those of the listener in ``listeners`` (without it the broker
-listens on 127.0.0.1 and a free port; with several listeners, ``port=0`` puts each on a free port). A start that fails (a busy port, a bad file) leaves a log
-directory that was new or empty before it as it was: nothing half-made stays behind.
+first listener (``bootstrap_servers_of(name)`` another's); ``requests_served`` counts the requests answered
+by (api key, version). Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see
+``kmem.broker.settings``); ``host`` and ``port``, when given, replace those of the listener in ``listeners``
+(without it the broker listens on 127.0.0.1 and a free port; with several listeners, ``port=0`` puts each on
+a free port). A start that fails (a busy port, a bad file) leaves a log directory that was new or empty
+before it as it was: nothing half-made stays behind.
 """
 import collections
 import logging

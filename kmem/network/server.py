@@ -27,8 +27,8 @@ import dataclasses
 import errno
 import functools
 import itertools
-import math
 import logging
+import math
 import queue
 import selectors
 import socket
