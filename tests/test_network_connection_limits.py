@@ -18,6 +18,7 @@ def echo(request):
 
 
 def open_fds():
+    """How many descriptors are open (earlier tests' threads may still close some: compare with <=)."""
     return len(os.listdir("/proc/self/fd"))
 
 
@@ -60,7 +61,7 @@ def test_a_listener_that_cannot_bind_leaves_no_socket_open():
         with pytest.raises(OSError) as refused:
             server.start()
         assert refused.value.filename == f"127.0.0.1:{port}"
-        assert open_fds() == fds + 1        # the busy socket only
+        assert open_fds() <= fds + 1        # the busy socket only
     assert not server.running
 
 
@@ -82,7 +83,7 @@ def test_a_connection_over_the_per_ip_limit_is_closed_at_once_and_a_close_frees_
         for sock in socks:
             sock.close()
         assert wait_until(lambda: server.quotas.total == 0)
-    assert open_fds() == fds
+    assert open_fds() <= fds
 
 
 def test_at_a_listeners_max_connections_the_next_connection_waits_until_one_closes():
