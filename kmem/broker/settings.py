@@ -275,22 +275,18 @@ class BrokerSettings:
         storage.setdefault("node.id", 0)
         network = {name: merged[name] for name in NETWORK_SETTINGS if name in merged}
         network.setdefault("socket.listen.backlog.size", DEFAULT_LISTEN_BACKLOG)
-        configured = configured_listeners(merged)
+        configured = explicit = configured_listeners(merged)
         if configured is None:
             tls = ssl_context is not None or bool(merged.get("ssl.keystore.location"))
             implicit = Listener(DEFAULT_HOST, 0, "SSL" if tls else "PLAINTEXT")
             configured = [(implicit, implicit.name)]
-            listeners_set = False
-        else:
-            listeners_set = True
         if len(configured) > 1 and (host is not None or port not in (None, 0)):
             raise ConfigError(f"host and port (--host, --port) replace the address of one listener, and listeners "
                               f"names {len(configured)}: {merged['listeners']!r}; set each address there (port 0, "
                               "alone: every listener on a free port)")
         served = [replace(listener, host=listener.host if host is None else host,
                           port=listener.port if port is None else port) for listener, _ in configured]
-        advertised = advertised_listeners(merged, served, [listener for listener, _ in configured]
-                                          if listeners_set else None)
+        advertised = advertised_listeners(merged, served, explicit and [listener for listener, _ in explicit])
         listeners = tuple(_listener_settings(merged, listener, protocol, advertised.get(listener.name), ssl_context)
                           for listener, (_, protocol) in zip(served, configured))
         interval = merged.get("log.retention.check.interval.ms", 300_000)
@@ -306,8 +302,7 @@ def _listener_settings(merged, listener, protocol, advertised, ssl_context):
     """A served listener's ``ListenerSettings``: its ``listener.name.<name>.`` settings over the broker's."""
     context = None
     if protocol in TLS_PROTOCOLS:
-        key, keystore = listener_setting(merged, listener.name, "ssl.keystore.location")
-        if keystore:
+        if listener_setting(merged, listener.name, "ssl.keystore.location")[1]:
             context = _ssl_context(merged, listener.name)
         elif ssl_context is not None:
             context = ssl_context
