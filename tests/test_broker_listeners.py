@@ -2,6 +2,7 @@
 ``advertised.listeners``): a PLAINTEXT listener beside a SASL_SSL one, each with its own settings under
 ``listener.name.<name>.``, each advertising its own endpoint in Metadata, FindCoordinator and DescribeCluster;
 real clients on both; the configurations Kafka refuses, refused at start."""
+import socket
 import ssl
 import uuid
 
@@ -202,3 +203,50 @@ def test_per_listener_connection_limits_are_read_under_the_listener_prefix(tmp_p
     assert (external.max_connections, external.max_connection_creation_rate) == (10, 5)
     assert (settings.network.max_connections, settings.network.max_connections_per_ip) == (100, 7)
     assert settings.inter_broker_listener == "PLAINTEXT"
+
+
+def metadata_answered(connection, wait=10.0):
+    """True when a Metadata request on ``connection`` is answered within ``wait`` seconds (False: the broker has
+    not accepted the connection yet)."""
+    connection.sock.settimeout(wait)
+    try:
+        return connection.request(MetadataRequest(topics=[], allow_auto_topic_creation=False), MetadataResponse, 1,
+                                  correlation_id=20).brokers[0].port > 0
+    except (TimeoutError, socket.timeout):
+        return False
+
+
+def test_connection_limits_apply_per_listener_with_kafkas_default_inter_broker_listener_exempt(tmp_path):
+    properties = {"listeners": "PLAINTEXT://127.0.0.1:0,EXTERNAL://127.0.0.1:0",
+                  "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,EXTERNAL:PLAINTEXT",
+                  "max.connections": "1", "listener.name.plaintext.max.connections": "2"}
+    with Broker(tmp_path, properties=properties) as broker:
+        local, external = broker.bootstrap_servers_of("PLAINTEXT"), broker.bootstrap_servers_of("EXTERNAL")
+        with RawConnection(external) as first:
+            assert metadata_answered(first)
+            # PLAINTEXT is Kafka's default inter-broker listener (security.inter.broker.protocol): past the
+            # broker-wide max.connections, within its own listener limit
+            tools = [RawConnection(local), RawConnection(local)]
+            assert all(metadata_answered(connection) for connection in tools)
+            with RawConnection(local) as waiting, RawConnection(external) as waiting_outside:
+                assert not metadata_answered(waiting, 0.5) and not metadata_answered(waiting_outside, 0.1)
+                tools.pop().close()
+                assert metadata_answered(waiting)
+                for connection in tools:
+                    connection.close()
+            assert broker.server.quotas.count("EXTERNAL") == 1
+
+
+def test_a_failed_authentication_frees_its_connection_slot(tmp_path):
+    properties = {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "sasl.enabled.mechanisms": "PLAIN",
+                  "listener.name.sasl_plaintext.plain.sasl.jaas.config": PLAIN_JAAS, "max.connections.per.ip": "1"}
+    with Broker(tmp_path, properties=properties) as broker:
+        for password in (b"wrong", b"alice-secret"):
+            with RawConnection(broker.bootstrap_servers) as connection:
+                assert connection.request(SaslHandshakeRequest(mechanism="PLAIN"), SaslHandshakeResponse,
+                                          1).error_code == 0
+                answer = connection.request(SaslAuthenticateRequest(auth_bytes=b"\0alice\0" + password),
+                                            SaslAuthenticateResponse, 1, correlation_id=2)
+                assert answer.error_code == (58 if password == b"wrong" else 0)
+                assert connection.receive_frame() is None if password == b"wrong" else metadata_answered(connection)
+            wait_for(lambda: broker.server.quotas.total == 0, "the slot freed")
