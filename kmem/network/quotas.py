@@ -11,7 +11,9 @@
 
 The inter-broker listener (``protected``) is exempt from the broker-wide limits when there are several
 listeners, as in Kafka: a local listener named so keeps working when the others are full. Its own listener
-limits still apply.
+limits still apply, its connections count in the total, and while they take the total over
+``max.connections`` the processors close the least recently used connection of another listener
+(``close_excess``), as Kafka's processors do.
 """
 import ipaddress
 import logging
@@ -84,7 +86,7 @@ class ConnectionQuotas:
     ask ``delay`` and ``acquire``) and the processors (which ``release`` each connection once it closes)."""
 
     def __init__(self, config, listeners, protected=None):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()      # reentrant: close_excess closes a connection, which releases it
         self._max_connections = config.max_connections
         self._max_per_ip = config.max_connections_per_ip
         self._per_ip_overrides = ip_overrides(config.max_connections_per_ip_overrides)
@@ -127,6 +129,19 @@ class ConnectionQuotas:
         if self._per_listener[listener_name] >= self._listener_max[listener_name]:
             return False
         return listener_name == self._protected or self._total < self._max_connections
+
+    def protects(self, listener_name):
+        """True for the protected listener (exempt from the broker-wide limits)."""
+        return listener_name == self._protected
+
+    def close_excess(self, close_one):
+        """While the protected listener's connections keep the total over ``max.connections`` (Kafka's
+        ``maxConnectionsExceeded``), call ``close_one()``, which closes a connection of another listener (its
+        ``release`` comes back here): under the lock, so processors polling at once close no more than the
+        excess."""
+        with self._lock:
+            if self._protected is not None and self._total > self._max_connections:
+                close_one()
 
     def acquire(self, listener_name, ip):
         """Count a connection just accepted; False (and not counted) when its address is at its limit: the

@@ -344,6 +344,7 @@ class _Processor(threading.Thread):
                     self._run_after_responses()
                     self._process_completed_sends()
                     self._process_disconnected()
+                    self._close_excess_connection()
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -523,10 +524,28 @@ class _Processor(threading.Thread):
 
     def _process_disconnected(self):
         for connection_id in self.selector.disconnected:
-            self._closing.discard(connection_id)
-            deferred = self._deferred.pop(connection_id, None)
-            if deferred is not None:
-                deferred.cancel()
+            self._forget(connection_id)
+
+    def _forget(self, connection_id):
+        """A connection closed: its deferred response, if any, is cancelled."""
+        self._closing.discard(connection_id)
+        deferred = self._deferred.pop(connection_id, None)
+        if deferred is not None:
+            deferred.cancel()
+
+    def _close_excess_connection(self):
+        """Kafka's ``closeExcessConnections``: while the protected listener keeps the total over
+        ``max.connections``, close the least recently used connection of another listener, one a poll."""
+        quotas = self.server.quotas
+
+        def close_one():
+            channel = self.selector.least_recently_active(lambda channel: not quotas.protects(channel.listener.name))
+            if channel is not None:
+                log.info("closing connection %s from %s (listener %s): max.connections exceeded", channel.id,
+                         _peer(channel), channel.listener.name)
+                self.selector.close(channel.id)
+                self._forget(channel.id)
+        quotas.close_excess(close_one)
 
     def _response_sent(self, connection_id):
         channel = self.selector.channel(connection_id)
