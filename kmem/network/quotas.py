@@ -139,9 +139,14 @@ class ConnectionQuotas:
         ``maxConnectionsExceeded``), call ``close_one()``, which closes a connection of another listener (its
         ``release`` comes back here): under the lock, so processors polling at once close no more than the
         excess."""
+        if not self._over_broker_limit():       # every poll of every processor asks: no lock for the usual answer
+            return
         with self._lock:
-            if self._protected is not None and self._total > self._max_connections:
+            if self._over_broker_limit():
                 close_one()
+
+    def _over_broker_limit(self):
+        return self._protected is not None and self._total > self._max_connections
 
     def acquire(self, listener_name, ip):
         """Count a connection just accepted; False (and not counted) when its address is at its limit: the
