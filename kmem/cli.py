@@ -15,11 +15,11 @@ log directories. 'kmem COMMAND --help' tells more."""
 
 BROKER_DESCRIPTION = """\
 Run a single-node Kafka broker on a log directory until SIGTERM or SIGINT (Ctrl-C), for any Kafka
-client. It logs "listening on HOST:PORT" when ready; the log directory is Kafka 3.9's.
+client. It logs "listening on HOST:PORT" for each listener when ready; the log directory is Kafka 3.9's.
 
-Settings take Kafka's names: from a server.properties file (--config), then --override. The listener
-(host and port) comes from the file's listeners (a controller listener is ignored), else
-127.0.0.1:9092; --host and --port replace it."""
+Settings take Kafka's names: from a server.properties file (--config), then --override. The listeners
+come from the file's listeners (several at once, each with its security protocol; a controller
+listener is ignored), else 127.0.0.1:9092; --host and --port replace the address of one listener."""
 
 BROKER_EXIT_CODES = """\
 exit codes:
@@ -397,9 +397,8 @@ def _run_broker(args):
         if e.errno != errno.EADDRINUSE or broker is None:
             print(f"kmem broker: {e}", file=sys.stderr)
             return FAILED
-        listener = broker.settings.network
-        print(f"kmem broker: cannot listen on {listener.host or '0.0.0.0'}:{listener.port}: the address is in use "
-              "(another broker?): stop it, or choose another port with --port", file=sys.stderr)
+        print(f"kmem broker: cannot listen on {e.filename}: the address is in use (another broker?): stop it, or "
+              "choose another port with --port", file=sys.stderr)
         return FAILED
     except KmemError as e:
         print(f"kmem broker: {e}", file=sys.stderr)

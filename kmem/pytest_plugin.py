@@ -3,7 +3,8 @@
 Installed with kmem (the ``pytest11`` entry point ``kmem``), so any test of the environment can ask for:
 
 - ``kafka_broker``: a running ``kmem.broker.Broker``; ``kafka_broker.bootstrap_servers`` is its
-  ``"127.0.0.1:PORT"``. Tests share one broker per session (``kafka_broker_session``, started on first
+  ``"127.0.0.1:PORT"`` (with several ``listeners``, each on a free port: the first one's, and
+  ``bootstrap_servers_of(name)`` another's). Tests share one broker per session (``kafka_broker_session``, started on first
   use on a free port with a temporary log directory, stopped when the session ends); a test marked
   ``@pytest.mark.kafka_broker(**settings)`` gets a broker of its own with those settings instead.
 - ``kafka_topic``: a topic created for the test alone, named after it, with the broker's

@@ -302,7 +302,7 @@ def test_the_principal_is_on_the_request_and_anonymous_without_sasl():
                              (SocketServer(handler), "User:ANONYMOUS")):
         with server:
             with RawConnection("%s:%d" % server.address) as connection:
-                if server.channel_builder is not None:
+                if server.listeners[0].channel_builder is not None:
                     assert handshake(connection, "PLAIN").error_code == 0
                     assert authenticate(connection, b"\0alice\0alice-secret").error_code == 0
                 connection.send_frame(b"\0\3\0\1\0\0\0\1\0\0")

@@ -90,7 +90,8 @@ def test_settings_take_kafka_names_and_keywords(tmp_path):
     assert broker.settings.storage.num_partitions == 3
     assert broker.settings.storage.log_segment_bytes == 1 << 20
     assert broker.settings.network.queued_max_request_bytes == 200 << 20
-    assert (broker.settings.advertised.host, broker.settings.advertised.port) == ("kafka.example", 9000)
+    advertised = broker.settings.listeners[0].advertised
+    assert (advertised.host, advertised.port) == ("kafka.example", 9000)
     with pytest.raises(ConfigError, match="log.segment.bytes"):
         Broker(tmp_path, log_segment_bytes="big")
     with pytest.raises(ConfigError, match="unknown broker setting 'colour'"):

@@ -264,7 +264,7 @@ def test_kafkas_sample_kraft_config_starts_the_broker_on_its_broker_listener(tmp
     ignored = [line for line in process.log_lines if "ignoring settings kmem broker does not use" in line]
     assert len(ignored) == 1
     assert ignored[0].rsplit(": ", 1)[1].strip().split(", ") == [
-        "controller.quorum.voters", "inter.broker.listener.name", "num.recovery.threads.per.data.dir",
+        "controller.quorum.voters", "num.recovery.threads.per.data.dir",
         "offsets.topic.replication.factor", "process.roles", "socket.receive.buffer.bytes", "socket.send.buffer.bytes",
         "transaction.state.log.min.isr", "transaction.state.log.replication.factor"]
     assert (tmp_path / "kraft-logs" / "meta.properties").exists()      # log.dirs is used
@@ -322,12 +322,17 @@ def test_a_busy_port_names_port_option_and_leaves_no_log_directory_behind(tmp_pa
 
 
 @pytest.mark.parametrize("listeners, message", [
-    ("PLAINTEXT://:9092,SSL://:9093", "listeners must name one broker listener for kmem broker to serve, not 2"),
+    ("PLAINTEXT://:9092,SASL_PLAINTEXT://:9092", "Each listener must have a different port, listeners: "
+                                                 "PLAINTEXT://:9092,SASL_PLAINTEXT://:9092 (port 9092)"),
+    ("PLAINTEXT://127.0.0.1:9092,PLAINTEXT://[::1]:9092", "Each listener must have a different name"),
+    ("PLAINTEXT://:9092,SSL://:9093", "listener SSL://:9093 is SSL: set ssl.keystore.location (a PEM keystore)"),
+    ("PLAINTEXT://:9092,EXTERNAL://:9093", "listener EXTERNAL has no security protocol in "
+                                           "listener.security.protocol.map"),
     ("SASL_SSL://:9092", "listener SASL_SSL://:9092 is SASL_SSL: set ssl.keystore.location (a PEM keystore)"),
     ("SASL_PLAINTEXT://:9092", "sasl.enabled.mechanisms = 'GSSAPI': kmem broker serves the SASL mechanisms PLAIN, "
                                "SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, not GSSAPI (Kafka default GSSAPI)"),
     ("SSL://:9092", "listener SSL://:9092 is SSL: set ssl.keystore.location (a PEM keystore)"),
-    ("CONTROLLER://:9093", "listeners must name one broker listener for kmem broker to serve, not 0"),
+    ("CONTROLLER://:9093", "listeners must name a broker listener for kmem broker to serve"),
     ("EXTERNAL://:9092", "listener EXTERNAL has no security protocol in listener.security.protocol.map"),
     ("localhost:9092", "listeners must look like PLAINTEXT://host:port"),
 ])
@@ -347,15 +352,16 @@ def test_the_listener_from_listeners_is_replaced_by_host_and_port_and_advertised
     sample = {"listeners": "PLAINTEXT://:9092,CONTROLLER://:9093", "controller.listener.names": "CONTROLLER",
               "advertised.listeners": "PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093"}
     settings = Broker(tmp_path, **{k.replace(".", "_"): v for k, v in sample.items()}).settings
-    assert (settings.network.host, settings.network.port) == ("", 9092)
-    assert (settings.advertised.host, settings.advertised.port) == ("localhost", 9092)
-    settings = Broker(tmp_path, 9095, host="127.0.0.1", properties=sample).settings
-    assert (settings.network.host, settings.network.port) == ("127.0.0.1", 9095)
-    assert (settings.advertised.host, settings.advertised.port) == ("localhost", 9095)   # it named the served port
+    served, = settings.listeners
+    assert (served.listener.host, served.listener.port) == ("", 9092)
+    assert (served.advertised.host, served.advertised.port) == ("localhost", 9092)
+    served, = Broker(tmp_path, 9095, host="127.0.0.1", properties=sample).settings.listeners
+    assert (served.listener.host, served.listener.port) == ("127.0.0.1", 9095)
+    assert (served.advertised.host, served.advertised.port) == ("localhost", 9095)   # it named the served port
     forwarded = dict(sample, **{"advertised.listeners": "PLAINTEXT://gateway:29092"})     # NAT: Kafka allows it
-    settings = Broker(tmp_path, 9095, properties=forwarded).settings
-    assert (settings.advertised.host, settings.advertised.port) == ("gateway", 29092)
-    with pytest.raises(ConfigError, match="advertised.listeners names EXTERNAL, not the listener kmem broker serves"):
+    served, = Broker(tmp_path, 9095, properties=forwarded).settings.listeners
+    assert (served.advertised.host, served.advertised.port) == ("gateway", 29092)
+    with pytest.raises(ConfigError, match="advertised.listeners names EXTERNAL, not a listener kmem broker serves"):
         Broker(tmp_path, properties=dict(sample, **{"advertised.listeners": "EXTERNAL://gateway:29092"}))
     with pytest.raises(ConfigError, match="cannot use the nonroutable meta-address 0.0.0.0"):
         Broker(tmp_path, properties=dict(sample, **{"advertised.listeners": "PLAINTEXT://0.0.0.0:9092"}))

@@ -188,7 +188,7 @@ class OutOfDescriptors:
 
 def test_acceptor_backs_off_while_out_of_descriptors(caplog):
     with SocketServer(echo, num_network_threads=1) as server:
-        acceptor = server._acceptor
+        acceptor, = server._acceptors
         pauses = []
         real_pause = acceptor._pause
 

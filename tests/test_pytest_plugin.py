@@ -83,6 +83,13 @@ def test_a_marked_test_gets_its_own_broker(kafka_broker, kafka_topic_factory):
            partitions=kafka_broker.settings.storage.num_partitions,
            segment_bytes=kafka_broker.settings.storage.log_segment_bytes,
            topic_partitions=kafka_broker.logs.topics()[topic].partitions)
+
+
+@pytest.mark.kafka_broker({"listeners": "PLAINTEXT://127.0.0.1:9092,LOCAL://127.0.0.1:9093",
+                           "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,LOCAL:PLAINTEXT"})
+def test_a_marked_broker_with_two_listeners(kafka_broker):
+    record(test="two listeners", bootstrap=kafka_broker.bootstrap_servers,
+           local=kafka_broker.bootstrap_servers_of("LOCAL"))
 '''
 
 
@@ -106,7 +113,7 @@ def test_the_three_clients_share_one_broker_and_a_marked_test_gets_its_own(pytes
                         ini="kafka_broker_settings =\n    num.partitions=2\n    log.segment.bytes=1048576\n",
                         env={"FACTS": str(facts)})
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-    assert "4 passed" in result.stdout
+    assert "5 passed" in result.stdout
     seen = {fact["test"]: fact for fact in map(json.loads, facts.read_text().splitlines())}
     shared = {seen[name]["bootstrap"] for name in ("kafka-python", "aiokafka", "confluent-kafka")}
     assert len(shared) == 1 and shared.pop().startswith("127.0.0.1:")
@@ -117,9 +124,13 @@ def test_the_three_clients_share_one_broker_and_a_marked_test_gets_its_own(pytes
     assert marked["bootstrap"] != seen["aiokafka"]["bootstrap"]
     assert (marked["partitions"], marked["segment_bytes"]) == (3, 1 << 20)     # the marker's over the ini's
     assert marked["topic_partitions"] == 3
+    # several listeners in a marker: each on a free port, the first one's address is bootstrap_servers
+    two = seen["two listeners"]
+    assert two["bootstrap"] != two["local"] and all(two[key].startswith("127.0.0.1:") for key in ("bootstrap", "local"))
+    assert not {two["bootstrap"], two["local"]} & {"127.0.0.1:9092", "127.0.0.1:9093"}
     # each broker stopped cleanly: the marked one after its test, the shared one at the session's end
     shutdown_markers = sorted((tmp_path / "base").rglob(".kafka_cleanshutdown"))
-    assert len(shutdown_markers) == 2 and pathlib.Path(marked["log_dir"]) / ".kafka_cleanshutdown" in shutdown_markers
+    assert len(shutdown_markers) == 3 and pathlib.Path(marked["log_dir"]) / ".kafka_cleanshutdown" in shutdown_markers
 
 
 def test_a_session_that_asks_for_no_broker_starts_none_and_imports_no_broker(pytestconfig, tmp_path):
@@ -201,7 +212,7 @@ def test_a_production_client_configuration(kafka_sasl_broker_factory, mechanism)
 
 def test_only_the_mechanisms_asked(kafka_sasl_broker_factory):
     broker = kafka_sasl_broker_factory({"carol": "carol-secret"}, ["SCRAM-SHA-512"])
-    assert broker.settings.sasl.enabled_mechanisms == ("SCRAM-SHA-512",)
+    assert broker.settings.listeners[0].sasl.enabled_mechanisms == ("SCRAM-SHA-512",)
     assert broker.scram_credentials.describe("carol") == [("SCRAM-SHA-512", 4096)]
 '''
 

@@ -8,20 +8,21 @@
   responses) and one that may block on the disk runs on an io thread; every deadline (parked fetches,
   group sessions and rebalances, offset expiry, transaction timeouts and markers, transactional id expiry)
   is a task on one ``kmem.broker.timer.Timer``, so the broker's threads do not grow with its clients:
-  ``num.network.threads`` + ``num.io.threads`` + 5 (the acceptor, the timer, log maintenance, the flusher
-  of the segments a roll leaves, the log cleaner of the compacted topics, ``__consumer_offsets`` and
-  ``__transaction_state`` among them);
+  ``num.network.threads`` + ``num.io.threads`` + 4 + an acceptor per listener (the timer, log maintenance,
+  the flusher of the segments a roll leaves, the log cleaner of the compacted topics, ``__consumer_offsets``
+  and ``__transaction_state`` among them);
 - Fetch responses are ``kmem.send.Send``s: file regions of the segments for Fetch v4+ (sendfile on plain
   sockets), lazily down-converted chunks for Fetch v0-3 (KIP-283);
 - the log directory is Kafka's (``kmem.broker.LogManager``), idempotent producers' state lives in a
   ``PidLedger`` per partition (KIP-1044) and producer ids are never reissued.
 
-``Broker(log_dir, port=0, **settings)`` is a context manager; ``bootstrap_servers`` is its address;
-``requests_served`` counts the requests answered by (api key, version).
-Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see ``kmem.broker.settings``);
-``host`` and ``port``, when given, replace those of the listener in ``listeners`` (without it the broker
-listens on 127.0.0.1 and a free port). A start that fails (a busy port, a bad file) leaves a log
-directory that was new or empty before it as it was: nothing half-made stays behind.
+``Broker(log_dir, port=0, **settings)`` is a context manager; ``bootstrap_servers`` is the address of its
+first listener (``bootstrap_servers_of(name)`` another's); ``requests_served`` counts the requests answered
+by (api key, version). Settings take Kafka's names, as a ``properties`` dict or snake_case keywords (see
+``kmem.broker.settings``); ``host`` and ``port``, when given, replace those of the listener in ``listeners``
+(without it the broker listens on 127.0.0.1 and a free port; with several listeners, ``port=0`` puts each on
+a free port). A start that fails (a busy port, a bad file) leaves a log directory that was new or empty
+before it as it was: nothing half-made stays behind.
 """
 import collections
 import logging
@@ -42,8 +43,8 @@ from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator
 from kmem.broker.txn.markers import TxnMarkerWriter
-from kmem.errors import IllegalStateError
-from kmem.network import SaslChannelBuilder, SocketServer
+from kmem.errors import IllegalStateError, InvalidArgumentError
+from kmem.network import ListenerConfig, SaslChannelBuilder, SocketServer
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class Broker:
         self.admin = None
         self.scram_credentials = None     # the log directory's ScramCredentialStore
         self.timer = None
-        self._sasl_mechanisms = None
+        self._sasl_mechanisms = []       # each SASL listener's, closed with the broker
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._maintenance = None
@@ -130,8 +131,13 @@ class Broker:
             self.handlers.transactions = self.coordinator.transactions = self.transactions
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions, ScramAdminHandlers(self.scram_credentials))
-            self.server = SocketServer(dispatcher, self.settings.network, channel_builder=self._channel_builder(dispatcher),
-                                       timer=self.timer, ssl_principal_mapper=self.settings.ssl_principal_mapper)
+            listeners = [ListenerConfig(served.name, served.listener.host, served.listener.port, served.ssl_context,
+                                        self._channel_builder(served.sasl, dispatcher), served.max_connections,
+                                        served.max_connection_creation_rate)
+                         for served in self.settings.listeners]
+            self.server = SocketServer(dispatcher, self.settings.network, listeners=listeners, timer=self.timer,
+                                       protected_listener=self.settings.inter_broker_listener,
+                                       ssl_principal_mapper=self.settings.ssl_principal_mapper)
             self.server.start()
         except BaseException:
             self._close_sasl()
@@ -147,40 +153,58 @@ class Broker:
         self._maintenance = threading.Thread(target=self._maintain, name="kmem-broker-maintenance", daemon=True)
         self._maintenance.start()
         self.logs.cleaner.start()
-        host, port = self.server.address
-        log.info("listening on %s:%d", host, port)
-        if self.settings.advertised is not None:
-            log.info("advertising %s:%d to clients (advertised.listeners)", *self.endpoint())
+        for served in self.settings.listeners:
+            host, port = self.server.addresses[served.name]
+            log.info("%s listener (%s): listening on %s:%d", served.name, served.protocol, host, port)
+            if served.advertised is not None:
+                log.info("%s listener: advertising %s:%d to its clients (advertised.listeners)", served.name,
+                         *self.endpoint(served.name))
         return self
 
-    def _channel_builder(self, dispatcher):
-        """A SASL listener's authentication (``kmem.network.sasl``): PLAIN's users from the settings, SCRAM's
+    def _channel_builder(self, sasl, dispatcher):
+        """A SASL listener's authentication (``kmem.network.sasl``): PLAIN's users from its settings, SCRAM's
         credentials from the log directory; None for a listener without SASL."""
-        sasl = self.settings.sasl
         if sasl is None:
             return None
-        mechanisms = self._sasl_mechanisms = SaslMechanisms(sasl, self.scram_credentials)
+        mechanisms = SaslMechanisms(sasl, self.scram_credentials)
+        self._sasl_mechanisms.append(mechanisms)
         return SaslChannelBuilder(mechanisms, dispatcher.api_versions, max_receive_size=sasl.max_receive_size,
                                   failed_authentication_delay_ms=sasl.failed_authentication_delay_ms,
                                   connections_max_reauth_ms=sasl.max_reauth_ms)
 
     def _close_sasl(self):
-        """Stops what the SASL mechanisms run beside the listener (KIP-768's JWKS refresh)."""
-        if self._sasl_mechanisms is not None:
-            self._sasl_mechanisms.close()
-            self._sasl_mechanisms = None
+        """Stops what the SASL mechanisms run beside the listeners (KIP-768's JWKS refresh)."""
+        while self._sasl_mechanisms:
+            self._sasl_mechanisms.pop().close()
 
-    def endpoint(self):
-        """The advertised ``(host, port)``: ``advertised.listeners``, else the bound address."""
-        bound_host, bound_port = self.server.address
-        advertised = self.settings.advertised
+    def endpoint(self, listener_name=None):
+        """The ``(host, port)`` advertised to the clients of listener ``listener_name`` (None: the first):
+        its ``advertised.listeners`` entry, else its bound address. Metadata, FindCoordinator and DescribeCluster
+        answer with the endpoint of the listener the request came in on, as Kafka does."""
+        served = self._listener(listener_name)
+        bound_host, bound_port = self.server.addresses[served.name]
+        advertised = served.advertised
         if advertised is None:
             return advertised_host(bound_host), bound_port
         return advertised.host or advertised_host(bound_host), advertised.port or bound_port
 
+    def _listener(self, name):
+        if name is None:
+            return self.settings.listeners[0]
+        for served in self.settings.listeners:
+            if served.name == name:
+                return served
+        raise InvalidArgumentError(f"no listener {name!r}: the broker serves "
+                                   f"{', '.join(served.name for served in self.settings.listeners)}")
+
     @property
     def bootstrap_servers(self):
-        host, port = self.endpoint()
+        """``host:port`` of the first listener (``bootstrap_servers_of`` names another)."""
+        return self.bootstrap_servers_of()
+
+    def bootstrap_servers_of(self, listener_name=None):
+        """``host:port`` advertised by listener ``listener_name`` (None: the first)."""
+        host, port = self.endpoint(listener_name)
         return f"{host}:{port}"
 
     def _maintain(self):

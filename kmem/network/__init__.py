@@ -6,11 +6,13 @@ from kmem.network.channel import ChannelMuteEvent, ChannelMuteState, KafkaChanne
 from kmem.network.receive import UNLIMITED, NetworkReceive, NetworkSend
 from kmem.network.sasl import SaslAuthenticator, SaslChannelBuilder
 from kmem.network.selector import Selector
-from kmem.network.server import Deferred, Request, SocketServer, SocketServerConfig, offloaded
+from kmem.network.quotas import ConnectionQuotas
+from kmem.network.server import Deferred, ListenerConfig, Request, SocketServer, SocketServerConfig, offloaded
 from kmem.network.transport import PlaintextTransport, TlsTransport
 
 __all__ = [
     "UNLIMITED", "NetworkReceive", "NetworkSend", "PlaintextTransport", "TlsTransport", "ChannelMuteState",
     "ChannelMuteEvent", "KafkaChannel", "Selector", "Request", "Deferred", "offloaded",
-    "SocketServer", "SocketServerConfig", "SaslChannelBuilder", "SaslAuthenticator",
+    "SocketServer", "SocketServerConfig", "ListenerConfig", "ConnectionQuotas", "SaslChannelBuilder",
+    "SaslAuthenticator",
 ]

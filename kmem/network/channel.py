@@ -55,6 +55,8 @@ class KafkaChannel:
         self.closed = False
         self.authenticator = None       # a SASL listener's: frames go to it until it is complete (kmem.network.sasl)
         self.peer_principal = ANONYMOUS     # on an SSL listener, its client certificate's (kmem.network.ssl_principal)
+        self.listener = None            # a server's: the listener it came in on (kmem.network.server.ListenerConfig)
+        self.on_close = None            # called once, when the channel closes
 
     @property
     def principal(self):
@@ -162,6 +164,8 @@ class KafkaChannel:
             close_send(self.send)
             self.send = None
         self.transport.close()
+        if self.on_close is not None:
+            self.on_close()
 
     def __repr__(self):
         return f"<KafkaChannel {self.id} {self.mute_state.name}{' priority' if self.priority else ''}>"

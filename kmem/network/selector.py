@@ -11,6 +11,7 @@ size prefix and stalls, or stops reading its response, cannot pin memory forever
 wait for us: for a response to be produced, or for pool memory.
 """
 import collections
+import itertools
 import logging
 import random
 import selectors
@@ -122,6 +123,16 @@ class Selector:
     @property
     def channels(self):
         return list(self._channels.values())
+
+    def least_recently_active(self, eligible):
+        """The channel ``eligible(channel)`` accepts whose socket made progress the longest ago (Kafka's
+        ``lowestPriorityChannel``; those waiting for us come after the others), or None."""
+        waiting_for_us = (channel_id for channel_id in self._channels if channel_id not in self._idle)
+        for channel_id in itertools.chain(self._idle, waiting_for_us):
+            channel = self._channels[channel_id]
+            if eligible(channel):
+                return channel
+        return None
 
     @property
     def is_out_of_memory(self):

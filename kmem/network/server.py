@@ -26,8 +26,10 @@ made for it after it closed, is closed (``kmem.send.close_send``): its file desc
 import collections
 import dataclasses
 import errno
+import functools
 import itertools
 import logging
+import math
 import queue
 import selectors
 import socket
@@ -37,6 +39,8 @@ import time
 
 from kmem.errors import ConfigError, IllegalStateError, SslAuthenticationError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
+from kmem.network.quotas import UNLIMITED as UNLIMITED_CONNECTIONS
+from kmem.network.quotas import ConnectionQuotas, ip_overrides, normalised_ip
 from kmem.network.receive import UNLIMITED, NetworkSend
 from kmem.network.sasl import ANONYMOUS, Outcome
 from kmem.network.selector import Selector
@@ -81,9 +85,21 @@ class SocketServerConfig:
     socket_request_max_bytes: int = 100 * 1024 * 1024
     connections_max_idle_ms: int = 10 * 60 * 1000   # -1: never close idle connections
     socket_listen_backlog_size: int = 50
+    # Kafka's connection limits (KIP-402, KIP-612; kmem.network.quotas), Int.MaxValue: none
+    max_connections: int = UNLIMITED_CONNECTIONS
+    max_connections_per_ip: int = UNLIMITED_CONNECTIONS
+    max_connections_per_ip_overrides: str = ""
+    max_connection_creation_rate: int = UNLIMITED_CONNECTIONS
     ssl_context: ssl.SSLContext | None = None
 
     def __post_init__(self):
+        check_connection_limits(self.max_connections, self.max_connection_creation_rate)
+        if not isinstance(self.max_connections_per_ip, int) or self.max_connections_per_ip < 0:
+            raise ConfigError(f"max.connections.per.ip must be an integer >= 0, got {self.max_connections_per_ip!r}")
+        overrides = ip_overrides(self.max_connections_per_ip_overrides)       # refused here if malformed
+        if self.max_connections_per_ip == 0 and not overrides:
+            raise ConfigError("max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides "
+                              "property is set.")
         positive = ("num_network_threads", "num_io_threads", "queued_max_requests", "socket_request_max_bytes",
                     "socket_listen_backlog_size")
         for name in positive + ("queued_max_request_bytes", "connections_max_idle_ms"):
@@ -123,6 +139,35 @@ class SocketServerConfig:
         return cls(**values)
 
 
+def check_connection_limits(max_connections, max_connection_creation_rate, prefix=""):
+    """``ConfigError`` unless ``max.connections`` >= 0 and ``max.connection.creation.rate`` >= 1 (None: unset)."""
+    if max_connections is not None and (not isinstance(max_connections, int) or max_connections < 0):
+        raise ConfigError(f"{prefix}max.connections must be an integer >= 0, got {max_connections!r}")
+    rate = max_connection_creation_rate
+    if rate is not None and (not isinstance(rate, int) or rate < 1):
+        raise ConfigError(f"{prefix}max.connection.creation.rate must be an integer >= 1, got {rate!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ListenerConfig:
+    """One listener of a ``SocketServer`` (Kafka's ``EndPoint`` and what its channel builder needs): where it
+    listens, TLS (``ssl_context``), SASL (``channel_builder``, a ``kmem.network.sasl.SaslChannelBuilder``), and its
+    own connection limits (None: the server's ``max_connections`` and ``max_connection_creation_rate``)."""
+    name: str = "PLAINTEXT"
+    host: str = "127.0.0.1"
+    port: int = 0
+    ssl_context: ssl.SSLContext | None = None
+    channel_builder: object = None
+    max_connections: int | None = None
+    max_connection_creation_rate: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in [0, 65535], got {self.port!r}")
+        check_connection_limits(self.max_connections, self.max_connection_creation_rate,
+                                f"listener.name.{self.name.lower()}.")
+
+
 def _somaxconn():
     """Linux's cap on a listen backlog (``net.core.somaxconn``), or None where it cannot be read."""
     try:
@@ -144,12 +189,13 @@ class Request:
     (``bytes(request.payload)``).
     """
 
-    __slots__ = ("connection_id", "processor", "principal", "_receive")
+    __slots__ = ("connection_id", "processor", "principal", "listener_name", "_receive")
 
-    def __init__(self, connection_id, processor, receive, principal=ANONYMOUS):
+    def __init__(self, connection_id, processor, receive, principal=ANONYMOUS, listener_name="PLAINTEXT"):
         self.connection_id = connection_id
         self.processor = processor
         self.principal = principal      # who sent it: User:<name> on a SASL listener, else User:ANONYMOUS
+        self.listener_name = listener_name      # the listener it came in on (Kafka's RequestContext.listenerName)
         self._receive = receive
 
     @property
@@ -287,8 +333,10 @@ class _Processor(threading.Thread):
         self._ids = itertools.count()
         self.after_responses = []       # Request.after_response's work, run after each poll's receives
 
-    def accept(self, sock):
-        self._new_connections.put(sock)
+    def accept(self, sock, listener, ip):
+        """From an acceptor: serve ``sock``, a connection from ``ip`` to ``listener`` (a ``ListenerConfig``),
+        counted in the server's connection quotas until it closes."""
+        self._new_connections.put((sock, listener, ip))
         self.selector.wakeup()
 
     def respond(self, connection_id, send):
@@ -310,6 +358,7 @@ class _Processor(threading.Thread):
                     self._process_completed_sends()
                     self._process_disconnected()
                     self._close_unauthenticated()
+                    self._close_excess_connection()
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -324,7 +373,9 @@ class _Processor(threading.Thread):
             self._deferred.clear()
             self.selector.close()
             while not self._new_connections.empty():
-                self._new_connections.get().close()
+                sock, listener, ip = self._new_connections.get()
+                sock.close()
+                self.server.quotas.release(listener.name, ip)
             while not self._responses.empty():
                 close_send(self._responses.get()[1])
 
@@ -347,15 +398,19 @@ class _Processor(threading.Thread):
 
     def _configure_new_connections(self):
         while not self._new_connections.empty():
-            sock = self._new_connections.get()
+            sock, listener, ip = self._new_connections.get()
             connection_id = f"{self._index}-{next(self._ids)}"
             try:
-                channel = self.selector.register(connection_id, sock, ssl_context=self.server.config.ssl_context)
+                channel = self.selector.register(connection_id, sock, ssl_context=listener.ssl_context)
             except (OSError, ssl.SSLError):
                 log.info("could not register connection %s", connection_id, exc_info=True)
                 sock.close()
+                self.server.quotas.release(listener.name, ip)
                 continue
-            builder = self.server.channel_builder
+            channel.listener = listener
+            # every close (the client's, an error, idleness, a failed authentication, shutdown) frees the slot
+            channel.on_close = functools.partial(self.server.quotas.release, listener.name, ip)
+            builder = listener.channel_builder
             if builder is not None:
                 channel.authenticator = builder.authenticator(connection_id)
                 self._authentication_began(channel)
@@ -363,7 +418,7 @@ class _Processor(threading.Thread):
     def _authentication_began(self, channel):
         """A channel's (re-)authentication began: its frames are read under ``sasl.server.max.receive.size``
         until it completes, which it must before its deadline."""
-        builder = self.server.channel_builder
+        builder = channel.listener.channel_builder
         limit = self.selector.max_receive_size
         channel.max_receive_size = (builder.max_receive_size if limit == UNLIMITED
                                     else min(limit, builder.max_receive_size))
@@ -392,11 +447,9 @@ class _Processor(threading.Thread):
         poll, before its first request is handled: its client certificate's, mapped by
         ``ssl.principal.mapping.rules``; one that no rule maps is closed."""
         mapper = self.server.ssl_principal_mapper
-        if mapper is None:
-            return
         for connection_id in self.selector.connected:
             channel = self.selector.channel(connection_id)
-            if channel is None:
+            if channel is None or channel.listener.ssl_context is None or channel.listener.channel_builder is not None:
                 continue
             try:
                 channel.peer_principal = mapper.principal(channel.transport.sock.getpeercert())
@@ -457,7 +510,7 @@ class _Processor(threading.Thread):
                 self._authenticate(channel, receive)
             elif channel.authenticator is None or channel.authenticator.session_expires_at is None \
                     or not self._reauthenticate_or_expire(channel, receive):
-                self._handle(Request(connection_id, self, receive, channel.principal))
+                self._handle(Request(connection_id, self, receive, channel.principal, channel.listener.name))
 
     def _reauthenticate_or_expire(self, channel, receive):
         """For a SASL session with a lifetime (KIP-368): a SaslHandshake begins a re-authentication, another
@@ -511,7 +564,7 @@ class _Processor(threading.Thread):
             return
         # Kafka's delayed close (KIP-306): the answer and the close wait, the channel muted, without a thread
         self._closing.add(channel.id)
-        delay = self.server.channel_builder.failed_authentication_delay_ms / 1000
+        delay = channel.listener.channel_builder.failed_authentication_delay_ms / 1000
         if delay <= 0:
             self._respond_now(channel.id, send)
         else:
@@ -562,11 +615,29 @@ class _Processor(threading.Thread):
 
     def _process_disconnected(self):
         for connection_id in self.selector.disconnected:
-            self._closing.discard(connection_id)
-            self._authentication_deadlines.pop(connection_id, None)
-            deferred = self._deferred.pop(connection_id, None)
-            if deferred is not None:
-                deferred.cancel()
+            self._forget(connection_id)
+
+    def _forget(self, connection_id):
+        """A connection closed: its deferred response, if any, is cancelled."""
+        self._closing.discard(connection_id)
+        self._authentication_deadlines.pop(connection_id, None)
+        deferred = self._deferred.pop(connection_id, None)
+        if deferred is not None:
+            deferred.cancel()
+
+    def _close_excess_connection(self):
+        """Kafka's ``closeExcessConnections``: while the protected listener keeps the total over
+        ``max.connections``, close the least recently used connection of another listener, one a poll."""
+        quotas = self.server.quotas
+
+        def close_one():
+            channel = self.selector.least_recently_active(lambda channel: not quotas.protects(channel.listener.name))
+            if channel is not None:
+                log.info("closing connection %s from %s (listener %s): max.connections exceeded", channel.id,
+                         _peer(channel), channel.listener.name)
+                self.selector.close(channel.id)
+                self._forget(channel.id)
+        quotas.close_excess(close_one)
 
     def _response_sent(self, connection_id):
         channel = self.selector.channel(connection_id)
@@ -589,15 +660,20 @@ def _peer(channel):
 
 
 class _Acceptor(threading.Thread):
-    def __init__(self, server, listen_socket):
-        super().__init__(name="kmem-network-acceptor", daemon=True)
+    """Accepts the connections of one listener and deals them round-robin to the server's processors, within
+    the server's connection quotas: at a limit it stops listening (the kernel's backlog holds the new
+    connections) until a connection closes or the creation rate allows another."""
+
+    def __init__(self, server, listener, listen_socket):
+        super().__init__(name=f"kmem-network-acceptor-{listener.name}", daemon=True)
         self.server = server
+        self.listener = listener
         self._listen_socket = listen_socket
         self._selector = selectors.DefaultSelector()
         self._selector.register(listen_socket, selectors.EVENT_READ)
         self._waker = Waker(self._selector)
         self._backoff = 0.0
-        self._resume_at = None      # while paused: when to listen again
+        self._resume_at = None      # while paused: when to listen again (math.inf: once a connection closes)
 
     def wakeup(self):
         self._waker.wakeup()
@@ -613,22 +689,29 @@ class _Acceptor(threading.Thread):
                         self._selector.register(self._listen_socket, selectors.EVENT_READ)
                         self._resume_at = None
                         timeout = POLL_SECONDS
-                for key, _ in self._selector.select(timeout):
+                for key, _ in self._selector.select(min(timeout, POLL_SECONDS)):
                     if self._waker.owns(key):
                         self._waker.drain()
+                        if self._resume_at == math.inf:     # a connection closed: a slot may be free
+                            self._resume_at = time.monotonic()
                     else:
                         self._accept_all(processors)
         except Exception:
-            log.exception("network acceptor failed")
+            log.exception("network acceptor of listener %s failed", self.listener.name)
         finally:
             self._selector.close()
             self._listen_socket.close()
             self._waker.close()
 
     def _accept_all(self, processors):
+        quotas, name = self.server.quotas, self.listener.name
         while self.server.running:
+            delay = quotas.delay(name, self.wakeup)
+            if delay > 0:
+                self._stop_listening(delay)
+                return
             try:
-                sock, _ = self._listen_socket.accept()
+                sock, address = self._listen_socket.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -638,15 +721,22 @@ class _Acceptor(threading.Thread):
                     log.warning("accept failed: %s", exc)
                 return
             self._backoff = 0.0
-            next(processors).accept(sock)
+            ip = normalised_ip(address[0])
+            if quotas.acquire(name, ip):
+                next(processors).accept(sock, self.listener, ip)
+            else:
+                sock.close()        # over max.connections.per.ip: closed at once, as Kafka does
 
     def _pause(self, exc):
         # Keep serving the connections we have; warn once per shortage, not once per pause.
         if not self._backoff:
             log.warning("accept failed: %s; pausing accepts until it succeeds again", exc)
         self._backoff = min(max(2 * self._backoff, ACCEPT_BACKOFF_MIN_SECONDS), ACCEPT_BACKOFF_MAX_SECONDS)
+        self._stop_listening(self._backoff)
+
+    def _stop_listening(self, seconds):
         self._selector.unregister(self._listen_socket)
-        self._resume_at = time.monotonic() + self._backoff
+        self._resume_at = time.monotonic() + seconds
 
 
 class SocketServer:
@@ -666,19 +756,36 @@ class SocketServer:
     none is given). Without one, on TLS, a client certificate's subject is the principal, mapped by
     ``ssl_principal_mapper`` (a ``kmem.network.ssl_principal.SslPrincipalMapper``; Kafka's DEFAULT rule if none).
 
-    Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where it listens.
+    It serves the config's ``host`` and ``port`` (with its ``ssl_context`` and the ``channel_builder``), or
+    ``listeners``: several ``ListenerConfig``s at once, each with its own acceptor, TLS and SASL, all feeding
+    the same processors; ``request.listener_name`` says which one a request came in on. Connections are
+    limited by ``ConnectionQuotas`` (``kmem.network.quotas``; ``protected_listener``: Kafka's inter-broker
+    listener, exempt from the broker-wide limits).
+
+    Use as a context manager, or call ``start()`` and ``close()``; ``address`` is where the first listener
+    listens, ``addresses`` maps each listener's name to its ``(host, port)``.
     """
 
-    def __init__(self, handler, config=None, *, channel_builder=None, timer=None, ssl_principal_mapper=None,
-                 **settings):
+    def __init__(self, handler, config=None, *, listeners=None, channel_builder=None, timer=None,
+                 protected_listener=None, ssl_principal_mapper=None, **settings):
         if config is not None and settings:
             raise ConfigError("pass either a SocketServerConfig or keyword settings, not both")
         self.config = config if config is not None else SocketServerConfig(**settings)
+        if listeners is None:
+            protocol = ("SASL_" if channel_builder is not None else "") + \
+                ("SSL" if self.config.ssl_context is not None else "PLAINTEXT")
+            listeners = [ListenerConfig(protocol, self.config.host, self.config.port, self.config.ssl_context,
+                                        channel_builder)]
+        elif channel_builder is not None or self.config.ssl_context is not None:
+            raise ConfigError("with listeners, give each ListenerConfig its ssl_context and channel_builder")
+        names = [listener.name for listener in listeners]
+        if not names or len(set(names)) != len(names):
+            raise ConfigError(f"a socket server needs listeners of different names, not {names}")
+        self.listeners = tuple(listeners)
+        self.quotas = ConnectionQuotas(self.config, self.listeners, protected_listener)
         self.handler = handler
-        self.channel_builder = channel_builder
-        self.ssl_principal_mapper = None
-        if self.config.ssl_context is not None and channel_builder is None:
-            self.ssl_principal_mapper = ssl_principal_mapper or SslPrincipalMapper()
+        # the principals of TLS listeners without SASL: their client certificates' subjects
+        self.ssl_principal_mapper = ssl_principal_mapper or SslPrincipalMapper()
         self.timer = timer
         self._own_timer = False
         bound = self.config.queued_max_request_bytes
@@ -686,37 +793,58 @@ class SocketServer:
         self.requests = queue.Queue(self.config.queued_max_requests)
         self.processors = []
         self.running = False
-        self._acceptor = None
+        self._acceptors = []
         self._handlers = []
         self.address = None
+        self.addresses = {}
 
     @property
     def bounded(self):
         return self.pool is not NONE
 
     def start(self):
-        if self.running or self._acceptor is not None:
+        if self.running or self._acceptors:
             raise IllegalStateError("the server was already started")
-        listen_socket = socket.create_server((self.config.host, self.config.port),
-                                             backlog=self.config.socket_listen_backlog_size)
-        listen_socket.setblocking(False)
-        self.address = listen_socket.getsockname()[:2]
+        listen_sockets = self._listen()
         backlog = self.config.socket_listen_backlog_size
         effective = min(backlog, _somaxconn() or backlog)
         capped = ("" if effective == backlog
                   else f" (socket.listen.backlog.size {backlog}, capped by net.core.somaxconn)")
-        log.info("accept backlog on %s:%d: %d%s", *self.address, effective, capped)
-        if self.channel_builder is not None and self.timer is None:
+        for name, address in self.addresses.items():
+            log.info("accept backlog of listener %s on %s:%d: %d%s", name, *address, effective, capped)
+        if self.timer is None and any(listener.channel_builder is not None for listener in self.listeners):
             from kmem.broker.timer import Timer
             self.timer, self._own_timer = Timer("kmem-network-timer"), True
         self.running = True
         self.processors = [_Processor(self, i) for i in range(self.config.num_network_threads)]
-        self._acceptor = _Acceptor(self, listen_socket)
+        self._acceptors = [_Acceptor(self, listener, sock) for listener, sock in zip(self.listeners, listen_sockets)]
         self._handlers = [threading.Thread(target=self._run_offloaded, name=f"kmem-io-thread-{i}", daemon=True)
                           for i in range(self.config.num_io_threads)]
-        for thread in self._handlers + self.processors + [self._acceptor]:
+        for thread in self._handlers + self.processors + self._acceptors:
             thread.start()
         return self
+
+    def _listen(self):
+        """A listening socket per listener; should one fail (its address in use...), none is left open and the
+        ``OSError`` names the address (its ``filename``)."""
+        sockets = []
+        try:
+            for listener in self.listeners:
+                try:
+                    sock = socket.create_server((listener.host, listener.port),
+                                                backlog=self.config.socket_listen_backlog_size)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, f"{listener.host or '0.0.0.0'}:{listener.port}") from None
+                sockets.append(sock)
+                sock.setblocking(False)
+                self.addresses[listener.name] = sock.getsockname()[:2]
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            self.addresses = {}
+            raise
+        self.address = self.addresses[self.listeners[0].name]
+        return sockets
 
     def offload(self, request, fn, deferred):
         """From a processor: queue ``fn(request)`` for an io thread, waiting while the queue is full (Kafka's
@@ -760,13 +888,13 @@ class SocketServer:
             log.exception("releasing the memory of %r failed", request)
 
     def metrics(self):
-        """The pool's sensors under Kafka's names (none if unbounded), the request queue's length, and with SASL
-        the authentication counts of Kafka's selector (``successful-authentication-total``,
+        """The pool's sensors under Kafka's names (none if unbounded), the request queue's length, and with a SASL
+        listener the authentication counts (of every SASL listener) of Kafka's selector (``successful-authentication-total``,
         ``successful-reauthentication-total``, ``failed-authentication-total``, ``failed-reauthentication-total``,
         ``successful-authentication-no-reauth-total``, ``expired-connections-killed-count``)."""
         values = self.pool.metrics() if self.bounded else {}
         values["RequestQueueSize"] = self.requests.qsize()
-        if self.channel_builder is not None:
+        if any(listener.channel_builder is not None for listener in self.listeners):
             for name in AUTHENTICATION_METRICS:
                 values[name] = sum(processor.authentication_counts[name] for processor in self.processors)
         return values
@@ -787,8 +915,10 @@ class SocketServer:
         if not self.running:
             return
         self.running = False
-        self._acceptor.wakeup()
-        self._acceptor.join()
+        for acceptor in self._acceptors:
+            acceptor.wakeup()
+        for acceptor in self._acceptors:
+            acceptor.join()
         for processor in self.processors:
             processor.selector.wakeup()
         for processor in self.processors:

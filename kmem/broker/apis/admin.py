@@ -99,7 +99,8 @@ def config_text(value):
 
 
 class AdminHandlers:
-    """The admin APIs over a ``LogManager`` (see the module docstring); ``endpoint()`` gives (host, port)."""
+    """The admin APIs over a ``LogManager`` (see the module docstring); ``endpoint(listener_name)`` gives a
+    listener's advertised (host, port)."""
 
     def __init__(self, logs, node_id, endpoint):
         self.logs = logs
@@ -268,7 +269,7 @@ class AdminHandlers:
 
     # --- DescribeCluster ------------------------------------------------------------------------------
 
-    def describe_cluster(self, header, request):
+    def describe_cluster(self, header, request, listener_name=None):
         endpoint_type = request.endpoint_type if header.api_version >= 1 else BROKERS_ENDPOINT
         response = messages.DescribeClusterResponse(
             throttle_time_ms=0, error_code=ErrorCode.NONE, error_message=None, endpoint_type=endpoint_type,
@@ -283,7 +284,7 @@ class AdminHandlers:
             return response
         if request.include_cluster_authorized_operations:
             response.cluster_authorized_operations = CLUSTER_OPERATIONS
-        host, port = self.endpoint()
+        host, port = self.endpoint(listener_name)
         response.brokers = [messages.DescribeClusterResponse.DescribeClusterBroker(
             broker_id=self.node_id, host=host, port=port, rack=None, is_fenced=False)]
         return response

@@ -50,6 +50,10 @@ BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.AL
                            *ADMIN_APIS})
 
 
+# the APIs that answer with the broker's endpoint: that of the listener the request came in on, as Kafka does
+ENDPOINT_APIS = frozenset((ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER))
+
+
 class RequestRefused(KmemError):
     """A request Kafka answers by closing the connection: an API or version the broker does not serve."""
 
@@ -166,6 +170,8 @@ class RequestDispatcher:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         elif header.api_key == ApiKey.END_TXN:
             response = self.transactions.end_txn(header, body, write_markers=request.after_response)
+        elif header.api_key in ENDPOINT_APIS:
+            response = self._methods[header.api_key](header, body, request.listener_name)
         else:
             response = self._methods[header.api_key](header, body)
         if response is None or isinstance(response, (DelayedFetch, DelayedResponse)):

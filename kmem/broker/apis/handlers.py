@@ -116,7 +116,8 @@ def protocol_uuid(text):
 
 
 class Handlers:
-    """Answers decoded requests from a ``LogManager``; ``endpoint()`` gives the advertised (host, port)."""
+    """Answers decoded requests from a ``LogManager``; ``endpoint(listener_name)`` gives the (host, port) advertised
+    to the clients of a listener."""
 
     #: The transaction coordinator (``verify_transaction`` of Produce's transactional batches), set by the
     #: server; None: transactional batches are refused.
@@ -156,7 +157,7 @@ class Handlers:
             error_code=ErrorCode.ILLEGAL_SASL_STATE, auth_bytes=b"", session_lifetime_ms=0,
             error_message="SaslAuthenticate request received after successful authentication")
 
-    def find_coordinator(self, header, request):
+    def find_coordinator(self, header, request, listener_name=None):
         """Every group's and every transactional id's coordinator is this broker (``__transaction_state`` is
         created first, on an io thread: see ``kmem.broker.apis.dispatch``). Without a transaction coordinator
         a transactional id is refused as Kafka refuses one its ACLs deny (TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
@@ -171,7 +172,7 @@ class Handlers:
         if error:
             node, host, port = -1, "", -1
         else:
-            node, (host, port) = self.node_id, self.endpoint()
+            node, (host, port) = self.node_id, self.endpoint(listener_name)
         response = messages.FindCoordinatorResponse(throttle_time_ms=0, error_code=error, error_message=message,
                                                     node_id=node, host=host, port=port)
         keys = request.coordinator_keys if header.api_version >= 4 else []
@@ -183,11 +184,11 @@ class Handlers:
 
     # --- Metadata -------------------------------------------------------------------------------------
 
-    def metadata(self, header, request):
+    def metadata(self, header, request, listener_name=None):
         version = header.api_version
         if version < 12 and request.topics and any(t.name is None or t.topic_id != ZERO_UUID for t in request.topics):
             return _topic_ids_before_v12(request)
-        host, port = self.endpoint()
+        host, port = self.endpoint(listener_name)
         response = messages.MetadataResponse(
             throttle_time_ms=0, cluster_id=self.logs.cluster_id, controller_id=self.node_id,
             brokers=[messages.MetadataResponse.MetadataResponseBroker(node_id=self.node_id, host=host, port=port,
