@@ -139,7 +139,9 @@ class _ProtocolReader(_Reader):
 
 
 def parse_transaction_record(record):
-    """``(key, payload)`` text of a ``__transaction_state`` record (Kafka's ``TransactionLog.formatRecordKeyAndValue``)."""    try:
+    """``(key, payload)`` text of a ``__transaction_state`` record (Kafka's
+    ``TransactionLog.formatRecordKeyAndValue``)."""
+    try:
         if record.key is None:
             raise CorruptRecordError("a record without a key")
         version = _version(record.key, "key")

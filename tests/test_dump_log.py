@@ -1,0 +1,312 @@
+"""``kmem dump-log`` (kmem.admin.dump_log), Kafka's ``kafka-dump-log.sh``: on the log directory of a kmem broker
+that confluent-kafka wrote to (plain, compressed, keyed, with headers, idempotent, transactional commits and
+aborts, a consumer group's commits), its lines must carry what the clients produced; on segments built with
+kmem.records (v0/v1 message sets) and on damaged files (a truncated tail, a bad CRC, garbage, a corrupt index
+or producer snapshot) it reports as Kafka's tool does, in lines, never a traceback."""
+import json
+import os
+import re
+import shutil
+import struct
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from broker_helpers import TIMEOUT, wait_for
+from kmem.cli import main
+from kmem.pytest_plugin import start_broker
+from kmem.records import ControlRecordType, build_control_batch, build_records
+
+CODECS = ("none", "gzip", "lz4", "zstd", "snappy")
+SEGMENT = "00000000000000000000"
+PADDING = "x" * 200        # librdkafka sends a batch uncompressed when compressing does not make it smaller
+FIELD = re.compile(r"(\w+): (\[[^\]]*\]|\S+)")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    """The log directory of a kmem broker the clients wrote to (an index entry per batch), once it closed."""
+    log_dir = tmp_path_factory.mktemp("dump-log") / "logs"
+    broker = start_broker(log_dir, {"log.index.interval.bytes": 1, "transaction.state.log.num.partitions": 1})
+    try:
+        bootstrap = broker.bootstrap_servers
+        for topic in ("plain", "idempotent", "txn"):
+            broker.logs.create_topic(topic, 1)
+        for codec in CODECS:
+            producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 50,
+                                 "enable.idempotence": False})
+            for i in range(3):
+                producer.produce("plain", f"{codec}-{i}{PADDING}".encode(), key=f"key-{i}".encode(),
+                                 headers=[("codec", codec.encode()), ("n", str(i).encode())])
+            assert producer.flush(TIMEOUT) == 0
+        idempotent = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+        for i in range(4):
+            idempotent.produce("idempotent", f"idem-{i}".encode())
+            assert idempotent.flush(TIMEOUT) == 0
+        transactional = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx"})
+        transactional.init_transactions(TIMEOUT)
+        for outcome, values in (("commit", [b"kept-0", b"kept-1"]), ("abort", [b"dropped"])):
+            transactional.begin_transaction()
+            for value in values:
+                transactional.produce("txn", value)
+            assert transactional.flush(TIMEOUT) == 0
+            (transactional.commit_transaction if outcome == "commit" else transactional.abort_transaction)(TIMEOUT)
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readers", "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False})
+        consumer.subscribe(["plain"])
+        read = []
+        wait_for(lambda: read.extend(m for m in consumer.consume(20, 0.2) if not m.error()) or len(read) >= 15,
+                 "the group to read plain")
+        consumer.commit(offsets=[TopicPartition("plain", 0, 15)], asynchronous=False)
+        consumer.close()
+    finally:
+        broker.close()      # its indexes trimmed and its producer snapshots taken, as Kafka's at shutdown
+    return log_dir
+
+
+def dump(capsys, *args):
+    """``kmem dump-log ARGS`` in this process: (exit code, stdout lines, stderr lines)."""
+    try:
+        code = main(["dump-log", *map(str, args)])
+    except SystemExit as exc:       # argparse's refusals and --help
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out.splitlines(), err.splitlines()
+
+
+def fields(line):
+    return dict(FIELD.findall(line))
+
+
+def batches_and_records(lines):
+    """``[(batch fields, [record line, ...])]`` of a segment's dump."""
+    found = []
+    for line in lines:
+        if line.startswith(("baseOffset:", "offset:")):
+            found.append((fields(line), []))
+        elif line.startswith("|"):
+            found[-1][1].append(line)
+    return found
+
+
+def payload_of(line):
+    return line.split(" payload: ", 1)[1] if " payload: " in line else None
+
+
+def segment(log_dir, partition_dir, suffix=".log"):
+    return log_dir / partition_dir / f"{SEGMENT}{suffix}"
+
+
+def test_batches_and_records_carry_what_the_clients_produced(written, capsys):
+    path = segment(written, "plain-0")
+    code, out, err = dump(capsys, "--files", path, "--print-data-log")
+    assert code == 0, err
+    assert out[:2] == [f"Dumping {path}", "Log starting offset: 0"]
+    found = batches_and_records(out)
+    assert {batch["compresscodec"] for batch, _ in found} == set(CODECS)
+    offsets = []
+    for batch, records in found:
+        assert batch["isvalid"] == "true" and batch["magic"] == "2" and batch["isControl"] == "false"
+        assert int(batch["count"]) == len(records)
+        assert int(batch["lastOffset"]) - int(batch["baseOffset"]) + 1 == len(records)
+        for line in records:
+            record = fields(line)
+            offsets.append(int(record["offset"]))
+            codec = batch["compresscodec"]
+            i = int(record["key"].split("-")[1])
+            assert record["key"] == f"key-{i}" and payload_of(line) == f"{codec}-{i}{PADDING}"
+            assert record["headerKeys"] == "[codec,n]"
+            assert record["keySize"] == str(len(f"key-{i}")) and record["valueSize"] == str(len(f"{codec}-{i}{PADDING}"))
+            assert int(record["CreateTime"]) > 0 and record["sequence"] == "-1"
+    assert offsets == list(range(15))
+    assert not any(line.startswith("Found") for line in out) and err == []
+
+
+def test_idempotent_batches_carry_their_producer_and_sequences(written, capsys):
+    code, out, _ = dump(capsys, "--files", segment(written, "idempotent-0"), "--deep-iteration")
+    assert code == 0
+    found = batches_and_records(out)
+    assert len(found) == 4
+    producer_ids = {batch["producerId"] for batch, _ in found}
+    assert len(producer_ids) == 1 and int(producer_ids.pop()) >= 0
+    for sequence, (batch, records) in enumerate(found):
+        assert (batch["baseSequence"], batch["lastSequence"]) == (str(sequence), str(sequence))
+        assert [fields(line)["sequence"] for line in records] == [str(sequence)]
+        assert "payload" not in records[0]      # --deep-iteration alone prints no data
+
+
+def test_transactions_markers_txnindex_and_producer_snapshot(written, capsys):
+    log_dir = written
+    code, out, _ = dump(capsys, "--files", segment(log_dir, "txn-0"), "--print-data-log")
+    assert code == 0
+    found = batches_and_records(out)
+    data = [(batch, records) for batch, records in found if batch["isControl"] == "false"]
+    markers = [(batch, records) for batch, records in found if batch["isControl"] == "true"]
+    assert [payload_of(line) for _, records in data for line in records] == ["kept-0", "kept-1", "dropped"]
+    assert all(batch["isTransactional"] == "true" for batch, _ in found)
+    producer_id = data[0][0]["producerId"]
+    assert {batch["producerId"] for batch, _ in found} == {producer_id}
+    assert [fields(records[0])["endTxnMarker"] for _, records in markers] == ["COMMIT", "ABORT"]
+    assert all(" payload:" not in records[0] and "coordinatorEpoch: " in records[0] for _, records in markers)
+    aborted_offset, abort_offset = int(data[-1][0]["baseOffset"]), int(markers[1][0]["baseOffset"])
+
+    code, out, _ = dump(capsys, "--files", segment(log_dir, "txn-0", ".txnindex"))
+    assert code == 0
+    assert out[1:] == [f"version: 0 producerId: {producer_id} firstOffset: {aborted_offset} "
+                       f"lastOffset: {abort_offset} lastStableOffset: {abort_offset + 1}"]
+
+    snapshots = sorted(p for p in os.listdir(log_dir / "txn-0") if p.endswith(".snapshot"))
+    code, out, _ = dump(capsys, "--files", log_dir / "txn-0" / snapshots[-1])
+    assert code == 0
+    entry = fields(out[1])
+    assert entry["producerId"] == producer_id and entry["currentTxnFirstOffset"] == "OptionalLong.empty"
+    assert entry["lastOffset"] == str(aborted_offset) and entry["lastSequence"] == "2"
+
+
+def test_offsets_decoder_shows_the_groups_commit_and_members(written, capsys):
+    code, out, err = dump(capsys, "--files", segment(written, "__consumer_offsets-0"), "--offsets-decoder")
+    assert code == 0, err
+    commits, groups = [], []
+    for line in out:
+        if " key: " in line:
+            key = json.loads(line.split(" key: ", 1)[1].split(" payload: ")[0])
+            payload = payload_of(line)
+            (commits if key["data"].get("topic") else groups).append((key, payload))
+    assert commits and groups
+    key, payload = commits[-1]
+    assert key == {"type": "1", "data": {"group": "readers", "topic": "plain", "partition": 0}}
+    value = json.loads(payload)
+    assert value["version"] == "3" and value["data"]["offset"] == 15 and value["data"]["leaderEpoch"] >= -1
+    assert list(value["data"]) == ["offset", "leaderEpoch", "metadata", "commitTimestamp"]
+    generations = [json.loads(payload)["data"] for _, payload in groups if payload != "<DELETE>"]
+    assert [group["generation"] for group in generations] == [1, 2]     # the member joined, then left
+    assert generations[-1]["members"] == [] and generations[-1]["protocol"] is None
+    member = generations[0]["members"][0]
+    assert generations[0]["protocolType"] == "consumer" and member["subscription"]["topics"] == ["plain"]
+    assert member["assignment"]["assignedPartitions"] == [{"topic": "plain", "partitions": [0]}]
+
+
+def test_transaction_log_decoder_shows_each_state(written, capsys):
+    code, out, _ = dump(capsys, "--files", segment(written, "__transaction_state-0"),
+                        "--transaction-log-decoder")
+    assert code == 0
+    lines = [line for line in out if "key: transaction_metadata::transactionalId=tx" in line]
+    states = [re.search(r"state=(\w+)", line).group(1) for line in lines]
+    assert states[0] == "Empty" and "CompleteCommit" in states and states[-1] == "CompleteAbort"
+    assert "partitions=[txn-0]" in lines[states.index("Ongoing")]
+
+
+def test_indexes_match_their_segment_and_a_mismatch_is_reported(written, capsys, tmp_path):
+    source = written / "plain-0"
+    code, out, err = dump(capsys, "--files", f"{source / SEGMENT}.index,{source / SEGMENT}.timeindex")
+    assert code == 0 and err == []
+    batches = {(int(batch["lastOffset"]), int(batch["position"]))
+               for batch, _ in batches_and_records(dump(capsys, "--files", source / f"{SEGMENT}.log")[1])}
+    index = [(int(entry["offset"]), int(entry["position"])) for entry in map(fields, out) if "position" in entry]
+    assert len(index) >= len(batches) - 1 and set(index) <= batches
+    times = [(int(entry["timestamp"]), int(entry["offset"])) for entry in map(fields, out) if "timestamp" in entry]
+    assert times and {offset for _, offset in times} <= {offset for offset, _ in batches}
+
+    copy = tmp_path / "plain-0"
+    shutil.copytree(source, copy)
+    with open(copy / f"{SEGMENT}.index", "r+b") as f:      # the second entry points at the first batch
+        f.seek(12)
+        f.write(struct.pack(">i", 0))
+    with open(copy / f"{SEGMENT}.timeindex", "r+b") as f:   # the first entry's timestamp is off by one
+        f.write(struct.pack(">q", times[0][0] - 1))
+    first_batch_offset = min(batches, key=lambda batch: batch[1])[0]
+    code, out, err = dump(capsys, "--files", f"{copy / SEGMENT}.index,{copy / SEGMENT}.timeindex",
+                          "--verify-index-only")
+    assert code == 0
+    assert out == [f"Dumping {copy / SEGMENT}.index", f"Dumping {copy / SEGMENT}.timeindex"]
+    assert err == [f"Mismatches in :{copy / SEGMENT}.index", f"  Index offset: {index[1][0]}, log offset: "
+                   f"{first_batch_offset}", f"Found timestamp mismatch in :{copy / SEGMENT}.timeindex",
+                   f"  Index timestamp: {times[0][0] - 1}, log timestamp: {times[0][0]}"]
+    code, out, _ = dump(capsys, "--files", f"{copy / SEGMENT}.index", "--index-sanity-check")
+    assert code == 1 and "passed sanity check" not in "\n".join(out)
+    code, out, _ = dump(capsys, "--files", f"{source / SEGMENT}.index", "--index-sanity-check")
+    assert code == 0 and out[1] == f"{source / SEGMENT}.index passed sanity check."
+
+
+def old_format_segment(path):
+    """v0, v1 and compressed v1 entries (inner offsets relative, as KIP-31 writes them) and a gap in offsets."""
+    data = bytes(build_records([{"value": b"zero", "key": b"k"}], magic=0, base_offset=0))
+    data += bytes(build_records([{"value": b"one", "timestamp": 1000}], magic=1, base_offset=1))
+    data += bytes(build_records([{"value": b"two", "timestamp": 2000}, {"value": b"three", "timestamp": 2001}],
+                                magic=1, compression="gzip", base_offset=2))
+    data += bytes(build_records([{"value": b"nine", "timestamp": 3000}], magic=1, base_offset=9))
+    path.write_bytes(data)
+
+
+def test_old_message_formats(capsys, tmp_path):
+    path = tmp_path / f"{SEGMENT}.log"
+    old_format_segment(path)
+    code, out, err = dump(capsys, "--files", path, "--print-data-log")
+    assert code == 0
+    found = batches_and_records(out)
+    assert [(b["offset"], b["magic"], b["compresscodec"]) for b, _ in found] == [
+        ("0", "0", "none"), ("1", "1", "none"), ("3", "1", "gzip"), ("9", "1", "none")]
+    assert "NoTimestampType: -1" in out[2] and "CreateTime: 2001" in out[6]
+    records = [fields(line) for _, lines in found for line in lines]
+    assert [(r["offset"], r["isValid"]) for r in records] == [("0", "true"), ("1", "true"), ("2", "true"),
+                                                               ("3", "true"), ("9", "true")]
+    assert [payload_of(line) for _, lines in found for line in lines] == ["zero", "one", "two", "three", "nine"]
+    assert records[0]["key"] == "k" and records[3]["CreateTime"] == "2001"
+    assert records[0]["crc"] == found[0][0]["crc"] + "}"        # Kafka's format, brace included
+    assert err == [f"Non-consecutive offsets in {path}", "  3 is followed by 9"]
+
+
+def test_damaged_segments_are_reported_as_kafkas_tool_does(written, capsys, tmp_path):
+    source = segment(written, "plain-0")
+    data = source.read_bytes()
+    whole = batches_and_records(dump(capsys, "--files", source)[1])
+    second = int(whole[1][0]["position"])
+
+    truncated = tmp_path / "truncated" / f"{SEGMENT}.log"
+    truncated.parent.mkdir()
+    truncated.write_bytes(data[:second + 20])
+    code, out, err = dump(capsys, "--files", truncated, "--deep-iteration")
+    assert code == 0 and err == []
+    assert len(batches_and_records(out)) == 1 and out[-1] == f"Found 20 invalid bytes at the end of {SEGMENT}.log"
+
+    bad_crc = tmp_path / "bad-crc" / f"{SEGMENT}.log"
+    bad_crc.parent.mkdir()
+    flipped = bytearray(data)
+    flipped[second - 1] ^= 0xFF           # the last byte of the first batch
+    bad_crc.write_bytes(flipped)
+    code, out, _ = dump(capsys, "--files", bad_crc)
+    assert code == 0
+    assert [batch["isvalid"] for batch, _ in batches_and_records(out)] == ["false"] + ["true"] * (len(whole) - 1)
+
+    garbage = tmp_path / "garbage" / f"{SEGMENT}.log"
+    garbage.parent.mkdir()
+    garbage.write_bytes(data[:second] + struct.pack(">qi", 1, 3) + bytes(40))     # a batch size below 14 bytes
+    code, out, err = dump(capsys, "--files", f"{garbage},{source}")
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith(f"kmem dump-log: error: {garbage}: ") and "Traceback" not in err[0]
+    assert out.count(f"Found 52 invalid bytes at the end of {SEGMENT}.log") == 1
+    assert out[-1].startswith("baseOffset:")      # the next file was still dumped
+
+
+def test_a_corrupt_producer_snapshot_gives_kafkas_message(written, capsys, tmp_path):
+    directory = written / "idempotent-0"
+    snapshot = sorted(p for p in os.listdir(directory) if p.endswith(".snapshot"))[-1]
+    path = tmp_path / snapshot
+    data = bytearray((directory / snapshot).read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(data)
+    code, out, err = dump(capsys, "--files", path)
+    assert code == 1 and out == [f"Dumping {path}"]
+    assert len(err) == 1 and "Snapshot is corrupt (CRC is no longer valid). Stored crc: " in err[0]
+
+
+def test_missing_and_unknown_files_and_bad_arguments(capsys, tmp_path):
+    code, out, err = dump(capsys, "--files", f"{tmp_path}/missing.log,{tmp_path}/notes.txt")
+    assert code == 1
+    assert err == [f"kmem dump-log: error: {tmp_path}/missing.log: No such file or directory",
+                   f"Ignoring unknown file {tmp_path}/notes.txt"]
+    assert dump(capsys)[0] == 2                                          # --files is required
+    assert dump(capsys, "--files", "a.log", "--max-bytes", "-1")[0] == 2
+    assert dump(capsys, "--files", "a.log", "--offsets-decoder", "--transaction-log-decoder")[0] == 2
+    code, out, _ = dump(capsys, "--help")
+    assert code == 0 and "exit codes:" in out and "--verify-index-only" in "\n".join(out)
