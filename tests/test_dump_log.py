@@ -5,9 +5,12 @@ kmem.records (v0/v1 message sets) and on damaged files (a truncated tail, a bad 
 or producer snapshot) it reports as Kafka's tool does, in lines, never a traceback."""
 import json
 import os
+import pathlib
 import re
 import shutil
 import struct
+import subprocess
+import sys
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -17,6 +20,7 @@ from kmem.cli import main
 from kmem.pytest_plugin import start_broker
 from kmem.records import ControlRecordType, build_control_batch, build_records
 
+ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 CODECS = ("none", "gzip", "lz4", "zstd", "snappy")
 SEGMENT = "00000000000000000000"
 PADDING = "x" * 200        # librdkafka sends a batch uncompressed when compressing does not make it smaller
@@ -29,39 +33,44 @@ def written(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("dump-log") / "logs"
     broker = start_broker(log_dir, {"log.index.interval.bytes": 1, "transaction.state.log.num.partitions": 1})
     try:
-        bootstrap = broker.bootstrap_servers
         for topic in ("plain", "idempotent", "txn"):
             broker.logs.create_topic(topic, 1)
-        for codec in CODECS:
-            producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 50,
-                                 "enable.idempotence": False})
-            for i in range(3):
-                producer.produce("plain", f"{codec}-{i}{PADDING}".encode(), key=f"key-{i}".encode(),
-                                 headers=[("codec", codec.encode()), ("n", str(i).encode())])
-            assert producer.flush(TIMEOUT) == 0
-        idempotent = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
-        for i in range(4):
-            idempotent.produce("idempotent", f"idem-{i}".encode())
-            assert idempotent.flush(TIMEOUT) == 0
-        transactional = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx"})
-        transactional.init_transactions(TIMEOUT)
-        for outcome, values in (("commit", [b"kept-0", b"kept-1"]), ("abort", [b"dropped"])):
-            transactional.begin_transaction()
-            for value in values:
-                transactional.produce("txn", value)
-            assert transactional.flush(TIMEOUT) == 0
-            (transactional.commit_transaction if outcome == "commit" else transactional.abort_transaction)(TIMEOUT)
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readers", "auto.offset.reset": "earliest",
-                             "enable.auto.commit": False})
-        consumer.subscribe(["plain"])
-        read = []
-        wait_for(lambda: read.extend(m for m in consumer.consume(20, 0.2) if not m.error()) or len(read) >= 15,
-                 "the group to read plain")
-        consumer.commit(offsets=[TopicPartition("plain", 0, 15)], asynchronous=False)
-        consumer.close()
+        write_with_clients(broker.bootstrap_servers)
     finally:
         broker.close()      # its indexes trimmed and its producer snapshots taken, as Kafka's at shutdown
     return log_dir
+
+
+def write_with_clients(bootstrap):
+    """Each codec's batches of keyed records with headers to plain, an idempotent producer's batches, a committed
+    and an aborted transaction, a group's commit (its clients are gone when this returns)."""
+    for codec in CODECS:
+        producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 50,
+                             "enable.idempotence": False})
+        for i in range(3):
+            producer.produce("plain", f"{codec}-{i}{PADDING}".encode(), key=f"key-{i}".encode(),
+                             headers=[("codec", codec.encode()), ("n", str(i).encode())])
+        assert producer.flush(TIMEOUT) == 0
+    idempotent = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 0})
+    for i in range(4):
+        idempotent.produce("idempotent", f"idem-{i}".encode())
+        assert idempotent.flush(TIMEOUT) == 0
+    transactional = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx"})
+    transactional.init_transactions(TIMEOUT)
+    for outcome, values in (("commit", [b"kept-0", b"kept-1"]), ("abort", [b"dropped"])):
+        transactional.begin_transaction()
+        for value in values:
+            transactional.produce("txn", value)
+        assert transactional.flush(TIMEOUT) == 0
+        (transactional.commit_transaction if outcome == "commit" else transactional.abort_transaction)(TIMEOUT)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "readers", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe(["plain"])
+    read = []
+    wait_for(lambda: read.extend(m for m in consumer.consume(20, 0.2) if not m.error()) or len(read) >= 15,
+             "the group to read plain")
+    consumer.commit(offsets=[TopicPartition("plain", 0, 15)], asynchronous=False)
+    consumer.close()
 
 
 def dump(capsys, *args):
@@ -310,3 +319,15 @@ def test_missing_and_unknown_files_and_bad_arguments(capsys, tmp_path):
     assert dump(capsys, "--files", "a.log", "--offsets-decoder", "--transaction-log-decoder")[0] == 2
     code, out, _ = dump(capsys, "--help")
     assert code == 0 and "exit codes:" in out and "--verify-index-only" in "\n".join(out)
+
+
+def test_a_closed_stdout_ends_the_run_quietly(written):
+    """``kmem dump-log ... | head``: no error line once the reader has gone."""
+    files = ",".join([str(segment(written, "plain-0"))] * 50)         # far more than a pipe's buffer
+    process = subprocess.Popen([sys.executable, "-c", "import sys; from kmem.cli import main; sys.exit(main())",
+                                "dump-log", "--files", files, "--print-data-log"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert process.stdout.readline().startswith(b"Dumping ")
+    process.stdout.close()
+    assert process.wait(TIMEOUT) == 0 and process.stderr.read() == b""
+    process.stderr.close()

@@ -158,6 +158,8 @@ class Dump:
         try:
             os.stat(path)
             dumper(path)
+        except BrokenPipeError:     # stdout closed: the run ends (``run``)
+            raise
         except OSError as exc:
             self.error(f"{exc.filename or path}: {exc.strerror or exc}")
         except (FileNotReadable, KmemError) as exc:
