@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from broker_helpers import TIMEOUT, wait_for
 from kmem.cli import main
+from kmem.ledger import ProducerEntry, write_snapshot
 from kmem.pytest_plugin import start_broker
 from kmem.records import ControlRecordType, build_control_batch, build_records
 
@@ -125,7 +126,8 @@ def test_batches_and_records_carry_what_the_clients_produced(written, capsys):
             i = int(record["key"].split("-")[1])
             assert record["key"] == f"key-{i}" and payload_of(line) == f"{codec}-{i}{PADDING}"
             assert record["headerKeys"] == "[codec,n]"
-            assert record["keySize"] == str(len(f"key-{i}")) and record["valueSize"] == str(len(f"{codec}-{i}{PADDING}"))
+            assert record["keySize"] == str(len(f"key-{i}"))
+            assert record["valueSize"] == str(len(f"{codec}-{i}{PADDING}"))
             assert int(record["CreateTime"]) > 0 and record["sequence"] == "-1"
     assert offsets == list(range(15))
     assert not any(line.startswith("Found") for line in out) and err == []
@@ -331,3 +333,46 @@ def test_a_closed_stdout_ends_the_run_quietly(written):
     process.stdout.close()
     assert process.wait(TIMEOUT) == 0 and process.stderr.read() == b""
     process.stderr.close()
+
+
+def test_batch_and_snapshot_lines_are_kafkas(capsys, tmp_path):
+    """Whole lines, field for field as DumpLogSegments prints them (Java's booleans and OptionalLong, the
+    trailing space of a producer without a batch)."""
+    path = tmp_path / f"{SEGMENT}.log"
+    data = bytes(build_records([{"value": b"v", "key": b"key", "timestamp": 1500,
+                                 "headers": [("a", b"1"), ("b", None)]}, {"value": None, "timestamp": 1600}],
+                               base_offset=0, producer_id=42, producer_epoch=3, base_sequence=2147483647,
+                               partition_leader_epoch=5))
+    data += bytes(build_control_batch(ControlRecordType.ABORT, 2, 42, 3, 1700, coordinator_epoch=9))
+    path.write_bytes(data)
+    first_size = struct.unpack_from(">i", data, 8)[0] + 12
+    crcs = [struct.unpack_from(">I", data, 17)[0], struct.unpack_from(">I", data, first_size + 17)[0]]
+    code, out, err = dump(capsys, "--files", path, "--print-data-log")
+    assert code == 0 and err == []
+    assert out[2:] == [
+        "baseOffset: 0 lastOffset: 1 count: 2 baseSequence: 2147483647 lastSequence: 0 producerId: 42 "
+        "producerEpoch: 3 partitionLeaderEpoch: 5 isTransactional: false isControl: false "
+        f"deleteHorizonMs: OptionalLong.empty position: 0 CreateTime: 1600 size: {first_size} magic: 2 "
+        f"compresscodec: none crc: {crcs[0]} isvalid: true",
+        "| offset: 0 CreateTime: 1500 keySize: 3 valueSize: 1 sequence: 2147483647 headerKeys: [a,b] key: key "
+        "payload: v",
+        "| offset: 1 CreateTime: 1600 keySize: -1 valueSize: -1 sequence: 0 headerKeys: []",
+        "baseOffset: 2 lastOffset: 2 count: 1 baseSequence: -1 lastSequence: -1 producerId: 42 producerEpoch: 3 "
+        "partitionLeaderEpoch: -1 isTransactional: true isControl: true deleteHorizonMs: OptionalLong.empty "
+        f"position: {first_size} CreateTime: 1700 size: {len(data) - first_size} magic: 2 compresscodec: none "
+        f"crc: {crcs[1]} isvalid: true",
+        "| offset: 2 CreateTime: 1700 keySize: 4 valueSize: 6 sequence: -1 headerKeys: [] endTxnMarker: ABORT "
+        "coordinatorEpoch: 9"]
+    code, out, _ = dump(capsys, "--files", path, "--print-data-log", "--skip-record-metadata")
+    assert [line for line in out if not line.startswith(("Dumping", "Log", "baseOffset"))] == ["| key: key payload: v",
+                                                                                               "", ""]
+
+    snapshot = tmp_path / "00000000000000000106.snapshot"
+    write_snapshot(snapshot, [ProducerEntry(7, 2, 2, 105, 4, 1700, 3, 100), ProducerEntry(8, 0, -1, -1, 0, 1800, -1)])
+    code, out, err = dump(capsys, "--files", snapshot)
+    assert code == 0 and err == []
+    assert out[1:] == [
+        "producerId: 7 producerEpoch: 2 coordinatorEpoch: 3 currentTxnFirstOffset: OptionalLong[100] "
+        "lastTimestamp: 1700 firstSequence: 2147483646 lastSequence: 2 lastOffset: 105 offsetDelta: 4 timestamp: 1700",
+        "producerId: 8 producerEpoch: 0 coordinatorEpoch: -1 currentTxnFirstOffset: OptionalLong.empty "
+        "lastTimestamp: 1800 "]
