@@ -376,3 +376,22 @@ def test_batch_and_snapshot_lines_are_kafkas(capsys, tmp_path):
         "lastTimestamp: 1700 firstSequence: 2147483646 lastSequence: 2 lastOffset: 105 offsetDelta: 4 timestamp: 1700",
         "producerId: 8 producerEpoch: 0 coordinatorEpoch: -1 currentTxnFirstOffset: OptionalLong.empty "
         "lastTimestamp: 1800 "]
+
+
+def test_max_bytes_reads_only_the_batches_within_it(written, capsys):
+    path = segment(written, "plain-0")
+    whole = batches_and_records(dump(capsys, "--files", path)[1])
+    first_two = sum(int(batch["size"]) for batch, _ in whole[:2])
+    code, out, _ = dump(capsys, "--files", path, "--max-bytes", first_two + 1)
+    assert code == 0
+    assert [batch for batch, _ in batches_and_records(out)] == [batch for batch, _ in whole[:2]]
+    assert not any(line.startswith("Found") for line in out)       # the cut is not damage
+
+
+def test_kraft_snapshots_are_read_as_segments(capsys, tmp_path):
+    data = bytes(build_records([b"record"], base_offset=0))
+    for name, header in (("00000000000000000010-0000000003.checkpoint", "Snapshot end offset: 10, epoch: 3"),
+                         ("bootstrap.checkpoint", "KRaft bootstrap snapshot")):
+        (tmp_path / name).write_bytes(data)
+        code, out, _ = dump(capsys, "--files", tmp_path / name, "--print-data-log")
+        assert code == 0 and out[1] == header and out[-1].endswith("payload: record")
