@@ -12,6 +12,7 @@ import argparse
 import os
 import sys
 
+from kmem.admin.commands import CommandError
 from kmem.errors import CorruptRecordError, KmemError
 
 NAME = "dump-log"
@@ -98,7 +99,7 @@ def base_offset_of(path):
     """The base offset a segment file's name starts with (``00000000000000000042.index``: 42)."""
     stem = os.path.basename(path).split(".")[0]
     if not stem.isdigit():
-        raise FileNotReadable(f"{path}: not a segment file: its name does not start with a base offset")
+        raise CommandError(f"{path}: not a segment file: its name does not start with a base offset", FILE_ERROR)
     return int(stem)
 
 
@@ -106,10 +107,6 @@ def segment_of(path, suffix=".log"):
     """The file of the same segment as ``path`` with ``suffix``."""
     directory, name = os.path.split(os.path.abspath(path))
     return os.path.join(directory, name.split(".")[0] + suffix)
-
-
-class FileNotReadable(Exception):
-    """A file this tool cannot read as its name says (one line, exit 1)."""
 
 
 def java_bool(value):
@@ -162,7 +159,7 @@ class Dump:
             raise
         except OSError as exc:
             self.error(f"{exc.filename or path}: {exc.strerror or exc}")
-        except (FileNotReadable, KmemError) as exc:
+        except (CommandError, KmemError) as exc:
             self.error(str(exc))
 
     def error(self, message):
@@ -184,7 +181,8 @@ class Dump:
         else:
             offset, _, epoch = name[:-len(".checkpoint")].partition("-")
             if not (offset.isdigit() and epoch.isdigit()):
-                raise FileNotReadable(f"{path}: not a KRaft snapshot: its name is not <offset>-<epoch>.checkpoint")
+                raise CommandError(f"{path}: not a KRaft snapshot: its name is not <offset>-<epoch>.checkpoint",
+                                   FILE_ERROR)
             print(f"Snapshot end offset: {int(offset)}, epoch: {int(epoch)}")
         self.batches(path)
 
