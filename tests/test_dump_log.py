@@ -16,6 +16,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from broker_helpers import TIMEOUT, wait_for
+from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from kmem.cli import main
 from kmem.ledger import ProducerEntry, write_snapshot
 from kmem.pytest_plugin import start_broker
@@ -395,3 +396,60 @@ def test_kraft_snapshots_are_read_as_segments(capsys, tmp_path):
         (tmp_path / name).write_bytes(data)
         code, out, _ = dump(capsys, "--files", tmp_path / name, "--print-data-log")
         assert code == 0 and out[1] == header and out[-1].endswith("payload: record")
+
+
+@pytest.fixture(scope="module")
+def kafka_reader(tmp_path_factory):
+    """Apache's kafka-clients reading segments (tests/java/KafkaRecordsProbe.java), skipped without a JDK or the jars."""
+    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256),
+                 *map(wheel_jar, ("slf4j-api.jar", "lz4-java.jar", "snappy-java.jar", "zstd-jni.jar"))]
+    running = start_probe(tmp_path_factory.mktemp("records-probe"), "KafkaRecordsProbe.java", classpath)
+    yield running
+    running.close()
+
+
+def kafka_text(value):
+    """A value of Kafka's getters as DumpLogSegments prints it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return f"[{','.join(value)}]"
+    return str(value)
+
+
+@pytest.mark.parametrize("source", ["plain-0", "idempotent-0", "txn-0", "old formats", "truncated"])
+def test_every_field_is_what_kafkas_own_reader_finds(written, kafka_reader, capsys, tmp_path, source):
+    if source == "old formats":
+        path = tmp_path / f"{SEGMENT}.log"
+        old_format_segment(path)
+    elif source == "truncated":
+        path = tmp_path / f"{SEGMENT}.log"
+        path.write_bytes(segment(written, "plain-0").read_bytes()[:-30])
+    else:
+        path = segment(written, source)
+    kafka = kafka_reader("read", path)
+    assert "error" not in kafka, kafka
+    code, out, _ = dump(capsys, "--files", path, "--print-data-log")
+    assert code == 0
+    found = batches_and_records(out)
+    assert len(found) == len(kafka["batches"])
+    for (batch, records), expected in zip(found, kafka["batches"]):
+        timestamp_type = expected["timestampType"]
+        assert batch[timestamp_type] == str(expected["maxTimestamp"])
+        names = ["position", "size", "magic", "compresscodec", "crc", "isvalid"]
+        if expected["magic"] == 2:
+            names += ["baseOffset", "lastOffset", "count", "baseSequence", "lastSequence", "producerId",
+                      "producerEpoch", "partitionLeaderEpoch", "isTransactional", "isControl", "deleteHorizonMs"]
+        else:
+            assert batch["offset"] == str(expected["lastOffset"])
+        assert {name: batch[name] for name in names} == {name: kafka_text(expected[name]) for name in names}
+        assert len(records) == len(expected["records"])
+        for line, kafka_record in zip(records, expected["records"]):
+            record = fields(line)
+            if "crc" in record:
+                record["crc"] = record["crc"].rstrip("}")
+            wanted = {name: value for name, value in kafka_record.items() if value is not None}
+            wanted[timestamp_type] = wanted.pop("timestamp")
+            assert {name: record.get(name) for name in wanted} == {name: kafka_text(v) for name, v in wanted.items()}
+    trailing = kafka["size"] - kafka["validBytes"]
+    assert (out[-1] == f"Found {trailing} invalid bytes at the end of {SEGMENT}.log") == (trailing > 0)
