@@ -453,3 +453,17 @@ def test_every_field_is_what_kafkas_own_reader_finds(written, kafka_reader, caps
             assert {name: record.get(name) for name in wanted} == {name: kafka_text(v) for name, v in wanted.items()}
     trailing = kafka["size"] - kafka["validBytes"]
     assert (out[-1] == f"Found {trailing} invalid bytes at the end of {SEGMENT}.log") == (trailing > 0)
+
+
+def test_files_are_only_read(written, capsys, tmp_path):
+    """No file is created or changed: a time index whose offset index is gone is checked from the segment's
+    start (Kafka's tool would create the missing index)."""
+    copy = tmp_path / "plain-0"
+    shutil.copytree(written / "plain-0", copy)
+    os.remove(copy / f"{SEGMENT}.index")
+    before = {path.name: (path.stat().st_mtime_ns, path.read_bytes()) for path in copy.iterdir()}
+    names = ",".join(str(path) for path in sorted(copy.iterdir()))
+    code, out, err = dump(capsys, "--files", names, "--print-data-log")
+    assert code == 0 and any(line.startswith("timestamp:") for line in out)
+    assert not [line for line in err if not line.startswith("Ignoring unknown file")]
+    assert {path.name: (path.stat().st_mtime_ns, path.read_bytes()) for path in copy.iterdir()} == before
