@@ -2,7 +2,9 @@
 that confluent-kafka wrote to (plain, compressed, keyed, with headers, idempotent, transactional commits and
 aborts, a consumer group's commits), its lines must carry what the clients produced; on segments built with
 kmem.records (v0/v1 message sets) and on damaged files (a truncated tail, a bad CRC, garbage, a corrupt index
-or producer snapshot) it reports as Kafka's tool does, in lines, never a traceback."""
+or producer snapshot) it reports as Kafka's tool does, in lines, never a traceback. Its batch and record fields are
+compared with what Apache's kafka-clients reads from the same segments (tests/java/KafkaRecordsProbe.java, skipped
+without a JDK), its decoders' JSON with the strings of Kafka's own DumpLogSegmentsTest."""
 import json
 import os
 import pathlib
@@ -17,6 +19,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from broker_helpers import TIMEOUT, wait_for
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
+from kmem.broker.group.offsets import (GroupRecord, MemberRecord, group_metadata_key, group_metadata_value,
+                                       offset_commit_key)
 from kmem.cli import main
 from kmem.ledger import ProducerEntry, write_snapshot
 from kmem.pytest_plugin import start_broker
@@ -467,3 +471,47 @@ def test_files_are_only_read(written, capsys, tmp_path):
     assert code == 0 and any(line.startswith("timestamp:") for line in out)
     assert not [line for line in err if not line.startswith("Ignoring unknown file")]
     assert {path.name: (path.stat().st_mtime_ns, path.read_bytes()) for path in copy.iterdir()} == before
+
+
+def kafka_string(text):
+    return struct.pack(">h", len(text)) + text.encode()
+
+
+def test_offsets_decoder_json_is_kafkas(capsys, tmp_path):
+    """The strings of Kafka's DumpLogSegmentsTest.testOffsetsMessageParser (at GroupMetadataValue v3, which
+    kmem and Kafka 3.9 write: v4 has the same fields), and its answers for what does not decode."""
+    foo_0 = struct.pack(">i", 1) + kafka_string("foo") + struct.pack(">ii", 1, 0)
+    subscription = (struct.pack(">hi", 3, 1) + kafka_string("foo") + struct.pack(">i", -1) + foo_0
+                    + struct.pack(">i", 0) + kafka_string("rack"))           # ConsumerProtocolSubscription v3
+    assignment = struct.pack(">h", 3) + foo_0 + struct.pack(">i", -1)       # ConsumerProtocolAssignment v3
+
+    def group(subscription, assignment):
+        member = MemberRecord("member", "instance", "client", "host", 1000, 100, subscription, assignment)
+        return group_metadata_value(GroupRecord("consumer", 10, "range", "member", -1, [member]))
+
+    key = group_metadata_key("group")
+    path = tmp_path / f"{SEGMENT}.log"
+    path.write_bytes(bytes(build_records([
+        {"key": key, "value": group(subscription, assignment)},
+        {"key": key, "value": group(b"Subscription", b"Assignment")},
+        {"key": key, "value": None},
+        {"key": struct.pack(">h", 7) + kafka_string("group"), "value": b"?"},
+        {"key": None, "value": b"?"},
+        {"key": offset_commit_key("group", "foo", 0), "value": struct.pack(">hq", 3, 5)},
+    ])))
+    code, out, _ = dump(capsys, "--files", path, "--offsets-decoder", "--skip-record-metadata")
+    assert code == 0
+    member = ('{"version":"3","data":{"protocolType":"consumer","generation":10,"protocol":"range","leader":"member",'
+              '"currentStateTimestamp":-1,"members":[{"memberId":"member","groupInstanceId":"instance","clientId":'
+              '"client","clientHost":"host","rebalanceTimeout":1000,"sessionTimeout":100,')
+    assert [line for line in out if line.startswith("|")] == [
+        '| key: {"type":"2","data":{"group":"group"}} payload: ' + member + '"subscription":{"topics":["foo"],'
+        '"userData":null,"ownedPartitions":[{"topic":"foo","partitions":[0]}],"generationId":0,"rackId":"rack"},'
+        '"assignment":{"assignedPartitions":[{"topic":"foo","partitions":[0]}],"userData":null}}]}}',
+        '| key: {"type":"2","data":{"group":"group"}} payload: ' + member + '"subscription":"U3Vic2NyaXB0aW9u",'
+        '"assignment":"QXNzaWdubWVudA=="}]}}',
+        '| key: {"type":"2","data":{"group":"group"}} payload: <DELETE>',
+        "| key: Unknown record type 7 at offset 3, skipping.",
+        "| key: Failed to decode message at offset 4 using offset topic decoder (message had a missing key)",
+        "| key: Error at offset 5, skipping. __consumer_offsets offset commit value: truncated at byte 10 (needs 4 "
+        "more bytes)"]
