@@ -209,7 +209,8 @@ def test_transaction_log_decoder_shows_each_state(written, capsys):
     lines = [line for line in out if "key: transaction_metadata::transactionalId=tx" in line]
     states = [re.search(r"state=(\w+)", line).group(1) for line in lines]
     assert states[0] == "Empty" and "CompleteCommit" in states and states[-1] == "CompleteAbort"
-    assert "partitions=[txn-0]" in lines[states.index("Ongoing")]
+    assert re.fullmatch(r"producerId:\d+,producerEpoch:0,state=Ongoing,partitions=\[txn-0\],"
+                        r"txnLastUpdateTimestamp=\d+,txnTimeoutMs=60000", payload_of(lines[states.index("Ongoing")]))
 
 
 def test_indexes_match_their_segment_and_a_mismatch_is_reported(written, capsys, tmp_path):
