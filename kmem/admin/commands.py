@@ -35,8 +35,8 @@ class CommandError(Exception):
 
 
 def add_commands(commands):
-    """Register ``kmem topics`` and ``kmem groups`` on the ``kmem`` command's subparsers."""
-    from kmem.admin import groups, topics
+    """Register ``kmem topics``, ``kmem groups`` and ``kmem dump-log`` on the ``kmem`` command's subparsers."""
+    from kmem.admin import dump_log, groups, topics
 
     for module in (topics, groups):
         parser = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
@@ -50,6 +50,7 @@ def add_commands(commands):
                                  "(PEM), sasl.mechanism (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), sasl.jaas.config")
         module.add_arguments(parser)
         parser.set_defaults(run=lambda args, module=module: run(module, args))
+    dump_log.add_command(commands)      # offline: no broker options
 
 
 def run(module, args):

@@ -259,24 +259,24 @@ def read_snapshot(path):
 def _check_header(head, size, path):
     """The entry count, once version and size allow it; bytes after the entries are allowed (as Kafka does)."""
     if size < HEADER.size:
-        raise CorruptSnapshotError(
-            f"{path}: snapshot truncated ({size} bytes, the header needs {HEADER.size}, at byte 0)")
+        raise CorruptSnapshotError(f"{path}: Snapshot failed schema validation: snapshot truncated ({size} bytes, "
+                                   f"the header needs {HEADER.size}, at byte 0)")
     version, _, count = HEADER.unpack_from(head)
-    if version != VERSION:
-        raise CorruptSnapshotError(f"{path}: snapshot file has an unknown file version {version}")
+    if version != VERSION:      # Kafka's CorruptSnapshotException messages, after the path
+        raise CorruptSnapshotError(f"{path}: Snapshot failed schema validation: Snapshot contained an unknown "
+                                   f"file version {version}")
     if count < 0:
-        raise CorruptSnapshotError(f"{path}: snapshot entry count {count} is negative (at byte 6)")
+        raise CorruptSnapshotError(f"{path}: Snapshot failed schema validation: snapshot entry count {count} is "
+                                   "negative (at byte 6)")
     if size < HEADER.size + count * ENTRY_SIZE:
-        raise CorruptSnapshotError(
-            f"{path}: snapshot truncated: {size} bytes cannot hold its {count} entries "
-            f"({HEADER.size + count * ENTRY_SIZE} bytes)")
+        raise CorruptSnapshotError(f"{path}: Snapshot failed schema validation: snapshot truncated: {size} bytes "
+                                   f"cannot hold its {count} entries ({HEADER.size + count * ENTRY_SIZE} bytes)")
     return count
 
 
 def _crc_error(path, stored, computed):
-    return CorruptSnapshotError(
-        f"{path}: snapshot failed CRC check (stored {stored:#010x}, computed {computed:#010x} over bytes "
-        f"{CRC_START} to the end): the CRC is no longer valid")
+    return CorruptSnapshotError(f"{path}: Snapshot is corrupt (CRC is no longer valid). Stored crc: {stored}. "
+                                f"Computed crc: {computed}")
 
 
 def verify_snapshot(path):

@@ -272,6 +272,13 @@ class RecordBatch:
             if not left:
                 return
 
+    def inner_entries(self, max_decompressed_bytes=codecs.MAX_DECOMPRESSED_BYTES):
+        """A compressed legacy entry's inner messages as ``RecordBatch`` views, each with its own CRC (Kafka's
+        deep ``AbstractLegacyRecordBatch`` entries), in the order of its records; their offsets are as stored
+        (relative for v1: the records carry the absolute ones)."""
+        payload, _ = self._unwrap(max_decompressed_bytes)
+        return MemoryRecords(payload).batches()
+
     def _unwrap(self, limit):
         """A compressed legacy entry's inner entries and the base added to their offsets; the record
         count and base offset are set on the way (Kafka reads them too by decompressing)."""

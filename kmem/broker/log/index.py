@@ -24,6 +24,7 @@ import numpy as np
 from kmem.errors import KmemError
 
 NO_TIMESTAMP = -1
+READ_ENTRIES = 8192        # entries read at a time by ``iter_entries``
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -35,21 +36,24 @@ class _Index:
     ENTRY = None           # struct of one entry
     KEY = 0                # field of the entry searched by lookup
 
-    def __init__(self, path, base_offset, max_index_size, *, writable):
+    def __init__(self, path, base_offset, max_index_size, *, writable, read_only=False):
+        """``read_only``: an index read offline (``kmem dump-log``), opened without write access and never
+        created; ``writable`` then has no effect."""
         self.path = os.fspath(path)
         self.base_offset = base_offset
         self.max_index_size = max_index_size - max_index_size % self.ENTRY.size
         self.max_entries = self.max_index_size // self.ENTRY.size
-        with self._file(os.O_CREAT) as fd:
+        self._access = os.O_RDONLY if read_only else os.O_RDWR
+        with self._file(0 if read_only else os.O_CREAT) as fd:
             self.entries = os.fstat(fd).st_size // self.ENTRY.size
-            if writable:
+            if writable and not read_only:
                 self.resize(self.max_index_size)
             self._last = self._entry(fd, self.entries - 1) if self.entries else None
 
     @contextlib.contextmanager
     def _file(self, flags=0):
         # Opened for each use: a partition's only open descriptor is its active segment's log.
-        fd = os.open(self.path, os.O_RDWR | _CLOEXEC | flags, 0o644)
+        fd = os.open(self.path, self._access | _CLOEXEC | flags, 0o644)
         try:
             yield fd
         finally:
@@ -57,6 +61,14 @@ class _Index:
 
     def _entry(self, fd, n):
         return self.ENTRY.unpack(os.pread(fd, self.ENTRY.size, n * self.ENTRY.size))
+
+    def iter_entries(self):
+        """Every entry as stored (offsets relative to the base), in file order, ``READ_ENTRIES`` at a time."""
+        with self._file() as fd:
+            for first in range(0, self.entries, READ_ENTRIES):
+                count = min(READ_ENTRIES, self.entries - first)
+                data = os.pread(fd, count * self.ENTRY.size, first * self.ENTRY.size)
+                yield from self.ENTRY.iter_unpack(data[:len(data) - len(data) % self.ENTRY.size])
 
     def _write(self, *fields):
         with self._file() as fd:
