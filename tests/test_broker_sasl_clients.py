@@ -118,9 +118,9 @@ def round_trip_confluent(bootstrap, topic, config):
 def round_trip_kafka_python(bootstrap, topic, config):
     from kafka import KafkaConsumer, KafkaProducer
     producer = KafkaProducer(bootstrap_servers=bootstrap, **config)
-    for i in range(RECORDS):
-        producer.send(topic, b"%d" % i)
-    producer.flush(30)
+    sent = [producer.send(topic, b"%d" % i) for i in range(RECORDS)]
+    for future in sent:
+        future.get(30)          # raises what the broker answered, if it refused
     producer.close()
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=topic, auto_offset_reset="earliest", **config)
     seen = []
