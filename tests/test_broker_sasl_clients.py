@@ -198,6 +198,54 @@ def test_produce_and_consume_over_sasl_ssl(tls_broker, client):
     assert sorted(seen) == [b"%d" % i for i in range(RECORDS)]
 
 
+def admin_confluent(bootstrap, topic, config):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap, **config})
+    admin.create_topics([NewTopic(topic, 2, 1)], request_timeout=30)[topic].result(30)
+    return {name: len(meta.partitions) for name, meta in admin.list_topics(timeout=30).topics.items()}
+
+
+def admin_kafka_python(bootstrap, topic, config):
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **config)
+    try:
+        admin.create_topics([NewTopic(topic, 2, 1)])
+        return {meta["name"]: len(meta["partitions"]) for meta in admin.describe_topics([topic])}
+    finally:
+        admin.close()
+
+
+def admin_aiokafka(bootstrap, topic, config):
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    async def run():
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **config)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 2, 1)])
+            return {meta["topic"]: len(meta["partitions"]) for meta in await admin.describe_topics([topic])}
+        finally:
+            await admin.close()
+    return asyncio.run(run())
+
+
+ADMINS = {"confluent-kafka": (admin_confluent, confluent_config), "kafka-python": (admin_kafka_python, python_config),
+          "aiokafka": (admin_aiokafka, python_config)}
+
+
+@pytest.mark.parametrize("protocol", ["SASL_PLAINTEXT", "SASL_SSL"])
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+@pytest.mark.parametrize("client", CLIENTS)
+def test_each_clients_admin_api_creates_and_describes_a_topic_over_sasl(broker, tls_broker, client, mechanism,
+                                                                        protocol):
+    admin, config = ADMINS[client]
+    served, ca = (broker, None) if protocol == "SASL_PLAINTEXT" else tls_broker
+    topic = f"admin-{client}-{mechanism}-{uuid.uuid4().hex[:6]}"
+    assert admin(served.bootstrap_servers, topic, config(protocol, mechanism, "alice-secret", ca))[topic] == 2
+    assert served.logs.partition_count(topic) == 2
+
+
 @pytest.mark.parametrize("mechanism, message", [
     ("PLAIN", "Authentication failed: Invalid username or password"),
     ("SCRAM-SHA-256", "Authentication failed during authentication due to invalid credentials with SASL mechanism "
