@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, integer
 from kmem.broker.security import SaslSettings, is_sasl_setting
+from kmem.broker.security.authorizer import AUTHORIZER_SETTINGS, AuthorizerConfig
 from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
@@ -40,7 +41,7 @@ LISTENER_SETTINGS = ("listeners", "advertised.listeners", "listener.security.pro
 HANDLER_SETTINGS = ("log.retention.check.interval.ms", "ssl.keystore.location", "ssl.keystore.type",
                     "ssl.key.password", "ssl.truststore.location", "ssl.client.auth", "broker.id")
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(LISTENER_SETTINGS) \
-    | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS)
+    | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS) | frozenset(AUTHORIZER_SETTINGS)
 # Kafka's socket.listen.backlog.size is 50: a burst of 5,000 connections then took 55 s to accept here
 # (refused SYNs are retried after 1, 3, 7... s), 1.0 s with 1,024. Linux caps it at net.core.somaxconn.
 DEFAULT_LISTEN_BACKLOG = 1024
@@ -186,6 +187,7 @@ class BrokerSettings:
     groups: GroupConfig
     transactions: TxnConfig = TxnConfig()
     sasl: SaslSettings | None = None        # a SASL listener's
+    authorizer: AuthorizerConfig | None = None      # authorizer.class.name's; None: every request is allowed
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -214,7 +216,8 @@ class BrokerSettings:
                    listener, advertised,
                    integer("log.retention.check.interval.ms", interval, 1), GroupConfig.from_properties(merged),
                    TxnConfig.from_properties(merged),
-                   SaslSettings.from_settings(merged, listener.name) if protocol.startswith("SASL_") else None)
+                   SaslSettings.from_settings(merged, listener.name) if protocol.startswith("SASL_") else None,
+                   AuthorizerConfig.from_settings(merged))
 
 
 def _ssl_context(merged):
