@@ -37,6 +37,7 @@ from kmem.broker.apis.handlers import Handlers
 from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
 from kmem.broker.security import SaslMechanisms, ScramCredentialStore
+from kmem.broker.security.authorizer import StandardAuthorizer
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator
@@ -96,6 +97,7 @@ class Broker:
         self.coordinator = None
         self.transactions = None
         self.admin = None
+        self.authorizer = None          # a StandardAuthorizer when authorizer.class.name is set
         self.timer = None
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
@@ -124,8 +126,10 @@ class Broker:
             self.transactions = TransactionCoordinator(self.logs, self.settings.transactions, timer=self.timer,
                                                        markers=self.handlers.txn_markers, groups=self.coordinator)
             self.handlers.transactions = self.coordinator.transactions = self.transactions
+            if self.settings.authorizer is not None:
+                self.authorizer = StandardAuthorizer(self.log_dir, self.settings.authorizer)
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
-                                           self.transactions)
+                                           self.transactions, self.authorizer)
             self.server = SocketServer(dispatcher, self.settings.network, channel_builder=self._channel_builder(dispatcher),
                                        timer=self.timer)
             self.server.start()
