@@ -256,6 +256,20 @@ def test_produce_needs_write_per_topic(roles, connect, caplog):
         {"orders-eu": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
 
 
+def test_a_denied_produce_with_acks_0_closes_the_connection(roles, connect, broker):
+    """As Kafka: the allowed topics are appended, then the connection closes (the producer learns of the error)."""
+    alice = connect("alice")
+    Request = request_class(ApiKey.PRODUCE)
+    records = bytes(build_records([b"unacknowledged"]))
+    alice.raw.send_frame(bytes(encode_request(request_class(ApiKey.PRODUCE)(
+        acks=0, timeout_ms=5000, transactional_id=None, topic_data=[
+            Request.TopicProduceData(name=name, partition_data=[Request.PartitionProduceData(index=0, records=records)])
+            for name in ("orders-eu", "secret")]), 9, 99)))
+    assert alice.raw.receive_frame() is None
+    assert broker.logs.get_partition("orders-eu", 0).log_end_offset == 1
+    assert broker.logs.get_partition("secret", 0).log_end_offset == 0
+
+
 def fetch(client, topics, version=12):
     Request = request_class(ApiKey.FETCH)
     response = client.call(ApiKey.FETCH, version, replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,

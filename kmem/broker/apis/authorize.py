@@ -30,6 +30,7 @@ TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.GROUP
 GROUP_KEY, TRANSACTION_KEY = 0, 1                   # FindCoordinator key types
 TOPIC_CONFIG, BROKER_CONFIG, BROKER_LOGGER_CONFIG = 2, 4, 8     # ConfigResource.Type
 ZERO_UUID = uuid.UUID(int=0)
+CLOSE_CONNECTION = object()         # a finish's answer: close the connection instead of answering
 _OPERATIONS = {TOPIC: TOPIC_OPERATIONS, GROUP: GROUP_OPERATIONS, CLUSTER: CLUSTER_OPERATIONS}
 
 
@@ -74,6 +75,11 @@ class RequestChecks:
             ApiKey.DESCRIBE_ACLS: self._describe_acls, ApiKey.CREATE_ACLS: self._alter_acls,
             ApiKey.DELETE_ACLS: self._alter_acls,
         }
+        # the SCRAM admin APIs (KIP-554), once kmem serves them: DESCRIBE and ALTER on the cluster
+        for name, check in (("DESCRIBE_USER_SCRAM_CREDENTIALS", self._describe_scram_users),
+                            ("ALTER_USER_SCRAM_CREDENTIALS", self._alter_scram_users)):
+            if name in ApiKey.__members__:
+                self._checks[ApiKey[name]] = check
 
     def check(self, context, header, request):
         check = self._checks.get(header.api_key)
@@ -166,10 +172,11 @@ class RequestChecks:
             return None
 
         def finish(response):
-            if response is not None:
-                response.responses += [Response.TopicProduceResponse(name=topic.name, partition_responses=[
-                    _produce_error(partition.index, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
-                    for partition in topic.partition_data]) for topic in denied]
+            if response is None:            # acks=0: Kafka closes the connection of a produce with an error
+                return CLOSE_CONNECTION
+            response.responses += [Response.TopicProduceResponse(name=topic.name, partition_responses=[
+                _produce_error(partition.index, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                for partition in topic.partition_data]) for topic in denied]
             return response
         return finish
 
@@ -630,6 +637,24 @@ class RequestChecks:
         return Refused(messages.DeleteAclsResponse(throttle_time_ms=0, filter_results=[
             Result(error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=message, matching_acls=[])
             for _ in request.filters]))
+
+    def _describe_scram_users(self, context, version, request):
+        if self.allowed(context, Operation.DESCRIBE, CLUSTER, CLUSTER_NAME):
+            return None
+        Response = messages.DescribeUserScramCredentialsResponse
+        return Refused(Response(
+            throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None,
+            results=[Response.DescribeUserScramCredentialsResult(
+                user=user.name, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None,
+                credential_infos=[]) for user in request.users or []]))
+
+    def _alter_scram_users(self, context, version, request):
+        if self.allowed(context, Operation.ALTER, CLUSTER, CLUSTER_NAME):
+            return None
+        Response = messages.AlterUserScramCredentialsResponse
+        users = dict.fromkeys([d.name for d in request.deletions] + [u.name for u in request.upsertions])
+        return Refused(Response(throttle_time_ms=0, results=[Response.AlterUserScramCredentialsResult(
+            user=user, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None) for user in users]))
 
 
 def _produce_error(index, error):

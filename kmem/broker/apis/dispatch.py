@@ -28,7 +28,7 @@ import threading
 
 from kmem.broker.apis.acls import ACL_APIS, AclHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
-from kmem.broker.apis.authorize import Refused, RequestChecks, RequestContext, refusal_response
+from kmem.broker.apis.authorize import CLOSE_CONNECTION, Refused, RequestChecks, RequestContext, refusal_response
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
@@ -128,6 +128,10 @@ class RequestDispatcher:
         if self._blocks(header, body):
             return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
         response = self._answered(self._answer, request, header, body)
+        if response is CLOSE_CONNECTION:
+            closing = request.defer()
+            closing.fail()
+            return closing
         if isinstance(response, (DelayedFetch, DelayedResponse, _Finishing)):
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
@@ -190,8 +194,8 @@ class RequestDispatcher:
             return response if finish is None else _Finishing(response, finish)
         if finish is not None:
             response = finish(response)
-        if response is None:
-            return None
+        if response is None or response is CLOSE_CONNECTION:
+            return response
         return encode_response(header, response)
 
 
