@@ -383,3 +383,39 @@ def test_admin_apis(roles, connect, broker):
     assert response.topics[0].partitions[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
     cluster = alice.call(ApiKey.DESCRIBE_CLUSTER, 1, include_cluster_authorized_operations=True)
     assert cluster.cluster_authorized_operations == 0
+
+
+def test_the_other_apis_answer_their_authorization_errors(roles, connect):
+    bob = connect("bob")
+    Commit = request_class(ApiKey.TXN_OFFSET_COMMIT)
+    response = bob.call(ApiKey.TXN_OFFSET_COMMIT, 3, transactional_id="orders-tx", group_id="billing", producer_id=1,
+                        producer_epoch=0, generation_id=-1, member_id="", topics=[
+                            Commit.TxnOffsetCommitRequestTopic(name="orders-eu", partitions=[
+                                Commit.TxnOffsetCommitRequestPartition(partition_index=0, committed_offset=0)])])
+    assert response.topics[0].partitions[0].error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    Delete = request_class(ApiKey.OFFSET_DELETE)
+    assert bob.call(ApiKey.OFFSET_DELETE, 0, group_id="billing", topics=[Delete.OffsetDeleteRequestTopic(
+        name="orders-eu", partitions=[Delete.OffsetDeleteRequestPartition(partition_index=0)])]).error_code == \
+        ErrorCode.GROUP_AUTHORIZATION_FAILED
+    states = bob.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, transactional_ids=["orders-tx"]).transaction_states
+    assert [(s.transactional_id, s.error_code) for s in states] == \
+        [("orders-tx", ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)]
+    assert bob.call(ApiKey.LIST_TRANSACTIONS, 1, state_filters=[], producer_id_filters=[]).transaction_states == []
+    Producers = request_class(ApiKey.DESCRIBE_PRODUCERS)
+    topics = bob.call(ApiKey.DESCRIBE_PRODUCERS, 0, topics=[Producers.TopicRequest(
+        name=name, partition_indexes=[0]) for name in ("orders-eu", "secret")]).topics
+    assert {t.name: t.partitions[0].error_code for t in topics} == \
+        {"orders-eu": 0, "secret": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+    Partitions = request_class(ApiKey.CREATE_PARTITIONS)
+    results = bob.call(ApiKey.CREATE_PARTITIONS, 3, timeout_ms=5000, validate_only=False, topics=[
+        Partitions.CreatePartitionsTopic(name="orders-eu", count=2, assignments=None)]).results
+    assert [(r.name, r.error_code) for r in results] == [("orders-eu", ErrorCode.TOPIC_AUTHORIZATION_FAILED)]
+    Alter = request_class(ApiKey.INCREMENTAL_ALTER_CONFIGS)
+    responses = bob.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, validate_only=False, resources=[Alter.AlterConfigsResource(
+        resource_type=2, resource_name="orders-eu", configs=[Alter.AlterableConfig(
+            name="retention.ms", config_operation=0, value="1000")])]).responses
+    assert [r.error_code for r in responses] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]
+    Alter = request_class(ApiKey.ALTER_CONFIGS)
+    responses = bob.call(ApiKey.ALTER_CONFIGS, 2, validate_only=False, resources=[Alter.AlterConfigsResource(
+        resource_type=2, resource_name="orders-eu", configs=[])]).responses
+    assert [r.error_code for r in responses] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]

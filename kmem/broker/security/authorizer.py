@@ -210,7 +210,10 @@ def _applies(acl, operation, principal, host):
 
 
 class _TypeIndex:
-    """The ACLs of one resource type: LITERAL ones by name, PREFIXED ones by name with the names sorted."""
+    """The ACLs of one resource type: LITERAL ones by name, PREFIXED ones by name with the names sorted.
+
+    Readers on other threads take no lock: a name's ACLs are a tuple replaced whole, and the sorted names a list
+    replaced whole, so a reader sees the old or the new one."""
     __slots__ = ("literal", "prefixed", "prefixes")
 
     def __init__(self):
@@ -218,24 +221,23 @@ class _TypeIndex:
         self.prefixed = {}          # prefix -> tuple of AclBinding
         self.prefixes = []          # sorted keys of prefixed
 
-    def add(self, acl):
-        table = self.literal if acl.pattern_type == PatternType.LITERAL else self.prefixed
-        present = table.get(acl.name, ())
-        if acl.pattern_type == PatternType.PREFIXED and not present:
-            bisect.insort(self.prefixes, acl.name)
-        table[acl.name] = present + (acl,)      # a new tuple: readers on other threads see old or new
+    def add(self, acls):
+        for acl in acls:
+            table = self.literal if acl.pattern_type == PatternType.LITERAL else self.prefixed
+            table[acl.name] = table.get(acl.name, ()) + (acl,)
+        if any(acl.pattern_type == PatternType.PREFIXED for acl in acls):
+            self.prefixes = sorted(self.prefixed)
 
-    def remove(self, acl):
-        table = self.literal if acl.pattern_type == PatternType.LITERAL else self.prefixed
-        left = tuple(a for a in table.get(acl.name, ()) if a != acl)
-        if left:
-            table[acl.name] = left
-            return
-        table.pop(acl.name, None)
-        if acl.pattern_type == PatternType.PREFIXED:
-            index = bisect.bisect_left(self.prefixes, acl.name)
-            if index < len(self.prefixes) and self.prefixes[index] == acl.name:
-                del self.prefixes[index]
+    def remove(self, acls):
+        for acl in acls:
+            table = self.literal if acl.pattern_type == PatternType.LITERAL else self.prefixed
+            left = tuple(a for a in table.get(acl.name, ()) if a != acl)
+            if left:
+                table[acl.name] = left
+            else:
+                table.pop(acl.name, None)
+        if any(acl.pattern_type == PatternType.PREFIXED for acl in acls):
+            self.prefixes = sorted(self.prefixed)
 
     def matching(self, name):
         """Every tuple of ACLs whose pattern applies to ``name``: the literal name, the wildcard, the prefixes."""
@@ -246,7 +248,8 @@ class _TypeIndex:
             found = self.literal.get(WILDCARD)
             if found:
                 yield found
-        prefixes, key, high = self.prefixes, name, len(self.prefixes)
+        prefixes = self.prefixes            # one list throughout: a writer replaces it whole
+        key, high = name, len(prefixes)
         while high:
             index = bisect.bisect_right(prefixes, key, 0, high)
             if not index:
@@ -308,8 +311,7 @@ class StandardAuthorizer:
         self._by_id = {}                        # AccessControlEntryRecord id -> AclBinding
         self._ids = {}                          # AclBinding -> id
         self._index = {resource_type: _TypeIndex() for resource_type in ResourceType}
-        for acl_id, acl in self._read():
-            self._insert(acl_id, acl)
+        self._insert(self._read())
 
     # -- decisions
 
@@ -389,8 +391,7 @@ class StandardAuthorizer:
                 return
             added = [(str(uuid.uuid4()), acl) for acl in new]
             self._write([*self._by_id.items(), *added])
-            for acl_id, acl in added:
-                self._insert(acl_id, acl)
+            self._insert(added)
 
     def delete(self, filters):
         """Remove every binding each filter matches; the list of removed bindings per filter."""
@@ -401,13 +402,16 @@ class StandardAuthorizer:
                 self._write([(acl_id, acl) for acl_id, acl in self._by_id.items() if acl not in gone])
                 for acl in gone:
                     del self._by_id[self._ids.pop(acl)]
-                    self._index[acl.resource_type].remove(acl)
+                for resource_type, index in self._index.items():
+                    index.remove([acl for acl in gone if acl.resource_type == resource_type])
             return matched
 
-    def _insert(self, acl_id, acl):
-        self._by_id[acl_id] = acl
-        self._ids[acl] = acl_id
-        self._index[acl.resource_type].add(acl)
+    def _insert(self, entries):
+        for acl_id, acl in entries:
+            self._by_id[acl_id] = acl
+            self._ids[acl] = acl_id
+        for resource_type, index in self._index.items():
+            index.add([acl for _, acl in entries if acl.resource_type == resource_type])
 
     # -- the file: AccessControlEntryRecord's fields, by name
 
