@@ -133,8 +133,6 @@ class AclBinding:
         kind, colon, who = (self.principal or "").partition(":")
         if not colon or not kind or not who:
             return f"Could not parse principal from `{self.principal}` (no colon is found)"
-        if self.host is None or not self.host:
-            return "Invalid empty host"
         return None
 
     def __str__(self):
@@ -188,23 +186,24 @@ class AclBindingFilter:
                 and self.permission in (Permission.ANY, acl.permission))
 
 
+# plain ints for the checks (an enum member is a class attribute lookup each time)
+_ALL, _DESCRIBE, _DESCRIBE_CONFIGS = int(Operation.ALL), int(Operation.DESCRIBE), int(Operation.DESCRIBE_CONFIGS)
+_ALLOW, _DENY = int(Permission.ALLOW), int(Permission.DENY)
+
+
 def _applies(acl, operation, principal, host):
     """ALLOW or DENY when ``acl`` (on the resource) applies to the action, else None (``findResult``)."""
     if acl.principal != principal and acl.principal != WILDCARD_PRINCIPAL:
         return None
     if acl.host != WILDCARD and acl.host != host:
         return None
-    if acl.operation != Operation.ALL:
-        if acl.permission == Permission.ALLOW:
-            if operation == Operation.DESCRIBE:
-                if acl.operation not in _IMPLIES_DESCRIBE:
-                    return None
-            elif operation == Operation.DESCRIBE_CONFIGS:
-                if acl.operation not in _IMPLIES_DESCRIBE_CONFIGS:
-                    return None
-            elif operation != acl.operation:
+    if acl.operation != _ALL and acl.operation != operation:
+        if acl.permission != _ALLOW:
+            return None         # a DENY denies its own operation only
+        if operation == _DESCRIBE:
+            if acl.operation not in _IMPLIES_DESCRIBE:
                 return None
-        elif operation != acl.operation:
+        elif operation != _DESCRIBE_CONFIGS or acl.operation not in _IMPLIES_DESCRIBE_CONFIGS:
             return None
     return acl.permission
 
@@ -329,10 +328,10 @@ class StandardAuthorizer:
             found = True
             for acl in acls:
                 result = _applies(acl, operation, principal, host)
-                if result == Permission.DENY:
+                if result == _DENY:
                     deny = acl
                     break
-                if result == Permission.ALLOW:
+                if result == _ALLOW:
                     allow = acl
             if deny is not None:
                 break
