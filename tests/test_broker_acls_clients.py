@@ -1,4 +1,4 @@
-"""Real clients against a broker with ACLs, over SASL_PLAINTEXT with PLAIN: alice produces to the ``orders-``
+"""Real clients (confluent-kafka, kafka-python, aiokafka) against a broker with ACLs, over SASL_PLAINTEXT with PLAIN: alice produces to the ``orders-``
 topics (and transactionally as ``orders-tx``), bob consumes ``orders-eu`` in group ``billing``, admin is a super
 user who manages the ACLs with kafka-python's admin client. Each of confluent-kafka and kafka-python sees what
 Kafka would show it: allowed work succeeds, each denied action fails with its API's error, and Metadata lists
@@ -211,3 +211,28 @@ def test_acls_survive_sigkill(tmp_path):
     finally:
         process.terminate()
         process.wait()
+
+
+def test_aiokafka_clients_see_what_kafka_would(broker):
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
+
+    async def run():
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap_servers, **python_config("alice"))
+        await producer.start()
+        try:
+            await producer.send_and_wait("orders-eu", b"from aiokafka")
+            with pytest.raises(TopicAuthorizationFailedError):
+                await producer.send_and_wait("secret", b"no")
+        finally:
+            await producer.stop()
+        consumer = AIOKafkaConsumer("orders-eu", bootstrap_servers=broker.bootstrap_servers, group_id="elsewhere",
+                                    **python_config("bob"))
+        try:
+            with pytest.raises(GroupAuthorizationFailedError):     # aiokafka joins its group in start()
+                await consumer.start()
+        finally:
+            await consumer.stop()
+    asyncio.run(run())
