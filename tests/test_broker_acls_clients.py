@@ -1,8 +1,9 @@
-"""Real clients (confluent-kafka, kafka-python, aiokafka) against a broker with ACLs, over SASL_PLAINTEXT with PLAIN: alice produces to the ``orders-``
-topics (and transactionally as ``orders-tx``), bob consumes ``orders-eu`` in group ``billing``, admin is a super
-user who manages the ACLs with kafka-python's admin client. Each of confluent-kafka and kafka-python sees what
-Kafka would show it: allowed work succeeds, each denied action fails with its API's error, and Metadata lists
-bob only the topics he may describe. The ACLs survive a SIGKILL of ``kmem broker``."""
+"""Real clients (confluent-kafka, kafka-python, aiokafka, Apache's Java clients) against a broker with ACLs, over
+SASL_PLAINTEXT with PLAIN: alice produces to the ``orders-`` topics (and transactionally as ``orders-tx``), bob
+consumes ``orders-eu`` in group ``billing``, admin is a super user who manages the ACLs with kafka-python's and
+the Java AdminClient. Each client sees what Kafka would show it: allowed work succeeds, each denied action fails
+with its API's error, and Metadata lists bob only the topics he may describe. The ACLs survive a SIGKILL of
+``kmem broker``. The Java test (tests/java/AclProbe.java) is skipped without a JDK or the jars' wheel."""
 import signal
 import uuid
 
@@ -236,3 +237,35 @@ def test_aiokafka_clients_see_what_kafka_would(broker):
         finally:
             await consumer.stop()
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def java(tmp_path_factory):
+    from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
+    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256), wheel_jar("slf4j-api.jar")]
+    running = start_probe(tmp_path_factory.mktemp("acl-probe"), "AclProbe.java", classpath)
+    yield running
+    running.close()
+
+
+def test_java_admin_client_and_clients(broker, java):
+    """Apache's AdminClient creates (literal, prefixed, wildcard, DENY), lists and deletes ACLs; its producer and
+    consumer get the exceptions Kafka gives them."""
+    bootstrap = broker.bootstrap_servers
+    for binding in ("TOPIC audit- PREFIXED User:dave READ ALLOW", "TOPIC * LITERAL User:dave DESCRIBE ALLOW",
+                    "TOPIC audit-secret LITERAL User:dave READ DENY"):
+        assert java("create", "admin", bootstrap, *binding.split()) == "ok"
+    assert {line for line in java("describe", "admin", bootstrap) if "User:dave" in line} == {
+        "TOPIC:PREFIXED:audit-:User:dave:*:READ:ALLOW", "TOPIC:LITERAL:*:User:dave:*:DESCRIBE:ALLOW",
+        "TOPIC:LITERAL:audit-secret:User:dave:*:READ:DENY"}
+    assert len(java("delete", "admin", bootstrap, "User:dave")) == 3
+    assert not [line for line in java("describe", "admin", bootstrap) if "User:dave" in line]
+    assert java("create", "bob", bootstrap, "TOPIC", "t", "LITERAL", "User:bob", "ALL", "ALLOW")["error"] == \
+        "ClusterAuthorizationException"
+
+    assert java("produce", "alice", bootstrap, "orders-eu") == "ok"
+    assert java("produce", "alice", bootstrap, "secret")["error"] == "TopicAuthorizationException"
+    assert java("transactional", "alice", bootstrap, "orders-tx") == "ok"
+    assert java("transactional", "bob", bootstrap, "orders-tx")["error"] == "TransactionalIdAuthorizationException"
+    assert java("consume", "bob", bootstrap, "orders-eu", "billing") == "ok"
+    assert java("consume", "bob", bootstrap, "orders-eu", "other")["error"] == "GroupAuthorizationException"
