@@ -419,3 +419,12 @@ def test_the_other_apis_answer_their_authorization_errors(roles, connect):
     responses = bob.call(ApiKey.ALTER_CONFIGS, 2, validate_only=False, resources=[Alter.AlterConfigsResource(
         resource_type=2, resource_name="orders-eu", configs=[])]).responses
     assert [r.error_code for r in responses] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]
+
+
+def test_an_unauthorized_find_coordinator_creates_no_internal_topic(broker, connect):
+    bob = connect("bob")
+    assert bob.call(ApiKey.FIND_COORDINATOR, 3, key="billing", key_type=0).error_code == \
+        ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert bob.call(ApiKey.FIND_COORDINATOR, 3, key="orders-tx", key_type=1).error_code == \
+        ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    assert not {"__consumer_offsets", "__transaction_state"} & set(broker.logs.topics())

@@ -169,14 +169,18 @@ class RequestDispatcher:
         return False
 
     def _answer_blocking(self, request, header, body):
+        return self._answer(request, header, body, prepare=self._create_internal_topic)
+
+    def _create_internal_topic(self, header, body):
+        """The internal topic a FindCoordinator or InitProducerId needs, created once the request is authorized."""
         if self.transactions is not None and _creates_transaction_state(header, body):
             self.transactions.create_state_topic()
         elif header.api_key == ApiKey.FIND_COORDINATOR:
             self.coordinator.create_offsets_topic()
-        return self._answer(request, header, body)
 
-    def _answer(self, request, header, body):
-        """The response (encoded), None (acks=0), or a delayed response to start."""
+    def _answer(self, request, header, body, prepare=None):
+        """The response (encoded), None (acks=0), or a delayed response to start; ``prepare(header, body)`` runs
+        once the request is authorized, before its handler."""
         finish = None
         if self.checks is not None:
             context = RequestContext(request.principal, _client_address(request), header.api_key.message_name)
@@ -184,6 +188,8 @@ class RequestDispatcher:
             if isinstance(finish, Refused):
                 response = refusal_response(header.api_key, header.api_version, finish)
                 return None if response is None else encode_response(header, response)
+        if prepare is not None:
+            prepare(header, body)
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         elif header.api_key == ApiKey.END_TXN:
