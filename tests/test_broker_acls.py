@@ -143,6 +143,8 @@ def test_invalid_creations_fail_alone_as_kafka(connect):
     assert described(admin) == {(TOPIC, "t", LITERAL, "User:alice", "*", Operation.READ, ALLOW)}
     response = admin.call(ApiKey.DELETE_ACLS, 3, filters=[delete_filter(operation=Operation.UNKNOWN)])
     assert response.filter_results[0].error_code == ErrorCode.INVALID_REQUEST
+    response = admin.call(ApiKey.DESCRIBE_ACLS, 3, **acl_filter(resource_type=ResourceType.UNKNOWN))
+    assert (response.error_code, response.error_message) == (ErrorCode.INVALID_REQUEST, "Unknown patternFilter.")
 
 
 def test_only_alter_on_the_cluster_changes_acls_and_describe_lists_them(connect):

@@ -1,8 +1,10 @@
 """The authorizer's decisions as Kafka's StandardAuthorizer makes them: literal, wildcard and prefixed patterns,
 DENY over ALLOW, implied operations, super users, allow.everyone.if.no.acl.found, authorizeByResourceType
 (KIP-679), the filters of DescribeAcls and DeleteAcls, the file the ACLs persist in, the audit log."""
+import errno
 import json
 import logging
+import os
 import random
 
 import pytest
@@ -193,3 +195,34 @@ def test_denials_logged_in_kafka_form(tmp_path, caplog):
         "Principal = User:alice is Denied operation = READ from host = 127.0.0.1 on resource = Topic:LITERAL:t for "
         "request = Fetch with resourceRefCount = 1 based on rule MatchingAcl(acl=StandardAcl(resourceType=TOPIC, "
         "resourceName=t, patternType=LITERAL, principal=User:alice, host=*, operation=READ, permissionType=DENY))"]
+
+
+def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):
+    """A full disk: the create or delete fails, the ACLs in force and on disk stay as they were, and the ACL APIs
+    answer the failure per creation or filter."""
+    from kmem.broker.apis.acls import AclHandlers
+    from kmem.protocol import ApiKey, message_class
+    kept = acl("kept", Operation.READ)
+    auth = authorizer(tmp_path, kept)
+    before = (tmp_path / ACLS_FILE).read_bytes()
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    Create = message_class(ApiKey.CREATE_ACLS, "Request")
+    creations = [Create.AclCreation(resource_type=TOPIC, resource_name="new", resource_pattern_type=LITERAL,
+                                    principal="User:alice", host="*", operation=Operation.READ, permission_type=ALLOW),
+                 Create.AclCreation(resource_type=TOPIC, resource_name="", resource_pattern_type=LITERAL,
+                                    principal="User:alice", host="*", operation=Operation.READ, permission_type=ALLOW)]
+    results = AclHandlers(auth).create_acls(None, Create(creations=creations)).results
+    assert [r.error_code for r in results] == [-1, 42]          # UNKNOWN_SERVER_ERROR, INVALID_REQUEST
+    Delete = message_class(ApiKey.DELETE_ACLS, "Request")
+    everything = Delete.DeleteAclsFilter(resource_type_filter=1, resource_name_filter=None, pattern_type_filter=1,
+                                         principal_filter=None, host_filter=None, operation=1, permission_type=1)
+    assert [r.error_code for r in AclHandlers(auth).delete_acls(None, Delete(filters=[everything])).filter_results] \
+        == [-1]
+    monkeypatch.undo()
+    assert allowed(auth, "kept", Operation.READ) and not allowed(auth, "new", Operation.READ)
+    assert (tmp_path / ACLS_FILE).read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == [ACLS_FILE]
+    assert StandardAuthorizer(tmp_path).acls(AclBindingFilter.of(1, None, 1, None, None, 1, 1)) == [kept]
