@@ -187,7 +187,7 @@ def test_settings():
 
 
 def test_denials_logged_in_kafka_form(tmp_path, caplog):
-    auth = authorizer(tmp_path, acl("t", Operation.READ, DENY))
+    auth = authorizer(tmp_path, acl("t", Operation.READ, DENY), acl("v", Operation.READ))
     with caplog.at_level(logging.INFO, logger="kmem.authorizer"):
         assert not auth.authorize("User:alice", HOST, Operation.READ, TOPIC, "t", api="Fetch")
         assert not auth.authorize("User:alice", HOST, Operation.READ, TOPIC, "u", api="Fetch", log_if_denied=False)
@@ -195,6 +195,14 @@ def test_denials_logged_in_kafka_form(tmp_path, caplog):
         "Principal = User:alice is Denied operation = READ from host = 127.0.0.1 on resource = Topic:LITERAL:t for "
         "request = Fetch with resourceRefCount = 1 based on rule MatchingAcl(acl=StandardAcl(resourceType=TOPIC, "
         "resourceName=t, patternType=LITERAL, principal=User:alice, host=*, operation=READ, permissionType=DENY))"]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="kmem.authorizer"):
+        assert auth.authorize("User:alice", HOST, Operation.READ, TOPIC, "v", api="Fetch")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "kmem.authorizer"] == [(
+        "DEBUG", "Principal = User:alice is Allowed operation = READ from host = 127.0.0.1 on resource = "
+        "Topic:LITERAL:v for request = Fetch with resourceRefCount = 1 based on rule MatchingAcl(acl=StandardAcl("
+        "resourceType=TOPIC, resourceName=v, patternType=LITERAL, principal=User:alice, host=*, operation=READ, "
+        "permissionType=ALLOW))")]
 
 
 def test_a_failed_write_changes_nothing(tmp_path, monkeypatch):

@@ -319,8 +319,12 @@ class StandardAuthorizer:
 
     def authorize(self, principal, host, operation, resource_type, name, *, api="", count=1, log_if_denied=True):
         """True when ``principal`` from ``host`` may do ``operation`` on the resource (``StandardAuthorizerData.
-        authorize``). A denial is logged at INFO when ``log_if_denied`` (the resource was asked for by name)."""
+        authorize``). A denial is logged at INFO when ``log_if_denied`` (the resource was asked for by name), an
+        allowed action at DEBUG."""
         if principal in self.super_users:
+            if audit_log.isEnabledFor(logging.DEBUG):
+                self._audit(logging.DEBUG, "Allowed", principal, host, operation, resource_type, name, api, count,
+                            "SuperUser")
             return True
         allow = deny = None
         found = False
@@ -336,13 +340,20 @@ class StandardAuthorizer:
             if deny is not None:
                 break
         allowed = deny is None and (allow is not None or (not found and self.allow_if_no_acl))
-        if not allowed and log_if_denied and audit_log.isEnabledFor(logging.INFO):
-            rule = f"MatchingAcl(acl={deny})" if deny is not None else "DefaultDeny"
-            audit_log.info("Principal = %s is Denied operation = %s from host = %s on resource = %s:LITERAL:%s "
-                           "for request = %s with resourceRefCount = %d based on rule %s", principal,
-                           Operation(operation).name, host, _RESOURCE_TYPE_NAMES[resource_type], name, api, count,
-                           rule)
+        level = logging.DEBUG if allowed else logging.INFO if log_if_denied else None
+        if level is not None and audit_log.isEnabledFor(level):
+            acl = deny or allow
+            rule = f"MatchingAcl(acl={acl})" if acl is not None else "DefaultAllow" if allowed else "DefaultDeny"
+            self._audit(level, "Allowed" if allowed else "Denied", principal, host, operation, resource_type, name,
+                        api, count, rule)
         return allowed
+
+    @staticmethod
+    def _audit(level, result, principal, host, operation, resource_type, name, api, count, rule):
+        """Kafka's authorizer log line (``StandardAuthorizerData.buildAuditMessage``)."""
+        audit_log.log(level, "Principal = %s is %s operation = %s from host = %s on resource = %s:LITERAL:%s for "
+                      "request = %s with resourceRefCount = %d based on rule %s", principal, result,
+                      Operation(operation).name, host, _RESOURCE_TYPE_NAMES[resource_type], name, api, count, rule)
 
     def authorize_by_resource_type(self, principal, host, operation, resource_type, *, api=""):
         """True when some resource of ``resource_type`` allows ``operation`` to ``principal`` and no DENY covers it
