@@ -122,8 +122,10 @@ def test_match_filters_find_what_applies_to_a_name(connect):
     admin = connect("admin")
     create_acls(admin, creation(TOPIC, "orders-eu", "User:bob", Operation.READ),
                 creation(TOPIC, "orders-", "User:alice", Operation.WRITE, pattern=PREFIXED),
-                creation(TOPIC, "*", "User:carol", Operation.DESCRIBE), creation(TOPIC, "other", "User:bob", Operation.READ))
-    assert {acl[1] for acl in described(admin, name="orders-eu", pattern=PatternType.MATCH)} == {"orders-eu", "orders-", "*"}
+                creation(TOPIC, "*", "User:carol", Operation.DESCRIBE),
+                creation(TOPIC, "other", "User:bob", Operation.READ))
+    assert {acl[1] for acl in described(admin, name="orders-eu", pattern=PatternType.MATCH)} == \
+        {"orders-eu", "orders-", "*"}
     assert {acl[1] for acl in described(admin, name="orders-eu")} == {"orders-eu"}
     assert {acl[1] for acl in described(admin, principal="User:bob")} == {"orders-eu", "other"}
 
@@ -310,7 +312,8 @@ def test_group_apis_check_the_group_and_the_topics(roles, connect):
     assert {c.key: c.error_code for c in coordinators} == {"billing": 0, "other": ErrorCode.GROUP_AUTHORIZATION_FAILED}
     join = dict(session_timeout_ms=10000, rebalance_timeout_ms=10000, member_id="", protocol_type="consumer",
                 protocols=[request_class(ApiKey.JOIN_GROUP).JoinGroupRequestProtocol(name="range", metadata=b"")])
-    assert alice.call(ApiKey.JOIN_GROUP, 5, group_id="billing", **join).error_code == ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert alice.call(ApiKey.JOIN_GROUP, 5, group_id="billing", **join).error_code == \
+        ErrorCode.GROUP_AUTHORIZATION_FAILED
     assert bob.call(ApiKey.HEARTBEAT, 3, group_id="other", generation_id=1, member_id="m").error_code == \
         ErrorCode.GROUP_AUTHORIZATION_FAILED
     Commit = request_class(ApiKey.OFFSET_COMMIT)
@@ -413,8 +416,8 @@ def test_the_other_apis_answer_their_authorization_errors(roles, connect):
         Partitions.CreatePartitionsTopic(name="orders-eu", count=2, assignments=None)]).results
     assert [(r.name, r.error_code) for r in results] == [("orders-eu", ErrorCode.TOPIC_AUTHORIZATION_FAILED)]
     Alter = request_class(ApiKey.INCREMENTAL_ALTER_CONFIGS)
-    responses = bob.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, validate_only=False, resources=[Alter.AlterConfigsResource(
-        resource_type=2, resource_name="orders-eu", configs=[Alter.AlterableConfig(
+    responses = bob.call(ApiKey.INCREMENTAL_ALTER_CONFIGS, 1, validate_only=False, resources=[
+        Alter.AlterConfigsResource(resource_type=2, resource_name="orders-eu", configs=[Alter.AlterableConfig(
             name="retention.ms", config_operation=0, value="1000")])]).responses
     assert [r.error_code for r in responses] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]
     Alter = request_class(ApiKey.ALTER_CONFIGS)

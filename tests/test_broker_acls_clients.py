@@ -36,7 +36,8 @@ def role_bindings():
     from kafka.admin import ACLResourcePatternType as Pattern
 
     def allow(user, operation, resource_type, name, pattern=Pattern.LITERAL):
-        return ACL(f"User:{user}", "*", operation, ACLPermissionType.ALLOW, ResourcePattern(resource_type, name, pattern))
+        return ACL(f"User:{user}", "*", operation, ACLPermissionType.ALLOW,
+                   ResourcePattern(resource_type, name, pattern))
     return [allow("alice", ACLOperation.WRITE, ResourceType.TOPIC, "orders-", Pattern.PREFIXED),
             allow("alice", ACLOperation.WRITE, ResourceType.TRANSACTIONAL_ID, "orders-tx"),
             allow("bob", ACLOperation.READ, ResourceType.TOPIC, "orders-eu"),

@@ -177,7 +177,8 @@ def test_acls_persist_as_access_control_entry_records(tmp_path):
 def test_settings():
     assert AuthorizerConfig.from_settings({}) is None
     config = AuthorizerConfig.from_settings({"authorizer.class.name": "kafka.security.authorizer.AclAuthorizer",
-                                             "super.users": "User:admin; User:ops", "allow.everyone.if.no.acl.found": "true"})
+                                             "super.users": "User:admin; User:ops",
+                                             "allow.everyone.if.no.acl.found": "true"})
     assert config == AuthorizerConfig(frozenset({"User:admin", "User:ops"}), True)
     with pytest.raises(ConfigError, match="authorizer.class.name"):
         AuthorizerConfig.from_settings({"authorizer.class.name": "com.example.Mine"})

@@ -3,8 +3,9 @@
 ``RequestChecks.check(context, header, request)`` runs before the request's handler and answers one of:
 
 - ``Refused(response)``: the request is answered as a whole, with Kafka's error (its ``getErrorResponse``):
-  GROUP_AUTHORIZATION_FAILED for a JoinGroup whose group the principal may not READ, TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-  for a Produce or EndTxn of a transactional id it may not WRITE, CLUSTER_AUTHORIZATION_FAILED...;
+  GROUP_AUTHORIZATION_FAILED for a JoinGroup whose group the principal may not READ,
+  TRANSACTIONAL_ID_AUTHORIZATION_FAILED for a Produce or EndTxn of a transactional id it may not WRITE,
+  CLUSTER_AUTHORIZATION_FAILED...;
 - a function ``finish(response)``: the topics, partitions, groups or ids the principal may not touch were taken
   out of ``request`` (the handler never sees them) and ``finish`` puts them back into the handler's response
   with their error (TOPIC_AUTHORIZATION_FAILED per partition of a Produce, Fetch, ListOffsets...), filters
@@ -195,10 +196,11 @@ class RequestChecks:
         Response = messages.FetchResponse
 
         def finish(response):
-            response.responses += [Response.FetchableTopicResponse(topic=topic.topic, topic_id=topic.topic_id, partitions=[
-                Response.PartitionData(partition_index=p.partition, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
-                                       high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, records=b"")
-                for p in topic.partitions]) for topic in denied]
+            response.responses += [Response.FetchableTopicResponse(
+                topic=topic.topic, topic_id=topic.topic_id, partitions=[Response.PartitionData(
+                    partition_index=p.partition, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, high_watermark=-1,
+                    last_stable_offset=-1, log_start_offset=-1, records=b"") for p in topic.partitions])
+                for topic in denied]
             return response
         return finish
 
@@ -255,8 +257,9 @@ class RequestChecks:
         request.coordinator_keys = [key for key in request.coordinator_keys if not errors[key]]
 
         def finish(response):
-            response.coordinators += [Response.Coordinator(key=key, node_id=-1, host="", port=-1, error_code=errors[key],
-                                                           error_message=None) for key in denied]
+            response.coordinators += [Response.Coordinator(key=key, node_id=-1, host="", port=-1,
+                                                           error_code=errors[key], error_message=None)
+                                      for key in denied]
             return response
         return finish
 
@@ -315,14 +318,16 @@ class RequestChecks:
             if version < 8:
                 response.topics = self._offsets_seen(context, response.topics, request.topics is None)
                 response.topics += [Response.OffsetFetchResponseTopic(name=topic.name, partitions=[
-                    _unauthorized_offset(Response.OffsetFetchResponsePartition, index, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                    _unauthorized_offset(Response.OffsetFetchResponsePartition, index,
+                                         ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                     for index in topic.partition_indexes]) for topic in denied.get(request.group_id, [])]
                 return response
             asked_all = {group.group_id for group in request.groups if group.topics is None}
             for group in response.groups:
                 group.topics = self._offsets_seen(context, group.topics, group.group_id in asked_all)
                 group.topics += [Response.OffsetFetchResponseTopics(name=topic.name, partitions=[
-                    _unauthorized_offset(Response.OffsetFetchResponsePartitions, index, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                    _unauthorized_offset(Response.OffsetFetchResponsePartitions, index,
+                                         ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                     for index in topic.partition_indexes]) for topic in denied.get(group.group_id, [])]
             response.groups += [Response.OffsetFetchResponseGroup(group_id=group_id, topics=[],
                                                                   error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED)
@@ -355,8 +360,8 @@ class RequestChecks:
             return None
 
         def finish(response):
-            response.groups = [g for g in response.groups if self.allowed(context, Operation.DESCRIBE, GROUP, g.group_id,
-                                                                          log_if_denied=False)]
+            response.groups = [g for g in response.groups
+                               if self.allowed(context, Operation.DESCRIBE, GROUP, g.group_id, log_if_denied=False)]
             return response
         return finish
 

@@ -9,7 +9,8 @@ and answers in one of three ways (see ``kmem.network.server``):
   purgatory), a JoinGroup or SyncGroup during a rebalance (a ``DelayedResponse`` the group completes).
   The request is deferred and its memory goes back to the pool; nothing holds a thread;
 - on an io thread (``num.io.threads``), for what may block on the disk: topic creation and deletion (each
-  partition fsyncs its files), the admin APIs, CreateAcls and DeleteAcls, a Metadata request that auto-creates topics, and
+  partition fsyncs its files), the admin APIs, CreateAcls and DeleteAcls, a Metadata request that auto-creates
+  topics, and
   FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
   (FindCoordinator creates it, as Kafka's does), and FindCoordinator for a transactional id and
   InitProducerId with one before ``__transaction_state`` exists (both create it), AddOffsetsToTxn before
