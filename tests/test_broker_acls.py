@@ -274,9 +274,9 @@ def test_a_denied_produce_with_acks_0_closes_the_connection(roles, connect, brok
     assert broker.logs.get_partition("secret", 0).log_end_offset == 0
 
 
-def fetch(client, topics, version=12):
+def fetch(client, topics, version=12, replica_id=-1):
     Request = request_class(ApiKey.FETCH)
-    response = client.call(ApiKey.FETCH, version, replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
+    response = client.call(ApiKey.FETCH, version, replica_id=replica_id, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20,
                            isolation_level=0, session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
                            topics=[Request.FetchTopic(topic=name, partitions=[Request.FetchPartition(
                                partition=0, fetch_offset=0, partition_max_bytes=1 << 20, current_leader_epoch=-1,
@@ -289,6 +289,8 @@ def test_fetch_list_offsets_and_epochs_check_per_topic(roles, connect):
     assert produce(roles, ["orders-eu", "secret"]) == {"orders-eu": 0, "secret": 0}
     assert fetch(bob, ["orders-eu", "secret"]) == {"orders-eu": 0, "secret": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
     assert fetch(bob, ["secret"]) == {"secret": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+    # a follower's fetch needs CLUSTER_ACTION, whatever it may READ
+    assert fetch(bob, ["orders-eu"], replica_id=1) == {"orders-eu": ErrorCode.TOPIC_AUTHORIZATION_FAILED}
     Request = request_class(ApiKey.LIST_OFFSETS)
     response = bob.call(ApiKey.LIST_OFFSETS, 7, replica_id=-1, isolation_level=0, topics=[
         Request.ListOffsetsTopic(name=name, partitions=[Request.ListOffsetsPartition(

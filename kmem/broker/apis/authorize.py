@@ -187,7 +187,13 @@ class RequestChecks:
         # an unknown topic id is the handler's UNKNOWN_TOPIC_ID
         topics = [t for t in request.topics if name_of(t) is not None]
         unknown = [t for t in request.topics if name_of(t) is None]
-        allowed, denied = self._split(context, Operation.READ, TOPIC, topics, name_of)
+        if (request.replica_state.replica_id if version >= 15 else request.replica_id) >= 0:
+            # a follower's fetch: CLUSTER_ACTION on the cluster, else every partition is refused
+            if self.allowed(context, Operation.CLUSTER_ACTION, CLUSTER, CLUSTER_NAME):
+                return None
+            allowed, denied = [], topics
+        else:
+            allowed, denied = self._split(context, Operation.READ, TOPIC, topics, name_of)
         if not denied:
             return None
         request.topics = allowed + unknown
@@ -220,6 +226,8 @@ class RequestChecks:
         return finish
 
     def _offset_for_leader_epoch(self, context, version, request):
+        if self.allowed(context, Operation.CLUSTER_ACTION, CLUSTER, CLUSTER_NAME, log_if_denied=False):
+            return None
         request.topics, denied = self._split(context, Operation.DESCRIBE, TOPIC, request.topics, lambda t: t.topic)
         if not denied:
             return None
