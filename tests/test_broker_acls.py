@@ -239,7 +239,9 @@ def test_metadata_authorized_operations(roles, connect):
 
 def produce(client, topics, transactional_id=None):
     Request = request_class(ApiKey.PRODUCE)
-    records = bytes(build_records([b"value"]))
+    batch = {} if transactional_id is None else {"producer_id": 1, "producer_epoch": 0, "base_sequence": 0,
+                                                 "transactional": True}
+    records = bytes(build_records([b"value"], **batch))
     response = client.call(ApiKey.PRODUCE, 9, transactional_id=transactional_id, acks=-1, timeout_ms=5000,
                            topic_data=[Request.TopicProduceData(name=name, partition_data=[
                                Request.PartitionProduceData(index=0, records=records)]) for name in topics])
@@ -258,6 +260,13 @@ def test_produce_needs_write_per_topic(roles, connect, caplog):
            in caplog.messages
     assert produce(alice, ["orders-eu"], transactional_id="other-tx") == \
         {"orders-eu": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+    # transactional batches without a transactional id are refused the same way, as Kafka
+    Request = request_class(ApiKey.PRODUCE)
+    records = bytes(build_records([b"value"], producer_id=1, producer_epoch=0, base_sequence=0, transactional=True))
+    response = alice.call(ApiKey.PRODUCE, 9, transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+        Request.TopicProduceData(name="orders-eu", partition_data=[Request.PartitionProduceData(
+            index=0, records=records)])])
+    assert response.responses[0].partition_responses[0].error_code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
 
 
 def test_a_denied_produce_with_acks_0_closes_the_connection(roles, connect, broker):

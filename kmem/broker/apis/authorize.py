@@ -20,6 +20,7 @@ import dataclasses
 import uuid
 
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, GROUP_OPERATIONS, TOPIC_OPERATIONS
+from kmem.broker.apis.handlers import first_transactional_batch
 from kmem.broker.codes import ErrorCode
 from kmem.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
@@ -159,8 +160,11 @@ class RequestChecks:
 
     def _produce(self, context, version, request):
         Response = messages.ProduceResponse
-        if request.transactional_id is not None and not self.allowed(context, Operation.WRITE, TRANSACTIONAL_ID,
-                                                                     request.transactional_id):
+        # transactional batches need WRITE on their transactional id (Kafka: RequestUtils.hasTransactionalRecords)
+        transactional = any(first_transactional_batch(partition.records) is not None
+                            for topic in request.topic_data for partition in topic.partition_data)
+        if transactional and (request.transactional_id is None or not self.allowed(
+                context, Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id)):
             if request.acks == 0:
                 return Refused(None)
             return Refused(Response(throttle_time_ms=0, responses=[

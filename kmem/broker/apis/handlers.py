@@ -368,7 +368,7 @@ class Handlers:
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
         # such request is: its batches would hold the last stable offset back for good (no marker would come).
         # Each listing's first batch if transactional, looked at once (by the listing's identity).
-        firsts = {id(data): _first_transactional_batch(data.records)
+        firsts = {id(data): first_transactional_batch(data.records)
                   for topic in request.topic_data for data in topic.partition_data}
         transactional = any(first is not None for first in firsts.values())
         # A partition listed again is appended and answered once, with its last listing's records (Kafka
@@ -837,7 +837,7 @@ def _fetched_partitions(version, request, logs):
     return fetched
 
 
-def _first_transactional_batch(records):
+def first_transactional_batch(records):
     """The first complete batch of a partition's records if it is transactional, else None: Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
     Corrupt records are left to the validator."""
