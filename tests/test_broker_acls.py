@@ -444,3 +444,12 @@ def test_an_unauthorized_find_coordinator_creates_no_internal_topic(broker, conn
     assert bob.call(ApiKey.FIND_COORDINATOR, 3, key="orders-tx", key_type=1).error_code == \
         ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     assert not {"__consumer_offsets", "__transaction_state"} & set(broker.logs.topics())
+
+
+@pytest.mark.parametrize("address, java", [("127.0.0.1", "127.0.0.1"), ("::1", "0:0:0:0:0:0:0:1"),
+                                           ("fe80::1%lo", "fe80:0:0:0:0:0:0:1"), ("::ffff:10.0.0.7", "10.0.0.7"),
+                                           ("2001:db8::a:0", "2001:db8:0:0:0:0:a:0")])
+def test_acl_hosts_match_the_address_as_java_writes_it(address, java):
+    """Kafka matches an ACL's host against ``InetAddress.getHostAddress()``: kmem writes the client's the same."""
+    from kmem.broker.apis.dispatch import java_host_address
+    assert java_host_address(address) == java

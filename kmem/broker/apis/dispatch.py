@@ -24,6 +24,7 @@ A handler that raises (a bug) gets its request answered UNKNOWN_SERVER_ERROR, as
 answers it, when the response has a top-level error code; the connection stays open. A response whose
 errors are per topic or partition (Produce, Metadata, ...) has no such answer: that connection is closed.
 """
+import ipaddress
 import logging
 import threading
 
@@ -71,7 +72,21 @@ def _client_host(request):
 
 def _client_address(request):
     """The client's IP address, as Kafka's authorizer matches ACL hosts (``InetAddress.getHostAddress``)."""
-    return _client_host(request)[1:]
+    return java_host_address(_client_host(request)[1:])
+
+
+def java_host_address(ip):
+    """``ip`` as Java's ``InetAddress.getHostAddress`` writes it: an IPv6 address in full, each group without
+    leading zeros and no scope (``0:0:0:0:0:0:0:1``), an IPv4-mapped one as IPv4; IPv4 as it is."""
+    if ":" not in ip:
+        return ip
+    try:
+        address = ipaddress.IPv6Address(ip.partition("%")[0])
+    except ValueError:
+        return ip
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return ":".join(f"{int(group, 16):x}" for group in address.exploded.split(":"))
 
 
 def _creates_transaction_state(header, body):
