@@ -376,6 +376,15 @@ def test_producer_ids_and_transactions(roles, connect):
     assert bob.call(ApiKey.END_TXN, 3, transactional_id="orders-tx", producer_id=ids.producer_id,
                     producer_epoch=ids.producer_epoch, committed=False).error_code == \
         ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    response = alice.call(ApiKey.ADD_PARTITIONS_TO_TXN, 3, v3_and_below_transactional_id="orders-tx",
+                          v3_and_below_producer_id=ids.producer_id, v3_and_below_producer_epoch=ids.producer_epoch,
+                          v3_and_below_topics=[Add.AddPartitionsToTxnTopic(name="orders-us", partitions=[0])])
+    assert response.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+    # a transaction's partitions are described only to who may DESCRIBE their topics
+    create_acls(roles, creation(TXN, "orders-tx", "User:bob", Operation.DESCRIBE))
+    for client, topics in ((roles, ["orders-us"]), (bob, [])):
+        [state] = client.call(ApiKey.DESCRIBE_TRANSACTIONS, 0, transactional_ids=["orders-tx"]).transaction_states
+        assert (state.error_code, [t.topic for t in state.topics]) == (0, topics)
 
 
 def test_admin_apis(roles, connect, broker):
@@ -384,6 +393,14 @@ def test_admin_apis(roles, connect, broker):
     response = alice.call(ApiKey.CREATE_TOPICS, 7, timeout_ms=5000, topics=[
         Topic(name="orders-x", num_partitions=1, replication_factor=1, assignments=[], configs=[])])
     assert response.topics[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    create_acls(roles, creation(TOPIC, "orders-x", "User:alice", Operation.CREATE))
+    created = alice.call(ApiKey.CREATE_TOPICS, 7, timeout_ms=5000, topics=[
+        Topic(name="orders-x", num_partitions=1, replication_factor=1, assignments=[], configs=[])]).topics[0]
+    assert (created.error_code, created.topic_config_error_code, created.configs) == \
+        (0, ErrorCode.TOPIC_AUTHORIZATION_FAILED, [])             # no DESCRIBE_CONFIGS on it
+    created = roles.call(ApiKey.CREATE_TOPICS, 7, timeout_ms=5000, topics=[
+        Topic(name="orders-y", num_partitions=1, replication_factor=1, assignments=[], configs=[])]).topics[0]
+    assert (created.error_code, created.topic_config_error_code) == (0, 0) and created.configs
     response = alice.call(ApiKey.DELETE_TOPICS, 5, topic_names=["orders-us"], timeout_ms=5000)
     assert response.responses[0].error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
     assert "orders-us" in broker.logs.topics()

@@ -477,13 +477,16 @@ class RequestChecks:
         return Refused(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
 
     def _describe_transactions(self, context, version, request):
+        """DESCRIBE on each transactional id; a transaction's partitions are listed only for the topics the
+        principal may DESCRIBE."""
         request.transactional_ids, denied = self._split(context, Operation.DESCRIBE, TRANSACTIONAL_ID,
                                                         request.transactional_ids, lambda i: i)
-        if not denied:
-            return None
         State = messages.DescribeTransactionsResponse.TransactionState
 
         def finish(response):
+            for state in response.transaction_states:
+                state.topics = [t for t in state.topics
+                                if self.allowed(context, Operation.DESCRIBE, TOPIC, t.topic, log_if_denied=False)]
             response.transaction_states += [State(
                 error_code=ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, transactional_id=i, transaction_state="",
                 transaction_timeout_ms=0, transaction_start_time_ms=-1, producer_id=-1, producer_epoch=-1, topics=[])
@@ -514,14 +517,18 @@ class RequestChecks:
     # -- the admin APIs
 
     def _create_topics(self, context, version, request):
-        if self.allowed(context, Operation.CREATE, CLUSTER, CLUSTER_NAME, log_if_denied=False):
-            return None
-        request.topics, denied = self._split(context, Operation.CREATE, TOPIC, request.topics, lambda t: t.name)
-        if not denied:
-            return None
+        """CREATE on the cluster or each topic; a created topic's configs are told only with DESCRIBE_CONFIGS on it
+        (else ``topic_config_error_code`` TOPIC_AUTHORIZATION_FAILED, KIP-525)."""
+        denied = []
+        if not self.allowed(context, Operation.CREATE, CLUSTER, CLUSTER_NAME, log_if_denied=False):
+            request.topics, denied = self._split(context, Operation.CREATE, TOPIC, request.topics, lambda t: t.name)
         Result = messages.CreateTopicsResponse.CreatableTopicResult
 
         def finish(response):
+            for topic in response.topics:
+                if topic.error_code == ErrorCode.NONE and not self.allowed(
+                        context, Operation.DESCRIBE_CONFIGS, TOPIC, topic.name, log_if_denied=False):
+                    topic.topic_config_error_code, topic.configs = ErrorCode.TOPIC_AUTHORIZATION_FAILED, []
             response.topics += [Result(name=t.name, error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED,
                                        error_message="Authorization failed.", topic_config_error_code=0,
                                        num_partitions=-1, replication_factor=-1, configs=[]) for t in denied]
