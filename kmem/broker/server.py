@@ -39,6 +39,7 @@ from kmem.broker.apis.scram_admin import ScramAdminHandlers
 from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
 from kmem.broker.security import SaslMechanisms, ScramCredentialStore
+from kmem.broker.security.authorizer import StandardAuthorizer
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator
@@ -99,6 +100,7 @@ class Broker:
         self.transactions = None
         self.admin = None
         self.scram_credentials = None     # the log directory's ScramCredentialStore
+        self.authorizer = None          # a StandardAuthorizer when authorizer.class.name is set
         self.timer = None
         self._sasl_mechanisms = []       # each SASL listener's, closed with the broker
         self._stop = threading.Event()
@@ -129,8 +131,11 @@ class Broker:
             self.transactions = TransactionCoordinator(self.logs, self.settings.transactions, timer=self.timer,
                                                        markers=self.handlers.txn_markers, groups=self.coordinator)
             self.handlers.transactions = self.coordinator.transactions = self.transactions
+            if self.settings.authorizer is not None:
+                self.authorizer = StandardAuthorizer(self.log_dir, self.settings.authorizer)
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
-                                           self.transactions, ScramAdminHandlers(self.scram_credentials))
+                                           self.transactions, ScramAdminHandlers(self.scram_credentials),
+                                           self.authorizer)
             listeners = [ListenerConfig(served.name, served.listener.host, served.listener.port, served.ssl_context,
                                         self._channel_builder(served.sasl, dispatcher), served.max_connections,
                                         served.max_connection_creation_rate)

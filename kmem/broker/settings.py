@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from kmem.broker.log.config import BROKER_SETTINGS, BrokerConfig, integer
 from kmem.broker.security import SaslSettings, is_sasl_setting
+from kmem.broker.security.authorizer import AUTHORIZER_SETTINGS, AuthorizerConfig
 from kmem.broker.group.coordinator import GROUP_SETTINGS, GroupConfig
 from kmem.broker.txn.coordinator import TXN_SETTINGS, TxnConfig
 from kmem.errors import ConfigError
@@ -53,7 +54,7 @@ PER_LISTENER_SETTINGS = SSL_SETTINGS + ("max.connections", "max.connection.creat
 # the handlers' own settings and what they mean (Kafka's names)
 HANDLER_SETTINGS = ("log.retention.check.interval.ms", "broker.id", "ssl.principal.mapping.rules") + SSL_SETTINGS
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(LISTENER_SETTINGS) \
-    | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS)
+    | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS) | frozenset(AUTHORIZER_SETTINGS)
 # Kafka's socket.listen.backlog.size is 50: a burst of 5,000 connections then took 55 s to accept here
 # (refused SYNs are retried after 1, 3, 7... s), 1.0 s with 1,024. Linux caps it at net.core.somaxconn.
 DEFAULT_LISTEN_BACKLOG = 1024
@@ -266,6 +267,7 @@ class BrokerSettings:
     transactions: TxnConfig = TxnConfig()
     inter_broker_listener: str | None = None
     ssl_principal_mapper: SslPrincipalMapper = SslPrincipalMapper()     # ssl.principal.mapping.rules
+    authorizer: AuthorizerConfig | None = None      # authorizer.class.name's; None: every request is allowed
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -298,7 +300,8 @@ class BrokerSettings:
                    listeners, integer("log.retention.check.interval.ms", interval, 1),
                    GroupConfig.from_properties(merged), TxnConfig.from_properties(merged),
                    _inter_broker_listener(merged, [listener.name for listener in served]),
-                   SslPrincipalMapper(merged.get("ssl.principal.mapping.rules", DEFAULT_RULES)))
+                   SslPrincipalMapper(merged.get("ssl.principal.mapping.rules", DEFAULT_RULES)),
+                   AuthorizerConfig.from_settings(merged))
 
 
 def _listener_settings(merged, listener, protocol, advertised, ssl_context):

@@ -1,9 +1,10 @@
 """The "authorized operations" bit fields of Metadata, DescribeCluster and DescribeGroups (KIP-430).
 
-kmem broker has no authorizer, so it answers as Kafka's ``AuthHelper.authorizedOperations`` does without
-one: every operation ``AclEntry.supportedOperations`` lists for the resource type, with bit
-``AclOperation.code`` set. A response carries the field only when the request asks for it; otherwise the
-field keeps its schema default, -2**31 (``Int.MinValue``).
+Without an authorizer kmem broker answers as Kafka's ``AuthHelper.authorizedOperations`` does without one: every
+operation ``AclEntry.supportedOperations`` lists for the resource type, with bit ``AclOperation.code`` set. With
+one (``authorizer.class.name``), ``kmem.broker.apis.authorize`` replaces them by the operations the ACLs allow.
+A response carries the field only when the request asks for it; otherwise the field keeps its schema default,
+-2**31 (``Int.MinValue``).
 """
 
 # Kafka's AclOperation codes

@@ -9,20 +9,28 @@ and answers in one of three ways (see ``kmem.network.server``):
   purgatory), a JoinGroup or SyncGroup during a rebalance (a ``DelayedResponse`` the group completes).
   The request is deferred and its memory goes back to the pool; nothing holds a thread;
 - on an io thread (``num.io.threads``), for what may block on the disk: topic creation and deletion (each
-  partition fsyncs its files), the admin APIs, AlterUserScramCredentials, a Metadata request that auto-creates
-  topics, and FindCoordinator, OffsetCommit and the other group requests before ``__consumer_offsets`` exists
+  partition fsyncs its files), the admin APIs, AlterUserScramCredentials, CreateAcls and DeleteAcls, a Metadata
+  request that auto-creates topics, and FindCoordinator, OffsetCommit and the other group requests before
+  ``__consumer_offsets`` exists
   (FindCoordinator creates it, as Kafka's does), and FindCoordinator for a transactional id and
   InitProducerId with one before ``__transaction_state`` exists (both create it), AddOffsetsToTxn before
   ``__consumer_offsets`` exists.
+
+With an authorizer (``authorizer.class.name``), each request is first checked as Kafka's ``KafkaApis`` checks it
+(``kmem.broker.apis.authorize``): it is refused as a whole, or its handler sees only what the principal may touch
+and the rest is answered with its authorization error.
 
 A handler that raises (a bug) gets its request answered UNKNOWN_SERVER_ERROR, as Kafka's ``handleError``
 answers it, when the response has a top-level error code; the connection stays open. A response whose
 errors are per topic or partition (Produce, Metadata, ...) has no such answer: that connection is closed.
 """
+import ipaddress
 import logging
 import threading
 
+from kmem.broker.apis.acls import ACL_APIS, AclHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
+from kmem.broker.apis.authorize import CLOSE_CONNECTION, Refused, RequestChecks, RequestContext, refusal_response
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
 from kmem.broker.apis.scram_admin import SCRAM_APIS
 from kmem.broker.codes import ErrorCode
@@ -47,7 +55,7 @@ DATA_APIS = {
 }
 # APIs answered on an io thread: they write files and fsync them
 BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
-                           *ADMIN_APIS})
+                           ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, *ADMIN_APIS})
 
 
 # the APIs that answer with the broker's endpoint: that of the listener the request came in on, as Kafka does
@@ -67,6 +75,25 @@ def _client_host(request):
         return ""
 
 
+def _client_address(request):
+    """The client's IP address, as Kafka's authorizer matches ACL hosts (``InetAddress.getHostAddress``)."""
+    return java_host_address(_client_host(request)[1:])
+
+
+def java_host_address(ip):
+    """``ip`` as Java's ``InetAddress.getHostAddress`` writes it: an IPv6 address in full, each group without
+    leading zeros and no scope (``0:0:0:0:0:0:0:1``), an IPv4-mapped one as IPv4; IPv4 as it is."""
+    if ":" not in ip:
+        return ip
+    try:
+        address = ipaddress.IPv6Address(ip.partition("%")[0])
+    except ValueError:
+        return ip
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return ":".join(f"{int(group, 16):x}" for group in address.exploded.split(":"))
+
+
 def _creates_transaction_state(header, body):
     """FindCoordinator for a transactional id, or InitProducerId with one: they need ``__transaction_state``."""
     if header.api_key == ApiKey.FIND_COORDINATOR:
@@ -78,8 +105,9 @@ class RequestDispatcher:
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
     requests answered by (api key, version)."""
 
-    def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None):
+    def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None):
         self.handlers = handlers
+        self.checks = None if authorizer is None else RequestChecks(authorizer, handlers.logs)
         self.coordinator = coordinator
         self.transactions = transactions
         self._served = served
@@ -87,6 +115,8 @@ class RequestDispatcher:
         self._methods = {key: getattr(handlers, name) for key, name in DATA_APIS.items()}
         self._methods.update({key: getattr(coordinator, name) for key, name in GROUP_APIS.items()})
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
+        acls = AclHandlers(authorizer)
+        self._methods.update({key: getattr(acls, name) for key, name in ACL_APIS.items()})
         if transactions is not None:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
         if scram_admin is not None:
@@ -121,7 +151,11 @@ class RequestDispatcher:
         if self._blocks(header, body):
             return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
         response = self._answered(self._answer, request, header, body)
-        if isinstance(response, (DelayedFetch, DelayedResponse)):
+        if response is CLOSE_CONNECTION:
+            closing = request.defer()
+            closing.fail()
+            return closing
+        if isinstance(response, (DelayedFetch, DelayedResponse, _Finishing)):
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
             response.start(lambda build: deferred.complete_with(lambda: encode_response(header, build())))
@@ -158,14 +192,27 @@ class RequestDispatcher:
         return False
 
     def _answer_blocking(self, request, header, body):
+        return self._answer(request, header, body, prepare=self._create_internal_topic)
+
+    def _create_internal_topic(self, header, body):
+        """The internal topic a FindCoordinator or InitProducerId needs, created once the request is authorized."""
         if self.transactions is not None and _creates_transaction_state(header, body):
             self.transactions.create_state_topic()
         elif header.api_key == ApiKey.FIND_COORDINATOR:
             self.coordinator.create_offsets_topic()
-        return self._answer(request, header, body)
 
-    def _answer(self, request, header, body):
-        """The response (encoded), None (acks=0), or a delayed response to start."""
+    def _answer(self, request, header, body, prepare=None):
+        """The response (encoded), None (acks=0), or a delayed response to start; ``prepare(header, body)`` runs
+        once the request is authorized, before its handler."""
+        finish = None
+        if self.checks is not None:
+            context = RequestContext(request.principal, _client_address(request), header.api_key.message_name)
+            finish = self.checks.check(context, header, body)
+            if isinstance(finish, Refused):
+                response = refusal_response(header.api_key, header.api_version, finish)
+                return None if response is None else encode_response(header, response)
+        if prepare is not None:
+            prepare(header, body)
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         elif header.api_key == ApiKey.END_TXN:
@@ -174,6 +221,24 @@ class RequestDispatcher:
             response = self._methods[header.api_key](header, body, request.listener_name)
         else:
             response = self._methods[header.api_key](header, body)
-        if response is None or isinstance(response, (DelayedFetch, DelayedResponse)):
+        if isinstance(response, (DelayedFetch, DelayedResponse)):
+            return response if finish is None else _Finishing(response, finish)
+        if finish is not None:
+            response = finish(response)
+        if response is None or response is CLOSE_CONNECTION:
             return response
         return encode_response(header, response)
+
+
+class _Finishing:
+    """A delayed response whose authorization ``finish`` completes it once it is built."""
+
+    def __init__(self, delayed, finish):
+        self.delayed = delayed
+        self.finish = finish
+
+    def cancel(self):
+        self.delayed.cancel()
+
+    def start(self, respond):
+        self.delayed.start(lambda build: respond(lambda: self.finish(build())))

@@ -66,6 +66,7 @@ import time
 import uuid
 
 from kmem.broker.apis.admin import ADMIN_VERSIONS
+from kmem.broker.apis.acls import ACL_VERSIONS
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.purgatory import DelayedOperation, DelayedOperationPurgatory
 from kmem.broker.apis.scram_admin import SCRAM_VERSIONS
@@ -88,7 +89,7 @@ SERVED_VERSIONS = {
     ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
     ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
-    **GROUP_VERSIONS, **ADMIN_VERSIONS, **SCRAM_VERSIONS,
+    **GROUP_VERSIONS, **ADMIN_VERSIONS, **SCRAM_VERSIONS, **ACL_VERSIONS,
     ApiKey.WRITE_TXN_MARKERS: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
@@ -369,7 +370,7 @@ class Handlers:
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
         # such request is: its batches would hold the last stable offset back for good (no marker would come).
         # Each listing's first batch if transactional, looked at once (by the listing's identity).
-        firsts = {id(data): _first_transactional_batch(data.records)
+        firsts = {id(data): first_transactional_batch(data.records)
                   for topic in request.topic_data for data in topic.partition_data}
         transactional = any(first is not None for first in firsts.values())
         # A partition listed again is appended and answered once, with its last listing's records (Kafka
@@ -838,7 +839,7 @@ def _fetched_partitions(version, request, logs):
     return fetched
 
 
-def _first_transactional_batch(records):
+def first_transactional_batch(records):
     """The first complete batch of a partition's records if it is transactional, else None: Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
     Corrupt records are left to the validator."""
