@@ -308,7 +308,10 @@ def test_a_producer_and_a_group_consumer_re_authenticate_over_sasl(probe, tmp_pa
     """KIP-368: the Java clients re-authenticate each connection before its session ends, with no error and no
     record lost."""
     jaas = 'org.apache.kafka.common.security.scram.ScramLoginModule required username="alice" password="alice-secret";'
-    settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.jaas.config": jaas}
+    # a client re-authenticates once its requests in flight are answered: a fetch waits at most 100 ms here, not
+    # the default 500 ms, so a loaded machine cannot push a re-authentication past a 2.5 s session
+    settings = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512", "sasl.jaas.config": jaas,
+                "fetch.max.wait.ms": 100}
     with reauth_broker(tmp_path) as broker:
         client = client_properties(tmp_path / "client.properties", broker.bootstrap_servers, **settings)
         answer = probe("stream", client, "stream", "stream", STREAM_SECONDS * 1000)

@@ -7,7 +7,6 @@ compared with what Apache's kafka-clients reads from the same segments (tests/ja
 without a JDK), its decoders' JSON with the strings of Kafka's own DumpLogSegmentsTest."""
 import json
 import os
-import pathlib
 import re
 import shutil
 import struct
@@ -26,7 +25,6 @@ from kmem.ledger import ProducerEntry, write_snapshot
 from kmem.pytest_plugin import start_broker
 from kmem.records import ControlRecordType, build_control_batch, build_records
 
-ROOT = str(pathlib.Path(__file__).resolve().parent.parent)
 CODECS = ("none", "gzip", "lz4", "zstd", "snappy")
 SEGMENT = "00000000000000000000"
 PADDING = "x" * 200        # librdkafka sends a batch uncompressed when compressing does not make it smaller
@@ -334,7 +332,7 @@ def test_a_closed_stdout_ends_the_run_quietly(written):
     files = ",".join([str(segment(written, "plain-0"))] * 50)         # far more than a pipe's buffer
     process = subprocess.Popen([sys.executable, "-c", "import sys; from kmem.cli import main; sys.exit(main())",
                                 "dump-log", "--files", files, "--print-data-log"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert process.stdout.readline().startswith(b"Dumping ")
     process.stdout.close()
     assert process.wait(TIMEOUT) == 0 and process.stderr.read() == b""
