@@ -454,6 +454,25 @@ def test_the_other_apis_answer_their_authorization_errors(roles, connect):
     assert [r.error_code for r in responses] == [ErrorCode.TOPIC_AUTHORIZATION_FAILED]
 
 
+def test_only_the_cluster_describe_and_alter_acls_open_the_scram_user_apis(roles, connect, broker):
+    """KIP-554's APIs check the cluster as KafkaApis does: DESCRIBE to list users, ALTER to change them; a user
+    not allowed changes nothing."""
+    Alter = request_class(ApiKey.ALTER_USER_SCRAM_CREDENTIALS)
+    upsertion = Alter.ScramCredentialUpsertion(name="carol", mechanism=1, iterations=4096, salt=b"s" * 16,
+                                               salted_password=b"p" * 32)
+    bob = connect("bob")
+    results = bob.call(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, deletions=[], upsertions=[upsertion]).results
+    assert [(r.user, r.error_code) for r in results] == [("carol", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)]
+    described = bob.call(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, users=None)
+    assert described.error_code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    assert broker.scram_credentials.describe("carol") == []
+    assert create_acls(roles, creation(CLUSTER, "kafka-cluster", "User:bob", Operation.ALTER)) == [(0, None)]
+    results = bob.call(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, deletions=[], upsertions=[upsertion]).results
+    assert [(r.user, r.error_code) for r in results] == [("carol", 0)]
+    described = bob.call(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, users=None)     # ALTER implies DESCRIBE
+    assert described.error_code == 0 and [r.user for r in described.results] == ["carol"]
+
+
 def test_an_unauthorized_find_coordinator_creates_no_internal_topic(broker, connect):
     bob = connect("bob")
     assert bob.call(ApiKey.FIND_COORDINATOR, 3, key="billing", key_type=0).error_code == \

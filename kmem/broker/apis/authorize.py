@@ -76,12 +76,9 @@ class RequestChecks:
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self._alter_configs, ApiKey.DESCRIBE_CLUSTER: self._describe_cluster,
             ApiKey.DESCRIBE_ACLS: self._describe_acls, ApiKey.CREATE_ACLS: self._alter_acls,
             ApiKey.DELETE_ACLS: self._alter_acls,
+            ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: self._describe_scram_users,
+            ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self._alter_scram_users,
         }
-        # the SCRAM admin APIs (KIP-554), once kmem serves them: DESCRIBE and ALTER on the cluster
-        for name, check in (("DESCRIBE_USER_SCRAM_CREDENTIALS", self._describe_scram_users),
-                            ("ALTER_USER_SCRAM_CREDENTIALS", self._alter_scram_users)):
-            if name in ApiKey.__members__:
-                self._checks[ApiKey[name]] = check
 
     def check(self, context, header, request):
         check = self._checks.get(header.api_key)
@@ -285,6 +282,11 @@ class RequestChecks:
         Response = messages.OffsetCommitResponse
         if not self.allowed(context, Operation.READ, GROUP, request.group_id):
             return Refused(_commit_errors(Response, request.topics, ErrorCode.GROUP_AUTHORIZATION_FAILED))
+        return self._commit_topics(context, Response, request)
+
+    def _commit_topics(self, context, Response, request):
+        """An offset commit's topics: those the principal may not READ are left out of the request and answered
+        TOPIC_AUTHORIZATION_FAILED beside the others."""
         request.topics, denied = self._split(context, Operation.READ, TOPIC, request.topics, lambda t: t.name)
         if not denied:
             return None
@@ -456,14 +458,7 @@ class RequestChecks:
             return Refused(_commit_errors(Response, request.topics, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED))
         if not self.allowed(context, Operation.READ, GROUP, request.group_id):
             return Refused(_commit_errors(Response, request.topics, ErrorCode.GROUP_AUTHORIZATION_FAILED))
-        request.topics, denied = self._split(context, Operation.READ, TOPIC, request.topics, lambda t: t.name)
-        if not denied:
-            return None
-
-        def finish(response):
-            response.topics += _commit_errors(Response, denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED).topics
-            return response
-        return finish
+        return self._commit_topics(context, Response, request)
 
     def _end_txn(self, context, version, request):
         if self.allowed(context, Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id):
