@@ -420,6 +420,24 @@ def test_pipelined_requests_behind_a_deferred_one_wait_their_turn():
             assert [recv_frame(sock) for _ in range(3)] == [b"first", b"second", b"third"]
 
 
+@pytest.mark.parametrize("tls", [False, True], ids=["plaintext", "tls"])
+def test_a_request_sent_while_one_is_deferred_waits_its_turn(tls, tls_contexts):
+    """The muted channel is watched for its peer's close; a request arriving meanwhile (librdkafka pipelines them)
+    is not a close, on TLS too (where the socket can only be peeked at below OpenSSL)."""
+    server_context, client_context = tls_contexts if tls else (None, None)
+    handler = Parking()
+    with SocketServer(handler, ssl_context=server_context) as server:
+        with connect(server.address, client_context) as sock:
+            sock.sendall(frame(b"wait first"))
+            assert wait_until(lambda: handler.parked)
+            sock.sendall(frame(b"second"))
+            # the selector saw the bytes: it no longer watches the muted channel for a close
+            selector, = [p.selector for p in server.processors if p.selector.channels]
+            assert wait_until(lambda: not selector._watching_close or not selector.channels)
+            handler.parked[0][1].complete(b"first")
+            assert [recv_frame(sock) for _ in range(2)] == [b"first", b"second"]
+
+
 def test_a_client_leaving_while_deferred_cancels_its_response():
     handler = Parking()
     with SocketServer(handler, num_network_threads=1) as server:

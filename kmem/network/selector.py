@@ -320,9 +320,14 @@ class Selector:
         self._sync_events(channel)
 
     def _check_peer_closed(self, channel):
-        """A muted channel watched for its peer's EOF is readable: closed (raise), or it sent bytes."""
-        if not channel.transport.sock.recv(1, socket.MSG_PEEK):
-            raise EOFError("connection closed by peer")
+        """A muted channel watched for its peer's EOF is readable: closed (raise), or it sent bytes. The peek is
+        at the TCP socket (socket.socket's own recv), below OpenSSL on a TLS channel: an SSLSocket takes no flags,
+        and what is undecrypted is still bytes, not a close."""
+        try:
+            if not socket.socket.recv(channel.transport.sock, 1, socket.MSG_PEEK):
+                raise EOFError("connection closed by peer")
+        except (BlockingIOError, InterruptedError):
+            return          # readable, then not (nothing to peek): still open
         self._watching_close.discard(channel.id)       # a pipelined request: it waits for the unmute
         self._sync_events(channel)
 
