@@ -302,3 +302,29 @@ def test_throttled_connection_is_muted_after_its_response(tmp_path):
         assert time.monotonic() - answered < 1
         raw.call(ApiKey.API_VERSIONS, 3, versions)
         assert time.monotonic() - started >= throttle_ms / 1000 * 0.95
+
+
+def test_a_fetch_over_consumer_byte_rate_is_answered_empty_with_its_throttle(tmp_path):
+    """As Kafka's handleFetchRequest: the bytes a Fetch returns count; one that takes the rate over the quota is
+    answered empty with throttle_time_ms (its bytes not counted) and the connection waits out the throttle."""
+    from kafka.protocol.consumer import FetchRequest, FetchResponse
+    with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
+        broker.logs.create_topic("data")
+        raw = Raw(broker.bootstrap_servers)
+        for _ in range(3):
+            assert produce_raw(raw.raw, "data", bytes(build_records([b"y" * 9000]))).error_code == 0
+        assert raw.alter(entry({"client-id": "raw"}, consumer_byte_rate=10_000)) == [(0, None)]
+
+        def fetch(offset):      # a batch at a time (KIP-74: the first batch whole, then no more than 5000 bytes)
+            partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=offset,
+                                                               partition_max_bytes=5000)
+            return raw.raw.request(FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=5000, topics=[
+                FetchRequest.FetchTopic(topic="data", partitions=[partition])]), FetchResponse, 11)
+        first = fetch(0)        # about 9.1 kB over at least 1 s: within 10 kB/s
+        assert first.throttle_time_ms == 0 and len(first.responses[0].partitions[0].records) > 9000
+        started = time.monotonic()
+        throttled = fetch(1)    # 18.2 kB over 1 s: (18.2 - 10) / 10 x 1 s = 0.82 s
+        assert 600 <= throttled.throttle_time_ms <= 1000 and throttled.responses == []
+        fetch(1)
+        # muted for the throttle: the next request is answered only after it
+        assert time.monotonic() - started >= throttled.throttle_time_ms / 1000 * 0.95
