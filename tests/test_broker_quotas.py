@@ -304,10 +304,18 @@ def test_throttled_connection_is_muted_after_its_response(tmp_path):
         assert time.monotonic() - started >= throttle_ms / 1000 * 0.95
 
 
+def fetch_batch(connection, topic, offset, max_wait_ms=0):
+    """A Fetch v11 of one batch (KIP-74: the first batch whole, then no more than 5000 bytes)."""
+    from kafka.protocol.consumer import FetchRequest, FetchResponse
+    partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=5000)
+    return connection.request(FetchRequest(replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=5000,
+                                           topics=[FetchRequest.FetchTopic(topic=topic, partitions=[partition])]),
+                              FetchResponse, 11)
+
+
 def test_a_fetch_over_consumer_byte_rate_is_answered_empty_with_its_throttle(tmp_path):
     """As Kafka's handleFetchRequest: the bytes a Fetch returns count; one that takes the rate over the quota is
     answered empty with throttle_time_ms (its bytes not counted) and the connection waits out the throttle."""
-    from kafka.protocol.consumer import FetchRequest, FetchResponse
     with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
         broker.logs.create_topic("data")
         raw = Raw(broker.bootstrap_servers)
@@ -315,11 +323,9 @@ def test_a_fetch_over_consumer_byte_rate_is_answered_empty_with_its_throttle(tmp
             assert produce_raw(raw.raw, "data", bytes(build_records([b"y" * 9000]))).error_code == 0
         assert raw.alter(entry({"client-id": "raw"}, consumer_byte_rate=10_000)) == [(0, None)]
 
-        def fetch(offset):      # a batch at a time (KIP-74: the first batch whole, then no more than 5000 bytes)
-            partition = FetchRequest.FetchTopic.FetchPartition(partition=0, fetch_offset=offset,
-                                                               partition_max_bytes=5000)
-            return raw.raw.request(FetchRequest(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=5000, topics=[
-                FetchRequest.FetchTopic(topic="data", partitions=[partition])]), FetchResponse, 11)
+
+        def fetch(offset):
+            return fetch_batch(raw.raw, "data", offset)
         first = fetch(0)        # about 9.1 kB over at least 1 s: within 10 kB/s
         assert first.throttle_time_ms == 0 and len(first.responses[0].partitions[0].records) > 9000
         started = time.monotonic()
@@ -328,3 +334,22 @@ def test_a_fetch_over_consumer_byte_rate_is_answered_empty_with_its_throttle(tmp
         fetch(1)
         # muted for the throttle: the next request is answered only after it
         assert time.monotonic() - started >= throttled.throttle_time_ms / 1000 * 0.95
+
+
+def test_a_fetch_parked_in_the_purgatory_is_throttled_when_it_completes(tmp_path):
+    """A long-polling Fetch waits in the purgatory as ever; the response it completes with counts, and one over
+    the quota is answered empty with its throttle."""
+    with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
+        broker.logs.create_topic("later")
+        raw, producer = Raw(broker.bootstrap_servers), Raw(broker.bootstrap_servers)
+        assert raw.alter(entry({"client-id": "raw"}, consumer_byte_rate=10_000)) == [(0, None)]
+        answers = []
+        for offset in (0, 1):
+            waiting = threading.Thread(target=lambda: answers.append(fetch_batch(raw.raw, "later", offset, 10_000)))
+            waiting.start()
+            wait_for(lambda: len(broker.handlers.fetch_purgatory) == 1, "the fetch to be parked")
+            assert produce_raw(producer.raw, "later", bytes(build_records([b"z" * 9000]))).error_code == 0
+            waiting.join(15)
+        first, second = answers
+        assert first.throttle_time_ms == 0 and len(first.responses[0].partitions[0].records) > 9000
+        assert second.throttle_time_ms > 0 and second.responses == []
