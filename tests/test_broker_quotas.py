@@ -119,6 +119,17 @@ def test_throttle_time_is_kafkas_quota_utils_throttle_time(tmp_path):
     assert manager.record("User:bob", "app", 10**9) == 0             # no quota: never throttled
 
 
+def test_rates_of_clients_gone_are_dropped(tmp_path):
+    store = ClientQuotaStore(tmp_path)
+    store.alter([([("client-id", None)], [("producer_byte_rate", 1000, False)])])
+    now = [0.0]
+    manager = ClientQuotaManager(store, "producer_byte_rate", clock=lambda: now[0])
+    for i in range(20_000):             # a new client id every 10 ms: each rate idle 11 s later
+        now[0] = i / 100
+        manager.record("User:ANONYMOUS", f"client-{i}", 10)
+    assert len(manager._rates) < 2 * 1100 + 1024
+
+
 # -- the wire
 
 def test_alter_then_describe_with_kafkas_filters(raw):

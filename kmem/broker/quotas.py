@@ -35,6 +35,7 @@ CLIENT_KEYS = {PRODUCER_BYTE_RATE: True, CONSUMER_BYTE_RATE: True, REQUEST_PERCE
 IP_KEYS = {CONNECTION_CREATION_RATE: True}
 QUOTAS_FILE = "client_quotas.json"
 VERSION = 1
+PURGE_MIN_RATES = 1024          # rates kept before the idle ones are looked for
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2       # DescribeClientQuotas' match types
 
 # KIP-55's precedence, most specific first: (user part, client-id part), where "name" is the client's own
@@ -289,6 +290,10 @@ class SampledRate:
         size = self.window_size(now)
         return sum(sample[1] for sample in self._samples) / size
 
+    def expired(self, now):
+        """True when every sample is older than the samples' span: the rate measures nothing any more."""
+        return all(now - sample[0] >= self.samples_count * self.window for sample in self._samples)
+
     def _purge(self, now):
         expire = self.samples_count * self.window
         for sample in self._samples:
@@ -306,6 +311,7 @@ class ClientQuotaManager:
         self.window = float(window_seconds)
         self.clock = clock
         self._rates = {}            # (user tag, client-id tag) -> SampledRate
+        self._next_purge = PURGE_MIN_RATES
         self._lock = threading.Lock()
 
     def enabled(self):
@@ -321,6 +327,7 @@ class ClientQuotaManager:
         with self._lock:
             rate = self._rates.get(tags)
             if rate is None:
+                self._forget_idle(now)
                 rate = self._rates[tags] = SampledRate(self.samples, self.window)
             rate.record(value, now)
             measured = rate.measure(now)
@@ -329,6 +336,13 @@ class ClientQuotaManager:
             if quota == 0:
                 return int(self.samples * self.window * 1000)
             return round((measured - quota) / quota * rate.window_size(now) * 1000)
+
+    def _forget_idle(self, now):
+        """Drop the rates whose every sample has expired (a fresh rate measures the same), so clients that come
+        and go (a new client id each time) leave nothing behind; as Kafka expires its idle quota sensors."""
+        if len(self._rates) >= self._next_purge:
+            self._rates = {tags: rate for tags, rate in self._rates.items() if not rate.expired(now)}
+            self._next_purge = max(PURGE_MIN_RATES, 2 * len(self._rates))
 
     def max_value_in_window(self, principal, client_id):
         """Kafka's ``getMaxValueInQuotaWindow``: the most a client may take in one go (a Fetch's ``max_bytes`` is

@@ -656,6 +656,7 @@ class _Processor(threading.Thread):
     def _forget(self, connection_id):
         """A connection closed: its deferred response, if any, is cancelled."""
         self._closing.discard(connection_id)
+        self.throttles.pop(connection_id, None)
         self._authentication_deadlines.pop(connection_id, None)
         deferred = self._deferred.pop(connection_id, None)
         if deferred is not None:
