@@ -163,6 +163,7 @@ def test_alter_then_describe_with_kafkas_filters(raw):
     (entry({"user": "alice"}, producer_byte_rate=-1), "non-negative"),
     (entry({"user": "alice"}, producer_byte_rate=float("nan")), "non-negative"),
     (entry({"user": "alice"}, producer_byte_rate=1.5), "must be a Long value"),
+    (entry({"user": "alice"}, consumer_byte_rate=1e300), "must be a Long value"),
     (entry({"group": "g"}, producer_byte_rate=1), "Unhandled client quota entity type: group"),
     (entry({}, producer_byte_rate=1), "Invalid empty client quota entity"),
     (entry({"user": ""}, producer_byte_rate=1), "Empty user not supported"),

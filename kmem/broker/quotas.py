@@ -33,6 +33,7 @@ CONNECTION_CREATION_RATE = "connection_creation_rate"
 CLIENT_KEYS = {PRODUCER_BYTE_RATE: True, CONSUMER_BYTE_RATE: True, REQUEST_PERCENTAGE: False,
                CONTROLLER_MUTATION_RATE: False}
 IP_KEYS = {CONNECTION_CREATION_RATE: True}
+LONG_MAX = 2**63 - 1
 QUOTAS_FILE = "client_quotas.json"
 VERSION = 1
 PURGE_MIN_RATES = 1024          # rates kept before the idle ones are looked for
@@ -94,7 +95,7 @@ def value_error(keys, key, value):
         return f"Invalid configuration key {key}"
     if not math.isfinite(value) or value < 0:
         return f"Configuration {key} must be a non-negative number, not {value}"
-    if whole and abs(math.floor(value + 1e-6) - value) > 1e-6:
+    if whole and (value > LONG_MAX or abs(math.floor(value + 1e-6) - value) > 1e-6):
         return f"Configuration {key} must be a Long value"
     return None
 
