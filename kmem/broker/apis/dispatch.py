@@ -34,9 +34,9 @@ import logging
 import threading
 
 from kmem.broker.apis.acls import ACL_APIS, AclHandlers
-from kmem.broker.apis.client_quotas import QUOTA_APIS, ClientQuotaHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.authorize import CLOSE_CONNECTION, Refused, RequestChecks, RequestContext, refusal_response
+from kmem.broker.apis.client_quotas import QUOTA_APIS, ClientQuotaHandlers
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
 from kmem.broker.apis.scram_admin import SCRAM_APIS
 from kmem.broker.codes import ErrorCode
@@ -174,7 +174,7 @@ class RequestDispatcher:
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
             response.start(lambda build: deferred.complete_with(
-                lambda: self._throttled(request, header, encode_response(header, build()))))
+                lambda: self._throttled(request, header, body, encode_response(header, build()))))
             return deferred
         return response
 
@@ -229,7 +229,7 @@ class RequestDispatcher:
                 return None if response is None else encode_response(header, response)
         if prepare is not None:
             prepare(header, body)
-        if header.api_key == ApiKey.FETCH and self.fetch_quota is not None and self.fetch_quota.enabled():
+        if self._fetch_quota_applies(header, body):
             window_bytes = self.fetch_quota.max_value_in_window(request.principal, header.client_id)
             if window_bytes is not None:
                 body.max_bytes = min(body.max_bytes, int(window_bytes))
@@ -255,12 +255,18 @@ class RequestDispatcher:
                 response.throttle_time_ms = throttle_ms
         if response is None:
             return response
-        return self._throttled(request, header, encode_response(header, response))
+        return self._throttled(request, header, body, encode_response(header, response))
 
-    def _throttled(self, request, header, encoded):
+    def _fetch_quota_applies(self, header, body):
+        """A consumer's Fetch with quotas set (a follower's, ``replica_id`` >= 0, is exempt, as in Kafka)."""
+        if header.api_key != ApiKey.FETCH or self.fetch_quota is None or not self.fetch_quota.enabled():
+            return False
+        return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) < 0
+
+    def _throttled(self, request, header, body, encoded):
         """A Fetch's encoded response, or, when it takes the client over its ``consumer_byte_rate``, the empty
         response Kafka sends instead (its bytes not counted), with ``throttle_time_ms``; the channel is throttled."""
-        if header.api_key != ApiKey.FETCH or self.fetch_quota is None or not self.fetch_quota.enabled():
+        if not self._fetch_quota_applies(header, body):
             return encoded
         size = len(encoded) if isinstance(encoded, (bytes, bytearray)) else encoded.size
         throttle_ms = self.fetch_quota.record(request.principal, header.client_id, size)
