@@ -129,6 +129,7 @@ def produce_raw(connection, topic, records, version=9):
     request = ProduceRequest(acks=-1, timeout_ms=1000,
                              topic_data=[ProduceRequest.TopicProduceData(name=topic, partition_data=[data])])
     response = connection.request(request, ProduceResponse, version)
+    connection.last_throttle_time_ms = response.throttle_time_ms if version >= 1 else 0
     return response.responses[0].partition_responses[0]
 
 

@@ -270,3 +270,32 @@ def test_java_admin_client_and_clients(broker, java):
     assert java("transactional", "bob", bootstrap, "orders-tx")["error"] == "TransactionalIdAuthorizationException"
     assert java("consume", "bob", bootstrap, "orders-eu", "billing") == "ok"
     assert java("consume", "bob", bootstrap, "orders-eu", "other")["error"] == "GroupAuthorizationException"
+
+
+def test_java_admin_client_alters_and_describes_client_quotas_kept_after_sigkill(tmp_path, java):
+    """Apache's AdminClient sets, lists and removes client quotas (KIP-546), with the default entity; bob, who may
+    not alter the cluster's configs, is refused; the quotas hold after a SIGKILL and a restart."""
+    properties = tmp_path / "server.properties"
+    properties.write_text("".join(f"{name}={value}\n" for name, value in PROPERTIES.items()))
+    log_dir = tmp_path / "logs"
+    process, bootstrap = start_broker_process(log_dir, "--config", str(properties))
+    try:
+        assert java("quota-alter", "admin", bootstrap, "user", "alice", "producer_byte_rate", "1048576") == "ok"
+        assert java("quota-alter", "admin", bootstrap, "client-id", "<default>", "consumer_byte_rate", "2048") == "ok"
+        assert java("quota-alter", "admin", bootstrap, "user", "bob", "request_percentage", "25.5") == "ok"
+        assert java("quota-alter", "admin", bootstrap, "user", "bob", "request_percentage", "remove") == "ok"
+        assert java("quota-alter", "admin", bootstrap, "user", "alice", "no_such_key", "1")["error"] == \
+            "InvalidRequestException"
+        assert java("quota-alter", "bob", bootstrap, "user", "bob", "producer_byte_rate", "1")["error"] == \
+            "ClusterAuthorizationException"
+        assert java("quota-describe", "bob", bootstrap)["error"] == "ClusterAuthorizationException"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    process, bootstrap = start_broker_process(log_dir, "--config", str(properties))
+    try:
+        assert java("quota-describe", "admin", bootstrap) == [
+            "client-id=<default>:consumer_byte_rate=2048.0", "user=alice:producer_byte_rate=1048576.0"]
+    finally:
+        process.kill()
+        process.wait()

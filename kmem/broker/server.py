@@ -39,6 +39,7 @@ from kmem.broker.apis.scram_admin import ScramAdminHandlers
 from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
 from kmem.broker.security import SaslMechanisms, ScramCredentialStore
+from kmem.broker.quotas import ClientQuotaStore
 from kmem.broker.security.authorizer import StandardAuthorizer
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
@@ -135,7 +136,8 @@ class Broker:
                 self.authorizer = StandardAuthorizer(self.log_dir, self.settings.authorizer)
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions, ScramAdminHandlers(self.scram_credentials),
-                                           self.authorizer)
+                                           self.authorizer, ClientQuotaStore(self.log_dir),
+                                           (self.settings.quota_window_num, self.settings.quota_window_size_seconds))
             listeners = [ListenerConfig(served.name, served.listener.host, served.listener.port, served.ssl_context,
                                         self._channel_builder(served.sasl, dispatcher), served.max_connections,
                                         served.max_connection_creation_rate)

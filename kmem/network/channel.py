@@ -3,6 +3,8 @@
 Two kinds of mute share Kafka's state machine: the *explicit* mute that keeps one request in flight per
 connection (the selector remembers those), and the *memory* mute a channel applies to itself when the
 pool refuses its receive. The selector lifts memory mutes when the pool recovers; explicit ones stay.
+A client over its quota is throttled as KIP-219 has it: its response goes out at once, and the channel
+stays muted until the throttle ends as well as the response is sent (the ``THROTTLE_*`` states).
 """
 import enum
 import selectors
@@ -15,15 +17,19 @@ from kmem.send import close_send
 
 
 class ChannelMuteState(enum.Enum):
-    """Kafka's mute states, less its throttle states: nothing in kmem throttles a channel."""
+    """Kafka's mute states."""
     NOT_MUTED = "NOT_MUTED"
     MUTED = "MUTED"
     MUTED_AND_RESPONSE_PENDING = "MUTED_AND_RESPONSE_PENDING"
+    MUTED_AND_THROTTLED = "MUTED_AND_THROTTLED"
+    MUTED_AND_THROTTLED_AND_RESPONSE_PENDING = "MUTED_AND_THROTTLED_AND_RESPONSE_PENDING"
 
 
 class ChannelMuteEvent(enum.Enum):
     REQUEST_RECEIVED = "REQUEST_RECEIVED"
     RESPONSE_SENT = "RESPONSE_SENT"
+    THROTTLE_STARTED = "THROTTLE_STARTED"
+    THROTTLE_ENDED = "THROTTLE_ENDED"
 
 
 _S = ChannelMuteState
@@ -32,6 +38,10 @@ _E = ChannelMuteEvent
 _TRANSITIONS = {
     (_S.MUTED, _E.REQUEST_RECEIVED): _S.MUTED_AND_RESPONSE_PENDING,
     (_S.MUTED_AND_RESPONSE_PENDING, _E.RESPONSE_SENT): _S.MUTED,
+    (_S.MUTED_AND_RESPONSE_PENDING, _E.THROTTLE_STARTED): _S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING,
+    (_S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING, _E.RESPONSE_SENT): _S.MUTED_AND_THROTTLED,
+    (_S.MUTED_AND_THROTTLED_AND_RESPONSE_PENDING, _E.THROTTLE_ENDED): _S.MUTED_AND_RESPONSE_PENDING,
+    (_S.MUTED_AND_THROTTLED, _E.THROTTLE_ENDED): _S.MUTED,
 }
 
 

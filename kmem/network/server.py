@@ -14,6 +14,10 @@ cannot be answered at once is deferred instead:
   bounded by ``queued_max_requests``): for work that blocks, such as fsync. The request's memory is kept
   until ``fn`` returns. ``offloaded(fn)`` makes a handler that offloads every request.
 
+A handler throttles a client over its quota with ``request.throttle(ms)`` (KIP-219): the response goes out at
+once, and the connection reads nothing more until ``ms`` have passed (the server's timer ends the throttle; no
+thread waits).
+
 Work the response need not wait for goes to ``request.after_response(fn)``: the processor runs ``fn()``
 once it has answered the requests of that poll, before it reads more (the markers after EndTxn).
 
@@ -209,6 +213,11 @@ class Request:
         """Park this request: return the ``Deferred`` from the handler and ``complete`` it later."""
         return Deferred(self)
 
+    def throttle(self, ms):
+        """Mute this connection for ``ms`` once its response is on its way (KIP-219). On the network thread."""
+        if ms > 0:
+            self.processor.throttles[self.connection_id] = ms
+
     def after_response(self, fn):
         """Run ``fn()`` on this network thread once the requests read with this one are answered: work the
         response must not wait for (the markers after EndTxn). Called by the handler, on the network thread."""
@@ -332,6 +341,8 @@ class _Processor(threading.Thread):
         self.authentication_counts = dict.fromkeys(AUTHENTICATION_METRICS, 0)
         self._ids = itertools.count()
         self.after_responses = []       # Request.after_response's work, run after each poll's receives
+        self.throttles = {}             # connection id -> ms its response starts (Request.throttle)
+        self._throttles_ended = queue.SimpleQueue()     # connection ids, from the timer
 
     def accept(self, sock, listener, ip):
         """From an acceptor: serve ``sock``, a connection from ``ip`` to ``listener`` (a ``ListenerConfig``),
@@ -350,6 +361,7 @@ class _Processor(threading.Thread):
             while self.server.running:
                 try:
                     self._configure_new_connections()
+                    self._end_throttles()
                     self._process_responses()
                     self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
                     self._establish_ssl_principals()
@@ -487,15 +499,39 @@ class _Processor(threading.Thread):
             return _CLOSE
 
     def _respond_now(self, connection_id, send):
-        if self.selector.channel(connection_id) is None:
+        throttle_ms = self.throttles.pop(connection_id, 0)
+        channel = self.selector.channel(connection_id)
+        if channel is None:
             close_send(send)    # the client left while its request was handled
             return
+        if throttle_ms and send is not _CLOSE:
+            self._start_throttle(channel, throttle_ms)
         if send is _CLOSE:
             self.selector.close(connection_id)
         elif send is None:
             self._response_sent(connection_id)
         elif self.selector.send(send, write_now=True):
             self._response_sent(connection_id)
+
+    def _start_throttle(self, channel, ms):
+        """Kafka's ``ChannelThrottlingCallback``: the channel stays muted for ``ms``, its response sent or not."""
+        channel.handle_mute_event(ChannelMuteEvent.THROTTLE_STARTED)
+        connection_id = channel.id
+
+        def ended():
+            self._throttles_ended.put(connection_id)
+            self.selector.wakeup()
+        self.server.timer.schedule(time.monotonic() + ms / 1000, ended)
+
+    def _end_throttles(self):
+        while not self._throttles_ended.empty():
+            connection_id = self._throttles_ended.get()
+            channel = self.selector.channel(connection_id)
+            if channel is None:
+                continue
+            channel.handle_mute_event(ChannelMuteEvent.THROTTLE_ENDED)
+            if channel.mute_state is ChannelMuteState.MUTED:
+                self.selector.unmute(connection_id)
 
     def _process_completed_receives(self):
         for receive in self.selector.completed_receives:
@@ -620,6 +656,7 @@ class _Processor(threading.Thread):
     def _forget(self, connection_id):
         """A connection closed: its deferred response, if any, is cancelled."""
         self._closing.discard(connection_id)
+        self.throttles.pop(connection_id, None)
         self._authentication_deadlines.pop(connection_id, None)
         deferred = self._deferred.pop(connection_id, None)
         if deferred is not None:

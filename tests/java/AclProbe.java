@@ -2,6 +2,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collection;
 import java.util.List;
+import java.util.Map;
 import java.util.Properties;
 import java.util.concurrent.TimeUnit;
 
@@ -18,6 +19,9 @@ import org.apache.kafka.common.acl.AclPermissionType;
 import org.apache.kafka.common.resource.PatternType;
 import org.apache.kafka.common.resource.ResourcePattern;
 import org.apache.kafka.common.resource.ResourcePatternFilter;
+import org.apache.kafka.common.quota.ClientQuotaAlteration;
+import org.apache.kafka.common.quota.ClientQuotaEntity;
+import org.apache.kafka.common.quota.ClientQuotaFilter;
 import org.apache.kafka.common.resource.ResourceType;
 
 /**
@@ -27,7 +31,10 @@ import org.apache.kafka.common.resource.ResourceType;
  * describe USER BOOTSTRAP: every ACL as "TYPE:PATTERN:NAME:PRINCIPAL:HOST:OPERATION:PERMISSION";
  * delete USER BOOTSTRAP PRINCIPAL: deleteAcls of the principal's ACLs, the deleted ones as describe lists them;
  * produce USER BOOTSTRAP TOPIC: one record sent, "ok"; transactional USER BOOTSTRAP ID: initTransactions, "ok";
- * consume USER BOOTSTRAP TOPIC GROUP: a subscribed poll in the group, "ok". A failure answers its exception.
+ * consume USER BOOTSTRAP TOPIC GROUP: a subscribed poll in the group, "ok";
+ * quota-alter USER BOOTSTRAP ENTITY-TYPE NAME KEY VALUE: alterClientQuotas of one key (NAME "<default>": the
+ * default entity; VALUE "remove": removed), "ok"; quota-describe USER BOOTSTRAP: describeClientQuotas of every
+ * entity, each as "type=name,...:key=value,..." (sorted). A failure answers its exception.
  */
 public final class AclProbe {
     static final Duration DEADLINE = Duration.ofSeconds(30);
@@ -46,6 +53,8 @@ public final class AclProbe {
             case "produce": return produce(a[0], a[1], a[2], null);
             case "transactional": return produce(a[0], a[1], null, a[2]);
             case "consume": return consume(a[0], a[1], a[2], a[3]);
+            case "quota-alter": return alterQuota(a[0], a[1], a[2], a[3], a[4], a[5]);
+            case "quota-describe": return describeQuotas(a[0], a[1]);
             default: throw new IllegalArgumentException("unknown command " + command);
         }
     }
@@ -115,6 +124,36 @@ public final class AclProbe {
             long end = System.nanoTime() + DEADLINE.toNanos();
             while (consumer.assignment().isEmpty() && System.nanoTime() < end) consumer.poll(Duration.ofMillis(200));
             return consumer.assignment().isEmpty() ? "no assignment" : "ok";
+        }
+    }
+
+    static Object alterQuota(String user, String bootstrap, String type, String name, String key, String value)
+            throws Exception {
+        Map<String, String> entity = new java.util.HashMap<>();
+        entity.put(type, name.equals("<default>") ? null : name);
+        ClientQuotaAlteration.Op op = new ClientQuotaAlteration.Op(key,
+            value.equals("remove") ? null : Double.valueOf(value));
+        try (Admin admin = Admin.create(client(user, bootstrap))) {
+            admin.alterClientQuotas(List.of(new ClientQuotaAlteration(new ClientQuotaEntity(entity), List.of(op))))
+                .all().get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+        }
+        return "ok";
+    }
+
+    static Object describeQuotas(String user, String bootstrap) throws Exception {
+        try (Admin admin = Admin.create(client(user, bootstrap))) {
+            List<String> answer = new ArrayList<>();
+            admin.describeClientQuotas(ClientQuotaFilter.all()).entities()
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS).forEach((entity, values) -> {
+                    List<String> names = new ArrayList<>(), quotas = new ArrayList<>();
+                    entity.entries().forEach((t, n) -> names.add(t + "=" + (n == null ? "<default>" : n)));
+                    values.forEach((k, v) -> quotas.add(k + "=" + v));
+                    names.sort(null);
+                    quotas.sort(null);
+                    answer.add(String.join(",", names) + ":" + String.join(",", quotas));
+                });
+            answer.sort(null);
+            return answer;
         }
     }
 }

@@ -78,6 +78,8 @@ class RequestChecks:
             ApiKey.DELETE_ACLS: self._alter_acls,
             ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: self._describe_scram_users,
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self._alter_scram_users,
+            ApiKey.DESCRIBE_CLIENT_QUOTAS: self._describe_client_quotas,
+            ApiKey.ALTER_CLIENT_QUOTAS: self._alter_client_quotas,
         }
 
     def check(self, context, header, request):
@@ -674,6 +676,23 @@ class RequestChecks:
         users = dict.fromkeys([d.name for d in request.deletions] + [u.name for u in request.upsertions])
         return Refused(Response(throttle_time_ms=0, results=[Response.AlterUserScramCredentialsResult(
             user=user, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message=None) for user in users]))
+
+    def _describe_client_quotas(self, context, version, request):
+        if self.allowed(context, Operation.DESCRIBE_CONFIGS, CLUSTER, CLUSTER_NAME):
+            return None
+        return Refused(messages.DescribeClientQuotasResponse(
+            throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            error_message="Cluster authorization failed.", entries=None))
+
+    def _alter_client_quotas(self, context, version, request):
+        """ALTER_CONFIGS on the cluster, else each entry fails (Kafka's ``handleAlterClientQuotasRequest``)."""
+        if self.allowed(context, Operation.ALTER_CONFIGS, CLUSTER, CLUSTER_NAME):
+            return None
+        Response = messages.AlterClientQuotasResponse
+        return Refused(Response(throttle_time_ms=0, entries=[Response.EntryData(
+            error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, error_message="Cluster authorization failed.",
+            entity=[Response.EntityData(entity_type=e.entity_type, entity_name=e.entity_name) for e in entry.entity])
+            for entry in request.entries]))
 
 
 def _produce_error(index, error):

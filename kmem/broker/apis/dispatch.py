@@ -20,6 +20,11 @@ With an authorizer (``authorizer.class.name``), each request is first checked as
 (``kmem.broker.apis.authorize``): it is refused as a whole, or its handler sees only what the principal may touch
 and the rest is answered with its authorization error.
 
+With client quotas (``kmem.broker.quotas``), a Produce or Fetch that takes its client over its byte rate is
+throttled as KIP-219 has it: the response carries ``throttle_time_ms`` and goes out at once, then the connection is
+muted for that long (``Request.throttle``). A throttled Fetch is answered empty and its bytes are not counted, as
+Kafka's ``handleFetchRequest`` does.
+
 A handler that raises (a bug) gets its request answered UNKNOWN_SERVER_ERROR, as Kafka's ``handleError``
 answers it, when the response has a top-level error code; the connection stays open. A response whose
 errors are per topic or partition (Produce, Metadata, ...) has no such answer: that connection is closed.
@@ -31,15 +36,18 @@ import threading
 from kmem.broker.apis.acls import ACL_APIS, AclHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.authorize import CLOSE_CONNECTION, Refused, RequestChecks, RequestContext, refusal_response
+from kmem.broker.apis.client_quotas import QUOTA_APIS, ClientQuotaHandlers
 from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
 from kmem.broker.apis.scram_admin import SCRAM_APIS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
+from kmem.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
 from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
 from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
-                           encode_response, error_response)
+                           encode_response, error_response, messages)
+from kmem.send import close_send
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,7 @@ DATA_APIS = {
 }
 # APIs answered on an io thread: they write files and fsync them
 BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
-                           ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, *ADMIN_APIS})
+                           ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, ApiKey.ALTER_CLIENT_QUOTAS, *ADMIN_APIS})
 
 
 # the APIs that answer with the broker's endpoint: that of the listener the request came in on, as Kafka does
@@ -105,7 +113,8 @@ class RequestDispatcher:
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
     requests answered by (api key, version)."""
 
-    def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None):
+    def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None,
+                 quotas=None, quota_window=(11, 1)):
         self.handlers = handlers
         self.checks = None if authorizer is None else RequestChecks(authorizer, handlers.logs)
         self.coordinator = coordinator
@@ -117,6 +126,12 @@ class RequestDispatcher:
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
         acls = AclHandlers(authorizer)
         self._methods.update({key: getattr(acls, name) for key, name in ACL_APIS.items()})
+        self.produce_quota = self.fetch_quota = None
+        if quotas is not None:
+            quota_handlers = ClientQuotaHandlers(quotas)
+            self._methods.update({key: getattr(quota_handlers, name) for key, name in QUOTA_APIS.items()})
+            self.produce_quota = ClientQuotaManager(quotas, PRODUCER_BYTE_RATE, *quota_window)
+            self.fetch_quota = ClientQuotaManager(quotas, CONSUMER_BYTE_RATE, *quota_window)
         if transactions is not None:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
         if scram_admin is not None:
@@ -158,7 +173,8 @@ class RequestDispatcher:
         if isinstance(response, (DelayedFetch, DelayedResponse, _Finishing)):
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
-            response.start(lambda build: deferred.complete_with(lambda: encode_response(header, build())))
+            response.start(lambda build: deferred.complete_with(
+                lambda: self._throttled(request, header, body, encode_response(header, build()))))
             return deferred
         return response
 
@@ -213,6 +229,11 @@ class RequestDispatcher:
                 return None if response is None else encode_response(header, response)
         if prepare is not None:
             prepare(header, body)
+        if self._fetch_quota_applies(header, body):
+            window_bytes = self.fetch_quota.max_value_in_window(request.principal, header.client_id)
+            if window_bytes is not None:
+                body.max_bytes = min(body.max_bytes, int(window_bytes))
+                body.min_bytes = min(body.min_bytes, body.max_bytes)
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         elif header.api_key == ApiKey.END_TXN:
@@ -225,9 +246,37 @@ class RequestDispatcher:
             return response if finish is None else _Finishing(response, finish)
         if finish is not None:
             response = finish(response)
-        if response is None or response is CLOSE_CONNECTION:
+        if response is CLOSE_CONNECTION:
             return response
-        return encode_response(header, response)
+        if header.api_key == ApiKey.PRODUCE and self.produce_quota is not None and self.produce_quota.enabled():
+            throttle_ms = self.produce_quota.record(request.principal, header.client_id, len(request.payload))
+            request.throttle(throttle_ms)
+            if response is not None:
+                response.throttle_time_ms = throttle_ms
+        if response is None:
+            return response
+        return self._throttled(request, header, body, encode_response(header, response))
+
+    def _fetch_quota_applies(self, header, body):
+        """A consumer's Fetch with quotas set (a follower's, ``replica_id`` >= 0, is exempt, as in Kafka)."""
+        if header.api_key != ApiKey.FETCH or self.fetch_quota is None or not self.fetch_quota.enabled():
+            return False
+        return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) < 0
+
+    def _throttled(self, request, header, body, encoded):
+        """A Fetch's encoded response, or, when it takes the client over its ``consumer_byte_rate``, the empty
+        response Kafka sends instead (its bytes not counted), with ``throttle_time_ms``; the channel is throttled."""
+        if not self._fetch_quota_applies(header, body):
+            return encoded
+        size = len(encoded) if isinstance(encoded, (bytes, bytearray)) else encoded.size
+        throttle_ms = self.fetch_quota.record(request.principal, header.client_id, size)
+        if not throttle_ms:
+            return encoded
+        self.fetch_quota.unrecord(request.principal, header.client_id, size)
+        close_send(encoded)
+        request.throttle(throttle_ms)
+        return encode_response(header, messages.FetchResponse(
+            throttle_time_ms=throttle_ms, error_code=ErrorCode.NONE, session_id=0, responses=[]))
 
 
 class _Finishing:

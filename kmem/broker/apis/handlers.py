@@ -67,6 +67,7 @@ import uuid
 
 from kmem.broker.apis.admin import ADMIN_VERSIONS
 from kmem.broker.apis.acls import ACL_VERSIONS
+from kmem.broker.apis.client_quotas import QUOTA_VERSIONS
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.purgatory import DelayedOperation, DelayedOperationPurgatory
 from kmem.broker.apis.scram_admin import SCRAM_VERSIONS
@@ -89,7 +90,7 @@ SERVED_VERSIONS = {
     ApiKey.API_VERSIONS: (0, 4), ApiKey.METADATA: (0, 12), ApiKey.PRODUCE: (0, 11), ApiKey.FETCH: (0, 17),
     ApiKey.LIST_OFFSETS: (0, 9), ApiKey.INIT_PRODUCER_ID: (0, 5), ApiKey.CREATE_TOPICS: (0, 7),
     ApiKey.DELETE_TOPICS: (0, 6), ApiKey.FIND_COORDINATOR: (0, 6), ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 4),
-    **GROUP_VERSIONS, **ADMIN_VERSIONS, **SCRAM_VERSIONS, **ACL_VERSIONS,
+    **GROUP_VERSIONS, **ADMIN_VERSIONS, **SCRAM_VERSIONS, **ACL_VERSIONS, **QUOTA_VERSIONS,
     ApiKey.WRITE_TXN_MARKERS: (0, 1),
     ApiKey.DESCRIBE_PRODUCERS: (0, 0),
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 5),
