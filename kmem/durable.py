@@ -1,6 +1,9 @@
 """Writing files so that readers see the old version or the new one, never half of it."""
 import contextlib
+import json
 import os
+
+from kmem.errors import ConfigError
 
 
 def fsync_directory(directory):
@@ -35,3 +38,28 @@ def replaced_atomically(path, fsync=False, sync_directory=True):
         raise
     if fsync and sync_directory:
         fsync_directory(os.path.dirname(path) or ".")
+
+
+def write_json(path, version, field, value):
+    """The document ``{"version": version, field: value}`` as the whole of ``path`` (its directory made if need
+    be): replaced atomically and fsynced, so a crash leaves the old document or the new one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with replaced_atomically(path, fsync=True) as file:
+        file.write(json.dumps({"version": version, field: value}, indent=1).encode())
+
+
+def read_json(path, version, field, what):
+    """``field`` of the document ``write_json`` wrote at ``path``, None when there is none; ``ConfigError`` naming
+    ``what`` when it is unreadable, malformed or of another version."""
+    try:
+        with open(path, "rb") as file:
+            document = json.load(file)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{path}: unreadable {what} ({e})") from None
+    if not isinstance(document, dict) or field not in document:
+        raise ConfigError(f"{path}: malformed {what} (no {field!r})")
+    if document.get("version") != version:
+        raise ConfigError(f"{path}: version {document.get('version')!r}, kmem reads version {version}")
+    return document[field]

@@ -148,7 +148,7 @@ def test_alter_runs_on_an_io_thread_and_a_failed_write_alters_nothing(broker, mo
     def full_disk(*args, **kwargs):
         threads.append(threading.current_thread().name)
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr("kmem.broker.security.credentials.replaced_atomically", full_disk)
+    monkeypatch.setattr("kmem.broker.security.credentials.write_json", full_disk)
     results = alter(broker, deletions=[("carol", SHA_256)], upsertions=[upsertion("dave", "dave-secret")])
     assert results == {"carol": (ErrorCode.UNKNOWN_SERVER_ERROR, None), "dave": (ErrorCode.UNKNOWN_SERVER_ERROR, None)}
     assert threads and all(name.startswith("kmem-io-thread-") for name in threads)     # not a network processor

@@ -15,14 +15,13 @@ share one rate (Kafka's ``DefaultQuotaCallback.quotaMetricTags``). The rate is K
 its quota is throttled for ``(rate - quota) / quota * window`` (``QuotaUtils.throttleTime``).
 """
 import ipaddress
-import json
 import math
 import os
 import threading
 import time
 
 from kmem.broker.codes import ErrorCode
-from kmem.durable import replaced_atomically
+from kmem.durable import read_json, write_json
 from kmem.errors import ConfigError
 
 USER, CLIENT_ID, IP = "user", "client-id", "ip"
@@ -203,26 +202,15 @@ class ClientQuotaStore:
     # -- the file: QuotaRecord's fields, by name
 
     def _write(self, quotas):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        document = {"version": VERSION, "quotas": [
+        write_json(self.path, VERSION, "quotas", [
             {"entity": [{"entityType": entity_type, "entityName": name} for entity_type, name in key],
-             "values": values} for key, values in quotas.items()]}
-        with replaced_atomically(self.path, fsync=True) as file:
-            file.write(json.dumps(document, indent=1).encode())
+             "values": values} for key, values in quotas.items()])
 
     def _read(self):
+        stored = read_json(self.path, VERSION, "quotas", "client quotas")
         try:
-            with open(self.path, "rb") as file:
-                document = json.load(file)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{self.path}: unreadable client quotas ({e})") from None
-        try:
-            if document["version"] != VERSION:
-                raise ConfigError(f"{self.path}: version {document['version']!r}, kmem reads version {VERSION}")
             quotas = {}
-            for entry in document["quotas"]:
+            for entry in stored or []:
                 pairs = [(part["entityType"], part["entityName"]) for part in entry["entity"]]
                 error = entity_error(pairs)
                 keys = IP_KEYS if pairs and pairs[0][0] == IP else CLIENT_KEYS

@@ -18,13 +18,12 @@ record. Denials are logged on ``kmem.authorizer`` at INFO in Kafka's authorizer-
 import bisect
 import dataclasses
 import enum
-import json
 import logging
 import os
 import threading
 import uuid
 
-from kmem.durable import replaced_atomically
+from kmem.durable import read_json, write_json
 from kmem.errors import ConfigError
 
 audit_log = logging.getLogger("kmem.authorizer")
@@ -426,27 +425,16 @@ class StandardAuthorizer:
     # -- the file: AccessControlEntryRecord's fields, by name
 
     def _write(self, entries):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        document = {"version": VERSION, "acls": [
+        write_json(self.path, VERSION, "acls", [
             {"id": acl_id, "resourceType": int(acl.resource_type), "resourceName": acl.name,
              "patternType": int(acl.pattern_type), "principal": acl.principal, "host": acl.host,
-             "operation": int(acl.operation), "permissionType": int(acl.permission)} for acl_id, acl in entries]}
-        with replaced_atomically(self.path, fsync=True) as file:
-            file.write(json.dumps(document, indent=1).encode())
+             "operation": int(acl.operation), "permissionType": int(acl.permission)} for acl_id, acl in entries])
 
     def _read(self):
+        acls = read_json(self.path, VERSION, "acls", "ACLs")
         try:
-            with open(self.path, "rb") as file:
-                document = json.load(file)
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{self.path}: unreadable ACLs ({e})") from None
-        try:
-            if document["version"] != VERSION:
-                raise ConfigError(f"{self.path}: version {document['version']!r}, kmem reads version {VERSION}")
             entries = []
-            for entry in document["acls"]:
+            for entry in acls or []:
                 acl = AclBinding.of(entry["resourceType"], entry["resourceName"], entry["patternType"],
                                     entry["principal"], entry["host"], entry["operation"], entry["permissionType"])
                 error = acl.validation_error()

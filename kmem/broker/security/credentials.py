@@ -2,14 +2,13 @@
 ``{"version": 1, "credentials": {mechanism: {user: {"salt", "stored_key", "server_key", "iterations"}}}}`` with
 base64 bytes. Never a password. The file is replaced atomically (temporary file, fsync, rename)."""
 import base64
-import json
 import os
 import re
 import threading
 
 from kmem.broker.security.scram import (DEFAULT_ITERATIONS, MECHANISMS, ScramCredential, check_iterations,
                                         credential_from_password, credential_from_salted_password)
-from kmem.durable import replaced_atomically
+from kmem.durable import read_json, write_json
 from kmem.errors import ConfigError, InvalidArgumentError
 
 CREDENTIALS_FILE = "scram-credentials.json"
@@ -28,20 +27,12 @@ class ScramCredentialStore:
         self._credentials = self._read()
 
     def _read(self):
+        credentials = read_json(self.path, VERSION, "credentials", "SCRAM credentials")
         try:
-            with open(self.path, "rb") as file:
-                data = json.load(file)
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"{self.path}: unreadable SCRAM credentials ({e})") from None
-        try:
-            if data["version"] != VERSION:
-                raise ConfigError(f"{self.path}: version {data['version']!r}, kmem reads version {VERSION}")
             return {mechanism: {user: ScramCredential(base64.b64decode(c["salt"]), base64.b64decode(c["stored_key"]),
                                                       base64.b64decode(c["server_key"]), int(c["iterations"]))
                                 for user, c in users.items()}
-                    for mechanism, users in data["credentials"].items() if mechanism in MECHANISMS}
+                    for mechanism, users in (credentials or {}).items() if mechanism in MECHANISMS}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ConfigError(f"{self.path}: malformed SCRAM credentials ({type(e).__name__}: {e})") from None
 
@@ -74,14 +65,11 @@ class ScramCredentialStore:
             for mechanism, user, credential in upsertions:
                 credentials.setdefault(mechanism, {})[user] = credential
             credentials = {m: users for m, users in credentials.items() if users}
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            document = {"version": VERSION, "credentials": {
+            write_json(self.path, VERSION, "credentials", {
                 m: {u: {"salt": base64.b64encode(c.salt).decode(), "stored_key": base64.b64encode(c.stored_key).decode(),
                         "server_key": base64.b64encode(c.server_key).decode(), "iterations": c.iterations}
                     for u, c in sorted(users.items())}
-                for m, users in sorted(credentials.items())}}
-            with replaced_atomically(self.path, fsync=True) as file:
-                file.write(json.dumps(document, indent=1).encode())
+                for m, users in sorted(credentials.items())})
             self._credentials = credentials
 
 
