@@ -11,7 +11,8 @@ import pytest
 from broker_helpers import RawConnection, produce_raw, start_broker_process, wait_for
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
-from kmem.broker.quotas import QUOTAS_FILE, ClientQuotaManager, ClientQuotaStore, SampledRate
+from kmem.broker.quotas import (QUOTAS_FILE, ClientQuotaManager, ClientQuotaStore, ControllerMutationQuotaManager,
+                                SampledRate, ThrottlingQuotaExceeded)
 from kmem.protocol import ApiKey, decode_response, encode_request, message_class
 from kmem.records import build_records
 from test_broker_acls import PROPERTIES as ACL_PROPERTIES
@@ -127,7 +128,7 @@ def test_rates_of_clients_gone_are_dropped(tmp_path):
     for i in range(20_000):             # a new client id every 10 ms: each rate idle 11 s later
         now[0] = i / 100
         manager.record("User:ANONYMOUS", f"client-{i}", 10)
-    assert len(manager._rates) < 2 * 1100 + 1024
+    assert len(manager._states) < 2 * 1100 + 1024
 
 
 # -- the wire
@@ -365,3 +366,119 @@ def test_a_fetch_parked_in_the_purgatory_is_throttled_when_it_completes(tmp_path
         first, second = answers
         assert first.throttle_time_ms == 0 and len(first.responses[0].partitions[0].records) > 9000
         assert second.throttle_time_ms > 0 and second.responses == []
+
+
+# -- request_percentage (KIP-124) and controller_mutation_rate (KIP-599)
+
+def test_request_time_counts_in_percent_of_a_thread_and_throttles_at_most_a_window(tmp_path):
+    store = ClientQuotaStore(tmp_path)
+    store.alter([([("client-id", "app")], [("request_percentage", 10, False)])])
+    now = [50.0]
+    manager = ClientQuotaManager(store, "request_percentage", clock=lambda: now[0])
+    # 0.5 s of handling in 10 windows of 1 s: 5 % of a thread, within 10 %
+    assert manager.record_time("User:ANONYMOUS", "app", 500_000_000) == 0
+    # 2 s more: 25 %, (25 - 10) / 10 x 10 s = 15 s, bounded to one window as Kafka's ClientRequestQuotaManager
+    assert manager.record_time("User:ANONYMOUS", "app", 2_000_000_000) == 1000
+    assert manager.record_time("User:ANONYMOUS", "other", 10**12) == 0
+
+
+def test_a_strict_mutation_quota_refuses_once_the_bucket_is_below_zero_and_a_permissive_one_never(tmp_path):
+    store = ClientQuotaStore(tmp_path)
+    store.alter([([("user", "alice")], [("controller_mutation_rate", 2, False)])])
+    now = [10.0]
+    manager = ControllerMutationQuotaManager(store, samples=2, window_seconds=1, clock=lambda: now[0])
+    strict = manager.quota_for("User:alice", "app", strict=True)
+    strict.record(4)                        # the burst: 2/s x 2 windows of 1 s; the bucket is at 0
+    assert strict.throttle_time_ms() == 0
+    strict.record(3)                        # not below zero before: accepted, and 3 tokens short
+    assert strict.throttle_time_ms() == 1500        # -(-3) / 2 per s
+    with pytest.raises(ThrottlingQuotaExceeded):
+        manager.quota_for("User:alice", "app", strict=True).record(1)
+    permissive = manager.quota_for("User:alice", "app", strict=False)
+    permissive.record(1)                    # accepted below zero, and throttled longer
+    assert permissive.throttle_time_ms() == 2000
+    now[0] += 0.5
+    assert permissive.throttle_time_ms() == 1500    # the time since counts
+    now[0] += 1.5                           # refilled to 0: strict accepts again
+    manager.quota_for("User:alice", "app", strict=True).record(1)
+    assert manager.quota_for("User:bob", "app", strict=True) is None
+
+
+def create_topics(raw, version, *topics):
+    """CreateTopics of ``(name, partitions)``: ``(throttle_time_ms, {name: error code})``."""
+    Create = message_class(ApiKey.CREATE_TOPICS, "Request")
+    response = raw.call(ApiKey.CREATE_TOPICS, version, Create(timeout_ms=5000, validate_only=False, topics=[
+        Create.CreatableTopic(name=name, num_partitions=count, replication_factor=1, assignments=[], configs=[])
+        for name, count in topics]))
+    return response.throttle_time_ms, {t.name: t.error_code for t in response.topics}
+
+
+def test_topic_mutations_over_controller_mutation_rate_are_refused_from_the_strict_versions(tmp_path):
+    """KIP-599 on the wire: CreateTopics v6+, CreatePartitions v3+ and DeleteTopics v5+ refuse, topic by topic,
+    with THROTTLING_QUOTA_EXCEEDED once the client's bucket is below zero; v5 of CreateTopics takes the topic and
+    throttles. Each response carries the throttle and the connection waits it out."""
+    with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
+        raw = Raw(broker.bootstrap_servers)
+        assert raw.alter(entry({"client-id": "quota-test"}, controller_mutation_rate=2)) == [(0, None)]
+        # a burst of 2/s x 2 windows: 4 partitions at once, then a topic that takes the bucket below zero
+        assert create_topics(raw, 7, ("a", 4)) == (0, {"a": 0})
+        started = time.monotonic()
+        throttle_ms, errors = create_topics(raw, 7, ("b", 2), ("c", 1))
+        assert errors == {"b": 0, "c": ErrorCode.THROTTLING_QUOTA_EXCEEDED} and 900 <= throttle_ms <= 1000
+        # on other connections of the same client (each answer mutes its own), while the bucket is short: refused
+        assert create_topics(Raw(broker.bootstrap_servers), 6, ("d", 1))[1] == {
+            "d": ErrorCode.THROTTLING_QUOTA_EXCEEDED}
+        Partitions = message_class(ApiKey.CREATE_PARTITIONS, "Request")
+        response = Raw(broker.bootstrap_servers).call(ApiKey.CREATE_PARTITIONS, 3, Partitions(
+            timeout_ms=5000, validate_only=False, topics=[Partitions.CreatePartitionsTopic(name="a", count=5, assignments=None)]))
+        assert response.results[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED and response.throttle_time_ms
+        Delete = message_class(ApiKey.DELETE_TOPICS, "Request")
+        response = Raw(broker.bootstrap_servers).call(ApiKey.DELETE_TOPICS, 5, Delete(topic_names=["a"],
+                                                                                         timeout_ms=5000))
+        assert response.responses[0].error_code == ErrorCode.THROTTLING_QUOTA_EXCEEDED
+        assert "a" in broker.logs.topics() and "d" not in broker.logs.topics()
+        # permissive below v6: taken, and throttled
+        throttle_ms, errors = create_topics(Raw(broker.bootstrap_servers), 5, ("e", 1))
+        assert errors == {"e": 0} and throttle_ms > 0
+        # the first connection waits out its throttle; once the bucket is back the mutation passes
+        wait_for(lambda: create_topics(raw, 7, ("f", 1))[1] == {"f": 0}, "the bucket to refill")
+        assert time.monotonic() - started >= 0.9
+        assert broker.logs.topics()["a"].partitions == 4
+
+
+def test_requests_over_request_percentage_are_throttled(tmp_path):
+    """KIP-124: the time the broker spends on a client's requests counts against its request_percentage; over it,
+    responses carry a throttle of at most one window and the connection waits it out."""
+    with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
+        raw = Raw(broker.bootstrap_servers)
+        assert raw.alter(entry({"client-id": "quota-test"}, request_percentage=0.0001)) == [(0, None)]
+        Metadata = message_class(ApiKey.METADATA, "Request")
+        throttles = []
+        started = time.monotonic()
+        for _ in range(3):
+            throttles.append(raw.call(ApiKey.METADATA, 12, Metadata(topics=None)).throttle_time_ms)
+        # 0.0001 % of a thread is 1 µs a second: every answer is throttled, each for at most the 1 s window
+        assert all(0 < ms <= 1000 for ms in throttles), throttles
+        assert time.monotonic() - started >= sum(throttles[:2]) / 1000 * 0.95
+        # another client is not held
+        other = RawConnection(broker.bootstrap_servers)
+        other.send_frame(bytes(encode_request(Metadata(topics=None), 12, 1, client_id="free")))
+        assert decode_response(other.receive_frame(), ApiKey.METADATA, 12)[1].throttle_time_ms == 0
+        other.close()
+
+
+def test_confluent_kafka_admin_is_throttled_by_the_mutation_quota(tmp_path):
+    """librdkafka's AdminClient sends CreateTopics v4, below KIP-599's strict versions: its topics are created and it
+    is told of the throttle (its throttle callback), as Kafka's permissive quota has it."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+    with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
+        assert Raw(broker.bootstrap_servers).alter(
+            entry({"client-id": "admin-app"}, controller_mutation_rate=1)) == [(0, None)]
+        throttles = []
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers, "client.id": "admin-app",
+                             "throttle_cb": lambda event: throttles.append(event.throttle_time)})
+        admin.create_topics([NewTopic("wide", 20, 1)])["wide"].result(30)
+        wait_for(lambda: admin.poll(0.1) is not None and throttles, "the throttle callback")
+        # 20 partitions from a bucket of 2: 18 short at 1 a second
+        assert 17 <= throttles[0] <= 18, throttles
+        assert broker.logs.topics()["wide"].partitions == 20

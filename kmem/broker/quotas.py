@@ -8,11 +8,22 @@ DescribeClientQuotas and AlterClientQuotas as Kafka's ``ClientQuotasImage.descri
 ``ClientQuotaControlManager.alterClientQuotas`` do, and persists in the log directory as ``client_quotas.json``
 (one entry per entity, the fields of Kafka's ``QuotaRecord``), replaced atomically with fsync.
 
-``ClientQuotaManager`` enforces the two byte rates (Kafka's ``ClientQuotaManager``): a client's quota is that of
-the most specific of KIP-55's eight levels that sets it, and clients whose quota comes from the same entity
-share one rate (Kafka's ``DefaultQuotaCallback.quotaMetricTags``). The rate is Kafka's ``Rate`` over a
-``SampledStat``: ``quota.window.num`` samples of ``quota.window.size.seconds``. A request that takes a rate over
-its quota is throttled for ``(rate - quota) / quota * window`` (``QuotaUtils.throttleTime``).
+``ClientQuotaManager`` enforces the two byte rates and ``request_percentage`` (Kafka's ``ClientQuotaManager``
+and ``ClientRequestQuotaManager``): a client's quota is that of the most specific of KIP-55's eight levels that
+sets it, and clients whose quota comes from the same entity share one rate (Kafka's
+``DefaultQuotaCallback.quotaMetricTags``). The rate is Kafka's ``Rate`` over a ``SampledStat``:
+``quota.window.num`` samples of ``quota.window.size.seconds``. A request that takes a rate over its quota is
+throttled for ``(rate - quota) / quota * window`` (``QuotaUtils.throttleTime``); for request time at most one
+window (``QuotaUtils.boundedThrottleTime``). Request time is recorded as Kafka records it: the handling time in
+percent of one thread over a second (``nanosToPercentage``), so ``request_percentage`` 50 is half a thread.
+
+``ControllerMutationQuotaManager`` enforces ``controller_mutation_rate`` (KIP-599): the partitions a client
+creates or deletes (CreateTopics, CreatePartitions, DeleteTopics) draw on a token bucket of ``quota`` tokens a
+second holding at most ``quota * quota.window.num * quota.window.size.seconds`` (Kafka's ``TokenBucket``).
+From CreateTopics v6, CreatePartitions v3 and DeleteTopics v5 the quota is strict: a mutation asked for while the
+bucket is below zero is refused with THROTTLING_QUOTA_EXCEEDED (the one that takes it below zero passes); older
+versions are permissive: every mutation passes. Either way the response is throttled until the bucket is back
+at zero.
 """
 import ipaddress
 import math
@@ -37,6 +48,7 @@ QUOTAS_FILE = "client_quotas.json"
 VERSION = 1
 PURGE_MIN_RATES = 1024          # rates kept before the idle ones are looked for
 MATCH_EXACT, MATCH_DEFAULT, MATCH_SPECIFIED = 0, 1, 2       # DescribeClientQuotas' match types
+NANOS_TO_PERCENTAGE = 100 / 1e9     # Kafka's NanosToPercentagePerSecond: request time in percent of a thread
 
 # KIP-55's precedence, most specific first: (user part, client-id part), where "name" is the client's own
 # name, None the <default> entity, and a missing part an entity without that type
@@ -290,62 +302,159 @@ class SampledRate:
                 sample[0], sample[1] = now, 0.0
 
 
-class ClientQuotaManager:
-    """Kafka's ``ClientQuotaManager`` for one byte-rate key (``producer_byte_rate`` or ``consumer_byte_rate``)."""
+def _user(principal):
+    return principal.partition(":")[2]
 
-    def __init__(self, store, quota_key, samples=11, window_seconds=1, clock=time.monotonic):
+
+class _PerClient:
+    """The per-client state of a quota manager (a rate, a token bucket), keyed by the tags of the entity whose
+    quota it shares; idle entries are forgotten, as Kafka expires its idle quota sensors."""
+
+    def __init__(self, store, quota_key, samples, window_seconds, clock):
         self.store = store
         self.quota_key = quota_key
         self.samples = samples
         self.window = float(window_seconds)
         self.clock = clock
-        self._rates = {}            # (user tag, client-id tag) -> SampledRate
+        self._states = {}           # (user tag, client-id tag) -> state
         self._next_purge = PURGE_MIN_RATES
         self._lock = threading.Lock()
 
     def enabled(self):
         return bool(self.store.quotas)
 
+    def _state(self, tags, now, create):
+        """The state of ``tags``, made by ``create()`` when missing; under ``self._lock``."""
+        state = self._states.get(tags)
+        if state is None:
+            if len(self._states) >= self._next_purge:
+                # a fresh state measures the same as an idle one: clients that come and go leave nothing behind
+                self._states = {t: s for t, s in self._states.items() if not s.expired(now)}
+                self._next_purge = max(PURGE_MIN_RATES, 2 * len(self._states))
+            state = self._states[tags] = create()
+        return state
+
+
+class ClientQuotaManager(_PerClient):
+    """Kafka's ``ClientQuotaManager`` for one rate key: ``producer_byte_rate`` or ``consumer_byte_rate`` (bytes),
+    ``request_percentage`` (``record_time``; throttles of at most one window, as ``ClientRequestQuotaManager``)."""
+
+    def __init__(self, store, quota_key, samples=11, window_seconds=1, clock=time.monotonic):
+        super().__init__(store, quota_key, samples, window_seconds, clock)
+        self.max_throttle_ms = self.window * 1000 if quota_key == REQUEST_PERCENTAGE else math.inf
+
     def record(self, principal, client_id, value, now=None):
-        """Record ``value`` bytes for the client; its throttle time in ms (0 within its quota)."""
-        user = principal.partition(":")[2]
-        quota, tags = self.store.resolve(user, client_id or "", self.quota_key)
+        """Record ``value`` (bytes, or percent-seconds of request time) for the client; its throttle time in ms
+        (0 within its quota)."""
+        quota, tags = self.store.resolve(_user(principal), client_id or "", self.quota_key)
         if quota is None:
             return 0
         now = self.clock() if now is None else now
         with self._lock:
-            rate = self._rates.get(tags)
-            if rate is None:
-                self._forget_idle(now)
-                rate = self._rates[tags] = SampledRate(self.samples, self.window)
+            rate = self._state(tags, now, lambda: SampledRate(self.samples, self.window))
             rate.record(value, now)
             measured = rate.measure(now)
             if measured <= quota:
                 return 0
             if quota == 0:
-                return int(self.samples * self.window * 1000)
-            return round((measured - quota) / quota * rate.window_size(now) * 1000)
+                throttle = self.samples * self.window * 1000
+            else:
+                throttle = (measured - quota) / quota * rate.window_size(now) * 1000
+            return round(min(throttle, self.max_throttle_ms))
 
-    def _forget_idle(self, now):
-        """Drop the rates whose every sample has expired (a fresh rate measures the same), so clients that come
-        and go (a new client id each time) leave nothing behind; as Kafka expires its idle quota sensors."""
-        if len(self._rates) >= self._next_purge:
-            self._rates = {tags: rate for tags, rate in self._rates.items() if not rate.expired(now)}
-            self._next_purge = max(PURGE_MIN_RATES, 2 * len(self._rates))
+    def record_time(self, principal, client_id, nanos):
+        """Record a request's handling time (``request_percentage``); its throttle time in ms."""
+        return self.record(principal, client_id, nanos * NANOS_TO_PERCENTAGE)
 
     def max_value_in_window(self, principal, client_id):
         """Kafka's ``getMaxValueInQuotaWindow``: the most a client may take in one go (a Fetch's ``max_bytes`` is
         capped at it, so one response cannot be over the quota by itself); None without a quota."""
-        quota, _ = self.store.resolve(principal.partition(":")[2], client_id or "", self.quota_key)
+        quota, _ = self.store.resolve(_user(principal), client_id or "", self.quota_key)
         return None if quota is None else quota * (self.samples - 1) * self.window
 
     def unrecord(self, principal, client_id, value, now=None):
         """Take back a recorded ``value`` (a Fetch answered empty because it was throttled, as Kafka does)."""
-        user = principal.partition(":")[2]
-        _, tags = self.store.resolve(user, client_id or "", self.quota_key)
+        _, tags = self.store.resolve(_user(principal), client_id or "", self.quota_key)
         if tags is None:
             return
         with self._lock:
-            rate = self._rates.get(tags)
+            rate = self._states.get(tags)
             if rate is not None:
                 rate.record(-value, self.clock() if now is None else now)
+
+
+class TokenBucket:
+    """Kafka's ``TokenBucket``: ``quota`` tokens a second, at most ``burst``; starts full."""
+
+    def __init__(self, now):
+        self.tokens = math.inf
+        self._at = now
+
+    def refill(self, quota, burst, now):
+        self.tokens = min(burst, self.tokens + quota * (now - self._at))
+        self._at = now
+        return self.tokens
+
+    def expired(self, now):
+        """True after an hour unused: forgotten, the client starts again from a full bucket."""
+        return now - self._at >= 3600
+
+
+class ThrottlingQuotaExceeded(Exception):
+    """A strict mutation quota refused a mutation (THROTTLING_QUOTA_EXCEEDED)."""
+
+    def __init__(self):
+        super().__init__("The throttling quota has been exceeded.")
+
+
+class ControllerMutationQuotaManager(_PerClient):
+    """Kafka's ``ControllerMutationQuotaManager`` (``controller_mutation_rate``, KIP-599)."""
+
+    def __init__(self, store, samples=11, window_seconds=1, clock=time.monotonic):
+        super().__init__(store, CONTROLLER_MUTATION_RATE, samples, window_seconds, clock)
+
+    def quota_for(self, principal, client_id, strict):
+        """The quota of one request (Kafka's ``newQuotaFor``), or None when the client has none."""
+        quota, tags = self.store.resolve(_user(principal), client_id or "", self.quota_key)
+        if quota is None:
+            return None
+        return MutationQuota(self, quota, tags, strict)
+
+    def _record(self, quota, tags, permits, strict):
+        """Take ``permits`` from the client's bucket (strict: not when it is below zero); ``(accepted, tokens)``."""
+        now = self.clock()
+        burst = quota * self.samples * self.window
+        with self._lock:
+            bucket = self._state(tags, now, lambda: TokenBucket(now))
+            tokens = bucket.refill(quota, burst, now)
+            if strict and tokens < 0:
+                return False, tokens, now
+            bucket.tokens = min(burst, tokens - permits)
+            return True, bucket.tokens, now
+
+
+class MutationQuota:
+    """The controller mutation quota of one request (Kafka's ``StrictControllerMutationQuota`` and
+    ``PermissiveControllerMutationQuota``): ``record`` each topic's partitions, then ``throttle_time_ms``."""
+
+    def __init__(self, manager, quota, tags, strict):
+        self._manager, self._quota, self._tags, self._strict = manager, quota, tags, strict
+        self._throttle_ms, self._recorded_at = 0, 0.0
+
+    def record(self, permits):
+        """Take ``permits`` partitions; ``ThrottlingQuotaExceeded`` when a strict quota is exhausted."""
+        accepted, tokens, now = self._manager._record(self._quota, self._tags, permits, self._strict)
+        if tokens < 0:
+            self._throttle_ms = math.inf if self._quota == 0 else round(-tokens / self._quota * 1000)
+            self._recorded_at = now
+        if not accepted:
+            raise ThrottlingQuotaExceeded()
+
+    def throttle_time_ms(self):
+        """How long the client is throttled: the time until its bucket is back at zero, less the time since."""
+        if not self._throttle_ms:
+            return 0
+        if self._throttle_ms == math.inf:       # a quota of 0: never back, held for the longest window Kafka uses
+            return round(self._manager.samples * self._manager.window * 1000)
+        elapsed_ms = (self._manager.clock() - self._recorded_at) * 1000
+        return max(0, round(self._throttle_ms - elapsed_ms))

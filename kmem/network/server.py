@@ -216,7 +216,8 @@ class Request:
     def throttle(self, ms):
         """Mute this connection for ``ms`` once its response is on its way (KIP-219). On the network thread."""
         if ms > 0:
-            self.processor.throttles[self.connection_id] = ms
+            throttles = self.processor.throttles
+            throttles[self.connection_id] = max(ms, throttles.get(self.connection_id, 0))
 
     def after_response(self, fn):
         """Run ``fn()`` on this network thread once the requests read with this one are answered: work the

@@ -19,6 +19,7 @@ from kmem.broker.apis.authorized import CLUSTER_OPERATIONS
 from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import TOPIC_SETTINGS
+from kmem.broker.quotas import ThrottlingQuotaExceeded
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
@@ -109,7 +110,9 @@ class AdminHandlers:
 
     # --- CreatePartitions -----------------------------------------------------------------------------
 
-    def create_partitions(self, header, request):
+    def create_partitions(self, header, request, mutation_quota=None):
+        """``mutation_quota``: the client's controller mutation quota (KIP-599), the partitions each topic adds
+        taken from it once the request for it is valid."""
         Result = messages.CreatePartitionsResponse.CreatePartitionsTopicResult
         response = messages.CreatePartitionsResponse(throttle_time_ms=0, results=[])
         names = [topic.name for topic in request.topics]
@@ -117,14 +120,16 @@ class AdminHandlers:
             result = Result(name=topic.name, error_code=ErrorCode.NONE, error_message=None)
             response.results.append(result)
             try:
-                self._create_partitions(topic, names.count(topic.name), request.validate_only)
+                self._create_partitions(topic, names.count(topic.name), request.validate_only, mutation_quota)
             except LogError as e:
                 result.error_code, result.error_message = int(e.code), str(e)
             except _Refused as e:
                 result.error_code, result.error_message = e.code, e.message
+            except ThrottlingQuotaExceeded as e:
+                result.error_code, result.error_message = ErrorCode.THROTTLING_QUOTA_EXCEEDED, str(e)
         return response
 
-    def _create_partitions(self, topic, times_named, validate_only):
+    def _create_partitions(self, topic, times_named, validate_only, mutation_quota):
         if times_named > 1:
             raise _Refused(ErrorCode.INVALID_REQUEST, f"topic {topic.name!r} named twice")
         if topic.name in INTERNAL_TOPICS:
@@ -141,6 +146,8 @@ class AdminHandlers:
             if any(a.broker_ids != [self.node_id] for a in topic.assignments):
                 raise _Refused(ErrorCode.INVALID_REPLICA_ASSIGNMENT,
                                f"every partition's only replica is broker {self.node_id}")
+        if mutation_quota is not None:
+            mutation_quota.record(topic.count - info.partitions)
         if not validate_only:
             self.logs.add_partitions(topic.name, topic.count)
 

@@ -20,10 +20,14 @@ With an authorizer (``authorizer.class.name``), each request is first checked as
 (``kmem.broker.apis.authorize``): it is refused as a whole, or its handler sees only what the principal may touch
 and the rest is answered with its authorization error.
 
-With client quotas (``kmem.broker.quotas``), a Produce or Fetch that takes its client over its byte rate is
-throttled as KIP-219 has it: the response carries ``throttle_time_ms`` and goes out at once, then the connection is
-muted for that long (``Request.throttle``). A throttled Fetch is answered empty and its bytes are not counted, as
-Kafka's ``handleFetchRequest`` does.
+With client quotas (``kmem.broker.quotas``), a request that takes its client over a quota is throttled as KIP-219
+has it: the response carries ``throttle_time_ms`` and goes out at once, then the connection is muted for that long
+(``Request.throttle``); with several quotas over, the longest throttle. The quotas: the byte rates of Produce and
+Fetch, ``request_percentage`` on the time each request takes to handle (except WriteTxnMarkers, a follower's
+Fetch and an acks=0 Produce, which Kafka exempts), and ``controller_mutation_rate`` on the partitions
+CreateTopics, CreatePartitions and DeleteTopics create or delete (a strict quota refuses topics with
+THROTTLING_QUOTA_EXCEEDED). A throttled Fetch is answered empty and its bytes are not counted, as Kafka's
+``handleFetchRequest`` does.
 
 A handler that raises (a bug) gets its request answered UNKNOWN_SERVER_ERROR, as Kafka's ``handleError``
 answers it, when the response has a top-level error code; the connection stays open. A response whose
@@ -32,6 +36,7 @@ errors are per topic or partition (Produce, Metadata, ...) has no such answer: t
 import ipaddress
 import logging
 import threading
+import time
 
 from kmem.broker.apis.acls import ACL_APIS, AclHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
@@ -42,7 +47,8 @@ from kmem.broker.apis.scram_admin import SCRAM_APIS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
-from kmem.broker.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotaManager
+from kmem.broker.quotas import (CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager,
+                                ControllerMutationQuotaManager)
 from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
 from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
@@ -64,6 +70,12 @@ DATA_APIS = {
 # APIs answered on an io thread: they write files and fsync them
 BLOCKING_APIS = frozenset({ApiKey.CREATE_TOPICS, ApiKey.DELETE_TOPICS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
                            ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS, ApiKey.ALTER_CLIENT_QUOTAS, *ADMIN_APIS})
+
+
+# the APIs under the controller mutation quota (KIP-599), and the version from which it is strict
+MUTATION_APIS = {ApiKey.CREATE_TOPICS: 6, ApiKey.CREATE_PARTITIONS: 3, ApiKey.DELETE_TOPICS: 5}
+# the APIs Kafka exempts from the request quota: inter-broker ones (a follower's Fetch is checked apart)
+REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.WRITE_TXN_MARKERS})
 
 
 # the APIs that answer with the broker's endpoint: that of the listener the request came in on, as Kafka does
@@ -126,12 +138,14 @@ class RequestDispatcher:
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
         acls = AclHandlers(authorizer)
         self._methods.update({key: getattr(acls, name) for key, name in ACL_APIS.items()})
-        self.produce_quota = self.fetch_quota = None
+        self.produce_quota = self.fetch_quota = self.request_quota = self.mutation_quota = None
         if quotas is not None:
             quota_handlers = ClientQuotaHandlers(quotas)
             self._methods.update({key: getattr(quota_handlers, name) for key, name in QUOTA_APIS.items()})
             self.produce_quota = ClientQuotaManager(quotas, PRODUCER_BYTE_RATE, *quota_window)
             self.fetch_quota = ClientQuotaManager(quotas, CONSUMER_BYTE_RATE, *quota_window)
+            self.request_quota = ClientQuotaManager(quotas, REQUEST_PERCENTAGE, *quota_window)
+            self.mutation_quota = ControllerMutationQuotaManager(quotas, *quota_window)
         if transactions is not None:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
         if scram_admin is not None:
@@ -165,16 +179,18 @@ class RequestDispatcher:
             self._served[(int(header.api_key), header.api_version)] += 1
         if self._blocks(header, body):
             return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
+        started = time.perf_counter_ns()
         response = self._answered(self._answer, request, header, body)
         if response is CLOSE_CONNECTION:
             closing = request.defer()
             closing.fail()
             return closing
         if isinstance(response, (DelayedFetch, DelayedResponse, _Finishing)):
+            handling_ns = time.perf_counter_ns() - started
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
             response.start(lambda build: deferred.complete_with(
-                lambda: self._throttled(request, header, body, encode_response(header, build()))))
+                lambda: self._respond(request, header, body, build(), handling_ns)))
             return deferred
         return response
 
@@ -220,6 +236,7 @@ class RequestDispatcher:
     def _answer(self, request, header, body, prepare=None):
         """The response (encoded), None (acks=0), or a delayed response to start; ``prepare(header, body)`` runs
         once the request is authorized, before its handler."""
+        started = time.perf_counter_ns()
         finish = None
         if self.checks is not None:
             context = RequestContext(request.principal, _client_address(request), header.api_key.message_name)
@@ -234,8 +251,14 @@ class RequestDispatcher:
             if window_bytes is not None:
                 body.max_bytes = min(body.max_bytes, int(window_bytes))
                 body.min_bytes = min(body.min_bytes, body.max_bytes)
+        mutation_quota = None
+        if header.api_key in MUTATION_APIS and self.mutation_quota is not None and self.mutation_quota.enabled():
+            mutation_quota = self.mutation_quota.quota_for(request.principal, header.client_id,
+                                                           strict=header.api_version >= MUTATION_APIS[header.api_key])
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        elif header.api_key in MUTATION_APIS:
+            response = self._methods[header.api_key](header, body, mutation_quota=mutation_quota)
         elif header.api_key == ApiKey.END_TXN:
             response = self.transactions.end_txn(header, body, write_markers=request.after_response)
         elif header.api_key in ENDPOINT_APIS:
@@ -248,28 +271,48 @@ class RequestDispatcher:
             response = finish(response)
         if response is CLOSE_CONNECTION:
             return response
-        if header.api_key == ApiKey.PRODUCE and self.produce_quota is not None and self.produce_quota.enabled():
-            throttle_ms = self.produce_quota.record(request.principal, header.client_id, len(request.payload))
-            request.throttle(throttle_ms)
-            if response is not None:
-                response.throttle_time_ms = throttle_ms
+        return self._respond(request, header, body, response, time.perf_counter_ns() - started, mutation_quota)
+
+    def _respond(self, request, header, body, response, handling_ns, mutation_quota=None):
+        """The encoded ``response``, throttled as the client's quotas have it (see the module docstring); None
+        for none (an acks=0 Produce)."""
+        if self.request_quota is None or not self.request_quota.enabled():
+            return None if response is None else encode_response(header, response)
+        principal, client_id = request.principal, header.client_id
+        throttle_ms = 0
+        if response is not None and header.api_key not in REQUEST_QUOTA_EXEMPT and not self._from_follower(header, body):
+            throttle_ms = self.request_quota.record_time(principal, client_id, handling_ns)
+        if header.api_key == ApiKey.PRODUCE:
+            throttle_ms = max(throttle_ms, self.produce_quota.record(principal, client_id, len(request.payload)))
+        if mutation_quota is not None:
+            throttle_ms = max(throttle_ms, mutation_quota.throttle_time_ms())
+        if header.api_key == ApiKey.FETCH and not self._from_follower(header, body):
+            return self._throttled_fetch(request, header, encode_response(header, response), throttle_ms)
+        request.throttle(throttle_ms)
         if response is None:
-            return response
-        return self._throttled(request, header, body, encode_response(header, response))
+            return None
+        if throttle_ms and hasattr(response, "throttle_time_ms"):
+            response.throttle_time_ms = throttle_ms
+        return encode_response(header, response)
 
     def _fetch_quota_applies(self, header, body):
         """A consumer's Fetch with quotas set (a follower's, ``replica_id`` >= 0, is exempt, as in Kafka)."""
         if header.api_key != ApiKey.FETCH or self.fetch_quota is None or not self.fetch_quota.enabled():
             return False
-        return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) < 0
+        return not self._from_follower(header, body)
 
-    def _throttled(self, request, header, body, encoded):
-        """A Fetch's encoded response, or, when it takes the client over its ``consumer_byte_rate``, the empty
-        response Kafka sends instead (its bytes not counted), with ``throttle_time_ms``; the channel is throttled."""
-        if not self._fetch_quota_applies(header, body):
-            return encoded
+    @staticmethod
+    def _from_follower(header, body):
+        if header.api_key != ApiKey.FETCH:
+            return False
+        return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) >= 0
+
+    def _throttled_fetch(self, request, header, encoded, throttle_ms):
+        """A consumer's encoded Fetch response, or, when it takes the client over its ``consumer_byte_rate`` or
+        another quota throttles it (``throttle_ms``), the empty response Kafka sends instead (its bytes not
+        counted), with ``throttle_time_ms``; the channel is throttled."""
         size = len(encoded) if isinstance(encoded, (bytes, bytearray)) else encoded.size
-        throttle_ms = self.fetch_quota.record(request.principal, header.client_id, size)
+        throttle_ms = max(throttle_ms, self.fetch_quota.record(request.principal, header.client_id, size))
         if not throttle_ms:
             return encoded
         self.fetch_quota.unrecord(request.principal, header.client_id, size)

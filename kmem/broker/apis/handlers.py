@@ -76,6 +76,7 @@ from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
 from kmem.broker.log.unified_log import EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, TRANSACTION_OPEN
+from kmem.broker.quotas import ThrottlingQuotaExceeded
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
@@ -273,7 +274,9 @@ class Handlers:
 
     # --- CreateTopics, DeleteTopics -------------------------------------------------------------------
 
-    def create_topics(self, header, request):
+    def create_topics(self, header, request, mutation_quota=None):
+        """``mutation_quota``: the client's controller mutation quota (KIP-599), each topic's partitions taken
+        from it once the topic is valid (Kafka's ``ReplicationControlManager.createTopic``)."""
         response = messages.CreateTopicsResponse(throttle_time_ms=0, topics=[])
         names = [topic.name for topic in request.topics]
         for topic in request.topics:
@@ -292,13 +295,15 @@ class Handlers:
                 result.error_message = "replication factor must be 1: this cluster has one broker"
                 continue
             try:
-                if request.validate_only:
-                    validate_new_topic(self.logs, topic.name, partitions, configs)
-                    topic_id = None
-                else:
-                    topic_id = self.logs.create_topic(topic.name, partitions, configs)
+                validate_new_topic(self.logs, topic.name, partitions, configs)
+                if mutation_quota is not None:
+                    mutation_quota.record(partitions)
+                topic_id = None if request.validate_only else self.logs.create_topic(topic.name, partitions, configs)
             except LogError as e:
                 result.error_code, result.error_message = int(e.code), str(e)
+                continue
+            except ThrottlingQuotaExceeded as e:
+                result.error_code, result.error_message = ErrorCode.THROTTLING_QUOTA_EXCEEDED, str(e)
                 continue
             result.num_partitions, result.replication_factor = partitions, 1
             if topic_id is not None:
@@ -311,7 +316,9 @@ class Handlers:
                 for name, value in effective.properties().items()]
         return response
 
-    def delete_topics(self, header, request):
+    def delete_topics(self, header, request, mutation_quota=None):
+        """``mutation_quota``: the client's controller mutation quota (KIP-599), each topic's partitions taken
+        from it before it is deleted."""
         response = messages.DeleteTopicsResponse(throttle_time_ms=0, responses=[])
         if header.api_version >= 6:
             wanted = [(t.name, t.topic_id) for t in request.topics]
@@ -329,9 +336,14 @@ class Handlers:
                 result.name = name
             try:
                 info = self.logs.topics().get(name)
+                if mutation_quota is not None and info is not None:
+                    mutation_quota.record(info.partitions)
                 self.logs.delete_topic(name)
             except LogError as e:
                 result.error_code, result.error_message = int(e.code), str(e)
+                continue
+            except ThrottlingQuotaExceeded as e:
+                result.error_code, result.error_message = ErrorCode.THROTTLING_QUOTA_EXCEEDED, str(e)
                 continue
             if info is not None:
                 result.topic_id = protocol_uuid(info.topic_id)
@@ -872,7 +884,8 @@ def _check_produce_records(version, records):
 
 
 def validate_new_topic(logs, name, partitions, configs):
-    """CreateTopics with ``validate_only``: the checks ``LogManager.create_topic`` makes, creating nothing."""
+    """The checks ``LogManager.create_topic`` makes, creating nothing: CreateTopics makes them first (all it does
+    with ``validate_only``), so a topic refused takes nothing from the client's mutation quota."""
     validate_topic_name(name)
     if partitions < 1:
         raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions}")
