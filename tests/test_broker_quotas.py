@@ -2,6 +2,7 @@
 on the wire (KIP-546) with their errors, persistence and authorization, and KIP-219's throttling of a real producer."""
 import json
 import signal
+import socket
 import statistics
 import threading
 import time
@@ -482,3 +483,42 @@ def test_confluent_kafka_admin_is_throttled_by_the_mutation_quota(tmp_path):
         # 20 partitions from a bucket of 2: 18 short at 1 a second
         assert 17 <= throttles[0] <= 18, throttles
         assert broker.logs.topics()["wide"].partitions == 20
+
+
+def connect_from(bootstrap, source_ip):
+    """A RawConnection to the broker from ``source_ip`` (any address of 127.0.0.0/8 is this machine's)."""
+    host, port = bootstrap.rsplit(":", 1)
+    connection = RawConnection.__new__(RawConnection)
+    connection.sock = socket.create_connection((host, int(port)), timeout=10, source_address=(source_ip, 0))
+    return connection
+
+
+def answered(connection):
+    """Whether the broker answers an ApiVersions on ``connection`` (False: it closed the connection)."""
+    versions = message_class(ApiKey.API_VERSIONS, "Request")(client_software_name="t", client_software_version="1")
+    try:
+        connection.send_frame(bytes(encode_request(versions, 3, 1, client_id="ip-test")))
+        return connection.receive_frame() is not None
+    except OSError:
+        return False
+
+
+def test_connections_over_an_ips_connection_creation_rate_are_closed_after_their_throttle(tmp_path):
+    """KIP-612's IP quota, as Kafka's ConnectionQuotas: an address's connections per second over its own quota (or
+    the default IP's) are not served and are closed after the throttle, not at once; other addresses, and the
+    same address once its rate is back, connect as ever."""
+    with Broker(tmp_path, properties={"quota.window.num": 2}) as broker:
+        raw = Raw(broker.bootstrap_servers)
+        assert raw.alter(entry({"ip": "127.0.0.1"}, connection_creation_rate=2),
+                         entry({"ip": None}, connection_creation_rate=1000)) == [(0, None), (0, None)]
+        # a rate over at least one full window of 1 s: 2 connections pass (the alter's own counted before it)
+        served = [connect_from(broker.bootstrap_servers, "127.0.0.1") for _ in range(2)]
+        throttled_at = time.monotonic()
+        throttled = connect_from(broker.bootstrap_servers, "127.0.0.1")
+        assert not answered(throttled)
+        # held open for its throttle, (3 - 2) / 2 x 1 s, then closed
+        assert time.monotonic() - throttled_at >= 0.4
+        assert all(answered(c) for c in served)
+        # another address has the default quota
+        assert all(answered(connect_from(broker.bootstrap_servers, "127.0.0.2")) for _ in range(5))
+        wait_for(lambda: answered(connect_from(broker.bootstrap_servers, "127.0.0.1")), "the rate to fall")

@@ -129,13 +129,13 @@ def test_without_a_protected_listener_the_broker_wide_limit_holds_on_every_liste
     quotas = ConnectionQuotas(config, [ListenerConfig("EXTERNAL"), ListenerConfig("INTERNAL")])
     woken = []
     assert quotas.delay("EXTERNAL", lambda: woken.append("EXTERNAL")) == 0
-    assert quotas.acquire("EXTERNAL", "127.0.0.1")
+    assert quotas.acquire("EXTERNAL", "127.0.0.1") == 0
     assert quotas.delay("INTERNAL", lambda: woken.append("INTERNAL")) == float("inf")
     quotas.release("EXTERNAL", "127.0.0.1")
     assert woken == ["INTERNAL"] and quotas.delay("INTERNAL", woken.append) == 0
     # one listener only: Kafka protects the inter-broker listener only when there are others
     alone = ConnectionQuotas(config, [ListenerConfig("INTERNAL")], protected="INTERNAL")
-    assert alone.acquire("INTERNAL", "127.0.0.1")
+    assert alone.acquire("INTERNAL", "127.0.0.1") == 0
     assert alone.delay("INTERNAL", woken.append) == float("inf")
 
 

@@ -34,6 +34,7 @@ import time
 from kmem.broker.codes import ErrorCode
 from kmem.durable import read_json, write_json
 from kmem.errors import ConfigError
+from kmem.network.quotas import SampledRate
 
 USER, CLIENT_ID, IP = "user", "client-id", "ip"
 PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE = "producer_byte_rate", "consumer_byte_rate"
@@ -235,6 +236,16 @@ class ClientQuotaStore:
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ConfigError(f"{self.path}: malformed client quotas ({type(e).__name__}: {e})") from None
 
+    def connection_rate(self, ip):
+        """The ``connection_creation_rate`` of connections from ``ip``: its own entity's, else the default IP's
+        (Kafka's ``connectionRateForIp``); None without either."""
+        quotas = self.quotas
+        for name in (ip, None):
+            value = quotas.get(((IP, name),), {}).get(CONNECTION_CREATION_RATE)
+            if value is not None:
+                return value
+        return None
+
     # -- KIP-55's precedence
 
     def resolve(self, user, client_id, quota_key):
@@ -252,54 +263,6 @@ class ClientQuotaStore:
             if value is not None:
                 return value, (user if user_part is not ... else "", client_id if client_part is not ... else "")
         return None, None
-
-
-class SampledRate:
-    """Kafka's ``Rate`` over a ``SampledStat`` of ``samples`` windows of ``window`` seconds: the sum of the
-    samples not older than ``samples * window``, over the time they cover, at least ``samples - 1`` windows."""
-
-    def __init__(self, samples=11, window=1.0):
-        self.samples_count = samples
-        self.window = window
-        self._samples = []          # [start, value]
-        self._current = 0
-
-    def record(self, value, now):
-        sample = self._samples[self._current] if self._samples else None
-        if sample is None or now >= sample[0] + self.window:
-            if len(self._samples) < self.samples_count:
-                self._samples.append([now, 0.0])
-                self._current = len(self._samples) - 1
-            else:
-                self._current = (self._current + 1) % self.samples_count
-                self._samples[self._current] = [now, 0.0]
-            sample = self._samples[self._current]
-        sample[1] += value
-
-    def window_size(self, now):
-        """Kafka's ``Rate.windowSize``: the time the samples cover, at least ``samples - 1`` full windows."""
-        self._purge(now)
-        oldest = min((sample[0] for sample in self._samples), default=now)
-        elapsed = now - oldest
-        full = int(elapsed // self.window)
-        if full < self.samples_count - 1:
-            elapsed += (self.samples_count - 1 - full) * self.window
-        return elapsed
-
-    def measure(self, now):
-        """Units per second."""
-        size = self.window_size(now)
-        return sum(sample[1] for sample in self._samples) / size
-
-    def expired(self, now):
-        """True when every sample is older than the samples' span: the rate measures nothing any more."""
-        return all(now - sample[0] >= self.samples_count * self.window for sample in self._samples)
-
-    def _purge(self, now):
-        expire = self.samples_count * self.window
-        for sample in self._samples:
-            if now - sample[0] >= expire:
-                sample[0], sample[1] = now, 0.0
 
 
 def _user(principal):

@@ -134,17 +134,19 @@ class Broker:
             self.handlers.transactions = self.coordinator.transactions = self.transactions
             if self.settings.authorizer is not None:
                 self.authorizer = StandardAuthorizer(self.log_dir, self.settings.authorizer)
+            quotas = ClientQuotaStore(self.log_dir)
+            quota_window = (self.settings.quota_window_num, self.settings.quota_window_size_seconds)
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions, ScramAdminHandlers(self.scram_credentials),
-                                           self.authorizer, ClientQuotaStore(self.log_dir),
-                                           (self.settings.quota_window_num, self.settings.quota_window_size_seconds))
+                                           self.authorizer, quotas, quota_window)
             listeners = [ListenerConfig(served.name, served.listener.host, served.listener.port, served.ssl_context,
                                         self._channel_builder(served.sasl, dispatcher), served.max_connections,
                                         served.max_connection_creation_rate)
                          for served in self.settings.listeners]
             self.server = SocketServer(dispatcher, self.settings.network, listeners=listeners, timer=self.timer,
                                        protected_listener=self.settings.inter_broker_listener,
-                                       ssl_principal_mapper=self.settings.ssl_principal_mapper)
+                                       ssl_principal_mapper=self.settings.ssl_principal_mapper,
+                                       ip_connection_rate=quotas.connection_rate, quota_window=quota_window)
             self.server.start()
         except BaseException:
             self._close_sasl()

@@ -31,6 +31,7 @@ import collections
 import dataclasses
 import errno
 import functools
+import heapq
 import itertools
 import logging
 import math
@@ -70,6 +71,8 @@ BUILD_SLICE_SECONDS = 0.002
 # stops listening for a pause that doubles, within these bounds, until an accept succeeds.
 ACCEPT_BACKOFF_MIN_SECONDS = 0.01
 ACCEPT_BACKOFF_MAX_SECONDS = 1.0
+# connections over their IP's creation rate held open until their throttle ends; past this many, closed at once
+MAX_THROTTLED_SOCKETS = 1024
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 AUTHENTICATION_METRICS = ("successful-authentication-total", "successful-reauthentication-total",
                           "failed-authentication-total", "failed-reauthentication-total",
@@ -712,6 +715,7 @@ class _Acceptor(threading.Thread):
         self._waker = Waker(self._selector)
         self._backoff = 0.0
         self._resume_at = None      # while paused: when to listen again (math.inf: once a connection closes)
+        self._throttled = []        # heap of (when to close, id, socket) of connections over their IP's rate
 
     def wakeup(self):
         self._waker.wakeup()
@@ -720,7 +724,7 @@ class _Acceptor(threading.Thread):
         processors = itertools.cycle(self.server.processors)
         try:
             while self.server.running:
-                timeout = POLL_SECONDS
+                timeout = self._close_throttled()
                 if self._resume_at is not None:
                     timeout = self._resume_at - time.monotonic()
                     if timeout <= 0:
@@ -737,9 +741,18 @@ class _Acceptor(threading.Thread):
         except Exception:
             log.exception("network acceptor of listener %s failed", self.listener.name)
         finally:
+            for _, _, sock in self._throttled:
+                sock.close()
             self._selector.close()
             self._listen_socket.close()
             self._waker.close()
+
+    def _close_throttled(self):
+        """Close the throttled connections whose time has come; the seconds until the next (at most a poll)."""
+        now = time.monotonic()
+        while self._throttled and self._throttled[0][0] <= now:
+            heapq.heappop(self._throttled)[2].close()
+        return min(POLL_SECONDS, self._throttled[0][0] - now) if self._throttled else POLL_SECONDS
 
     def _accept_all(self, processors):
         quotas, name = self.server.quotas, self.listener.name
@@ -760,8 +773,12 @@ class _Acceptor(threading.Thread):
                 return
             self._backoff = 0.0
             ip = normalised_ip(address[0])
-            if quotas.acquire(name, ip):
+            refused = quotas.acquire(name, ip)
+            if not refused:
                 next(processors).accept(sock, self.listener, ip)
+            elif refused > 0 and len(self._throttled) < MAX_THROTTLED_SOCKETS:
+                # over its IP's connection_creation_rate: closed after the throttle, as Kafka does
+                heapq.heappush(self._throttled, (time.monotonic() + refused, id(sock), sock))
             else:
                 sock.close()        # over max.connections.per.ip: closed at once, as Kafka does
 
@@ -793,6 +810,8 @@ class SocketServer:
     authentications are closed after a delay on ``timer`` (a ``kmem.broker.timer.Timer``; one of its own if
     none is given). Without one, on TLS, a client certificate's subject is the principal, mapped by
     ``ssl_principal_mapper`` (a ``kmem.network.ssl_principal.SslPrincipalMapper``; Kafka's DEFAULT rule if none).
+    ``ip_connection_rate(ip)`` gives an address's KIP-612 ``connection_creation_rate`` quota (None: none), measured
+    over ``quota_window`` (Kafka's ``quota.window.num``, ``quota.window.size.seconds``).
 
     It serves the config's ``host`` and ``port`` (with its ``ssl_context`` and the ``channel_builder``), or
     ``listeners``: several ``ListenerConfig``s at once, each with its own acceptor, TLS and SASL, all feeding
@@ -805,7 +824,8 @@ class SocketServer:
     """
 
     def __init__(self, handler, config=None, *, listeners=None, channel_builder=None, timer=None,
-                 protected_listener=None, ssl_principal_mapper=None, **settings):
+                 protected_listener=None, ssl_principal_mapper=None, ip_connection_rate=None, quota_window=(11, 1),
+                 **settings):
         if config is not None and settings:
             raise ConfigError("pass either a SocketServerConfig or keyword settings, not both")
         self.config = config if config is not None else SocketServerConfig(**settings)
@@ -820,7 +840,8 @@ class SocketServer:
         if not names or len(set(names)) != len(names):
             raise ConfigError(f"a socket server needs listeners of different names, not {names}")
         self.listeners = tuple(listeners)
-        self.quotas = ConnectionQuotas(self.config, self.listeners, protected_listener)
+        self.quotas = ConnectionQuotas(self.config, self.listeners, protected_listener, ip_connection_rate,
+                                       quota_window)
         self.handler = handler
         # the principals of TLS listeners without SASL: their client certificates' subjects
         self.ssl_principal_mapper = ssl_principal_mapper or SslPrincipalMapper()
