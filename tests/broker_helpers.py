@@ -26,6 +26,15 @@ def wait_for(condition, what, timeout=TIMEOUT):
     return result
 
 
+def kafka_python_knows_partitions(consumer, topics):
+    """Have a subscribed kafka-python consumer learn ``topics``' partitions before its first join. kafka-python 3.0,
+    leading a join without them, assigns nothing and rejoins at once; when its ``poll`` times out during that
+    rejoin, it never applies the assignment it then gets (its join loop finds nothing left to rejoin). Kafka's
+    3 s ``group.initial.rebalance.delay.ms`` hides this; tests that set it to 0 meet it."""
+    for topic in topics:
+        consumer.partitions_for_topic(topic)
+
+
 def consume_to_end(bootstrap, topic, partitions=1, isolation="read_committed", **config):
     """``[(partition, offset, key, value)]`` of ``topic``'s first ``partitions`` partitions, in the order a
     confluent-kafka consumer at ``isolation`` (librdkafka's default, read_committed) reads them from their

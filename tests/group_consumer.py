@@ -42,6 +42,7 @@ def run_kafka_python(bootstrap, group, topic, instance_id=None):
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, session_timeout_ms=SESSION_TIMEOUT_MS,
                              heartbeat_interval_ms=HEARTBEAT_MS, auto_offset_reset="earliest",
                              enable_auto_commit=False, group_instance_id=instance_id)
+    consumer.partitions_for_topic(topic)    # before the first join: see broker_helpers.kafka_python_knows_partitions
     reporter = Reporter()
     while not stopping:
         batches = consumer.poll(200)

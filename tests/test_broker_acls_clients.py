@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from broker_helpers import start_broker_process, wait_for
+from broker_helpers import kafka_python_knows_partitions, start_broker_process, wait_for
 from kmem.broker import Broker
 
 USERS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}
@@ -109,6 +109,7 @@ def test_kafka_python_clients_see_what_kafka_would(broker):
     try:
         assert consumer.topics() == {"orders-eu"}
         consumer.subscribe(["orders-eu"])
+        kafka_python_knows_partitions(consumer, ["orders-eu"])
         seen = []
         wait_for(lambda: seen.extend(r.value for rs in consumer.poll(200).values() for r in rs) or seen,
                  "bob's records")

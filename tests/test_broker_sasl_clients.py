@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from broker_helpers import wait_for
+from broker_helpers import kafka_python_knows_partitions, wait_for
 from network_helpers import make_tls_contexts
 from kmem.broker import Broker
 from kmem.cli import main as kmem_main
@@ -123,6 +123,7 @@ def round_trip_kafka_python(bootstrap, topic, config):
         future.get(30)          # raises what the broker answered, if it refused
     producer.close()
     consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=topic, auto_offset_reset="earliest", **config)
+    kafka_python_knows_partitions(consumer, [topic])
     seen = []
     try:
         def all_read():

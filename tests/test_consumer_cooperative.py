@@ -16,6 +16,7 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.coordinator.assignors.sticky.sticky_assignor import StickyPartitionAssignor
 import pytest
 
+from broker_helpers import kafka_python_knows_partitions
 from consumer_helpers import Recorder
 from kmem.broker import Broker
 from kmem.consumer import Consumer, KafkaError, TopicPartition
@@ -167,6 +168,7 @@ def test_eager_sticky_members_of_kafka_python_and_kmem_keep_their_partitions(bro
     try:
         poll_until(lambda: kmem_members[0].assignment() == EVERY, *kmem_members)
         python.subscribe([TOPIC])
+        kafka_python_knows_partitions(python, [TOPIC])
 
         def holds():
             return [m.assignment() for m in kmem_members] + [kafka_python_holds(python)]
@@ -377,6 +379,7 @@ def kafka_python_member(bootstrap, group, assignor, heard):
                                    partition_assignment_strategy=[assignor], session_timeout_ms=6000,
                                    heartbeat_interval_ms=200)
     consumer.subscribe([TOPIC], listener=heard)
+    kafka_python_knows_partitions(consumer, [TOPIC])
     return consumer
 
 

@@ -17,7 +17,7 @@ from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssi
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 import pytest
 
-from broker_helpers import wait_for
+from broker_helpers import kafka_python_knows_partitions, wait_for
 from kmem.broker import Broker
 from kmem.consumer import CommitFailedError, Consumer, TopicPartition
 
@@ -109,10 +109,7 @@ class Member(threading.Thread):
             auto_offset_reset="earliest", session_timeout_ms=SESSION_MS, heartbeat_interval_ms=HEARTBEAT_MS,
             enable_auto_commit=self.auto_commit, auto_commit_interval_ms=AUTO_COMMIT_MS)
         consumer.subscribe([self.topic])
-        # The topic's partitions known before the first join: kafka-python 3.0, leading a join without them,
-        # assigns nothing and rejoins, and when its poll times out during that rejoin it never applies the
-        # assignment it gets (its join loop finds nothing left to rejoin).
-        consumer.partitions_for_topic(self.topic)
+        kafka_python_knows_partitions(consumer, [self.topic])
         try:
             while not self.stopping.is_set():
                 batches = consumer.poll(50)
