@@ -88,6 +88,16 @@ def test_the_eight_levels_of_kip_55_in_their_order(tmp_path):
     assert store.resolve("alice", "app", "producer_byte_rate") == (None, None)
 
 
+def test_an_ips_connection_rate_is_its_own_however_written_else_the_default_ips(tmp_path):
+    store = ClientQuotaStore(tmp_path)
+    assert store.connection_rate("127.0.0.1") is None
+    store.alter([([("ip", "0:0:0:0:0:0:0:1")], [("connection_creation_rate", 5, False)]),
+                 ([("ip", None)], [("connection_creation_rate", 50, False)])])
+    assert store.connection_rate("::1") == 5 and store.connection_rate("127.0.0.1") == 50
+    store.alter([([("ip", None)], [("connection_creation_rate", 0, True)])])
+    assert store.connection_rate("127.0.0.1") is None and store.connection_rate("::1") == 5
+
+
 def test_a_level_applies_only_to_its_own_key_and_names(tmp_path):
     store = ClientQuotaStore(tmp_path)
     store.alter([([("user", "alice")], [("consumer_byte_rate", 50, False)]),

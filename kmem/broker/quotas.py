@@ -34,7 +34,7 @@ import time
 from kmem.broker.codes import ErrorCode
 from kmem.durable import read_json, write_json
 from kmem.errors import ConfigError
-from kmem.network.quotas import SampledRate
+from kmem.network.quotas import SampledRate, normalised_ip
 
 USER, CLIENT_ID, IP = "user", "client-id", "ip"
 PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE = "producer_byte_rate", "consumer_byte_rate"
@@ -121,6 +121,7 @@ class ClientQuotaStore:
         self.path = os.path.join(os.fspath(log_dir), QUOTAS_FILE)
         self._lock = threading.Lock()
         self.quotas = self._read()          # entity key -> {quota key: value}
+        self._ip_rates = None, {}           # (quotas indexed, {address or None: connection_creation_rate})
 
     # -- DescribeClientQuotas (ClientQuotasImage.describe)
 
@@ -237,14 +238,18 @@ class ClientQuotaStore:
             raise ConfigError(f"{self.path}: malformed client quotas ({type(e).__name__}: {e})") from None
 
     def connection_rate(self, ip):
-        """The ``connection_creation_rate`` of connections from ``ip``: its own entity's, else the default IP's
-        (Kafka's ``connectionRateForIp``); None without either."""
-        quotas = self.quotas
-        for name in (ip, None):
-            value = quotas.get(((IP, name),), {}).get(CONNECTION_CREATION_RATE)
-            if value is not None:
-                return value
-        return None
+        """The ``connection_creation_rate`` of connections from ``ip`` (as ``normalised_ip`` writes it): its own
+        entity's, however the entity wrote the address, else the default IP's (Kafka's ``connectionRateForIp``);
+        None without either."""
+        quotas, by_address = self._ip_rates
+        if quotas is not self.quotas:       # altered since: index the IP entities by address again
+            quotas = self.quotas
+            by_address = {None if name is None else normalised_ip(name): values[CONNECTION_CREATION_RATE]
+                          for ((entity_type, name), *rest), values in quotas.items()
+                          if entity_type == IP and not rest and CONNECTION_CREATION_RATE in values}
+            self._ip_rates = quotas, by_address
+        rate = by_address.get(ip)
+        return by_address.get(None) if rate is None else rate
 
     # -- KIP-55's precedence
 
