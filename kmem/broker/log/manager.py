@@ -39,6 +39,7 @@ LOCK_FILE = ".lock"             # flock()ed while a LogManager has the directory
 MAX_TOPIC_NAME = 249
 LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")        # matched over the whole name (fullmatch)
 PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
+METADATA_PARTITION = "__cluster_metadata-0"     # a KRaft node's metadata log (kmem handover kraft), no topic
 
 
 def _count(n, noun):
@@ -180,7 +181,7 @@ class LogManager:
                     shutil.rmtree(self._path(name))        # a topic deletion cut short
                     continue
                 match = PARTITION_DIR.fullmatch(name)
-                if not match or not os.path.isdir(self._path(name)):
+                if not match or not os.path.isdir(self._path(name)) or name == METADATA_PARTITION:
                     continue
                 topic, partition = match.group(1), int(match.group(2))
                 key = (topic, partition)
