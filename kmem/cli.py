@@ -11,7 +11,8 @@ import sys
 
 DESCRIPTION = """\
 kmem broker runs a Kafka broker (no JVM) on a log directory; kmem pipeline runs Spark jobs over Kafka
-log directories. 'kmem COMMAND --help' tells more."""
+log directories; kmem handover kraft hands a stopped broker's log directory over to a Kafka KRaft node.
+'kmem COMMAND --help' tells more."""
 
 BROKER_DESCRIPTION = """\
 Run a single-node Kafka broker on a log directory until SIGTERM or SIGINT (Ctrl-C), for any Kafka

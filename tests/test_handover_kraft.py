@@ -396,6 +396,25 @@ def test_refused_for_an_unknown_config(tmp_path):
     refuse(log_dir, "retention.millis")
 
 
+def test_refused_for_malformed_topic_configs(tmp_path):
+    log_dir = str(tmp_path / "kd")
+    make_kmem_dir(log_dir)
+    with open(os.path.join(log_dir, "kmem-topics.json"), "w") as file:
+        json.dump({"orders": ["cleanup.policy"]}, file)
+    refuse(log_dir, "expected {topic: {config: value}}")
+
+
+def test_a_malformed_listener_writes_nothing(tmp_path, capsys):
+    log_dir = str(tmp_path / "kd")
+    make_kmem_dir(log_dir)
+    before = files_of(log_dir)
+
+    assert main(["handover", "kraft", "--log-dir", log_dir, "--node-id", "1", "--listeners", "PLAINTEXT://host"]) == 2
+
+    assert "listener 'PLAINTEXT://host' is not NAME://HOST:PORT" in capsys.readouterr().err
+    assert files_of(log_dir) == before
+
+
 def test_refused_once_a_kafka_node_wrote_its_metadata_log(tmp_path):
     log_dir = str(tmp_path / "kd")
     make_kmem_dir(log_dir)

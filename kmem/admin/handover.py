@@ -232,6 +232,8 @@ def _read_topic_configs(log_dir, problems):
         return {}
     except ValueError as e:
         raise HandoverRefused(log_dir, [f"{path}: not valid JSON ({e})"]) from None
+    if not isinstance(configs, dict) or not all(isinstance(overrides, dict) for overrides in configs.values()):
+        raise HandoverRefused(log_dir, [f"{path}: expected {{topic: {{config: value}}}}"])
     checked = {}
     broker = BrokerConfig()
     for topic, overrides in configs.items():
@@ -425,26 +427,33 @@ def handover_kraft(log_dir, node_id, cluster_id=None):
     return plan
 
 
-def server_properties(plan, listeners):
-    """The ``server.properties`` lines of the Kafka node: ``listeners`` as given (with a ``CONTROLLER`` listener
-    on localhost:9093 when none is named so), the static single-voter quorum (``controller.quorum.voters``,
-    KIP-595) on the controller listener, ``log.dirs`` this directory."""
+def server_properties(node_id, log_dir, listeners):
+    """The ``server.properties`` lines of the Kafka node: ``listeners`` (``NAME://host:port,...``) as given, with
+    a ``CONTROLLER`` listener on localhost:9093 when none is named so; the static single-voter quorum
+    (``controller.quorum.voters``, KIP-595) on the controller listener; ``log.dirs`` this directory.
+    ``ConfigError`` for a listener that is not ``NAME://host:port``."""
     items = [item.strip() for item in listeners.split(",") if item.strip()]
-    names = [item.split("://", 1)[0] for item in items]
-    if "CONTROLLER" not in names:
+    parsed = {}
+    for item in items:
+        name, sep, address = item.partition("://")
+        host, _, port = address.rpartition(":")
+        if not sep or not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"listener {item!r} is not NAME://HOST:PORT")
+        parsed[name] = (host, port)
+    if "CONTROLLER" not in parsed:
         items.append("CONTROLLER://localhost:9093")
-    controller = next(item for item in items if item.startswith("CONTROLLER://")).split("://", 1)[1]
-    host, _, port = controller.rpartition(":")
-    broker_listener = next((name for name in names if name != "CONTROLLER"), "PLAINTEXT")
+        parsed["CONTROLLER"] = ("localhost", "9093")
+    host, port = parsed["CONTROLLER"]
+    broker_listener = next((name for name in parsed if name != "CONTROLLER"), "PLAINTEXT")
     return [
         "process.roles=broker,controller",
-        f"node.id={plan.node_id}",
-        f"controller.quorum.voters={plan.node_id}@{host or 'localhost'}:{port}",
+        f"node.id={node_id}",
+        f"controller.quorum.voters={node_id}@{host or 'localhost'}:{port}",
         f"listeners={','.join(items)}",
         "controller.listener.names=CONTROLLER",
         f"inter.broker.listener.name={broker_listener}",
         f"listener.security.protocol.map={PROTOCOL_MAP}",
-        f"log.dirs={os.path.abspath(plan.log_dir)}",
+        f"log.dirs={os.path.abspath(log_dir)}",
         "offsets.topic.replication.factor=1",
         "transaction.state.log.replication.factor=1",
         "transaction.state.log.min.isr=1",
@@ -498,6 +507,7 @@ def _node_id(text):
 
 def run(args):
     try:
+        properties = server_properties(args.node_id, args.log_dir, args.listeners)
         plan = handover_kraft(args.log_dir, args.node_id, args.cluster_id)
     except (KmemError, OSError) as e:
         print(f"kmem handover: {e}", file=sys.stderr)
@@ -505,6 +515,6 @@ def run(args):
     print(f"# {args.log_dir}: {len(plan.topics)} topics, {plan.partition_count} partitions, "
           f"{len(plan.scram)} SCRAM credentials, {len(plan.acls)} ACLs handed over to Kafka (metadata.version "
           f"{METADATA_VERSION[0]}); server.properties of the Kafka node:")
-    for line in server_properties(plan, args.listeners):
+    for line in properties:
         print(line)
     return 0
