@@ -16,6 +16,7 @@ import crc32c
 import pytest
 
 from kmem.admin import handover
+from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log import checkpoints
 from kmem.broker.log.manager import LogManager
 from kmem.broker.security.authorizer import AclBinding, StandardAuthorizer
@@ -347,6 +348,14 @@ def test_kmem_still_opens_the_directory_and_serves_the_same_topics(tmp_path):
                 for name, info in logs.topics().items()} == before
         assert logs.get_partition("orders", 1).log_end_offset == 3
     assert len(os.listdir(os.path.join(log_dir, handover.METADATA_PARTITION))) == 3
+
+
+def test_kmem_creates_no_topic_named_as_the_metadata_log(tmp_path):
+    with LogManager(tmp_path / "kd") as logs:
+        with pytest.raises(LogError) as raised:
+            logs.create_topic("__cluster_metadata", 1)
+        assert raised.value.code == ErrorCode.INVALID_REQUEST
+        assert logs.topics() == {}
 
 
 def refuse(log_dir, expected):

@@ -39,7 +39,8 @@ LOCK_FILE = ".lock"             # flock()ed while a LogManager has the directory
 MAX_TOPIC_NAME = 249
 LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")        # matched over the whole name (fullmatch)
 PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
-METADATA_PARTITION = "__cluster_metadata-0"     # a KRaft node's metadata log (kmem handover kraft), no topic
+METADATA_TOPIC = "__cluster_metadata"           # a KRaft node's metadata log (kmem handover kraft), no topic
+METADATA_PARTITION = METADATA_TOPIC + "-0"
 
 
 def _count(n, noun):
@@ -226,6 +227,8 @@ class LogManager:
         returns its topic id. Raises ``LogError``: INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS,
         INVALID_PARTITIONS, INVALID_CONFIG."""
         validate_topic_name(name)
+        if name == METADATA_TOPIC:          # as Kafka's ControllerApis.createTopics
+            raise LogError(ErrorCode.INVALID_REQUEST, f"Creation of internal topic {METADATA_TOPIC} is prohibited.")
         partitions = self.config.num_partitions if partitions is None else partitions
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions!r}")
