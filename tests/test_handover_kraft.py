@@ -23,7 +23,7 @@ from kmem.broker.security.authorizer import AclBinding, StandardAuthorizer
 from kmem.broker.security.credentials import ScramCredentialStore
 from kmem.broker.security.scram import credential_from_password
 from kmem.cli import main
-from kmem.errors import IllegalStateError
+from kmem.errors import IllegalStateError, KmemError
 from kmem.records.builders import build_records
 
 NODE = 3
@@ -42,7 +42,8 @@ KAFKA_SCHEMAS = json.loads("""[
    {"name": "RemovingReplicas", "type": "[]int32", "versions": "0+"},
    {"name": "AddingReplicas", "type": "[]int32", "versions": "0+"},
    {"name": "Leader", "type": "int32", "versions": "0+", "default": "-1"},
-   {"name": "LeaderRecoveryState", "type": "int8", "default": "0", "versions": "0+", "taggedVersions": "0+", "tag": 0},
+   {"name": "LeaderRecoveryState", "type": "int8", "default": "0", "versions": "0+", "taggedVersions": "0+",
+    "tag": 0},
    {"name": "LeaderEpoch", "type": "int32", "versions": "0+", "default": "-1"},
    {"name": "PartitionEpoch", "type": "int32", "versions": "0+", "default": "-1"},
    {"name": "Directories", "type": "[]uuid", "versions": "1+"},
@@ -51,8 +52,8 @@ KAFKA_SCHEMAS = json.loads("""[
    {"name": "LastKnownElr", "type": "[]int32", "default": "null", "versions": "2+", "nullableVersions": "2+",
     "taggedVersions": "2+", "tag": 2}]},
  {"apiKey": 4, "name": "ConfigRecord", "fields": [
-   {"name": "ResourceType", "type": "int8", "versions": "0+"}, {"name": "ResourceName", "type": "string", "versions": "0+"},
-   {"name": "Name", "type": "string", "versions": "0+"},
+   {"name": "ResourceType", "type": "int8", "versions": "0+"},
+   {"name": "ResourceName", "type": "string", "versions": "0+"}, {"name": "Name", "type": "string", "versions": "0+"},
    {"name": "Value", "type": "string", "versions": "0+", "nullableVersions": "0+"}]},
  {"apiKey": 15, "name": "ProducerIdsRecord", "fields": [
    {"name": "BrokerId", "type": "int32", "versions": "0+"},
@@ -61,10 +62,12 @@ KAFKA_SCHEMAS = json.loads("""[
  {"apiKey": 11, "name": "UserScramCredentialRecord", "fields": [
    {"name": "Name", "type": "string", "versions": "0+"}, {"name": "Mechanism", "type": "int8", "versions": "0+"},
    {"name": "Salt", "type": "bytes", "versions": "0+"}, {"name": "StoredKey", "type": "bytes", "versions": "0+"},
-   {"name": "ServerKey", "type": "bytes", "versions": "0+"}, {"name": "Iterations", "type": "int32", "versions": "0+"}]},
+   {"name": "ServerKey", "type": "bytes", "versions": "0+"},
+   {"name": "Iterations", "type": "int32", "versions": "0+"}]},
  {"apiKey": 18, "name": "AccessControlEntryRecord", "fields": [
    {"name": "Id", "type": "uuid", "versions": "0+"}, {"name": "ResourceType", "type": "int8", "versions": "0+"},
-   {"name": "ResourceName", "type": "string", "versions": "0+"}, {"name": "PatternType", "type": "int8", "versions": "0+"},
+   {"name": "ResourceName", "type": "string", "versions": "0+"},
+   {"name": "PatternType", "type": "int8", "versions": "0+"},
    {"name": "Principal", "type": "string", "versions": "0+"}, {"name": "Host", "type": "string", "versions": "0+"},
    {"name": "Operation", "type": "int8", "versions": "0+"}, {"name": "PermissionType", "type": "int8", "versions": "0+"}]},
  {"name": "SnapshotHeaderRecord", "fields": [
@@ -360,7 +363,7 @@ def test_kmem_creates_no_topic_named_as_the_metadata_log(tmp_path):
 
 def refuse(log_dir, expected):
     before = files_of(log_dir)
-    with pytest.raises(handover.KmemError) as raised:
+    with pytest.raises(KmemError) as raised:
         handover.handover_kraft(log_dir, NODE)
     assert expected in str(raised.value)
     assert files_of(log_dir) == before

@@ -410,7 +410,8 @@ def check_metadata_partition(log_dir):
     final = os.path.join(log_dir, METADATA_PARTITION)
     if not os.path.isdir(final):
         return
-    written = [name for name in os.listdir(final) if name.endswith(".log") and os.path.getsize(os.path.join(final, name))]
+    written = [name for name in os.listdir(final)
+               if name.endswith(".log") and os.path.getsize(os.path.join(final, name))]
     if written:
         raise IllegalStateError(f"{final} holds a Kafka node's metadata log ({written[0]}): a Kafka node has run on "
                                 "this directory, and a hand-over would lose what it recorded")
