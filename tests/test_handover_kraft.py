@@ -3,6 +3,7 @@ from Kafka 3.9's metadata JSON schemas (``metadata/src/main/resources/common/met
 ``clients/src/main/resources/common/message/Snapshot{Header,Footer}Record.json``) and the KIP-630 snapshot layout,
 with the batch CRCs (CRC-32C of the ``crc32c`` package) Kafka checks; the refusals, which write nothing; a hand-over
 killed half-way; and, when it is built, Kafka's own code (the kraft oracle of ``kafka-oracles``) as the judge."""
+import errno
 import json
 import os
 import shutil
@@ -325,6 +326,19 @@ def test_the_command_prints_the_server_properties_of_the_kafka_node(tmp_path, ca
     assert settings["listeners"] == "PLAINTEXT://0.0.0.0:9092,CONTROLLER://host1:9093"
     assert settings["log.dirs"] == os.path.abspath(log_dir)
     assert "2 topics, 4 partitions" in lines[0]
+    assert "offsets.topic.num.partitions" not in settings
+
+
+def test_the_coordinators_partition_counts_are_printed(tmp_path, capsys):
+    log_dir = str(tmp_path / "kd")
+    with LogManager(log_dir) as logs:
+        logs.create_topic("__consumer_offsets", 7, {"cleanup.policy": "compact"})
+        logs.create_topic("__transaction_state", 5, {"cleanup.policy": "compact"})
+
+    assert main(["handover", "kraft", "--log-dir", log_dir, "--node-id", "1"]) == 0
+
+    lines = capsys.readouterr().out.splitlines()
+    assert "offsets.topic.num.partitions=7" in lines and "transaction.state.log.num.partitions=5" in lines
 
 
 def test_a_new_cluster_id_goes_to_meta_properties(tmp_path):
@@ -425,6 +439,26 @@ def test_a_malformed_listener_writes_nothing(tmp_path, capsys):
 
     assert "listener 'PLAINTEXT://host' is not NAME://HOST:PORT" in capsys.readouterr().err
     assert files_of(log_dir) == before
+
+
+def test_a_full_disk_half_way_leaves_nothing(tmp_path, monkeypatch):
+    log_dir = str(tmp_path / "kd")
+    make_kmem_dir(log_dir)
+    before = files_of(log_dir)
+    written = []
+
+    def write_until_full(path, data):
+        if written:
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        written.append(path)
+        real_write(path, data)
+    real_write = handover._write_synced
+    monkeypatch.setattr(handover, "_write_synced", write_until_full)
+
+    with pytest.raises(OSError):
+        handover.handover_kraft(log_dir, NODE)
+
+    assert written and files_of(log_dir) == before
 
 
 def test_refused_once_a_kafka_node_wrote_its_metadata_log(tmp_path):

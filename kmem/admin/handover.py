@@ -461,6 +461,17 @@ def server_properties(node_id, log_dir, listeners):
     ]
 
 
+PARTITION_COUNT_SETTINGS = {"__consumer_offsets": "offsets.topic.num.partitions",
+                            "__transaction_state": "transaction.state.log.num.partitions"}
+
+
+def internal_topic_settings(plan):
+    """The partition counts of the coordinators' topics kmem made: Kafka places a group or a transactional id
+    by its hash modulo that count, so the node's setting has to agree with the topic."""
+    return [f"{PARTITION_COUNT_SETTINGS[topic.name]}={len(topic.partitions)}"
+            for topic in plan.topics if topic.name in PARTITION_COUNT_SETTINGS]
+
+
 # Kafka's default map with the controller listener (config/kraft/server.properties); other names need an entry
 PROTOCOL_MAP = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
 
@@ -516,6 +527,6 @@ def run(args):
     print(f"# {args.log_dir}: {len(plan.topics)} topics, {plan.partition_count} partitions, "
           f"{len(plan.scram)} SCRAM credentials, {len(plan.acls)} ACLs handed over to Kafka (metadata.version "
           f"{METADATA_VERSION[0]}); server.properties of the Kafka node:")
-    for line in properties:
+    for line in properties + internal_topic_settings(plan):
         print(line)
     return 0
