@@ -201,6 +201,11 @@ class ProducerIdAllocator:
             raise CorruptCheckpointError(f"{self.path}: expected '0' and the next unreserved producer id") from None
         self._next = self._reserved_end       # ids below the reserved end may have been issued: skip them
 
+    @property
+    def reserved_end(self):
+        """The first producer id never reserved: every id issued is below it."""
+        return self._reserved_end
+
     def allocate(self):
         with self._lock:
             if self._next == self._reserved_end:

@@ -39,6 +39,8 @@ LOCK_FILE = ".lock"             # flock()ed while a LogManager has the directory
 MAX_TOPIC_NAME = 249
 LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")        # matched over the whole name (fullmatch)
 PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
+METADATA_TOPIC = "__cluster_metadata"           # a KRaft node's metadata log (kmem handover kraft), no topic
+METADATA_PARTITION = METADATA_TOPIC + "-0"
 
 
 def _count(n, noun):
@@ -180,7 +182,7 @@ class LogManager:
                     shutil.rmtree(self._path(name))        # a topic deletion cut short
                     continue
                 match = PARTITION_DIR.fullmatch(name)
-                if not match or not os.path.isdir(self._path(name)):
+                if not match or not os.path.isdir(self._path(name)) or name == METADATA_PARTITION:
                     continue
                 topic, partition = match.group(1), int(match.group(2))
                 key = (topic, partition)
@@ -225,6 +227,8 @@ class LogManager:
         returns its topic id. Raises ``LogError``: INVALID_TOPIC_EXCEPTION, TOPIC_ALREADY_EXISTS,
         INVALID_PARTITIONS, INVALID_CONFIG."""
         validate_topic_name(name)
+        if name == METADATA_TOPIC:          # as Kafka's ControllerApis.createTopics
+            raise LogError(ErrorCode.INVALID_REQUEST, f"Creation of internal topic {METADATA_TOPIC} is prohibited.")
         partitions = self.config.num_partitions if partitions is None else partitions
         if isinstance(partitions, bool) or not isinstance(partitions, int) or partitions < 1:
             raise LogError(ErrorCode.INVALID_PARTITIONS, f"number of partitions must be at least 1: {partitions!r}")

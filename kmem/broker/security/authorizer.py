@@ -392,6 +392,10 @@ class StandardAuthorizer:
         """The bindings ``acl_filter`` matches."""
         return [acl for acl in list(self._by_id.values()) if acl_filter.matches(acl)]
 
+    def entries(self):
+        """``[(id, binding)]`` of every binding, the ids those of Kafka's ``AccessControlEntryRecord``."""
+        return list(self._by_id.items())
+
     def create(self, bindings):
         """Add the (valid) ``bindings``, on disk before this returns; one already present is kept as it is."""
         with self._lock:
