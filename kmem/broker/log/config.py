@@ -402,6 +402,7 @@ BROKER_SETTINGS = {
     "log.cleaner.max.compaction.lag.ms": ("log_cleaner_max_compaction_lag_ms", at_least(1)),
     "producer.ledger.ids": ("producer_ledger_ids", at_least(16, INT32_MAX)),
     "producer.state.cache.entries": ("producer_state_cache_entries", at_least(1, INT32_MAX)),
+    "max.request.partition.size.limit": ("max_request_partition_size_limit", at_least(1, INT32_MAX)),
 }
 
 
@@ -442,6 +443,7 @@ class BrokerConfig:
     log_cleaner_max_compaction_lag_ms: int = INT64_MAX
     producer_ledger_ids: int = 10_000
     producer_state_cache_entries: int = 10_000
+    max_request_partition_size_limit: int = 2000
 
     @classmethod
     def from_properties(cls, properties=None, **overrides):
