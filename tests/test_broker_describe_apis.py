@@ -9,6 +9,7 @@ import uuid
 import pytest
 
 from broker_helpers import RawConnection
+from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from kmem.broker import Broker
 from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.authorized import TOPIC_OPERATIONS
@@ -260,3 +261,56 @@ def test_describe_topic_partitions_filters_by_describe_before_the_limit(alice):
     assert [(t.name, t.error_code) for t in describe(alice, ["a-denied"]).topics] == \
         [("a-denied", ErrorCode.TOPIC_AUTHORIZATION_FAILED)]
     assert describe(alice, [], 10, ("d-seen0", 0)).topics == []
+
+
+# --- Apache's Java AdminClient 3.9.1 and confluent-kafka's AdminClient ----------------------------------------
+
+@pytest.fixture(scope="module")
+def java_admin(tmp_path_factory):
+    """Apache's Java AdminClient (tests/java/KafkaClientProbe.java), skipped without a JDK or the jars."""
+    classpath = [wheel_jar(KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256), wheel_jar("slf4j-api.jar")]
+    running = start_probe(tmp_path_factory.mktemp("describe-probe"), "KafkaClientProbe.java", classpath)
+    yield running
+    running.close()
+
+
+def test_java_describe_log_dirs_gets_each_replicas_size(broker, java_admin):
+    answer = java_admin("log-dirs", broker.bootstrap_servers)
+    log_dir = os.path.abspath(broker.log_dir)
+    [described] = answer[str(broker.node_id)].items()
+    assert described[0] == log_dir
+    assert described[1]["error"] is None
+    assert 0 < described[1]["usable"] <= described[1]["total"]           # v4: the volume's bytes
+    replicas = described[1]["replicas"]
+    expected = {f"{topic}-{index}": [file_sizes(log_dir, topic, index), 0, False]
+                for topic, index in broker.logs.partitions()}
+    assert replicas == expected
+    assert replicas["sizes-0"][0] > 0
+
+
+def test_java_describe_topics_pages_through_describe_topic_partitions(broker, java_admin):
+    requests_before = broker.requests_served[(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0)]
+    answer = java_admin("describe-topics", broker.bootstrap_servers, 10, "wide", "sizes", "missing")
+    # 3 partitions of sizes and 25 of wide, 10 a page: at least 3 requests, and no partition lost or repeated
+    assert broker.requests_served[(ApiKey.DESCRIBE_TOPIC_PARTITIONS, 0)] - requests_before >= 3
+    node = broker.node_id
+    for name, count in (("wide", 25), ("sizes", 3)):
+        topic = answer[name]
+        assert topic["id"] == broker.logs.topics()[name].topic_id        # Kafka's Uuid.toString, as stored
+        assert topic["internal"] is False
+        assert set(topic["operations"]) == {op.name for op in Operation if TOPIC_OPERATIONS >> op & 1}
+        assert topic["partitions"] == [[i, node, [node], [node], [], []] for i in range(count)]
+    assert answer["missing"]["error"] == "UnknownTopicOrPartitionException"
+
+
+def test_confluent_kafka_describe_topics(broker):
+    from confluent_kafka import TopicCollection
+    from confluent_kafka.admin import AdminClient
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+    futures = admin.describe_topics(TopicCollection(["wide", "missing"]), request_timeout=30)
+    wide = futures["wide"].result(timeout=30)
+    assert [(p.id, p.leader.id, [r.id for r in p.replicas], [r.id for r in p.isr]) for p in wide.partitions] == \
+        [(i, broker.node_id, [broker.node_id], [broker.node_id]) for i in range(25)]
+    with pytest.raises(Exception) as failure:
+        futures["missing"].result(timeout=30)
+    assert failure.value.args[0].code() == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
