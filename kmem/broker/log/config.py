@@ -39,6 +39,8 @@ Broker setting (default)                       topic setting
   log needs cleaning).
 - ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
   value would make every ``acks=all`` produce fail with NOT_ENOUGH_REPLICAS, as in Kafka: refused).
+- ``max.request.partition.size.limit`` (2000): the most partitions a DescribeTopicPartitions response
+  describes (KIP-966), however many its request allows.
 
 Every other topic config of Kafka 3.9's ``LogConfig`` is accepted with Kafka's type, range, valid values
 and default (values trimmed, names and values case-sensitive, as Kafka's ``ConfigDef``, except that
