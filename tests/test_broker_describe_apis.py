@@ -37,7 +37,8 @@ def call(raw, api_key, version, **fields):
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    with Broker(tmp_path_factory.mktemp("describe-logs"), properties={"log.segment.bytes": 2048}) as running:
+    properties = {"log.segment.bytes": 2048, "max.request.partition.size.limit": 20}
+    with Broker(tmp_path_factory.mktemp("describe-logs"), properties=properties) as running:
         logs = running.logs
         logs.create_topic("sizes", 3)
         for index, count in ((0, 40), (1, 1)):          # partition 0 rolls segments, partition 2 stays empty
@@ -165,13 +166,12 @@ def test_the_cursor_walks_a_topic_of_many_partitions_in_pages(raw):
     assert {"other", "sizes", "wide"} <= set(every) and every == sorted(every)
 
 
-@pytest.mark.parametrize("limit", [2 ** 31 - 1, 0, -5])
-def test_the_partition_limit_is_bounded_by_the_brokers_and_at_least_one(raw, broker, limit):
+@pytest.mark.parametrize("limit, described", [(2 ** 31 - 1, 20), (2000, 20), (0, 1), (-5, 1), (3, 3)])
+def test_the_partition_limit_is_bounded_by_the_brokers_and_at_least_one(raw, limit, described):
     response = describe(raw, ["wide"], limit)
     [topic] = response.topics
-    expected = min(broker.logs.config.max_request_partition_size_limit, max(limit, 1))
-    assert len(topic.partitions) == min(expected, 25)
-    assert (response.next_cursor is None) == (expected >= 25)
+    assert [p.partition_index for p in topic.partitions] == list(range(described))
+    assert (response.next_cursor.topic_name, response.next_cursor.partition_index) == ("wide", described)
 
 
 def test_unknown_topics_invalid_names_and_cursors_get_kafkas_codes(raw):
@@ -182,7 +182,7 @@ def test_unknown_topics_invalid_names_and_cursors_get_kafkas_codes(raw):
         ("sizes", ErrorCode.NONE, response.topics[2].topic_id, response.topics[2].partitions)]
     # a cursor past a topic's end: the topic without partitions, then the rest
     response = describe(raw, ["sizes", "wide"], 2000, ("sizes", 50))
-    assert [(t.name, len(t.partitions)) for t in response.topics] == [("sizes", 0), ("wide", 25)]
+    assert [(t.name, len(t.partitions)) for t in response.topics] == [("sizes", 0), ("wide", 20)]
     # a cursor past every topic: nothing
     assert describe(raw, [], 2000, ("zzz", 0)).topics == []
     # Kafka's InvalidRequestException: every topic named is INVALID_REQUEST
