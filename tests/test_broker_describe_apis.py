@@ -177,8 +177,8 @@ def test_the_partition_limit_is_bounded_by_the_brokers_and_at_least_one(raw, lim
 def test_unknown_topics_invalid_names_and_cursors_get_kafkas_codes(raw):
     response = describe(raw, ["missing", "sizes", "bad/name"])
     assert [(t.name, t.error_code, t.topic_id, t.partitions) for t in response.topics] == [
-        ("bad/name", ErrorCode.INVALID_TOPIC_EXCEPTION, ZERO_UUID, []), ("missing", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                                                                         ZERO_UUID, []),
+        ("bad/name", ErrorCode.INVALID_TOPIC_EXCEPTION, ZERO_UUID, []),
+        ("missing", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ZERO_UUID, []),
         ("sizes", ErrorCode.NONE, response.topics[2].topic_id, response.topics[2].partitions)]
     # a cursor past a topic's end: the topic without partitions, then the rest
     response = describe(raw, ["sizes", "wide"], 2000, ("sizes", 50))
@@ -225,8 +225,9 @@ def alice(secure_broker):
     admin = sasl_connection(secure_broker.bootstrap_servers, "admin")
     Creation = request_class(ApiKey.CREATE_ACLS).AclCreation
     created = call(admin, ApiKey.CREATE_ACLS, 3, creations=[Creation(
-        resource_type=ResourceType.TOPIC, resource_name=name, resource_pattern_type=PatternType.LITERAL, principal="User:alice",
-        host="*", operation=Operation.DESCRIBE, permission_type=Permission.ALLOW) for name in ("b-seen", "d-seen")])
+        resource_type=ResourceType.TOPIC, resource_name=name, resource_pattern_type=PatternType.LITERAL,
+        principal="User:alice", host="*", operation=Operation.DESCRIBE, permission_type=Permission.ALLOW)
+        for name in ("b-seen", "d-seen")])
     assert [r.error_code for r in created.results] == [0, 0]
     admin.close()
     raw = sasl_connection(secure_broker.bootstrap_servers, "alice")

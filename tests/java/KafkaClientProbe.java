@@ -12,6 +12,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.OptionalLong;
 import java.util.Properties;
 import java.util.TreeSet;
 import java.util.concurrent.ConcurrentHashMap;
@@ -46,6 +47,7 @@ import org.apache.kafka.common.KafkaFuture;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartitionInfo;
 import org.apache.kafka.common.acl.AclOperation;
+import org.apache.kafka.common.errors.ApiException;
 import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.Uuid;
@@ -218,7 +220,8 @@ public class KafkaClientProbe {
             for (Node node : admin.describeCluster().nodes().get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS))
                 brokers.add(node.id());
             Map<String, Object> answer = new LinkedHashMap<>();
-            var described = admin.describeLogDirs(brokers).allDescriptions().get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+            var described = admin.describeLogDirs(brokers).allDescriptions()
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
             for (var broker : described.entrySet()) {
                 Map<String, Object> dirs = new LinkedHashMap<>();
                 for (var dir : broker.getValue().entrySet()) {
@@ -228,9 +231,10 @@ public class KafkaClientProbe {
                         replicas.put(replica.getKey().toString(), List.of(replica.getValue().size(),
                             replica.getValue().offsetLag(), replica.getValue().isFuture()));
                     Map<String, Object> entry = new LinkedHashMap<>();
-                    entry.put("error", description.error() == null ? null : description.error().getClass().getSimpleName());
-                    entry.put("total", description.totalBytes().isPresent() ? description.totalBytes().getAsLong() : null);
-                    entry.put("usable", description.usableBytes().isPresent() ? description.usableBytes().getAsLong() : null);
+                    ApiException error = description.error();
+                    entry.put("error", error == null ? null : error.getClass().getSimpleName());
+                    entry.put("total", bytes(description.totalBytes()));
+                    entry.put("usable", bytes(description.usableBytes()));
                     entry.put("replicas", replicas);
                     dirs.put(dir.getKey(), entry);
                 }
@@ -260,8 +264,9 @@ public class KafkaClientProbe {
                     topic.put("operations", operations);
                     List<Object> partitions = new ArrayList<>();
                     for (TopicPartitionInfo partition : description.partitions())
-                        partitions.add(List.of(partition.partition(), partition.leader().id(), ids(partition.replicas()),
-                            ids(partition.isr()), ids(partition.elr()), ids(partition.lastKnownElr())));
+                        partitions.add(List.of(partition.partition(), partition.leader().id(),
+                            ids(partition.replicas()), ids(partition.isr()), ids(partition.elr()),
+                            ids(partition.lastKnownElr())));
                     topic.put("partitions", partitions);
                     answer.put(name, topic);
                 } catch (ExecutionException e) {
@@ -270,6 +275,10 @@ public class KafkaClientProbe {
             }
         }
         return answer;
+    }
+
+    static Object bytes(OptionalLong count) {
+        return count.isPresent() ? count.getAsLong() : null;
     }
 
     static List<Object> ids(List<Node> nodes) {

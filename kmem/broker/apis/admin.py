@@ -339,7 +339,7 @@ class AdminHandlers:
         partitions; ``next_cursor`` names the first partition left out."""
         Response = messages.DescribeTopicPartitionsResponse
         response = Response(throttle_time_ms=0, topics=[], next_cursor=None)
-        if invalid_cursor(request) is not None:      # Kafka's InvalidRequestException: every topic named refused
+        if not cursor_is_valid(request):      # Kafka's InvalidRequestException: every topic named refused
             response.topics = [Response.DescribeTopicPartitionsResponseTopic(
                 error_code=ErrorCode.INVALID_REQUEST, name=topic.name, is_internal=False, partitions=[])
                 for topic in request.topics]
@@ -390,17 +390,14 @@ class AdminHandlers:
             isr_nodes=[node], eligible_leader_replicas=[], last_known_elr=[], offline_replicas=[])
 
 
-def invalid_cursor(request):
-    """Why a DescribeTopicPartitions cursor is invalid (Kafka answers INVALID_REQUEST), or None: among named
-    topics it must name one of them, and its partition index must not be negative."""
+def cursor_is_valid(request):
+    """Whether a DescribeTopicPartitions request's cursor is one Kafka accepts (else INVALID_REQUEST): none, or
+    one naming one of the topics named (any name when none is) with a partition index not negative."""
     cursor = request.cursor
     if cursor is None:
-        return None
-    if request.topics and cursor.topic_name not in {topic.name for topic in request.topics}:
-        return f"the cursor's topic {cursor.topic_name!r} is not one of the topics named"
-    if cursor.partition_index < 0:
-        return f"the cursor's partition index {cursor.partition_index} is negative"
-    return None
+        return True
+    named = not request.topics or cursor.topic_name in {topic.name for topic in request.topics}
+    return named and cursor.partition_index >= 0
 
 
 class _Refused(Exception):

@@ -19,7 +19,7 @@ are not.
 import dataclasses
 import uuid
 
-from kmem.broker.apis.admin import invalid_cursor
+from kmem.broker.apis.admin import cursor_is_valid
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, GROUP_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.handlers import first_transactional_batch
 from kmem.broker.codes import ErrorCode
@@ -652,7 +652,7 @@ class RequestChecks:
         a topic named that is denied is TOPIC_AUTHORIZATION_FAILED (zero topic id), one denied among all topics is
         left out; the handler sees the allowed ones from the cursor's on, and from partition 0 when the cursor's
         own topic is denied. A cursor Kafka refuses is left to the handler."""
-        if invalid_cursor(request) is not None:
+        if not cursor_is_valid(request):
             return None
         cursor = request.cursor
         every_topic = not request.topics
