@@ -12,6 +12,7 @@ import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Optional;
+import java.util.OptionalLong;
 import java.util.Properties;
 import java.util.TreeSet;
 import java.util.concurrent.ConcurrentHashMap;
@@ -21,6 +22,8 @@ import java.util.concurrent.TimeUnit;
 
 import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.DescribeTopicsOptions;
+import org.apache.kafka.clients.admin.LogDirDescription;
 import org.apache.kafka.clients.admin.ScramCredentialInfo;
 import org.apache.kafka.clients.admin.ScramMechanism;
 import org.apache.kafka.clients.admin.UserScramCredentialUpsertion;
@@ -41,6 +44,10 @@ import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.KafkaFuture;
+import org.apache.kafka.common.Node;
+import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.acl.AclOperation;
+import org.apache.kafka.common.errors.ApiException;
 import org.apache.kafka.common.TopicCollection;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.Uuid;
@@ -67,6 +74,10 @@ import org.apache.kafka.common.Uuid;
  *   stream BOOTSTRAP TOPIC GROUP MILLIS                a producer sending to partition 0 while a consumer reads
  *                                                      in a group, for MILLIS; then every record read back
  *   list-topics BOOTSTRAP                              Admin.listTopics: the topic names
+ *   log-dirs BOOTSTRAP                                 Admin.describeLogDirs of every broker: each log directory's
+ *                                                      error, total and usable bytes, and each replica's size
+ *   describe-topics BOOTSTRAP LIMIT TOPIC...           Admin.describeTopics by name (DescribeTopicPartitions in
+ *                                                      pages of LIMIT partitions): each topic's description or error
  *   scram-upsert BOOTSTRAP USER MECHANISM ITERATIONS PASSWORD   Admin.alterUserScramCredentials (KIP-554)
  *   scram-describe BOOTSTRAP USER...                   Admin.describeUserScramCredentials: each user's
  *                                                      [mechanism, iterations] or {"error"}
@@ -112,6 +123,9 @@ public class KafkaClientProbe {
             case "group-lag": return groupLag(a[0], a[1]);
             case "stream": return stream(a[0], a[1], a[2], Long.parseLong(a[3]));
             case "list-topics": return listTopics(a[0]);
+            case "log-dirs": return logDirs(a[0]);
+            case "describe-topics": return describeTopics(a[0], Integer.parseInt(a[1]),
+                                                          Arrays.copyOfRange(a, 2, a.length));
             case "scram-upsert": return scramUpsert(a[0], a[1], ScramMechanism.fromMechanismName(a[2]),
                                                     Integer.parseInt(a[3]), a[4]);
             case "scram-describe": return scramDescribe(a[0], Arrays.copyOfRange(a, 1, a.length));
@@ -196,6 +210,81 @@ public class KafkaClientProbe {
             answer.put("topics", new ArrayList<>(new TreeSet<>(admin.listTopics().names().get())));
             return answer;
         }
+    }
+
+    /** Each broker's log directories: {broker id: {dir: {"error", "total", "usable", "replicas": {"topic-p":
+     *  [size, offset lag, is future]}}}}; a byte count the broker did not send (before v4) is null. */
+    static Object logDirs(String bootstrap) throws Exception {
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            List<Integer> brokers = new ArrayList<>();
+            for (Node node : admin.describeCluster().nodes().get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS))
+                brokers.add(node.id());
+            Map<String, Object> answer = new LinkedHashMap<>();
+            var described = admin.describeLogDirs(brokers).allDescriptions()
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+            for (var broker : described.entrySet()) {
+                Map<String, Object> dirs = new LinkedHashMap<>();
+                for (var dir : broker.getValue().entrySet()) {
+                    LogDirDescription description = dir.getValue();
+                    Map<String, Object> replicas = new LinkedHashMap<>();
+                    for (var replica : description.replicaInfos().entrySet())
+                        replicas.put(replica.getKey().toString(), List.of(replica.getValue().size(),
+                            replica.getValue().offsetLag(), replica.getValue().isFuture()));
+                    Map<String, Object> entry = new LinkedHashMap<>();
+                    ApiException error = description.error();
+                    entry.put("error", error == null ? null : error.getClass().getSimpleName());
+                    entry.put("total", bytes(description.totalBytes()));
+                    entry.put("usable", bytes(description.usableBytes()));
+                    entry.put("replicas", replicas);
+                    dirs.put(dir.getKey(), entry);
+                }
+                answer.put(String.valueOf(broker.getKey()), dirs);
+            }
+            return answer;
+        }
+    }
+
+    /** Each topic's {"id", "internal", "operations", "partitions": [[index, leader, replicas, isr, elr,
+     *  last known elr]...]} or {"error"}, by name. */
+    static Object describeTopics(String bootstrap, int limit, String[] names) throws Exception {
+        Map<String, Object> answer = new LinkedHashMap<>();
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            Map<String, KafkaFuture<TopicDescription>> found = admin.describeTopics(Arrays.asList(names),
+                new DescribeTopicsOptions().partitionSizeLimitPerResponse(limit).includeAuthorizedOperations(true))
+                .topicNameValues();
+            for (String name : names) {
+                try {
+                    TopicDescription description = found.get(name).get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+                    Map<String, Object> topic = new LinkedHashMap<>();
+                    topic.put("id", description.topicId().toString());
+                    topic.put("internal", description.isInternal());
+                    List<Object> operations = new ArrayList<>();
+                    for (AclOperation operation : new TreeSet<>(description.authorizedOperations()))
+                        operations.add(operation.name());
+                    topic.put("operations", operations);
+                    List<Object> partitions = new ArrayList<>();
+                    for (TopicPartitionInfo partition : description.partitions())
+                        partitions.add(List.of(partition.partition(), partition.leader().id(),
+                            ids(partition.replicas()), ids(partition.isr()), ids(partition.elr()),
+                            ids(partition.lastKnownElr())));
+                    topic.put("partitions", partitions);
+                    answer.put(name, topic);
+                } catch (ExecutionException e) {
+                    answer.put(name, JsonLines.error(e));
+                }
+            }
+        }
+        return answer;
+    }
+
+    static Object bytes(OptionalLong count) {
+        return count.isPresent() ? count.getAsLong() : null;
+    }
+
+    static List<Object> ids(List<Node> nodes) {
+        List<Object> ids = new ArrayList<>();
+        for (Node node : nodes) ids.add(node.id());
+        return ids;
     }
 
     /** USER's credential for MECHANISM from PASSWORD: the client salts it, the broker keeps the keys. */

@@ -6,6 +6,7 @@
   InitProducerId, CreateTopics, DeleteTopics, FindCoordinator, OffsetForLeaderEpoch) and ``DelayedFetch``.
 - ``purgatory``: ``DelayedOperation`` and ``DelayedOperationPurgatory``: parked requests, completed by an
   event on a watched key or at their deadline, exactly once.
-- ``admin``: ``AdminHandlers``, the admin APIs (configs, partitions, DeleteRecords, DescribeCluster).
+- ``admin``: ``AdminHandlers``, the admin APIs (configs, partitions, DeleteRecords, DescribeCluster,
+  DescribeLogDirs, DescribeTopicPartitions).
 - ``authorized``: the operations Kafka reports as authorized with no authorizer (KIP-430).
 """

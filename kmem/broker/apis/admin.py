@@ -13,11 +13,24 @@ on a single node:
   (INVALID_REQUEST naming the setting to put in ``server.properties``);
 - DeleteRecords 0-2 (KIP-107): the log start offset moves up, whole segments before it are deleted;
 - DescribeCluster 0-1 (KIP-700): this broker, its cluster id, itself as controller and, when asked,
-  the cluster's authorized operations (``kmem.broker.apis.authorized``).
+  the cluster's authorized operations (``kmem.broker.apis.authorized``);
+- DescribeLogDirs 0-4 (KIP-113, ``kafka-log-dirs``, ``Admin.describeLogDirs``): the log directory, each partition's
+  size as Kafka's ``UnifiedLog.size`` counts it (its segments' ``.log`` files), offset lag 0 (one replica, no future
+  logs) and from v4 the volume's total and usable bytes (KIP-827); a directory that cannot be read is
+  KAFKA_STORAGE_ERROR, as Kafka answers an offline one;
+- DescribeTopicPartitions 0 (KIP-966, ``Admin.describeTopics`` by name): each topic's partitions in pages of at most
+  ``response_partition_limit`` (and ``max.request.partition.size.limit``) partitions, with the cursor where the next
+  page starts, as Kafka's ``DescribeTopicPartitionsRequestHandler``; this broker is every partition's leader, only
+  replica and only in-sync replica, and no replica is eligible (ELR) or offline.
 """
-from kmem.broker.apis.authorized import CLUSTER_OPERATIONS
+import os
+import uuid
+
+from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
 from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.log import validate_topic_name
+from kmem.broker.log.checkpoints import uuid_bytes
 from kmem.broker.log.config import TOPIC_SETTINGS
 from kmem.broker.quotas import ThrottlingQuotaExceeded
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
@@ -57,6 +70,7 @@ CONFIG_TYPES = {      # topic-level and broker-level names
     "log.cleaner.io.max.bytes.per.second": DOUBLE, "log.cleaner.backoff.ms": LONG,
     "log.cleaner.min.cleanable.ratio": DOUBLE, "log.cleaner.delete.retention.ms": LONG,
     "log.cleaner.min.compaction.lag.ms": LONG, "log.cleaner.max.compaction.lag.ms": LONG,
+    "max.request.partition.size.limit": INT,
 }
 # topic-level name -> the broker-level name that gives its default (Kafka's ServerTopicConfigSynonyms); the
 # tiered storage switches and the replication throttles have none
@@ -87,10 +101,12 @@ ADMIN_APIS = {
     ApiKey.CREATE_PARTITIONS: "create_partitions", ApiKey.DESCRIBE_CONFIGS: "describe_configs",
     ApiKey.ALTER_CONFIGS: "alter_configs", ApiKey.INCREMENTAL_ALTER_CONFIGS: "incremental_alter_configs",
     ApiKey.DELETE_RECORDS: "delete_records", ApiKey.DESCRIBE_CLUSTER: "describe_cluster",
+    ApiKey.DESCRIBE_LOG_DIRS: "describe_log_dirs", ApiKey.DESCRIBE_TOPIC_PARTITIONS: "describe_topic_partitions",
 }
 ADMIN_VERSIONS = {
     ApiKey.CREATE_PARTITIONS: (0, 3), ApiKey.DESCRIBE_CONFIGS: (0, 4), ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1), ApiKey.DELETE_RECORDS: (0, 2), ApiKey.DESCRIBE_CLUSTER: (0, 1),
+    ApiKey.DESCRIBE_LOG_DIRS: (0, 4), ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
 }
 
 
@@ -295,6 +311,100 @@ class AdminHandlers:
         response.brokers = [messages.DescribeClusterResponse.DescribeClusterBroker(
             broker_id=self.node_id, host=host, port=port, rack=None, is_fenced=False)]
         return response
+
+
+    # --- DescribeLogDirs ------------------------------------------------------------------------------
+
+    def describe_log_dirs(self, header, request):
+        """The one log directory: every partition (``topics`` null) or those asked that exist here."""
+        Response = messages.DescribeLogDirsResponse
+        log_dir = os.path.abspath(self.logs.log_dir)
+        result = Response.DescribeLogDirsResult(error_code=ErrorCode.NONE, log_dir=log_dir, topics=[])
+        response = Response(throttle_time_ms=0, error_code=ErrorCode.NONE, results=[result])
+        try:
+            volume = os.statvfs(log_dir)
+        except OSError:
+            result.error_code = ErrorCode.KAFKA_STORAGE_ERROR
+            return response
+        # Java's FileStore.getTotalSpace and getUsableSpace (the space an unprivileged user may fill)
+        result.total_bytes, result.usable_bytes = volume.f_blocks * volume.f_frsize, volume.f_bavail * volume.f_frsize
+        wanted = None if request.topics is None else {(t.topic, p) for t in request.topics for p in t.partitions}
+        by_topic = {}
+        for (topic, index), partition_log in sorted(self.logs.partitions().items()):
+            if wanted is None or (topic, index) in wanted:
+                by_topic.setdefault(topic, []).append(Response.DescribeLogDirsPartition(
+                    partition_index=index, partition_size=partition_log.size_in_bytes, offset_lag=0,
+                    is_future_key=False))
+        result.topics = [Response.DescribeLogDirsTopic(name=name, partitions=partitions)
+                         for name, partitions in by_topic.items()]
+        return response
+
+    # --- DescribeTopicPartitions ----------------------------------------------------------------------
+
+    def describe_topic_partitions(self, header, request):
+        """The topics named (all when none is), in name order from the cursor's, at most the partition limit's
+        partitions; ``next_cursor`` names the first partition left out."""
+        Response = messages.DescribeTopicPartitionsResponse
+        response = Response(throttle_time_ms=0, topics=[], next_cursor=None)
+        if not cursor_is_valid(request):      # Kafka's InvalidRequestException: every topic named refused
+            response.topics = [Response.DescribeTopicPartitionsResponseTopic(
+                error_code=ErrorCode.INVALID_REQUEST, name=topic.name, is_internal=False, partitions=[])
+                for topic in request.topics]
+            return response
+        cursor = request.cursor
+        every_topic = not request.topics
+        topics = self.logs.topics()
+        names = topics if every_topic else {topic.name for topic in request.topics}
+        remaining = max(min(self.logs.config.max_request_partition_size_limit, request.response_partition_limit), 1)
+        for name in sorted(n for n in names if cursor is None or n >= cursor.topic_name):
+            if remaining == 0:
+                response.next_cursor = Response.Cursor(topic_name=name, partition_index=0)
+                break
+            info = topics.get(name)
+            if info is None:
+                if not every_topic:
+                    response.topics.append(self._unknown_topic(name))
+                continue
+            first = cursor.partition_index if cursor is not None and name == cursor.topic_name else 0
+            end = min(info.partitions, first + remaining)
+            response.topics.append(Response.DescribeTopicPartitionsResponseTopic(
+                error_code=ErrorCode.NONE, name=name, topic_id=uuid.UUID(bytes=uuid_bytes(info.topic_id)),
+                is_internal=name in INTERNAL_TOPICS, topic_authorized_operations=TOPIC_OPERATIONS,
+                partitions=[self._described_partition(name, index) for index in range(first, end)]))
+            if end < info.partitions:
+                response.next_cursor = Response.Cursor(topic_name=name, partition_index=end)
+                break
+            remaining -= max(end - first, 0)
+        return response
+
+    @staticmethod
+    def _unknown_topic(name):
+        try:
+            validate_topic_name(name)
+            error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        except LogError as e:
+            error = e.code
+        return messages.DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponseTopic(
+            error_code=error, name=name, is_internal=name in INTERNAL_TOPICS, partitions=[],
+            topic_authorized_operations=TOPIC_OPERATIONS)
+
+    def _described_partition(self, topic, index):
+        partition_log = self.logs.get_partition(topic, index)
+        node = self.node_id
+        return messages.DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponsePartition(
+            error_code=ErrorCode.NONE, partition_index=index, leader_id=node,
+            leader_epoch=partition_log.leader_epoch if partition_log is not None else 0, replica_nodes=[node],
+            isr_nodes=[node], eligible_leader_replicas=[], last_known_elr=[], offline_replicas=[])
+
+
+def cursor_is_valid(request):
+    """Whether a DescribeTopicPartitions request's cursor is one Kafka accepts (else INVALID_REQUEST): none, or
+    one naming one of the topics named (any name when none is) with a partition index not negative."""
+    cursor = request.cursor
+    if cursor is None:
+        return True
+    named = not request.topics or cursor.topic_name in {topic.name for topic in request.topics}
+    return named and cursor.partition_index >= 0
 
 
 class _Refused(Exception):

@@ -19,6 +19,7 @@ are not.
 import dataclasses
 import uuid
 
+from kmem.broker.apis.admin import cursor_is_valid
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, GROUP_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.handlers import first_transactional_batch
 from kmem.broker.codes import ErrorCode
@@ -80,6 +81,8 @@ class RequestChecks:
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: self._alter_scram_users,
             ApiKey.DESCRIBE_CLIENT_QUOTAS: self._describe_client_quotas,
             ApiKey.ALTER_CLIENT_QUOTAS: self._alter_client_quotas,
+            ApiKey.DESCRIBE_LOG_DIRS: self._describe_log_dirs,
+            ApiKey.DESCRIBE_TOPIC_PARTITIONS: self._describe_topic_partitions,
         }
 
     def check(self, context, header, request):
@@ -636,6 +639,45 @@ class RequestChecks:
                 if self.allowed(context, Operation.DESCRIBE, CLUSTER, CLUSTER_NAME) else 0
             return response
         return finish
+
+    def _describe_log_dirs(self, context, version, request):
+        """DESCRIBE on the cluster, else no log directory (the error code is on the wire from v3)."""
+        if self.allowed(context, Operation.DESCRIBE, CLUSTER, CLUSTER_NAME):
+            return None
+        return Refused(messages.DescribeLogDirsResponse(
+            throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, results=[]))
+
+    def _describe_topic_partitions(self, context, version, request):
+        """DESCRIBE on each topic, before the partition limit counts (``DescribeTopicPartitionsRequestHandler``):
+        a topic named that is denied is TOPIC_AUTHORIZATION_FAILED (zero topic id), one denied among all topics is
+        left out; the handler sees the allowed ones from the cursor's on, and from partition 0 when the cursor's
+        own topic is denied. A cursor Kafka refuses is left to the handler."""
+        if not cursor_is_valid(request):
+            return None
+        cursor = request.cursor
+        every_topic = not request.topics
+        names = self.logs.topics() if every_topic else dict.fromkeys(topic.name for topic in request.topics)
+        names = [name for name in names if cursor is None or name >= cursor.topic_name]
+        allowed, denied = self._split(context, Operation.DESCRIBE, TOPIC, names, lambda name: name,
+                                      log_if_denied=not every_topic)
+        if every_topic:
+            denied = []
+        if cursor is not None and cursor.topic_name not in allowed:
+            request.cursor = None
+        Response = messages.DescribeTopicPartitionsResponse
+        if not allowed:         # nothing left to describe: an empty list would mean every topic
+            response = Response(throttle_time_ms=0, topics=[], next_cursor=None)
+            return Refused(self._described_topics_finished(context, response, denied))
+        request.topics = [messages.DescribeTopicPartitionsRequest.TopicRequest(name=name) for name in allowed]
+        return lambda response: self._described_topics_finished(context, response, denied)
+
+    def _described_topics_finished(self, context, response, denied):
+        Topic = messages.DescribeTopicPartitionsResponse.DescribeTopicPartitionsResponseTopic
+        for topic in response.topics:
+            topic.topic_authorized_operations = self.authorized_operations(context, TOPIC, topic.name)
+        response.topics += [Topic(error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED, name=name, topic_id=ZERO_UUID,
+                                  is_internal=False, partitions=[]) for name in denied]
+        return response
 
     def _describe_acls(self, context, version, request):
         if self.allowed(context, Operation.DESCRIBE, CLUSTER, CLUSTER_NAME):

@@ -166,4 +166,6 @@ BROKER_DOCS = {
                            "becomes a snapshot.",
     "producer.state.cache.entries": "kmem's own setting: how many producers per partition keep their last five "
                                     "batches in memory.",
+    "max.request.partition.size.limit": "The most partitions one DescribeTopicPartitions response describes "
+                                        "(KIP-966): a client asking for more gets a cursor to the rest.",
 }

@@ -39,6 +39,8 @@ Broker setting (default)                       topic setting
   log needs cleaning).
 - ``min.insync.replicas`` (1)                   ``min.insync.replicas``: 1, the only replica (a larger
   value would make every ``acks=all`` produce fail with NOT_ENOUGH_REPLICAS, as in Kafka: refused).
+- ``max.request.partition.size.limit`` (2000): the most partitions a DescribeTopicPartitions response
+  describes (KIP-966), however many its request allows.
 
 Every other topic config of Kafka 3.9's ``LogConfig`` is accepted with Kafka's type, range, valid values
 and default (values trimmed, names and values case-sensitive, as Kafka's ``ConfigDef``, except that
@@ -402,6 +404,7 @@ BROKER_SETTINGS = {
     "log.cleaner.max.compaction.lag.ms": ("log_cleaner_max_compaction_lag_ms", at_least(1)),
     "producer.ledger.ids": ("producer_ledger_ids", at_least(16, INT32_MAX)),
     "producer.state.cache.entries": ("producer_state_cache_entries", at_least(1, INT32_MAX)),
+    "max.request.partition.size.limit": ("max_request_partition_size_limit", at_least(1, INT32_MAX)),
 }
 
 
@@ -442,6 +445,7 @@ class BrokerConfig:
     log_cleaner_max_compaction_lag_ms: int = INT64_MAX
     producer_ledger_ids: int = 10_000
     producer_state_cache_entries: int = 10_000
+    max_request_partition_size_limit: int = 2000
 
     @classmethod
     def from_properties(cls, properties=None, **overrides):
