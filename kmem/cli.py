@@ -11,8 +11,8 @@ import sys
 
 DESCRIPTION = """\
 kmem broker runs a Kafka broker (no JVM) on a log directory; kmem pipeline runs Spark jobs over Kafka
-log directories; kmem handover kraft hands a stopped broker's log directory over to a Kafka KRaft node.
-'kmem COMMAND --help' tells more."""
+log directories; kmem handover kraft hands a stopped broker's log directory over to a Kafka KRaft node; kmem console serves
+a web console over a broker. 'kmem COMMAND --help' tells more."""
 
 BROKER_DESCRIPTION = """\
 Run a single-node Kafka broker on a log directory until SIGTERM or SIGINT (Ctrl-C), for any Kafka
@@ -47,7 +47,7 @@ def main(argv=None):
 
     parser = _parser(kmem.__version__)
     args = parser.parse_args(argv)
-    if args.command in ("broker", "scram", "handover", *ADMIN_COMMANDS):
+    if args.command in ("broker", "scram", "handover", "console", *ADMIN_COMMANDS):
         return args.run(args)
     _log_warnings_to_stderr()
     missing = [name for name in SPARK_EXTRA if importlib.util.find_spec(name) is None]
@@ -66,6 +66,7 @@ def main(argv=None):
 def _parser(version):
     from kmem.admin.commands import add_commands as add_admin_commands
     from kmem.admin.handover import add_command as add_handover_command
+    from kmem.console import add_command as add_console_command
 
     def parser_of(add, name, **kwargs):
         return add(name, epilog=EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
@@ -79,6 +80,7 @@ def _parser(version):
     add_scram_command(commands)
     add_admin_commands(commands)
     add_handover_command(commands)
+    add_console_command(commands)
     pipeline = parser_of(commands.add_parser, "pipeline", help="Spark jobs over Kafka log directories",
                          description="Spark jobs over Kafka log directories (<topic>-<partition>/<20-digit "
                                      "offset>.log), on embedded local Spark or on the cluster given by --master. "

@@ -115,12 +115,13 @@ def client_config(path):
     from kmem.consumer import config as consumer_config
     from kmem.errors import ConfigError
 
-    config = dict(CLIENT_DEFAULTS, ssl_context=None, sasl=None)
+    config = dict(CLIENT_DEFAULTS, ssl_context=None, sasl=None, security_properties={})
     if path is None:
         return config
     properties = read_properties_file(path)
     security = {name: value for name, value in properties.items()
                 if name == "security.protocol" or name.startswith(SECURITY_PREFIXES)}
+    config["security_properties"] = security        # as given: for kmem's consumer (kmem console's browser)
     try:
         security = consumer_config.security(security)
         config["ssl_context"] = consumer_config.ssl_context(security)

@@ -187,9 +187,9 @@ def _offset_rows(client, group_id, group):
     return rows
 
 
-def _log_end_offsets(client, partitions):
-    """``{(topic, partition): log end offset}`` (ListOffsets latest, read_uncommitted, to each leader);
-    a partition without a leader or whose topic is gone has none."""
+def _log_end_offsets(client, partitions, timestamp=LATEST):
+    """``{(topic, partition): log end offset}`` (ListOffsets latest, read_uncommitted, to each leader; the log
+    start offset with ``timestamp`` -2, earliest); a partition without a leader or whose topic is gone has none."""
     from kmem.protocol import messages
 
     if not partitions:
@@ -206,7 +206,7 @@ def _log_end_offsets(client, partitions):
     for leader, owned in by_leader.items():
         request = Request(replica_id=-1, isolation_level=READ_UNCOMMITTED, topics=[
             Request.ListOffsetsTopic(name=topic, partitions=[
-                Request.ListOffsetsPartition(partition_index=p, timestamp=LATEST, current_leader_epoch=-1)
+                Request.ListOffsetsPartition(partition_index=p, timestamp=timestamp, current_leader_epoch=-1)
                 for t, p in owned if t == topic])
             for topic in sorted({t for t, _ in owned})])
         for topic in client.request(request, leader).topics:

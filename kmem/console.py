@@ -1,0 +1,389 @@
+"""``kmem console``: a web console over any Kafka broker (kmem's or Kafka's), server-rendered with Flask.
+
+Pages: the topics (partitions, records, bytes on disk where the broker answers DescribeLogDirs), a topic
+(its partitions' offsets and its configs), a message browser (a partition from an offset, keys, values and
+headers shown as UTF-8, JSON or hex), the consumer groups and a group (members, committed offsets and lag per
+partition, computed as ``kafka-consumer-groups`` computes it). It speaks to the broker as a Kafka client, with the
+admin tools' client properties (TLS, SASL), and binds to 127.0.0.1 unless told otherwise. A page the broker
+cannot answer says why (an unknown topic, a malformed offset, a broker gone), never a traceback.
+"""
+import binascii
+import json
+import logging
+import re
+import threading
+
+from kmem.errors import KmemError
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("utf8", "json", "hex")
+MAX_MESSAGES = 500          # the most a browser page shows
+LATEST, EARLIEST = -1, -2   # ListOffsets' timestamps
+TOPIC_RESOURCE, DEFAULT_CONFIG = 2, 5
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")     # shown escaped: a page cannot show them
+
+PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ title }} · kmem console</title>
+<style>
+body { font-family: system-ui, sans-serif; margin: 0; color: #1d2330; }
+header { background: #1d2330; color: #fff; padding: .6em 1.2em; }
+header a { color: #fff; margin-right: 1.4em; text-decoration: none; }
+main { padding: 1em 1.2em; }
+table { border-collapse: collapse; margin: .5em 0 1.5em; }
+th, td { border-bottom: 1px solid #d8dce5; padding: .3em .8em; text-align: left; vertical-align: top; }
+td.n { text-align: right; font-variant-numeric: tabular-nums; }
+pre { margin: 0; white-space: pre-wrap; word-break: break-all; max-width: 60em; }
+.error { background: #fde8e8; border: 1px solid #e0a0a0; padding: .8em; }
+</style></head>
+<body><header><strong>kmem console</strong> &nbsp; <a href="/">Topics</a><a href="/groups">Consumer groups</a>
+<span id="broker">{{ bootstrap }}</span></header>
+<main><h1>{{ title }}</h1>{% block body %}{% endblock %}</main></body></html>"""
+
+TOPICS = """{% extends "page" %}{% block body %}
+<table id="topics"><tr><th>Topic</th><th>Partitions</th><th>Records</th><th>Size on disk</th></tr>
+{% for t in topics %}<tr><td><a href="/topics/{{ t.name|urlencode }}">{{ t.name }}</a></td>
+<td class="n">{{ t.partitions }}</td><td class="n">{{ t.records }}</td><td class="n">{{ t.size }}</td></tr>
+{% else %}<tr><td colspan="4">No topics yet.</td></tr>{% endfor %}</table>{% endblock %}"""
+
+TOPIC = """{% extends "page" %}{% block body %}
+<p>Topic id {{ topic_id }}. <a href="/topics/{{ name|urlencode }}/messages">Browse its messages</a></p>
+<h2>Partitions</h2>
+<table id="partitions"><tr><th>Partition</th><th>Leader</th><th>Earliest offset</th><th>Latest offset</th>
+<th>Records</th></tr>
+{% for p in partitions %}<tr><td class="n"><a href="/topics/{{ name|urlencode }}/messages?partition={{ p.partition }}">
+{{ p.partition }}</a></td><td class="n">{{ p.leader }}</td><td class="n">{{ p.earliest }}</td>
+<td class="n">{{ p.latest }}</td><td class="n">{{ p.records }}</td></tr>{% endfor %}</table>
+<h2>Configs</h2>
+<table id="configs"><tr><th>Name</th><th>Value</th><th>Source</th></tr>
+{% for c in configs %}<tr><td>{{ c.name }}</td><td>{{ c.value }}</td><td>{{ c.source }}</td></tr>{% endfor %}
+</table>{% endblock %}"""
+
+MESSAGES = """{% extends "page" %}{% block body %}
+<form method="get"><label>Partition <select name="partition">{% for p in partitions %}
+<option value="{{ p }}"{% if p == partition %} selected{% endif %}>{{ p }}</option>{% endfor %}</select></label>
+<label>From offset <input name="offset" value="{{ offset }}" size="10"></label>
+<label>Count <input name="limit" value="{{ limit }}" size="5"></label>
+<label>Show as <select name="format">{% for f in formats %}<option{% if f == format %} selected{% endif %}>{{ f }}
+</option>{% endfor %}</select></label> <button type="submit">Show</button></form>
+<table id="messages"><tr><th>Offset</th><th>Timestamp</th><th>Key</th><th>Value</th><th>Headers</th></tr>
+{% for m in messages %}<tr><td class="n">{{ m.offset }}</td><td>{{ m.timestamp }}</td><td><pre>{{ m.key }}</pre></td>
+<td><pre>{{ m.value }}</pre></td><td><pre>{{ m.headers }}</pre></td></tr>
+{% else %}<tr><td colspan="5">No messages from offset {{ offset }}.</td></tr>{% endfor %}</table>
+{% endblock %}"""
+
+GROUPS = """{% extends "page" %}{% block body %}
+<table id="groups"><tr><th>Group</th><th>State</th><th>Type</th></tr>
+{% for g in groups %}<tr><td><a href="/groups/{{ g.group_id|urlencode }}">{{ g.group_id }}</a></td>
+<td>{{ g.group_state or "Unknown" }}</td><td>{{ g.protocol_type }}</td></tr>
+{% else %}<tr><td colspan="3">No consumer groups.</td></tr>{% endfor %}</table>{% endblock %}"""
+
+GROUP = """{% extends "page" %}{% block body %}
+<p>State <strong id="state">{{ state }}</strong>, {{ members|length }} member(s), assignor {{ assignor or "-" }}.</p>
+<h2>Members</h2>
+<table id="members"><tr><th>Member</th><th>Client id</th><th>Host</th><th>Partitions</th></tr>
+{% for m in members %}<tr><td>{{ m.member_id }}</td><td>{{ m.client_id }}</td><td>{{ m.client_host }}</td>
+<td class="n">{{ m.partitions }}</td></tr>{% else %}<tr><td colspan="4">No active members.</td></tr>{% endfor %}
+</table>
+<h2>Offsets and lag</h2>
+<table id="lag"><tr><th>Topic</th><th>Partition</th><th>Committed offset</th><th>Log end offset</th><th>Lag</th>
+<th>Member</th></tr>
+{% for r in rows %}<tr><td>{{ r.topic }}</td><td class="n">{{ r.partition }}</td><td class="n">{{ r.committed }}</td>
+<td class="n">{{ r.log_end }}</td><td class="n">{{ r.lag }}</td><td>{{ r.member }}</td></tr>{% endfor %}</table>
+<p>Total lag <strong id="total-lag">{{ total_lag }}</strong></p>{% endblock %}"""
+
+ERROR = """{% extends "page" %}{% block body %}<p class="error">{{ message }}</p>{% endblock %}"""
+
+
+class PageError(Exception):
+    """A page that cannot be shown: ``status`` and a sentence for the person reading it."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _shown(data, form):
+    """Bytes as the browser shows them: UTF-8 (undecodable bytes and control characters escaped as \\xNN),
+    indented JSON (a value that is not JSON said so, with its text), or hex."""
+    if data is None:
+        return "null"
+    if form == "hex":
+        return binascii.hexlify(bytes(data), " ").decode()
+    text = CONTROL.sub(lambda c: f"\\x{ord(c.group()):02x}", bytes(data).decode("utf-8", "backslashreplace"))
+    if form == "json":
+        try:
+            return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        except ValueError:
+            return f"(not JSON) {text}"
+    return text
+
+
+def _whole(text, what, lowest):
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise PageError(400, f"{what} must be a whole number, not {text!r}") from None
+    if value < lowest:
+        raise PageError(400, f"{what} must be at least {lowest}, not {value}")
+    return value
+
+
+class Console:
+    """What the pages show, asked of the broker through one admin connection (under a lock: Flask serves each
+    request on a thread of its own)."""
+
+    def __init__(self, bootstrap_servers, config):
+        from kmem.admin.client import AdminClient
+
+        self.bootstrap_servers = bootstrap_servers
+        self.config = config
+        self._client = AdminClient(bootstrap_servers, client_id=config["client.id"],
+                                   request_timeout_ms=config["request.timeout.ms"],
+                                   connect_timeout_ms=config["socket.connection.setup.timeout.ms"],
+                                   ssl_context=config["ssl_context"], sasl=config["sasl"])
+        self._lock = threading.Lock()
+
+    def close(self):
+        self._client.close()
+
+    # -- topics ----------------------------------------------------------------------------------------
+
+    def topics(self):
+        with self._lock:
+            metadata = self._client.metadata()
+            topics = sorted((t for t in metadata.topics if not t.error_code), key=lambda t: t.name)
+            offsets = self._offsets([(t.name, p.partition_index) for t in topics for p in t.partitions])
+            sizes = self._sizes()
+        return [{"name": t.name, "partitions": len(t.partitions),
+                 "records": sum(offsets[(t.name, p.partition_index)][1] - offsets[(t.name, p.partition_index)][0]
+                                for p in t.partitions if (t.name, p.partition_index) in offsets),
+                 "size": sizes.get(t.name, "-")} for t in topics]
+
+    def topic(self, name):
+        from kmem.admin.client import topic_id_text
+        from kmem.protocol import messages
+
+        with self._lock:
+            described = self._topic_metadata(name)
+            partitions = sorted(described.partitions, key=lambda p: p.partition_index)
+            offsets = self._offsets([(name, p.partition_index) for p in partitions])
+            Request = messages.DescribeConfigsRequest
+            response = self._client.request(Request(resources=[Request.DescribeConfigsResource(
+                resource_type=TOPIC_RESOURCE, resource_name=name, configuration_keys=None)],
+                include_synonyms=False, include_documentation=False))
+        configs = [{"name": c.name, "value": "(sensitive)" if c.is_sensitive else c.value,
+                    "source": "default" if c.config_source == DEFAULT_CONFIG else "set on the topic"}
+                   for result in response.results if not result.error_code for c in result.configs]
+        rows = []
+        for p in partitions:
+            earliest, latest = offsets.get((name, p.partition_index), ("-", "-"))
+            rows.append({"partition": p.partition_index, "leader": p.leader_id, "earliest": earliest,
+                         "latest": latest, "records": "-" if earliest == "-" else latest - earliest})
+        return {"topic_id": topic_id_text(described.topic_id), "partitions": rows,
+                "configs": sorted(configs, key=lambda c: c["name"])}
+
+    def partitions_of(self, name):
+        with self._lock:
+            return sorted(p.partition_index for p in self._topic_metadata(name).partitions)
+
+    def _topic_metadata(self, name):
+        from kmem.admin.client import check
+
+        topic = self._client.metadata([name]).topics[0]
+        if topic.error_code == 3:           # UNKNOWN_TOPIC_OR_PARTITION
+            raise PageError(404, f"There is no topic {name!r} on {self.bootstrap_servers}.")
+        check(topic.error_code, f"cannot describe topic {name!r}")
+        return topic
+
+    def _offsets(self, partitions):
+        """``{(topic, partition): (earliest, latest)}`` from each partition's leader."""
+        from kmem.admin.groups import _log_end_offsets
+
+        latest = _log_end_offsets(self._client, partitions)
+        earliest = _log_end_offsets(self._client, partitions, timestamp=EARLIEST)
+        return {tp: (earliest[tp], latest[tp]) for tp in latest if tp in earliest}
+
+    def _sizes(self):
+        """``{topic: bytes}`` on every broker's disks (DescribeLogDirs); {} where the broker does not answer it."""
+        from kmem.admin.client import AdminError
+        from kmem.protocol import messages
+
+        sizes = {}
+        for node in sorted(self._client.brokers):
+            try:
+                response = self._client.request(messages.DescribeLogDirsRequest(topics=None), node)
+            except (AdminError, KmemError):
+                return {}
+            for log_dir in response.results:
+                for topic in log_dir.topics:
+                    sizes[topic.name] = sizes.get(topic.name, 0) + sum(p.partition_size for p in topic.partitions)
+        return sizes
+
+    # -- messages ----------------------------------------------------------------------------------------
+
+    def messages(self, name, partition, offset, limit, form):
+        """Up to ``limit`` messages of ``name``-``partition`` from ``offset``, shown as ``form``."""
+        from kmem.consumer import Consumer, TopicPartition
+
+        with self._lock:
+            if partition not in (p.partition_index for p in self._topic_metadata(name).partitions):
+                raise PageError(404, f"Topic {name!r} has no partition {partition}.")
+            earliest, end = self._offsets([(name, partition)]).get((name, partition), (0, 0))
+        consumer = Consumer.from_properties({
+            "bootstrap.servers": self.bootstrap_servers, "enable.auto.commit": False,
+            "client.id": self.config["client.id"], **self.config["security_properties"]},
+            ssl_context=self.config["ssl_context"])
+        shown = []
+        try:
+            tp = TopicPartition(name, partition)
+            consumer.assign([tp])
+            consumer.seek(tp, max(offset, earliest))
+            while len(shown) < limit and consumer.position(tp) < end:
+                for record in consumer.poll(500):
+                    if len(shown) < limit:
+                        shown.append({"offset": record.offset, "timestamp": record.timestamp,
+                                      "key": _shown(record.key, form), "value": _shown(record.value, form),
+                                      "headers": "\n".join(f"{k}: {_shown(v, form)}" for k, v in record.headers)})
+        finally:
+            consumer.close()
+        return shown
+
+    # -- groups ------------------------------------------------------------------------------------------
+
+    def groups(self):
+        from kmem.admin.groups import _listed_groups
+
+        with self._lock:
+            return _listed_groups(self._client)
+
+    def group(self, group_id):
+        from kmem.admin.commands import CommandError
+        from kmem.admin.groups import MISSING, _assignment, _described, _offset_rows
+
+        with self._lock:
+            try:
+                _, described = _described(self._client, group_id)
+            except CommandError as exc:
+                raise PageError(404, str(exc)) from None
+            rows = _offset_rows(self._client, group_id, described)
+        members = [{"member_id": m.member_id, "client_id": m.client_id, "client_host": m.client_host,
+                    "partitions": len(_assignment(described, m))} for m in described.members]
+        lag_rows = [{"topic": r[1], "partition": r[2], "committed": r[3], "log_end": r[4], "lag": r[5],
+                     "member": r[6]} for r in rows if r[1] != MISSING]
+        return {"state": described.group_state, "assignor": described.protocol_data, "members": members,
+                "rows": lag_rows, "total_lag": sum(r["lag"] for r in lag_rows if r["lag"] != MISSING)}
+
+
+def create_app(console):
+    """The Flask application of ``console`` (a ``Console``)."""
+    import flask
+    import jinja2
+    from kmem.admin.client import AdminError, MalformedResponseError
+    from kmem.consumer.errors import KafkaConnectionError
+
+    app = flask.Flask(__name__)
+    app.jinja_loader = jinja2.DictLoader({"page": PAGE, "topics": TOPICS, "topic": TOPIC, "messages": MESSAGES,
+                                          "groups": GROUPS, "group": GROUP, "error": ERROR})
+
+    def page(template, title, status=200, **values):
+        return flask.render_template(template, title=title, bootstrap=console.bootstrap_servers, **values), status
+
+    @app.errorhandler(PageError)
+    def refused(exc):
+        return page("error", "Not shown", exc.status, message=str(exc))
+
+    @app.errorhandler(KafkaConnectionError)
+    def unreachable(exc):
+        return page("error", "Broker unreachable", 503,
+                    message=f"The broker at {console.bootstrap_servers} does not answer ({exc}).")
+
+    @app.errorhandler(AdminError)
+    @app.errorhandler(MalformedResponseError)
+    @app.errorhandler(KmemError)
+    def broker_refused(exc):
+        return page("error", "Refused by the broker", 502, message=str(exc))
+
+    @app.errorhandler(404)
+    def not_found(exc):
+        return page("error", "Not found", 404, message=f"There is no page {flask.request.path}.")
+
+    @app.route("/")
+    def topics():
+        return page("topics", "Topics", topics=console.topics())
+
+    @app.route("/topics/<path:name>/messages")
+    def messages(name):
+        args = flask.request.args
+        partitions = console.partitions_of(name)
+        partition = _whole(args.get("partition", partitions[0] if partitions else 0), "partition", 0)
+        offset = _whole(args.get("offset", 0), "offset", 0)
+        limit = min(_whole(args.get("limit", 20), "count", 1), MAX_MESSAGES)
+        form = args.get("format", "utf8")
+        if form not in FORMATS:
+            raise PageError(400, f"format must be one of {', '.join(FORMATS)}, not {form!r}")
+        shown = console.messages(name, partition, offset, limit, form)
+        return page("messages", f"Messages of {name}", messages=shown, partitions=partitions, partition=partition,
+                    offset=offset, limit=limit, format=form, formats=FORMATS)
+
+    @app.route("/topics/<path:name>")
+    def topic(name):
+        return page("topic", f"Topic {name}", name=name, **console.topic(name))
+
+    @app.route("/groups")
+    def groups():
+        return page("groups", "Consumer groups", groups=console.groups())
+
+    @app.route("/groups/<path:group_id>")
+    def group(group_id):
+        return page("group", f"Consumer group {group_id}", **console.group(group_id))
+
+    return app
+
+
+def add_command(commands):
+    """Register ``kmem console`` on the ``kmem`` command's subparsers."""
+    parser = commands.add_parser("console", help="a web console over a Kafka broker: topics, messages, groups, lag",
+                                 description=__doc__.split("\n\n")[0].replace("``", "") + " Pages: topics, a "
+                                 "topic's partitions and configs, its messages, consumer groups with their lag.")
+    parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
+                        help="the broker(s) to connect to: HOST:PORT, or several separated by commas")
+    parser.add_argument("--command-config", metavar="FILE",
+                        help="client properties, as for kmem topics (security.protocol, sasl.*, ssl.*, client.id)")
+    parser.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="the port to serve on (default 8080; 0: any free)")
+    parser.set_defaults(run=run)
+
+
+def run(args):
+    """Serve the console until SIGINT or SIGTERM; 2 with one line for a bad setting or a missing extra."""
+    import importlib.util
+    import sys
+
+    from kmem.admin.commands import CommandError, client_config
+
+    if importlib.util.find_spec("flask") is None:
+        print("kmem console: error: the console needs Flask: pip install 'kmem[console]'", file=sys.stderr)
+        return 2
+    try:
+        console = Console(args.bootstrap_server, client_config(args.command_config))
+    except (CommandError, KmemError) as exc:
+        print(f"kmem console: error: {exc}", file=sys.stderr)
+        return 2
+    from werkzeug.serving import make_server
+
+    try:
+        server = make_server(args.host, args.port, create_app(console), threaded=True)
+    except OSError as exc:
+        print(f"kmem console: error: cannot serve on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        console.close()
+        return 2
+    print(f"kmem console: serving http://{args.host}:{server.server_port}/ for {args.bootstrap_server}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        console.close()
+    return 0
