@@ -2,8 +2,9 @@
 
 Pages: the topics (partitions, records, bytes on disk where the broker answers DescribeLogDirs), a topic
 (its partitions' offsets and its configs), a message browser (a partition from an offset, keys, values and
-headers shown as UTF-8, JSON or hex), the consumer groups and a group (members, committed offsets and lag per
-partition, computed as ``kafka-consumer-groups`` computes it). It speaks to the broker as a Kafka client, with the
+headers shown as UTF-8, JSON or hex) with a form that produces a message, the consumer groups and a group
+(members, committed offsets and lag per partition, computed as ``kafka-consumer-groups`` computes it), and the
+transactions the brokers' coordinators hold (ListTransactions). It speaks to the broker as a Kafka client, with the
 admin tools' client properties (TLS, SASL), and binds to 127.0.0.1 unless told otherwise. A page the broker
 cannot answer says why (an unknown topic, a malformed offset, a broker gone), never a traceback.
 """
@@ -12,6 +13,7 @@ import json
 import logging
 import re
 import threading
+import time
 
 from kmem.errors import KmemError
 
@@ -37,6 +39,7 @@ pre { margin: 0; white-space: pre-wrap; word-break: break-all; max-width: 60em; 
 .error { background: #fde8e8; border: 1px solid #e0a0a0; padding: .8em; }
 </style></head>
 <body><header><strong>kmem console</strong> &nbsp; <a href="/">Topics</a><a href="/groups">Consumer groups</a>
+<a href="/transactions">Transactions</a>
 <span id="broker">{{ bootstrap }}</span></header>
 <main><h1>{{ title }}</h1>{% block body %}{% endblock %}</main></body></html>"""
 
@@ -66,11 +69,23 @@ MESSAGES = """{% extends "page" %}{% block body %}
 <label>Count <input name="limit" value="{{ limit }}" size="5"></label>
 <label>Show as <select name="format">{% for f in formats %}<option{% if f == format %} selected{% endif %}>{{ f }}
 </option>{% endfor %}</select></label> <button type="submit">Show</button></form>
+{% if produced is not none %}<p id="produced">Produced at offset {{ produced }}.</p>{% endif %}
 <table id="messages"><tr><th>Offset</th><th>Timestamp</th><th>Key</th><th>Value</th><th>Headers</th></tr>
 {% for m in messages %}<tr><td class="n">{{ m.offset }}</td><td>{{ m.timestamp }}</td><td><pre>{{ m.key }}</pre></td>
 <td><pre>{{ m.value }}</pre></td><td><pre>{{ m.headers }}</pre></td></tr>
 {% else %}<tr><td colspan="5">No messages from offset {{ offset }}.</td></tr>{% endfor %}</table>
+<h2>Produce a message to partition {{ partition }}</h2>
+<form id="produce" method="post" action="/topics/{{ name|urlencode }}/produce?partition={{ partition }}">
+<label>Key <input name="key" size="20"></label> <label>Value <textarea name="value" rows="2" cols="40"></textarea>
+</label> <label>Headers (one "name: value" a line) <textarea name="headers" rows="2" cols="30"></textarea></label>
+<button type="submit">Produce</button></form>
 {% endblock %}"""
+
+TRANSACTIONS = """{% extends "page" %}{% block body %}
+<table id="transactions"><tr><th>Transactional id</th><th>Producer id</th><th>State</th></tr>
+{% for t in transactions %}<tr><td>{{ t.transactional_id }}</td><td class="n">{{ t.producer_id }}</td>
+<td>{{ t.transaction_state }}</td></tr>{% else %}<tr><td colspan="3">No transactional producers.</td></tr>
+{% endfor %}</table>{% endblock %}"""
 
 GROUPS = """{% extends "page" %}{% block body %}
 <table id="groups"><tr><th>Group</th><th>State</th><th>Type</th></tr>
@@ -249,6 +264,42 @@ class Console:
             consumer.close()
         return shown
 
+    def produce(self, name, partition, key, value, headers):
+        """Produce one message (acks=all) to ``name``-``partition``; its offset."""
+        from kmem.admin.client import check
+        from kmem.protocol import messages
+        from kmem.records import build_records
+
+        Request = messages.ProduceRequest
+        records = bytes(build_records([{"key": key, "value": value, "headers": headers,
+                                        "timestamp": int(time.time() * 1000)}]))
+        with self._lock:
+            leaders = {p.partition_index: p.leader_id for p in self._topic_metadata(name).partitions}
+            if partition not in leaders:
+                raise PageError(404, f"Topic {name!r} has no partition {partition}.")
+            response = self._client.request(Request(acks=-1, timeout_ms=30000, transactional_id=None, topic_data=[
+                Request.TopicProduceData(name=name, partition_data=[
+                    Request.PartitionProduceData(index=partition, records=records)])]), leaders[partition])
+        answer = response.responses[0].partition_responses[0]
+        check(answer.error_code, f"cannot produce to {name}-{partition}", answer.error_message)
+        return answer.base_offset
+
+    # -- transactions ------------------------------------------------------------------------------------
+
+    def transactions(self):
+        """Every transactional producer the brokers' transaction coordinators hold (ListTransactions)."""
+        from kmem.admin.client import check
+        from kmem.protocol import messages
+
+        with self._lock:
+            self._client.metadata([])
+            states = []
+            for node in sorted(self._client.brokers):
+                response = self._client.request(messages.ListTransactionsRequest(), node)
+                check(response.error_code, f"broker {node} cannot list its transactions")
+                states += response.transaction_states
+        return sorted(states, key=lambda t: t.transactional_id)
+
     # -- groups ------------------------------------------------------------------------------------------
 
     def groups(self):
@@ -284,7 +335,8 @@ def create_app(console):
 
     app = flask.Flask(__name__)
     app.jinja_loader = jinja2.DictLoader({"page": PAGE, "topics": TOPICS, "topic": TOPIC, "messages": MESSAGES,
-                                          "groups": GROUPS, "group": GROUP, "error": ERROR})
+                                          "groups": GROUPS, "group": GROUP, "transactions": TRANSACTIONS,
+                                          "error": ERROR})
 
     def page(template, title, status=200, **values):
         return flask.render_template(template, title=title, bootstrap=console.bootstrap_servers, **values), status
@@ -313,18 +365,38 @@ def create_app(console):
         return page("topics", "Topics", topics=console.topics())
 
     @app.route("/topics/<path:name>/messages")
-    def messages(name):
+    def messages(name, produced=None):
         args = flask.request.args
         partitions = console.partitions_of(name)
         partition = _whole(args.get("partition", partitions[0] if partitions else 0), "partition", 0)
-        offset = _whole(args.get("offset", 0), "offset", 0)
+        offset = _whole(args.get("offset", 0 if produced is None else produced), "offset", 0)
         limit = min(_whole(args.get("limit", 20), "count", 1), MAX_MESSAGES)
         form = args.get("format", "utf8")
         if form not in FORMATS:
             raise PageError(400, f"format must be one of {', '.join(FORMATS)}, not {form!r}")
         shown = console.messages(name, partition, offset, limit, form)
         return page("messages", f"Messages of {name}", messages=shown, partitions=partitions, partition=partition,
-                    offset=offset, limit=limit, format=form, formats=FORMATS)
+                    offset=offset, limit=limit, format=form, formats=FORMATS, name=name, produced=produced)
+
+    @app.route("/topics/<path:name>/produce", methods=["POST"])
+    def produce(name):
+        form = flask.request.form
+        partition = _whole(flask.request.args.get("partition", 0), "partition", 0)
+        headers = []
+        for line in form.get("headers", "").splitlines():
+            if line.strip():
+                header, colon, value = line.partition(":")
+                if not colon or not header.strip():
+                    raise PageError(400, f"a header is 'name: value', not {line!r}")
+                headers.append((header.strip(), value.strip().encode()))
+        key = form.get("key", "")
+        offset = console.produce(name, partition, key.encode() if key else None, form.get("value", "").encode(),
+                                 headers)
+        return messages(name, produced=offset)
+
+    @app.route("/transactions")
+    def transactions():
+        return page("transactions", "Transactions", transactions=console.transactions())
 
     @app.route("/topics/<path:name>")
     def topic(name):

@@ -163,6 +163,7 @@ def test_each_page_in_headless_chromium(console, broker, tmp_path):
         assert "billing" in visit("/groups", "groups")
         text = visit("/groups/billing", "group")
         assert f"Total lag {RECORDS + 1 - COMMITTED * PARTITIONS}" in text
+        assert "Transactional id" in visit("/transactions", "transactions")
         assert "There is no topic 'nope'" in visit("/topics/nope", "error")
     finally:
         browser.quit()
@@ -192,3 +193,26 @@ def test_kmem_console_serves_until_stopped_and_refuses_a_bad_setting(broker, tmp
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and refused.stderr.startswith("kmem console: error:")
     assert "Traceback" not in refused.stderr
+
+
+def test_a_message_produced_from_the_console_is_shown_at_its_offset(console, broker):
+    client = create_app(console).test_client()
+    response = client.post("/topics/orders/produce?partition=2", data={
+        "key": "typed", "value": '{"from": "console"}', "headers": "source: console\n"})
+    text = response.get_data(as_text=True)
+    assert response.status_code == 200 and "Produced at offset 10" in text
+    assert "typed" in text and "source: console" in text
+    refused = client.post("/topics/orders/produce?partition=2", data={"value": "x", "headers": "no colon"})
+    assert refused.status_code == 400 and "a header is" in refused.get_data(as_text=True)
+    assert broker.logs.get_partition("orders", 2).log_end_offset == 11
+
+
+def test_the_transactions_page_lists_the_transactional_producers(console, broker):
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "orders-tx"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce("orders", b"in a transaction", partition=1)
+    producer.flush(30)
+    text = create_app(console).test_client().get("/transactions").get_data(as_text=True)
+    assert re.search(r"orders-tx</td><td class=\"n\">\d+</td>\s*<td>Ongoing", text), text
+    producer.abort_transaction(30)

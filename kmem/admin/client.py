@@ -23,7 +23,7 @@ MAX_VERSIONS = {
     ApiKey.CREATE_PARTITIONS: 3, ApiKey.DESCRIBE_CONFIGS: 4, ApiKey.FIND_COORDINATOR: 3, ApiKey.LIST_GROUPS: 4,
     ApiKey.DESCRIBE_GROUPS: 5, ApiKey.OFFSET_FETCH: 8, ApiKey.LIST_OFFSETS: 7, ApiKey.DELETE_GROUPS: 2,
     ApiKey.DESCRIBE_CLIENT_QUOTAS: 1, ApiKey.ALTER_CLIENT_QUOTAS: 1,
-    ApiKey.DESCRIBE_LOG_DIRS: 4,
+    ApiKey.DESCRIBE_LOG_DIRS: 4, ApiKey.PRODUCE: 9, ApiKey.LIST_TRANSACTIONS: 0,
 }
 # Metadata v1: a null topic list asks for every topic; OffsetFetch v2: for every committed partition
 # (Tansu answers that only in v8's per-group form, as Kafka's admin client sends it);
