@@ -49,16 +49,20 @@ def test_a_bench_runs_with_benchmarks_disabled():
 
 JDK = "openjdk-17-jdk-headless"
 GO_AND_SARAMA = "golang-go golang-github-shopify-sarama-dev"
+BROWSER = "chromium chromium-driver"
+CONSOLE_THROUGH_FLASK = {"jinja2", "werkzeug"}
 
 
 @pytest.mark.parametrize("present, sarama, installs", [
-    (["java", "javac", "go"], True, None),
-    (["java", "go"], True, JDK),        # a JRE alone: the commons-collections probe would skip for want of javac
-    (["java", "javac", "go"], False, GO_AND_SARAMA),        # Go without Debian's Sarama sources
-    (["java", "javac"], False, GO_AND_SARAMA),
-    ([], False, f"{JDK} {GO_AND_SARAMA}"),      # one apt-get for both
+    (["java", "javac", "go", "chromium", "chromedriver"], True, None),
+    # a JRE alone: the commons-collections probe would skip for want of javac
+    (["java", "go", "chromium", "chromedriver"], True, JDK),
+    (["java", "javac", "go", "chromium", "chromedriver"], False, GO_AND_SARAMA),    # Go without Sarama's sources
+    (["java", "javac", "chromium", "chromedriver"], False, GO_AND_SARAMA),
+    (["java", "javac", "go", "chromium"], True, BROWSER),      # the browser without its driver
+    ([], False, f"{JDK} {GO_AND_SARAMA} {BROWSER}"),          # one apt-get for all
 ])
-def test_ci_installs_a_jdk_go_and_sarama_unless_they_are_there(tmp_path, present, sarama, installs):
+def test_ci_installs_a_jdk_go_sarama_and_chromium_unless_they_are_there(tmp_path, present, sarama, installs):
     """.ci/run, with apt-get, make and the Java and Go tools replaced by stubs that log their calls (the go
     stub finds Sarama's package or not, as ``sarama`` says)."""
     bin_dir = tmp_path / "bin"
@@ -191,15 +195,17 @@ def test_runtime_dependencies_and_extras_are_what_kmem_imports():
               for name, requirements in project["optional-dependencies"].items()}
     sources = [p for p in (ROOT / "kmem").rglob("*") if p.suffix in (".py", ".pyx", ".pxi")]
     optional = {"spark": [p for p in sources if "spark" in p.parts],
-                "metrics": [ROOT / "kmem" / "metrics.py"], "pytest": [ROOT / "kmem" / "pytest_plugin.py"]}
+                "metrics": [ROOT / "kmem" / "metrics.py"], "pytest": [ROOT / "kmem" / "pytest_plugin.py"],
+                "console": [ROOT / "kmem" / "console.py"]}
     core = [p for p in sources if not any(p in files for files in optional.values())]
     runtime = {_normalized(r) for r in project["dependencies"]}
     assert runtime == _imported_distributions(core)
     for extra, files in optional.items():
-        assert extras[extra] == _imported_distributions(files) - runtime, extra
+        # Flask brings Jinja and Werkzeug, which the console uses through it
+        assert extras[extra] == _imported_distributions(files) - runtime - CONSOLE_THROUGH_FLASK, extra
     # the tests import their peers and references from the test extra, which includes every optional part
     # (and quixstreams from its own extra: its test skips without it)
     assert _imported_distributions((ROOT / "tests").glob("*.py")) - runtime <= \
         extras["test"] - {"kmem"} | extras["spark"] | extras["metrics"] | extras["pytest"] | extras["docs"] \
-        | extras["quix"]
+        | extras["quix"] | extras["console"] | CONSOLE_THROUGH_FLASK
     assert "kmem" in extras["test"]
