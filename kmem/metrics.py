@@ -147,3 +147,26 @@ class MetricsEndpoint:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _jmx_exporter_name(kafka_name):
+    """The name the Prometheus JMX exporter's Kafka rules give a SocketServer value: ``RequestQueueSize`` of
+    ``kafka.network:type=RequestChannel`` and the attributes of ``kafka.server:type=socket-server-metrics``."""
+    if kafka_name == "RequestQueueSize":
+        return "kafka_network_requestchannel_requestqueuesize"
+    return "kafka_server_socket_server_metrics_" + kafka_name.replace("-", "_")
+
+
+class SocketServerCollector:
+    """A ``prometheus_client`` collector for ``SocketServer.metrics()`` besides its pool (``PoolCollector``):
+    the request queue and, with a SASL listener, the authentication counts, read at each scrape."""
+
+    def __init__(self, server):
+        self._server = server
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        for kafka_name, value in self._server.metrics().items():
+            if kafka_name not in _POOL_METRICS:
+                yield GaugeMetricFamily(_jmx_exporter_name(kafka_name), f"SocketServer's {kafka_name}", value=value)
