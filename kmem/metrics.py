@@ -99,3 +99,74 @@ def register_pool(pool, name="default", registry=None):
     collector = PoolCollector({name: pool})
     (registry or REGISTRY).register(collector)
     return collector
+
+
+class MetricsEndpoint:
+    """Serves a registry in Prometheus' text format at ``/metrics`` on 127.0.0.1 (the JMX exporter's place).
+
+    One thread serves every scrape in turn (``wsgiref``): no thread per connection, and nothing on the
+    broker's request path. Another path is answered 404; a malformed request line gets ``wsgiref``'s 400.
+    Port 0 picks a free port (``address`` tells which).
+    """
+
+    def __init__(self, registry, port=0, host="127.0.0.1"):
+        from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+        from prometheus_client import make_wsgi_app
+
+        metrics_app = make_wsgi_app(registry)
+
+        def app(environ, start_response):
+            if environ.get("PATH_INFO") != "/metrics":
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"only /metrics is served\n"]
+            return metrics_app(environ, start_response)
+
+        class QuietHandler(WSGIRequestHandler):
+            timeout = 5.0       # a client that sends nothing cannot hold the one serving thread
+
+            def log_message(self, *args):
+                pass
+
+        self._httpd = make_server(host, port, app, handler_class=QuietHandler)
+        self.address = self._httpd.server_address[:2]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="kmem-metrics-http", daemon=True)
+
+    def start(self):
+        self._thread.start()
+        return self
+
+    def close(self):
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _jmx_exporter_name(kafka_name):
+    """The name the Prometheus JMX exporter's Kafka rules give a SocketServer value: ``RequestQueueSize`` of
+    ``kafka.network:type=RequestChannel`` and the attributes of ``kafka.server:type=socket-server-metrics``."""
+    if kafka_name == "RequestQueueSize":
+        return "kafka_network_requestchannel_requestqueuesize"
+    return "kafka_server_socket_server_metrics_" + kafka_name.replace("-", "_")
+
+
+class SocketServerCollector:
+    """A ``prometheus_client`` collector for ``SocketServer.metrics()`` besides its pool (``PoolCollector``):
+    the request queue and, with a SASL listener, the authentication counts, read at each scrape."""
+
+    def __init__(self, server):
+        self._server = server
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        for kafka_name, value in self._server.metrics().items():
+            if kafka_name not in _POOL_METRICS:
+                yield GaugeMetricFamily(_jmx_exporter_name(kafka_name), f"SocketServer's {kafka_name}", value=value)
