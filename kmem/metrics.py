@@ -170,3 +170,50 @@ class SocketServerCollector:
         for kafka_name, value in self._server.metrics().items():
             if kafka_name not in _POOL_METRICS:
                 yield GaugeMetricFamily(_jmx_exporter_name(kafka_name), f"SocketServer's {kafka_name}", value=value)
+
+
+def prometheus_registry():
+    """A registry of its own (not the process-wide one); ``ConfigError`` without ``prometheus_client``."""
+    try:
+        from prometheus_client import CollectorRegistry
+    except ImportError:
+        from kmem.errors import ConfigError
+        raise ConfigError("metrics.port needs prometheus_client: pip install 'kmem[metrics]'") from None
+    return CollectorRegistry()
+
+
+class BrokerCollector:
+    """A ``prometheus_client`` collector for a ``kmem.broker.Broker``, read at each scrape, under the names the
+    Prometheus JMX exporter's Kafka rules give Kafka's MBeans: the requests answered per API and version
+    (``RequestMetrics``' ``RequestsPerSec``), each partition's size, log start and log end offsets (``Log``), and
+    the fetch purgatory's size (``DelayedOperationPurgatory``)."""
+
+    def __init__(self, broker):
+        self._broker = broker
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from kmem.protocol import ApiKey
+
+        requests = CounterMetricFamily("kafka_network_requestmetrics_requests",
+                                       "Requests answered, by API and version", labels=["request", "version"])
+        for (api_key, version), count in sorted(self._broker.requests_served.items()):
+            requests.add_metric([ApiKey(api_key).message_name, str(version)], count)
+        yield requests
+        families = {name: GaugeMetricFamily(f"kafka_log_log_{name}", text, labels=["topic", "partition"])
+                    for name, text in (("size", "Bytes of the partition's segments"),
+                                       ("logstartoffset", "The partition's log start offset"),
+                                       ("logendoffset", "The partition's log end offset"))}
+        logs = self._broker.logs
+        for (topic, partition), log in sorted(logs.partitions().items() if logs is not None else ()):
+            labels = [topic, str(partition)]
+            families["size"].add_metric(labels, log.size_in_bytes)
+            families["logstartoffset"].add_metric(labels, log.log_start_offset)
+            families["logendoffset"].add_metric(labels, log.log_end_offset)
+        yield from families.values()
+        purgatory = GaugeMetricFamily("kafka_server_delayedoperationpurgatory_purgatorysize",
+                                      "Requests waiting in a purgatory", labels=["delayedOperation"])
+        if self._broker.handlers is not None:
+            purgatory.add_metric(["Fetch"], len(self._broker.handlers.fetch_purgatory))
+        yield purgatory

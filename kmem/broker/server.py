@@ -45,7 +45,7 @@ from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator
 from kmem.broker.txn.markers import TxnMarkerWriter
-from kmem.errors import IllegalStateError, InvalidArgumentError
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.network import ListenerConfig, SaslChannelBuilder, SocketServer
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ class Broker:
         self._stop = threading.Event()
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._maintenance = None
+        self.metrics_endpoint = None    # kmem.metrics.MetricsEndpoint, with metrics.port
 
     @property
     def node_id(self):
@@ -148,7 +149,11 @@ class Broker:
                                        ssl_principal_mapper=self.settings.ssl_principal_mapper,
                                        ip_connection_rate=quotas.connection_rate, quota_window=quota_window)
             self.server.start()
+            if self.settings.metrics_port is not None:
+                self.metrics_endpoint = self._metrics_endpoint(self.settings.metrics_port)
         except BaseException:
+            if self.server is not None:
+                self.server.close()
             self._close_sasl()
             if self.transactions is not None:
                 self.transactions.close()
@@ -169,6 +174,22 @@ class Broker:
                 log.info("%s listener: advertising %s:%d to its clients (advertised.listeners)", served.name,
                          *self.endpoint(served.name))
         return self
+
+    def _metrics_endpoint(self, port):
+        """The Prometheus endpoint of ``metrics.port``, serving (``kmem.metrics``)."""
+        from kmem.metrics import BrokerCollector, MetricsEndpoint, SocketServerCollector, prometheus_registry
+
+        registry = prometheus_registry()
+        if self.server.bounded:
+            self.server.register_metrics(registry=registry)
+        registry.register(SocketServerCollector(self.server))
+        registry.register(BrokerCollector(self))
+        try:
+            endpoint = MetricsEndpoint(registry, port).start()
+        except OSError as exc:
+            raise ConfigError(f"metrics.port {port}: cannot serve on 127.0.0.1:{port} ({exc})") from None
+        log.info("metrics: serving Prometheus' text format on http://%s:%d/metrics", *endpoint.address)
+        return endpoint
 
     def _channel_builder(self, sasl, dispatcher):
         """A SASL listener's authentication (``kmem.network.sasl``): PLAIN's users from its settings, SCRAM's
@@ -241,6 +262,8 @@ class Broker:
         if self.logs is None:
             return
         self._stop.set()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         self.handlers.complete_all()
         self.transactions.close()
         self.coordinator.close()

@@ -55,9 +55,11 @@ PER_LISTENER_SETTINGS = SSL_SETTINGS + ("max.connections", "max.connection.creat
 HANDLER_SETTINGS = ("log.retention.check.interval.ms", "broker.id", "ssl.principal.mapping.rules") + SSL_SETTINGS
 # the client quotas' sampled rates (Kafka's ClientQuotaManagerConfig): so many windows of so many seconds
 QUOTA_SETTINGS = ("quota.window.num", "quota.window.size.seconds")
+# kmem's Prometheus endpoint (kmem.metrics): the port it serves on 127.0.0.1; unset, none
+METRICS_SETTINGS = ("metrics.port",)
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(LISTENER_SETTINGS) \
     | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS) | frozenset(AUTHORIZER_SETTINGS) \
-    | frozenset(QUOTA_SETTINGS)
+    | frozenset(QUOTA_SETTINGS) | frozenset(METRICS_SETTINGS)
 # Kafka's socket.listen.backlog.size is 50: a burst of 5,000 connections then took 55 s to accept here
 # (refused SYNs are retried after 1, 3, 7... s), 1.0 s with 1,024. Linux caps it at net.core.somaxconn.
 DEFAULT_LISTEN_BACKLOG = 1024
@@ -273,6 +275,7 @@ class BrokerSettings:
     authorizer: AuthorizerConfig | None = None      # authorizer.class.name's; None: every request is allowed
     quota_window_num: int = 11                      # quota.window.num
     quota_window_size_seconds: int = 1              # quota.window.size.seconds
+    metrics_port: int | None = None                 # metrics.port: the Prometheus endpoint's; None, no endpoint
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -308,7 +311,9 @@ class BrokerSettings:
                    SslPrincipalMapper(merged.get("ssl.principal.mapping.rules", DEFAULT_RULES)),
                    AuthorizerConfig.from_settings(merged),
                    integer("quota.window.num", merged.get("quota.window.num", 11), 1, 2**31 - 1),
-                   integer("quota.window.size.seconds", merged.get("quota.window.size.seconds", 1), 1, 2**31 - 1))
+                   integer("quota.window.size.seconds", merged.get("quota.window.size.seconds", 1), 1, 2**31 - 1),
+                   None if merged.get("metrics.port") is None else integer("metrics.port", merged["metrics.port"], 0,
+                                                                            65535))
 
 
 def _listener_settings(merged, listener, protocol, advertised, ssl_context):
