@@ -92,6 +92,9 @@ SCHEMAS = {
         ("Id", "uuid", "0+", {}), ("ResourceType", "int8", "0+", {}), ("ResourceName", "string", "0+", {}),
         ("PatternType", "int8", "0+", {}), ("Principal", "string", "0+", {}), ("Host", "string", "0+", {}),
         ("Operation", "int8", "0+", {}), ("PermissionType", "int8", "0+", {})]), 0),
+    # read only, by kmem.admin.kraft_image (a Kafka node's metadata log deletes with them)
+    "RemoveTopicRecord": (_schema("RemoveTopicRecord", 9, [("TopicId", "uuid", "0+", {})]), 0),
+    "RemoveAccessControlEntryRecord": (_schema("RemoveAccessControlEntryRecord", 19, [("Id", "uuid", "0+", {})]), 0),
     # the control records' values (clients' common/message/Snapshot{Header,Footer}Record.json), version 0
     "SnapshotHeaderRecord": (_schema("SnapshotHeaderRecord", None, [
         ("Version", "int16", "0+", {}), ("LastContainedLogTimestamp", "int64", "0+", {})]), 0),

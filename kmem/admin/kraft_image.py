@@ -1,0 +1,189 @@
+"""Opening a Kafka 3.9 KRaft node's log directory: the image of ``__cluster_metadata-0``.
+
+``read_image(log_dir)`` reads, as a KRaft broker's ``MetadataLoader`` does, the newest snapshot
+(``<endOffset>-<epoch>.checkpoint``, ``Snapshots``) and then the metadata log segments from the snapshot's end
+offset: record batches whose records are ``MetadataRecordSerde`` frames (frame version, api key, version, body),
+control batches skipped. Every batch's CRC-32C is checked. The records are applied in order to an ``Image``
+(Kafka's ``MetadataImage`` reduced to what kmem serves): topics, topic configs, the producer-id block, SCRAM
+credentials and ACLs. The record schemas are those of ``kmem.admin.handover`` (Kafka's
+``common/metadata/*.json``). Records kmem does not serve (other brokers, reassignments, features...) are counted
+in ``Image.unserved``. A torn or corrupt tail of the metadata log ends the read at the last valid batch, as
+Kafka's log recovery truncates it; a corrupt snapshot raises ``CorruptMetadataError``.
+"""
+import dataclasses
+import logging
+import os
+import re
+import uuid
+
+from kmem.admin.handover import SCHEMAS, SCRAM_MECHANISMS, TOPIC_RESOURCE
+from kmem.broker.log import checkpoints
+from kmem.broker.log.manager import METADATA_PARTITION
+from kmem.errors import CorruptRecordError, KmemError
+from kmem.protocol.codegen import decoder, read_uvarint
+from kmem.records.batches import MemoryRecords
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_FILE = re.compile(r"([0-9]{20})-([0-9]{10})\.checkpoint")
+SEGMENT_FILE = re.compile(r"([0-9]{20})\.log")
+_BY_API_KEY = {message.api_key: name for name, (message, _) in SCHEMAS.items() if message.api_key is not None}
+_DECODERS = {}
+
+
+class CorruptMetadataError(KmemError):
+    """The newest metadata snapshot of a Kafka node's log directory cannot be read."""
+
+
+@dataclasses.dataclass
+class Image:
+    """What kmem serves of a KRaft node's metadata: ``topics`` ``{name: topic id}``, ``partitions``
+    ``{topic id: count}``, ``configs`` ``{topic: {name: value}}``, ``next_producer_id``, ``scram``
+    ``{(mechanism, user): (salt, stored key, server key, iterations)}``, ``acls`` ``{uuid: record}``;
+    ``unserved`` counts the records of each kind kmem does not serve; ``end_offset`` the next metadata offset."""
+    topics: dict = dataclasses.field(default_factory=dict)
+    partitions: dict = dataclasses.field(default_factory=dict)
+    configs: dict = dataclasses.field(default_factory=dict)
+    next_producer_id: int = 0
+    scram: dict = dataclasses.field(default_factory=dict)
+    acls: dict = dataclasses.field(default_factory=dict)
+    unserved: dict = dataclasses.field(default_factory=dict)
+    end_offset: int = 0
+
+    def topic_partitions(self):
+        """``{name: (topic id as Kafka's base64 Uuid, partition count)}``."""
+        return {name: (checkpoints.uuid_string(topic_id.bytes), self.partitions.get(topic_id, 0))
+                for name, topic_id in self.topics.items()}
+
+    def apply(self, record_type, record):
+        if record_type == "TopicRecord":
+            self.topics[record.name] = record.topic_id
+        elif record_type == "PartitionRecord":
+            count = self.partitions.get(record.topic_id, 0)
+            self.partitions[record.topic_id] = max(count, record.partition_id + 1)
+            if record.replicas != record.isr or len(record.replicas) != 1 or record.adding_replicas \
+                    or record.removing_replicas:
+                self._unserved("PartitionRecord replicas beyond a single leader")
+        elif record_type == "RemoveTopicRecord":
+            names = [name for name, topic_id in self.topics.items() if topic_id == record.topic_id]
+            for name in names:
+                del self.topics[name]
+                self.configs.pop(name, None)
+            self.partitions.pop(record.topic_id, None)
+        elif record_type == "ConfigRecord" and record.resource_type == TOPIC_RESOURCE:
+            configs = self.configs.setdefault(record.resource_name, {})
+            if record.value is None:
+                configs.pop(record.name, None)
+            else:
+                configs[record.name] = record.value
+        elif record_type == "ProducerIdsRecord":
+            self.next_producer_id = max(self.next_producer_id, record.next_producer_id)
+        elif record_type == "UserScramCredentialRecord":
+            mechanism = {code: name for name, code in SCRAM_MECHANISMS.items()}.get(record.mechanism)
+            if mechanism is None:
+                self._unserved(f"UserScramCredentialRecord mechanism {record.mechanism}")
+            else:
+                self.scram[(mechanism, record.name)] = (record.salt, record.stored_key, record.server_key,
+                                                        record.iterations)
+        elif record_type == "AccessControlEntryRecord":
+            self.acls[record.id] = record
+        elif record_type == "RemoveAccessControlEntryRecord":
+            self.acls.pop(record.id, None)
+        elif record_type == "FeatureLevelRecord":
+            pass                        # kmem speaks every version a 3.9 node's clients use
+        else:
+            self._unserved(record_type)
+
+    def _unserved(self, kind):
+        self.unserved[kind] = self.unserved.get(kind, 0) + 1
+
+
+def metadata_dir(log_dir):
+    return os.path.join(os.fspath(log_dir), METADATA_PARTITION)
+
+
+def has_metadata(log_dir):
+    """True when ``__cluster_metadata-0`` holds a snapshot or a non-empty metadata log segment."""
+    directory = metadata_dir(log_dir)
+    if not os.path.isdir(directory):
+        return False
+    return any(SNAPSHOT_FILE.fullmatch(name) or SEGMENT_FILE.fullmatch(name)
+               and os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory))
+
+
+def decode_metadata_record(value):
+    """``(record type name, record)`` of one ``MetadataRecordSerde`` frame; the type is ``api key N`` when kmem
+    has no schema for it (and the record None)."""
+    view = memoryview(value)
+    frame, pos = read_uvarint(view, 0)
+    api_key, pos = read_uvarint(view, pos)
+    version, pos = read_uvarint(view, pos)
+    if frame != 1:
+        raise CorruptRecordError(f"metadata record frame version {frame}, expected 1", pos)
+    name = _BY_API_KEY.get(api_key)
+    if name is None:
+        return f"api key {api_key}", None
+    decode = _DECODERS.get((name, version))
+    if decode is None:
+        decode = _DECODERS[(name, version)] = decoder(SCHEMAS[name][0], version)
+    record, _ = decode(view, pos)
+    return name, record
+
+
+def _apply_batches(image, data, path, first_offset=0):
+    """Apply the metadata records of ``data``'s batches from ``first_offset``; raises ``CorruptRecordError`` (and
+    ``CorruptMessageError``) at the first bad batch, after applying every batch before it."""
+    for batch in MemoryRecords(data):
+        batch.ensure_valid()
+        if batch.last_offset < first_offset:
+            continue
+        if not batch.is_control_batch:
+            for record in batch:
+                if record.offset >= first_offset:
+                    image.apply(*decode_metadata_record(record.value))
+        image.end_offset = batch.next_offset
+    valid = MemoryRecords(data).valid_bytes
+    if valid != len(data):
+        raise CorruptRecordError(f"{path}: {len(data) - valid} bytes after the last whole batch", valid)
+
+
+def newest_snapshot(directory):
+    snapshots = sorted((int(m.group(1)), int(m.group(2)), name) for name in os.listdir(directory)
+                       if (m := SNAPSHOT_FILE.fullmatch(name)))
+    return snapshots[-1] if snapshots else None
+
+
+def read_image(log_dir):
+    """The ``Image`` of a KRaft node's ``__cluster_metadata-0`` (see the module docstring)."""
+    directory = metadata_dir(log_dir)
+    image = Image()
+    snapshot = newest_snapshot(directory)
+    if snapshot is not None:
+        end_offset, _, name = snapshot
+        path = os.path.join(directory, name)
+        with open(path, "rb") as file:
+            data = file.read()
+        try:
+            _apply_batches(image, data, path)
+        except KmemError as e:
+            raise CorruptMetadataError(f"{path}: the metadata snapshot is corrupt ({e}): kmem cannot tell the "
+                                       "topics of this Kafka node's directory; restore the file or remove it to "
+                                       "read the metadata log alone") from None
+        image.end_offset = end_offset
+    segments = sorted((int(m.group(1)), name) for name in os.listdir(directory) if (m := SEGMENT_FILE.fullmatch(name)))
+    for index, (base, name) in enumerate(segments):
+        following = segments[index + 1][0] if index + 1 < len(segments) else None
+        if following is not None and following <= image.end_offset:
+            continue                    # wholly below the snapshot
+        path = os.path.join(directory, name)
+        with open(path, "rb") as file:
+            data = file.read()
+        try:
+            _apply_batches(image, data, path, image.end_offset)
+        except KmemError as e:
+            log.warning("%s: the metadata log ends at offset %d, at a torn or corrupt batch (%s); what follows is "
+                        "ignored, as Kafka's log recovery truncates it", path, image.end_offset, e)
+            break
+    for kind, count in sorted(image.unserved.items()):
+        log.info("%s: %d %s record%s not served by kmem (ignored)", directory, count, kind, "" if count == 1 else "s")
+    return image
