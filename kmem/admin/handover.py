@@ -373,6 +373,8 @@ def _write_synced(path, data):
 def write_handover(plan, now_ms=None):
     """Write the plan: the metadata partition built under a scratch name, fsynced, renamed into place;
     ``meta.properties`` replaced atomically. Returns the snapshot's path."""
+    from kmem.admin import kraft_image     # it decodes with this module's schemas
+
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     final = os.path.join(plan.log_dir, METADATA_PARTITION)
     staging = os.path.join(plan.log_dir, SCRATCH.format(uuid.uuid4().hex))
@@ -395,6 +397,7 @@ def write_handover(plan, now_ms=None):
         os.rename(final, os.path.join(plan.log_dir, SCRATCH.format(uuid.uuid4().hex)))
     os.rename(staging, final)
     fsync_directory(plan.log_dir)
+    kraft_image.record_adopted(plan.log_dir)        # kmem's files agree with the snapshot: kmem opens them as they are
     remove_scratch(plan.log_dir)
     return os.path.join(final, name)
 

@@ -11,6 +11,7 @@ in ``Image.unserved``. A torn or corrupt tail of the metadata log ends the read 
 Kafka's log recovery truncates it; a corrupt snapshot raises ``CorruptMetadataError``.
 """
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -19,7 +20,8 @@ import uuid
 from kmem.admin.handover import SCHEMAS, SCRAM_MECHANISMS, TOPIC_RESOURCE
 from kmem.broker.log import checkpoints
 from kmem.broker.log.manager import METADATA_PARTITION
-from kmem.errors import CorruptRecordError, KmemError
+from kmem.durable import read_json, replaced_atomically, write_json
+from kmem.errors import ConfigError, CorruptRecordError, KmemError
 from kmem.protocol.codegen import decoder, read_uvarint
 from kmem.records.batches import MemoryRecords
 
@@ -186,4 +188,104 @@ def read_image(log_dir):
             break
     for kind, count in sorted(image.unserved.items()):
         log.info("%s: %d %s record%s not served by kmem (ignored)", directory, count, kind, "" if count == 1 else "s")
+    return image
+
+
+ADOPTED_FILE = "kmem-kraft-adopted"     # the metadata files kmem's own files were made from (or agree with)
+
+
+def metadata_files(log_dir):
+    """``[[name, size]]`` of the snapshots and log segments of ``__cluster_metadata-0``: a Kafka node that ran
+    after kmem adopted (or handed over) its directory changes them."""
+    directory = metadata_dir(log_dir)
+    return sorted([name, os.path.getsize(os.path.join(directory, name))] for name in os.listdir(directory)
+                  if SNAPSHOT_FILE.fullmatch(name) or SEGMENT_FILE.fullmatch(name))
+
+
+def record_adopted(log_dir):
+    """Note that kmem's own files describe what ``__cluster_metadata-0`` holds now."""
+    write_json(os.path.join(log_dir, ADOPTED_FILE), 1, "metadata", metadata_files(log_dir))
+
+
+def needs_adoption(log_dir):
+    """True when ``__cluster_metadata-0`` holds metadata that kmem's own files were not made from."""
+    if not has_metadata(log_dir):
+        return False
+    try:
+        adopted = read_json(os.path.join(log_dir, ADOPTED_FILE), 1, "metadata", "adopted KRaft metadata")
+    except KmemError:
+        adopted = None
+    return adopted != metadata_files(log_dir)
+
+
+def adopt(log_dir, config):
+    """Make kmem's own files describe the image of a Kafka node's metadata: each topic's partitions (a partition
+    Kafka's metadata names but this node had no replica of starts empty) with Kafka's topic id in
+    ``partition.metadata``, ``kmem-topics.json`` the topics' configs, the producer-id block above Kafka's, and
+    the SCRAM credentials and ACLs unless kmem has its own. A partition directory the metadata does not name (a
+    deleted topic, another incarnation's id) is set aside as Kafka's ``LogManager`` does with a stray
+    (``<name>.<id>-stray``). Every step can be repeated: ``kmem-kraft-adopted`` is written last."""
+    from kmem.broker.log.manager import PARTITION_DIR, TOPICS_FILE
+    from kmem.broker.security.authorizer import AclBinding, StandardAuthorizer
+    from kmem.broker.security.credentials import ScramCredentialStore
+    from kmem.broker.security.scram import ScramCredential
+
+    image = read_image(log_dir)
+    topics = image.topic_partitions()
+    for name in sorted(os.listdir(log_dir)):
+        match = PARTITION_DIR.fullmatch(name)
+        path = os.path.join(log_dir, name)
+        if not match or name == METADATA_PARTITION or not os.path.isdir(path):
+            continue
+        topic, number = match.group(1), int(match.group(2))
+        topic_id, count = topics.get(topic, (None, 0))
+        metadata = os.path.join(path, checkpoints.PARTITION_METADATA)
+        try:
+            held = checkpoints.read_partition_metadata(metadata)
+        except FileNotFoundError:
+            held = topic_id
+        if number >= count or held != topic_id:
+            stray = f"{name}.{uuid.uuid4().hex}-stray"
+            log.warning("%s: not a partition of the Kafka node's metadata (topic id %s); set aside as %s",
+                        name, held, stray)
+            os.rename(path, os.path.join(log_dir, stray))
+    for topic, (topic_id, count) in sorted(topics.items()):
+        for number in range(count):
+            path = os.path.join(log_dir, f"{topic}-{number}")
+            os.makedirs(path, exist_ok=True)
+            metadata = os.path.join(path, checkpoints.PARTITION_METADATA)
+            if not os.path.exists(metadata):
+                checkpoints.write_partition_metadata(metadata, topic_id)
+    configs = {}
+    for topic, overrides in sorted(image.configs.items()):
+        if topic not in topics:
+            continue
+        for name, value in sorted(overrides.items()):
+            try:
+                config.topic_config({name: value})
+            except ConfigError as e:
+                log.warning("topic %s: config %s=%s of the Kafka node's metadata not served by kmem (%s)",
+                            topic, name, value, e)
+                continue
+            configs.setdefault(topic, {})[name] = value
+    with replaced_atomically(os.path.join(log_dir, TOPICS_FILE), fsync=True) as file:
+        file.write(json.dumps(configs, sort_keys=True, indent=1).encode())
+    checkpoints.ProducerIdAllocator(log_dir).reserve_below(image.next_producer_id)
+    store = ScramCredentialStore(log_dir)
+    if image.scram and not store.all_users():
+        store.alter(upsertions=[(mechanism, user, ScramCredential(*credential))
+                                for (mechanism, user), credential in sorted(image.scram.items())])
+    authorizer = StandardAuthorizer(log_dir)
+    if image.acls and not authorizer.entries():
+        bindings = [AclBinding.of(record.resource_type, record.resource_name, record.pattern_type, record.principal,
+                                  record.host, record.operation, record.permission_type)
+                    for record in image.acls.values()]
+        for acl in bindings:
+            if acl.validation_error():
+                log.warning("ACL %s of the Kafka node's metadata not served by kmem: %s", acl, acl.validation_error())
+        authorizer.create([acl for acl in bindings if not acl.validation_error()])
+    record_adopted(log_dir)
+    log.info("%s: adopted the Kafka node's metadata up to offset %d: %d topics, %d partitions, %d SCRAM "
+             "credentials, %d ACLs", log_dir, image.end_offset, len(topics),
+             sum(count for _, count in topics.values()), len(image.scram), len(image.acls))
     return image

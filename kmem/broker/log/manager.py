@@ -170,6 +170,10 @@ class LogManager:
             log.warning("%s; each partition's log starts at its first segment again (records deleted by "
                         "DeleteRecords above it are readable again)", e)
             start_offsets = {}
+        from kmem.admin import kraft_image        # it reads the schemas of kmem.admin.handover, which imports this
+
+        if kraft_image.needs_adoption(self.log_dir):
+            kraft_image.adopt(self.log_dir, self.config)
         self._topic_configs = self._read_topics_file()
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
