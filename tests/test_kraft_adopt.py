@@ -1,0 +1,148 @@
+"""kmem broker opens a Kafka 3.9 KRaft node's log directory: the topics (ids, partition counts, configs), producer
+ids, SCRAM users and ACLs come from ``__cluster_metadata-0`` (the newest snapshot, then the metadata log after it),
+checked with confluent-kafka's clients. The "Kafka directory" is a kmem directory handed over (``kmem handover
+kraft``) whose kmem files naming topics are then removed, so that only Kafka's metadata names them."""
+import glob
+import logging
+import os
+import struct
+
+import pytest
+
+from kmem.admin import handover, kraft_image
+from kmem.broker import Broker
+from kmem.broker.log import checkpoints
+from kmem.broker.log.manager import TOPICS_FILE
+from kmem.broker.security.authorizer import AclBinding, StandardAuthorizer
+from kmem.broker.security.credentials import ScramCredentialStore
+from kmem.broker.security.scram import credential_from_password
+from kmem.protocol.codegen import uvarint
+from kmem.records.builders import build_records
+
+GROUP = "adopters"
+TIMEOUT = 30
+
+
+def admin(broker):
+    from confluent_kafka.admin import AdminClient
+    return AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+
+
+def kmem_dir(log_dir):
+    """A kmem broker's directory: two topics with records and configs, a committed offset, a SCRAM user, an ACL."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    with Broker(log_dir) as broker:
+        broker.logs.create_topic("orders", 3, {"retention.ms": "86400000", "cleanup.policy": "compact"})
+        broker.logs.create_topic("events", 1)
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "enable.idempotence": True})
+        for n in range(6):
+            producer.produce("orders", key=b"k%d" % n, value=b"v%d" % n, partition=n % 3)
+        producer.produce("events", value=b"e")
+        assert producer.flush(TIMEOUT) == 0
+        del producer                # closed while the broker runs
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": GROUP})
+        consumer.commit(offsets=[TopicPartition("orders", 1, 2)], asynchronous=False)
+        consumer.close()
+        node_id = broker.node_id
+    ScramCredentialStore(log_dir).add("SCRAM-SHA-256", "alice", credential_from_password("SCRAM-SHA-256", "secret"))
+    StandardAuthorizer(log_dir).create([AclBinding.of(2, "orders", 3, "User:alice", "*", 3, 3)])
+    return node_id
+
+
+def served(broker):
+    """What a client sees: ``{topic: (id, partition count, configs set on the topic, records)}`` of the user
+    topics, and the group's committed offset of orders-1."""
+    from confluent_kafka import Consumer, TopicCollection, TopicPartition
+    from confluent_kafka.admin import ConfigResource, ConfigSource
+    client = admin(broker)
+    names = sorted(name for name in client.list_topics(timeout=TIMEOUT).topics if not name.startswith("__"))
+    described = client.describe_topics(TopicCollection(names), request_timeout=TIMEOUT)
+    configs = client.describe_configs([ConfigResource("topic", name) for name in names], request_timeout=TIMEOUT)
+    topics = {}
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": GROUP,
+                         "enable.auto.commit": False})
+    for resource, future in configs.items():
+        name = resource.name
+        description = described[name].result(timeout=TIMEOUT)
+        records = []
+        for p in range(len(description.partitions)):
+            low, high = consumer.get_watermark_offsets(TopicPartition(name, p), timeout=TIMEOUT)
+            consumer.assign([TopicPartition(name, p, low)])
+            for _ in range(high - low):
+                message = consumer.poll(TIMEOUT)
+                assert message is not None and message.error() is None
+                records.append((p, message.offset(), message.key(), message.value()))
+        overrides = {k: c.value for k, c in future.result(timeout=TIMEOUT).items()
+                     if c.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value}
+        topics[name] = (str(description.topic_id), len(description.partitions), overrides, records)
+    committed = consumer.committed([TopicPartition("orders", 1)], timeout=TIMEOUT)[0].offset
+    consumer.close()
+    return topics, committed
+
+
+def drop_kmem_files(log_dir):
+    """Leave only Kafka's metadata to name the topics: no kmem-topics.json, no partition.metadata, no mark of
+    an adoption."""
+    os.unlink(os.path.join(log_dir, TOPICS_FILE))
+    os.unlink(os.path.join(log_dir, kraft_image.ADOPTED_FILE))
+    for path in glob.glob(os.path.join(log_dir, "*-*", checkpoints.PARTITION_METADATA)):
+        if handover.METADATA_PARTITION not in path:
+            os.unlink(path)
+
+
+def kafka_dir(log_dir):
+    """(node id, what kmem served before the hand-over) of a Kafka node's directory made from a kmem one."""
+    node_id = kmem_dir(log_dir)
+    with Broker(log_dir) as broker:
+        before = served(broker)
+    handover.handover_kraft(log_dir, node_id)
+    drop_kmem_files(log_dir)
+    return before
+
+
+def snapshot_end(log_dir):
+    end, _, _ = kraft_image.newest_snapshot(os.path.join(log_dir, handover.METADATA_PARTITION))
+    return end
+
+
+def append_metadata_log(log_dir, batches_of_values):
+    """A metadata log segment after the snapshot, each list of record values one batch; returns its path."""
+    offset = base = snapshot_end(log_dir)
+    data = b""
+    for values in batches_of_values:
+        data += build_records([{"value": value} for value in values], base_offset=offset,
+                              partition_leader_epoch=2)
+        offset += len(values)
+    path = os.path.join(log_dir, handover.METADATA_PARTITION, f"{base:020d}.log")
+    with open(path, "wb") as file:
+        file.write(data)
+    return path
+
+
+def test_the_round_trip_serves_the_same_topics_ids_configs_records_and_offsets(tmp_path):
+    before = kafka_dir(tmp_path)
+    assert not os.path.exists(tmp_path / TOPICS_FILE)
+    with Broker(tmp_path) as broker:
+        assert served(broker) == before
+    assert before[0]["orders"][1:3] == (3, {"retention.ms": "86400000", "cleanup.policy": "compact"})
+    assert before[1] == 2
+    with Broker(tmp_path) as broker:               # the next start reads kmem's own files again
+        assert served(broker) == before
+    assert kraft_image.needs_adoption(tmp_path) is False
+
+
+def test_producer_ids_scram_users_and_acls_are_adopted(tmp_path):
+    node_id = kmem_dir(tmp_path)
+    issued_end = checkpoints.ProducerIdAllocator(tmp_path).reserved_end
+    handover.handover_kraft(tmp_path, node_id)
+    drop_kmem_files(tmp_path)
+    credential = ScramCredentialStore(tmp_path).get("SCRAM-SHA-256", "alice")
+    acls = [acl for _, acl in StandardAuthorizer(tmp_path).entries()]
+    for path in (tmp_path / checkpoints.PRODUCER_ID_BLOCK, ScramCredentialStore(tmp_path).path,
+                 StandardAuthorizer(tmp_path).path):
+        os.unlink(path)
+    with Broker(tmp_path) as broker:
+        assert broker.logs.allocate_producer_id() >= issued_end > 0
+    assert ScramCredentialStore(tmp_path).all_users() == ["alice"]
+    assert ScramCredentialStore(tmp_path).get("SCRAM-SHA-256", "alice") == credential
+    assert [acl for _, acl in StandardAuthorizer(tmp_path).entries()] == acls
