@@ -6,6 +6,7 @@ import glob
 import logging
 import os
 import struct
+import uuid
 
 import pytest
 
@@ -60,7 +61,8 @@ def served(broker):
     configs = client.describe_configs([ConfigResource("topic", name) for name in names], request_timeout=TIMEOUT)
     topics = {}
     consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": GROUP,
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+                         "topic.metadata.refresh.fast.interval.ms": 10})
     for resource, future in configs.items():
         name = resource.name
         description = described[name].result(timeout=TIMEOUT)
@@ -74,7 +76,10 @@ def served(broker):
                 records.append((p, message.offset(), message.key(), message.value()))
         overrides = {k: c.value for k, c in future.result(timeout=TIMEOUT).items()
                      if c.source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value}
-        topics[name] = (str(description.topic_id), len(description.partitions), overrides, records)
+        topic_id = description.topic_id
+        topics[name] = (checkpoints.uuid_string(struct.pack(">qq", topic_id.get_most_significant_bits(),
+                                                            topic_id.get_least_significant_bits())),
+                        len(description.partitions), overrides, records)
     committed = consumer.committed([TopicPartition("orders", 1)], timeout=TIMEOUT)[0].offset
     consumer.close()
     return topics, committed
@@ -146,3 +151,89 @@ def test_producer_ids_scram_users_and_acls_are_adopted(tmp_path):
     assert ScramCredentialStore(tmp_path).all_users() == ["alice"]
     assert ScramCredentialStore(tmp_path).get("SCRAM-SHA-256", "alice") == credential
     assert [acl for _, acl in StandardAuthorizer(tmp_path).entries()] == acls
+
+
+def later_records(image_before, topic_id):
+    """A metadata log after the snapshot: a new topic of two partitions with a config, orders' retention.ms
+    changed and cleanup.policy deleted, events removed, and two records kmem does not serve."""
+    events = uuid.UUID(bytes=checkpoints.uuid_bytes(image_before["events"][0]))
+    added = uuid.UUID(bytes=checkpoints.uuid_bytes(topic_id))
+    record = handover.metadata_record
+    return [
+        [record("TopicRecord", name="added", topic_id=added)]
+        + [record("PartitionRecord", partition_id=p, topic_id=added, replicas=[0, 1, 2], isr=[0, 1, 2], leader=0,
+                  leader_epoch=0, partition_epoch=0, directories=[uuid.UUID(int=0)] * 3) for p in range(2)]
+        + [record("ConfigRecord", resource_type=handover.TOPIC_RESOURCE, resource_name="added",
+                  name="max.message.bytes", value="2048")],
+        [record("ConfigRecord", resource_type=handover.TOPIC_RESOURCE, resource_name="orders", name="retention.ms",
+                value="3600000"),
+         record("ConfigRecord", resource_type=handover.TOPIC_RESOURCE, resource_name="orders",
+                name="cleanup.policy", value=None),
+         record("RemoveTopicRecord", topic_id=events),
+         uvarint(1) + uvarint(17) + uvarint(0) + b"\x00"],        # a BrokerRegistrationChangeRecord, say
+    ]
+
+
+def test_the_metadata_log_after_the_snapshot_is_applied_in_order(tmp_path, caplog):
+    before, _ = kafka_dir(tmp_path)
+    added_id = checkpoints.random_uuid()
+    append_metadata_log(tmp_path, later_records(before, added_id))
+    with caplog.at_level(logging.INFO, logger="kmem.admin.kraft_image"), Broker(tmp_path) as broker:
+        topics, committed = served(broker)
+    assert topics == {
+        "orders": (before["orders"][0], 3, {"retention.ms": "3600000"}, before["orders"][3]),
+        "added": (added_id, 2, {"max.message.bytes": "2048"}, [])}
+    assert committed == 2
+    unserved = [r.getMessage() for r in caplog.records if "not served by kmem" in r.getMessage()]
+    assert len(unserved) == 2
+    assert any("2 PartitionRecord replicas beyond a single leader records" in line for line in unserved)
+    assert any("1 api key 17 record" in line for line in unserved)
+    assert [name for name in os.listdir(tmp_path) if name.startswith("events-0.")] != []    # set aside, not lost
+
+
+def test_a_torn_metadata_log_tail_ends_the_log_at_the_last_whole_batch(tmp_path, caplog):
+    before, _ = kafka_dir(tmp_path)
+    path = append_metadata_log(tmp_path, later_records(before, checkpoints.random_uuid()))
+    with open(path, "r+b") as file:            # the second batch cut short
+        file.truncate(os.path.getsize(path) - 5)
+    with caplog.at_level(logging.WARNING), Broker(tmp_path) as broker:
+        topics = broker.logs.topics()
+    assert {name for name in topics if not name.startswith("__")} == {"added", "events", "orders"}
+    assert dict(topics["orders"].configs) == {"retention.ms": "86400000", "cleanup.policy": "compact"}
+    assert any("torn or corrupt" in r.getMessage() for r in caplog.records)
+
+
+def test_a_corrupt_batch_in_the_metadata_log_ends_the_log_before_it(tmp_path):
+    before, _ = kafka_dir(tmp_path)
+    path = append_metadata_log(tmp_path, later_records(before, checkpoints.random_uuid()))
+    with open(path, "r+b") as file:            # a byte of the first batch's records flipped: its CRC fails
+        file.seek(70)
+        byte = file.read(1)
+        file.seek(70)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    image = kraft_image.read_image(tmp_path)
+    assert {name for name in image.topics if not name.startswith("__")} == set(before)
+    assert image.end_offset == snapshot_end(tmp_path)
+
+
+def test_a_corrupt_snapshot_stops_the_start_with_a_clear_error(tmp_path):
+    kafka_dir(tmp_path)
+    snapshot = glob.glob(str(tmp_path / handover.METADATA_PARTITION / "*.checkpoint"))[0]
+    with open(snapshot, "r+b") as file:
+        file.seek(200)
+        byte = file.read(1)
+        file.seek(200)
+        file.write(bytes([byte[0] ^ 0xFF]))
+    listing = sorted(set(os.listdir(tmp_path)) - {".lock"})
+    with pytest.raises(kraft_image.CorruptMetadataError, match="metadata snapshot is corrupt"):
+        Broker(tmp_path).start()
+    assert sorted(set(os.listdir(tmp_path)) - {".lock"}) == listing          # nothing adopted, nothing set aside
+
+
+def test_a_handed_over_directory_kmem_keeps_using_is_not_adopted_again(tmp_path):
+    node_id = kmem_dir(tmp_path)
+    handover.handover_kraft(tmp_path, node_id)
+    with Broker(tmp_path) as broker:
+        broker.logs.create_topic("after", 1)        # kmem carries on after the hand-over, Kafka never ran
+    with Broker(tmp_path) as broker:
+        assert "after" in broker.logs.topics()

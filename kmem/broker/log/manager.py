@@ -153,6 +153,10 @@ class LogManager:
                     f"{checkpoints.META_PROPERTIES}: restore it, or move the partitions away to start a new cluster")
         self.meta_properties = checkpoints.load_meta_properties(self.log_dir, self.config.node_id)
         self.cluster_id = self.meta_properties["cluster.id"]
+        from kmem.admin import kraft_image        # it reads the schemas of kmem.admin.handover, which imports this
+
+        if kraft_image.needs_adoption(self.log_dir):
+            kraft_image.adopt(self.log_dir, self.config)
         marker = os.path.join(self.log_dir, checkpoints.CLEAN_SHUTDOWN)
         self.had_clean_shutdown = os.path.exists(marker)
         if self.had_clean_shutdown:
@@ -170,10 +174,6 @@ class LogManager:
             log.warning("%s; each partition's log starts at its first segment again (records deleted by "
                         "DeleteRecords above it are readable again)", e)
             start_offsets = {}
-        from kmem.admin import kraft_image        # it reads the schemas of kmem.admin.handover, which imports this
-
-        if kraft_image.needs_adoption(self.log_dir):
-            kraft_image.adopt(self.log_dir, self.config)
         self._topic_configs = self._read_topics_file()
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
