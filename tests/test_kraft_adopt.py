@@ -5,6 +5,7 @@ kraft``) whose kmem files naming topics are then removed, so that only Kafka's m
 import glob
 import logging
 import os
+import shutil
 import struct
 import uuid
 
@@ -95,14 +96,26 @@ def drop_kmem_files(log_dir):
             os.unlink(path)
 
 
-def kafka_dir(log_dir):
-    """(node id, what kmem served before the hand-over) of a Kafka node's directory made from a kmem one."""
+@pytest.fixture(scope="module")
+def handed_over(tmp_path_factory):
+    """(a kmem directory handed over to Kafka, what kmem served before), made once for the module."""
+    log_dir = tmp_path_factory.mktemp("handed-over")
     node_id = kmem_dir(log_dir)
     with Broker(log_dir) as broker:
         before = served(broker)
     handover.handover_kraft(log_dir, node_id)
+    return log_dir, before
+
+
+@pytest.fixture
+def kafka_dir(handed_over, tmp_path):
+    """(a Kafka node's directory made from a kmem one: a copy of ``handed_over`` without kmem's files naming
+    topics, what kmem served before the hand-over)."""
+    template, before = handed_over
+    log_dir = tmp_path / "kafka"
+    shutil.copytree(template, log_dir)
     drop_kmem_files(log_dir)
-    return before
+    return log_dir, before
 
 
 def snapshot_end(log_dir):
@@ -124,8 +137,8 @@ def append_metadata_log(log_dir, batches_of_values):
     return path
 
 
-def test_the_round_trip_serves_the_same_topics_ids_configs_records_and_offsets(tmp_path):
-    before = kafka_dir(tmp_path)
+def test_the_round_trip_serves_the_same_topics_ids_configs_records_and_offsets(kafka_dir):
+    tmp_path, before = kafka_dir
     assert not os.path.exists(tmp_path / TOPICS_FILE)
     with Broker(tmp_path) as broker:
         assert served(broker) == before
@@ -136,11 +149,9 @@ def test_the_round_trip_serves_the_same_topics_ids_configs_records_and_offsets(t
     assert kraft_image.needs_adoption(tmp_path) is False
 
 
-def test_producer_ids_scram_users_and_acls_are_adopted(tmp_path):
-    node_id = kmem_dir(tmp_path)
+def test_producer_ids_scram_users_and_acls_are_adopted(kafka_dir):
+    tmp_path, _ = kafka_dir
     issued_end = checkpoints.ProducerIdAllocator(tmp_path).reserved_end
-    handover.handover_kraft(tmp_path, node_id)
-    drop_kmem_files(tmp_path)
     credential = ScramCredentialStore(tmp_path).get("SCRAM-SHA-256", "alice")
     acls = [acl for _, acl in StandardAuthorizer(tmp_path).entries()]
     for path in (tmp_path / checkpoints.PRODUCER_ID_BLOCK, ScramCredentialStore(tmp_path).path,
@@ -174,8 +185,8 @@ def later_records(image_before, topic_id):
     ]
 
 
-def test_the_metadata_log_after_the_snapshot_is_applied_in_order(tmp_path, caplog):
-    before, _ = kafka_dir(tmp_path)
+def test_the_metadata_log_after_the_snapshot_is_applied_in_order(kafka_dir, caplog):
+    tmp_path, (before, _) = kafka_dir
     added_id = checkpoints.random_uuid()
     append_metadata_log(tmp_path, later_records(before, added_id))
     with caplog.at_level(logging.INFO, logger="kmem.admin.kraft_image"), Broker(tmp_path) as broker:
@@ -191,8 +202,8 @@ def test_the_metadata_log_after_the_snapshot_is_applied_in_order(tmp_path, caplo
     assert [name for name in os.listdir(tmp_path) if name.startswith("events-0.")] != []    # set aside, not lost
 
 
-def test_a_torn_metadata_log_tail_ends_the_log_at_the_last_whole_batch(tmp_path, caplog):
-    before, _ = kafka_dir(tmp_path)
+def test_a_torn_metadata_log_tail_ends_the_log_at_the_last_whole_batch(kafka_dir, caplog):
+    tmp_path, (before, _) = kafka_dir
     path = append_metadata_log(tmp_path, later_records(before, checkpoints.random_uuid()))
     with open(path, "r+b") as file:            # the second batch cut short
         file.truncate(os.path.getsize(path) - 5)
@@ -203,8 +214,8 @@ def test_a_torn_metadata_log_tail_ends_the_log_at_the_last_whole_batch(tmp_path,
     assert any("torn or corrupt" in r.getMessage() for r in caplog.records)
 
 
-def test_a_corrupt_batch_in_the_metadata_log_ends_the_log_before_it(tmp_path):
-    before, _ = kafka_dir(tmp_path)
+def test_a_corrupt_batch_in_the_metadata_log_ends_the_log_before_it(kafka_dir):
+    tmp_path, (before, _) = kafka_dir
     path = append_metadata_log(tmp_path, later_records(before, checkpoints.random_uuid()))
     with open(path, "r+b") as file:            # a byte of the first batch's records flipped: its CRC fails
         file.seek(70)
@@ -216,8 +227,8 @@ def test_a_corrupt_batch_in_the_metadata_log_ends_the_log_before_it(tmp_path):
     assert image.end_offset == snapshot_end(tmp_path)
 
 
-def test_a_corrupt_snapshot_stops_the_start_with_a_clear_error(tmp_path):
-    kafka_dir(tmp_path)
+def test_a_corrupt_snapshot_stops_the_start_with_a_clear_error(kafka_dir):
+    tmp_path, _ = kafka_dir
     snapshot = glob.glob(str(tmp_path / handover.METADATA_PARTITION / "*.checkpoint"))[0]
     with open(snapshot, "r+b") as file:
         file.seek(200)
@@ -230,9 +241,8 @@ def test_a_corrupt_snapshot_stops_the_start_with_a_clear_error(tmp_path):
     assert sorted(set(os.listdir(tmp_path)) - {".lock"}) == listing          # nothing adopted, nothing set aside
 
 
-def test_a_handed_over_directory_kmem_keeps_using_is_not_adopted_again(tmp_path):
-    node_id = kmem_dir(tmp_path)
-    handover.handover_kraft(tmp_path, node_id)
+def test_a_handed_over_directory_kmem_keeps_using_is_not_adopted_again(handed_over, tmp_path):
+    shutil.copytree(handed_over[0], tmp_path, dirs_exist_ok=True)
     with Broker(tmp_path) as broker:
         broker.logs.create_topic("after", 1)        # kmem carries on after the hand-over, Kafka never ran
     with Broker(tmp_path) as broker:
