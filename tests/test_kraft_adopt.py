@@ -241,9 +241,10 @@ def test_a_corrupt_snapshot_stops_the_start_with_a_clear_error(kafka_dir):
     assert sorted(set(os.listdir(tmp_path)) - {".lock"}) == listing          # nothing adopted, nothing set aside
 
 
-def test_a_handed_over_directory_kmem_keeps_using_is_not_adopted_again(handed_over, tmp_path):
+def test_kmem_opens_a_directory_it_handed_over_by_its_own_files(handed_over, tmp_path, caplog):
     shutil.copytree(handed_over[0], tmp_path, dirs_exist_ok=True)
-    with Broker(tmp_path) as broker:
-        broker.logs.create_topic("after", 1)        # kmem carries on after the hand-over, Kafka never ran
+    with caplog.at_level(logging.INFO, logger="kmem.admin.kraft_image"), Broker(tmp_path) as broker:
+        broker.logs.create_topic("after", 1)
+    assert not [r for r in caplog.records if "adopted" in r.getMessage()]
     with Broker(tmp_path) as broker:
         assert "after" in broker.logs.topics()
