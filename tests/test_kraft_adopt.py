@@ -181,7 +181,7 @@ def later_records(image_before, topic_id):
          record("ConfigRecord", resource_type=handover.TOPIC_RESOURCE, resource_name="orders",
                 name="cleanup.policy", value=None),
          record("RemoveTopicRecord", topic_id=events),
-         uvarint(1) + uvarint(17) + uvarint(0) + b"\x00"],        # a BrokerRegistrationChangeRecord, say
+         uvarint(1) + uvarint(17) + uvarint(0) + b"\x00"],        # a kind kmem has no schema for
     ]
 
 
@@ -197,8 +197,8 @@ def test_the_metadata_log_after_the_snapshot_is_applied_in_order(kafka_dir, capl
     assert committed == 2
     unserved = [r.getMessage() for r in caplog.records if "not served by kmem" in r.getMessage()]
     assert len(unserved) == 2
-    assert any("2 PartitionRecord replicas beyond a single leader records" in line for line in unserved)
-    assert any("1 api key 17 record" in line for line in unserved)
+    assert any("PartitionRecord with replicas beyond a single leader not served by kmem, ignored: 2 records" in line for line in unserved)
+    assert any("metadata record of api key 17 not served by kmem, ignored: 1 record" in line for line in unserved)
     assert [name for name in os.listdir(tmp_path) if name.startswith("events-0.")] != []    # set aside, not lost
 
 
@@ -248,3 +248,14 @@ def test_kmem_opens_a_directory_it_handed_over_by_its_own_files(handed_over, tmp
     assert not [r for r in caplog.records if "adopted" in r.getMessage()]
     with Broker(tmp_path) as broker:
         assert "after" in broker.logs.topics()
+
+
+@pytest.mark.parametrize("value", [b"", b"\x01", b"\x02\x02\x00", b"\x01\xff\xff\xff\xff\xff\xff", None])
+def test_a_malformed_metadata_record_ends_the_log_before_its_batch(kafka_dir, value, caplog):
+    tmp_path, (before, _) = kafka_dir
+    append_metadata_log(tmp_path, [[value]])
+    with caplog.at_level(logging.WARNING):
+        image = kraft_image.read_image(tmp_path)
+    assert {name for name in image.topics if not name.startswith("__")} == set(before)
+    assert image.end_offset == snapshot_end(tmp_path)
+    assert any("torn or corrupt" in r.getMessage() for r in caplog.records)

@@ -17,7 +17,7 @@ import os
 import re
 import uuid
 
-from kmem.admin.handover import SCHEMAS, SCRAM_MECHANISMS, TOPIC_RESOURCE
+from kmem.admin.handover import METADATA_FRAME_VERSION, SCHEMAS, SCRAM_MECHANISMS, TOPIC_RESOURCE
 from kmem.broker.log import checkpoints
 from kmem.broker.log.manager import METADATA_PARTITION
 from kmem.durable import read_json, replaced_atomically, write_json
@@ -65,7 +65,7 @@ class Image:
             self.partitions[record.topic_id] = max(count, record.partition_id + 1)
             if record.replicas != record.isr or len(record.replicas) != 1 or record.adding_replicas \
                     or record.removing_replicas:
-                self._unserved("PartitionRecord replicas beyond a single leader")
+                self._unserved("PartitionRecord with replicas beyond a single leader")
         elif record_type == "RemoveTopicRecord":
             names = [name for name, topic_id in self.topics.items() if topic_id == record.topic_id]
             for name in names:
@@ -83,7 +83,7 @@ class Image:
         elif record_type == "UserScramCredentialRecord":
             mechanism = {code: name for name, code in SCRAM_MECHANISMS.items()}.get(record.mechanism)
             if mechanism is None:
-                self._unserved(f"UserScramCredentialRecord mechanism {record.mechanism}")
+                self._unserved(f"UserScramCredentialRecord of mechanism {record.mechanism}")
             else:
                 self.scram[(mechanism, record.name)] = (record.salt, record.stored_key, record.server_key,
                                                         record.iterations)
@@ -116,15 +116,20 @@ def has_metadata(log_dir):
 def decode_metadata_record(value):
     """``(record type name, record)`` of one ``MetadataRecordSerde`` frame; the type is ``api key N`` when kmem
     has no schema for it (and the record None)."""
+    if value is None:
+        raise CorruptRecordError("a metadata record without a value", 0)
     view = memoryview(value)
-    frame, pos = read_uvarint(view, 0)
-    api_key, pos = read_uvarint(view, pos)
-    version, pos = read_uvarint(view, pos)
-    if frame != 1:
-        raise CorruptRecordError(f"metadata record frame version {frame}, expected 1", pos)
+    try:
+        frame, pos = read_uvarint(view, 0)
+        api_key, pos = read_uvarint(view, pos)
+        version, pos = read_uvarint(view, pos)
+    except Exception as e:      # IndexError when cut short, the codec's own error when a varint runs on
+        raise CorruptRecordError(f"a metadata record's frame is malformed ({e or 'cut short'})", 0) from None
+    if frame != METADATA_FRAME_VERSION:
+        raise CorruptRecordError(f"metadata record frame version {frame}, expected {METADATA_FRAME_VERSION}", pos)
     name = _BY_API_KEY.get(api_key)
     if name is None:
-        return f"api key {api_key}", None
+        return f"metadata record of api key {api_key}", None
     decode = _DECODERS.get((name, version))
     if decode is None:
         decode = _DECODERS[(name, version)] = decoder(SCHEMAS[name][0], version)
@@ -187,7 +192,7 @@ def read_image(log_dir):
                         "ignored, as Kafka's log recovery truncates it", path, image.end_offset, e)
             break
     for kind, count in sorted(image.unserved.items()):
-        log.info("%s: %d %s record%s not served by kmem (ignored)", directory, count, kind, "" if count == 1 else "s")
+        log.info("%s: %s not served by kmem, ignored: %d record%s", directory, kind, count, "" if count == 1 else "s")
     return image
 
 
