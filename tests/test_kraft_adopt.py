@@ -12,12 +12,14 @@ import uuid
 import pytest
 
 from kmem.admin import handover, kraft_image
+from broker_helpers import RawConnection
 from kmem.broker import Broker
 from kmem.broker.log import checkpoints
 from kmem.broker.log.manager import TOPICS_FILE
 from kmem.broker.security.authorizer import AclBinding, StandardAuthorizer
 from kmem.broker.security.credentials import ScramCredentialStore
 from kmem.broker.security.scram import credential_from_password
+from kmem.protocol import ApiKey, decode_response, encode_request, message_class
 from kmem.protocol.codegen import uvarint
 from kmem.records.builders import build_records
 
@@ -142,6 +144,11 @@ def test_the_round_trip_serves_the_same_topics_ids_configs_records_and_offsets(k
     assert not os.path.exists(tmp_path / TOPICS_FILE)
     with Broker(tmp_path) as broker:
         assert served(broker) == before
+        with RawConnection(broker.bootstrap_servers) as raw:        # Metadata v12 names each topic's id
+            raw.send_frame(bytes(encode_request(message_class(ApiKey.METADATA, "Request")(topics=None), 12, 7)))
+            metadata = decode_response(raw.receive_frame(), ApiKey.METADATA, 12)[1]
+        assert {t.name: (checkpoints.uuid_string(t.topic_id.bytes), len(t.partitions)) for t in metadata.topics
+                if t.name in before[0]} == {name: topic[:2] for name, topic in before[0].items()}
     assert before[0]["orders"][1:3] == (3, {"retention.ms": "86400000", "cleanup.policy": "compact"})
     assert before[1] == 2
     with Broker(tmp_path) as broker:               # the next start reads kmem's own files again
