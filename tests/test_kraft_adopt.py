@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from kmem.admin import handover, kraft_image
 from broker_helpers import RawConnection
+from kmem.admin import handover, kraft_image
 from kmem.broker import Broker
 from kmem.broker.log import checkpoints
 from kmem.broker.log.manager import TOPICS_FILE
@@ -204,8 +204,10 @@ def test_the_metadata_log_after_the_snapshot_is_applied_in_order(kafka_dir, capl
     assert committed == 2
     unserved = [r.getMessage() for r in caplog.records if "not served by kmem" in r.getMessage()]
     assert len(unserved) == 2
-    assert any("PartitionRecord with replicas beyond a single leader not served by kmem, ignored: 2 records" in line for line in unserved)
-    assert any("metadata record of api key 17 not served by kmem, ignored: 1 record" in line for line in unserved)
+    assert any("PartitionRecord with replicas beyond a single leader not served by kmem, ignored: 2 records" in line
+               for line in unserved)
+    assert any("metadata record of api key 17 not served by kmem, ignored: 1 record" in line
+               for line in unserved)
     assert [name for name in os.listdir(tmp_path) if name.startswith("events-0.")] != []    # set aside, not lost
 
 
