@@ -268,3 +268,16 @@ def test_a_malformed_metadata_record_ends_the_log_before_its_batch(kafka_dir, va
     assert {name for name in image.topics if not name.startswith("__")} == set(before)
     assert image.end_offset == snapshot_end(tmp_path)
     assert any("torn or corrupt" in r.getMessage() for r in caplog.records)
+
+
+def test_partitions_after_a_gap_are_not_served(kafka_dir, caplog):
+    tmp_path, (before, _) = kafka_dir
+    gapped = uuid.uuid4()
+    append_metadata_log(tmp_path, [[handover.metadata_record("TopicRecord", name="gapped", topic_id=gapped)]
+                                   + [handover.metadata_record("PartitionRecord", partition_id=p, topic_id=gapped,
+                                                               replicas=[0], isr=[0], leader=0, leader_epoch=0,
+                                                               partition_epoch=0, directories=[uuid.UUID(int=0)])
+                                      for p in (0, 1, 2**31 - 1)]])
+    with caplog.at_level(logging.WARNING, logger="kmem.admin.kraft_image"):
+        assert kraft_image.read_image(tmp_path).topic_partitions()["gapped"][1] == 2
+    assert any("partitions [2147483647]" in r.getMessage() for r in caplog.records)

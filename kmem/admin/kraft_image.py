@@ -42,6 +42,8 @@ class Image:
     """What kmem serves of a KRaft node's metadata: ``topics`` ``{name: topic id}``, ``partitions``
     ``{topic id: count}``, ``configs`` ``{topic: {name: value}}``, ``next_producer_id``, ``scram``
     ``{(mechanism, user): (salt, stored key, server key, iterations)}``, ``acls`` ``{uuid: record}``;
+    ``partitions`` holds the partition numbers of each topic id (a topic has those numbered from 0 up to the first
+    missing one);
     ``unserved`` counts the records of each kind kmem does not serve; ``end_offset`` the next metadata offset."""
     topics: dict = dataclasses.field(default_factory=dict)
     partitions: dict = dataclasses.field(default_factory=dict)
@@ -54,15 +56,21 @@ class Image:
 
     def topic_partitions(self):
         """``{name: (topic id as Kafka's base64 Uuid, partition count)}``."""
-        return {name: (checkpoints.uuid_string(topic_id.bytes), self.partitions.get(topic_id, 0))
-                for name, topic_id in self.topics.items()}
+        counts = {}
+        for name, topic_id in self.topics.items():
+            numbers = self.partitions.get(topic_id, set())
+            count = next(n for n in range(len(numbers) + 1) if n not in numbers)
+            if count != len(numbers):
+                log.warning("topic %s: partitions %s of Kafka's metadata not served by kmem (not numbered from 0 "
+                            "without a gap)", name, sorted(n for n in numbers if n > count))
+            counts[name] = (checkpoints.uuid_string(topic_id.bytes), count)
+        return counts
 
     def apply(self, record_type, record):
         if record_type == "TopicRecord":
             self.topics[record.name] = record.topic_id
         elif record_type == "PartitionRecord":
-            count = self.partitions.get(record.topic_id, 0)
-            self.partitions[record.topic_id] = max(count, record.partition_id + 1)
+            self.partitions.setdefault(record.topic_id, set()).add(record.partition_id)
             if record.replicas != record.isr or len(record.replicas) != 1 or record.adding_replicas \
                     or record.removing_replicas:
                 self._unserved("PartitionRecord with replicas beyond a single leader")
@@ -145,9 +153,9 @@ def _apply_batches(image, data, path, first_offset=0):
         if batch.last_offset < first_offset:
             continue
         if not batch.is_control_batch:
-            for record in batch:
-                if record.offset >= first_offset:
-                    image.apply(*decode_metadata_record(record.value))
+            # decoded whole before any is applied: a batch is applied entirely or not at all
+            for decoded in [decode_metadata_record(record.value) for record in batch if record.offset >= first_offset]:
+                image.apply(*decoded)
         image.end_offset = batch.next_offset
     valid = MemoryRecords(data).valid_bytes
     if valid != len(data):

@@ -11,7 +11,9 @@ manager's flusher thread (``FlushScheduler``, Kafka's scheduler running ``flushU
 the recovery points checkpointed are those flushed. Segments roll only when an append arrives, as in
 Kafka; an idle partition's active segment still expires, retention rolling it first. ``cleaner`` is the
 ``kmem.broker.log.cleaner.LogCleaner`` of the compacted topics (``cleaner.start()`` starts its thread;
-``cleaner-offset-checkpoint`` holds each compacted partition's first dirty offset).
+``cleaner-offset-checkpoint`` holds each compacted partition's first dirty offset). On a directory a Kafka KRaft
+node wrote, the manager first adopts the topics, configs, producer ids, SCRAM users and ACLs of its
+``__cluster_metadata-0`` into these files (``kmem.admin.kraft_image``).
 """
 import fcntl
 import json
