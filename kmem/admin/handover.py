@@ -92,6 +92,9 @@ SCHEMAS = {
         ("Id", "uuid", "0+", {}), ("ResourceType", "int8", "0+", {}), ("ResourceName", "string", "0+", {}),
         ("PatternType", "int8", "0+", {}), ("Principal", "string", "0+", {}), ("Host", "string", "0+", {}),
         ("Operation", "int8", "0+", {}), ("PermissionType", "int8", "0+", {})]), 0),
+    # read only, by kmem.admin.kraft_image (a Kafka node's metadata log deletes with them)
+    "RemoveTopicRecord": (_schema("RemoveTopicRecord", 9, [("TopicId", "uuid", "0+", {})]), 0),
+    "RemoveAccessControlEntryRecord": (_schema("RemoveAccessControlEntryRecord", 19, [("Id", "uuid", "0+", {})]), 0),
     # the control records' values (clients' common/message/Snapshot{Header,Footer}Record.json), version 0
     "SnapshotHeaderRecord": (_schema("SnapshotHeaderRecord", None, [
         ("Version", "int16", "0+", {}), ("LastContainedLogTimestamp", "int64", "0+", {})]), 0),
@@ -370,6 +373,8 @@ def _write_synced(path, data):
 def write_handover(plan, now_ms=None):
     """Write the plan: the metadata partition built under a scratch name, fsynced, renamed into place;
     ``meta.properties`` replaced atomically. Returns the snapshot's path."""
+    from kmem.admin import kraft_image     # it decodes with this module's schemas
+
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     final = os.path.join(plan.log_dir, METADATA_PARTITION)
     staging = os.path.join(plan.log_dir, SCRATCH.format(uuid.uuid4().hex))
@@ -392,6 +397,7 @@ def write_handover(plan, now_ms=None):
         os.rename(final, os.path.join(plan.log_dir, SCRATCH.format(uuid.uuid4().hex)))
     os.rename(staging, final)
     fsync_directory(plan.log_dir)
+    kraft_image.record_adopted(plan.log_dir)        # kmem's files agree with the snapshot: kmem opens them as they are
     remove_scratch(plan.log_dir)
     return os.path.join(final, name)
 

@@ -206,6 +206,14 @@ class ProducerIdAllocator:
         """The first producer id never reserved: every id issued is below it."""
         return self._reserved_end
 
+    def reserve_below(self, end):
+        """Never issue an id below ``end`` (the ids another broker issued, e.g. a Kafka node's
+        ``ProducerIdsRecord``), on disk before this returns."""
+        with self._lock:
+            if end > self._reserved_end:
+                _write_text(self.path, f"0\n{end}\n")
+                self._reserved_end = self._next = end
+
     def allocate(self):
         with self._lock:
             if self._next == self._reserved_end:

@@ -11,7 +11,9 @@ manager's flusher thread (``FlushScheduler``, Kafka's scheduler running ``flushU
 the recovery points checkpointed are those flushed. Segments roll only when an append arrives, as in
 Kafka; an idle partition's active segment still expires, retention rolling it first. ``cleaner`` is the
 ``kmem.broker.log.cleaner.LogCleaner`` of the compacted topics (``cleaner.start()`` starts its thread;
-``cleaner-offset-checkpoint`` holds each compacted partition's first dirty offset).
+``cleaner-offset-checkpoint`` holds each compacted partition's first dirty offset). On a directory a Kafka KRaft
+node wrote, the manager first adopts the topics, configs, producer ids, SCRAM users and ACLs of its
+``__cluster_metadata-0`` into these files (``kmem.admin.kraft_image``).
 """
 import fcntl
 import json
@@ -153,6 +155,10 @@ class LogManager:
                     f"{checkpoints.META_PROPERTIES}: restore it, or move the partitions away to start a new cluster")
         self.meta_properties = checkpoints.load_meta_properties(self.log_dir, self.config.node_id)
         self.cluster_id = self.meta_properties["cluster.id"]
+        from kmem.admin import kraft_image        # it reads the schemas of kmem.admin.handover, which imports this
+
+        if kraft_image.needs_adoption(self.log_dir):
+            kraft_image.adopt(self.log_dir, self.config)
         marker = os.path.join(self.log_dir, checkpoints.CLEAN_SHUTDOWN)
         self.had_clean_shutdown = os.path.exists(marker)
         if self.had_clean_shutdown:
