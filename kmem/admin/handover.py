@@ -225,18 +225,12 @@ def plan_handover(log_dir, node_id, cluster_id=None):
 
 
 def _read_topic_configs(log_dir, problems):
-    from kmem.broker.log.manager import TOPICS_FILE
+    from kmem.broker.log.manager import read_topics_file
 
-    path = os.path.join(log_dir, TOPICS_FILE)
     try:
-        with open(path, "rb") as file:
-            configs = json.load(file)
-    except FileNotFoundError:
-        return {}
-    except ValueError as e:
-        raise HandoverRefused(log_dir, [f"{path}: not valid JSON ({e})"]) from None
-    if not isinstance(configs, dict) or not all(isinstance(overrides, dict) for overrides in configs.values()):
-        raise HandoverRefused(log_dir, [f"{path}: expected {{topic: {{config: value}}}}"])
+        configs = read_topics_file(log_dir)
+    except checkpoints.CorruptCheckpointError as e:
+        raise HandoverRefused(log_dir, [str(e)]) from None
     checked = {}
     broker = BrokerConfig()
     for topic, overrides in configs.items():

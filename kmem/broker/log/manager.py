@@ -176,7 +176,7 @@ class LogManager:
             log.warning("%s; each partition's log starts at its first segment again (records deleted by "
                         "DeleteRecords above it are readable again)", e)
             start_offsets = {}
-        self._topic_configs = self._read_topics_file()
+        self._topic_configs = read_topics_file(self.log_dir)
         self.producer_ids = checkpoints.ProducerIdAllocator(self.log_dir)
         self._logs = {}
         self._partition_counts = {}     # topic -> partition count, cleared when partitions come or go
@@ -208,19 +208,6 @@ class LogManager:
 
     def _path(self, name):
         return os.path.join(self.log_dir, name)
-
-    def _read_topics_file(self):
-        path = self._path(TOPICS_FILE)
-        try:
-            with open(path, "rb") as file:
-                data = json.load(file)
-        except FileNotFoundError:
-            return {}
-        except ValueError as e:
-            raise checkpoints.CorruptCheckpointError(f"{path}: not valid JSON ({e})") from None
-        if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-            raise checkpoints.CorruptCheckpointError(f"{path}: expected {{topic: {{config: value}}}}")
-        return data
 
     def _write_topics_file(self):
         with replaced_atomically(self._path(TOPICS_FILE), fsync=True) as file:
@@ -493,3 +480,19 @@ class LogManager:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def read_topics_file(log_dir):
+    """``{topic: {config: value}}`` of ``log_dir``'s topics file ({} without one); ``CorruptCheckpointError`` for
+    a file that is not that."""
+    path = os.path.join(log_dir, TOPICS_FILE)
+    try:
+        with open(path, "rb") as file:
+            data = json.load(file)
+    except FileNotFoundError:
+        return {}
+    except ValueError as e:
+        raise checkpoints.CorruptCheckpointError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+        raise checkpoints.CorruptCheckpointError(f"{path}: expected {{topic: {{config: value}}}}")
+    return data
