@@ -266,11 +266,13 @@ def test_a_join_storm_over_many_group_ids_leaves_nothing_behind(logs):
 def test_waiting_joins_hold_no_thread_and_are_answered_by_the_rebalance(logs):
     """JoinGroups during the initial delay are parked DelayedResponses, however many: a thousand wait at
     once with no thread each, the coordinator keeps answering, and the rebalance answers every one."""
-    # each join restarts the delay: 2 s between two of them, even on a loaded machine, keeps them in one rebalance
+    # Each join restarts the delay, up to the members' rebalance timeout from the first join (Kafka's
+    # InitialDelayedJoin): a long timeout, and 2 s between two joins, keep them in one rebalance on a loaded machine.
     coord = coordinator(logs, initial_rebalance_delay_ms=2000)
     try:
         threads_before = threading.active_count()
-        parked = [coord.join_group(header(ApiKey.JOIN_GROUP, 3), join_request()) for _ in range(1000)]
+        parked = [coord.join_group(header(ApiKey.JOIN_GROUP, 3), join_request(rebalance_ms=120_000))
+                  for _ in range(1000)]
         assert all(isinstance(p, DelayedResponse) for p in parked)    # v3: no member id round-trip
         assert threading.active_count() == threads_before
         assert coord.describe_groups(header(ApiKey.DESCRIBE_GROUPS, 5), messages.DescribeGroupsRequest(
