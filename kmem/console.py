@@ -254,7 +254,14 @@ class Console:
             tp = TopicPartition(name, partition)
             consumer.assign([tp])
             consumer.seek(tp, max(offset, earliest))
+            # a broker that stops answering ends the page at request.timeout.ms, with what came by then
+            deadline = time.monotonic() + self.config["request.timeout.ms"] / 1000
             while len(shown) < limit and consumer.position(tp) < end:
+                if time.monotonic() > deadline:
+                    if shown:
+                        break
+                    raise PageError(503, f"The broker at {self.bootstrap_servers} returned no messages of "
+                                         f"{name}-{partition} within request.timeout.ms.")
                 for record in consumer.poll(500):
                     if len(shown) < limit:
                         shown.append({"offset": record.offset, "timestamp": record.timestamp,

@@ -216,3 +216,20 @@ def test_the_transactions_page_lists_the_transactional_producers(console, broker
     text = create_app(console).test_client().get("/transactions").get_data(as_text=True)
     assert re.search(r"orders-tx</td><td class=\"n\">\d+</td>\s*<td>Ongoing", text), text
     producer.abort_transaction(30)
+
+
+def test_a_browse_the_broker_cannot_finish_ends_at_the_request_timeout(broker, monkeypatch):
+    """The log end offset promised more than the broker hands out (a broker that stops answering mid-browse):
+    the page ends at request.timeout.ms, with the messages that came, or says none came."""
+    config = dict(client_config(None), **{"request.timeout.ms": 1000})
+    console = Console(broker.bootstrap_servers, config)
+    monkeypatch.setattr(console, "_offsets", lambda partitions: {tp: (0, 10_000) for tp in partitions})
+    try:
+        client = create_app(console).test_client()
+        partial = client.get("/topics/orders/messages?partition=0&limit=50")     # partition 0 holds no markers
+        shown = partial.get_data(as_text=True).count("<tr><td class=\"n\">")
+        assert partial.status_code == 200 and shown == broker.logs.get_partition("orders", 0).log_end_offset
+        none = client.get("/topics/orders/messages?partition=0&offset=5000")
+        assert none.status_code == 503 and "within request.timeout.ms" in none.get_data(as_text=True)
+    finally:
+        console.close()
