@@ -26,6 +26,15 @@ CLIENT_DEFAULTS = {"client.id": "kmem-admin", "request.timeout.ms": 30000, "sock
 SECURITY_PREFIXES = ("ssl.", "sasl.")
 
 
+def whole_number(low, high):
+    """An argparse type: a whole number from ``low`` to ``high`` (the range of the field it goes into)."""
+    def parse(text):
+        if not text.strip().isdigit() or not low <= int(text) <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, not {text!r}")
+        return int(text)
+    return parse
+
+
 class CommandError(Exception):
     """A one-line error of a command, with its exit code."""
 

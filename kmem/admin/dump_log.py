@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from kmem.admin.commands import CommandError
+from kmem.admin.commands import CommandError, whole_number
 from kmem.errors import CorruptRecordError, KmemError
 
 NAME = "dump-log"
@@ -52,9 +52,9 @@ def add_command(commands):
     parser.add_argument("--index-sanity-check", action="store_true",
                         help="only run the check a broker runs on an index at startup to decide whether to "
                              "rebuild it")
-    parser.add_argument("--max-message-size", type=_positive, default=5 * 1024 * 1024, metavar="SIZE",
+    parser.add_argument("--max-message-size", type=whole_number(1, INT32_MAX), default=5 * 1024 * 1024, metavar="SIZE",
                         help="size of the largest batch, read at each index entry (default: 5242880)")
-    parser.add_argument("--max-bytes", type=_positive, default=INT32_MAX, metavar="SIZE",
+    parser.add_argument("--max-bytes", type=whole_number(1, INT32_MAX), default=INT32_MAX, metavar="SIZE",
                         help="read only the batches within the first SIZE bytes of each .log file")
     parser.add_argument("--skip-record-metadata", action="store_true",
                         help="do not print each record's offset, timestamp, sizes, sequence and headers")
@@ -65,16 +65,6 @@ def add_command(commands):
     decoders.add_argument("--transaction-log-decoder", action="store_true",
                           help="decode the records as the __transaction_state topic's (transaction metadata)")
     parser.set_defaults(run=run)
-
-
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 0 < value <= INT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be a positive integer up to {INT32_MAX}, not {text!r}")
-    return value
 
 
 def run(args):

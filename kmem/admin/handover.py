@@ -30,6 +30,7 @@ import time
 import uuid
 from typing import NamedTuple
 
+from kmem.admin.commands import whole_number
 from kmem.broker.codes import LogError
 from kmem.broker.log import checkpoints
 from kmem.broker.log.config import BrokerConfig
@@ -500,21 +501,11 @@ def add_command(commands):
                                description=HANDOVER_DESCRIPTION, epilog=HANDOVER_EXIT_CODES,
                                formatter_class=argparse.RawDescriptionHelpFormatter)
     kraft.add_argument("--log-dir", required=True, help="the stopped kmem broker's log directory")
-    kraft.add_argument("--node-id", required=True, type=_node_id, help="the Kafka node's node.id")
+    kraft.add_argument("--node-id", required=True, type=whole_number(0, 2**31 - 1), help="the Kafka node's node.id")
     kraft.add_argument("--cluster-id", help="the cluster id (default: meta.properties' cluster.id)")
     kraft.add_argument("--listeners", default="PLAINTEXT://localhost:9092,CONTROLLER://localhost:9093",
                        help="the Kafka node's listeners, printed for server.properties (default: %(default)s)")
     handover.set_defaults(run=run)
-
-
-def _node_id(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"a node id is 0 to 2147483647, not {text!r}")
-    return value
 
 
 def run(args):

@@ -1,9 +1,8 @@
 """``kmem topics``: Kafka's ``kafka-topics.sh`` (its ``TopicCommand``) over any Kafka broker: --list,
 --describe, --create, --delete and --alter --partitions, with its options and output lines."""
-import argparse
 import re
 
-from kmem.admin.commands import BAD_ARGUMENTS, CommandError
+from kmem.admin.commands import BAD_ARGUMENTS, CommandError, whole_number
 
 NAME = "topics"
 HELP = "list, describe, create, delete and add partitions to topics (kafka-topics.sh)"
@@ -35,10 +34,12 @@ def add_arguments(parser):
     actions.add_argument("--delete", action="store_true", help="delete --topic")
     actions.add_argument("--alter", action="store_true", help="add partitions to --topic (--partitions)")
     parser.add_argument("--topic", help="the topic (for --list and --describe: a regular expression)")
-    parser.add_argument("--partitions", type=_count(INT32_MAX), help="partitions of a new topic (default: the broker's "
-                                                            "num.partitions), or the count --alter grows it to")
-    parser.add_argument("--replication-factor", type=_count(INT16_MAX), help="replicas of each partition of a new topic "
-                                                                    "(default: the broker's default.replication.factor)")
+    parser.add_argument("--partitions", type=whole_number(1, INT32_MAX),
+                        help="partitions of a new topic (default: the broker's num.partitions), or the count --alter "
+                             "grows it to")
+    parser.add_argument("--replication-factor", type=whole_number(1, INT16_MAX),
+                        help="replicas of each partition of a new topic (default: the broker's "
+                             "default.replication.factor)")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
                         help="a topic config of a new topic, e.g. cleanup.policy=compact; repeatable")
     parser.add_argument("--if-exists", action="store_true", help="--describe, --delete, --alter: a missing topic "
@@ -46,15 +47,6 @@ def add_arguments(parser):
     parser.add_argument("--if-not-exists", action="store_true", help="--create: an existing topic is no error")
     parser.add_argument("--exclude-internal", action="store_true",
                         help="--list, --describe: leave out internal topics (__consumer_offsets, ...)")
-
-
-def _count(highest):
-    """An argparse type: a whole number from 1 to ``highest`` (the protocol field's range)."""
-    def count(text):
-        if not text.strip().isdigit() or not 1 <= int(text) <= highest:
-            raise argparse.ArgumentTypeError(f"must be an integer from 1 to {highest}, not {text!r}")
-        return int(text)
-    return count
 
 
 def check_arguments(args):
