@@ -71,6 +71,12 @@ def test_an_application_slower_than_the_session_keeps_its_partitions_with_the_po
                   session_timeout_ms=SESSION_TIMEOUT_MS, heartbeat_interval_ms=300) as consumer:
         consumer.subscribe(["slow"])
         joined(consumer)
+        # the first records may empty their response: poll until one is held with more to hand out, so that
+        # the next fetch goes out now and the pool holds both while the application works
+        deadline = time.monotonic() + 30
+        while consumer.metrics()["buffered-bytes"] == 0 and time.monotonic() < deadline:
+            consumer.poll(100)
+        assert consumer.metrics()["buffered-bytes"] > 0
         generation, assignment = consumer.generation, consumer.assignment()
         answered = consumer.metrics()["heartbeat-total"]
         for _ in range(2):
