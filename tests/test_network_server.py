@@ -68,7 +68,7 @@ def test_config_defaults_and_validation():
     config = SocketServerConfig()
     assert (config.queued_max_request_bytes, config.socket_request_max_bytes, config.queued_max_requests,
             config.num_network_threads, config.num_io_threads, config.connections_max_idle_ms) == (
-        -1, 104857600, 500, 3, 8, 600000)
+        -1, 104857600, 500, 1, 8, 600000)
     config = SocketServerConfig.from_properties({"queued.max.request.bytes": "16777216",
                                                  "socket.request.max.bytes": 1048576,
                                                  "queued.max.requests": "10"})

@@ -85,7 +85,10 @@ class SocketServerConfig:
 
     host: str = "127.0.0.1"
     port: int = 0
-    num_network_threads: int = 3
+    # Kafka: 3. Under the GIL more processors add no parallelism, only a GIL hand-over at each system call:
+    # with a thousand long-polling consumers, three processors saturated the broker and a produce waited
+    # about a second (bench/bench_broker_waiting.py), one answered in milliseconds.
+    num_network_threads: int = 1
     num_io_threads: int = 8
     queued_max_requests: int = 500
     queued_max_request_bytes: int = -1              # -1: no byte bound (an unbounded pool)
