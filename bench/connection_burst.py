@@ -3,7 +3,8 @@
     python connection_burst.py BOOTSTRAP COUNT
 
 starts COUNT non-blocking connects at once, sends ApiVersions v0 on each as it connects and prints, as
-JSON, the seconds until every one was answered (``null`` if some never was within 120 s).
+JSON, the seconds until every one was answered (``null`` if some never was within 120 s, or was
+refused or reset).
 """
 import errno
 import json
@@ -38,11 +39,14 @@ def main(bootstrap, count):
     while answered < count and time.monotonic() - started < 120:
         for key, events in selector.select(1.0):
             sock = key.fileobj
-            if events & selectors.EVENT_WRITE:
-                sock.send(frame)
-                selector.modify(sock, selectors.EVENT_READ, key.data)
-                continue
-            data = sock.recv(65536)
+            try:
+                if events & selectors.EVENT_WRITE:
+                    sock.send(frame)
+                    selector.modify(sock, selectors.EVENT_READ, key.data)
+                    continue
+                data = sock.recv(65536)
+            except ConnectionError:         # refused or reset (an overflowing accept queue): never answered
+                data = b""
             key.data.extend(data)
             if not data or (len(key.data) >= 4 and len(key.data) >= 4 + struct.unpack_from(">i", key.data)[0]):
                 answered += bool(data)
