@@ -7,11 +7,12 @@ import logging
 import os
 import shutil
 import struct
+import time
 import uuid
 
 import pytest
 
-from broker_helpers import RawConnection
+from broker_helpers import RawConnection, consume_to_end, produce_raw, wait_for
 from kmem.admin import handover, kraft_image
 from kmem.broker import Broker
 from kmem.broker.log import checkpoints
@@ -281,3 +282,54 @@ def test_partitions_after_a_gap_are_not_served(kafka_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="kmem.admin.kraft_image"):
         assert kraft_image.read_image(tmp_path).topic_partitions()["gapped"][1] == 2
     assert any("partitions [2147483647]" in r.getMessage() for r in caplog.records)
+
+
+def test_idempotent_and_transactional_producers_keep_their_state_across_the_round_trip(tmp_path):
+    """A producer's sequence and an open transaction, left by kmem and read back from the directory as Kafka's:
+    the retried batch is answered with its first offset, and the open transaction holds the last stable offset
+    until its transactional id is initialised again, which aborts it."""
+    from confluent_kafka import Producer
+    from kafka.protocol.consumer import ListOffsetsRequest, ListOffsetsResponse
+
+    log_dir = tmp_path / "kafka"
+    # stamped now: a producer whose last timestamp is older than producer.id.expiration.ms is dropped at load
+    retried = build_records([{"value": b"once", "timestamp": int(time.time() * 1000)}], producer_id=4242,
+                            producer_epoch=0, base_sequence=0)
+
+    def last_stable_offset(broker):
+        request = ListOffsetsRequest(replica_id=-1, isolation_level=1, topics=[
+            ListOffsetsRequest.ListOffsetsTopic(name="payments", partitions=[
+                ListOffsetsRequest.ListOffsetsTopic.ListOffsetsPartition(partition_index=0, timestamp=-1)])])
+        with RawConnection(broker.bootstrap_servers) as raw:
+            return raw.request(request, ListOffsetsResponse, 2).topics[0].partitions[0].offset
+
+    with Broker(log_dir) as broker:
+        broker.logs.create_topic("payments", 1)
+        with RawConnection(broker.bootstrap_servers) as raw:
+            first = produce_raw(raw, "payments", retried)
+        assert first.error_code == 0
+        transactional = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "payer"})
+        transactional.init_transactions(TIMEOUT)
+        transactional.begin_transaction()
+        transactional.produce("payments", value=b"pending", partition=0)
+        assert transactional.flush(TIMEOUT) == 0
+        open_at = broker.logs.get_partition("payments", 0).log_end_offset - 1
+        assert last_stable_offset(broker) == open_at
+        node_id = broker.node_id
+    del transactional                   # its transaction stays open: the broker is gone
+    handover.handover_kraft(log_dir, node_id)
+    drop_kmem_files(log_dir)
+
+    with Broker(log_dir) as broker:
+        assert kraft_image.needs_adoption(log_dir) is False
+        end = broker.logs.get_partition("payments", 0).log_end_offset
+        with RawConnection(broker.bootstrap_servers) as raw:
+            again = produce_raw(raw, "payments", retried)
+        assert (again.error_code, again.base_offset) == (0, first.base_offset)
+        assert broker.logs.get_partition("payments", 0).log_end_offset == end
+        assert last_stable_offset(broker) == open_at
+        successor = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "payer"})
+        successor.init_transactions(TIMEOUT)           # fences the old epoch and aborts its transaction
+        wait_for(lambda: last_stable_offset(broker) > open_at, "the aborted transaction to leave the LSO")
+        assert [value for *_, value in consume_to_end(broker.bootstrap_servers, "payments")] == [b"once"]
+        del successor
