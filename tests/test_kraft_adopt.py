@@ -22,6 +22,7 @@ from kmem.broker.security.credentials import ScramCredentialStore
 from kmem.broker.security.scram import credential_from_password
 from kmem.protocol import ApiKey, decode_response, encode_request, message_class
 from kmem.protocol.codegen import uvarint
+from kmem.records.batches import MemoryRecords
 from kmem.records.builders import build_records
 
 GROUP = "adopters"
@@ -126,9 +127,10 @@ def snapshot_end(log_dir):
     return end
 
 
-def append_metadata_log(log_dir, batches_of_values):
-    """A metadata log segment after the snapshot, each list of record values one batch; returns its path."""
-    offset = base = snapshot_end(log_dir)
+def append_metadata_log(log_dir, batches_of_values, base=None):
+    """A metadata log segment from ``base`` (the snapshot's end by default), each list of record values one batch;
+    returns its path."""
+    offset = base = snapshot_end(log_dir) if base is None else base
     data = b""
     for values in batches_of_values:
         data += build_records([{"value": value} for value in values], base_offset=offset,
@@ -282,6 +284,65 @@ def test_partitions_after_a_gap_are_not_served(kafka_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="kmem.admin.kraft_image"):
         assert kraft_image.read_image(tmp_path).topic_partitions()["gapped"][1] == 2
     assert any("partitions [2147483647]" in r.getMessage() for r in caplog.records)
+
+
+def new_topic_records(name, topic_id, partitions=1):
+    return [handover.metadata_record("TopicRecord", name=name, topic_id=topic_id)] + [
+        handover.metadata_record("PartitionRecord", partition_id=p, topic_id=topic_id, replicas=[0], isr=[0], leader=0,
+                                 leader_epoch=0, partition_epoch=0, directories=[uuid.UUID(int=0)])
+        for p in range(partitions)]
+
+
+def test_the_batch_holding_the_snapshot_end_is_replayed_whole(kafka_dir):
+    """Kafka's MetadataLoader replays the whole log batch holding the snapshot's end offset, records before that
+    offset included: here the TopicRecord one offset below the end."""
+    tmp_path, (before, _) = kafka_dir
+    added = uuid.uuid4()
+    append_metadata_log(tmp_path, [new_topic_records("added", added)], base=snapshot_end(tmp_path) - 1)
+    image = kraft_image.read_image(tmp_path)
+    assert image.topic_partitions()["added"] == (checkpoints.uuid_string(added.bytes), 1)
+    assert image.end_offset == snapshot_end(tmp_path) + 1
+
+
+def test_a_partition_of_a_topic_never_created_in_the_snapshot_stops_the_start(kafka_dir):
+    """Kafka's MetadataDelta faults on it and drops the snapshot; kmem refuses to guess the topics."""
+    tmp_path, _ = kafka_dir
+    snapshot = glob.glob(str(tmp_path / handover.METADATA_PARTITION / "*.checkpoint"))[0]
+    with open(snapshot, "rb") as file:
+        end = list(MemoryRecords(file.read()).batches())[-1].next_offset
+    with open(snapshot, "ab") as file:
+        file.write(build_records([{"value": value} for value in new_topic_records("orphan", uuid.uuid4())[1:]],
+                                 base_offset=end))
+    listing = sorted(set(os.listdir(tmp_path)) - {".lock"})
+    with pytest.raises(kraft_image.CorruptMetadataError, match="PartitionRecord of topic id .* no TopicRecord"):
+        Broker(tmp_path).start()
+    assert sorted(set(os.listdir(tmp_path)) - {".lock"}) == listing
+
+
+def test_a_partition_of_a_topic_never_created_ends_the_metadata_log_before_its_batch(kafka_dir, caplog):
+    tmp_path, (before, _) = kafka_dir
+    append_metadata_log(tmp_path, [new_topic_records("fine", uuid.uuid4()),
+                                   new_topic_records("orphan", uuid.uuid4())[1:]])
+    with caplog.at_level(logging.WARNING):
+        image = kraft_image.read_image(tmp_path)
+    assert {name for name in image.topics if not name.startswith("__")} == set(before) | {"fine"}
+    assert any("torn or corrupt" in r.getMessage() and "no TopicRecord" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_metadata_offsets_in_neither_the_snapshot_nor_the_log_stop_the_start(kafka_dir, snapshot):
+    """Kafka's "Inconsistent snapshot state": a log starting after the snapshot's end (or, without one, after 0)."""
+    tmp_path, _ = kafka_dir
+    end = snapshot_end(tmp_path)
+    append_metadata_log(tmp_path, [new_topic_records("late", uuid.uuid4())], base=end + 3)
+    if not snapshot:
+        for path in glob.glob(str(tmp_path / handover.METADATA_PARTITION / "*.checkpoint")):
+            os.unlink(path)
+    listing = sorted(set(os.listdir(tmp_path)) - {".lock"})
+    missing = f"{end if snapshot else 0} to {end + 2}"
+    with pytest.raises(kraft_image.CorruptMetadataError, match=f"metadata offsets {missing} are in neither"):
+        Broker(tmp_path).start()
+    assert sorted(set(os.listdir(tmp_path)) - {".lock"}) == listing
 
 
 def test_idempotent_and_transactional_producers_keep_their_state_across_the_round_trip(tmp_path):

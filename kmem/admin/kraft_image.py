@@ -8,7 +8,9 @@ control batches skipped. Every batch's CRC-32C is checked. The records are appli
 credentials and ACLs. The record schemas are those of ``kmem.admin.handover`` (Kafka's
 ``common/metadata/*.json``). Records kmem does not serve (other brokers, reassignments, features...) are counted
 in ``Image.unserved``. A torn or corrupt tail of the metadata log ends the read at the last valid batch, as
-Kafka's log recovery truncates it; a corrupt snapshot raises ``CorruptMetadataError``.
+Kafka's log recovery truncates it; a corrupt snapshot, a PartitionRecord of a topic no TopicRecord created in it,
+or metadata offsets in neither the snapshot nor the log raise ``CorruptMetadataError``. The batch holding the
+snapshot's end offset is replayed whole, as Kafka's ``MetadataLoader`` does.
 """
 import dataclasses
 import json
@@ -34,7 +36,7 @@ _DECODERS = {}
 
 
 class CorruptMetadataError(KmemError):
-    """The newest metadata snapshot of a Kafka node's log directory cannot be read."""
+    """A Kafka node's cluster metadata cannot be read whole: its newest snapshot is corrupt, or records are missing."""
 
 
 @dataclasses.dataclass
@@ -145,17 +147,40 @@ def decode_metadata_record(value):
     return name, record
 
 
+def _check_partitions_name_topics(image, decoded):
+    """A PartitionRecord of a topic id no TopicRecord created is a fault of Kafka's ``MetadataDelta``, which then
+    drops what it was loading: raised as ``CorruptRecordError``, before any record of the batch is applied."""
+    known = set(image.topics.values())
+    for record_type, record in decoded:
+        if record_type == "TopicRecord":
+            known.add(record.topic_id)
+        elif record_type == "RemoveTopicRecord":
+            known.discard(record.topic_id)
+        elif record_type == "PartitionRecord" and record.topic_id not in known:
+            raise CorruptRecordError(f"a PartitionRecord of topic id {record.topic_id}, which no TopicRecord "
+                                     "created", 0)
+
+
 def _apply_batches(image, data, path, first_offset=0):
-    """Apply the metadata records of ``data``'s batches from ``first_offset``; raises ``CorruptRecordError`` (and
-    ``CorruptMessageError``) at the first bad batch, after applying every batch before it."""
+    """Apply the metadata records of ``data``'s batches that end at or after ``first_offset``, each whole (as
+    Kafka's ``MetadataLoader`` replays the whole batch holding a snapshot's end offset); raises
+    ``CorruptRecordError`` (and ``CorruptMessageError``) at the first bad batch, after applying every batch before
+    it; ``CorruptMetadataError`` when offsets are missing before a batch."""
     for batch in MemoryRecords(data):
         batch.ensure_valid()
         if batch.last_offset < first_offset:
             continue
+        if batch.base_offset > max(first_offset, image.end_offset):
+            # not a torn tail to truncate: records Kafka would need are missing ("Inconsistent snapshot state")
+            raise CorruptMetadataError(f"{path}: metadata offsets {image.end_offset} to {batch.base_offset - 1} "
+                                       "are in neither a snapshot nor the metadata log: kmem cannot tell the topics "
+                                       "of this Kafka node's directory")
         if not batch.is_control_batch:
-            # decoded whole before any is applied: a batch is applied entirely or not at all
-            for decoded in [decode_metadata_record(record.value) for record in batch if record.offset >= first_offset]:
-                image.apply(*decoded)
+            # decoded and checked whole before any is applied: a batch is applied entirely or not at all
+            decoded = [decode_metadata_record(record.value) for record in batch]
+            _check_partitions_name_topics(image, decoded)
+            for record_type, record in decoded:
+                image.apply(record_type, record)
         image.end_offset = batch.next_offset
     valid = MemoryRecords(data).valid_bytes
     if valid != len(data):
@@ -180,6 +205,8 @@ def read_image(log_dir):
             data = file.read()
         try:
             _apply_batches(image, data, path)
+        except CorruptMetadataError:
+            raise
         except KmemError as e:
             raise CorruptMetadataError(f"{path}: the metadata snapshot is corrupt ({e}): kmem cannot tell the "
                                        "topics of this Kafka node's directory; restore the file or remove it to "
@@ -195,6 +222,8 @@ def read_image(log_dir):
             data = file.read()
         try:
             _apply_batches(image, data, path, image.end_offset)
+        except CorruptMetadataError:
+            raise
         except KmemError as e:
             log.warning("%s: the metadata log ends at offset %d, at a torn or corrupt batch (%s); what follows is "
                         "ignored, as Kafka's log recovery truncates it", path, image.end_offset, e)
