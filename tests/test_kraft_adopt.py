@@ -5,8 +5,10 @@ kraft``) whose kmem files naming topics are then removed, so that only Kafka's m
 import glob
 import logging
 import os
+import re
 import shutil
 import struct
+import subprocess
 import time
 import uuid
 
@@ -394,3 +396,42 @@ def test_idempotent_and_transactional_producers_keep_their_state_across_the_roun
         wait_for(lambda: last_stable_offset(broker) > open_at, "the aborted transaction to leave the LSO")
         assert [value for *_, value in consume_to_end(broker.bootstrap_servers, "payments")] == [b"once"]
         del successor
+
+
+SELFTEST = os.path.join(os.path.dirname(os.environ.get("KRAFT_ORACLE", "/tmp/kraft-oracle/run-oracle")), "run-selftest")
+
+
+@pytest.fixture(scope="module")
+def kafka_written(tmp_path_factory):
+    """The directories the KRaft oracle's self-test writes with Kafka 3.9's own RecordsSnapshotWriter,
+    BatchBuilder and LogSegment (kafka-oracles/build-kraft.sh), node id 1."""
+    output = subprocess.run([SELFTEST, "--keep"], capture_output=True, text=True, timeout=300,
+                            cwd=tmp_path_factory.mktemp("selftest")).stdout
+    assert "SELFTEST PASS" in output, output[-2000:]
+    kept = re.search(r"^kept: (.+)$", output, re.M).group(1)
+    yield kept
+    shutil.rmtree(kept, ignore_errors=True)
+
+
+@pytest.mark.skipif(not os.access(SELFTEST, os.X_OK) or shutil.which("java") is None,
+                    reason="the kraft oracle is not built (kafka-oracles/build-kraft.sh) or no Java runtime")
+@pytest.mark.parametrize("scenario, served", [
+    ("A", {"t1": (2, {"cleanup.policy": "compact"}), "t2": (1, {})}),
+    ("B", {"t1": (2, {"cleanup.policy": "compact"}), "t3": (1, {"retention.ms": "1000"})}),
+    ("C8", {"t1": (2, {"cleanup.policy": "compact"}), "t2": (1, {}), "t3": (1, {"retention.ms": "5000"})}),
+    ("C1", "metadata snapshot is corrupt"),
+    ("C2", "no TopicRecord created"),
+    ("C5", "metadata offsets 0 to 4 are in neither"),
+])
+def test_kmem_serves_what_kafka_loads_from_directories_kafka_wrote(kafka_written, tmp_path, scenario, served):
+    """What Kafka's MetadataLoader makes of each scenario (the self-test asserts it): the same topics, partition
+    counts and configs, or no start where Kafka does not load the metadata."""
+    log_dir = tmp_path / scenario
+    shutil.copytree(os.path.join(kafka_written, scenario), log_dir)
+    if isinstance(served, str):
+        with pytest.raises(kraft_image.CorruptMetadataError, match=served):
+            Broker(log_dir, properties={"node.id": 1}).start()
+        return
+    with Broker(log_dir, properties={"node.id": 1}) as broker:
+        assert {name: (topic.partitions, dict(topic.configs)) for name, topic in broker.logs.topics().items()
+                if not name.startswith("__")} == served
