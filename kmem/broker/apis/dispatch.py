@@ -288,6 +288,8 @@ class RequestDispatcher:
         """The encoded ``response``, throttled as the client's quotas have it (see the module docstring); None
         for none (an acks=0 Produce)."""
         if self.request_quota is None or not self.request_quota.enabled():
+            if header.api_key == ApiKey.FETCH and not self._from_follower(header, body):
+                self.handlers.fetch_sent(response)
             return None if response is None else encode_response(header, response)
         principal, client_id = request.principal, header.client_id
         throttle_ms = 0
@@ -326,9 +328,9 @@ class RequestDispatcher:
         size = len(encoded) if isinstance(encoded, (bytes, bytearray)) else encoded.size
         throttle_ms = max(throttle_ms, self.fetch_quota.record(request.principal, header.client_id, size))
         if not throttle_ms:
+            self.handlers.fetch_sent(response)
             return encoded
         self.fetch_quota.unrecord(request.principal, header.client_id, size)
-        self.handlers.fetch_not_sent(response)
         close_send(encoded)
         request.throttle(throttle_ms)
         return encode_response(header, messages.FetchResponse(

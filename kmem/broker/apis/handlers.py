@@ -654,19 +654,17 @@ class Handlers:
             return _fetch_refused(version, request, ErrorCode.UNKNOWN_SERVER_ERROR)
         results, size, errors = self._read_all(version, request, wanted, is_follower)
         if size >= request.min_bytes or errors or request.max_wait_ms <= 0 or self.closing:
-            return self._fetch_response(response, wanted, results, is_follower)
+            return self._fetch_response(response, wanted, results)
         # Kafka's DelayedFetch: parked until enough bytes arrive (or a segment rolls) or max_wait_ms passes
         try:
             fetched = [(source, partition, source.offset_metadata(partition.fetch_offset))
                        for _, partition, source in wanted]
         except IllegalStateError:            # a topic was deleted meanwhile: answer at once
-            return self._fetch_response(response, wanted, self._read_all(version, request, wanted, is_follower)[0],
-                                        is_follower)
+            return self._fetch_response(response, wanted, self._read_all(version, request, wanted, is_follower)[0])
         return DelayedFetch(self, version, request, response, wanted, fetched, is_follower)
 
-    def _fetch_response(self, response, wanted, results, is_follower):
-        """``response`` with ``results`` in place, counted as the response goes (Kafka's ``readFromLog`` counts the
-        partitions read, ``KafkaApis`` the bytes out: a follower's are replication's, not BytesOutPerSec)."""
+    def _fetch_response(self, response, wanted, results):
+        """``response`` with ``results`` in place, its partitions counted (as Kafka's ``readFromLog`` counts them)."""
         everywhere = self.topic_stats.row(ALL_TOPICS)
         for (topic_response, _, source), result in zip(wanted, results):
             topic_response.partitions.append(result)
@@ -677,19 +675,17 @@ class Handlers:
             here[TOTAL_FETCH] += 1
             if result.error_code:
                 _count_failed(result.error_code, FETCH_ERRORS_NOT_FAILED, FAILED_FETCH, here, everywhere)
-            elif not is_follower and not isinstance(result.records, bytes):
-                here[BYTES_OUT] += result.records.size
-                everywhere[BYTES_OUT] += result.records.size
         return response
 
-    def fetch_not_sent(self, response):
-        """A consumer's Fetch ``response`` that a quota replaced by an empty one: its bytes did not go out."""
+    def fetch_sent(self, response):
+        """Counts the record bytes of a consumer's Fetch ``response`` as it goes out (where Kafka's ``KafkaApis``
+        counts BytesOutPerSec: not a follower's, nor those of a response a quota replaces by an empty one)."""
         everywhere = self.topic_stats.row(ALL_TOPICS)
         for topic_response in response.responses:
             for result in topic_response.partitions:
-                if not isinstance(result.records, bytes) and result.records.size:
-                    self.topic_stats.row(topic_response.topic)[BYTES_OUT] -= result.records.size
-                    everywhere[BYTES_OUT] -= result.records.size
+                if not isinstance(result.records, bytes):       # a Send of records read
+                    self.topic_stats.row(topic_response.topic)[BYTES_OUT] += result.records.size
+                    everywhere[BYTES_OUT] += result.records.size
 
     def _read_all(self, version, request, wanted, is_follower):
         """One pass over the fetched partitions: ``([PartitionData], bytes returned, any error)``."""
@@ -816,7 +812,7 @@ class DelayedFetch(DelayedOperation):
         # operation (its records' descriptors go as soon as the send is written or dropped).
         wanted, response, self._wanted, self._response = self._wanted, self._response, None, None
         results, _, _ = self._handlers._read_all(self._version, self._request, wanted, self._is_follower)
-        return self._handlers._fetch_response(response, wanted, results, self._is_follower)
+        return self._handlers._fetch_response(response, wanted, results)
 
     def __repr__(self):
         return f"<DelayedFetch of {len(self._fetched)} partitions>"
