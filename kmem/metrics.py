@@ -321,7 +321,9 @@ class BrokerCollector:
             return
         totals = handlers.topic_stats.totals()
         everywhere = totals.pop(ALL_TOPICS, [0] * len(BROKER_TOPIC_METERS))
-        topics = logs.topics()
+        # The partitions after the counts (and under the log manager's lock): a topic counted then missing was
+        # deleted, not made since the counts were read.
+        topics = {topic for topic, _ in logs.partitions()}
         deleted = [topic for topic in totals if topic not in topics]
         handlers.topic_stats.forget(deleted)
         for index, meter in enumerate(BROKER_TOPIC_METERS):

@@ -88,9 +88,9 @@ COUNTED_RECORDS, VALUE_BYTES, EXTRA = 1000, 2000, 7
 
 
 def test_topic_metrics_and_lag_match_what_real_clients_counted(tmp_path):
-    """BrokerTopicMetrics against what a producer had acknowledged and a group consumer read: the records exactly,
-    the bytes within 1% of the keys and values (the rest is the batches' framing, which the log holds as
-    counted); then the group's lag as the log grows past its committed offsets."""
+    """BrokerTopicMetrics, scraped while the load runs and after, against what a producer had acknowledged and a
+    group consumer read: the records exactly, the bytes within 1% of the keys and values (the rest is the batches'
+    framing, which the log holds as counted); then the group's lag as the log grows past its committed offsets."""
     with Broker(tmp_path, properties={"metrics.port": 0, "num.partitions": 2,
                                       "group.initial.rebalance.delay.ms": 0}) as broker:
         acknowledged = []
@@ -98,10 +98,22 @@ def test_topic_metrics_and_lag_match_what_real_clients_counted(tmp_path):
         def delivered(error, message):
             if error is None:
                 acknowledged.append(len(message.key()) + len(message.value()))
+        seen, loaded = [], threading.Event()
+
+        def scrape_under_load():       # as Prometheus would, faster: the counters only ever grow
+            while True:
+                seen.append(value(scrape(broker), "kafka_server_brokertopicmetrics_messagesin_total") or 0)
+                if loaded.wait(0.01):
+                    return
+        scraper = threading.Thread(target=scrape_under_load)
+        scraper.start()
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5})
         for i in range(COUNTED_RECORDS):
             producer.produce("counted", os.urandom(VALUE_BYTES - i % 100), key=b"%d" % i, on_delivery=delivered)
         assert producer.flush(30) == 0 and len(acknowledged) == COUNTED_RECORDS
+        loaded.set()
+        scraper.join()
+        assert seen == sorted(seen) and seen[-1] <= COUNTED_RECORDS
         consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "counting",
                              "auto.offset.reset": "earliest", "enable.auto.commit": False})
         consumer.subscribe(["counted"])
