@@ -214,13 +214,32 @@ def test_request_times_run_from_the_read_to_the_response_queued(tmp_path):
         text = scrape(broker)
         assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1
         assert 300 <= value(text, "kafka_network_requestmetrics_totaltimems_sum", request="Fetch") < 30_000
-        served = re.findall(r'^kafka_network_requestmetrics_requests_total\{request="(\w+)",version="\d+"\} (\S+)$',
-                            text, re.M)
-        counts = {}
-        for request, count in served:
-            counts[request] = counts.get(request, 0) + float(count)
-        for request, count in counts.items():
-            assert value(text, "kafka_network_requestmetrics_totaltimems_count", request=request) == count
+        assert_every_request_timed(text)
+
+
+def assert_every_request_timed(text):
+    """Each API's TotalTimeMs count is its requests answered (over their versions)."""
+    served = re.findall(r'^kafka_network_requestmetrics_requests_total\{request="(\w+)",version="\d+"\} (\S+)$',
+                        text, re.M)
+    counts = {}
+    for request, count in served:
+        counts[request] = counts.get(request, 0) + float(count)
+    assert counts
+    for request, count in counts.items():
+        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request=request) == count, request
+
+
+def test_the_requests_of_a_sasl_client_are_timed_the_apiversions_before_its_handshake_too(tmp_path):
+    from test_broker_sasl import SASL_PROPERTIES
+
+    with Broker(tmp_path, properties={**SASL_PROPERTIES, "metrics.port": 0}) as broker:
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
+                             "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"})
+        producer.produce("secured", b"v")
+        assert producer.flush(30) == 0
+        text = scrape(broker)
+        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="ApiVersions") >= 1
+        assert_every_request_timed(text)
 
 
 def test_transactional_ids_by_state(tmp_path):

@@ -157,6 +157,7 @@ class RequestDispatcher:
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka
         answers it before the handshake (KIP-35)."""
+        started = time.perf_counter_ns()
         try:
             header, body = decode_request(payload)
         except UnsupportedVersionError as e:
@@ -165,7 +166,7 @@ class RequestDispatcher:
             raise
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
-        return encode_response(header, self.handlers.api_versions(header, body))
+        return self._timed(header, started, encode_response(header, self.handlers.api_versions(header, body)))
 
     def __call__(self, request):
         started = time.perf_counter_ns()
