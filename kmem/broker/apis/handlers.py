@@ -666,12 +666,14 @@ class Handlers:
     def _fetch_response(self, response, wanted, results):
         """``response`` with ``results`` in place, its partitions counted (as Kafka's ``readFromLog`` counts them)."""
         everywhere = self.topic_stats.row(ALL_TOPICS)
+        counted, here = None, None
         for (topic_response, _, source), result in zip(wanted, results):
             topic_response.partitions.append(result)
             everywhere[TOTAL_FETCH] += 1
             if isinstance(source, int):         # no such partition
                 continue
-            here = self.topic_stats.row(topic_response.topic)
+            if topic_response is not counted:   # a topic's partitions come in a run: its row looked up once
+                counted, here = topic_response, self.topic_stats.row(topic_response.topic)
             here[TOTAL_FETCH] += 1
             if result.error_code:
                 _count_failed(result.error_code, FETCH_ERRORS_NOT_FAILED, FAILED_FETCH, here, everywhere)
