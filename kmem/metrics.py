@@ -55,6 +55,70 @@ class SampledRate:
         return recorded / elapsed if elapsed > 0 else 0.0
 
 
+class Tallies:
+    """Integers that many threads add to without a lock, summed when read (by a scrape).
+
+    Each thread adds to rows of its own: ``row(key)`` is the calling thread's list of ``width`` integers for
+    ``key``, made the first time that thread asks for it. A row is written by its thread alone, so no addition
+    is lost between threads, and the request path pays a dictionary lookup and integer additions.
+    ``totals()`` sums the rows of every thread (of ended ones too)."""
+
+    def __init__(self, width):
+        self._width = width
+        self._local = threading.local()
+        self._tables = []               # every thread's {key: row}
+        self._lock = threading.Lock()   # taken by a thread's first row, and by readers
+
+    def row(self, key):
+        try:
+            table = self._local.table
+        except AttributeError:
+            table = self._local.table = {}
+            with self._lock:
+                self._tables.append(table)
+        row = table.get(key)
+        if row is None:
+            row = table[key] = [0] * self._width
+        return row
+
+    def totals(self):
+        """``{key: [sums]}`` over every thread's rows."""
+        with self._lock:
+            tables = list(self._tables)
+        totals = {}
+        for table in tables:
+            for key, row in table.copy().items():       # a copy: its thread may add a key meanwhile
+                total = totals.get(key)
+                totals[key] = list(row) if total is None else [a + b for a, b in zip(total, row)]
+        return totals
+
+    def forget(self, keys):
+        """Drop the rows of ``keys`` (a deleted topic's: the topic made again starts from zero, as in Kafka)."""
+        with self._lock:
+            tables = list(self._tables)
+        for table in tables:
+            for key in keys:
+                table.pop(key, None)
+
+
+# Kafka's BrokerTopicMetrics meters, in the order of a topic's row of ``Handlers.topic_stats``
+BROKER_TOPIC_METERS = ("MessagesInPerSec", "BytesInPerSec", "BytesOutPerSec", "FailedProduceRequestsPerSec",
+                       "FailedFetchRequestsPerSec", "TotalProduceRequestsPerSec", "TotalFetchRequestsPerSec")
+MESSAGES_IN, BYTES_IN, BYTES_OUT, FAILED_PRODUCE, FAILED_FETCH, TOTAL_PRODUCE, TOTAL_FETCH = \
+    range(len(BROKER_TOPIC_METERS))
+ALL_TOPICS = None       # the row key of every topic together (Kafka's ``BrokerTopicStats.allTopicsStats``)
+
+
+def broker_topic_stats():
+    """The tallies of Kafka's ``BrokerTopicStats``: a row per topic and one for all topics (``ALL_TOPICS``)."""
+    return Tallies(len(BROKER_TOPIC_METERS))
+
+
+def request_times():
+    """The tallies of Kafka's ``RequestMetrics`` ``TotalTimeMs``: a row per API key, [requests, nanoseconds]."""
+    return Tallies(2)
+
+
 # Kafka sensor name -> (Prometheus name, kind, help, scale to base units)
 _POOL_METRICS = {
     "MemoryPoolAvailable": ("kmem_memory_pool_available_bytes", "gauge",
@@ -185,8 +249,12 @@ def prometheus_registry():
 class BrokerCollector:
     """A ``prometheus_client`` collector for a ``kmem.broker.Broker``, read at each scrape, under the names the
     Prometheus JMX exporter's Kafka rules give Kafka's MBeans: the requests answered per API and version
-    (``RequestMetrics``' ``RequestsPerSec``), each partition's size, log start and log end offsets (``Log``), and
-    the fetch purgatory's size (``DelayedOperationPurgatory``)."""
+    (``RequestMetrics``' ``RequestsPerSec``) and their total time (``TotalTimeMs``), the messages, bytes and
+    requests per topic and for all topics (``BrokerTopicMetrics``), each partition's size, log start and log end
+    offsets (``Log``), the fetch purgatory's size (``DelayedOperationPurgatory``), the group coordinator's groups
+    by state and offsets (``GroupMetadataManager``); with kafka-exporter's names each group's members, committed
+    offsets and lag; and the transactional ids by state. The coordinators' figures are read from what they hold,
+    as they are: nothing is taken on the request path."""
 
     def __init__(self, broker):
         self._broker = broker
@@ -201,6 +269,8 @@ class BrokerCollector:
         for (api_key, version), count in sorted(self._broker.requests_served.items()):
             requests.add_metric([ApiKey(api_key).message_name, str(version)], count)
         yield requests
+        yield self._request_times()
+        yield from self._broker_topic_metrics()
         families = {name: GaugeMetricFamily(f"kafka_log_log_{name}", text, labels=["topic", "partition"])
                     for name, text in (("size", "Bytes of the partition's segments"),
                                        ("logstartoffset", "The partition's log start offset"),
@@ -217,3 +287,89 @@ class BrokerCollector:
         if self._broker.handlers is not None:
             purgatory.add_metric(["Fetch"], len(self._broker.handlers.fetch_purgatory))
         yield purgatory
+        if self._broker.coordinator is not None:
+            yield from self._groups()
+        if self._broker.transactions is not None:
+            transactions = GaugeMetricFamily("kmem_transaction_coordinator_transactional_ids",
+                                             "Transactional ids the transaction coordinator holds, by state",
+                                             labels=["state"])
+            for state, count in self._broker.transactions.state_counts().items():
+                transactions.add_metric([state], count)
+            yield transactions
+
+    def _request_times(self):
+        from prometheus_client.core import SummaryMetricFamily
+
+        from kmem.protocol import ApiKey
+
+        times = SummaryMetricFamily("kafka_network_requestmetrics_totaltimems",
+                                    "Requests and their time in ms from their dispatch to their response queued, "
+                                    "by API", labels=["request"])
+        server = self._broker.server
+        for api_key, (count, total_ns) in sorted(server.handler.request_times.totals().items()
+                                                 if server is not None else ()):
+            times.add_metric([ApiKey(api_key).message_name], count_value=count, sum_value=total_ns / 1e6)
+        return times
+
+    def _broker_topic_metrics(self):
+        """``BrokerTopicMetrics``' counts per topic (existing topics: a deleted one's are dropped) and, without a
+        topic label, for all topics, in one family each as the JMX exporter gives them."""
+        from prometheus_client.core import CounterMetricFamily
+
+        handlers, logs = self._broker.handlers, self._broker.logs
+        if handlers is None or logs is None:
+            return
+        totals = handlers.topic_stats.totals()
+        everywhere = totals.pop(ALL_TOPICS, [0] * len(BROKER_TOPIC_METERS))
+        # The partitions after the counts (and under the log manager's lock): a topic counted then missing was
+        # deleted, not made since the counts were read.
+        topics = {topic for topic, _ in logs.partitions()}
+        deleted = [topic for topic in totals if topic not in topics]
+        handlers.topic_stats.forget(deleted)
+        for index, meter in enumerate(BROKER_TOPIC_METERS):
+            kind = meter.removesuffix("PerSec")
+            family = CounterMetricFamily(f"kafka_server_brokertopicmetrics_{kind.lower()}",
+                                         f"BrokerTopicMetrics' {meter} count, per topic and (no topic) for all",
+                                         labels=["topic"])
+            for topic, row in sorted(totals.items()):
+                if topic in topics:
+                    family.add_metric([topic], row[index])
+            family.add_sample(family.name + "_total", {}, everywhere[index])
+            yield family
+
+    def _groups(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from kmem.broker.group.coordinator import COMPLETING, DEAD, EMPTY, PREPARING, STABLE
+
+        # The coordinator's groups as they are now, read without its lock (each read is whole under the GIL).
+        groups = list(self._broker.coordinator.groups.values())
+        states = dict.fromkeys((PREPARING, COMPLETING, STABLE, DEAD, EMPTY), 0)
+        members = GaugeMetricFamily("kafka_consumergroup_members", "Members of the group", labels=["consumergroup"])
+        labels = ["consumergroup", "topic", "partition"]
+        current = GaugeMetricFamily("kafka_consumergroup_current_offset", "The group's committed offset",
+                                    labels=labels)
+        lag = GaugeMetricFamily("kafka_consumergroup_lag", "The partition's log end offset minus the group's "
+                                                           "committed offset", labels=labels)
+        offsets = 0
+        for group in sorted(groups, key=lambda g: g.group_id):
+            state = group.state
+            states[state] += 1
+            committed = group.offsets.copy()
+            offsets += len(committed)
+            if state == DEAD:
+                continue
+            members.add_metric([group.group_id], len(group.members))
+            for (topic, partition), offset in sorted(committed.items()):
+                log = self._broker.logs.get_partition(topic, partition)
+                if log is None or offset.offset < 0:
+                    continue
+                group_labels = [group.group_id, topic, str(partition)]
+                current.add_metric(group_labels, offset.offset)
+                lag.add_metric(group_labels, log.log_end_offset - offset.offset)
+        prefix = "kafka_coordinator_group_groupmetadatamanager_"
+        yield GaugeMetricFamily(prefix + "numgroups", "Groups the coordinator holds", value=len(groups))
+        for state, count in states.items():
+            yield GaugeMetricFamily(prefix + "numgroups" + state.lower(), f"Groups in state {state}", value=count)
+        yield GaugeMetricFamily(prefix + "numoffsets", "Offsets the groups committed", value=offsets)
+        yield from (members, current, lag)

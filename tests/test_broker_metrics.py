@@ -1,16 +1,20 @@
 """kmem broker's Prometheus endpoint (``metrics.port``): scraped while a real client produces and consumes, it
-reports what the clients did and what the log directory holds, under the Prometheus JMX exporter's names."""
+reports what the clients did and what the log directory holds, under the Prometheus JMX exporter's names (and
+kafka-exporter's for consumer lag)."""
 import os
 import re
+import threading
 import urllib.error
 import urllib.request
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 import pytest
 
-from broker_helpers import wait_for
+from broker_helpers import RawConnection, produce_raw, wait_for
 from kmem.broker import Broker
 from kmem.errors import ConfigError
+from kmem.metrics import Tallies
+from kmem.records import build_records
 
 pytest.importorskip("prometheus_client")
 
@@ -31,6 +35,11 @@ def value(text, name, **labels):
     return None if found is None else float(found.group(1))
 
 
+def log_bytes(broker, topic, partition):
+    log_dir = os.path.join(broker.log_dir, f"{topic}-{partition}")
+    return sum(os.path.getsize(os.path.join(log_dir, f)) for f in os.listdir(log_dir) if f.endswith(".log"))
+
+
 def test_a_scrape_reports_what_the_clients_did_and_what_the_log_holds(tmp_path):
     with Broker(tmp_path, properties={"metrics.port": 0, "num.partitions": 2,
                                       "group.initial.rebalance.delay.ms": 0}) as broker:
@@ -41,8 +50,7 @@ def test_a_scrape_reports_what_the_clients_did_and_what_the_log_holds(tmp_path):
         assert producer.flush(30) == 0
         after = scrape(broker)
         for partition in (0, 1):
-            log_dir = os.path.join(broker.log_dir, f"metered-{partition}")
-            size = sum(os.path.getsize(os.path.join(log_dir, f)) for f in os.listdir(log_dir) if f.endswith(".log"))
+            size = log_bytes(broker, "metered", partition)
             assert value(after, "kafka_log_log_logendoffset", topic="metered", partition=partition) == RECORDS / 2
             assert value(after, "kafka_log_log_logstartoffset", topic="metered", partition=partition) == 0
             assert value(after, "kafka_log_log_size", topic="metered", partition=partition) == size
@@ -74,3 +82,196 @@ def test_no_endpoint_unless_asked_and_a_bad_port_is_refused(tmp_path):
         assert broker.metrics_endpoint is None
     with pytest.raises(ConfigError, match="metrics.port"):
         Broker(tmp_path / "bad", properties={"metrics.port": 70000})
+
+
+COUNTED_RECORDS, VALUE_BYTES, EXTRA = 1000, 2000, 7
+
+
+def test_topic_metrics_and_lag_match_what_real_clients_counted(tmp_path):
+    """BrokerTopicMetrics, scraped while the load runs and after, against what a producer had acknowledged and a
+    group consumer read: the records exactly, the bytes within 1% of the keys and values (the rest is the batches'
+    framing, which the log holds as counted); then the group's lag as the log grows past its committed offsets."""
+    with Broker(tmp_path, properties={"metrics.port": 0, "num.partitions": 2,
+                                      "group.initial.rebalance.delay.ms": 0}) as broker:
+        acknowledged = []
+
+        def delivered(error, message):
+            if error is None:
+                acknowledged.append(len(message.key()) + len(message.value()))
+        seen, loaded = [], threading.Event()
+
+        def scrape_under_load():       # as Prometheus would, faster: the counters only ever grow
+            while True:
+                seen.append(value(scrape(broker), "kafka_server_brokertopicmetrics_messagesin_total") or 0)
+                if loaded.wait(0.01):
+                    return
+        scraper = threading.Thread(target=scrape_under_load)
+        scraper.start()
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 5})
+        for i in range(COUNTED_RECORDS):
+            producer.produce("counted", os.urandom(VALUE_BYTES - i % 100), key=b"%d" % i, on_delivery=delivered)
+        assert producer.flush(30) == 0 and len(acknowledged) == COUNTED_RECORDS
+        loaded.set()
+        scraper.join()
+        assert seen == sorted(seen) and seen[-1] <= COUNTED_RECORDS
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "counting",
+                             "auto.offset.reset": "earliest", "enable.auto.commit": False})
+        consumer.subscribe(["counted"])
+        read = []
+        wait_for(lambda: read.extend(len(m.key()) + len(m.value()) for m in consumer.consume(1000, 0.2)
+                                     if not m.error()) or len(read) >= COUNTED_RECORDS, "every record read")
+        consumer.commit(asynchronous=False)
+        text = scrape(broker)
+
+        def topic_metric(kind, **topic):
+            return value(text, f"kafka_server_brokertopicmetrics_{kind}_total", **topic)
+        assert topic_metric("messagesin", topic="counted") == len(read) == COUNTED_RECORDS
+        assert topic_metric("bytesin", topic="counted") == pytest.approx(sum(acknowledged), rel=0.01)
+        assert topic_metric("bytesout", topic="counted") == pytest.approx(sum(read), rel=0.01)
+        assert topic_metric("bytesin", topic="counted") == sum(log_bytes(broker, "counted", p) for p in (0, 1))
+        assert topic_metric("bytesout", topic="counted") == topic_metric("bytesin", topic="counted")
+        for kind in ("messagesin", "bytesin", "bytesout", "totalproducerequests", "totalfetchrequests"):
+            assert topic_metric(kind) == topic_metric(kind, topic="counted") > 0, kind
+        assert topic_metric("failedproducerequests", topic="counted") == topic_metric("failedfetchrequests") == 0
+        prefix = "kafka_coordinator_group_groupmetadatamanager_"
+        assert value(text, prefix + "numgroupsstable") == value(text, prefix + "numgroups") == 1
+        assert value(text, prefix + "numoffsets") == 2
+        assert value(text, "kafka_consumergroup_members", consumergroup="counting") == 1
+        committed = {p.partition: p.offset for p in consumer.committed([TopicPartition("counted", 0),
+                                                                         TopicPartition("counted", 1)])}
+        for partition in (0, 1):
+            labels = {"consumergroup": "counting", "topic": "counted", "partition": partition}
+            assert value(text, "kafka_consumergroup_current_offset", **labels) == committed[partition]
+            assert value(text, "kafka_consumergroup_lag", **labels) == 0
+        consumer.close()
+        for _ in range(EXTRA):
+            producer.produce("counted", b"more", partition=1)
+        assert producer.flush(30) == 0
+        text = scrape(broker)
+        lag = {"consumergroup": "counting", "topic": "counted"}
+        assert value(text, "kafka_consumergroup_lag", **lag, partition=1) == EXTRA
+        assert value(text, "kafka_consumergroup_lag", **lag, partition=0) == 0
+        assert value(text, "kafka_consumergroup_members", consumergroup="counting") == 0
+        assert value(text, prefix + "numgroupsempty") == 1 and value(text, prefix + "numgroupsstable") == 0
+
+
+def test_failed_produce_requests_are_kafkas_and_a_deleted_topic_drops_its_metrics(tmp_path):
+    """As Kafka's ReplicaManager: a record the topic refuses (no key on a compacted topic) is a failed request, an
+    unknown partition is not (and counts for all topics only); a deleted topic's metrics go, and the topic made
+    again starts from zero."""
+    with Broker(tmp_path, properties={"metrics.port": 0, "auto.create.topics.enable": False}) as broker:
+        broker.logs.create_topic("compacted", 1, {"cleanup.policy": "compact"})
+        with RawConnection(broker.bootstrap_servers) as raw:
+            keyed = bytes(build_records([{"key": b"k", "value": b"v"}]))
+            assert produce_raw(raw, "compacted", keyed).error_code == 0
+            assert produce_raw(raw, "compacted", bytes(build_records([b"no key"]))).error_code == 87  # INVALID_RECORD
+            assert produce_raw(raw, "nowhere", keyed).error_code == 3       # UNKNOWN_TOPIC_OR_PARTITION
+            text = scrape(broker)
+            name = "kafka_server_brokertopicmetrics_{}_total".format
+            assert value(text, name("totalproducerequests"), topic="compacted") == 2
+            assert value(text, name("failedproducerequests"), topic="compacted") == 1
+            assert value(text, name("messagesin"), topic="compacted") == 1
+            assert value(text, name("totalproducerequests")) == 3 and value(text, name("failedproducerequests")) == 1
+            assert 'topic="nowhere"' not in text
+            broker.logs.delete_topic("compacted")
+            text = scrape(broker)
+            assert 'topic="compacted"' not in text and value(text, name("messagesin")) == 1
+            broker.logs.create_topic("compacted", 1, {"cleanup.policy": "compact"})
+            assert produce_raw(raw, "compacted", keyed).error_code == 0
+            text = scrape(broker)
+            assert value(text, name("totalproducerequests"), topic="compacted") == 1
+            assert value(text, name("messagesin"), topic="compacted") == 1 and value(text, name("messagesin")) == 2
+
+
+def test_a_fetch_a_quota_answers_empty_sends_no_bytes_out(tmp_path):
+    """Kafka counts BytesOutPerSec as a response goes: a Fetch over consumer_byte_rate is answered empty."""
+    from test_broker_quotas import Raw, entry, fetch_batch
+
+    with Broker(tmp_path, properties={"metrics.port": 0, "quota.window.num": 2}) as broker:
+        broker.logs.create_topic("data", 1)
+        raw = Raw(broker.bootstrap_servers)
+        for _ in range(3):
+            assert produce_raw(raw.raw, "data", bytes(build_records([b"y" * 9000]))).error_code == 0
+        assert raw.alter(entry({"client-id": "raw"}, consumer_byte_rate=10_000)) == [(0, None)]
+        first = fetch_batch(raw.raw, "data", 0)
+        sent = len(first.responses[0].partitions[0].records)
+        assert first.throttle_time_ms == 0 and sent > 9000
+        assert fetch_batch(raw.raw, "data", 1).responses == []       # throttled: answered empty
+        text = scrape(broker)
+        assert value(text, "kafka_server_brokertopicmetrics_bytesout_total", topic="data") == sent
+        assert value(text, "kafka_server_brokertopicmetrics_bytesout_total") == sent
+        raw.raw.close()
+
+
+def test_request_times_run_from_the_read_to_the_response_queued(tmp_path):
+    """TotalTimeMs counts each request answered, and a long poll's time includes its wait in the purgatory."""
+    from test_broker_quotas import fetch_batch
+
+    with Broker(tmp_path, properties={"metrics.port": 0}) as broker:
+        broker.logs.create_topic("quiet", 1)
+        with RawConnection(broker.bootstrap_servers) as raw:
+            assert fetch_batch(raw, "quiet", 0, max_wait_ms=300).responses[0].partitions[0].records in (b"", None)
+        text = scrape(broker)
+        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1
+        assert 300 <= value(text, "kafka_network_requestmetrics_totaltimems_sum", request="Fetch") < 30_000
+        assert_every_request_timed(text)
+
+
+def assert_every_request_timed(text):
+    """Each API's TotalTimeMs count is its requests answered (over their versions)."""
+    served = re.findall(r'^kafka_network_requestmetrics_requests_total\{request="(\w+)",version="\d+"\} (\S+)$',
+                        text, re.M)
+    counts = {}
+    for request, count in served:
+        counts[request] = counts.get(request, 0) + float(count)
+    assert counts
+    for request, count in counts.items():
+        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request=request) == count, request
+
+
+def test_the_requests_of_a_sasl_client_are_timed_the_apiversions_before_its_handshake_too(tmp_path):
+    from test_broker_sasl import SASL_PROPERTIES
+
+    with Broker(tmp_path, properties={**SASL_PROPERTIES, "metrics.port": 0}) as broker:
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "security.protocol": "SASL_PLAINTEXT",
+                             "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"})
+        producer.produce("secured", b"v")
+        assert producer.flush(30) == 0
+        text = scrape(broker)
+        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="ApiVersions") >= 1
+        assert_every_request_timed(text)
+
+
+def test_transactional_ids_by_state(tmp_path):
+    with Broker(tmp_path, properties={"metrics.port": 0, "transaction.state.log.num.partitions": 1}) as broker:
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "t1"})
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        producer.produce("txn", b"v")
+        producer.flush(30)
+
+        def transactional_ids(state):
+            return value(scrape(broker), "kmem_transaction_coordinator_transactional_ids", state=state)
+        assert transactional_ids("Ongoing") == 1 and transactional_ids("CompleteCommit") == 0
+        producer.commit_transaction(30)
+        wait_for(lambda: transactional_ids("CompleteCommit") == 1, "the transaction completed")
+        assert transactional_ids("Ongoing") == 0
+
+
+def test_tallies_lose_no_addition_between_threads_and_forget_a_key():
+    tallies = Tallies(2)
+
+    def add():
+        for _ in range(20_000):
+            row = tallies.row("k")
+            row[0] += 1
+            row[1] += 3
+        tallies.row("other")[0] += 1
+    threads = [threading.Thread(target=add) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert tallies.totals() == {"k": [80_000, 240_000], "other": [4, 0]}
+    tallies.forget(["other"])
+    assert tallies.totals() == {"k": [80_000, 240_000]}

@@ -51,6 +51,7 @@ from kmem.broker.quotas import (CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_
                                 ControllerMutationQuotaManager)
 from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
+from kmem.metrics import request_times
 from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
                            encode_response, error_response, messages)
 from kmem.send import close_send
@@ -123,7 +124,8 @@ def _creates_transaction_state(header, body):
 
 class RequestDispatcher:
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
-    requests answered by (api key, version)."""
+    requests answered by (api key, version); ``request_times`` tallies each API's requests and their time from
+    the dispatch to the response queued (Kafka's ``RequestMetrics`` ``TotalTimeMs``)."""
 
     def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None,
                  quotas=None, quota_window=(11, 1)):
@@ -133,6 +135,7 @@ class RequestDispatcher:
         self.transactions = transactions
         self._served = served
         self._served_lock = threading.Lock()       # processors count concurrently
+        self.request_times = request_times()
         self._methods = {key: getattr(handlers, name) for key, name in DATA_APIS.items()}
         self._methods.update({key: getattr(coordinator, name) for key, name in GROUP_APIS.items()})
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
@@ -154,6 +157,7 @@ class RequestDispatcher:
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka
         answers it before the handshake (KIP-35)."""
+        started = time.perf_counter_ns()
         try:
             header, body = decode_request(payload)
         except UnsupportedVersionError as e:
@@ -162,9 +166,10 @@ class RequestDispatcher:
             raise
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
-        return encode_response(header, self.handlers.api_versions(header, body))
+        return self._timed(header, started, encode_response(header, self.handlers.api_versions(header, body)))
 
     def __call__(self, request):
+        started = time.perf_counter_ns()
         try:
             header, body = decode_request(request.payload)
         except UnsupportedVersionError as e:
@@ -178,8 +183,8 @@ class RequestDispatcher:
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
         if self._blocks(header, body):
-            return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
-        started = time.perf_counter_ns()
+            return request.offload(lambda _: self._timed(header, started, self._answered(
+                self._answer_blocking, request, header, body)))
         response = self._answered(self._answer, request, header, body)
         if response is CLOSE_CONNECTION:
             closing = request.defer()
@@ -190,8 +195,15 @@ class RequestDispatcher:
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
             response.start(lambda build: deferred.complete_with(
-                lambda: self._respond(request, header, body, build(), handling_ns)))
+                lambda: self._timed(header, started, self._respond(request, header, body, build(), handling_ns))))
             return deferred
+        return self._timed(header, started, response)
+
+    def _timed(self, header, started, response):
+        """``response``, its request's time (since ``started``, ns) tallied: it is queued as this returns."""
+        times = self.request_times.row(header.api_key)
+        times[0] += 1
+        times[1] += time.perf_counter_ns() - started
         return response
 
     @staticmethod
@@ -277,6 +289,8 @@ class RequestDispatcher:
         """The encoded ``response``, throttled as the client's quotas have it (see the module docstring); None
         for none (an acks=0 Produce)."""
         if self.request_quota is None or not self.request_quota.enabled():
+            if header.api_key == ApiKey.FETCH and not self._from_follower(header, body):
+                self.handlers.fetch_sent(response)
             return None if response is None else encode_response(header, response)
         principal, client_id = request.principal, header.client_id
         throttle_ms = 0
@@ -287,7 +301,7 @@ class RequestDispatcher:
         if mutation_quota is not None:
             throttle_ms = max(throttle_ms, mutation_quota.throttle_time_ms())
         if header.api_key == ApiKey.FETCH and not self._from_follower(header, body):
-            return self._throttled_fetch(request, header, encode_response(header, response), throttle_ms)
+            return self._throttled_fetch(request, header, response, throttle_ms)
         request.throttle(throttle_ms)
         if response is None:
             return None
@@ -307,13 +321,15 @@ class RequestDispatcher:
             return False
         return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) >= 0
 
-    def _throttled_fetch(self, request, header, encoded, throttle_ms):
-        """A consumer's encoded Fetch response, or, when it takes the client over its ``consumer_byte_rate`` or
+    def _throttled_fetch(self, request, header, response, throttle_ms):
+        """A consumer's Fetch response, encoded, or, when it takes the client over its ``consumer_byte_rate`` or
         another quota throttles it (``throttle_ms``), the empty response Kafka sends instead (its bytes not
-        counted), with ``throttle_time_ms``; the channel is throttled."""
+        counted, by the quota nor in BytesOutPerSec), with ``throttle_time_ms``; the channel is throttled."""
+        encoded = encode_response(header, response)
         size = len(encoded) if isinstance(encoded, (bytes, bytearray)) else encoded.size
         throttle_ms = max(throttle_ms, self.fetch_quota.record(request.principal, header.client_id, size))
         if not throttle_ms:
+            self.handlers.fetch_sent(response)
             return encoded
         self.fetch_quota.unrecord(request.principal, header.client_id, size)
         close_send(encoded)

@@ -79,6 +79,8 @@ from kmem.broker.log.unified_log import EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMES
 from kmem.broker.quotas import ThrottlingQuotaExceeded
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
+from kmem.metrics import (ALL_TOPICS, BYTES_IN, BYTES_OUT, FAILED_FETCH, FAILED_PRODUCE, MESSAGES_IN, TOTAL_FETCH,
+                          TOTAL_PRODUCE, broker_topic_stats)
 from kmem.protocol import ApiKey, messages
 from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
 
@@ -113,6 +115,16 @@ RETRIABLE_VERIFICATION_ERRORS = frozenset({ErrorCode.CONCURRENT_TRANSACTIONS, Er
                                            ErrorCode.COORDINATOR_NOT_AVAILABLE, ErrorCode.NOT_COORDINATOR})
 
 
+# Errors Kafka's ReplicaManager answers a partition without counting a failed request (FailedProduceRequestsPerSec,
+# FailedFetchRequestsPerSec): the partition is not there, or the records are too large or corrupt, or the disk fails
+PRODUCE_ERRORS_NOT_FAILED = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.MESSAGE_TOO_LARGE,
+                                       ErrorCode.RECORD_LIST_TOO_LARGE, ErrorCode.CORRUPT_MESSAGE,
+                                       ErrorCode.KAFKA_STORAGE_ERROR})
+FETCH_ERRORS_NOT_FAILED = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.UNKNOWN_LEADER_EPOCH,
+                                     ErrorCode.FENCED_LEADER_EPOCH, ErrorCode.KAFKA_STORAGE_ERROR,
+                                     ErrorCode.OFFSET_OUT_OF_RANGE})
+
+
 def protocol_uuid(text):
     """A storage topic id (Kafka's base64 ``Uuid`` string) as the protocol's ``uuid.UUID``."""
     return uuid.UUID(bytes=uuid_bytes(text))
@@ -135,6 +147,7 @@ class Handlers:
         self.lazy_chunk_size = lazy_chunk_size
         self.closing = False
         self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
+        self.topic_stats = broker_topic_stats()     # Kafka's BrokerTopicMetrics, counted as requests are answered
         logs.add_listener(self.fetch_purgatory.check_and_complete)
 
     def complete_all(self):
@@ -416,6 +429,8 @@ class Handlers:
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
+                everywhere = self.topic_stats.row(ALL_TOPICS)
+                everywhere[TOTAL_PRODUCE] += 1
                 if topic.name in INTERNAL_TOPICS:     # Kafka's internalTopicsAllowed=false
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
                     result.error_message = f"cannot append to internal topic {topic.name}"
@@ -424,9 +439,12 @@ class Handlers:
                 if partition_log is None:
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
+                here = self.topic_stats.row(topic.name)
+                here[TOTAL_PRODUCE] += 1
                 error = checked[key]
                 if error:
                     result.error_code, result.error_message = error
+                    _count_failed(result.error_code, PRODUCE_ERRORS_NOT_FAILED, FAILED_PRODUCE, here, everywhere)
                     continue
                 try:
                     guard, error = self._verify_transaction(request, version, topic.name, data, firsts[id(data)],
@@ -446,6 +464,7 @@ class Handlers:
                 result.error_code = int(appended.error_code)
                 result.log_start_offset = appended.log_start_offset
                 if appended.error_code:
+                    _count_failed(result.error_code, PRODUCE_ERRORS_NOT_FAILED, FAILED_PRODUCE, here, everywhere)
                     result.error_message = appended.error_message
                     result.record_errors = [RecordError(batch_index=index, batch_index_error_message=message)
                                             for index, message in appended.record_errors]
@@ -453,6 +472,12 @@ class Handlers:
                     continue
                 result.base_offset = appended.base_offset
                 result.log_append_time_ms = appended.log_append_time
+                if not appended.duplicate:      # a retried batch already in the log was counted once
+                    records, size = appended.last_offset - appended.base_offset + 1, len(data.records)
+                    here[MESSAGES_IN] += records
+                    everywhere[MESSAGES_IN] += records
+                    here[BYTES_IN] += size
+                    everywhere[BYTES_IN] += size
         return None if request.acks == 0 else response
 
     def _transactional_producers(self, partitions, firsts, checked):
@@ -638,11 +663,31 @@ class Handlers:
             return self._fetch_response(response, wanted, self._read_all(version, request, wanted, is_follower)[0])
         return DelayedFetch(self, version, request, response, wanted, fetched, is_follower)
 
-    @staticmethod
-    def _fetch_response(response, wanted, results):
-        for (topic_response, _, _), result in zip(wanted, results):
+    def _fetch_response(self, response, wanted, results):
+        """``response`` with ``results`` in place, its partitions counted (as Kafka's ``readFromLog`` counts them)."""
+        everywhere = self.topic_stats.row(ALL_TOPICS)
+        counted, here = None, None
+        for (topic_response, _, source), result in zip(wanted, results):
             topic_response.partitions.append(result)
+            everywhere[TOTAL_FETCH] += 1
+            if isinstance(source, int):         # no such partition
+                continue
+            if topic_response is not counted:   # a topic's partitions come in a run: its row looked up once
+                counted, here = topic_response, self.topic_stats.row(topic_response.topic)
+            here[TOTAL_FETCH] += 1
+            if result.error_code:
+                _count_failed(result.error_code, FETCH_ERRORS_NOT_FAILED, FAILED_FETCH, here, everywhere)
         return response
+
+    def fetch_sent(self, response):
+        """Counts the record bytes of a consumer's Fetch ``response`` as it goes out (where Kafka's ``KafkaApis``
+        counts BytesOutPerSec: not a follower's, nor those of a response a quota replaces by an empty one)."""
+        everywhere = self.topic_stats.row(ALL_TOPICS)
+        for topic_response in response.responses:
+            for result in topic_response.partitions:
+                if not isinstance(result.records, bytes):       # a Send of records read
+                    self.topic_stats.row(topic_response.topic)[BYTES_OUT] += result.records.size
+                    everywhere[BYTES_OUT] += result.records.size
 
     def _read_all(self, version, request, wanted, is_follower):
         """One pass over the fetched partitions: ``([PartitionData], bytes returned, any error)``."""
@@ -773,6 +818,12 @@ class DelayedFetch(DelayedOperation):
 
     def __repr__(self):
         return f"<DelayedFetch of {len(self._fetched)} partitions>"
+
+
+def _count_failed(error_code, not_failed, meter, here, everywhere):
+    if error_code not in not_failed:
+        here[meter] += 1
+        everywhere[meter] += 1
 
 
 def _topic_ids_before_v12(request):

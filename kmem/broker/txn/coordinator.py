@@ -58,6 +58,7 @@ Memory: an idle transactional id costs its name, a dict entry and 41 packed byte
 only ids with a transaction under way are ``TransactionMetadata`` objects.
 """
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -760,6 +761,17 @@ class TransactionCoordinator:
             packed = self._idle.get(transactional_id)
             meta = TransactionMetadata.unpack(transactional_id, packed) if packed is not None else None
         return meta
+
+    def state_counts(self):
+        """``{state name: transactional ids in it}`` for every state, of the ids this coordinator holds (for the
+        metrics endpoint: the lock is held while the ids are listed, not while they are counted)."""
+        with self._lock:
+            live = [meta.state for meta in self._live.values()]
+            idle = list(self._idle.values())
+        counts = dict.fromkeys(STATE_NAMES, 0)
+        for state in itertools.chain(live, (TransactionMetadata.packed_summary(packed)[1] for packed in idle)):
+            counts[STATE_NAMES[state]] += 1
+        return counts
 
     def describe_transactions(self, header, request):
         Response = messages.DescribeTransactionsResponse
