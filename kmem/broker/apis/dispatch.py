@@ -257,6 +257,8 @@ class RequestDispatcher:
                                                            strict=header.api_version >= MUTATION_APIS[header.api_key])
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        elif header.api_key == ApiKey.CONSUMER_GROUP_HEARTBEAT:
+            response = self.coordinator.consumer_group_heartbeat(header, body, client_host=_client_host(request))
         elif header.api_key in MUTATION_APIS:
             response = self._methods[header.api_key](header, body, mutation_quota=mutation_quota)
         elif header.api_key == ApiKey.END_TXN:
