@@ -411,3 +411,19 @@ def test_list_describe_and_delete_a_consumer_group(groups):
     assert listed() == [("g", "consumer", "Empty", "consumer")]
     assert groups.coordinator.delete_groups(header, delete).results[0].error_code == ErrorCode.NONE
     assert listed() == [] and fetch(groups, None, -1) == (ErrorCode.NONE, [-1])
+
+
+def test_without_the_consumer_protocol_its_apis_are_neither_advertised_nor_served(tmp_path):
+    broker = start_broker(tmp_path, **{"group.coordinator.rebalance.protocols": "classic"})
+    try:
+        with RawConnection(broker.bootstrap_servers) as connection:
+            versions = connection.call(ApiKey.API_VERSIONS, 3, messages.ApiVersionsRequest(
+                client_software_name="t", client_software_version="1"))
+            served = {v.api_key for v in versions.api_keys}
+            assert ApiKey.OFFSET_COMMIT in served and ApiKey.CONSUMER_GROUP_HEARTBEAT not in served
+            connection.send_frame(bytes(encode_request(H(group_id="g", member_id="m", member_epoch=1), 1, 2)))
+            assert connection.receive_frame() is None          # refused as an API the broker does not serve
+    finally:
+        broker.close()
+    with pytest.raises(ConfigError):
+        GroupConfig.from_properties({"group.coordinator.rebalance.protocols": "consumer"})

@@ -137,6 +137,15 @@ def _assignor_names(name, value):
     return names
 
 
+def _rebalance_protocols(name, value):
+    """``group.coordinator.rebalance.protocols``: ``classic`` and optionally ``consumer`` (KIP-848)."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    protocols = tuple(item.strip().lower() for item in items if item.strip())
+    if "classic" not in protocols or not set(protocols) <= {"classic", CONSUMER_PROTOCOL}:
+        raise ConfigError(f"{name}: {value!r} must list classic, and may list consumer")
+    return protocols
+
+
 # Kafka's group coordinator settings: name -> (GroupConfig field, parser)
 GROUP_SETTINGS = {
     "group.min.session.timeout.ms": ("min_session_timeout_ms", at_least(0, INT32_MAX)),
@@ -152,6 +161,7 @@ GROUP_SETTINGS = {
     "group.consumer.session.timeout.ms": ("consumer_session_timeout_ms", at_least(1, INT32_MAX)),
     "group.consumer.max.size": ("consumer_max_size", at_least(1, INT32_MAX)),
     "group.consumer.assignors": ("consumer_assignors", _assignor_names),
+    "group.coordinator.rebalance.protocols": ("rebalance_protocols", _rebalance_protocols),
 }
 
 
@@ -177,6 +187,7 @@ class GroupConfig:
     consumer_session_timeout_ms: int = 45000
     consumer_max_size: int = INT32_MAX
     consumer_assignors: tuple = ("uniform", "range")
+    rebalance_protocols: tuple = ("classic", CONSUMER_PROTOCOL)      # Kafka 4.0's default
 
     @classmethod
     def from_properties(cls, properties):
