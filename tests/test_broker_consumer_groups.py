@@ -427,3 +427,21 @@ def test_without_the_consumer_protocol_its_apis_are_neither_advertised_nor_serve
         broker.close()
     with pytest.raises(ConfigError):
         GroupConfig.from_properties({"group.coordinator.rebalance.protocols": "consumer"})
+
+
+def test_heartbeats_schedule_nothing_on_the_timer(logs):
+    coordinator = GroupCoordinator(logs, GroupConfig(offsets_topic_partitions=3))
+    try:
+        members = Members(coordinator, logs)
+        for name in "abc":
+            members.join(name)
+        for name in "abc":
+            members.beat(name, None)
+        scheduled = len(coordinator._timer._heap)
+        for _ in range(50):
+            for name in "abc":
+                members.beat(name, None)
+        # the group's one task fires at the earliest session deadline, then moves on: nothing is pushed meanwhile
+        assert len(coordinator._timer._heap) == scheduled and len(coordinator._timer) == 1
+    finally:
+        coordinator.close()

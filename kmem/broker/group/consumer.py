@@ -252,7 +252,7 @@ class ConsumerGroups:
         self._refresh(group, bump=changed)
         self._reconcile(group, member, owned, now)
         member.session_deadline = now + self.config.consumer_session_timeout_ms / 1000
-        self.coordinator.schedule_consumer_group(group)
+        self.coordinator.schedule_consumer_group(group, member)
         Response = messages.ConsumerGroupHeartbeatResponse
         response = Response(throttle_time_ms=0, error_code=ErrorCode.NONE, error_message=None,
                             member_id=member.member_id, member_epoch=member.epoch,
@@ -438,10 +438,13 @@ class ConsumerGroups:
     # --- deadlines ------------------------------------------------------------------------------------
 
     @staticmethod
-    def next_deadline(group):
-        deadlines = [m.session_deadline for m in group.members.values()]
-        deadlines.extend(m.revocation_deadline for m in group.members.values() if m.revocation_deadline is not None)
-        return min(deadlines, default=None)
+    def next_deadline_of(member):
+        if member.revocation_deadline is None:
+            return member.session_deadline
+        return min(member.session_deadline, member.revocation_deadline)
+
+    def next_deadline(self, group):
+        return min(map(self.next_deadline_of, group.members.values()), default=None)
 
     def expire(self, group, now):
         """Fence the members whose session or revocation timed out by ``now``."""

@@ -525,21 +525,32 @@ class GroupCoordinator:
         if consumer_group is not None and not consumer_group.members:
             self._forget_consumer_group(consumer_group)
 
-    def schedule_consumer_group(self, group):
-        """Keep a consumer group's timer task at its earliest member deadline; an empty one without offsets is
-        forgotten, and its offsets start their expiry. Under the lock."""
-        if group.timer_task is not None:
-            group.timer_task.cancel()
-            group.timer_task = None
+    def schedule_consumer_group(self, group, member=None):
+        """Keep a consumer group's timer task at (or before) its earliest member deadline: as for classic groups,
+        a heartbeat (of ``member``, whose deadlines alone changed) only moves a deadline later, so it schedules
+        nothing and scans no other member. An empty group without offsets is forgotten, and the offsets of one
+        that emptied start their expiry. Under the lock."""
         offsets = self.groups.get(group.group_id)
         if not group.members:
+            if group.timer_task is not None:
+                group.timer_task.cancel()
+                group.timer_task = None
             if offsets is None:
                 self._forget_consumer_group(group)
             else:
                 self._schedule(offsets)                     # its offsets may expire now
             return
+        task = group.timer_task
+        if member is not None and task is not None and task.pending and \
+                task.deadline <= self.consumer_groups.next_deadline_of(member):
+            return
         deadline = self.consumer_groups.next_deadline(group)
-        if deadline is not None and not self._closed:
+        if task is not None and task.pending:
+            if task.deadline <= deadline:
+                return                  # it fires first and reschedules then
+            task.cancel()
+        group.timer_task = None
+        if not self._closed:
             group_id = group.group_id
             group.timer_task = self._timer.schedule(deadline, lambda: self._consumer_deadline_reached(group_id))
 
