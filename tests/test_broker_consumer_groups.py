@@ -445,3 +445,25 @@ def test_heartbeats_schedule_nothing_on_the_timer(logs):
         assert len(coordinator._timer._heap) == scheduled and len(coordinator._timer) == 1
     finally:
         coordinator.close()
+
+
+def test_a_regular_expression_subscribes_to_the_topics_it_matches_whole(groups, logs):
+    for name in ("orders-eu", "orders-us", "old-orders-eu"):
+        logs.create_topic(name, 2)
+    joined = groups.join("a", subscribed_topic_names=None, subscribed_topic_regex="orders-(eu|us)")
+    ids = {protocol_uuid(logs.topics()[name].topic_id) for name in ("orders-eu", "orders-us")}
+    assert {tp.topic_id: tp.partitions for tp in joined.assignment.topic_partitions} == dict.fromkeys(ids, [0, 1])
+    logs.create_topic("orders-us-2", 1)                  # not matched whole
+    logs.add_partitions("orders-eu", 3)
+    grown = groups.send("a", 1, owned=None)                 # the new partition: a new group epoch
+    eu = protocol_uuid(logs.topics()["orders-eu"].topic_id)
+    assert grown.member_epoch == 2
+    assert {tp.topic_id: tp.partitions for tp in grown.assignment.topic_partitions}[eu] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("regex", ["(a+)+b", "(x|xx)*y", "(.*)\\1", "orders(?!-eu)", ".*a.*b.*c.*d"])
+def test_a_regular_expression_that_could_backtrack_for_ever_is_refused(groups, regex):
+    refused = groups.join("a", subscribed_topic_names=None, subscribed_topic_regex=regex)
+    assert refused.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION and "refused" in refused.error_message
+    assert groups.join("a", subscribed_topic_names=None, subscribed_topic_regex="a" * 1001).error_code == \
+        ErrorCode.INVALID_REGULAR_EXPRESSION

@@ -26,8 +26,11 @@ Not yet: the group's records in ``__consumer_offsets`` (a restart forgets the me
 rack-aware assignment, and classic members in a consumer group (KIP-848's online migration).
 """
 import dataclasses
+import functools
 import logging
 import re
+import re._constants as re_constants       # the parsed form of a pattern, to refuse those that backtrack
+import re._parser as re_parser
 import time
 import uuid
 
@@ -45,6 +48,7 @@ STABLE, UNREVOKED, UNRELEASED = "stable", "unrevoked_partitions", "unreleased_pa
 # group states (Kafka's ConsumerGroupState)
 EMPTY, ASSIGNING, RECONCILING, STABLE_GROUP, DEAD = "Empty", "Assigning", "Reconciling", "Stable", "Dead"
 REGEX_MAX_CHARS = 1000          # a subscription's regular expression: longer is INVALID_REGULAR_EXPRESSION
+REGEX_MAX_REPEATS = 3           # its repeated parts (``*``, ``+``, ``{2,}``...): more is refused
 
 
 class Refused(Exception):
@@ -533,13 +537,50 @@ def _check_epoch(member, epoch, owned):
                       "its partitions and rejoin.")
 
 
+@functools.lru_cache(maxsize=256)
 def _compile(regex):
+    """The compiled subscription regex, or INVALID_REGULAR_EXPRESSION. Kafka matches with RE2/J, in linear time;
+    Python's ``re`` backtracks, so what could make it run for ever on a topic name is refused: backreferences and
+    lookarounds (RE2 has none either), a quantifier over a quantifier or an alternation, more than
+    ``REGEX_MAX_REPEATS`` repeated parts."""
     if len(regex) > REGEX_MAX_CHARS:
         raise Refused(ErrorCode.INVALID_REGULAR_EXPRESSION, f"SubscribedTopicRegex is longer than {REGEX_MAX_CHARS}.")
     try:
-        return re.compile(regex)
+        compiled = re.compile(regex)
+        reason = _backtracking(re_parser.parse(regex).data, repeated=False, repeats=[0])
     except (re.error, RecursionError, OverflowError) as e:
         raise Refused(ErrorCode.INVALID_REGULAR_EXPRESSION, f"SubscribedTopicRegex {regex!r} is invalid: {e}") from None
+    if reason:
+        raise Refused(ErrorCode.INVALID_REGULAR_EXPRESSION, f"SubscribedTopicRegex {regex!r} is refused: {reason}.")
+    return compiled
+
+
+def _backtracking(items, repeated, repeats):
+    """Why matching the parsed ``items`` may backtrack without bound, or None."""
+    for op, value in items:
+        if op in (re_constants.GROUPREF, re_constants.GROUPREF_EXISTS, re_constants.ASSERT,
+                  re_constants.ASSERT_NOT):
+            return "backreferences and lookarounds are not supported (RE2)"
+        if op in (re_constants.MAX_REPEAT, re_constants.MIN_REPEAT, re_constants.POSSESSIVE_REPEAT):
+            _, high, body = value
+            if high > 1:
+                if repeated:
+                    return "a quantifier over a quantifier"
+                repeats[0] += 1
+                if repeats[0] > REGEX_MAX_REPEATS:
+                    return f"more than {REGEX_MAX_REPEATS} repeated parts"
+            reason = _backtracking(body, repeated or high > 1, repeats)
+        elif op == re_constants.BRANCH:
+            if repeated:
+                return "a quantifier over an alternation"
+            reason = next(filter(None, (_backtracking(branch, repeated, repeats) for branch in value[1])), None)
+        elif op in (re_constants.SUBPATTERN, re_constants.ATOMIC_GROUP):
+            reason = _backtracking(value[-1], repeated, repeats)
+        else:
+            reason = None
+        if reason:
+            return reason
+    return None
 
 
 def _topic_uuid(topic_id):
