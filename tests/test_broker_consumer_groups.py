@@ -467,3 +467,14 @@ def test_a_regular_expression_that_could_backtrack_for_ever_is_refused(groups, r
     assert refused.error_code == ErrorCode.INVALID_REGULAR_EXPRESSION and "refused" in refused.error_message
     assert groups.join("a", subscribed_topic_names=None, subscribed_topic_regex="a" * 1001).error_code == \
         ErrorCode.INVALID_REGULAR_EXPRESSION
+
+
+def test_offsets_of_a_topic_the_members_subscribe_to_are_not_deleted(groups):
+    groups.join("a")
+    commit(groups, 9, "a", 1)
+    D = messages.OffsetDeleteRequest
+    request = D(group_id="g", topics=[D.OffsetDeleteRequestTopic(name="t", partitions=[
+        D.OffsetDeleteRequestPartition(partition_index=0)])])
+    deleted = groups.coordinator.offset_delete(RequestHeader(ApiKey.OFFSET_DELETE, 0, 1, "c"), request)
+    assert deleted.topics[0].partitions[0].error_code == ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+    assert fetch(groups, None, -1) == (ErrorCode.NONE, [5])

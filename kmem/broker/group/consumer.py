@@ -221,9 +221,9 @@ class ConsumerGroups:
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found.")
-        # an empty classic group (offsets only) becomes a consumer group: its offsets stay
-        group = self.groups[group_id] = ConsumerGroup(group_id)
-        return group
+        # an empty classic group (offsets only) becomes a consumer group, its offsets kept; it is registered
+        # with its first member, so a refused join leaves nothing behind
+        return ConsumerGroup(group_id)
 
     def _heartbeat(self, request, client_id, client_host):
         now = time.monotonic()
@@ -251,6 +251,7 @@ class ConsumerGroups:
         member.client_id, member.client_host = client_id, client_host
         if new:
             group.add(member)
+            self.groups.setdefault(group.group_id, group)
             log.info("group %r: member %s joins (consumer protocol)", group.group_id, member.member_id)
         changed = new or before[:3] != (member.topic_names, member.topic_regex, member.server_assignor)
         self._refresh(group, bump=changed)
@@ -324,6 +325,16 @@ class ConsumerGroups:
             log.info("group %r: epoch %d", group.group_id, group.epoch)
         if group.epoch > group.assignment_epoch:
             self._assign(group)
+
+    def subscribed_topic_names(self, group_id):
+        """The names of the topics the members of the consumer group ``group_id`` subscribe to (Kafka's
+        ``isSubscribedToTopic``), by name or regex, that exist; empty for no such group."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return set()
+        infos = self.coordinator.logs.topics()
+        names = {_topic_uuid(info.topic_id): name for name, info in infos.items()}
+        return {names[topic] for topic in self._subscribed_topics(group) if topic in names}
 
     def _subscribed_topics(self, group):
         """{topic id: partition count} of the topics some member subscribes to (by name or regex) that exist."""

@@ -1459,7 +1459,7 @@ class GroupCoordinator:
                 response.error_code = ErrorCode.NON_EMPTY_GROUP      # the topics of other protocols are unknown
             if response.error_code:
                 return response
-            subscribed = self._subscribed_topics(group)
+            subscribed = self._subscribed_topics(group) | self.consumer_groups.subscribed_topic_names(group.group_id)
             eligible = []
             for topic in request.topics:
                 topic_result = Response.OffsetDeleteResponseTopic(name=topic.name, partitions=[])
