@@ -478,3 +478,9 @@ def test_offsets_of_a_topic_the_members_subscribe_to_are_not_deleted(groups):
     deleted = groups.coordinator.offset_delete(RequestHeader(ApiKey.OFFSET_DELETE, 0, 1, "c"), request)
     assert deleted.topics[0].partitions[0].error_code == ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
     assert fetch(groups, None, -1) == (ErrorCode.NONE, [5])
+
+
+def test_a_member_of_a_group_the_coordinator_does_not_know_rejoins(groups):
+    # as after a restart (kmem does not keep consumer groups yet): unknown, not GROUP_ID_NOT_FOUND (fatal to clients)
+    assert groups.send("a", 3, owned={0}).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    assert groups.send("a", -1).error_code == ErrorCode.GROUP_ID_NOT_FOUND

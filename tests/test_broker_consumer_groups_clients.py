@@ -54,6 +54,27 @@ def test_members_join_leave_and_crash_and_every_record_is_committed_once(tmp_pat
         broker.close()
 
 
+def test_a_member_carries_on_over_a_broker_restart(tmp_path):
+    broker = start_broker(tmp_path, **SETTINGS)
+    port = int(broker.bootstrap_servers.rsplit(":", 1)[1])
+    consumer = None
+    try:
+        broker.logs.create_topic("orders", len(PARTITIONS))
+        produce(broker.bootstrap_servers, "orders", [f"a{i}" for i in range(30)])
+        consumer = ConsumerProcess(CLIENT, broker.bootstrap_servers, "workers", "orders", "uniform")
+        wait_for(lambda: len(committed([consumer])) == 30, "the first records committed")
+        broker.close()
+        broker = start_broker(tmp_path, port, **SETTINGS)
+        produce(broker.bootstrap_servers, "orders", [f"b{i}" for i in range(30)])
+        wait_for(lambda: len(committed([consumer])) >= 60, "the member rejoined and committed the rest")
+        assert sorted(committed([consumer])) == sorted(set(committed([consumer])))
+        assert consumer.process.poll() is None
+    finally:
+        if consumer is not None:
+            consumer.stop(signal.SIGKILL)
+        broker.close()
+
+
 def _describe(group_id):
     return (RequestHeader(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 1, "test"),
             messages.ConsumerGroupDescribeRequest(group_ids=[group_id], include_authorized_operations=False))

@@ -212,7 +212,8 @@ class ConsumerGroups:
                           f"ServerAssignor {request.server_assignor} is not supported. Supported assignors: "
                           f"{', '.join(self.config.consumer_assignors)}.")
 
-    def _group(self, group_id, create):
+    def _group(self, group_id, create, missing=ErrorCode.GROUP_ID_NOT_FOUND):
+        """The consumer group (a new one if ``create``); an unknown one is refused with ``missing``."""
         group = self.groups.get(group_id)
         if group is not None:
             return group
@@ -220,7 +221,7 @@ class ConsumerGroups:
         if classic is not None and (classic.members or classic.protocol_type is not None):
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
-            raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found.")
+            raise Refused(missing, f"Consumer group {group_id} not found.")
         # an empty classic group (offsets only) becomes a consumer group, its offsets kept; it is registered
         # with its first member, so a refused join leaves nothing behind
         return ConsumerGroup(group_id)
@@ -228,7 +229,9 @@ class ConsumerGroups:
     def _heartbeat(self, request, client_id, client_host):
         now = time.monotonic()
         epoch = request.member_epoch
-        group = self._group(request.group_id, create=epoch == 0)
+        # kmem does not keep a consumer group over a restart (Kafka does, in __consumer_offsets): its members find
+        # themselves unknown, as if their session had expired, and rejoin (GROUP_ID_NOT_FOUND is fatal to clients)
+        group = self._group(request.group_id, create=epoch == 0, missing=ErrorCode.UNKNOWN_MEMBER_ID)
         member_id = request.member_id
         if len(group.members) >= self.config.consumer_max_size and (not member_id or member_id not in group.members):
             raise Refused(ErrorCode.GROUP_MAX_SIZE_REACHED, "The consumer group has reached its maximum capacity of "
