@@ -36,7 +36,7 @@ def groups(logs):
 
 
 class Members:
-    """Heartbeats of a group's members, each remembering its member id, epoch and owned partitions."""
+    """Heartbeats of a group's members, remembering each member's latest epoch."""
 
     def __init__(self, coordinator, logs, group_id="g", version=1):
         self.coordinator = coordinator
@@ -302,8 +302,20 @@ def test_over_the_wire(tmp_path):
                     group_id=f"g{version}", member_id="" if version == 0 else "m", member_epoch=0,
                     rebalance_timeout_ms=1000, subscribed_topic_names=["t"], topic_partitions=[]))
                 assert joined.error_code == ErrorCode.NONE and len(joined.assignment.topic_partitions[0].partitions) == 2
-            bad = connection.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, H(group_id="g1", member_id="m", member_epoch=5))
-            assert bad.error_code == ErrorCode.FENCED_MEMBER_EPOCH
+            for request, error in [
+                    (H(group_id="g1", member_id="m", member_epoch=5), ErrorCode.FENCED_MEMBER_EPOCH),
+                    (H(group_id="g1", member_id="x", member_epoch=1), ErrorCode.UNKNOWN_MEMBER_ID),
+                    (H(group_id="g1", member_id="m", member_epoch=-3), ErrorCode.INVALID_REQUEST),
+                    (H(group_id="g1", member_id="n", member_epoch=0, rebalance_timeout_ms=1000,
+                       subscribed_topic_names=["t"], topic_partitions=[], server_assignor="sticky"),
+                     ErrorCode.UNSUPPORTED_ASSIGNOR)]:
+                answer = connection.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, request)
+                assert (answer.error_code, answer.member_epoch) == (error, 0) and answer.error_message
+            C = messages.OffsetCommitRequest
+            stale = connection.call(ApiKey.OFFSET_COMMIT, 9, C(
+                group_id="g1", generation_id_or_member_epoch=7, member_id="m", topics=[C.OffsetCommitRequestTopic(
+                    name="t", partitions=[C.OffsetCommitRequestPartition(partition_index=0, committed_offset=1)])]))
+            assert stale.topics[0].partitions[0].error_code == ErrorCode.STALE_MEMBER_EPOCH
             described = connection.call(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, messages.ConsumerGroupDescribeRequest(
                 group_ids=["g1", "none"], include_authorized_operations=False))
             assert [(g.error_code, g.group_state) for g in described.groups] == \
