@@ -102,7 +102,8 @@ GROUP_APIS = {
     ApiKey.LIST_GROUPS: "list_groups", ApiKey.DESCRIBE_GROUPS: "describe_groups",
     ApiKey.DELETE_GROUPS: "delete_groups", ApiKey.OFFSET_DELETE: "offset_delete",
     ApiKey.TXN_OFFSET_COMMIT: "txn_offset_commit",
-    ApiKey.CONSUMER_GROUP_HEARTBEAT: "consumer_group_heartbeat", ApiKey.CONSUMER_GROUP_DESCRIBE: "consumer_group_describe",
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: "consumer_group_heartbeat",
+    ApiKey.CONSUMER_GROUP_DESCRIBE: "consumer_group_describe",
 }
 GROUP_VERSIONS = {
     ApiKey.JOIN_GROUP: (0, 9), ApiKey.SYNC_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5),
