@@ -12,6 +12,7 @@ import time
 
 from kmem.broker.codes import ErrorCode
 from kmem.broker.log import AppendResult
+from kmem.protocol import decode_response, encode_request
 from kmem.records import FileRecords, log_segments
 
 TIMEOUT = 30
@@ -119,6 +120,13 @@ class RawConnection:
         payload = self.receive_frame()
         assert payload is not None, "the broker closed the connection"
         return response_class.decode(payload, version=version, header=True)
+
+    def call(self, api_key, version, request, correlation_id=1, client_id="raw"):
+        """Send a ``kmem.protocol.messages`` request at ``version``; returns its decoded response body."""
+        self.send_frame(bytes(encode_request(request, version, correlation_id, client_id=client_id)))
+        payload = self.receive_frame()
+        assert payload is not None, "the broker closed the connection"
+        return decode_response(payload, api_key, version)[1]
 
     def close(self):
         self.sock.close()

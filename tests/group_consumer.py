@@ -1,5 +1,6 @@
 """A consumer process for the group tests: ``python group_consumer.py CLIENT BOOTSTRAP GROUP TOPIC
-[INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member).
+[INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member); for ``confluent-kafka-consumer-protocol``
+(KIP-848) the last argument is the server assignor instead.
 
 Consumes with kafka-python, aiokafka or confluent-kafka, commits after every non-empty poll, and prints
 JSON lines: ``{"assigned": [partitions]}`` when its assignment changes, ``{"records": [[partition, offset,
@@ -76,9 +77,19 @@ def run_aiokafka(bootstrap, group, topic, instance_id=None):
 
 
 def run_confluent(bootstrap, group, topic, instance_id=None):
+    consume_confluent({"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": SESSION_TIMEOUT_MS,
+                       "heartbeat.interval.ms": HEARTBEAT_MS}, topic, instance_id)
+
+
+def run_confluent_consumer_protocol(bootstrap, group, topic, assignor):
+    """KIP-848's protocol: the broker assigns, with ``assignor`` (``group.remote.assignor``)."""
+    consume_confluent({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
+                       "group.remote.assignor": assignor}, topic)
+
+
+def consume_confluent(settings, topic, instance_id=None):
     from confluent_kafka import Consumer
-    settings = {"bootstrap.servers": bootstrap, "group.id": group, "session.timeout.ms": SESSION_TIMEOUT_MS,
-                "heartbeat.interval.ms": HEARTBEAT_MS, "auto.offset.reset": "earliest", "enable.auto.commit": False}
+    settings = {**settings, "auto.offset.reset": "earliest", "enable.auto.commit": False}
     if instance_id:
         settings["group.instance.id"] = instance_id
     consumer = Consumer(settings)
@@ -96,5 +107,5 @@ def run_confluent(bootstrap, group, topic, instance_id=None):
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop)
     client, bootstrap, group, topic = sys.argv[1:5]
-    {"kafka-python": run_kafka_python, "aiokafka": run_aiokafka, "confluent-kafka": run_confluent}[client](
-        bootstrap, group, topic, *sys.argv[5:])
+    {"kafka-python": run_kafka_python, "aiokafka": run_aiokafka, "confluent-kafka": run_confluent,
+     "confluent-kafka-consumer-protocol": run_confluent_consumer_protocol}[client](bootstrap, group, topic, *sys.argv[5:])

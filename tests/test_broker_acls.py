@@ -352,6 +352,23 @@ def test_group_apis_check_the_group_and_the_topics(roles, connect):
     assert [(r.group_id, r.error_code) for r in deleted] == [("billing", ErrorCode.GROUP_AUTHORIZATION_FAILED)]
 
 
+def test_consumer_group_apis_check_the_group_and_the_topics(roles, connect):
+    bob, alice = connect("bob"), connect("alice")
+    join = dict(member_id="m", member_epoch=0, rebalance_timeout_ms=1000, topic_partitions=[])
+    Heartbeat = ApiKey.CONSUMER_GROUP_HEARTBEAT
+    assert alice.call(Heartbeat, 1, group_id="billing", subscribed_topic_names=["orders-eu"], **join).error_code == \
+        ErrorCode.GROUP_AUTHORIZATION_FAILED
+    assert bob.call(Heartbeat, 1, group_id="billing", subscribed_topic_names=["orders-eu", "secret"],
+                    **join).error_code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    joined = bob.call(Heartbeat, 1, group_id="billing", subscribed_topic_names=["orders-eu"], **join)
+    assert (joined.error_code, joined.member_epoch) == (0, 1)
+    described = bob.call(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, group_ids=["billing", "other"],
+                         include_authorized_operations=True).groups
+    assert {(g.group_id, g.error_code, g.authorized_operations) for g in described} == {
+        ("billing", 0, (1 << Operation.READ) | (1 << Operation.DESCRIBE)),
+        ("other", ErrorCode.GROUP_AUTHORIZATION_FAILED, -2**31)}
+
+
 def test_producer_ids_and_transactions(roles, connect):
     alice, bob = connect("alice"), connect("bob")
     assert alice.call(ApiKey.INIT_PRODUCER_ID, 4, transactional_id=None, transaction_timeout_ms=-1).error_code == 0

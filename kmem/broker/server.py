@@ -34,7 +34,7 @@ import time
 
 from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.dispatch import RequestDispatcher
-from kmem.broker.apis.handlers import Handlers
+from kmem.broker.apis.handlers import Handlers, served_versions
 from kmem.broker.apis.scram_admin import ScramAdminHandlers
 from kmem.broker.group.coordinator import GroupCoordinator
 from kmem.broker.log import LogManager
@@ -126,6 +126,7 @@ class Broker:
         self.timer = Timer()
         try:
             self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer)
+            self.handlers.served = served_versions(self.settings.groups)
             self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
             self.scram_credentials = ScramCredentialStore(self.log_dir)
             self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)

@@ -9,6 +9,7 @@ import re
 import uuid
 
 from ..errors import KmemError
+from .bundled_schemas import SCHEMAS
 
 ALL_VERSIONS = (0, 32767)
 NO_VERSIONS = (1, 0)                  # an empty range
@@ -158,6 +159,9 @@ _COMMENT = re.compile(r"^\s*//.*$", re.MULTILINE)
 
 @functools.lru_cache(maxsize=None)
 def load(name):
-    """The parsed schema of message ``name`` (e.g. 'FetchRequest'), read once."""
+    """The parsed schema of message ``name`` (e.g. 'FetchRequest'), read once: kmem's own table
+    (``kmem.protocol.bundled_schemas``) for the messages kafka-python does not ship."""
+    if name in SCHEMAS:
+        return Message(SCHEMAS[name])
     text = (schema_dir() / f"{name}.json").read_text(encoding="utf-8")
     return Message(json.loads(_COMMENT.sub("", text)))

@@ -83,6 +83,8 @@ class RequestChecks:
             ApiKey.ALTER_CLIENT_QUOTAS: self._alter_client_quotas,
             ApiKey.DESCRIBE_LOG_DIRS: self._describe_log_dirs,
             ApiKey.DESCRIBE_TOPIC_PARTITIONS: self._describe_topic_partitions,
+            ApiKey.CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat,
+            ApiKey.CONSUMER_GROUP_DESCRIBE: self._consumer_group_describe,
         }
 
     def check(self, context, header, request):
@@ -370,6 +372,30 @@ class RequestChecks:
                     group.authorized_operations = self.authorized_operations(context, GROUP, group.group_id)
             response.groups += [Group(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, error_message=None, group_id=g,
                                       group_state="", protocol_type="", protocol_data="", members=[])
+                                for g in denied]
+            return response
+        return finish
+
+    def _consumer_group_heartbeat(self, context, version, request):
+        """Kafka's ``handleConsumerGroupHeartbeat``: READ on the group, DESCRIBE on every topic subscribed by name."""
+        if not self.allowed(context, Operation.READ, GROUP, request.group_id):
+            return Refused(ErrorCode.GROUP_AUTHORIZATION_FAILED)
+        names = request.subscribed_topic_names or ()
+        _, denied = self._split(context, Operation.DESCRIBE, TOPIC, names, lambda name: name)
+        return Refused(ErrorCode.TOPIC_AUTHORIZATION_FAILED) if denied else None
+
+    def _consumer_group_describe(self, context, version, request):
+        """DESCRIBE on each group; a denied one is answered GROUP_AUTHORIZATION_FAILED."""
+        allowed, denied = self._split(context, Operation.DESCRIBE, GROUP, request.group_ids, lambda g: g)
+        request.group_ids = allowed
+        Group = messages.ConsumerGroupDescribeResponse.DescribedGroup
+
+        def finish(response):
+            if request.include_authorized_operations:
+                for group in response.groups:
+                    group.authorized_operations = self.authorized_operations(context, GROUP, group.group_id)
+            response.groups += [Group(error_code=ErrorCode.GROUP_AUTHORIZATION_FAILED, error_message=None, group_id=g,
+                                      group_state="", group_epoch=0, assignment_epoch=0, assignor_name="", members=[])
                                 for g in denied]
             return response
         return finish

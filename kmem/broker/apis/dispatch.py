@@ -42,7 +42,7 @@ from kmem.broker.apis.acls import ACL_APIS, AclHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.authorize import CLOSE_CONNECTION, Refused, RequestChecks, RequestContext, refusal_response
 from kmem.broker.apis.client_quotas import QUOTA_APIS, ClientQuotaHandlers
-from kmem.broker.apis.handlers import SERVED_VERSIONS, DelayedFetch
+from kmem.broker.apis.handlers import DelayedFetch
 from kmem.broker.apis.scram_admin import SCRAM_APIS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
@@ -176,7 +176,7 @@ class RequestDispatcher:
             if e.api_key == ApiKey.API_VERSIONS and e.header is not None:
                 return api_versions_fallback_response(e.header)
             raise
-        served = SERVED_VERSIONS.get(header.api_key)
+        served = self.handlers.served.get(header.api_key)
         if served is None or not served[0] <= header.api_version <= served[1]:
             raise RequestRefused(f"{header.api_key.name} v{header.api_version} is not served by kmem broker "
                                  f"(client {header.client_id!r})")
@@ -269,6 +269,8 @@ class RequestDispatcher:
                                                            strict=header.api_version >= MUTATION_APIS[header.api_key])
         if header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
+        elif header.api_key == ApiKey.CONSUMER_GROUP_HEARTBEAT:
+            response = self.coordinator.consumer_group_heartbeat(header, body, client_host=_client_host(request))
         elif header.api_key in MUTATION_APIS:
             response = self._methods[header.api_key](header, body, mutation_quota=mutation_quota)
         elif header.api_key == ApiKey.END_TXN:

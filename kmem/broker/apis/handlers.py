@@ -104,6 +104,8 @@ SERVED_VERSIONS = {
     ApiKey.TXN_OFFSET_COMMIT: (0, 4),
     ApiKey.SASL_HANDSHAKE: (0, 1), ApiKey.SASL_AUTHENTICATE: (0, 2),
 }
+# KIP-848's APIs, served when group.coordinator.rebalance.protocols lists consumer
+CONSUMER_GROUP_APIS = frozenset({ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.CONSUMER_GROUP_DESCRIBE})
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types (2, share groups, is not served)
 ZERO_UUID = uuid.UUID(int=0)
 NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
@@ -125,6 +127,13 @@ FETCH_ERRORS_NOT_FAILED = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, Error
                                      ErrorCode.OFFSET_OUT_OF_RANGE})
 
 
+def served_versions(group_config):
+    """``SERVED_VERSIONS`` without KIP-848's APIs unless ``group.coordinator.rebalance.protocols`` lists consumer."""
+    if "consumer" in group_config.rebalance_protocols:
+        return SERVED_VERSIONS
+    return {key: versions for key, versions in SERVED_VERSIONS.items() if key not in CONSUMER_GROUP_APIS}
+
+
 def protocol_uuid(text):
     """A storage topic id (Kafka's base64 ``Uuid`` string) as the protocol's ``uuid.UUID``."""
     return uuid.UUID(bytes=uuid_bytes(text))
@@ -139,6 +148,8 @@ class Handlers:
     transactions = None
     #: The ``TxnMarkerWriter`` WriteTxnMarkers writes with, set by the server.
     txn_markers = None
+    #: What ApiVersions advertises and the dispatcher serves (``served_versions``), set by the server.
+    served = SERVED_VERSIONS
 
     def __init__(self, logs, node_id, endpoint, timer, *, lazy_chunk_size=None):
         self.logs = logs
@@ -160,7 +171,7 @@ class Handlers:
     def api_versions(self, header, request):
         response = messages.ApiVersionsResponse(error_code=ErrorCode.NONE, throttle_time_ms=0)
         response.api_keys = [messages.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
-                             for key, (low, high) in sorted(SERVED_VERSIONS.items())]
+                             for key, (low, high) in sorted(self.served.items())]
         return response
 
     def sasl_handshake(self, header, request):

@@ -73,6 +73,8 @@ import uuid
 
 from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.group.assignors import ASSIGNOR_CLASSES, ASSIGNORS
+from kmem.broker.group.consumer import ConsumerGroups
 from kmem.broker.group.offsets import (
     INT64_MAX, OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
@@ -82,7 +84,7 @@ from kmem.broker.log.unified_log import TRANSACTION_OPEN, batches_from_start
 from kmem.broker.log.validator import COORDINATOR
 from kmem.broker.timer import Timer
 from kmem.consumer.group import decode_subscription
-from kmem.errors import CorruptRecordError, IllegalStateError
+from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.protocol import ApiKey, messages
 from kmem.records import ControlRecordType, build_coordinator_records
 
@@ -100,11 +102,14 @@ GROUP_APIS = {
     ApiKey.LIST_GROUPS: "list_groups", ApiKey.DESCRIBE_GROUPS: "describe_groups",
     ApiKey.DELETE_GROUPS: "delete_groups", ApiKey.OFFSET_DELETE: "offset_delete",
     ApiKey.TXN_OFFSET_COMMIT: "txn_offset_commit",
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: "consumer_group_heartbeat",
+    ApiKey.CONSUMER_GROUP_DESCRIBE: "consumer_group_describe",
 }
 GROUP_VERSIONS = {
     ApiKey.JOIN_GROUP: (0, 9), ApiKey.SYNC_GROUP: (0, 5), ApiKey.HEARTBEAT: (0, 4), ApiKey.LEAVE_GROUP: (0, 5),
     ApiKey.OFFSET_COMMIT: (0, 9), ApiKey.OFFSET_FETCH: (0, 9), ApiKey.LIST_GROUPS: (0, 5),
     ApiKey.DESCRIBE_GROUPS: (0, 5), ApiKey.DELETE_GROUPS: (0, 2), ApiKey.OFFSET_DELETE: (0, 0),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 1), ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 0),
 }
 
 
@@ -122,6 +127,26 @@ COMMIT_WRITE_ERRORS = {**GROUP_WRITE_ERRORS, ErrorCode.MESSAGE_TOO_LARGE: ErrorC
                        ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE}
 
 
+def _assignor_names(name, value):
+    """``group.consumer.assignors``: a list of ``uniform`` and ``range`` (or Kafka's class names), the first the
+    default."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    names = tuple(ASSIGNOR_CLASSES.get(item.strip(), item.strip()) for item in items if item.strip())
+    unknown = [item for item in names if item not in ASSIGNORS]
+    if not names or unknown:
+        raise ConfigError(f"{name}: {value!r} must list assignors among {', '.join(ASSIGNORS)}")
+    return names
+
+
+def _rebalance_protocols(name, value):
+    """``group.coordinator.rebalance.protocols``: ``classic`` and optionally ``consumer`` (KIP-848)."""
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    protocols = tuple(item.strip().lower() for item in items if item.strip())
+    if "classic" not in protocols or not set(protocols) <= {"classic", CONSUMER_PROTOCOL}:
+        raise ConfigError(f"{name}: {value!r} must list classic, and may list consumer")
+    return protocols
+
+
 # Kafka's group coordinator settings: name -> (GroupConfig field, parser)
 GROUP_SETTINGS = {
     "group.min.session.timeout.ms": ("min_session_timeout_ms", at_least(0, INT32_MAX)),
@@ -133,6 +158,11 @@ GROUP_SETTINGS = {
     "offsets.retention.minutes": ("offsets_retention_minutes", at_least(1, INT32_MAX)),
     "offsets.retention.check.interval.ms": ("offsets_retention_check_interval_ms", at_least(1)),
     "offset.metadata.max.bytes": ("offset_metadata_max_bytes", at_least(0, INT32_MAX)),
+    "group.consumer.heartbeat.interval.ms": ("consumer_heartbeat_interval_ms", at_least(1, INT32_MAX)),
+    "group.consumer.session.timeout.ms": ("consumer_session_timeout_ms", at_least(1, INT32_MAX)),
+    "group.consumer.max.size": ("consumer_max_size", at_least(1, INT32_MAX)),
+    "group.consumer.assignors": ("consumer_assignors", _assignor_names),
+    "group.coordinator.rebalance.protocols": ("rebalance_protocols", _rebalance_protocols),
 }
 
 
@@ -154,6 +184,11 @@ class GroupConfig:
     offsets_retention_minutes: int = 7 * 24 * 60
     offsets_retention_check_interval_ms: int = 600_000
     offset_metadata_max_bytes: int = 4096
+    consumer_heartbeat_interval_ms: int = 5000
+    consumer_session_timeout_ms: int = 45000
+    consumer_max_size: int = INT32_MAX
+    consumer_assignors: tuple = ("uniform", "range")
+    rebalance_protocols: tuple = ("classic", CONSUMER_PROTOCOL)      # Kafka 4.0's default
 
     @classmethod
     def from_properties(cls, properties):
@@ -308,6 +343,7 @@ class GroupCoordinator:
         self._closed = False
         self._own_timer = timer is None
         self._timer = Timer("kmem-group-timer") if timer is None else timer
+        self.consumer_groups = ConsumerGroups(self)     # KIP-848's, by group id; self.groups keeps their offsets
         self._compact_offsets_topic_of_older_kmem()
         self._load()
         with self._lock:
@@ -486,6 +522,54 @@ class GroupCoordinator:
         del self.groups[group.group_id]
         if group.timer_task is not None:
             group.timer_task.cancel()
+        consumer_group = self.consumer_groups.groups.get(group.group_id)
+        if consumer_group is not None and not consumer_group.members:
+            self._forget_consumer_group(consumer_group)
+
+    def schedule_consumer_group(self, group, member=None):
+        """Keep a consumer group's timer task at (or before) its earliest member deadline: as for classic groups,
+        a heartbeat (of ``member``, whose deadlines alone changed) only moves a deadline later, so it schedules
+        nothing and scans no other member. An empty group without offsets is forgotten, and the offsets of one
+        that emptied start their expiry. Under the lock."""
+        offsets = self.groups.get(group.group_id)
+        if not group.members:
+            if group.timer_task is not None:
+                group.timer_task.cancel()
+                group.timer_task = None
+            if offsets is None:
+                self._forget_consumer_group(group)
+            else:
+                self._schedule(offsets)                     # its offsets may expire now
+            return
+        task = group.timer_task
+        if member is not None and task is not None and task.pending and \
+                task.deadline <= self.consumer_groups.next_deadline_of(member):
+            return
+        deadline = self.consumer_groups.next_deadline(group)
+        if task is not None and task.pending:
+            if task.deadline <= deadline:
+                return                  # it fires first and reschedules then
+            task.cancel()
+        group.timer_task = None
+        if not self._closed:
+            group_id = group.group_id
+            group.timer_task = self._timer.schedule(deadline, lambda: self._consumer_deadline_reached(group_id))
+
+    def _forget_consumer_group(self, group):
+        if self.consumer_groups.groups.get(group.group_id) is group:
+            del self.consumer_groups.groups[group.group_id]
+        if group.timer_task is not None:
+            group.timer_task.cancel()
+
+    def _consumer_deadline_reached(self, group_id):
+        with self._lock:
+            group = self.consumer_groups.groups.get(group_id)
+            if group is None or self._closed:
+                return
+            group.timer_task = None
+            self.consumer_groups.expire(group, time.monotonic())
+            if self.consumer_groups.groups.get(group_id) is group:
+                self.schedule_consumer_group(group)
 
     def _schedule_if_idle(self, group):
         """After an offset commit: the first offsets of a group without a task need one (their expiry)."""
@@ -552,6 +636,9 @@ class GroupCoordinator:
         (clients look for the coordinator again)."""
         with self._lock:
             self._closed = True
+            for group in self.consumer_groups.groups.values():
+                if group.timer_task is not None:
+                    group.timer_task.cancel()
             for group in self.groups.values():
                 if group.timer_task is not None:
                     group.timer_task.cancel()
@@ -655,6 +742,11 @@ class GroupCoordinator:
     def join_group(self, header, request, client_host=""):
         """``client_host``: the client's address as DescribeGroups shows it (Kafka's ``/127.0.0.1``)."""
         with self._lock:
+            consumer_group = self.consumer_groups.groups.get(request.group_id)
+            if consumer_group is not None:
+                if consumer_group.members:      # KIP-848's migration of classic members is not served
+                    return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id or "")
+                self._forget_consumer_group(consumer_group)
             result = self._join(header, request, header.api_version, client_host)
             group = self.groups.get(request.group_id)
             if group is not None:
@@ -1025,6 +1117,9 @@ class GroupCoordinator:
         group = self.groups.get(request.group_id)
         generation = request.generation_id_or_member_epoch if version >= 1 else -1
         member_id = request.member_id if version >= 1 else ""
+        consumer_group = self.consumer_groups.groups.get(request.group_id)
+        if consumer_group is not None:
+            return self.consumer_groups.check_commit(consumer_group, member_id, generation, version)
         if group is None:
             return ErrorCode.NONE if generation < 0 else ErrorCode.ILLEGAL_GENERATION
         if group.state == DEAD:
@@ -1199,13 +1294,21 @@ class GroupCoordinator:
                     for name, partitions in topics])
             groups = []
             for wanted in request.groups:
-                topics = self._fetch_offsets(wanted.group_id, wanted.topics, stable)
+                error = self._fetch_error() or self._check_fetch(wanted, version)
+                topics = [] if error else self._fetch_offsets(wanted.group_id, wanted.topics, stable)
                 groups.append(Response.OffsetFetchResponseGroup(
-                    group_id=wanted.group_id, error_code=self._fetch_error(),
+                    group_id=wanted.group_id, error_code=error,
                     topics=[Response.OffsetFetchResponseTopics(name=name, partitions=[
                         Response.OffsetFetchResponsePartitions(**fields) for fields in partitions])
                         for name, partitions in topics]))
             return Response(throttle_time_ms=0, groups=groups)
+
+    def _check_fetch(self, wanted, version):
+        """OffsetFetch v9+ (KIP-848): a consumer group's member fetches at its epoch."""
+        consumer_group = self.consumer_groups.groups.get(wanted.group_id)
+        if version < 9 or consumer_group is None:
+            return ErrorCode.NONE
+        return self.consumer_groups.check_fetch(consumer_group, wanted.member_id, wanted.member_epoch)
 
     def _fetch_error(self):
         return ErrorCode.COORDINATOR_NOT_AVAILABLE if self._closed else ErrorCode.NONE
@@ -1250,11 +1353,16 @@ class GroupCoordinator:
         types = {t.lower() for t in request.types_filter} if version >= 5 else set()
         Listed = messages.ListGroupsResponse.ListedGroup
         with self._lock:
+            consumer_groups = self.consumer_groups.groups
             listed = [Listed(group_id=g.group_id, protocol_type=g.protocol_type or "", group_state=g.state,
                              group_type="classic")
                       for g in self.groups.values()
-                      if g.state != DEAD and (not states or g.state.lower() in states)
-                      and (not types or "classic" in types)]
+                      if g.state != DEAD and g.group_id not in consumer_groups
+                      and (not states or g.state.lower() in states) and (not types or "classic" in types)]
+            listed += [Listed(group_id=g.group_id, protocol_type=CONSUMER_PROTOCOL, group_state=g.state,
+                              group_type="consumer")
+                       for g in consumer_groups.values()
+                       if (not states or g.state.lower() in states) and (not types or "consumer" in types)]
         return messages.ListGroupsResponse(throttle_time_ms=0, error_code=ErrorCode.NONE, groups=listed)
 
     def describe_groups(self, header, request):
@@ -1264,7 +1372,8 @@ class GroupCoordinator:
         with self._lock:
             for group_id in request.groups:
                 group = self.groups.get(group_id)
-                if group is None:
+                if group is None or group_id in self.consumer_groups.groups:
+                    # Kafka 3.9's describeGroups: a consumer group is no classic group, answered as an unknown one
                     described.append(Described(error_code=ErrorCode.NONE, group_id=group_id, group_state=DEAD,
                                                protocol_type="", protocol_data="", members=[]))
                     continue
@@ -1281,6 +1390,20 @@ class GroupCoordinator:
             for group in described:
                 group.authorized_operations = GROUP_OPERATIONS
         return messages.DescribeGroupsResponse(throttle_time_ms=0, groups=described)
+
+    # --- ConsumerGroupHeartbeat, ConsumerGroupDescribe (KIP-848, kmem.broker.group.consumer) -------------
+
+    def consumer_group_heartbeat(self, header, request, client_host=""):
+        with self._lock:
+            if self._closed:
+                return messages.ConsumerGroupHeartbeatResponse(
+                    throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, error_message=None,
+                    member_id=None, member_epoch=0, heartbeat_interval_ms=0, assignment=None)
+            return self.consumer_groups.heartbeat(header, request, client_host)
+
+    def consumer_group_describe(self, header, request):
+        with self._lock:
+            return self.consumer_groups.describe(request)
 
     # --- DeleteGroups, OffsetDelete ------------------------------------------------------------------
 
@@ -1300,6 +1423,13 @@ class GroupCoordinator:
         if not group_id:
             return ErrorCode.INVALID_GROUP_ID
         group = self.groups.get(group_id)
+        consumer_group = self.consumer_groups.groups.get(group_id)
+        if consumer_group is not None:
+            if consumer_group.members:
+                return ErrorCode.NON_EMPTY_GROUP
+            if group is None:
+                self._forget_consumer_group(consumer_group)
+                return ErrorCode.NONE
         if group is None or group.state == DEAD:
             return ErrorCode.GROUP_ID_NOT_FOUND
         if group.state != EMPTY or group.members:
@@ -1330,7 +1460,7 @@ class GroupCoordinator:
                 response.error_code = ErrorCode.NON_EMPTY_GROUP      # the topics of other protocols are unknown
             if response.error_code:
                 return response
-            subscribed = self._subscribed_topics(group)
+            subscribed = self._subscribed_topics(group) | self.consumer_groups.subscribed_topic_names(group.group_id)
             eligible = []
             for topic in request.topics:
                 topic_result = Response.OffsetDeleteResponseTopic(name=topic.name, partitions=[])
@@ -1392,12 +1522,16 @@ class GroupCoordinator:
         offsets. An empty group without offsets goes one ``offsets.retention.check.interval.ms`` after it
         became empty, as Kafka's periodic cleanup finds it within an interval; one holding a transaction's
         pending offsets stays (its marker schedules it again)."""
-        if group.state != EMPTY:
+        if group.state != EMPTY or self._has_consumer_members(group.group_id):
             return None
         if not group.offsets:
             return None if group.txn_offsets else \
                 group.state_timestamp + self.config.offsets_retention_check_interval_ms
         return min(self._offset_due_ms(group, offset) for offset in group.offsets.values())
+
+    def _has_consumer_members(self, group_id):
+        consumer_group = self.consumer_groups.groups.get(group_id)
+        return consumer_group is not None and bool(consumer_group.members)
 
     def _expire_group_offsets(self, group, now_ms):
         """The group's offsets past their retention become tombstones; an empty group left without offsets
