@@ -250,7 +250,10 @@ def _drain(send):
 
 
 def test_every_supported_version_is_tested():
-    assert len(CASES) == 2 * sum(high - low + 1 for low, high in SUPPORTED_VERSIONS.values())
+    peerless = {key for key in SUPPORTED_VERSIONS if key.message_name + "Request" in SCHEMAS}
+    assert peerless == {ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.CONSUMER_GROUP_DESCRIBE}
+    assert len(CASES) == 2 * sum(high - low + 1 for key, (low, high) in SUPPORTED_VERSIONS.items()
+                                 if key not in peerless)
     assert {k: SUPPORTED_VERSIONS[k] for k in (ApiKey.FETCH, ApiKey.PRODUCE, ApiKey.METADATA)} == \
         {ApiKey.FETCH: (0, 17), ApiKey.PRODUCE: (0, 11), ApiKey.METADATA: (0, 12)}
 
