@@ -65,6 +65,7 @@ import logging
 import time
 import uuid
 
+from kmem import _core
 from kmem.broker.apis.admin import ADMIN_VERSIONS
 from kmem.broker.apis.acls import ACL_VERSIONS
 from kmem.broker.apis.client_quotas import QUOTA_VERSIONS
@@ -80,7 +81,9 @@ from kmem.broker.quotas import ThrottlingQuotaExceeded
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
 from kmem.protocol import ApiKey, messages
-from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
+from kmem.records import LazyDownConvertRecords, MemoryRecords, RecordBatch, codecs, plan_fetch
+from kmem.records.arguments import byte_view
+from kmem.records.batches import ATTR_TRANSACTIONAL
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +109,7 @@ GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types 
 ZERO_UUID = uuid.UUID(int=0)
 NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
 MAGIC_OFFSET = 16                  # of a batch's magic byte
+ATTRIBUTES_OFFSET = 21             # of a v2 batch's attributes (int16)
 # Kafka's ReplicaManager.handleProduceAppend answers a transaction verification failing with one of these retriable
 # codes, which older producers may not retry, NOT_ENOUGH_REPLICAS: every producer retries it, without a metadata
 # refresh.
@@ -856,11 +860,17 @@ def first_transactional_batch(records):
     """The first complete batch of a partition's records if it is transactional, else None: Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
     Corrupt records are left to the validator."""
+    if records is None:
+        return None
+    view = byte_view("records", records)
     try:
-        first = next(MemoryRecords(records).batches(), None) if records is not None else None
+        first = _core.entry_at(view, 0)
+        # the attributes' low byte, read before making a batch of it (most are not transactional)
+        if first is None or first[1] != 2 or not view[ATTRIBUTES_OFFSET + 1] & ATTR_TRANSACTIONAL:
+            return None
+        return RecordBatch(view, 0, *first)
     except CorruptRecordError:
         return None
-    return first if first is not None and first.is_transactional else None
 
 
 def _check_produce_records(version, records):
