@@ -878,15 +878,18 @@ def _check_produce_records(version, records):
     ``(code, message)`` or None. Corrupt input is left to the validator, which names what is wrong."""
     if records is None or len(records) <= MAGIC_OFFSET:
         return None
-    magic = memoryview(records).cast("B")[MAGIC_OFFSET]
+    view = byte_view("records", records)
+    magic = view[MAGIC_OFFSET]
     if version >= 3 and magic < 2:
         return ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
     try:
-        batches = list(itertools.islice(MemoryRecords(records).batches(), 2)) if version >= 3 else []
-        if len(batches) > 1:
+        first = _core.entry_at(view, 0) if version >= 3 else None
+        # only a second complete entry (rare) has both read as batches, whose reading may find them corrupt
+        if first is not None and _core.entry_at(view, first[0]) is not None \
+                and len(list(itertools.islice(MemoryRecords(view).batches(), 2))) > 1:
             return ErrorCode.INVALID_RECORD, f"Produce v{version} carries exactly one record batch a partition"
         # a magic 0/1 message's codec bits can say zstd too (Sarama does below 2.1): Kafka refuses it alike
-        if version < 7 and any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
+        if version < 7 and any(batch.compression == codecs.ZSTD for batch in MemoryRecords(view).batches()):
             return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
     except CorruptRecordError:
         return None
