@@ -1,6 +1,8 @@
 """Fuzzing: mutated real batches into every reader, both down-conversions and the broker's validator
 (rebuilding batches in another codec) give a kmem error or a result, never a crash, a hang, unbounded
-memory or another exception type; what the validator rebuilds holds the records it was given."""
+memory or another exception type; what the validator rebuilds holds the records it was given; the core's
+common case of the validator (``_core.assign_v2_batches``) answers edited and hostile records exactly as
+the batch-by-batch validator does."""
 import os
 import struct
 import tempfile
