@@ -51,15 +51,18 @@ cdef bint batch_passes(const unsigned char* b, Py_ssize_t size, bint from_client
                        int codec, bint keyless, int64_t low, int64_t high, BatchCheck* out) noexcept nogil:
     """The checks of the Python validator's ``_check_batch`` and ``_check_record_contents`` on one v2 batch of
     ``size`` bytes at ``b`` (at least a header), but the records of a compressed batch, which need its codec;
-    False also for what the fast path does not take (a control batch, a LogAppendTime batch, another codec than
-    ``codec`` when it is not -1, a compressed batch where records are checked one by one)."""
+    False also for what the fast path does not take (a control batch from a client, which is refused, or a
+    compressed one, a LogAppendTime batch, another codec than ``codec`` when it is not -1, a compressed batch
+    where records are checked one by one)."""
     cdef int attributes = be16(b + V2_ATTRIBUTES)
     cdef int64_t base_offset = be64(b), last_offset, max_timestamp = be64(b + V2_MAX_TIMESTAMP)
     cdef int64_t last_delta = be32(b + V2_LAST_OFFSET_DELTA), count = be32(b + V2_RECORDS_COUNT)
     cdef bint compressed = (attributes & ATTR_CODEC_MASK) != 0
     if count < 0 or size > max_message_bytes or (from_client and base_offset != 0):
         return False
-    if attributes & (ATTR_CONTROL | ATTR_LOG_APPEND_TIME) or (attributes & ATTR_CODEC_MASK) > LAST_CODEC:
+    if attributes & ATTR_LOG_APPEND_TIME or (attributes & ATTR_CODEC_MASK) > LAST_CODEC:
+        return False
+    if attributes & ATTR_CONTROL and (from_client or compressed):
         return False
     if codec >= 0 and (attributes & ATTR_CODEC_MASK) != codec:
         return False
@@ -88,7 +91,8 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
     when the records need the Python validator (it then finds the same or names the error).
 
     Taken: records whose complete entries (a truncated tail is dropped) are all v2 batches, at most
-    ``segment_bytes`` of them, no control or LogAppendTime batch among them, each passing Kafka's checks:
+    ``segment_bytes`` of them, no LogAppendTime batch among them (nor a control batch from a client, or a
+    compressed one), each passing Kafka's checks:
     its size within ``max_message_bytes``, its CRC, its last offset within int64, its max timestamp and
     (uncompressed) every record's timestamp -1 or within ``[low, high]`` and every record's structure, a key
     on each when ``keyless``; ``from_client``: base offset 0, a count matching its offset range and above 0,
@@ -97,7 +101,7 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
 
     Returns ``(batches, max timestamp, offset of the max timestamp, compressed)``: per batch ``(header,
     body start, body end, producer id, producer epoch, base sequence, last sequence, base offset, last offset,
-    max timestamp, transactional)``, ``header`` a new 61-byte bytearray holding the assigned base offset,
+    max timestamp, transactional, control)``, ``header`` a new 61-byte bytearray holding the assigned base offset,
     ``leader_epoch`` and, when ``log_append_time`` is not -1, the LogAppendTime bit, that time as max
     timestamp and the CRC they make; the body is the records in ``data``, unchanged.
     """
@@ -165,7 +169,8 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
                 max_timestamp, offset_of_max = batch_max, last_offset
             batches.append((header, checks[i].position + V2_HEADER, checks[i].position + checks[i].size, producer_id,
                             be16(b + V2_PRODUCER_EPOCH), base_sequence, last_sequence, offset, last_offset, batch_max,
-                            bool(be16(b + V2_ATTRIBUTES) & ATTR_TRANSACTIONAL)))
+                            bool(be16(b + V2_ATTRIBUTES) & ATTR_TRANSACTIONAL),
+                            bool(be16(b + V2_ATTRIBUTES) & ATTR_CONTROL)))
             offset = last_offset + 1
         return batches, max_timestamp, offset_of_max, any_compressed
     finally:

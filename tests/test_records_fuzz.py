@@ -496,3 +496,40 @@ def test_what_the_core_common_case_refuses_is_named_by_the_batch_by_batch_valida
     assert refusal(lambda b: struct.pack_into(">i", b, 8, 13))[0] == ErrorCode.CORRUPT_MESSAGE
     assert refusal(lambda b: struct.pack_into(">i", b, 53, -1)) == (
         ErrorCode.INVALID_RECORD, "INVALID_RECORD: invalid sequence number -1 in record batch with producer id 7")
+
+
+def _marker(control_type, key=None, value=None):
+    """A transaction marker as the coordinator writes it, or with its record's key or value replaced."""
+    marker = build_control_batch(control_type, 0, 7, 0, 1000, coordinator_epoch=4)
+    if key is None and value is None:
+        return marker
+    section = _core.encode_v2_records([(0, 0, key, value, [])])
+    header = bytearray(marker[:V2_HEADER.size])
+    struct.pack_into(">i", header, 8, V2_HEADER.size - 12 + len(section))
+    struct.pack_into(">I", header, 17, _core.crc32c(bytes(header[21:]) + section))
+    return bytes(header) + section
+
+
+@pytest.mark.parametrize("origin", [COORDINATOR, REPLICATION])
+def test_transaction_markers_take_the_core_common_case_and_get_what_the_batch_by_batch_validator_gives(origin):
+    markers = [_marker(ControlRecordType.COMMIT), _marker(ControlRecordType.ABORT),
+               _marker(0, key=b"\0\0\0\0", value=b"\0\0"), _marker(0, key=b"\0\0\0\x05", value=b"\0\0\0\0\0\x09")]
+    unreadable = _marker(0, key=b"\0\0")            # a key too short to say a type: INVALID_RECORD
+    outcomes = []
+    for data in markers + [markers[0] + markers[1], unreadable, markers[0] + unreadable]:
+        found, core_assign = [], _core.assign_v2_batches
+
+        def assign(*args, **kwargs):
+            found.append(core_assign(*args, **kwargs))
+            return found[-1]
+        with mock.patch.object(_core, "assign_v2_batches", assign):
+            given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=LogConfig(), leader_epoch=3,
+                                                         origin=origin, now_ms=1000))
+        assert found[0] is not None
+        assert given == _outcome(lambda: _validate_each_batch(memoryview(data), 5, LogConfig(), 3, origin, 1000))
+        outcomes.append(given)
+    assert [[(b.is_control, b.control_type, b.coordinator_epoch) for b in outcome[1]] for outcome in outcomes[:5]] == [
+        [(True, ControlRecordType.COMMIT, 4)], [(True, ControlRecordType.ABORT, 4)],
+        [(True, ControlRecordType.ABORT, -1)], [(True, 5, 9)],
+        [(True, ControlRecordType.COMMIT, 4), (True, ControlRecordType.ABORT, 4)]]
+    assert outcomes[5][0] == outcomes[6][0] == ErrorCode.INVALID_RECORD

@@ -22,10 +22,10 @@
   leader epoch and, on a ``LogAppendTime`` topic, the timestamp type bit, the broker's time as max
   timestamp and the CRC. The records after the header are never copied: they are written from the
   request's buffer (a view of it).
-- The common case, v2 batches kept as they came (no control or LogAppendTime batch among them), is checked
-  and given its offsets by one core call, ``_core.assign_v2_batches``, as Kafka's ``LogValidator`` does it
-  in one pass; anything else, and records failing any check, are read one batch at a time as above, which
-  names the error.
+- The common case, v2 batches kept as they came (no LogAppendTime batch among them, no compressed control
+  batch), is checked and given its offsets by one core call, ``_core.assign_v2_batches``, as Kafka's
+  ``LogValidator`` does it in one pass; anything else, and records failing any check, are read one batch
+  at a time as above, which names the error.
 - v0/v1 message sets are up-converted to one v2 batch with the same codec, their records getting
   consecutive offsets (and the broker's time on a ``LogAppendTime`` topic; v0 records have none).
   The converted batch must fit ``max.message.bytes`` too.
@@ -138,10 +138,7 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
         if check_records:       # else rebuilding reads every record
             _check_records(batch)
         if batch.is_control_batch:
-            try:
-                batch.control_type
-            except CorruptRecordError as e:
-                raise LogError(ErrorCode.INVALID_RECORD, str(e)) from None
+            _control_type(batch)
         if batch.is_compressed and batches_total > 1:
             raise LogError(ErrorCode.INVALID_RECORD, "compressed outer record has more than one batch")
         if origin == CLIENT:
@@ -159,6 +156,14 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
             if batch.producer_id >= 0 and batch.base_sequence < 0:
                 raise LogError(ErrorCode.INVALID_RECORD, f"invalid sequence number {batch.base_sequence} in record "
                                                          f"batch with producer id {batch.producer_id}")
+
+
+def _control_type(batch):
+    """A control batch's ``control_type``; a marker record that does not say one is INVALID_RECORD."""
+    try:
+        return batch.control_type
+    except CorruptRecordError as e:
+        raise LogError(ErrorCode.INVALID_RECORD, str(e)) from None
 
 
 def _check_records(batch):
@@ -304,11 +309,15 @@ def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
         _check_records(RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2))
     pieces, infos = [], []
     for header, start, end, producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, \
-            transactional in batches:
+            transactional, control in batches:
         pieces.append(header)
         pieces.append(view[start:end])
-        infos.append(BatchInfo(producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, transactional,
-                               False))
+        info = BatchInfo(producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, transactional,
+                         control)
+        if control:             # a transaction marker (uncompressed): its record says which
+            marker = RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2)
+            info.control_type, info.coordinator_epoch = _control_type(marker), marker.coordinator_epoch
+        infos.append(info)
     return ValidatedRecords(pieces, infos, next_offset, infos[-1].last_offset, max_timestamp, offset_of_max,
                             log_append_time)
 
