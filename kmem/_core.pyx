@@ -8,6 +8,7 @@ any order.
 """
 cimport cython
 from cpython.buffer cimport PyBuffer_FillInfo
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
@@ -26,4 +27,5 @@ include "_record_encode.pxi"
 include "_record_convert.pxi"
 include "_record_decode.pxi"
 include "_record_rebuild.pxi"
+include "_record_validate.pxi"
 include "_offset_map.pxi"

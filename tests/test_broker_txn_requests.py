@@ -3,6 +3,7 @@ partition verified with the transaction coordinator as KIP-890 part 1, a marker 
 way), WriteTxnMarkers and DescribeProducers, with a small test double of the coordinator; then the broker's
 own coordinator answering Kafka 3.9's error codes (the verification's as Produce and TxnOffsetCommit map them,
 NOT_COORDINATOR before ``__transaction_state`` exists). Raw requests use kafka-python's codec."""
+import itertools
 import threading
 import time
 
@@ -425,3 +426,58 @@ def test_markers_refused_for_a_newer_epoch_end_the_transaction_on_a_single_node(
     assert end_txn(broker, pid, epoch) == ErrorCode.NONE                        # a retry of the commit
     assert add_partitions(broker, pid, epoch, {"t": [0]}) == {("t", 0): ErrorCode.NONE}
     assert broker.logs.get_partition("t", 0).last_stable_offset == 1            # its marker is in
+
+
+def test_a_produce_is_transactional_as_its_first_batch_reads_whatever_its_bytes():
+    # Kafka's RequestUtils.hasTransactionalRecords reads the first batch alone; the header is read from its bytes
+    # before a RecordBatch is made of it, so this holds it to the batch's own reading, on hostile bytes too
+    from kmem.broker.apis.handlers import first_transactional_batch
+    from kmem.errors import CorruptRecordError
+    from kmem.records import MemoryRecords, build_records
+
+    def as_batch_reads(data):
+        try:
+            first = next(MemoryRecords(data).batches(), None)
+        except CorruptRecordError:
+            return None
+        return first.position if first is not None and first.is_transactional else None
+
+    transactional = build_records([b"v"], producer_id=3, producer_epoch=0, base_sequence=0, transactional=True)
+    plain = build_records([b"v"], producer_id=3, producer_epoch=0, base_sequence=0)
+    legacy = build_records([b"v"], magic=1)
+    negative_count = bytearray(transactional)
+    negative_count[57:61] = b"\xff\xff\xff\xff"
+    inputs = [transactional + plain, plain + transactional, legacy + transactional, bytes(negative_count),
+              b"\0" * 30, b""] + [transactional[:end] for end in range(len(transactional))]
+    found = [first_transactional_batch(data) for data in inputs]
+    assert [None if batch is None else batch.position for batch in found] == [as_batch_reads(d) for d in inputs]
+    assert found[0] is not None and (found[0].producer_id, found[0].producer_epoch) == (3, 0)
+    assert first_transactional_batch(None) is None
+
+
+def test_a_produce_carries_one_batch_a_partition_as_its_batches_read_whatever_its_bytes():
+    # Kafka's ProduceRequest.validateRecords; only a second complete entry has the batches made, so this holds the
+    # answer to what reading them as batches says, on hostile bytes too
+    from kmem.broker.apis.handlers import _check_produce_records
+    from kmem.errors import CorruptRecordError
+    from kmem.records import MemoryRecords, build_records
+
+    def as_batches_read(version, data):
+        try:
+            batches = list(itertools.islice(MemoryRecords(data).batches(), 2)) if version >= 3 else []
+        except CorruptRecordError:
+            return None
+        return ErrorCode.INVALID_RECORD if len(batches) > 1 else None
+
+    one = build_records([b"v"], producer_id=3, producer_epoch=0, base_sequence=0)
+    negative_count = bytearray(one)
+    negative_count[57:61] = b"\xff\xff\xff\xff"
+    inputs = [one, one + one, one + bytes(negative_count), bytes(negative_count) + one, one + one[:-1],
+              one + b"\0" * 30, one + one + b"\0" * 30]
+    for version in (3, 9):
+        answers = [_check_produce_records(version, data) for data in inputs]
+        assert [None if answer is None else answer[0] for answer in answers] == \
+            [as_batches_read(version, data) for data in inputs]
+    assert _check_produce_records(9, one + one) == (ErrorCode.INVALID_RECORD,
+                                                    "Produce v9 carries exactly one record batch a partition")
+    assert _check_produce_records(2, one + one) is None

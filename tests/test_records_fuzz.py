@@ -1,6 +1,8 @@
 """Fuzzing: mutated real batches into every reader, both down-conversions and the broker's validator
 (rebuilding batches in another codec) give a kmem error or a result, never a crash, a hang, unbounded
-memory or another exception type; what the validator rebuilds holds the records it was given."""
+memory or another exception type; what the validator rebuilds holds the records it was given; the core's
+common case of the validator (``_core.assign_v2_batches``) answers edited and hostile records exactly as
+the batch-by-batch validator does."""
 import os
 import struct
 import tempfile
@@ -16,7 +18,7 @@ from records_samples import scenario_batches
 from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import LogConfig
-from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
+from kmem.broker.log.validator import CLIENT, COORDINATOR, REPLICATION, _validate_each_batch, validate_and_assign
 from kmem.errors import CorruptRecordError, KmemError
 from kmem.records import (ControlRecordType, FileRecords, LazyDownConvertRecords, MemoryRecords, RecordsBuilder,
                           TimestampType, build_control_batch, build_records, down_convert, segment_file_name)
@@ -353,3 +355,181 @@ def test_a_coordinator_batch_whose_last_offset_passes_int64_is_corrupt_message()
     with pytest.raises(LogError) as refused:
         validate_and_assign(data, next_offset=5, config=LogConfig(), leader_epoch=0, origin=COORDINATOR, now_ms=1)
     assert refused.value.code == ErrorCode.CORRUPT_MESSAGE
+
+
+def _outcome(validate):
+    """What a validation gives, to compare: the stored bytes and everything said of them, or the refusal."""
+    try:
+        validated = validate()
+    except LogError as e:
+        return e.code, str(e), e.record_errors
+    return (b"".join(bytes(piece) for piece in validated.pieces), validated.batches, validated.first_offset,
+            validated.last_offset, validated.max_timestamp, validated.offset_of_max_timestamp,
+            validated.log_append_time, validated.size)
+
+
+PRODUCER_FIELDS = [(">q", 43), (">h", 51), (">i", 53), (">q", 27), (">q", 35), (">h", 21), (">i", 8), (">i", 23),
+                   (">i", 57), (">q", 0)]
+
+
+@st.composite
+def produced_batch(draw):
+    """A v2 batch as producers send them (idempotent or transactional or neither, any codec, keys or none,
+    timestamps around the broker's time of 1000), its header then maybe edited with its CRC made good."""
+    producer_id = draw(st.sampled_from([-1, 0, 7]))
+    builder = RecordsBuilder(2, draw(st.sampled_from(["none", "none", "none", "gzip", "lz4", "zstd"])),
+                             producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                             base_sequence=draw(st.sampled_from([0, 0x7FFFFFFE])) if producer_id >= 0 else -1,
+                             transactional=producer_id >= 0 and draw(st.booleans()))
+    for i in range(draw(st.integers(1, 4))):
+        builder.append(b"v" * draw(st.integers(0, 40)), key=draw(st.sampled_from([None, b"k%d" % i])),
+                       timestamp=draw(st.sampled_from([-1, 400, 1000, 1100, 1200])))
+    batch = bytearray(draw(edited_bytes(builder.build(), PRODUCER_FIELDS)))
+    if len(batch) >= 21 and draw(st.booleans()):
+        struct.pack_into(">I", batch, 17, _core.crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+FUZZ_CONFIGS = [LogConfig(), LogConfig(compression_type="lz4"), LogConfig(compression_type="uncompressed"),
+                LogConfig(cleanup_policy="compact"), LogConfig(message_timestamp_type="LogAppendTime"),
+                LogConfig(message_timestamp_before_max_ms=500, message_timestamp_after_max_ms=100),
+                LogConfig(max_message_bytes=120), LogConfig(segment_bytes=150)]
+
+
+@settings(max_examples=500, deadline=timedelta(seconds=20), suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(fuzzed_records, st.lists(produced_batch(), min_size=1, max_size=2).map(b"".join)),
+       st.sampled_from(FUZZ_CONFIGS), st.sampled_from([CLIENT, COORDINATOR, REPLICATION]))
+def test_the_core_common_case_answers_edited_records_as_the_batch_by_batch_validator(data, config, origin):
+    with mock.patch.object(codecs, "MAX_DECOMPRESSED_BYTES", FUZZ_LIMIT):
+        given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=config, leader_epoch=3,
+                                                     origin=origin, now_ms=1000))
+        expected = _outcome(lambda: _validate_each_batch(memoryview(data), 5, config, 3, origin, 1000))
+    assert given == expected
+
+
+def _produced(codec="none", producer_id=7, transactional=False, count=3, base_sequence=0, keys=True):
+    builder = RecordsBuilder(2, codec, producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1,
+                             base_sequence=base_sequence if producer_id >= 0 else -1, transactional=transactional)
+    for i in range(count):
+        builder.append(b"value-%d" % i, key=b"key-%d" % i if keys else None, timestamp=990 + i)
+    return builder.build()
+
+
+@pytest.mark.parametrize("codec", ["none", "lz4", "zstd"])
+@pytest.mark.parametrize("producer", ["plain", "idempotent", "transactional"])
+@pytest.mark.parametrize("config", [LogConfig(), LogConfig(message_timestamp_type="LogAppendTime"),
+                                    LogConfig(cleanup_policy="compact", message_timestamp_after_max_ms=100)],
+                         ids=["default", "log-append-time", "compact-bounded"])
+def test_produced_batches_take_the_core_common_case_and_get_what_the_batch_by_batch_validator_gives(codec, producer,
+                                                                                                    config):
+    data = _produced(codec, producer_id=-1 if producer == "plain" else 7, transactional=producer == "transactional")
+    if codec == "none":             # Produce v3+ carries one batch; older ones and the coordinator's may carry more
+        data += _produced(codec, producer_id=-1 if producer == "plain" else 7,
+                          transactional=producer == "transactional", base_sequence=3)
+    found, core_assign = [], _core.assign_v2_batches
+
+    def assign(*args, **kwargs):
+        found.append(core_assign(*args, **kwargs))
+        return found[-1]
+    with mock.patch.object(_core, "assign_v2_batches", assign):
+        given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=config, leader_epoch=3, now_ms=1000))
+    # a compressed batch whose records each need checking is left to the batch-by-batch validator
+    assert len(found) == 1 and (found[0] is None) == (codec != "none" and config.compact)
+    assert given == _outcome(lambda: _validate_each_batch(memoryview(data), 5, config, 3, CLIENT, 1000))
+    stored = MemoryRecords(given[0])
+    stored.ensure_valid()
+    assert [r.offset for r in stored.records()] == list(range(5, 5 + len(list(MemoryRecords(data).records()))))
+
+
+HEADER_INTS = [(">q", 0), (">i", 8), (">i", 12), (">i", 17), (">h", 21), (">i", 23), (">q", 27), (">q", 35),
+               (">q", 43), (">h", 51), (">i", 53), (">i", 57)]
+HOSTILE = [0, 1, -1, 2, 13, 14, 48, 49, 60, 61, 0x7FFFFFFF, -0x80000000, 1 << 20]
+
+
+def _hostile_inputs():
+    """Two idempotent batches, truncated at every byte, and with each header field of either set to each of
+    ``HOSTILE`` (a CRC left stale, or made good so that the field itself is what is checked)."""
+    first, second = _produced(), _produced(base_sequence=3)
+    data = first + second
+    for end in range(len(data)):
+        yield data[:end]
+    for start, end in ((0, len(first)), (len(first), len(data))):
+        for fmt, position in HEADER_INTS:
+            bits = 8 * struct.calcsize(fmt)
+            for value in HOSTILE:
+                edited = bytearray(data)
+                struct.pack_into(fmt, edited, start + position, max(min(value, (1 << bits - 1) - 1), -(1 << bits - 1)))
+                yield bytes(edited)
+                struct.pack_into(">I", edited, start + 17, _core.crc32c(bytes(edited[start + 21:end])))
+                yield bytes(edited)
+
+
+@pytest.mark.parametrize("origin", [CLIENT, COORDINATOR, REPLICATION])
+def test_hostile_headers_get_from_the_core_common_case_what_the_batch_by_batch_validator_gives(origin):
+    config = LogConfig(cleanup_policy="compact", message_timestamp_before_max_ms=500)
+    for data in _hostile_inputs():
+        expected = _outcome(lambda: _validate_each_batch(memoryview(data), 5, config, 3, origin, 1000))
+        given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=config, leader_epoch=3,
+                                                     origin=origin, now_ms=1000))
+        assert given == expected, data
+
+
+def test_what_the_core_common_case_refuses_is_named_by_the_batch_by_batch_validator():
+    data = bytearray(_produced())
+    common = dict(next_offset=5, config=LogConfig(), leader_epoch=0, now_ms=1)
+
+    def refusal(edit):
+        edited = bytearray(data)
+        edit(edited)
+        struct.pack_into(">I", edited, 17, _core.crc32c(bytes(edited[21:])))
+        with pytest.raises(LogError) as refused:
+            validate_and_assign(bytes(edited), **common)
+        return refused.value.code, str(refused.value)
+
+    assert refusal(lambda b: struct.pack_into(">i", b, 57, -1)) == (
+        ErrorCode.CORRUPT_MESSAGE, "CORRUPT_MESSAGE: negative record count -1 (at byte 0)")
+    assert refusal(lambda b: struct.pack_into(">i", b, 57, 4)) == (
+        ErrorCode.INVALID_RECORD, "INVALID_RECORD: found invalid record structure: batch record count does not match "
+                                  "its records (at byte 118)")
+    assert refusal(lambda b: struct.pack_into(">i", b, 8, len(b) - 11)) == (
+        ErrorCode.INVALID_RECORD, "INVALID_RECORD: the records hold no complete record batch")
+    assert refusal(lambda b: struct.pack_into(">i", b, 8, 13))[0] == ErrorCode.CORRUPT_MESSAGE
+    assert refusal(lambda b: struct.pack_into(">i", b, 53, -1)) == (
+        ErrorCode.INVALID_RECORD, "INVALID_RECORD: invalid sequence number -1 in record batch with producer id 7")
+
+
+def _marker(control_type, key=None, value=None):
+    """A transaction marker as the coordinator writes it, or with its record's key or value replaced."""
+    marker = build_control_batch(control_type, 0, 7, 0, 1000, coordinator_epoch=4)
+    if key is None and value is None:
+        return marker
+    section = _core.encode_v2_records([(0, 0, key, value, [])])
+    header = bytearray(marker[:V2_HEADER.size])
+    struct.pack_into(">i", header, 8, V2_HEADER.size - 12 + len(section))
+    struct.pack_into(">I", header, 17, _core.crc32c(bytes(header[21:]) + section))
+    return bytes(header) + section
+
+
+@pytest.mark.parametrize("origin", [COORDINATOR, REPLICATION])
+def test_transaction_markers_take_the_core_common_case_and_get_what_the_batch_by_batch_validator_gives(origin):
+    markers = [_marker(ControlRecordType.COMMIT), _marker(ControlRecordType.ABORT),
+               _marker(0, key=b"\0\0\0\0", value=b"\0\0"), _marker(0, key=b"\0\0\0\x05", value=b"\0\0\0\0\0\x09")]
+    unreadable = _marker(0, key=b"\0\0")            # a key too short to say a type: INVALID_RECORD
+    outcomes = []
+    for data in markers + [markers[0] + markers[1], unreadable, markers[0] + unreadable]:
+        found, core_assign = [], _core.assign_v2_batches
+
+        def assign(*args, **kwargs):
+            found.append(core_assign(*args, **kwargs))
+            return found[-1]
+        with mock.patch.object(_core, "assign_v2_batches", assign):
+            given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=LogConfig(), leader_epoch=3,
+                                                         origin=origin, now_ms=1000))
+        assert found[0] is not None
+        assert given == _outcome(lambda: _validate_each_batch(memoryview(data), 5, LogConfig(), 3, origin, 1000))
+        outcomes.append(given)
+    assert [[(b.is_control, b.control_type, b.coordinator_epoch) for b in outcome[1]] for outcome in outcomes[:5]] == [
+        [(True, ControlRecordType.COMMIT, 4)], [(True, ControlRecordType.ABORT, 4)],
+        [(True, ControlRecordType.ABORT, -1)], [(True, 5, 9)],
+        [(True, ControlRecordType.COMMIT, 4), (True, ControlRecordType.ABORT, 4)]]
+    assert outcomes[5][0] == outcomes[6][0] == ErrorCode.INVALID_RECORD

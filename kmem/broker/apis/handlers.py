@@ -65,6 +65,7 @@ import logging
 import time
 import uuid
 
+from kmem import _core
 from kmem.broker.apis.admin import ADMIN_VERSIONS
 from kmem.broker.apis.acls import ACL_VERSIONS
 from kmem.broker.apis.client_quotas import QUOTA_VERSIONS
@@ -82,7 +83,9 @@ from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, Unsu
 from kmem.metrics import (ALL_TOPICS, BYTES_IN, BYTES_OUT, FAILED_FETCH, FAILED_PRODUCE, MESSAGES_IN, TOTAL_FETCH,
                           TOTAL_PRODUCE, broker_topic_stats)
 from kmem.protocol import ApiKey, messages
-from kmem.records import LazyDownConvertRecords, MemoryRecords, codecs, plan_fetch
+from kmem.records import LazyDownConvertRecords, MemoryRecords, RecordBatch, codecs, plan_fetch
+from kmem.records.arguments import byte_view
+from kmem.records.batches import ATTR_TRANSACTIONAL
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +113,7 @@ GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types 
 ZERO_UUID = uuid.UUID(int=0)
 NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
 MAGIC_OFFSET = 16                  # of a batch's magic byte
+ATTRIBUTES_OFFSET = 21             # of a v2 batch's attributes (int16)
 # Kafka's ReplicaManager.handleProduceAppend answers a transaction verification failing with one of these retriable
 # codes, which older producers may not retry, NOT_ENOUGH_REPLICAS: every producer retries it, without a metadata
 # refresh.
@@ -918,11 +922,17 @@ def first_transactional_batch(records):
     """The first complete batch of a partition's records if it is transactional, else None: Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
     Corrupt records are left to the validator."""
+    if records is None:
+        return None
+    view = byte_view("records", records)
     try:
-        first = next(MemoryRecords(records).batches(), None) if records is not None else None
+        first = _core.entry_at(view, 0)
+        # the attributes' low byte, read before making a batch of it (most are not transactional)
+        if first is None or first[1] != 2 or not view[ATTRIBUTES_OFFSET + 1] & ATTR_TRANSACTIONAL:
+            return None
+        return RecordBatch(view, 0, *first)
     except CorruptRecordError:
         return None
-    return first if first is not None and first.is_transactional else None
 
 
 def _check_produce_records(version, records):
@@ -930,15 +940,18 @@ def _check_produce_records(version, records):
     ``(code, message)`` or None. Corrupt input is left to the validator, which names what is wrong."""
     if records is None or len(records) <= MAGIC_OFFSET:
         return None
-    magic = memoryview(records).cast("B")[MAGIC_OFFSET]
+    view = byte_view("records", records)
+    magic = view[MAGIC_OFFSET]
     if version >= 3 and magic < 2:
         return ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
     try:
-        batches = list(itertools.islice(MemoryRecords(records).batches(), 2)) if version >= 3 else []
-        if len(batches) > 1:
+        first = _core.entry_at(view, 0) if version >= 3 else None
+        # only a second complete entry (rare) has both read as batches, whose reading may find them corrupt
+        if first is not None and _core.entry_at(view, first[0]) is not None \
+                and len(list(itertools.islice(MemoryRecords(view).batches(), 2))) > 1:
             return ErrorCode.INVALID_RECORD, f"Produce v{version} carries exactly one record batch a partition"
         # a magic 0/1 message's codec bits can say zstd too (Sarama does below 2.1): Kafka refuses it alike
-        if version < 7 and any(batch.compression == codecs.ZSTD for batch in MemoryRecords(records).batches()):
+        if version < 7 and any(batch.compression == codecs.ZSTD for batch in MemoryRecords(view).batches()):
             return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
     except CorruptRecordError:
         return None

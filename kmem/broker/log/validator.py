@@ -22,6 +22,10 @@
   leader epoch and, on a ``LogAppendTime`` topic, the timestamp type bit, the broker's time as max
   timestamp and the CRC. The records after the header are never copied: they are written from the
   request's buffer (a view of it).
+- The common case, v2 batches kept as they came (no LogAppendTime batch among them, no compressed control
+  batch), is checked and given its offsets by one core call, ``_core.assign_v2_batches``, as Kafka's
+  ``LogValidator`` does it in one pass; anything else, and records failing any check, are read one batch
+  at a time as above, which names the error.
 - v0/v1 message sets are up-converted to one v2 batch with the same codec, their records getting
   consecutive offsets (and the broker's time on a ``LogAppendTime`` topic; v0 records have none).
   The converted batch must fit ``max.message.bytes`` too.
@@ -70,7 +74,7 @@ from kmem.errors import CorruptRecordError, DecompressionLimitError, InvalidArgu
 from kmem.records import MemoryRecords, codecs
 from kmem.records.arguments import byte_view
 from kmem.records.batches import (ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX, INT64_MIN,
-                                  NO_SEQUENCE, V2_HEADER, TimestampType)
+                                  NO_SEQUENCE, V2_HEADER, RecordBatch, TimestampType)
 
 V2_HEADER_SIZE = V2_HEADER.size
 CLIENT, REPLICATION, COORDINATOR = "client", "replication", "coordinator"
@@ -134,10 +138,7 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
         if check_records:       # else rebuilding reads every record
             _check_records(batch)
         if batch.is_control_batch:
-            try:
-                batch.control_type
-            except CorruptRecordError as e:
-                raise LogError(ErrorCode.INVALID_RECORD, str(e)) from None
+            _control_type(batch)
         if batch.is_compressed and batches_total > 1:
             raise LogError(ErrorCode.INVALID_RECORD, "compressed outer record has more than one batch")
         if origin == CLIENT:
@@ -155,6 +156,14 @@ def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_r
             if batch.producer_id >= 0 and batch.base_sequence < 0:
                 raise LogError(ErrorCode.INVALID_RECORD, f"invalid sequence number {batch.base_sequence} in record "
                                                          f"batch with producer id {batch.producer_id}")
+
+
+def _control_type(batch):
+    """A control batch's ``control_type``; a marker record that does not say one is INVALID_RECORD."""
+    try:
+        return batch.control_type
+    except CorruptRecordError as e:
+        raise LogError(ErrorCode.INVALID_RECORD, str(e)) from None
 
 
 def _check_records(batch):
@@ -274,6 +283,47 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
     if origin not in (CLIENT, REPLICATION, COORDINATOR):
         raise InvalidArgumentError(f"origin must be {CLIENT!r}, {REPLICATION!r} or {COORDINATOR!r}: {origin!r}")
     view = records.buffer if isinstance(records, MemoryRecords) else byte_view("records", records)
+    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    return (_assign_common_case(view, next_offset, config, leader_epoch, origin, now)
+            or _validate_each_batch(view, next_offset, config, leader_epoch, origin, now))
+
+
+def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
+    """``ValidatedRecords`` of v2 batches kept as they came, checked and given offsets by one core call
+    (``_core.assign_v2_batches``), as ``_validate_each_batch`` would make them; None for anything it leaves
+    to ``_validate_each_batch``: other records, and any that fail a check (it names the error)."""
+    target = _target_codec(config.compression_type)
+    window = None if origin == REPLICATION else _timestamp_window(config, now)
+    low, high = window or (INT64_MIN, INT64_MAX)
+    log_append_time = now if config.log_append_time else -1
+    found = _core.assign_v2_batches(view, next_offset=next_offset, leader_epoch=leader_epoch,
+                                    log_append_time=log_append_time, from_client=origin == CLIENT,
+                                    max_message_bytes=config.max_message_bytes, segment_bytes=config.segment_bytes,
+                                    codec=-1 if target is None or origin == REPLICATION else target,
+                                    keyless=config.compact and origin == CLIENT, low=low, high=high)
+    if found is None:
+        return None
+    batches, max_timestamp, offset_of_max, compressed = found
+    if compressed:          # alone; its records need its codec
+        _, start, end, *_ = batches[0]
+        _check_records(RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2))
+    pieces, infos = [], []
+    for header, start, end, producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, \
+            transactional, control in batches:
+        pieces.append(header)
+        pieces.append(view[start:end])
+        info = BatchInfo(producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, transactional,
+                         control)
+        if control:             # a transaction marker (uncompressed): its record says which
+            marker = RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2)
+            info.control_type, info.coordinator_epoch = _control_type(marker), marker.coordinator_epoch
+        infos.append(info)
+    return ValidatedRecords(pieces, infos, next_offset, infos[-1].last_offset, max_timestamp, offset_of_max,
+                            log_append_time)
+
+
+def _validate_each_batch(view, next_offset, config, leader_epoch, origin, now):
+    """``validate_and_assign`` reading the batches one by one: every case, every error named."""
     try:
         batches = list(MemoryRecords(view).batches())
     except CorruptRecordError as e:
@@ -290,7 +340,6 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
                                      or all(batch.compression == target for batch in batches))
     for batch in batches:
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
-    now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     if origin != REPLICATION:
         _check_record_contents(batches, config.compact and origin == CLIENT, _timestamp_window(config, now),
                                config.log_append_time)
