@@ -52,8 +52,8 @@ def properties(*pairs):
 
 def read_all(bootstrap, topic, count, **config):
     """``count`` messages of ``topic`` as confluent-kafka reads them: [(partition, offset, key, value, headers)]."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}", "auto.offset.reset": "earliest",
-                         "enable.auto.commit": False, **config})
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{topic}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False, **config})
     consumer.subscribe([topic])
     read = []
     try:
@@ -81,11 +81,12 @@ def test_produced_lines_are_what_a_client_reads_with_keys_where_javas_partitione
     java_partitioner = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random"})
     placed = {}
     for key in (b"user-1", b"user-2"):
-        java_partitioner.produce(topic, b"placement", key=key,
-                                 on_delivery=lambda error, message: placed.__setitem__(message.key(), message.partition()))
+        java_partitioner.produce(topic, b"placement", key=key, on_delivery=lambda error, message: placed.__setitem__(
+            message.key(), message.partition()))
     assert java_partitioner.flush(30) == 0
     read = read_all(bootstrap, topic, 6)
-    messages = {(key, value): (partition, headers) for partition, _, key, value, headers in read if value != b"placement"}
+    messages = {(key, value): (partition, headers)
+                for partition, _, key, value, headers in read if value != b"placement"}
     assert messages == {(b"user-1", b"login"): (placed[b"user-1"], [("trace", b"1"), ("span", b"")]),
                         (b"user-2", b"logout"): (placed[b"user-2"], []),
                         (None, b"no key"): (messages[(None, b"no key")][0], []),

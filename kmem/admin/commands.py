@@ -45,11 +45,11 @@ class CommandError(Exception):
 
 
 def add_commands(commands):
-    """Register the tools (``kmem topics``, ``kmem groups``, ``kmem produce``, ``kmem consume``, ``kmem dump-log``)
-    on the ``kmem`` command's subparsers."""
-    from kmem.admin import consume, dump_log, groups, produce, topics
+    """Register the tools (``kmem topics``, ``groups``, ``produce``, ``consume``, ``configs``, ``offsets``,
+    ``dump-log``) on the ``kmem`` command's subparsers."""
+    from kmem.admin import configs, consume, dump_log, groups, offsets, produce, topics
 
-    for module in (topics, groups, produce, consume):
+    for module in (topics, groups, produce, consume, configs, offsets):
         parser = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
                                      epilog=ADMIN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
