@@ -171,7 +171,8 @@ def test_a_line_that_does_not_parse_is_one_line_after_the_lines_before_it_were_s
     assert one_error_line(err, "produce") == (
         "kmem produce: error: No key separator found on line number 2: 'no separator' (--property "
         "ignore.error=true takes such a line as a value)")
-    assert consume(capsys, kmem_broker, "--topic", topic, "--from-beginning", "--timeout-ms", 5000)[1] == "good\n"
+    assert consume(capsys, kmem_broker, "--topic", topic, "--from-beginning", "--max-messages", 1,
+                   "--timeout-ms", 10000)[1] == "good\n"
     assert produce(capsys, monkeypatch, kmem_broker, b"k\tv2\n", "--topic", topic, *properties(
         "parse.headers=true"))[2] == ("kmem produce: error: No header key separator found in pair 'k' on line "
                                       "number 1\n")
