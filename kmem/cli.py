@@ -37,7 +37,7 @@ exit codes:
 
 DONE, PARTIAL, FAILED, NOTHING_TO_DO = 0, 1, 2, 3
 # kmem.admin.commands: Kafka's tools
-ADMIN_COMMANDS = ("topics", "groups", "produce", "consume", "configs", "offsets", "dump-log")
+ADMIN_COMMANDS = ("topics", "groups", "produce", "consume", "configs", "offsets", "transactions", "dump-log")
 # what kmem pipeline imports, the spark extra of pyproject.toml
 SPARK_EXTRA = ("pyspark", "pyarrow", "matplotlib", "tqdm")
 

@@ -46,10 +46,10 @@ class CommandError(Exception):
 
 def add_commands(commands):
     """Register the tools (``kmem topics``, ``groups``, ``produce``, ``consume``, ``configs``, ``offsets``,
-    ``dump-log``) on the ``kmem`` command's subparsers."""
-    from kmem.admin import configs, consume, dump_log, groups, offsets, produce, topics
+    ``transactions``, ``dump-log``) on the ``kmem`` command's subparsers."""
+    from kmem.admin import configs, consume, dump_log, groups, offsets, produce, topics, transactions
 
-    for module in (topics, groups, produce, consume, configs, offsets):
+    for module in (topics, groups, produce, consume, configs, offsets, transactions):
         parser = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
                                      epilog=ADMIN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
