@@ -171,6 +171,20 @@ def test_a_missing_topic_is_no_error_with_if_exists_nor_for_list(capsys, kmem_br
     assert topics(capsys, kmem_broker, *action, "--topic", "gone") == (0, "", "")
 
 
+def test_alter_sets_and_removes_configs_and_a_refused_one_leaves_the_topic_as_it_was(capsys, kmem_broker):
+    assert topics(capsys, kmem_broker, "--create", "--topic", "reconfigured", "--config", "retention.ms=1000")[0] == 0
+    assert topics(capsys, kmem_broker, "--alter", "--topic", "reconfigured", "--partitions", 2, "--config",
+                  "cleanup.policy=compact", "--delete-config", "retention.ms") == (0, "", "")
+    first = topics(capsys, kmem_broker, "--describe", "--topic", "reconfigured")[1].splitlines()[0]
+    assert "\tPartitionCount: 2\t" in first and first.endswith("\tConfigs: cleanup.policy=compact")
+    code, out, err = topics(capsys, kmem_broker, "--alter", "--topic", "reconfigured", "--partitions", 3,
+                            "--config", "no.such.config=1")
+    assert code == 1 and out == "" and "INVALID_CONFIG" in one_error_line(err, "topics")
+    assert "\tPartitionCount: 2\t" in topics(capsys, kmem_broker, "--describe", "--topic", "reconfigured")[1]
+    assert topics(capsys, kmem_broker, "--alter", "--topic", "gone", "--config", "retention.ms=1", "--if-exists") \
+        == (0, "", "")
+
+
 def test_an_invalid_config_or_partition_count_is_the_brokers_reason_in_one_line(capsys, kmem_broker):
     code, _, err = topics(capsys, kmem_broker, "--create", "--topic", "bad-config", "--config", "no.such.config=1")
     assert code == 1 and "INVALID_CONFIG" in one_error_line(err, "topics")
@@ -184,7 +198,9 @@ def test_an_invalid_config_or_partition_count_is_the_brokers_reason_in_one_line(
     (["--create", "--topic", "t", "--config", "cleanup.policy"], "--config takes KEY=VALUE, not 'cleanup.policy'"),
     (["--create", "--topic", "t", "--config", "=1"], "--config takes KEY=VALUE, not '=1'"),
     (["--create", "--partitions", "1"], "--create needs --topic"),
-    (["--alter", "--topic", "t"], "--alter needs --partitions (the new partition count)"),
+    (["--alter", "--topic", "t"], "--alter needs --partitions (the new partition count), --config or "
+                                  "--delete-config"),
+    (["--create", "--topic", "t", "--delete-config", "retention.ms"], "--delete-config does not apply to --create"),
     (["--list", "--partitions", "2"], "--partitions does not apply to --list"),
     (["--describe", "--topic", "("], "--topic '(' is not a regular expression: missing ), unterminated "
                                      "subpattern at position 0"),

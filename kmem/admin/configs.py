@@ -134,22 +134,30 @@ def _described(client, resource_type, name):
 
 
 def alter(client, args, resource_type):
+    name = "" if args.entity_default else args.entity_name
+    alter_configs(client, resource_type, name, args.additions, args.deletions)
+    default = "default " if name == "" else ""
+    print(f"Completed updating {default}config for {_entity(args, name)}.")
+
+
+def alter_configs(client, resource_type, name, additions, deletions, validate_only=False):
+    """Sets ``additions`` ({name: value}) and removes ``deletions`` of a topic or broker (IncrementalAlterConfigs;
+    ``validate_only``: only asks whether the broker would); raises ``CommandError`` for an unknown topic,
+    ``AdminError`` for what else the broker refuses."""
     from kmem.admin.client import UNKNOWN_TOPIC_OR_PARTITION, check
     from kmem.protocol import messages
 
-    name = "" if args.entity_default else args.entity_name
     Request = messages.IncrementalAlterConfigsRequest
-    configs = [Request.AlterableConfig(name=k, config_operation=SET, value=v) for k, v in args.additions.items()]
-    configs += [Request.AlterableConfig(name=k, config_operation=DELETE, value=None) for k in args.deletions]
+    configs = [Request.AlterableConfig(name=k, config_operation=SET, value=v) for k, v in additions.items()]
+    configs += [Request.AlterableConfig(name=k, config_operation=DELETE, value=None) for k in deletions]
     response = client.request(Request(resources=[Request.AlterConfigsResource(
-        resource_type=resource_type, resource_name=name, configs=configs)], validate_only=False),
+        resource_type=resource_type, resource_name=name, configs=configs)], validate_only=validate_only),
         _node(resource_type, name))
     result = response.responses[0]
     if result.error_code == UNKNOWN_TOPIC_OR_PARTITION:
         raise CommandError(f"topic {name!r} does not exist: kmem topics --list shows the topics")
-    check(result.error_code, f"cannot alter the configs of {_entity(args, name)}", result.error_message)
-    default = "default " if name == "" else ""
-    print(f"Completed updating {default}config for {_entity(args, name)}.")
+    entity = "topic" if resource_type == RESOURCE_TYPES["topics"] else "broker"
+    check(result.error_code, f"cannot alter the configs of {entity} {name or '(the default)'}", result.error_message)
 
 
 def _node(resource_type, name):
