@@ -3,6 +3,7 @@ independent broker, with confluent-kafka on the other end: what one writes the o
 partitioner puts them, Kafka's console-consumer format, groups, read_committed, one-line errors and exit codes."""
 import io
 import os
+import signal
 import subprocess
 import sys
 
@@ -235,3 +236,23 @@ def test_help_describes_every_option_and_the_exit_codes(tmp_path, command, optio
     assert result.returncode == 0
     for text in [*options, "exit codes:", "3  no broker reachable"]:
         assert text in result.stdout, text
+
+
+def test_ctrl_c_ends_the_input_and_what_was_typed_is_produced(capsys, kmem_broker, tmp_path):
+    topic = "typed"
+    assert topics(capsys, kmem_broker, "--create", "--topic", topic)[0] == 0
+    producer = subprocess.Popen([sys.executable, "-m", "kmem.cli", "produce", "--bootstrap-server", kmem_broker,
+                                 "--topic", topic], stdin=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
+                                env=dict(os.environ, PYTHONSAFEPATH="1"))
+    try:
+        producer.stdin.write(b"typed in\n")
+        producer.stdin.flush()
+        wait_for(lambda: kmem(capsys, "offsets", kmem_broker, "--topic", topic)[1] == f"{topic}:0:1\n",
+                 "the typed line produced")
+        producer.send_signal(signal.SIGINT)
+        assert producer.wait(60) == 0
+        assert producer.stderr.read() == b""
+    finally:
+        producer.kill()
+        producer.stdin.close()
+        producer.stderr.close()

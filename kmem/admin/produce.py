@@ -7,6 +7,7 @@ its first message, and at the end of stdin. A keyed message goes to the partitio
 partitioner picks (murmur2 of the key), so it lands where a Java client puts that key; others go round
 robin, a batch at a time.
 """
+import os
 import queue
 import sys
 import threading
@@ -114,6 +115,16 @@ def _shown(data):
     return repr(data.decode(errors="replace"))
 
 
+def _stdin_lines():
+    """stdin's lines as bytes. A file of its own over stdin's descriptor where there is one: the reader thread
+    blocks in it, and a Ctrl-C exit then finds ``sys.stdin`` free to close (a daemon thread holding its lock at
+    interpreter shutdown aborts the process)."""
+    try:
+        return open(os.dup(sys.stdin.fileno()), "rb")
+    except (AttributeError, OSError, ValueError):      # a stdin without a descriptor (io.StringIO)
+        return getattr(sys.stdin, "buffer", None) or (line.encode() for line in sys.stdin)
+
+
 def _read_lines(stream, lines):
     """Queues each line of ``stream`` (bytes, without its line end), then ``END``; a thread of its own, so that a
     batch waiting for more lines is sent after ``LINGER`` whatever stdin does."""
@@ -137,9 +148,17 @@ def execute(client, args):
         raise CommandError(f"topic {args.topic!r} has no partition {args.partition}: it has {partitions}")
 
     lines = queue.Queue(maxsize=BATCH_RECORDS)
-    stream = getattr(sys.stdin, "buffer", None) or (line.encode() for line in sys.stdin)
+    stream = _stdin_lines()
     threading.Thread(target=_read_lines, args=(stream, lines), name="kmem-produce-stdin", daemon=True).start()
     sender = Sender(client, args.topic, partitions)
+    try:
+        _produce_lines(args, lines, sender)
+    except KeyboardInterrupt:       # Ctrl-C ends the input, as the end of stdin does
+        pass
+    sender.send()
+
+
+def _produce_lines(args, lines, sender):
     started, number = time.monotonic(), 0
     while True:
         wait = LINGER if sender.first_buffered is None else max(0.0, sender.first_buffered + LINGER - time.monotonic())
@@ -164,13 +183,12 @@ def execute(client, args):
         if args.partition is not None:
             partition = args.partition
         elif message["key"] is not None:
-            partition = (murmur2(message["key"]) & 0x7FFFFFFF) % partitions
+            partition = (murmur2(message["key"]) & 0x7FFFFFFF) % sender.partitions
         else:
             partition = sender.sticky_partition
         sender.add(partition, message)
         if sender.buffered_records >= BATCH_RECORDS or sender.buffered_bytes >= BATCH_BYTES:
             sender.send()
-    sender.send()
 
 
 class Sender:
