@@ -209,8 +209,9 @@ def _offset_rows(client, group_id, group):
 
 
 def _log_end_offsets(client, partitions, timestamp=LATEST):
-    """``{(topic, partition): log end offset}`` (ListOffsets latest, read_uncommitted, to each leader; the log
-    start offset with ``timestamp`` -2, earliest); a partition without a leader or whose topic is gone has none."""
+    """``{(topic, partition): log end offset}`` (ListOffsets latest, read_uncommitted, to each leader; with
+    ``timestamp`` -2 the log start offset, -3 the record of the largest timestamp, a time in ms the first record
+    at or after it); a partition without a leader, whose topic is gone or without such a record has none."""
     from kmem.protocol import messages
 
     if not partitions:
