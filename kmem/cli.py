@@ -36,7 +36,8 @@ exit codes:
   3  nothing to do: no Kafka log segments under the input directory (a warning says so)"""
 
 DONE, PARTIAL, FAILED, NOTHING_TO_DO = 0, 1, 2, 3
-ADMIN_COMMANDS = ("topics", "groups", "dump-log")       # kmem.admin.commands: Kafka's tools
+# kmem.admin.commands: Kafka's tools
+ADMIN_COMMANDS = ("topics", "groups", "produce", "consume", "configs", "offsets", "transactions", "dump-log")
 # what kmem pipeline imports, the spark extra of pyproject.toml
 SPARK_EXTRA = ("pyspark", "pyarrow", "matplotlib", "tqdm")
 

@@ -171,6 +171,20 @@ def test_a_missing_topic_is_no_error_with_if_exists_nor_for_list(capsys, kmem_br
     assert topics(capsys, kmem_broker, *action, "--topic", "gone") == (0, "", "")
 
 
+def test_alter_sets_and_removes_configs_and_a_refused_one_leaves_the_topic_as_it_was(capsys, kmem_broker):
+    assert topics(capsys, kmem_broker, "--create", "--topic", "reconfigured", "--config", "retention.ms=1000")[0] == 0
+    assert topics(capsys, kmem_broker, "--alter", "--topic", "reconfigured", "--partitions", 2, "--config",
+                  "cleanup.policy=compact", "--delete-config", "retention.ms") == (0, "", "")
+    first = topics(capsys, kmem_broker, "--describe", "--topic", "reconfigured")[1].splitlines()[0]
+    assert "\tPartitionCount: 2\t" in first and first.endswith("\tConfigs: cleanup.policy=compact")
+    code, out, err = topics(capsys, kmem_broker, "--alter", "--topic", "reconfigured", "--partitions", 3,
+                            "--config", "no.such.config=1")
+    assert code == 1 and out == "" and "INVALID_CONFIG" in one_error_line(err, "topics")
+    assert "\tPartitionCount: 2\t" in topics(capsys, kmem_broker, "--describe", "--topic", "reconfigured")[1]
+    assert topics(capsys, kmem_broker, "--alter", "--topic", "gone", "--config", "retention.ms=1", "--if-exists") \
+        == (0, "", "")
+
+
 def test_an_invalid_config_or_partition_count_is_the_brokers_reason_in_one_line(capsys, kmem_broker):
     code, _, err = topics(capsys, kmem_broker, "--create", "--topic", "bad-config", "--config", "no.such.config=1")
     assert code == 1 and "INVALID_CONFIG" in one_error_line(err, "topics")
@@ -184,7 +198,9 @@ def test_an_invalid_config_or_partition_count_is_the_brokers_reason_in_one_line(
     (["--create", "--topic", "t", "--config", "cleanup.policy"], "--config takes KEY=VALUE, not 'cleanup.policy'"),
     (["--create", "--topic", "t", "--config", "=1"], "--config takes KEY=VALUE, not '=1'"),
     (["--create", "--partitions", "1"], "--create needs --topic"),
-    (["--alter", "--topic", "t"], "--alter needs --partitions (the new partition count)"),
+    (["--alter", "--topic", "t"], "--alter needs --partitions (the new partition count), --config or "
+                                  "--delete-config"),
+    (["--create", "--topic", "t", "--delete-config", "retention.ms"], "--delete-config does not apply to --create"),
     (["--list", "--partitions", "2"], "--partitions does not apply to --list"),
     (["--describe", "--topic", "("], "--topic '(' is not a regular expression: missing ), unterminated "
                                      "subpattern at position 0"),
@@ -460,6 +476,185 @@ def test_a_group_whose_topic_is_gone_shows_no_log_end_offset(capsys, kmem_broker
     code, out, _ = groups(capsys, kmem_broker, "--describe", "--group", "orphaned")
     assert code == 0
     assert offset_rows(out)[("short-lived", 0)][3:] == ["7", "-", "-", "-", "-", "-"]
+
+
+# --- kmem groups --reset-offsets ---------------------------------------------------------------------
+
+
+def produce_at(bootstrap, topic, partitions, timestamps):
+    """A record per timestamp (ms) to each partition, in that order, one batch each."""
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for i, timestamp in enumerate(timestamps):
+        for partition in range(partitions):
+            producer.produce(topic, f"{partition}-{i}".encode(), partition=partition, timestamp=timestamp)
+            producer.flush(30)
+    assert producer.flush(30) == 0
+
+
+def reset_rows(out):
+    """``{(topic, partition): new offset}`` of --reset-offsets' table; checks its header as Kafka prints it."""
+    lines = out.splitlines()
+    assert lines[0] == "" and lines[1].split() == ["GROUP", "TOPIC", "PARTITION", "NEW-OFFSET"]
+    return {(row[1], int(row[2])): int(row[3]) for row in (line.split() for line in lines[2:])}
+
+
+def committed_offsets(capsys, bootstrap, group):
+    code, out, _ = groups(capsys, bootstrap, "--describe", "--group", group)
+    assert code == 0
+    return {key: row[3] for key, row in offset_rows(out).items()}
+
+
+def resumed_at(bootstrap, topic, group, partitions, subscribe):
+    """The offset of the first record a new member of ``group`` reads from each partition."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    if subscribe:
+        consumer.subscribe([topic])
+    else:       # Tansu 0.6 forms a group slowly: the consumer assigns itself partitions, at the group's offsets
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+    first = {}
+    try:
+        def all_read():
+            message = consumer.poll(0.2)
+            if message is not None and not message.error():
+                first.setdefault(message.partition(), message.offset())
+            return len(first) == partitions
+        wait_for(all_read, f"a record of each partition of {topic}")
+    finally:
+        consumer.close()
+    return first
+
+
+def test_reset_offsets_moves_a_real_groups_offsets_and_its_consumers_resume_there(capsys, bootstrap, request):
+    on_kmem = request.node.callspec.id == "kmem"
+    topic, group = f"rewound-{request.node.callspec.id}", f"rewinding-{request.node.callspec.id}"
+    assert topics(capsys, bootstrap, "--create", "--topic", topic, "--partitions", 2)[0] == 0
+    now = int(time.time() * 1000)
+    produce_at(bootstrap, topic, 2, [now - 7200_000] * 3 + [now] * 2)      # 3 records 2 hours old, 2 new
+    consume_and_commit(bootstrap, topic, group, 10, 2, subscribe=on_kmem).close()
+    assert committed_offsets(capsys, bootstrap, group) == {(topic, 0): "5", (topic, 1): "5"}
+
+    # the default is a dry run: the plan is printed, nothing moves
+    code, out, err = groups(capsys, bootstrap, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest")
+    assert code == 0 and reset_rows(out) == {(topic, 0): 0, (topic, 1): 0}
+    assert err.startswith("WARN: No action will be performed as the --execute option is missing.")
+    assert groups(capsys, bootstrap, "--reset-offsets", "--group", group, "--topic", topic, "--to-earliest",
+                  "--dry-run")[2] == ""
+    assert committed_offsets(capsys, bootstrap, group) == {(topic, 0): "5", (topic, 1): "5"}
+
+    # Tansu 0.6 answers ListOffsets by timestamp with the log start offset: there, the offset is named
+    to_new_records = ["--by-duration", "PT1H"] if on_kmem else ["--to-offset", "3"]
+    code, out, err = groups(capsys, bootstrap, "--reset-offsets", "--group", group, "--topic", topic,
+                            *to_new_records, "--execute")
+    assert (code, err) == (0, "") and reset_rows(out) == {(topic, 0): 3, (topic, 1): 3}
+    code, out, _ = groups(capsys, bootstrap, "--reset-offsets", "--group", group, "--topic", f"{topic}:0",
+                          "--shift-by", "-2", "--execute")
+    assert code == 0 and reset_rows(out) == {(topic, 0): 1}
+    assert committed_offsets(capsys, bootstrap, group) == {(topic, 0): "1", (topic, 1): "3"}
+    assert resumed_at(bootstrap, topic, group, 2, on_kmem) == {0: 1, 1: 3}
+
+
+def test_reset_offsets_to_a_time_offset_or_the_current_offsets(capsys, kmem_broker):
+    topic, group = "reset-scenarios", "reset-scenarios-group"
+    assert topics(capsys, kmem_broker, "--create", "--topic", topic, "--partitions", 2)[0] == 0
+    produce_at(kmem_broker, topic, 2, [1_700_000_000_000 + n * 60_000 for n in range(4)])     # a record a minute
+    consumer = Consumer({"bootstrap.servers": kmem_broker, "group.id": group})
+    consumer.commit(offsets=[TopicPartition(topic, 0, 2)], asynchronous=False)               # only partition 0
+    consumer.close()
+
+    def plan(*args):
+        code, out, err = groups(capsys, kmem_broker, "--reset-offsets", "--group", group, "--dry-run", *args)
+        assert code == 0, err
+        return reset_rows(out), err
+
+    # 2023-11-14T22:13:20Z is the first record's time: the second record is the first at or after a second later
+    assert plan("--topic", topic, "--to-datetime", "2023-11-14T22:13:21.000Z")[0] == {(topic, 0): 1, (topic, 1): 1}
+    assert plan("--topic", topic, "--to-datetime", "2023-11-14T23:14:20+01:00")[0] == {(topic, 0): 1, (topic, 1): 1}
+    assert plan("--topic", topic, "--to-datetime", "2030-01-01T00:00:00")[0] == {(topic, 0): 4, (topic, 1): 4}
+    assert plan("--topic", topic, "--to-latest")[0] == {(topic, 0): 4, (topic, 1): 4}
+    assert plan("--topic", topic, "--to-current")[0] == {(topic, 0): 2, (topic, 1): 4}
+    assert plan("--all-topics", "--to-offset", "3") == ({(topic, 0): 3}, "")
+    assert plan("--topic", f"{topic}:1", "--to-offset", "9") == (
+        {(topic, 1): 4}, f"WARN: New offset (9) is higher than latest offset for topic partition {topic}-1. "
+                         "Value will be set to 4\n")
+    assert plan("--topic", f"{topic}:0", "--shift-by", "-5")[1].startswith("WARN: New offset (-3) is lower than "
+                                                                           "earliest offset")
+    code, out, err = groups(capsys, kmem_broker, "--reset-offsets", "--group", group, "--topic", topic,
+                            "--shift-by", "1")
+    assert code == 1 and out == ""
+    assert err.splitlines()[-1] == (f"kmem groups: error: Cannot shift offset for partition {topic}-1 since there "
+                                    "is no current committed offset: reset it with --to-earliest, --to-latest or "
+                                    "--to-offset first")
+    # a group that has never committed gets its first offsets
+    code, out, _ = groups(capsys, kmem_broker, "--reset-offsets", "--group", "new-group", "--topic", topic,
+                          "--to-offset", "2", "--execute")
+    assert code == 0 and committed_offsets(capsys, kmem_broker, "new-group") == {(topic, 0): "2", (topic, 1): "2"}
+
+
+def test_reset_offsets_is_refused_while_the_group_has_members(capsys, kmem_broker):
+    topic, group = "reset-while-active", "active-group"
+    assert topics(capsys, kmem_broker, "--create", "--topic", topic)[0] == 0
+    produce(kmem_broker, topic, 1, 3)
+    consumer = consume_and_commit(kmem_broker, topic, group, 3, 1)
+    try:
+        code, out, err = groups(capsys, kmem_broker, "--reset-offsets", "--group", group, "--topic", topic,
+                                "--to-earliest", "--execute")
+    finally:
+        consumer.close()
+    assert code == 1 and out == ""
+    assert one_error_line(err, "groups") == (
+        f"kmem groups: error: Assignments can only be reset if the group '{group}' is inactive, but the current "
+        "state is Stable: stop its consumers, then reset")
+    assert committed_offsets(capsys, kmem_broker, group) == {(topic, 0): "3"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--reset-offsets", "--group", "g", "--topic", "t"], "--reset-offsets takes one of --to-earliest, --to-latest, "
+                                                          "--to-current, --to-offset, --shift-by, --to-datetime, "
+                                                          "--by-duration"),
+    (["--reset-offsets", "--group", "g", "--to-latest"], "--reset-offsets takes --topic or --all-topics (one of them)"),
+    (["--reset-offsets", "--to-latest", "--topic", "t"], "--reset-offsets needs --group or --all-groups"),
+    (["--reset-offsets", "--group", "g", "--topic", "t", "--to-offset", "ten"],
+     "--to-offset takes an offset (a whole number), not 'ten'"),
+    (["--reset-offsets", "--group", "g", "--topic", "t", "--shift-by", "1.5"],
+     "--shift-by takes a number of offsets (a whole number), not '1.5'"),
+    (["--reset-offsets", "--group", "g", "--topic", "t:x", "--to-latest"],
+     "--topic takes TOPIC or TOPIC:PARTITION,PARTITION..., not 't:x'"),
+    (["--reset-offsets", "--group", "g", "--topic", "t", "--to-datetime", "2024-01-01"],
+     "--to-datetime takes YYYY-MM-DDTHH:mm:SS.sss with an optional time zone (Z, +01:00), not '2024-01-01'"),
+    (["--reset-offsets", "--group", "g", "--topic", "t", "--by-duration", "1h"],
+     "--by-duration takes an ISO-8601 duration PnDTnHnMnS (e.g. PT30M, P1DT12H), not '1h'"),
+    (["--describe", "--group", "g", "--to-latest"], "--to-latest applies to --reset-offsets"),
+])
+def test_reset_offsets_bad_arguments_are_one_line_and_exit_2(capsys, args, message):
+    code, out, err = groups(capsys, "127.0.0.1:1", *args)
+    assert code == 2 and out == ""
+    assert one_error_line(err, "groups") == f"kmem groups: error: {message}"
+
+
+@pytest.mark.parametrize("topic, message", [
+    ("no-such-topic", "topic 'no-such-topic' does not exist: kmem topics --list shows the topics"),
+    ("two-partitions:1,2,5", "topic 'two-partitions' has no partition 2, 5: it has 2 (kmem topics --describe "
+                             "--topic two-partitions)"),
+])
+def test_reset_offsets_of_an_unknown_topic_or_partition_is_one_line(capsys, kmem_broker, topic, message):
+    assert topics(capsys, kmem_broker, "--create", "--topic", "two-partitions", "--partitions", 2,
+                  "--if-not-exists")[0] == 0
+    code, out, err = groups(capsys, kmem_broker, "--reset-offsets", "--group", "g", "--topic", topic, "--to-latest")
+    assert code == 1 and out == ""
+    assert one_error_line(err, "groups") == f"kmem groups: error: {message}"
+
+
+def test_reset_offsets_on_librdkafkas_mock_cluster_names_the_api_it_lacks(capsys):
+    cluster = MockCluster()
+    try:
+        cluster.create_topic("mocked", 1)
+        code, out, err = groups(capsys, cluster.bootstrap, "--reset-offsets", "--group", "g", "--topic", "mocked",
+                                "--to-earliest", "--execute")
+    finally:
+        cluster.close()
+    assert code == 1 and out == ""
+    assert one_error_line(err, "groups").endswith("does not serve DESCRIBE_GROUPS: UNSUPPORTED_VERSION")
 
 
 def test_alter_on_a_broker_without_create_partitions_names_the_missing_api(capsys, tansu):

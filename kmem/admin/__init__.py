@@ -1,6 +1,6 @@
 """Operating tools: a small admin client that talks to any Kafka broker over the protocol
-(``AdminClient``, ``kmem.admin.client``), and the ``kmem topics`` and ``kmem groups`` commands built on it
-(``kmem.admin.commands``). Importing the package imports neither, so ``kmem --help`` stays light."""
+(``AdminClient``, ``kmem.admin.client``), and the commands built on it (``kmem topics``, ``groups``, ``produce``,
+``consume``: ``kmem.admin.commands``). Importing the package imports neither, so ``kmem --help`` stays light."""
 
 __all__ = ["AdminClient", "AdminError"]
 

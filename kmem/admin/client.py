@@ -20,10 +20,12 @@ from kmem.protocol import ApiKey, CorruptMessageError, messages
 # brokers from Kafka 2.4 on, librdkafka's mock cluster and Tansu answer each.
 MAX_VERSIONS = {
     ApiKey.API_VERSIONS: 2, ApiKey.METADATA: 12, ApiKey.CREATE_TOPICS: 7, ApiKey.DELETE_TOPICS: 6,
-    ApiKey.CREATE_PARTITIONS: 3, ApiKey.DESCRIBE_CONFIGS: 4, ApiKey.FIND_COORDINATOR: 3, ApiKey.LIST_GROUPS: 4,
-    ApiKey.DESCRIBE_GROUPS: 5, ApiKey.OFFSET_FETCH: 8, ApiKey.LIST_OFFSETS: 7, ApiKey.DELETE_GROUPS: 2,
+    ApiKey.CREATE_PARTITIONS: 3, ApiKey.DESCRIBE_CONFIGS: 4, ApiKey.INCREMENTAL_ALTER_CONFIGS: 1,
+    ApiKey.FIND_COORDINATOR: 3, ApiKey.LIST_GROUPS: 4, ApiKey.DESCRIBE_GROUPS: 5, ApiKey.OFFSET_FETCH: 8,
+    ApiKey.OFFSET_COMMIT: 8, ApiKey.LIST_OFFSETS: 7, ApiKey.DELETE_GROUPS: 2,
     ApiKey.DESCRIBE_CLIENT_QUOTAS: 1, ApiKey.ALTER_CLIENT_QUOTAS: 1,
-    ApiKey.DESCRIBE_LOG_DIRS: 4, ApiKey.PRODUCE: 9, ApiKey.LIST_TRANSACTIONS: 0,
+    ApiKey.DESCRIBE_LOG_DIRS: 4, ApiKey.PRODUCE: 9, ApiKey.LIST_TRANSACTIONS: 0, ApiKey.DESCRIBE_TRANSACTIONS: 0,
+    ApiKey.DESCRIBE_PRODUCERS: 0, ApiKey.WRITE_TXN_MARKERS: 1,
 }
 # Metadata v1: a null topic list asks for every topic; OffsetFetch v2: for every committed partition
 # (Tansu answers that only in v8's per-group form, as Kafka's admin client sends it);
@@ -34,7 +36,8 @@ MIN_VERSIONS = {ApiKey.METADATA: 1, ApiKey.OFFSET_FETCH: 2, ApiKey.LIST_OFFSETS:
 ERROR_NAMES = {
     -1: "UNKNOWN_SERVER_ERROR", 3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE",
     6: "NOT_LEADER_OR_FOLLOWER", 7: "REQUEST_TIMED_OUT", 14: "COORDINATOR_LOAD_IN_PROGRESS",
-    15: "COORDINATOR_NOT_AVAILABLE", 16: "NOT_COORDINATOR", 17: "INVALID_TOPIC_EXCEPTION", 24: "INVALID_GROUP_ID",
+    15: "COORDINATOR_NOT_AVAILABLE", 16: "NOT_COORDINATOR", 17: "INVALID_TOPIC_EXCEPTION", 22: "ILLEGAL_GENERATION",
+    24: "INVALID_GROUP_ID", 25: "UNKNOWN_MEMBER_ID", 27: "REBALANCE_IN_PROGRESS",
     29: "TOPIC_AUTHORIZATION_FAILED", 30: "GROUP_AUTHORIZATION_FAILED", 31: "CLUSTER_AUTHORIZATION_FAILED",
     35: "UNSUPPORTED_VERSION", 36: "TOPIC_ALREADY_EXISTS", 37: "INVALID_PARTITIONS",
     38: "INVALID_REPLICATION_FACTOR", 39: "INVALID_REPLICA_ASSIGNMENT", 40: "INVALID_CONFIG", 41: "NOT_CONTROLLER",
@@ -45,7 +48,7 @@ UNSUPPORTED_VERSION = 35
 UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR = 3, 14, 15, 16
 COORDINATOR_MOVED_OR_LOADING = {COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
 RETRIABLE = {5, 6, 7, 41, *COORDINATOR_MOVED_OR_LOADING}
-GROUP_KEY = 0                       # FindCoordinator's key type of a consumer group
+GROUP_KEY, TRANSACTION_KEY = 0, 1   # FindCoordinator's key types: a consumer group, a transactional id
 
 
 class AdminError(KafkaError):
@@ -115,7 +118,7 @@ class AdminClient:
         self.controller_id = -1
         self.cluster_id = None
         self._any = None                # the channel of the connection used for "any broker"
-        self._coordinators = {}         # group id -> its coordinator's node id
+        self._coordinators = {}         # (key type, group or transactional id) -> its coordinator's node id
 
     # --- connections and requests ---------------------------------------------------------------------
 
@@ -205,20 +208,21 @@ class AdminClient:
         node = self.controller_id if self.controller_id in self.brokers else None
         return self.request(body, node)
 
-    def coordinator(self, group_id, refresh=False):
+    def coordinator(self, group_id, refresh=False, key_type=GROUP_KEY):
         """The node id of ``group_id``'s coordinator (FindCoordinator, retried while it loads; remembered
-        unless ``refresh``)."""
-        if not refresh and group_id in self._coordinators:
-            return self._coordinators[group_id]
+        unless ``refresh``); with ``key_type`` TRANSACTION_KEY, a transactional id's."""
+        if not refresh and (key_type, group_id) in self._coordinators:
+            return self._coordinators[(key_type, group_id)]
         deadline = time.monotonic() + self._request_timeout
         while True:
-            response = self.request(messages.FindCoordinatorRequest(key=group_id, key_type=GROUP_KEY))
+            response = self.request(messages.FindCoordinatorRequest(key=group_id, key_type=key_type))
             if response.error_code == 0:
                 self.brokers.setdefault(response.node_id, (response.host, response.port))
-                self._coordinators[group_id] = response.node_id
+                self._coordinators[(key_type, group_id)] = response.node_id
                 return response.node_id
             if response.error_code not in RETRIABLE or time.monotonic() > deadline:
-                raise AdminError(f"no coordinator for group {group_id!r}", response.error_code)
+                what = "group" if key_type == GROUP_KEY else "transactional id"
+                raise AdminError(f"no coordinator for {what} {group_id!r}", response.error_code)
             time.sleep(0.1)
 
     def group_request(self, group_id, body, error_of=None):

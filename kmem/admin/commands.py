@@ -1,5 +1,6 @@
-"""``kmem topics`` and ``kmem groups``: Kafka's ``kafka-topics.sh`` and ``kafka-consumer-groups.sh`` as kmem
-commands, with their options and output, talking to any Kafka broker over the protocol (``AdminClient``).
+"""``kmem topics``, ``kmem groups``, ``kmem produce`` and ``kmem consume``: Kafka's ``kafka-topics.sh``,
+``kafka-consumer-groups.sh``, ``kafka-console-producer.sh`` and ``kafka-console-consumer.sh`` as kmem commands,
+with their options and output, talking to any Kafka broker over the protocol (``AdminClient``).
 
 What they share lives here: ``--bootstrap-server`` and ``--command-config`` (Kafka's client properties, the
 security ones included: TLS and SASL PLAIN/SCRAM as kmem's consumer speaks them), the one-line errors and the
@@ -44,10 +45,11 @@ class CommandError(Exception):
 
 
 def add_commands(commands):
-    """Register ``kmem topics``, ``kmem groups`` and ``kmem dump-log`` on the ``kmem`` command's subparsers."""
-    from kmem.admin import dump_log, groups, topics
+    """Register the tools (``kmem topics``, ``groups``, ``produce``, ``consume``, ``configs``, ``offsets``,
+    ``transactions``, ``dump-log``) on the ``kmem`` command's subparsers."""
+    from kmem.admin import configs, consume, dump_log, groups, offsets, produce, topics, transactions
 
-    for module in (topics, groups):
+    for module in (topics, groups, produce, consume, configs, offsets, transactions):
         parser = commands.add_parser(module.NAME, help=module.HELP, description=module.DESCRIPTION,
                                      epilog=ADMIN_EXIT_CODES, formatter_class=argparse.RawDescriptionHelpFormatter)
         parser.add_argument("--bootstrap-server", required=True, metavar="HOST:PORT",
@@ -71,7 +73,7 @@ def run(module, args):
     prefix = f"kmem {module.NAME}: error:"
     try:
         module.check_arguments(args)
-        config = client_config(args.command_config)
+        config = args.client_config = client_config(args.command_config)
         client = AdminClient(args.bootstrap_server, client_id=config["client.id"],
                              request_timeout_ms=config["request.timeout.ms"],
                              connect_timeout_ms=config["socket.connection.setup.timeout.ms"],
@@ -148,6 +150,19 @@ def client_config(path):
                                    f"not {properties[name]!r}", BAD_ARGUMENTS)
     config["client.id"] = properties.get("client.id", config["client.id"])
     return config
+
+
+def tool_properties(pairs, defaults):
+    """``defaults`` updated with --property's ``KEY=VALUE`` pairs (Kafka's console tools' ``--property``); an
+    unknown key or a pair without ``=`` is a ``CommandError`` (exit 2)."""
+    properties = dict(defaults)
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or name not in defaults:
+            raise CommandError(f"--property takes KEY=VALUE with KEY one of {', '.join(defaults)}, not {pair!r}",
+                               BAD_ARGUMENTS)
+        properties[name] = value
+    return properties
 
 
 def print_table(header, rows, widths=None):

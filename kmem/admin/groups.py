@@ -7,22 +7,29 @@ group's coordinator); a partition without a committed offset shows ``-``.
 """
 import sys
 
+from kmem.admin import reset_offsets
 from kmem.admin.commands import BAD_ARGUMENTS, CommandError, print_table
 
 NAME = "groups"
-HELP = "list, describe (offsets, lag, members) and delete consumer groups (kafka-consumer-groups.sh)"
+HELP = "list, describe (offsets, lag, members), delete groups, reset offsets (kafka-consumer-groups.sh)"
 DESCRIPTION = """\
-List, describe and delete consumer groups on any Kafka broker, as Kafka's kafka-consumer-groups.sh does
-(its options, its columns). One action a run:
+List, describe and delete consumer groups and reset their offsets on any Kafka broker, as Kafka's
+kafka-consumer-groups.sh does (its options, its columns). One action a run:
 
   kmem groups --bootstrap-server HOST:PORT --list
   kmem groups --bootstrap-server HOST:PORT --describe --group G [--group G2 ...] [--members | --state]
   kmem groups --bootstrap-server HOST:PORT --describe --all-groups
   kmem groups --bootstrap-server HOST:PORT --delete --group G
+  kmem groups --bootstrap-server HOST:PORT --reset-offsets --group G (--topic T[:P,P] ... | --all-topics)
+              (--to-earliest | --to-latest | --to-current | --to-offset N | --shift-by N |
+               --to-datetime YYYY-MM-DDTHH:mm:SS.sss | --by-duration PnDTnHnMnS) [--dry-run | --execute]
 
 --describe shows, per partition the group is assigned or has committed: CURRENT-OFFSET (the committed
 offset), LOG-END-OFFSET, LAG (their difference; '-' without a committed offset) and the consumer that
-has it ('-' for none); a member without partitions has a row of its own."""
+has it ('-' for none); a member without partitions has a row of its own.
+
+--reset-offsets prints the new offsets as GROUP TOPIC PARTITION NEW-OFFSET; it commits them only with
+--execute, and only for a group without active members."""
 
 MISSING = "-"                   # Kafka's MISSING_COLUMN_VALUE
 CONSUMER_PROTOCOL = "consumer"
@@ -37,6 +44,8 @@ def add_arguments(parser):
     actions.add_argument("--describe", action="store_true",
                          help="each partition's committed offset, log end offset, lag and consumer")
     actions.add_argument("--delete", action="store_true", help="delete --group (it must have no members)")
+    actions.add_argument("--reset-offsets", action="store_true",
+                         help="plan (--dry-run) or commit (--execute) new offsets for an inactive group")
     parser.add_argument("--group", action="append", default=[], help="a group; repeatable")
     parser.add_argument("--all-groups", action="store_true", help="--describe, --delete: every group")
     views = parser.add_mutually_exclusive_group()
@@ -44,27 +53,33 @@ def add_arguments(parser):
                                                                 "has")
     views.add_argument("--state", action="store_true", help="--describe: coordinator, assignment strategy, state and "
                                                               "member count; --list: each group's state")
+    reset_offsets.add_arguments(parser)
 
 
 def check_arguments(args):
     if args.list and (args.group or args.all_groups):
         raise CommandError("--list takes no --group or --all-groups", BAD_ARGUMENTS)
-    if (args.describe or args.delete) and not (args.group or args.all_groups):
-        raise CommandError(f"--{'describe' if args.describe else 'delete'} needs --group or --all-groups",
-                           BAD_ARGUMENTS)
+    if not args.list and not (args.group or args.all_groups):
+        raise CommandError(f"--{_action(args)} needs --group or --all-groups", BAD_ARGUMENTS)
     if args.group and args.all_groups:
         raise CommandError("--group and --all-groups exclude each other", BAD_ARGUMENTS)
     if args.members and not args.describe:
         raise CommandError("--members applies to --describe", BAD_ARGUMENTS)
-    if args.state and args.delete:
+    if args.state and not (args.describe or args.list):
         raise CommandError("--state applies to --describe and --list", BAD_ARGUMENTS)
+    reset_offsets.check_arguments(args)
+
+
+def _action(args):
+    return next(a for a in ("list", "describe", "delete", "reset_offsets") if getattr(args, a)).replace("_", "-")
 
 
 def execute(client, args):
     if args.list:
         return list_groups(client, args)
     group_ids = args.group or [g.group_id for g in _listed_groups(client)]
-    return (describe_groups if args.describe else delete_groups)(client, args, group_ids)
+    action = {"describe": describe_groups, "delete": delete_groups, "reset-offsets": reset_offsets.reset_offsets}
+    return action[_action(args)](client, args, group_ids)
 
 
 def _listed_groups(client):
@@ -155,7 +170,8 @@ def _assignment(group, member):
         return []
 
 
-def _offset_rows(client, group_id, group):
+def _committed_offsets(client, group_id):
+    """``{(topic, partition): offset}`` the group has committed (OffsetFetch of every partition)."""
     from kmem.admin.client import check
     from kmem.protocol import messages
 
@@ -171,6 +187,11 @@ def _offset_rows(client, group_id, group):
         for p in topic.partitions:
             if not p.error_code and p.committed_offset >= 0:
                 committed[(topic.name, p.partition_index)] = p.committed_offset
+    return committed
+
+
+def _offset_rows(client, group_id, group):
+    committed = _committed_offsets(client, group_id)
     owners = {tp: member for member in group.members for tp in _assignment(group, member)}
     partitions = sorted(set(committed) | set(owners))
     log_ends = _log_end_offsets(client, partitions)
@@ -188,8 +209,9 @@ def _offset_rows(client, group_id, group):
 
 
 def _log_end_offsets(client, partitions, timestamp=LATEST):
-    """``{(topic, partition): log end offset}`` (ListOffsets latest, read_uncommitted, to each leader; the log
-    start offset with ``timestamp`` -2, earliest); a partition without a leader or whose topic is gone has none."""
+    """``{(topic, partition): log end offset}`` (ListOffsets latest, read_uncommitted, to each leader; with
+    ``timestamp`` -2 the log start offset, -3 the record of the largest timestamp, a time in ms the first record
+    at or after it); a partition without a leader, whose topic is gone or without such a record has none."""
     from kmem.protocol import messages
 
     if not partitions:

@@ -1,5 +1,5 @@
 """``kmem topics``: Kafka's ``kafka-topics.sh`` (its ``TopicCommand``) over any Kafka broker: --list,
---describe, --create, --delete and --alter --partitions, with its options and output lines."""
+--describe, --create, --delete and --alter (partitions, configs), with its options and output lines."""
 import re
 
 from kmem.admin.commands import BAD_ARGUMENTS, CommandError, whole_number
@@ -14,7 +14,8 @@ does (its options, its output). One action a run:
   kmem topics --bootstrap-server HOST:PORT --describe [--topic T]
   kmem topics --bootstrap-server HOST:PORT --create --topic T [--partitions N] [--replication-factor R]
               [--config KEY=VALUE ...]
-  kmem topics --bootstrap-server HOST:PORT --alter --topic T --partitions N
+  kmem topics --bootstrap-server HOST:PORT --alter --topic T [--partitions N] [--config KEY=VALUE ...]
+              [--delete-config KEY ...]
   kmem topics --bootstrap-server HOST:PORT --delete --topic T
 
 --topic is a regular expression for --list and --describe (as Kafka's), a topic's name otherwise."""
@@ -32,7 +33,8 @@ def add_arguments(parser):
                                                                    "the configs set on them")
     actions.add_argument("--create", action="store_true", help="create --topic")
     actions.add_argument("--delete", action="store_true", help="delete --topic")
-    actions.add_argument("--alter", action="store_true", help="add partitions to --topic (--partitions)")
+    actions.add_argument("--alter", action="store_true", help="add partitions to --topic (--partitions), set "
+                                                              "(--config) or remove (--delete-config) its configs")
     parser.add_argument("--topic", help="the topic (for --list and --describe: a regular expression)")
     parser.add_argument("--partitions", type=whole_number(1, INT32_MAX),
                         help="partitions of a new topic (default: the broker's num.partitions), or the count --alter "
@@ -41,7 +43,10 @@ def add_arguments(parser):
                         help="replicas of each partition of a new topic (default: the broker's "
                              "default.replication.factor)")
     parser.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
-                        help="a topic config of a new topic, e.g. cleanup.policy=compact; repeatable")
+                        help="a topic config of a new topic, or one --alter sets, e.g. cleanup.policy=compact; "
+                             "repeatable")
+    parser.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                        help="--alter: a topic config to remove (back to its default); repeatable")
     parser.add_argument("--if-exists", action="store_true", help="--describe, --delete, --alter: a missing topic "
                                                                  "is no error")
     parser.add_argument("--if-not-exists", action="store_true", help="--create: an existing topic is no error")
@@ -52,10 +57,12 @@ def add_arguments(parser):
 def check_arguments(args):
     if (args.create or args.delete or args.alter) and not args.topic:
         raise CommandError(f"--{_action(args)} needs --topic", BAD_ARGUMENTS)
-    if args.alter and args.partitions is None:
-        raise CommandError("--alter needs --partitions (the new partition count)", BAD_ARGUMENTS)
+    if args.alter and args.partitions is None and not args.config and not args.delete_config:
+        raise CommandError("--alter needs --partitions (the new partition count), --config or --delete-config",
+                           BAD_ARGUMENTS)
     for option, allowed in (("partitions", args.create or args.alter), ("replication_factor", args.create),
-                            ("config", args.create), ("if_not_exists", args.create),
+                            ("config", args.create or args.alter), ("delete_config", args.alter),
+                            ("if_not_exists", args.create),
                             ("if_exists", args.delete or args.alter or args.describe),
                             ("exclude_internal", args.list or args.describe)):
         if getattr(args, option) and not allowed:
@@ -180,6 +187,25 @@ def delete_topic(client, args):
 
 
 def alter_topic(client, args):
+    """Partitions (CreatePartitions), then configs (IncrementalAlterConfigs). Configs the broker would refuse are
+    found first (validate_only), so a refused --config leaves the partition count as it was."""
+    from kmem.admin.configs import alter_configs
+
+    altering_configs = bool(args.config or args.delete_config)
+    if altering_configs:
+        if not any(t.name == args.topic for t in client.metadata([args.topic]).topics if not t.error_code):
+            if args.if_exists:
+                return
+            raise CommandError(f"topic {args.topic!r} does not exist: kmem topics --list shows the topics")
+        if args.partitions is not None:
+            alter_configs(client, TOPIC_RESOURCE, args.topic, args.configs, args.delete_config, validate_only=True)
+    if args.partitions is not None:
+        _add_partitions(client, args)
+    if altering_configs:
+        alter_configs(client, TOPIC_RESOURCE, args.topic, args.configs, args.delete_config)
+
+
+def _add_partitions(client, args):
     from kmem.admin.client import UNKNOWN_TOPIC_OR_PARTITION, check
     from kmem.protocol import messages
 
