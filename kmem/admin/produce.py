@@ -9,6 +9,7 @@ robin, a batch at a time.
 """
 import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -151,20 +152,28 @@ def execute(client, args):
     stream = _stdin_lines()
     threading.Thread(target=_read_lines, args=(stream, lines), name="kmem-produce-stdin", daemon=True).start()
     sender = Sender(client, args.topic, partitions)
+    # Ctrl-C ends the input, as the end of stdin does: noted by a handler, not raised, so that it never cuts a
+    # send short (the messages taken from the buffer would be lost, a pooled answer left unreleased)
+    interrupted = threading.Event()
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set()) if in_main_thread else None
     try:
-        _produce_lines(args, lines, sender)
-    except KeyboardInterrupt:       # Ctrl-C ends the input, as the end of stdin does
-        pass
+        _produce_lines(args, lines, sender, interrupted)
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGINT, previous)
     sender.send()
 
 
-def _produce_lines(args, lines, sender):
+def _produce_lines(args, lines, sender, interrupted):
     started, number = time.monotonic(), 0
     while True:
         wait = LINGER if sender.first_buffered is None else max(0.0, sender.first_buffered + LINGER - time.monotonic())
-        try:
-            line = lines.get(timeout=wait)
+        try:       # once interrupted, the lines already read are taken, without waiting for more
+            line = lines.get(block=not interrupted.is_set(), timeout=wait)
         except queue.Empty:
+            if interrupted.is_set():
+                break
             sender.send()
             continue
         if line is END:
