@@ -229,6 +229,9 @@ def test_no_broker_is_one_line_and_exit_3(capsys, monkeypatch, command):
     ("produce", ["--topic", "--property", "parse.key", "--rate", "--partition", "--command-config"]),
     ("consume", ["--topic", "--from-beginning", "--offset", "--group", "--max-messages", "--timeout-ms",
                  "--isolation-level", "print.headers", "--command-config"]),
+    ("configs", ["--entity-type", "--entity-name", "--entity-default", "--describe", "--alter", "--add-config",
+                 "--delete-config", "--all", "--command-config"]),
+    ("offsets", ["--topic", "--partitions", "--time", "--exclude-internal-topics", "--command-config"]),
 ])
 def test_help_describes_every_option_and_the_exit_codes(tmp_path, command, options):
     result = subprocess.run([sys.executable, "-m", "kmem.cli", command, "--help"], capture_output=True, text=True,

@@ -119,43 +119,51 @@ def _described(client, group_id):
     return coordinator, group
 
 
-def describe_groups(client, args, group_ids):
+def each_group(group_ids, handle):
+    """``handle(group_id)`` for each group. A ``CommandError`` is raised when one group is asked; with several it
+    is named on stderr and the others go on. The exit code of the last such error, or None."""
     failed = None
     for group_id in group_ids:
         try:
-            coordinator, group = _described(client, group_id)
+            handle(group_id)
         except CommandError as exc:
             if len(group_ids) == 1:
                 raise
             print(f"kmem groups: error: {exc}", file=sys.stderr)
             failed = exc.exit_code
-            continue
-        if args.state:
-            host, port = client.brokers[coordinator]
-            print()
-            print_table(("GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"),
-                        [(group_id, f"{host}:{port}  ({coordinator})", group.protocol_data or "", group.group_state,
-                          len(group.members))], {0: 15, 1: 25, 2: 20, 3: 15})
-            continue
-        if group.group_state == "Empty":
-            print(f"\nConsumer group '{group_id}' has no active members.", file=sys.stderr)
-        elif group.group_state in REBALANCING:
-            print(f"\nWarning: Consumer group '{group_id}' is rebalancing.", file=sys.stderr)
-        if args.members:
-            rows = [(group_id, m.member_id, m.client_host, m.client_id, len(_assignment(group, m)))
-                    for m in group.members]
-            if rows:
-                print()
-                print_table(("GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"), rows,
-                            {0: 15, 1: 15, 2: 15, 3: 15})
-            continue
-        rows = _offset_rows(client, group_id, group)
-        if rows:
-            print()
-            print_table(("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
-                         "HOST", "CLIENT-ID"), rows, {0: 15, 1: 15, 2: 10, 3: 15, 4: 15, 5: 15, 6: 15, 7: 15})
     return failed
 
+
+def describe_groups(client, args, group_ids):
+    return each_group(group_ids, lambda group_id: _describe_group(client, args, group_id))
+
+
+def _describe_group(client, args, group_id):
+    coordinator, group = _described(client, group_id)
+    if args.state:
+        host, port = client.brokers[coordinator]
+        print()
+        print_table(("GROUP", "COORDINATOR (ID)", "ASSIGNMENT-STRATEGY", "STATE", "#MEMBERS"),
+                    [(group_id, f"{host}:{port}  ({coordinator})", group.protocol_data or "", group.group_state,
+                      len(group.members))], {0: 15, 1: 25, 2: 20, 3: 15})
+        return
+    if group.group_state == "Empty":
+        print(f"\nConsumer group '{group_id}' has no active members.", file=sys.stderr)
+    elif group.group_state in REBALANCING:
+        print(f"\nWarning: Consumer group '{group_id}' is rebalancing.", file=sys.stderr)
+    if args.members:
+        rows = [(group_id, m.member_id, m.client_host, m.client_id, len(_assignment(group, m)))
+                for m in group.members]
+        if rows:
+            print()
+            print_table(("GROUP", "CONSUMER-ID", "HOST", "CLIENT-ID", "#PARTITIONS"), rows,
+                        {0: 15, 1: 15, 2: 15, 3: 15})
+        return
+    rows = _offset_rows(client, group_id, group)
+    if rows:
+        print()
+        print_table(("GROUP", "TOPIC", "PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "CONSUMER-ID",
+                     "HOST", "CLIENT-ID"), rows, {0: 15, 1: 15, 2: 10, 3: 15, 4: 15, 5: 15, 6: 15, 7: 15})
 
 def _assignment(group, member):
     """The partitions assigned to a member of a consumer-protocol group: [(topic, partition)]."""

@@ -118,19 +118,16 @@ def _duration_ms(text):
 def reset_offsets(client, args, group_ids):
     """Each group's plan as one table; committed with --execute. A group with members is refused (when several
     groups are asked, it is named on stderr and the others go on)."""
-    rows, failed = [], None
-    for group_id in group_ids:
-        try:
-            plan = _plan(client, args, group_id)
-            if args.execute:
-                _commit(client, group_id, plan)
-        except CommandError as exc:
-            if len(group_ids) == 1:
-                raise
-            print(f"kmem groups: error: {exc}", file=sys.stderr)
-            failed = exc.exit_code
-            continue
-        rows += [(group_id, topic, partition, offset) for (topic, partition), offset in sorted(plan.items())]
+    from kmem.admin.groups import each_group
+
+    rows = []
+
+    def reset(group_id):
+        plan = _plan(client, args, group_id)
+        if args.execute:
+            _commit(client, group_id, plan)
+        rows.extend((group_id, topic, partition, offset) for (topic, partition), offset in sorted(plan.items()))
+    failed = each_group(group_ids, reset)
     if not args.execute and not args.dry_run:
         print("WARN: No action will be performed as the --execute option is missing. Add --dry-run to keep this "
               "behaviour without the warning, or --execute to commit the new offsets.", file=sys.stderr)
