@@ -366,6 +366,7 @@ def _broker_settings(args):
 
 
 DEFAULT_BROKER_PORT = 9092     # Kafka's
+SIGNAL_CHECK_SECONDS = 0.5
 
 
 def _jaas_file_of_kafka_opts(kafka_opts):
@@ -416,7 +417,9 @@ def _run_broker(args):
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    while not stop.wait(3600):
+    # Short waits: a signal the kernel gives another of the broker's threads does not interrupt this one's wait,
+    # and Python runs its handler only once this thread is back in the interpreter.
+    while not stop.wait(SIGNAL_CHECK_SECONDS):
         pass
     log.info("shutting down")
     broker.close()

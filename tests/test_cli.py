@@ -248,6 +248,22 @@ def stop(process):
     assert process.wait(30) == 0
 
 
+def test_a_sigterm_the_kernel_gives_another_thread_stops_the_broker(tmp_path):
+    """SIGTERM is process-wide and the kernel may hand it to any thread not blocking it: sent here to one of the
+    broker's own threads (tgkill), it must still stop the broker cleanly, and soon."""
+    import ctypes
+    process, _ = start_broker_process(tmp_path / "logs")
+    try:
+        threads = [int(tid) for tid in os.listdir(f"/proc/{process.pid}/task") if int(tid) != process.pid]
+        tgkill = 234 if os.uname().machine == "x86_64" else 131        # the syscall's number: x86_64, aarch64
+        assert ctypes.CDLL(None, use_errno=True).syscall(tgkill, process.pid, threads[0], signal.SIGTERM) == 0
+        assert process.wait(10) == 0
+    finally:
+        process.kill()
+        process.wait()
+    assert os.path.exists(tmp_path / "logs" / ".kafka_cleanshutdown")
+
+
 def test_kafkas_sample_kraft_config_starts_the_broker_on_its_broker_listener(tmp_path):
     config = tmp_path / "server.properties"
     config.write_text(KRAFT_SAMPLE.format(log_dir=tmp_path / "kraft-logs"))
