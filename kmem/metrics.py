@@ -344,6 +344,7 @@ class BrokerCollector:
 
         # The coordinator's groups as they are now, read without its lock (each read is whole under the GIL).
         groups = list(self._broker.coordinator.groups.values())
+        consumer_groups = dict(self._broker.coordinator.consumer_groups.groups)     # KIP-848's: their members
         states = dict.fromkeys((PREPARING, COMPLETING, STABLE, DEAD, EMPTY), 0)
         members = GaugeMetricFamily("kafka_consumergroup_members", "Members of the group", labels=["consumergroup"])
         labels = ["consumergroup", "topic", "partition"]
@@ -359,7 +360,7 @@ class BrokerCollector:
             offsets += len(committed)
             if state == DEAD:
                 continue
-            members.add_metric([group.group_id], len(group.members))
+            members.add_metric([group.group_id], len((consumer_groups.get(group.group_id) or group).members))
             for (topic, partition), offset in sorted(committed.items()):
                 log = self._broker.logs.get_partition(topic, partition)
                 if log is None or offset.offset < 0:

@@ -242,6 +242,31 @@ def test_the_requests_of_a_sasl_client_are_timed_the_apiversions_before_its_hand
         assert_every_request_timed(text)
 
 
+def test_a_consumer_protocol_groups_members_and_lag(tmp_path):
+    """KIP-848's groups (group.protocol=consumer) are reported as the classic ones: members and lag."""
+    with Broker(tmp_path, properties={"metrics.port": 0}) as broker:
+        broker.logs.create_topic("t", 2)
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        for n in range(10):
+            producer.produce("t", b"%d" % n, partition=n % 2)
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "next",
+                             "group.protocol": "consumer", "auto.offset.reset": "earliest",
+                             "enable.auto.commit": False})
+        try:
+            consumer.subscribe(["t"])
+            read = []
+            wait_for(lambda: read.extend(m for m in consumer.consume(10, 0.5) if not m.error()) or len(read) == 10,
+                     "the records read")
+            consumer.commit(asynchronous=False)
+            text = scrape(broker)
+            assert value(text, "kafka_consumergroup_members", consumergroup="next") == 1
+            assert [value(text, "kafka_consumergroup_lag", consumergroup="next", topic="t", partition=p)
+                    for p in range(2)] == [0, 0]
+        finally:
+            consumer.close()
+
+
 def test_transactional_ids_by_state(tmp_path):
     with Broker(tmp_path, properties={"metrics.port": 0, "transaction.state.log.num.partitions": 1}) as broker:
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "t1"})
