@@ -103,3 +103,45 @@ def test_the_java_consumer_reads_and_commits_with_the_consumer_protocol(tmp_path
         assert "java" in broker.coordinator.consumer_groups.groups
     finally:
         broker.close()
+
+
+def test_the_java_admin_lists_and_describes_classic_and_consumer_groups(tmp_path, probe):
+    """What ``kafka-consumer-groups.sh --list --type`` and ``--describe --members`` show through Apache's Admin
+    3.9.1: ListGroups v5 with type and state filters, ConsumerGroupDescribe for a KIP-848 group, and its fallback
+    to DescribeGroups for a classic group (the Admin retries there on GROUP_ID_NOT_FOUND)."""
+    broker = start_broker(tmp_path, **SETTINGS)
+    consumers = []
+    try:
+        bootstrap = broker.bootstrap_servers
+        for topic in ("orders", "payments"):
+            broker.logs.create_topic(topic, len(PARTITIONS))
+        consumers = [ConsumerProcess(CLIENT, bootstrap, "new", "orders", "range") for _ in range(2)]
+        consumers.append(ConsumerProcess("confluent-kafka", bootstrap, "old", "payments"))
+        wait_for(lambda: split_evenly(consumers[:2], PARTITIONS) and consumers[2].state()[0] == set(PARTITIONS),
+                 "both groups assigned")
+        wait_for(lambda: broker.coordinator.consumer_group_describe(*_describe("new")).groups[0].group_state
+                 == "Stable", "the consumer group reconciled")
+
+        def listed(types, states="-"):
+            return [(g["group_id"], g["type"], g["state"])
+                    for g in probe("groups-list", bootstrap, types, states)["groups"]]
+
+        assert listed("-") == [("new", "Consumer", "Stable"), ("old", "Classic", "Stable")]
+        assert listed("consumer") == [("new", "Consumer", "Stable")]
+        assert listed("classic") == [("old", "Classic", "Stable")]
+        assert listed("-", "Empty") == []
+
+        described = probe("groups-describe", bootstrap, "new", "old", "nobody")
+        new, old = described["new"], described["old"]
+        assert (new["type"], new["state"], new["assignor"]) == ("Consumer", "Stable", "range")
+        assert (old["type"], old["state"]) == ("Classic", "Stable")
+        # each member's assignment as its own client sees it, "orders-0" being the Admin's TopicPartition
+        assert sorted(tuple(m["assigned"]) for m in new["members"]) == sorted(
+            tuple(sorted(f"orders-{p}" for p in c.state()[0])) for c in consumers[:2])
+        assert all(m["target"] == m["assigned"] for m in new["members"])
+        assert [m["assigned"] for m in old["members"]] == [sorted(f"payments-{p}" for p in PARTITIONS)]
+        assert described["nobody"]["state"] == "Dead"
+    finally:
+        for c in consumers:
+            c.stop(signal.SIGKILL)
+        broker.close()

@@ -19,9 +19,14 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
+import java.util.stream.Collectors;
 
 import org.apache.kafka.clients.admin.AbortTransactionSpec;
 import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.ConsumerGroupDescription;
+import org.apache.kafka.clients.admin.ConsumerGroupListing;
+import org.apache.kafka.clients.admin.ListConsumerGroupsOptions;
+import org.apache.kafka.clients.admin.MemberDescription;
 import org.apache.kafka.clients.admin.DescribeTopicsOptions;
 import org.apache.kafka.clients.admin.LogDirDescription;
 import org.apache.kafka.clients.admin.ScramCredentialInfo;
@@ -46,6 +51,8 @@ import org.apache.kafka.clients.producer.RecordMetadata;
 import org.apache.kafka.common.KafkaFuture;
 import org.apache.kafka.common.Node;
 import org.apache.kafka.common.TopicPartitionInfo;
+import org.apache.kafka.common.ConsumerGroupState;
+import org.apache.kafka.common.GroupType;
 import org.apache.kafka.common.acl.AclOperation;
 import org.apache.kafka.common.errors.ApiException;
 import org.apache.kafka.common.TopicCollection;
@@ -81,6 +88,10 @@ import org.apache.kafka.common.Uuid;
  *   scram-upsert BOOTSTRAP USER MECHANISM ITERATIONS PASSWORD   Admin.alterUserScramCredentials (KIP-554)
  *   scram-describe BOOTSTRAP USER...                   Admin.describeUserScramCredentials: each user's
  *                                                      [mechanism, iterations] or {"error"}
+ *   groups-list BOOTSTRAP TYPES STATES                 Admin.listConsumerGroups with type and state filters
+ *                                                      (comma-separated, "-" for none)
+ *   groups-describe BOOTSTRAP GROUP...                 Admin.describeConsumerGroups: each group's type, state,
+ *                                                      assignor and members with their assignments, or {"error"}
  *
  * BOOTSTRAP is host:port, or @FILE: a client properties file (bootstrap.servers and any other setting, e.g.
  * security.protocol, sasl.mechanism, sasl.jaas.config, ssl.truststore.location) every client of the command uses.
@@ -124,6 +135,8 @@ public class KafkaClientProbe {
             case "stream": return stream(a[0], a[1], a[2], Long.parseLong(a[3]));
             case "list-topics": return listTopics(a[0]);
             case "log-dirs": return logDirs(a[0]);
+            case "groups-list": return listGroups(a[0], a[1], a[2]);
+            case "groups-describe": return describeGroups(a[0], Arrays.copyOfRange(a, 1, a.length));
             case "describe-topics": return describeTopics(a[0], Integer.parseInt(a[1]),
                                                           Arrays.copyOfRange(a, 2, a.length));
             case "scram-upsert": return scramUpsert(a[0], a[1], ScramMechanism.fromMechanismName(a[2]),
@@ -740,6 +753,80 @@ public class KafkaClientProbe {
         }
         Map<String, Object> answer = new LinkedHashMap<>();
         answer.put("ok", true);
+        return answer;
+    }
+
+    /** Admin.listConsumerGroups with kafka-consumer-groups.sh's --type and --state filters (comma-separated,
+     * "-" for none): [{"group_id", "type", "state"}] sorted by id. */
+    static Object listGroups(String bootstrap, String types, String states) throws Exception {
+        ListConsumerGroupsOptions options = new ListConsumerGroupsOptions();
+        if (!types.equals("-")) {
+            options.withTypes(Arrays.stream(types.split(",")).map(GroupType::parse)
+                .collect(Collectors.toSet()));
+        }
+        if (!states.equals("-")) {
+            options.inStates(Arrays.stream(states.split(",")).map(ConsumerGroupState::parse)
+                .collect(Collectors.toSet()));
+        }
+        List<Object> groups = new ArrayList<>();
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            Collection<ConsumerGroupListing> listed = admin.listConsumerGroups(options).all()
+                .get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+            for (ConsumerGroupListing listing : listed) {
+                Map<String, Object> one = new LinkedHashMap<>();
+                one.put("group_id", listing.groupId());
+                one.put("type", listing.type().map(GroupType::toString).orElse(null));
+                one.put("state", listing.state().map(ConsumerGroupState::toString).orElse(null));
+                groups.add(one);
+            }
+        }
+        groups.sort((x, y) -> ((String) ((Map<?, ?>) x).get("group_id"))
+            .compareTo((String) ((Map<?, ?>) y).get("group_id")));
+        Map<String, Object> answer = new LinkedHashMap<>();
+        answer.put("groups", groups);
+        return answer;
+    }
+
+    static List<String> sortedNames(Collection<TopicPartition> partitions) {
+        return partitions.stream().map(TopicPartition::toString).sorted()
+            .collect(Collectors.toList());
+    }
+
+    /** Admin.describeConsumerGroups (ConsumerGroupDescribe, falling back to DescribeGroups for a classic group, as
+     * kafka-consumer-groups.sh --describe --members): {group: {"type", "state", "assignor", "coordinator",
+     * "members": [{"member_id", "instance_id", "client_id", "host", "assigned", "target"}]}}, or {group: {"error"}}. */
+    static Object describeGroups(String bootstrap, String[] groups) throws Exception {
+        Map<String, Object> answer = new LinkedHashMap<>();
+        try (Admin admin = Admin.create(client(bootstrap))) {
+            Map<String, KafkaFuture<ConsumerGroupDescription>> described =
+                admin.describeConsumerGroups(Arrays.asList(groups)).describedGroups();
+            for (Map.Entry<String, KafkaFuture<ConsumerGroupDescription>> entry : described.entrySet()) {
+                Map<String, Object> one = new LinkedHashMap<>();
+                try {
+                    ConsumerGroupDescription group = entry.getValue().get(DEADLINE.toMillis(), TimeUnit.MILLISECONDS);
+                    one.put("type", group.type().toString());
+                    one.put("state", group.state().toString());
+                    one.put("assignor", group.partitionAssignor());
+                    one.put("coordinator", group.coordinator().id());
+                    List<Object> members = new ArrayList<>();
+                    for (MemberDescription member : group.members()) {
+                        Map<String, Object> m = new LinkedHashMap<>();
+                        m.put("member_id", member.consumerId());
+                        m.put("instance_id", member.groupInstanceId().orElse(null));
+                        m.put("client_id", member.clientId());
+                        m.put("host", member.host());
+                        m.put("assigned", sortedNames(member.assignment().topicPartitions()));
+                        m.put("target", member.targetAssignment()
+                            .map(t -> (Object) sortedNames(t.topicPartitions())).orElse(null));
+                        members.add(m);
+                    }
+                    one.put("members", members);
+                } catch (ExecutionException e) {
+                    one.put("error", e.getCause().getClass().getSimpleName());
+                }
+                answer.put(entry.getKey(), one);
+            }
+        }
         return answer;
     }
 }
