@@ -497,3 +497,35 @@ def test_a_member_of_a_group_the_coordinator_does_not_know_rejoins(groups):
     # as after a restart (kmem does not keep consumer groups yet): unknown, not GROUP_ID_NOT_FOUND (fatal to clients)
     assert groups.send("a", 3, owned={0}).error_code == ErrorCode.UNKNOWN_MEMBER_ID
     assert groups.send("a", -1).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_a_subscription_of_ten_thousand_topics_is_served_over_the_wire(tmp_path):
+    """Kafka takes any subscription a request can carry: the topics that do not exist are simply not assigned. The
+    connection stays open, the members share the one topic that exists, and the subscription is replaced, not
+    added to, by the next heartbeat that carries one."""
+    broker = start_broker(tmp_path)
+    try:
+        broker.logs.create_topic("t", 2)
+        names = [f"missing-{i:05d}" for i in range(10_000)] + ["t"]
+        with RawConnection(broker.bootstrap_servers) as connection:
+            epochs = {}
+            for member in ("a", "b"):
+                joined = connection.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, H(
+                    group_id="g", member_id=member, member_epoch=0, rebalance_timeout_ms=1000,
+                    subscribed_topic_names=names, topic_partitions=[]))
+                assert joined.error_code == ErrorCode.NONE
+                epochs[member] = joined.member_epoch
+            group = broker.coordinator.consumer_groups.groups["g"]
+            assert len(group.members["a"].topic_names) == len(names)
+            narrowed = connection.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, H(
+                group_id="g", member_id="a", member_epoch=epochs["a"], subscribed_topic_names=["t"],
+                topic_partitions=None))
+            assert narrowed.error_code == ErrorCode.NONE
+            assert list(group.members["a"].topic_names) == ["t"]
+            described = connection.call(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, messages.ConsumerGroupDescribeRequest(
+                group_ids=["g"], include_authorized_operations=False)).groups[0]
+            targets = [p for m in described.members for tp in m.target_assignment.topic_partitions
+                       for p in tp.partitions]
+            assert sorted(targets) == [0, 1]
+    finally:
+        broker.close()
