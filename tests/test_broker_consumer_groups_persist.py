@@ -276,6 +276,7 @@ def test_a_static_member_that_left_for_now_takes_its_partitions_back_after_a_res
     members.beat("s1", {0, 1, 2, 3}, instance_id="i")
     assert members.send("s1", -2, instance_id="i").error_code == ErrorCode.NONE
     cluster.restart()
+    assert described(cluster.members)[3] == {"s1": (-2, "c", ["t"], {0, 1, 2, 3}, {0, 1, 2, 3})}
     back = cluster.members.join("s2", instance_id="i")
     assert (back.error_code, back.member_epoch) == (ErrorCode.NONE, 1)
     assert {p for tp in back.assignment.topic_partitions for p in tp.partitions} == {0, 1, 2, 3}
