@@ -493,10 +493,21 @@ def test_offsets_of_a_topic_the_members_subscribe_to_are_not_deleted(groups):
     assert fetch(groups, None, -1) == (ErrorCode.NONE, [5])
 
 
-def test_a_member_of_a_group_the_coordinator_does_not_know_rejoins(groups):
-    # as after a restart (kmem does not keep consumer groups yet): unknown, not GROUP_ID_NOT_FOUND (fatal to clients)
-    assert groups.send("a", 3, owned={0}).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+def test_a_group_that_empties_stays_until_the_retention_check(groups):
+    """Kafka's ``getOrMaybeCreateConsumerGroup``: a heartbeat for a group the coordinator does not know is
+    GROUP_ID_NOT_FOUND; a group that emptied is kept (its fenced members are UNKNOWN_MEMBER_ID and rejoin) until
+    ``offsets.retention.check.interval.ms`` later without offsets, as Kafka's periodic cleanup deletes it."""
+    assert groups.send("a", 3, owned={0}).error_code == ErrorCode.GROUP_ID_NOT_FOUND
     assert groups.send("a", -1).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    groups.join("a")
+    assert groups.send("a", -1).error_code == ErrorCode.NONE
+    assert groups.send("a", 1, owned={0}).error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    assert groups.describe().group_state == "Empty"
+    later = time.monotonic() + groups.coordinator.config.offsets_retention_check_interval_ms / 1000
+    groups.coordinator.tick(later, time.time_ns() // 1_000_000 + groups.coordinator.config.
+                            offsets_retention_check_interval_ms + 1)
+    assert groups.describe().error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    assert groups.send("a", 1, owned={0}).error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
 def test_a_subscription_of_ten_thousand_topics_is_served_over_the_wire(tmp_path):

@@ -10,6 +10,7 @@ from broker_helpers import wait_for
 from group_helpers import ConsumerProcess, split_evenly, start_broker
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, client_properties, start_probe, wheel_jar
 from kmem.protocol import ApiKey, RequestHeader, messages
+from test_broker_consumer_groups import H
 from test_broker_groups import PARTITIONS, produce
 from test_broker_java_client import RUNTIME_JARS
 
@@ -63,16 +64,34 @@ def test_a_member_carries_on_over_a_broker_restart(tmp_path):
         produce(broker.bootstrap_servers, "orders", [f"a{i}" for i in range(30)])
         consumer = ConsumerProcess(CLIENT, broker.bootstrap_servers, "workers", "orders", "uniform")
         wait_for(lambda: len(committed([consumer])) == 30, "the first records committed")
+        for epoch in (0, -1):               # another member joins and leaves: the group moves to epoch 3
+            broker.coordinator.consumer_group_heartbeat(RequestHeader(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, 1, "t"), H(
+                group_id="workers", member_id="other", member_epoch=epoch, rebalance_timeout_ms=1000,
+                subscribed_topic_names=["orders"], topic_partitions=[]))
+        wait_for(lambda: _members(broker) == (3, "Stable", [3]), "the member at the group's epoch 3")
+        member_id = _describe_group(broker).members[0].member_id
         broker.close()
         broker = start_broker(tmp_path, port, **SETTINGS)
         produce(broker.bootstrap_servers, "orders", [f"b{i}" for i in range(30)])
-        wait_for(lambda: len(committed([consumer])) >= 60, "the member rejoined and committed the rest")
+        wait_for(lambda: len(committed([consumer])) >= 60, "the member carried on and committed the rest")
         assert sorted(committed([consumer])) == sorted(set(committed([consumer])))
         assert consumer.process.poll() is None
+        # it carried on at its epoch: no rejoin, no new epoch (a restart that forgot the group would be at 1)
+        assert _members(broker) == (3, "Stable", [3]) and _describe_group(broker).members[0].member_id == member_id
     finally:
         if consumer is not None:
             consumer.stop(signal.SIGKILL)
         broker.close()
+
+
+def _describe_group(broker, group_id="workers"):
+    return broker.coordinator.consumer_group_describe(*_describe(group_id)).groups[0]
+
+
+def _members(broker):
+    """The group's epoch, state and its members' epochs."""
+    group = _describe_group(broker)
+    return group.group_epoch, group.group_state, [m.member_epoch for m in group.members]
 
 
 def _describe(group_id):

@@ -494,7 +494,7 @@ def test_offsets_decoder_json_is_kafkas(capsys, tmp_path):
         {"key": key, "value": group(subscription, assignment)},
         {"key": key, "value": group(b"Subscription", b"Assignment")},
         {"key": key, "value": None},
-        {"key": struct.pack(">h", 7) + kafka_string("group"), "value": b"?"},
+        {"key": struct.pack(">h", 32767) + kafka_string("group"), "value": b"?"},
         {"key": None, "value": b"?"},
         {"key": offset_commit_key("group", "foo", 0), "value": struct.pack(">hq", 3, 5)},
     ])))
@@ -510,7 +510,7 @@ def test_offsets_decoder_json_is_kafkas(capsys, tmp_path):
         '| key: {"type":"2","data":{"group":"group"}} payload: ' + member + '"subscription":"U3Vic2NyaXB0aW9u",'
         '"assignment":"QXNzaWdubWVudA=="}]}}',
         '| key: {"type":"2","data":{"group":"group"}} payload: <DELETE>',
-        "| key: Unknown record type 7 at offset 3, skipping.",
+        "| key: Unknown record type 32767 at offset 3, skipping.",
         "| key: Failed to decode message at offset 4 using offset topic decoder (message had a missing key)",
         "| key: Error at offset 5, skipping. __consumer_offsets offset commit value: truncated at byte 10 (needs 4 "
         "more bytes)"]

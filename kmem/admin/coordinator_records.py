@@ -6,8 +6,12 @@ consumer protocol's subscriptions and assignments decoded) and ``--transaction-l
 import base64
 import json
 import struct
+import uuid
 
-from kmem.broker.group.offsets import _Reader, read_group_value, read_key, read_offset_value
+from kmem.broker.group.consumer_records import read_consumer_group_value
+from kmem.broker.group.offsets import (
+    CONSUMER_GROUP_KEY_VERSIONS, _Reader, read_group_value, read_key, read_offset_value,
+)
 from kmem.broker.txn import state_log
 from kmem.broker.txn.metadata import STATE_NAMES
 from kmem.errors import CorruptRecordError
@@ -29,9 +33,11 @@ def parse_offsets_record(record):
                 "missing key)"), None
     try:
         version = _version(record.key, "key")
-        if version not in (0, 1, 2):    # the KIP-848 records kmem does not write
+        if version not in range(CONSUMER_GROUP_KEY_VERSIONS.stop):     # a share group's (KIP-932)...
             return f"Unknown record type {version} at offset {record.offset}, skipping.", None
         kind, *fields = read_key(record.key)
+        if kind == "consumer":
+            return consumer_group_record_json(*fields, record.value)
         if kind == "offset":
             key = {"group": fields[0], "topic": fields[1], "partition": fields[2]}
         else:
@@ -45,6 +51,34 @@ def parse_offsets_record(record):
     except CorruptRecordError as exc:
         return f"Error at offset {record.offset}, skipping. {exc}", None
     return _json({"type": str(version), "data": key}), payload
+
+
+def consumer_group_record_json(version, group_id, member_id, value):
+    """A KIP-848 consumer group's record (``kmem.broker.group.consumer_records``) as Kafka's generated JSON
+    converters print it: fields in camelCase, topic ids as Kafka's ``Uuid.toString``, bytes in base64, a null
+    tagged field left out."""
+    key = {"groupId": group_id} if member_id is None else {"groupId": group_id, "memberId": member_id}
+    payload = "<DELETE>" if value is None else \
+        _json({"version": str(_version(value, "value")), "data": _fields_json(read_consumer_group_value(version, value))})
+    return _json({"type": str(version), "data": key}), payload
+
+
+def _fields_json(value):
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return {_camel_case(name): _fields_json(item) for name, item in zip(value._fields, value)
+                if not (name == "classic_member_metadata" and item is None)}
+    if isinstance(value, list):
+        return [_fields_json(item) for item in value]
+    if isinstance(value, uuid.UUID):
+        return base64.urlsafe_b64encode(value.bytes).decode().rstrip("=")
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    return value
+
+
+def _camel_case(name):
+    first, *rest = name.split("_")
+    return first + "".join(word.capitalize() for word in rest)
 
 
 def _version(data, part):

@@ -22,8 +22,13 @@ over (before that, the instance id is UNRELEASED_INSTANCE_ID for another member)
 within the session timeout, or does not revoke within its rebalance timeout, is fenced: removed, its partitions
 free. Each group has one task on the broker's timer at its earliest such deadline: no thread per member or group.
 
-Not yet: the group's records in ``__consumer_offsets`` (a restart forgets the members; committed offsets stay),
-rack-aware assignment, and classic members in a consumer group (KIP-848's online migration).
+The group's state is in ``__consumer_offsets`` as Kafka 3.9 writes it (``kmem.broker.group.consumer_records``),
+written before a heartbeat is answered: a restart, clean or not, keeps the group epoch, the members, their epochs
+and their target and current assignments, and a member heartbeating with its epoch carries on; sessions start
+afresh at load. A group that empties stays (its members, fenced, are UNKNOWN_MEMBER_ID, not GROUP_ID_NOT_FOUND) until
+its offsets expire, or ``offsets.retention.check.interval.ms`` without offsets; its records then become tombstones.
+
+Not yet: rack-aware assignment, and classic members in a consumer group (KIP-848's online migration).
 """
 import dataclasses
 import functools
@@ -37,14 +42,24 @@ import uuid
 from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.assignors import ASSIGNORS, AssignmentMember
+from kmem.broker.group.consumer_records import (
+    CURRENT_ASSIGNMENT, GROUP_EPOCH, MEMBER, PARTITION_METADATA, TARGET_EPOCH, TARGET_MEMBER, CurrentAssignment,
+    GroupEpoch, MemberMetadata, PartitionMetadata, TargetEpoch, TargetMember, TopicMetadata, consumer_group_key,
+    consumer_group_value, read_consumer_group_value, topic_partitions,
+)
+from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log.checkpoints import uuid_bytes
 from kmem.protocol import messages
 
 log = logging.getLogger(__name__)
 
 LEAVE_EPOCH, STATIC_LEAVE_EPOCH = -1, -2
-# member states (Kafka's MemberState)
+# member states (Kafka's MemberState, in the order of their codes in the records)
 STABLE, UNREVOKED, UNRELEASED = "stable", "unrevoked_partitions", "unreleased_partitions"
+_MEMBER_STATES = (STABLE, UNREVOKED, UNRELEASED)
+# the order of a write's records by key version: tombstones, then the others
+_RECORD_ORDER = {False: (CURRENT_ASSIGNMENT, TARGET_MEMBER, TARGET_EPOCH, MEMBER, PARTITION_METADATA, GROUP_EPOCH),
+                 True: (MEMBER, PARTITION_METADATA, GROUP_EPOCH, TARGET_MEMBER, TARGET_EPOCH, CURRENT_ASSIGNMENT)}
 # group states (Kafka's ConsumerGroupState)
 EMPTY, ASSIGNING, RECONCILING, STABLE_GROUP, DEAD = "Empty", "Assigning", "Reconciling", "Stable", "Dead"
 REGEX_MAX_CHARS = 1000          # a subscription's regular expression: longer is INVALID_REGULAR_EXPRESSION
@@ -90,6 +105,8 @@ class ConsumerGroup:
         self.owners = {}                # (topic id, partition) -> epoch of the member holding it
         self.topics = {}                # subscribed topics that exist: topic id -> partition count
         self.timer_task = None
+        self.persisted = {}             # its records in __consumer_offsets: (key version, member id) -> value
+        self.dirty = set()              # ids of the members changed since the last write
 
     @property
     def state(self):
@@ -116,6 +133,7 @@ class ConsumerGroup:
                 for p in parts:
                     self.owners.pop((topic, p), None)
         member.assigned, member.pending_revocation = assigned, pending_revocation
+        self.dirty.add(member.member_id)
         for held in (assigned, pending_revocation):
             for topic, parts in held.items():
                 for p in parts:
@@ -123,6 +141,7 @@ class ConsumerGroup:
 
     def add(self, member):
         self.members[member.member_id] = member
+        self.dirty.add(member.member_id)
         if member.instance_id is not None:
             self.static_members[member.instance_id] = member.member_id
 
@@ -130,6 +149,7 @@ class ConsumerGroup:
         self.hold(member, {}, {})
         del self.members[member.member_id]
         self.target.pop(member.member_id, None)
+        self.dirty.add(member.member_id)
         if member.instance_id is not None and self.static_members.get(member.instance_id) == member.member_id:
             del self.static_members[member.instance_id]
 
@@ -163,6 +183,7 @@ class ConsumerGroups:
         self.coordinator = coordinator
         self.config = coordinator.config
         self.groups = {}
+        self._loading = {}              # group id -> {(key version, member id): value}, while the log is replayed
 
     # --- ConsumerGroupHeartbeat -----------------------------------------------------------------------
 
@@ -171,8 +192,14 @@ class ConsumerGroups:
         try:
             self._validate(request, header.api_version)
             if request.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
-                return self._leave(request)
-            return self._heartbeat(request, header.client_id or "", client_host)
+                response = self._leave(request)
+            else:
+                response = self._heartbeat(request, header.client_id or "", client_host)
+            group = self.groups.get(request.group_id)
+            error = ErrorCode.NONE if group is None else self.store(group)
+            if error:
+                raise Refused(error, f"The coordinator could not write the group's records: {error.name}.")
+            return response
         except Refused as e:
             return Response(throttle_time_ms=0, error_code=e.code, error_message=str(e), member_id=None,
                             member_epoch=0, heartbeat_interval_ms=0, assignment=None)
@@ -212,8 +239,8 @@ class ConsumerGroups:
                           f"ServerAssignor {request.server_assignor} is not supported. Supported assignors: "
                           f"{', '.join(self.config.consumer_assignors)}.")
 
-    def _group(self, group_id, create, missing=ErrorCode.GROUP_ID_NOT_FOUND):
-        """The consumer group (a new one if ``create``); an unknown one is refused with ``missing``."""
+    def _group(self, group_id, create):
+        """The consumer group (a new one if ``create``); an unknown one is GROUP_ID_NOT_FOUND."""
         group = self.groups.get(group_id)
         if group is not None:
             return group
@@ -221,7 +248,7 @@ class ConsumerGroups:
         if classic is not None and (classic.members or classic.protocol_type is not None):
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
-            raise Refused(missing, f"Consumer group {group_id} not found.")
+            raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found.")
         # an empty classic group (offsets only) becomes a consumer group, its offsets kept; it is registered
         # with its first member, so a refused join leaves nothing behind
         return ConsumerGroup(group_id)
@@ -229,9 +256,7 @@ class ConsumerGroups:
     def _heartbeat(self, request, client_id, client_host):
         now = time.monotonic()
         epoch = request.member_epoch
-        # kmem does not keep a consumer group over a restart (Kafka does, in __consumer_offsets): its members find
-        # themselves unknown, as if their session had expired, and rejoin (GROUP_ID_NOT_FOUND is fatal to clients)
-        group = self._group(request.group_id, create=epoch == 0, missing=ErrorCode.UNKNOWN_MEMBER_ID)
+        group = self._group(request.group_id, create=epoch == 0)
         member_id = request.member_id
         if len(group.members) >= self.config.consumer_max_size and (not member_id or member_id not in group.members):
             raise Refused(ErrorCode.GROUP_MAX_SIZE_REACHED, "The consumer group has reached its maximum capacity of "
@@ -252,6 +277,7 @@ class ConsumerGroups:
         if getattr(request, "subscribed_topic_regex", None) is not None:
             member.topic_regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
         member.client_id, member.client_host = client_id, client_host
+        group.dirty.add(member.member_id)
         if new:
             group.add(member)
             self.groups.setdefault(group.group_id, group)
@@ -367,6 +393,7 @@ class ConsumerGroups:
                    for m in group.members.values()}
         group.target = ASSIGNORS[name](members, group.topics)
         group.assignment_epoch = group.epoch
+        group.dirty.update(group.members)
 
     def _reconcile(self, group, member, owned, now):
         """Kafka's ``CurrentAssignmentBuilder``: one step of ``member`` towards its target."""
@@ -465,7 +492,8 @@ class ConsumerGroups:
         return min(map(self.next_deadline_of, group.members.values()), default=None)
 
     def expire(self, group, now):
-        """Fence the members whose session or revocation timed out by ``now``."""
+        """Fence the members whose session or revocation timed out by ``now`` (if their removal cannot be written,
+        they stay, with a new session)."""
         for member in list(group.members.values()):
             if now >= member.session_deadline:
                 log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
@@ -474,6 +502,144 @@ class ConsumerGroups:
                 log.info("group %r: member %s did not revoke in its rebalance timeout", group.group_id,
                          member.member_id)
                 self.fence(group, member)
+        self.store(group)
+
+    # --- __consumer_offsets ---------------------------------------------------------------------------
+    # The group's state is kept in Kafka 3.9's records (kmem.broker.group.consumer_records), written before a
+    # heartbeat is answered or a member is fenced: what changed since the last write, in the order Kafka's
+    # GroupMetadataManager writes them, tombstones for a member that left and for every record of a deleted group.
+
+    def store(self, group):
+        """Write what changed in ``group`` (every record as a tombstone if it is no longer kept). A failed write
+        restores the group as its records have it; returns the Kafka error code to answer (NONE once written)."""
+        alive = self.groups.get(group.group_id) is group
+        changes = self._changes(group, alive)
+        group.dirty.clear()
+        if not changes:
+            return ErrorCode.NONE
+        error = self.coordinator._append(group.group_id, [
+            (consumer_group_key(version, group.group_id, member_id), value)
+            for (version, member_id), value in changes])
+        if error:
+            self._restore(group)
+            return error
+        for key, value in changes:
+            if value is None:
+                group.persisted.pop(key, None)
+            else:
+                group.persisted[key] = value
+        return ErrorCode.NONE
+
+    def delete(self, group):
+        """Forget the (empty) group, writing tombstones for its records; the error code of the write."""
+        self.coordinator._forget_consumer_group(group)
+        return self.store(group)
+
+    def tombstones(self, group_id):
+        """``[(key, None)]`` for every record of the group ``group_id`` (none for no such group), in Kafka's order
+        (``ConsumerGroup.createGroupTombstoneRecords``), for the caller to write with others."""
+        group = self.groups.get(group_id)
+        return [] if group is None else [(consumer_group_key(version, group_id, member_id), None)
+                                         for (version, member_id), _ in self._changes(group, alive=False)]
+
+    def _changes(self, group, alive):
+        """``[((key version, member id), value or None)]``: the records that differ from those written, in order."""
+        current = self._records(group) if alive else {}
+        keys = set(current) | {key for key in group.persisted if not alive or key[1] in group.dirty}
+        changes = [(key, current.get(key)) for key in keys if current.get(key) != group.persisted.get(key)]
+        # tombstones first (a member's current assignment, target, then the member, then the group's), then
+        # the records of a heartbeat: the member, the subscribed topics, the epoch, the target, its epoch, the
+        # member's current assignment (so Kafka's replay finds what each record refers to)
+        return sorted(changes, key=lambda change: (change[1] is not None, _RECORD_ORDER[change[1] is not None]
+                                                   .index(change[0][0]), change[0][1] or ""))
+
+    def _records(self, group):
+        """The encoded records of the group and of its changed members."""
+        names = {_topic_uuid(info.topic_id): name for name, info in self.coordinator.logs.topics().items()}
+        records = {
+            (GROUP_EPOCH, None): GroupEpoch(group.epoch),
+            (PARTITION_METADATA, None): PartitionMetadata([
+                TopicMetadata(topic, names.get(topic, ""), count, [])       # no broker rack: no partition racks
+                for topic, count in sorted(group.topics.items(), key=lambda item: names.get(item[0], ""))]),
+            (TARGET_EPOCH, None): TargetEpoch(group.assignment_epoch)}
+        for member_id in group.dirty:
+            member = group.members.get(member_id)
+            if member is None:
+                continue
+            records[(MEMBER, member_id)] = MemberMetadata(
+                member.instance_id, member.rack_id, member.client_id, member.client_host, list(member.topic_names),
+                member.topic_regex, member.rebalance_timeout_ms, member.server_assignor)
+            if member_id in group.target:
+                records[(TARGET_MEMBER, member_id)] = TargetMember(topic_partitions(group.target[member_id]))
+            records[(CURRENT_ASSIGNMENT, member_id)] = CurrentAssignment(
+                member.epoch, member.previous_epoch, _MEMBER_STATES.index(member.state),
+                topic_partitions(member.assigned), topic_partitions(member.pending_revocation))
+        return {key: consumer_group_value(value) for key, value in records.items()}
+
+    def _restore(self, group):
+        """After a failed write: the group as its written records have it (gone if it has none)."""
+        if group.timer_task is not None:
+            group.timer_task.cancel()
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
+        if group.persisted:
+            self._register(self._rebuild(group.group_id, group.persisted))
+
+    def replay(self, version, group_id, member_id, value):
+        """A record read from the log at load (the last of each key wins); ``CorruptRecordError`` for a value that
+        does not decode. ``loaded()`` builds the groups once every record is read."""
+        records = self._loading.setdefault(group_id, {})
+        if value is None:
+            records.pop((version, member_id), None)
+        else:
+            read_consumer_group_value(version, value)
+            records[(version, member_id)] = bytes(value)
+
+    def loaded(self):
+        """The groups of the records replayed, their members' sessions starting now (as Kafka does at load)."""
+        loading, self._loading = self._loading, {}
+        for group_id, records in loading.items():
+            if records:
+                self._register(self._rebuild(group_id, records))
+        if self.groups:
+            log.info("loaded %d consumer groups from %s", len(self.groups), OFFSETS_TOPIC)
+
+    def _register(self, group):
+        self.groups[group.group_id] = group
+        self.coordinator.schedule_consumer_group(group)
+
+    def _rebuild(self, group_id, records):
+        """The group that ``records`` ({(key version, member id): value}) describe."""
+        group = ConsumerGroup(group_id)
+        group.persisted = dict(records)
+        values = {key: read_consumer_group_value(key[0], value) for key, value in records.items()}
+        group.epoch = values[(GROUP_EPOCH, None)].epoch if (GROUP_EPOCH, None) in values else 0
+        group.assignment_epoch = values[(TARGET_EPOCH, None)].assignment_epoch if (TARGET_EPOCH, None) in values \
+            else 0
+        if (PARTITION_METADATA, None) in values:
+            group.topics = {t.topic_id: t.num_partitions for t in values[(PARTITION_METADATA, None)].topics}
+        now = time.monotonic()
+        for (version, member_id), value in values.items():
+            if version == TARGET_MEMBER:
+                group.target[member_id] = {tp.topic_id: frozenset(tp.partitions) for tp in value.topic_partitions}
+            elif version == MEMBER:
+                group.add(ConsumerMember(
+                    member_id, value.instance_id, value.rack_id, value.client_id, value.client_host,
+                    value.rebalance_timeout_ms, tuple(sorted(value.subscribed_topic_names)),
+                    value.subscribed_topic_regex, value.server_assignor,
+                    session_deadline=now + self.config.consumer_session_timeout_ms / 1000))
+        for member_id, member in group.members.items():
+            current = values.get((CURRENT_ASSIGNMENT, member_id))
+            if current is None:
+                continue
+            member.epoch, member.previous_epoch = current.member_epoch, current.previous_member_epoch
+            member.state = _MEMBER_STATES[current.state] if 0 <= current.state < len(_MEMBER_STATES) else STABLE
+            if member.state == UNREVOKED:
+                member.revocation_deadline = now + member.rebalance_timeout_ms / 1000
+            group.hold(member, *({tp.topic_id: frozenset(tp.partitions) for tp in held}
+                                 for held in (current.assigned_partitions, current.partitions_pending_revocation)))
+        group.dirty.clear()
+        return group
 
     # --- OffsetCommit, OffsetFetch --------------------------------------------------------------------
 

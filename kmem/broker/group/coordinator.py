@@ -448,6 +448,7 @@ class GroupCoordinator:
             del self.groups[group_id]
         if self.groups:
             log.info("loaded %d groups from %s", len(self.groups), OFFSETS_TOPIC)
+        self.consumer_groups.loaded()
 
     def _load_record(self, key, value, log_offset, txn, now_ms, now):
         """One record at ``log_offset``; ``txn``: the pending offsets of its producer (transactional batch)."""
@@ -461,6 +462,8 @@ class GroupCoordinator:
                 offsets.pop(key, None)
             else:
                 offsets[key] = offset
+        elif kind[0] == "consumer":
+            self.consumer_groups.replay(*kind[1:], value)
         elif value is None:
             self.groups.pop(kind[1], None)
         else:
@@ -531,15 +534,15 @@ class GroupCoordinator:
         a heartbeat (of ``member``, whose deadlines alone changed) only moves a deadline later, so it schedules
         nothing and scans no other member. An empty group without offsets is forgotten, and the offsets of one
         that emptied start their expiry. Under the lock."""
-        offsets = self.groups.get(group.group_id)
         if not group.members:
             if group.timer_task is not None:
                 group.timer_task.cancel()
                 group.timer_task = None
-            if offsets is None:
-                self._forget_consumer_group(group)
-            else:
-                self._schedule(offsets)                     # its offsets may expire now
+            # as Kafka keeps an empty group until its offsets expire (or one offsets.retention.check.interval.ms
+            # without any), the group of its offsets does; it then writes the group's tombstones
+            offsets = self._loaded_group(group.group_id, _now_ms())
+            offsets.set_state(EMPTY, _now_ms())
+            self._schedule(offsets)
             return
         task = group.timer_task
         if member is not None and task is not None and task.pending and \
@@ -746,7 +749,9 @@ class GroupCoordinator:
             if consumer_group is not None:
                 if consumer_group.members:      # KIP-848's migration of classic members is not served
                     return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id or "")
-                self._forget_consumer_group(consumer_group)
+                error = self.consumer_groups.delete(consumer_group)
+                if error:
+                    return self._join_error(error, request.member_id or "")
             result = self._join(header, request, header.api_version, client_host)
             group = self.groups.get(request.group_id)
             if group is not None:
@@ -1428,15 +1433,13 @@ class GroupCoordinator:
             if consumer_group.members:
                 return ErrorCode.NON_EMPTY_GROUP
             if group is None:
-                self._forget_consumer_group(consumer_group)
-                return ErrorCode.NONE
+                return self.consumer_groups.delete(consumer_group)
         if group is None or group.state == DEAD:
             return ErrorCode.GROUP_ID_NOT_FOUND
         if group.state != EMPTY or group.members:
             return ErrorCode.NON_EMPTY_GROUP
         entries = [(offset_commit_key(group_id, t, p), None) for t, p in group.offsets]
-        entries.append((group_metadata_key(group_id), None))
-        error = self._append(group_id, entries)
+        error = self._append(group_id, entries + self._group_tombstones(group_id))
         if error == ErrorCode.NONE:
             group.set_state(DEAD, _now_ms())
             self._forget(group)
@@ -1529,6 +1532,11 @@ class GroupCoordinator:
                 group.state_timestamp + self.config.offsets_retention_check_interval_ms
         return min(self._offset_due_ms(group, offset) for offset in group.offsets.values())
 
+    def _group_tombstones(self, group_id):
+        """The tombstones of a deleted group (Kafka's ``createGroupTombstoneRecords``): a consumer group's records,
+        else the classic group's metadata."""
+        return self.consumer_groups.tombstones(group_id) or [(group_metadata_key(group_id), None)]
+
     def _has_consumer_members(self, group_id):
         consumer_group = self.consumer_groups.groups.get(group_id)
         return consumer_group is not None and bool(consumer_group.members)
@@ -1543,7 +1551,7 @@ class GroupCoordinator:
         entries = [(offset_commit_key(group.group_id, t, p), None) for t, p in expired]
         dead = len(expired) == len(group.offsets) and not group.members and not group.txn_offsets
         if dead:
-            entries.append((group_metadata_key(group.group_id), None))
+            entries += self._group_tombstones(group.group_id)
         if not entries or self._append(group.group_id, entries) != ErrorCode.NONE:
             return 0
         for key in expired:

@@ -15,6 +15,7 @@ group's records go to.
 Strings are ``i16 length | UTF-8``, nullable ones with length -1 for null; bytes are ``i32 length | data``.
 """
 import struct
+import uuid
 from typing import NamedTuple
 
 from kmem.errors import CorruptRecordError
@@ -23,6 +24,10 @@ OFFSETS_TOPIC = "__consumer_offsets"
 OFFSET_COMMIT_KEY_VERSION = 1
 GROUP_METADATA_KEY_VERSION = 2
 GROUP_METADATA_VALUE_VERSION = 3
+# KIP-848's: ConsumerGroupMetadataKey (3), ...PartitionMetadataKey (4), ...MemberMetadataKey (5),
+# ...TargetAssignmentMetadataKey (6), ...TargetAssignmentMemberKey (7), ...CurrentMemberAssignmentKey (8)
+CONSUMER_GROUP_KEY_VERSIONS = range(3, 9)
+CONSUMER_MEMBER_KEY_VERSIONS = (5, 7, 8)       # group | member id; the others are group only
 
 INT64_MAX = (1 << 63) - 1          # the latest timestamp a record holds
 
@@ -138,6 +143,98 @@ class _Reader:
         return bytes(self._take(self.i32()))
 
 
+class FlexibleReader(_Reader):
+    """The compact types of flexible versions (KIP-482)."""
+
+    def uvarint(self):
+        value = shift = 0
+        while True:
+            byte = self._take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 28:
+                raise CorruptRecordError(f"{self.what}: a varint at byte {self.pos} is too long")
+
+    def compact_string(self):
+        size = self.uvarint() - 1
+        try:
+            return bytes(self._take(size)).decode()
+        except UnicodeDecodeError:
+            raise CorruptRecordError(f"{self.what}: a string at byte {self.pos - size} is not UTF-8") from None
+
+    def compact_nullable_string(self):
+        if self._peek_null():
+            return None
+        return self.compact_string()
+
+    def compact_bytes(self):
+        return bytes(self._take(self.uvarint() - 1))
+
+    def compact_array(self, read_one):
+        """A compact array of ``read_one()`` (its length bounded by the bytes left: no huge allocation)."""
+        count = self.uvarint() - 1
+        if not 0 <= count <= len(self.view) - self.pos:
+            raise CorruptRecordError(f"{self.what}: bad array length {count} at byte {self.pos}")
+        return [read_one() for _ in range(count)]
+
+    def uuid(self):
+        return uuid.UUID(bytes=bytes(self._take(16)))
+
+    def _peek_null(self):
+        if self.pos < len(self.view) and self.view[self.pos] == 0:
+            self.pos += 1
+            return True
+        return False
+
+    def tagged_fields(self):
+        """``{tag: bytes}`` of a struct's tagged fields."""
+        fields = {}
+        for _ in range(self.uvarint()):
+            tag = self.uvarint()
+            fields[tag] = bytes(self._take(self.uvarint()))
+        return fields
+
+    def skip_tagged_fields(self):
+        self.tagged_fields()
+
+
+class FlexibleWriter(_Writer):
+    """The compact types of flexible versions (KIP-482); every struct is written without tagged fields."""
+
+    def uvarint(self, v):
+        out = bytearray()
+        while v >= 0x80:
+            out.append(v & 0x7F | 0x80)
+            v >>= 7
+        out.append(v)
+        self.parts.append(bytes(out))
+
+    def compact_string(self, v):
+        if v is None:
+            self.uvarint(0)
+            return
+        data = v.encode()
+        self.uvarint(len(data) + 1)
+        self.parts.append(data)
+
+    def compact_bytes(self, v):
+        self.uvarint(len(v) + 1)
+        self.parts.append(bytes(v))
+
+    def compact_array(self, items, write_one):
+        self.uvarint(len(items) + 1)
+        for item in items:
+            write_one(item)
+
+    def uuid(self, v):
+        self.parts.append(v.bytes)
+
+    def no_tagged_fields(self):
+        self.parts.append(b"\0")
+
+
 def offset_commit_key(group_id, topic, partition):
     w = _Writer()
     w.i16(OFFSET_COMMIT_KEY_VERSION)
@@ -203,10 +300,14 @@ def versioned_reader(data, topic, part, versions, reader=_Reader):
 
 
 def read_key(key):
-    """``("offset", group, topic, partition)`` or ``("group", group)``; ``CorruptRecordError`` otherwise."""
-    r, version = versioned_reader(key, OFFSETS_TOPIC, "key", (0, 1, 2))
+    """``("offset", group, topic, partition)``, ``("group", group)`` or, for a KIP-848 consumer group's records
+    (``kmem.broker.group.consumer_records``), ``("consumer", key version, group, member id or None)``;
+    ``CorruptRecordError`` otherwise."""
+    r, version = versioned_reader(key, OFFSETS_TOPIC, "key", range(CONSUMER_GROUP_KEY_VERSIONS.stop))
     if version == 2:
         return "group", r.string()
+    if version in CONSUMER_GROUP_KEY_VERSIONS:
+        return "consumer", version, r.string(), r.string() if version in CONSUMER_MEMBER_KEY_VERSIONS else None
     return "offset", r.string(), r.string(), r.i32()
 
 

@@ -15,7 +15,7 @@ A transactional id's records go to partition ``abs(hashCode(id)) % transaction.s
 """
 from typing import NamedTuple
 
-from kmem.broker.group.offsets import OFFSETS_TOPIC, _Reader, _Writer, versioned_reader
+from kmem.broker.group.offsets import OFFSETS_TOPIC, FlexibleReader, _Writer, versioned_reader
 from kmem.broker.txn.metadata import EMPTY, STATE_NAMES
 from kmem.errors import CorruptRecordError
 
@@ -76,38 +76,11 @@ def read_key(key):
     return r.string()
 
 
-class _FlexibleReader(_Reader):
-    """The compact types of flexible versions (KIP-482)."""
-
-    def uvarint(self):
-        value = shift = 0
-        while True:
-            byte = self._take(1)[0]
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-            if shift > 28:
-                raise CorruptRecordError(f"{self.what}: a varint at byte {self.pos} is too long")
-
-    def compact_string(self):
-        size = self.uvarint() - 1
-        try:
-            return bytes(self._take(size)).decode()
-        except UnicodeDecodeError:
-            raise CorruptRecordError(f"{self.what}: a string at byte {self.pos - size} is not UTF-8") from None
-
-    def skip_tagged_fields(self):
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self._take(self.uvarint())
-
-
 def read_value(value):
     """A ``TransactionLogValue``, or None for a tombstone; ``CorruptRecordError`` for bad bytes."""
     if value is None:
         return None
-    r, version = versioned_reader(value, TRANSACTION_STATE_TOPIC, "value", (0, 1), _FlexibleReader)
+    r, version = versioned_reader(value, TRANSACTION_STATE_TOPIC, "value", (0, 1), FlexibleReader)
     flexible = version == 1
     producer_id, epoch, timeout = r.i64(), r.i16(), r.i32()
     state = r._take(1)[0]
