@@ -5,7 +5,7 @@ import struct
 
 from kmem.send import as_transport, close_send
 
-from . import codegen, schema
+from . import codegen, compiled, schema
 from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
 
 
@@ -146,8 +146,10 @@ def message_class(api_key, kind):
 
 @functools.lru_cache(maxsize=None)
 def _codec(api_key, version, kind, direction):
+    """The compiled codec where there is one (the hot APIs), with the Python codec behind it."""
     spec = message(api_key, kind)
-    return codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
+    reference = codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
+    return compiled.codec(spec, version, direction, reference)
 
 
 @functools.lru_cache(maxsize=None)
