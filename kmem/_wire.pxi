@@ -268,6 +268,32 @@ cdef inline bint _wire_differs(Py_ssize_t index, value):
 include "_wire_codecs.pxi"
 
 
+def wire_request_header(view):
+    """``(api_key, api_version, correlation_id, client_id, pos after it)`` of a request header v1 or v2 at
+    the start of ``view`` (a memoryview of bytes); the tagged fields of v2 are the caller's, which knows
+    the API's versions. Raises WireFallback (or another exception) on anything the Python codec must judge."""
+    cdef Py_buffer buffer
+    cdef _Rd reader
+    cdef int64_t length
+    PyObject_GetBuffer(view, &buffer, PyBUF_SIMPLE)
+    try:
+        reader.p = <const unsigned char*>buffer.buf
+        reader.pos = 0
+        reader.end = buffer.len
+        api_key, api_version, correlation_id = _rd_i16(&reader), _rd_i16(&reader), _rd_i32(&reader)
+        length = _rd_i16(&reader)
+        client_id = None
+        if length >= 0:
+            _rd_need(&reader, length)
+            client_id = PyUnicode_DecodeUTF8(<const char*>reader.p + reader.pos, length, NULL)
+            reader.pos += length
+        elif length != -1:
+            _wire_fallback()
+    finally:
+        PyBuffer_Release(&buffer)
+    return api_key, api_version, correlation_id, client_id, reader.pos
+
+
 def wire_decode(Py_ssize_t index, view, Py_ssize_t pos):
     """``(message, pos after it)``: the body at ``pos`` of ``view`` (a memoryview of bytes) by the compiled
     decoder ``index`` of ``WIRE_CODECS``; records are views of ``view``. Raises WireFallback (or another

@@ -6,9 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from kmem import _core
-from kmem.protocol import CorruptMessageError, InvalidMessageError, decode_request, encode_request, messages
+from kmem.protocol import (CorruptMessageError, InvalidMessageError, decode_request, decode_request_header,
+                           encode_request, message_class, messages)
 from kmem.protocol import codegen, cythongen, schema
-from kmem.protocol.api import SUPPORTED_VERSIONS, ApiKey, _codec, message
+from kmem.protocol.api import SUPPORTED_VERSIONS, ApiKey, _codec, _decode_request_header_reference, message
 from kmem.protocol.compiled import _bind
 from kmem.send import BytesSend
 from test_protocol_compat import struct_values, to_kmem
@@ -143,3 +144,24 @@ def test_unusual_values_the_python_codec_takes_are_encoded_by_it():
     assert encode_request(unusual, 9, 7, "c") == encode_request(usual, 9, 7, "c")
     header, decoded = decode_request(encode_request(usual, 9, 7, "c"))
     assert bytes(decoded.topic_data[0].partition_data[0].records) == b"abc"
+
+
+def header_outcome(decode, data):
+    try:
+        header, pos = decode(memoryview(data))
+        return (header, pos)
+    except Exception as e:
+        return type(e), str(e)
+
+
+@pytest.mark.parametrize("api_key,version", [(ApiKey.PRODUCE, 9), (ApiKey.HEARTBEAT, 4), (ApiKey.FETCH, 3)])
+def test_request_header_is_read_as_the_python_reader_reads_it(api_key, version):
+    """Cut at every byte and every byte set to 0xff, 0x7f, 0x80 or 0x00: the same header, or the same error."""
+    data = bytes(encode_request(message_class(api_key, "Request")(), version, 77, "client-é", {5: b"xy"}))
+    inputs = [data[:cut] for cut in range(len(data) + 1)]
+    inputs += [data[:at] + bytes([byte]) + data[at + 1:] for at in range(20) for byte in (0xFF, 0x7F, 0x80, 0)]
+    for hostile in inputs:
+        assert header_outcome(decode_request_header, hostile) == \
+            header_outcome(_decode_request_header_reference, hostile)
+    header, _ = decode_request_header(data)
+    assert (header.api_key, header.correlation_id, header.client_id) == (api_key, 77, "client-é")
