@@ -1,13 +1,16 @@
 """The Produce path's cost in the broker (``.venv/bin/pytest bench/bench_produce_path.py -s``), issue 39's figures:
 
-- the broker time of one Produce request (acks=1, one batch of one 1 KiB record from an idempotent producer),
-  from its payload to its encoded response: ``RequestDispatcher`` called in the broker's own process, on a
-  started ``Broker`` writing its log to disk, ``REQUESTS`` times; the median and p99 are printed;
+- the broker time of one Produce request (acks=1, one batch of one 1 KiB record from an idempotent producer)
+  and of one Fetch answered with one such batch, from its payload to its encoded response: ``RequestDispatcher``
+  called in the broker's own process, on a started ``Broker`` writing its log to disk, ``REQUESTS`` times; the
+  median and p99 are printed, with the Python codecs alone and with the compiled ones in front (kmem.protocol's
+  hot APIs), on two brokers that take each request in turn, and their ratio;
 - produce CPU seconds per GB of 100 B records with a confluent-kafka producer (as
   ``bench_broker_throughput.py`` sends them: acks=all, idempotent, ``linger.ms`` 5), 1 and 8 partitions,
   kmem broker side by side with librdkafka's mock cluster in the same run, ``KMEM_BENCH_THROUGHPUT_MB``
   (default 64) MB of values each, and kmem's CPU per GB as a ratio to the mock's.
 """
+import functools
 import gc
 import time
 
@@ -56,35 +59,114 @@ def produce_payloads(count):
     return payloads
 
 
-def test_produce_request_broker_time(tmp_path):
+def fetch_payloads(count):
+    """``count`` Fetch v12 payloads of "hot"-0, the i-th from offset i, each answered with one 1 KiB batch."""
+    from kmem.protocol import encode_request, messages
+
+    F = messages.FetchRequest
+    return [bytes(encode_request(F(replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1 << 20, isolation_level=0,
+                                   topics=[F.FetchTopic(topic="hot", partitions=[F.FetchPartition(
+                                       partition=0, fetch_offset=offset, partition_max_bytes=RECORD_BYTES * 2)])]),
+                                 12, offset, "bench")) for offset in range(count)]
+
+
+def python_codecs():
+    """kmem.protocol's codec lookup as it was before the compiled codecs: the Python ones alone."""
+    from kmem.protocol import api, codegen
+
+    @functools.lru_cache(maxsize=None)
+    def python_codec(api_key, version, kind, direction):
+        spec = api.message(api_key, kind)
+        return codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
+    return python_codec
+
+
+def broker_times(path, prefill, payloads, check):
+    """Broker times (ns) and thread CPU times of ``payloads`` on two new brokers holding "hot" (once the
+    Produce payloads ``prefill`` are in), one with the Python codecs, one with the compiled ones: each
+    request is handled by both, in turn, so both see the same load from whatever else runs."""
     from kmem.broker import Broker
+    from kmem.protocol import api
+
+    lookups = {"python": python_codecs(), "compiled": api._codec}
+    brokers = {which: Broker(path / which, port=0).start() for which in lookups}
+    times = {which: ([], []) for which in lookups}
+    try:
+        for which, broker in brokers.items():
+            api._codec = lookups[which]
+            broker.logs.create_topic("hot")
+            for payload in prefill:
+                broker.server.handler(_Request(payload))
+        gc.freeze()             # as `kmem broker` does once started
+        for i, payload in enumerate(payloads):
+            for which in sorted(lookups, reverse=i % 2 == 1):
+                api._codec = lookups[which]
+                request, handle = _Request(payload), brokers[which].server.handler
+                started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
+                response = handle(request)
+                times[which][0].append(time.perf_counter_ns() - started)
+                times[which][1].append(time.thread_time_ns() - cpu_started)
+                check(brokers[which], response, i == len(payloads) - 1)
+    finally:
+        api._codec = lookups["compiled"]
+        for broker in brokers.values():
+            broker.close()
+        gc.unfreeze()
+    return {which: (sorted(wall), sorted(cpu)) for which, (wall, cpu) in times.items()}
+
+
+class _Sink:
+    def __init__(self):
+        self.data = bytearray()
+
+    def write(self, buffers):
+        if isinstance(buffers, memoryview):             # a file's records come as one view
+            buffers = [buffers]
+        for buffer in buffers:
+            self.data += buffer
+        return sum(memoryview(b).nbytes for b in buffers)
+
+
+def _produced(broker, response, last_one):
+    if not last_one:
+        return
     from kmem.protocol import ApiKey, decode_response
 
-    payloads = produce_payloads(REQUESTS)
-    broker = Broker(tmp_path / "kmem", port=0).start()
-    try:
-        broker.logs.create_topic("hot")
-        gc.freeze()             # as `kmem broker` does once started
-        handle = broker.server.handler
-        times, cpu_times = [], []
-        for payload in payloads:
-            request = _Request(payload)
-            started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
-            response = handle(request)
-            times.append(time.perf_counter_ns() - started)
-            cpu_times.append(time.thread_time_ns() - cpu_started)
-        _, last = decode_response(response, ApiKey.PRODUCE, 9)
-        assert last.responses[0].partition_responses[0].error_code == 0
-        assert broker.logs.get_partition("hot", 0).log_end_offset == REQUESTS
-    finally:
-        broker.close()
-        gc.unfreeze()
-    times.sort()
-    cpu_times.sort()
-    median, p99, cpu = times[len(times) // 2], times[len(times) * 99 // 100], cpu_times[len(cpu_times) // 2]
-    lines.append(f"one-batch Produce of {RECORD_BYTES} B (v9, acks=1, idempotent), broker time over {REQUESTS} "
-                 f"requests: median {median / 1000:.1f} us, p99 {p99 / 1000:.1f} us; the thread's CPU time: median "
-                 f"{cpu / 1000:.1f} us")
+    _, last = decode_response(response, ApiKey.PRODUCE, 9)
+    assert last.responses[0].partition_responses[0].error_code == 0
+    assert broker.logs.get_partition("hot", 0).log_end_offset == REQUESTS
+
+
+def _fetched(broker, response, last_one):
+    if not last_one:
+        response.close()
+        return
+    from kmem.protocol import ApiKey, decode_response
+
+    sink = _Sink()
+    while not response.completed:
+        response.write_to(sink)
+    _, last = decode_response(bytes(sink.data), ApiKey.FETCH, 12)
+    partition = last.responses[0].partitions[0]
+    assert partition.error_code == 0 and RECORD_BYTES < len(partition.records) < 2 * RECORD_BYTES
+
+
+@pytest.mark.parametrize("api", ["produce", "fetch"])
+def test_request_broker_time(tmp_path, api):
+    """Broker time with the Python codecs alone and with the compiled ones, request by request in turn."""
+    if api == "produce":
+        prefill, payloads, check = [], produce_payloads(REQUESTS), _produced
+        what = f"one-batch Produce of {RECORD_BYTES} B (v9, acks=1, idempotent)"
+    else:
+        prefill, payloads, check = produce_payloads(REQUESTS), fetch_payloads(REQUESTS), _fetched
+        what = f"Fetch v12 answered with one {RECORD_BYTES} B batch"
+    figures = broker_times(tmp_path, prefill, payloads, check)
+    for which, (times, cpu_times) in figures.items():
+        median, p99, cpu = times[len(times) // 2], times[len(times) * 99 // 100], cpu_times[len(cpu_times) // 2]
+        lines.append(f"{what}, {which} codecs, broker time over {REQUESTS} requests: median {median / 1000:.1f} us, "
+                     f"p99 {p99 / 1000:.1f} us; the thread's CPU time: median {cpu / 1000:.1f} us")
+    medians = {which: times[len(times) // 2] for which, (times, _) in figures.items()}
+    lines.append(f"{what}: compiled/python median broker time {medians['compiled'] / medians['python']:.2f}")
 
 
 @pytest.mark.parametrize("partitions", [1, 8])

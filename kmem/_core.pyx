@@ -7,13 +7,15 @@ cimports are here and the types the parts share are in ``_core.pxd``, so the par
 any order.
 """
 cimport cython
-from cpython.buffer cimport PyBuffer_FillInfo
-from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.long cimport PyLong_Check
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_DECREF, Py_XDECREF
-from libc.stdint cimport INT64_MAX, INT64_MIN, int16_t, int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
+from libc.stdint cimport INT64_MAX, INT64_MIN, int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memcmp, memcpy, memset
 
@@ -29,3 +31,4 @@ include "_record_decode.pxi"
 include "_record_rebuild.pxi"
 include "_record_validate.pxi"
 include "_offset_map.pxi"
+include "_wire.pxi"

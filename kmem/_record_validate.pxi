@@ -114,6 +114,8 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
     cdef int64_t producer_id, base_sequence, last_sequence
     cdef const unsigned char* b
     cdef unsigned char* h
+    cdef uint32_t crc
+    cdef Py_ssize_t body_bytes
     checks = <BatchCheck*>malloc(capacity * sizeof(BatchCheck))
     if checks == NULL:
         raise MemoryError()
@@ -160,8 +162,11 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
                 h[V2_ATTRIBUTES + 1] |= ATTR_LOG_APPEND_TIME
                 put64(h + V2_MAX_TIMESTAMP, log_append_time)
                 batch_max = log_append_time
-                put32(h + V2_CRC, kmem_crc32c(kmem_crc32c(0, h + V2_ATTRIBUTES, V2_HEADER - V2_ATTRIBUTES, 0),
-                                              b + V2_HEADER, checks[i].size - V2_HEADER, 0))
+                body_bytes = checks[i].size - V2_HEADER
+                with nogil:             # the whole batch is checksummed again: other threads go on meanwhile
+                    crc = kmem_crc32c(kmem_crc32c(0, h + V2_ATTRIBUTES, V2_HEADER - V2_ATTRIBUTES, 0),
+                                      b + V2_HEADER, body_bytes, 0)
+                put32(h + V2_CRC, crc)
             producer_id, base_sequence = be64(b + V2_PRODUCER_ID), be32(b + V2_BASE_SEQUENCE)
             last_sequence = -1 if base_sequence == -1 else \
                 ((base_sequence + checks[i].last_delta) % SEQUENCE_MODULUS + SEQUENCE_MODULUS) % SEQUENCE_MODULUS

@@ -3,9 +3,10 @@ import enum
 import functools
 import struct
 
+from kmem import _core
 from kmem.send import as_transport, close_send
 
-from . import codegen, schema
+from . import codegen, compiled, schema
 from .errors import CorruptMessageError, InvalidMessageError, UnknownApiKeyError, UnsupportedVersionError
 
 
@@ -146,8 +147,10 @@ def message_class(api_key, kind):
 
 @functools.lru_cache(maxsize=None)
 def _codec(api_key, version, kind, direction):
+    """The compiled codec where there is one (the hot APIs), with the Python codec behind it."""
     spec = message(api_key, kind)
-    return codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
+    reference = codegen.decoder(spec, version) if direction == "decode" else codegen.encoder(spec, version)
+    return compiled.codec(spec, version, direction, reference)
 
 
 @functools.lru_cache(maxsize=None)
@@ -192,6 +195,18 @@ def decode_request_header(buf):
 
 
 def _decode_request_header(view):
+    try:
+        api_key, api_version, correlation_id, client_id, pos = _core.wire_request_header(view)
+    except Exception:
+        return _decode_request_header_reference(view)   # names the fault
+    key = _API_KEYS.get(api_key)
+    if key is None:
+        raise UnknownApiKeyError(api_key, api_version, correlation_id)
+    return _with_header_tags(view, key, api_version, correlation_id, client_id, pos)
+
+
+def _decode_request_header_reference(view):
+    """The Python reading of a request header, which names what is wrong with it."""
     size = len(view)
     if size < 8:
         raise CorruptMessageError("RequestHeader", 1, "api_key..correlation_id", 0,
@@ -219,6 +234,10 @@ def _decode_request_header(view):
         pos += length
     elif length != -1:
         raise CorruptMessageError("RequestHeader", 1, "client_id", 8, f"negative length {length}")
+    return _with_header_tags(view, key, api_version, correlation_id, client_id, pos)
+
+
+def _with_header_tags(view, key, api_version, correlation_id, client_id, pos):
     tags = None
     if request_header_version(key, api_version) == 2:
         if view[pos:pos + 1] == b"\x00":
