@@ -22,8 +22,10 @@ over (before that, the instance id is UNRELEASED_INSTANCE_ID for another member)
 within the session timeout, or does not revoke within its rebalance timeout, is fenced: removed, its partitions
 free. Each group has one task on the broker's timer at its earliest such deadline: no thread per member or group.
 
-Not yet: the group's records in ``__consumer_offsets`` (a restart forgets the members; committed offsets stay),
-rack-aware assignment, and classic members in a consumer group (KIP-848's online migration).
+Classic members in a consumer group, and the conversions between classic and consumer groups (KIP-848's online
+migration): ``kmem.broker.group.migration``.
+
+Not yet: the group's records in ``__consumer_offsets`` (a restart forgets the members; committed offsets stay).
 """
 import dataclasses
 import functools
@@ -77,6 +79,7 @@ class ConsumerMember:
     pending_revocation: dict = dataclasses.field(default_factory=dict)   # topic id -> frozenset of partitions
     session_deadline: float = 0.0       # monotonic seconds
     revocation_deadline: float | None = None
+    classic: object = None              # a classic member's ``migration.ClassicProtocol``; None for the others
 
 
 class ConsumerGroup:
@@ -218,13 +221,13 @@ class ConsumerGroups:
         if group is not None:
             return group
         classic = self.coordinator.groups.get(group_id)
-        if classic is not None and (classic.members or classic.protocol_type is not None):
+        if classic is not None and (classic.members or classic.protocol_type is not None) and not create:
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
             raise Refused(missing, f"Consumer group {group_id} not found.")
-        # an empty classic group (offsets only) becomes a consumer group, its offsets kept; it is registered
-        # with its first member, so a refused join leaves nothing behind
-        return ConsumerGroup(group_id)
+        # a classic group becomes a consumer group (its offsets kept) when it is empty, or as the migration policy
+        # allows; it is registered with its first member, so a refused join leaves nothing behind
+        return ConsumerGroup(group_id) if classic is None else self.coordinator.migration.upgraded(classic)
 
     def _heartbeat(self, request, client_id, client_host):
         now = time.monotonic()
@@ -252,9 +255,11 @@ class ConsumerGroups:
         if getattr(request, "subscribed_topic_regex", None) is not None:
             member.topic_regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
         member.client_id, member.client_host = client_id, client_host
+        member.classic = None                   # a static member's instance may come back on the consumer protocol
+        if self.groups.get(group.group_id) is not group:
+            self.coordinator.migration.complete_upgrade(group)      # a new group, or a classic one converted
         if new:
             group.add(member)
-            self.groups.setdefault(group.group_id, group)
             log.info("group %r: member %s joins (consumer protocol)", group.group_id, member.member_id)
         changed = new or before[:3] != (member.topic_names, member.topic_regex, member.server_assignor)
         self._refresh(group, bump=changed)
@@ -447,7 +452,10 @@ class ConsumerGroups:
         return response
 
     def fence(self, group, member):
-        """Remove ``member``: its partitions are free, the group moves to a new epoch."""
+        """Remove ``member``: its partitions are free, the group moves to a new epoch (or, when it was the last
+        member of the consumer protocol, becomes a classic group if the migration policy allows it)."""
+        if self.coordinator.migration.downgrade(group, member):
+            return
         group.remove(member)
         group.topics = self._subscribed_topics(group)
         group.epoch += 1
@@ -457,22 +465,32 @@ class ConsumerGroups:
 
     @staticmethod
     def next_deadline_of(member):
-        if member.revocation_deadline is None:
-            return member.session_deadline
-        return min(member.session_deadline, member.revocation_deadline)
+        deadlines = [member.session_deadline]
+        if member.revocation_deadline is not None:
+            deadlines.append(member.revocation_deadline)
+        if member.classic is not None:
+            deadlines += member.classic.deadlines()
+        return min(deadlines)
 
     def next_deadline(self, group):
         return min(map(self.next_deadline_of, group.members.values()), default=None)
 
     def expire(self, group, now):
-        """Fence the members whose session or revocation timed out by ``now``."""
+        """Fence the members whose session or revocation (a classic member's JoinGroup or SyncGroup) timed out by
+        ``now``."""
         for member in list(group.members.values()):
+            if self.groups.get(group.group_id) is not group:
+                return                  # it became a classic group
             if now >= member.session_deadline:
                 log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
                 self.fence(group, member)
             elif member.revocation_deadline is not None and now >= member.revocation_deadline:
                 log.info("group %r: member %s did not revoke in its rebalance timeout", group.group_id,
                          member.member_id)
+                self.fence(group, member)
+            elif member.classic is not None and any(now >= d for d in member.classic.deadlines()):
+                log.info("group %r: classic member %s did not rejoin or sync in its rebalance timeout",
+                         group.group_id, member.member_id)
                 self.fence(group, member)
 
     # --- OffsetCommit, OffsetFetch --------------------------------------------------------------------
@@ -484,9 +502,9 @@ class ConsumerGroups:
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        if version < 9:
+        if version < 9 and member.classic is None:
             return ErrorCode.UNSUPPORTED_VERSION
-        return ErrorCode.NONE if epoch == member.epoch else ErrorCode.STALE_MEMBER_EPOCH
+        return _check_member_epoch(member, epoch)
 
     @staticmethod
     def check_fetch(group, member_id, epoch):
@@ -496,7 +514,7 @@ class ConsumerGroups:
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return ErrorCode.NONE if epoch == member.epoch else ErrorCode.STALE_MEMBER_EPOCH
+        return _check_member_epoch(member, epoch)
 
     # --- ConsumerGroupDescribe ------------------------------------------------------------------------
 
@@ -536,6 +554,13 @@ class ConsumerGroups:
                 if request.include_authorized_operations:
                     result.authorized_operations = GROUP_OPERATIONS
         return Response(throttle_time_ms=0, groups=described)
+
+
+def _check_member_epoch(member, epoch):
+    """Kafka's ``ConsumerGroup.validateMemberEpoch``: a classic member's generation is its epoch."""
+    if epoch == member.epoch:
+        return ErrorCode.NONE
+    return ErrorCode.ILLEGAL_GENERATION if member.classic is not None else ErrorCode.STALE_MEMBER_EPOCH
 
 
 def _check_epoch(member, epoch, owned):
