@@ -36,6 +36,7 @@ class KeepProducing(threading.Thread):
             i += 1
             self.producer.poll(0.01)          # its delivery reports, and a pace of about a hundred a second
         self.producer.flush(30)
+        self.producer = None                  # closed: it stops reconnecting to a broker that closes
 
     def stop(self):
         self.stopping.set()
