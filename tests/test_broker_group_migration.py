@@ -293,3 +293,27 @@ def test_a_classic_members_rack_comes_from_its_subscription(logs):
         assert {m.member_id: m.rack_id for m in described.members} == {a: "rack-a", "c": "rack-c"}
     finally:
         coord.close()
+
+
+def test_transactional_commits_of_the_members_of_an_upgraded_group(logs):
+    coord = coordinator(logs)
+    try:
+        (a,) = classic_group(coord, [[0, 1, 2, 3]])
+        consumers = Members(coord, logs)
+        consumers.join("c")
+
+        def txn_commit(member_id, generation):
+            R = messages.TxnOffsetCommitRequest
+            request = R(transactional_id="tx", group_id="g", producer_id=1000, producer_epoch=0,
+                        generation_id=generation, member_id=member_id, group_instance_id=None,
+                        topics=[R.TxnOffsetCommitRequestTopic(name="t", partitions=[R.TxnOffsetCommitRequestPartition(
+                            partition_index=0, committed_offset=3, committed_leader_epoch=-1, committed_metadata="")])])
+            return coord.txn_offset_commit(header(ApiKey.TXN_OFFSET_COMMIT, 3), request).topics[0].partitions[0] \
+                .error_code
+
+        # KIP-447's checks against the member's epoch: the classic member's generation, the other's epoch
+        assert txn_commit(a, 1) == txn_commit("c", 2) == ErrorCode.NONE
+        assert txn_commit(a, 2) == txn_commit("c", 1) == ErrorCode.ILLEGAL_GENERATION
+        assert txn_commit("nobody", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+    finally:
+        coord.close()

@@ -495,14 +495,14 @@ class ConsumerGroups:
 
     # --- OffsetCommit, OffsetFetch --------------------------------------------------------------------
 
-    def check_commit(self, group, member_id, epoch, version):
+    def check_commit(self, group, member_id, epoch, version, transactional=False):
         """Kafka's ``ConsumerGroup.validateOffsetCommit``."""
         if epoch < 0 and not group.members:
             return ErrorCode.NONE
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        if version < 9 and member.classic is None:
+        if version < 9 and member.classic is None and not transactional:
             return ErrorCode.UNSUPPORTED_VERSION
         return _check_member_epoch(member, epoch)
 

@@ -1237,6 +1237,12 @@ class GroupCoordinator:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         generation, member_id, instance_id = (request.generation_id, request.member_id, request.group_instance_id) \
             if version >= 3 else (-1, "", None)
+        consumer_group = self.consumer_groups.groups.get(request.group_id)
+        if consumer_group is not None and (generation >= 0 or member_id):
+            # Kafka's OffsetMetadataManager.validateTransactionalOffsetCommit: a stale epoch is ILLEGAL_GENERATION
+            error = self.consumer_groups.check_commit(consumer_group, member_id, generation, version,
+                                                      transactional=True)
+            return ErrorCode.ILLEGAL_GENERATION if error == ErrorCode.STALE_MEMBER_EPOCH else error
         group = self.groups.get(request.group_id) or Group(request.group_id, _now_ms())
         if group.state == DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
