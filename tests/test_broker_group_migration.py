@@ -4,6 +4,7 @@ JoinGroup, SyncGroup and Heartbeat; the last consumer-protocol member leaving do
 ``group.consumer.migration.policy`` refusing either with Kafka's error codes; the classic members' deadlines."""
 import pytest
 
+from broker_helpers import wait_for
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
 from kmem.broker.group.offsets import partition_for, read_key
@@ -315,5 +316,23 @@ def test_transactional_commits_of_the_members_of_an_upgraded_group(logs):
         assert txn_commit(a, 1) == txn_commit("c", 2) == ErrorCode.NONE
         assert txn_commit(a, 2) == txn_commit("c", 1) == ErrorCode.ILLEGAL_GENERATION
         assert txn_commit("nobody", 1) == ErrorCode.UNKNOWN_MEMBER_ID
+    finally:
+        coord.close()
+
+
+def test_an_upgrade_during_a_rebalance_answers_the_waiting_requests(logs):
+    coord = coordinator(logs)
+    try:
+        a, b = classic_group(coord, [[0, 1], [2, 3]])
+        thread, result = join_async(coord, member_id=a, protocols=protocols())     # a rejoins, b is to follow
+        wait_for(lambda: coord.groups["g"].members[a].join_reply is not None, "a waiting in JoinGroup")
+        joined = Members(coord, logs).join("c")
+        thread.join(10)
+        assert result["response"].error_code == ErrorCode.REBALANCE_IN_PROGRESS   # it joins the consumer group
+        assert joined.member_epoch == 2
+        # each classic member owns its last assignment meanwhile: c waits for what they give up
+        group = coord.consumer_groups.groups["g"]
+        assert {m: set().union(*group.members[m].assigned.values()) for m in (a, b)} == {a: {0, 1}, b: {2, 3}}
+        assert follow(coord, a, ())[0] == 2
     finally:
         coord.close()

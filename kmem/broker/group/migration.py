@@ -5,10 +5,11 @@
 - Upgrade (Kafka's ``convertToConsumerGroup``): a ConsumerGroupHeartbeat joining a classic group of the
   ``consumer`` protocol type turns it into a consumer group. Its classic members stay, as classic members of the
   consumer group, at the generation's epoch, owning their last assignment (or the partitions their subscription
-  says they own, if the assignment under way was voided), which is their target too; a partition two of them were
-  given goes to the first. A group that was rebalancing moves to a new epoch, so a fresh target assignment is
-  computed (Kafka's later fix, KAFKA-21582). The classic group's record becomes a tombstone; its offsets stay. An
-  empty classic group becomes a consumer group whatever the policy.
+  said they own when they joined, if a rebalance under way voided it), which is their target too; a partition two
+  of them were given goes to the first. The joining member moves the group to a new epoch, whose target
+  assignment the classic members are told to rejoin for (also those of a classic group that was rebalancing:
+  their waiting JoinGroup or SyncGroup is answered REBALANCE_IN_PROGRESS). The classic group's record becomes a
+  tombstone; its offsets stay. An empty classic group becomes a consumer group whatever the policy.
 - Classic members of a consumer group keep using JoinGroup, SyncGroup, Heartbeat and LeaveGroup (Kafka's
   ``classicGroupJoinToConsumerGroup``, ``classicGroupSyncToConsumerGroup``...): the group's target assignment
   drives them. A JoinGroup reconciles the member (``CurrentAssignmentBuilder``) with the partitions its
@@ -115,8 +116,8 @@ class Migration:
             except CorruptRecordError:
                 raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Cannot upgrade the classic group {group_id} to a "
                               "consumer group because the embedded consumer protocol is malformed.") from None
-            # a voided assignment (a rebalance under way) leaves the partitions the member said it owns
-            held = _by_topic_id(last + subscription.owned, ids)
+            # its assignment, or if a rebalance under way voided it, the partitions it said it owns when it joined
+            held = _by_topic_id(last or subscription.owned, ids)
             held = {topic: frozenset(p for p in parts if (topic, p) not in group.owners)
                     for topic, parts in held.items()}
             held = {topic: parts for topic, parts in held.items() if parts}
@@ -132,8 +133,6 @@ class Migration:
             group.hold(member, held, {})
             group.target[member.member_id] = held
         group.topics = self.coordinator.consumer_groups._subscribed_topics(group)
-        if classic.state != "Stable":
-            group.epoch += 1            # its last assignment is stale: the heartbeat computes a new one
         return group
 
     def complete_upgrade(self, group):
@@ -160,8 +159,9 @@ class Migration:
             classic.protocol_type = classic.protocol = classic.leader = None
             classic.generation = 0
             classic.set_state(classic_coordinator.EMPTY, classic_coordinator._now_ms())
-            coordinator._schedule(classic)
         coordinator.consumer_groups.groups[group.group_id] = group
+        if classic is not None:
+            coordinator._schedule(classic)          # its offsets' expiry waits while the group has members
         if group.members:
             coordinator.schedule_consumer_group(group)
 
