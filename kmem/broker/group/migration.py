@@ -387,9 +387,12 @@ class Migration:
         classic member supports."""
         if protocol_type != PROTOCOL_TYPE or not protocols:
             return False
-        classic = [m for m in group.members.values() if m.classic is not None]
-        return any(all(any(name == theirs for theirs, _ in m.classic.protocols) for m in classic)
-                   for name, _ in protocols)
+        common = None
+        for member in group.members.values():
+            if member.classic is not None:
+                names = {name for name, _ in member.classic.protocols}
+                common = names if common is None else common & names
+        return common is None or any(name in common for name, _ in protocols)
 
     def _topic_ids(self):
         return {name: _topic_uuid(info.topic_id) for name, info in self.coordinator.logs.topics().items()}
@@ -433,6 +436,7 @@ def _rack_id(metadata):
     reader.bytes()
     reader.partitions()
     reader.unpack(_GENERATION)
-    if reader.at_end or _VERSION.unpack_from(reader.data, reader.pos)[0] < 0:
-        return None
+    length = reader.data[reader.pos:reader.pos + _VERSION.size]
+    if not length or (len(length) == _VERSION.size and _VERSION.unpack(length)[0] < 0):
+        return None                 # no rack, or a null one
     return reader.string()
