@@ -4,7 +4,8 @@ JoinGroup, SyncGroup and Heartbeat; the last consumer-protocol member leaving do
 ``group.consumer.migration.policy`` refusing either with Kafka's error codes; the classic members' deadlines."""
 import pytest
 
-from broker_helpers import wait_for
+from broker_helpers import RawConnection, wait_for
+from group_helpers import start_broker
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
 from kmem.broker.group.offsets import partition_for, read_key
@@ -337,3 +338,55 @@ def test_an_upgrade_during_a_rebalance_answers_the_waiting_requests(logs):
         assert follow(coord, a, ())[0] == 2
     finally:
         coord.close()
+
+
+@pytest.mark.parametrize("version", [0, 9])
+def test_over_the_wire(tmp_path, version):
+    """The classic APIs' oldest and newest versions, answered for a classic member of a consumer group."""
+    broker = start_broker(tmp_path)
+    try:
+        broker.logs.create_topic("t", 4)
+        J, S = messages.JoinGroupRequest, messages.SyncGroupRequest
+        sync_version = min(version, 5)
+
+        def classic_join(connection, member_id):
+            return connection.call(ApiKey.JOIN_GROUP, version, J(
+                group_id="g", session_timeout_ms=10000, rebalance_timeout_ms=10000, member_id=member_id,
+                group_instance_id="i", protocol_type="consumer", reason=None,
+                protocols=[J.JoinGroupRequestProtocol(name="range", metadata=subscription())]))
+
+        def classic_sync(connection, joined, assignments=()):
+            return connection.call(ApiKey.SYNC_GROUP, sync_version, S(
+                group_id="g", generation_id=joined.generation_id, member_id=joined.member_id, group_instance_id="i",
+                protocol_type="consumer", protocol_name="range", assignments=[
+                    S.SyncGroupRequestAssignment(member_id=m, assignment=a) for m, a in assignments]))
+
+        def classic_heartbeat(connection, joined):
+            return connection.call(ApiKey.HEARTBEAT, min(version, 4), messages.HeartbeatRequest(
+                group_id="g", generation_id=joined.generation_id, member_id=joined.member_id,
+                group_instance_id="i")).error_code
+
+        with RawConnection(broker.bootstrap_servers) as connection:
+            first = classic_join(connection, "")
+            if first.error_code == ErrorCode.MEMBER_ID_REQUIRED:
+                first = classic_join(connection, first.member_id)
+            everything = encode_assignment([TopicPartition("t", p) for p in PARTITIONS])
+            assert classic_sync(connection, first, [(first.member_id, everything)]).error_code == ErrorCode.NONE
+            upgrade = connection.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, messages.ConsumerGroupHeartbeatRequest(
+                group_id="g", member_id="c", member_epoch=0, rebalance_timeout_ms=10000,
+                subscribed_topic_names=["t"], topic_partitions=[]))
+            assert upgrade.error_code == ErrorCode.NONE
+            assert classic_heartbeat(connection, first) == ErrorCode.REBALANCE_IN_PROGRESS
+            joined = classic_join(connection, first.member_id)
+            assert (joined.error_code, joined.generation_id, joined.protocol_name, joined.leader, joined.members) == \
+                (ErrorCode.NONE, 2, "range", "", [])
+            synced = classic_sync(connection, joined)
+            assert synced.error_code == ErrorCode.NONE and len(partitions(synced)) == 2
+            left = connection.call(ApiKey.CONSUMER_GROUP_HEARTBEAT, 1, messages.ConsumerGroupHeartbeatRequest(
+                group_id="g", member_id="c", member_epoch=-1))
+            assert left.error_code == ErrorCode.NONE
+            assert classic_heartbeat(connection, joined) == ErrorCode.REBALANCE_IN_PROGRESS      # classic again
+            again = classic_join(connection, joined.member_id)
+            assert (again.error_code, again.generation_id, again.leader) == (ErrorCode.NONE, 3, joined.member_id)
+    finally:
+        broker.close()
