@@ -1,8 +1,8 @@
 """KIP-848's online migration with real clients: a group of classic confluent-kafka consumers (``range``, eager, or
 ``cooperative-sticky``) is moved to ``group.protocol=consumer`` one member at a time, as a rolling restart does,
 while a producer keeps writing, then back to the classic protocol; every record is consumed and the group's
-committed offsets reach the end of every partition. Then Apache's Java consumer as a classic member of an upgraded
-group."""
+committed offsets reach the end of every partition (Apache's Java consumer as a classic member of an upgraded group:
+``tests/test_broker_consumer_groups_clients.py``, whose Java probe it shares)."""
 import signal
 import threading
 
@@ -11,9 +11,7 @@ from confluent_kafka import Producer
 
 from broker_helpers import wait_for
 from group_helpers import ConsumerProcess, split_evenly, start_broker
-from test_broker_consumer_groups_clients import probe  # noqa: F401 (the Java probe's fixture)
 from test_broker_groups import PARTITIONS
-from test_broker_java_client import COOPERATIVE_STICKY
 
 SETTINGS = {"group.consumer.heartbeat.interval.ms": 200, "group.consumer.session.timeout.ms": 3000}
 CLASSIC, CONSUMER = "confluent-kafka-classic", "confluent-kafka-consumer-protocol"
@@ -97,32 +95,5 @@ def test_a_rolling_restart_moves_a_classic_group_to_the_consumer_protocol_and_ba
         if producer is not None:
             producer.stop()
         for consumer in everyone:
-            consumer.stop(signal.SIGKILL)
-        broker.close()
-
-
-def test_a_java_classic_member_follows_the_assignment_of_an_upgraded_group(tmp_path, probe):
-    """Apache's Java consumer 3.9.1 on the classic protocol (cooperative-sticky) shares a group with a
-    ``group.protocol=consumer`` member that upgraded it: it gives up half its partitions by revoking them, never
-    losing them, and its leaving hands them to the other."""
-    broker = start_broker(tmp_path, **SETTINGS)
-    consumer = None
-    try:
-        broker.logs.create_topic("orders", len(PARTITIONS))
-        java = probe("member-start", broker.bootstrap_servers, "orders", "workers", COOPERATIVE_STICKY)["member"]
-        wait_for(lambda: probe("member-state", java)["owned"] == list(PARTITIONS), "the Java member owning all")
-        consumer = ConsumerProcess(CONSUMER, broker.bootstrap_servers, "workers", "orders", "uniform")
-
-        def shared():
-            theirs, ours = set(probe("member-state", java)["owned"]), consumer.state()[0]
-            return ours is not None and len(theirs) == len(ours) == 3 and theirs | ours == set(PARTITIONS)
-        wait_for(shared, "the Java member and the consumer-protocol member three partitions each")
-        members = broker.coordinator.consumer_groups.groups["workers"].members.values()
-        assert sorted(m.classic is not None for m in members) == [False, True]
-        events = probe("member-stop", java)["events"]
-        assert [name for name, _ in events if name == "lost"] == [], events
-        wait_for(lambda: consumer.state()[0] == set(PARTITIONS), "the other member taking every partition")
-    finally:
-        if consumer is not None:
             consumer.stop(signal.SIGKILL)
         broker.close()
