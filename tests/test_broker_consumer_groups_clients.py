@@ -111,7 +111,7 @@ def test_a_java_classic_member_follows_the_assignment_of_an_upgraded_group(tmp_p
     ``group.protocol=consumer`` member that upgraded it: it gives up half its partitions by revoking them, never
     losing them, and its leaving hands them to the other."""
     broker = start_broker(tmp_path, **SETTINGS)
-    consumer = None
+    consumer = java = None
     try:
         broker.logs.create_topic("orders", len(PARTITIONS))
         java = probe("member-start", broker.bootstrap_servers, "orders", "workers", COOPERATIVE_STICKY)["member"]
@@ -125,9 +125,12 @@ def test_a_java_classic_member_follows_the_assignment_of_an_upgraded_group(tmp_p
         members = broker.coordinator.consumer_groups.groups["workers"].members.values()
         assert sorted(m.classic is not None for m in members) == [False, True]
         events = probe("member-stop", java)["events"]
+        java = None
         assert [name for name, _ in events if name == "lost"] == [], events
         wait_for(lambda: consumer.state()[0] == set(PARTITIONS), "the other member taking every partition")
     finally:
+        if java is not None:
+            probe("member-stop", java)
         if consumer is not None:
             consumer.stop(signal.SIGKILL)
         broker.close()
