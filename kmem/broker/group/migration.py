@@ -230,14 +230,14 @@ class Migration:
         protocols = [(p.name, bytes(p.metadata)) for p in request.protocols]
         if not config.min_session_timeout_ms <= request.session_timeout_ms <= config.max_session_timeout_ms:
             return coordinator._join_error(ErrorCode.INVALID_SESSION_TIMEOUT, member_id)
-        known_member = not member_id
+        unknown_member = not member_id
         member_id = member_id or str(uuid.uuid4())
         new = (member_id not in group.members) if instance_id is None else instance_id not in group.static_members
         if member_id not in group.members and len(group.members) >= config.consumer_max_size:
             return coordinator._join_error(ErrorCode.GROUP_MAX_SIZE_REACHED, member_id)
         if not self._supports(group, request.protocol_type, protocols) or (new and self.policy == "disabled"):
             return coordinator._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
-        if known_member and instance_id is None and version >= 4:       # KIP-394: the id first
+        if unknown_member and instance_id is None and version >= 4:       # KIP-394: the id first
             return coordinator._join_error(ErrorCode.MEMBER_ID_REQUIRED, member_id)
         try:
             subscription = read_subscription(protocols[0][1])
@@ -246,7 +246,7 @@ class Migration:
             log.info("group %r: JoinGroup of %s with an unreadable subscription: %s", group.group_id, member_id, e)
             return coordinator._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id)
         try:
-            member = self._joining_member(group, member_id, instance_id, known_member)
+            member = self._joining_member(group, member_id, instance_id, unknown_member)
         except Refused as e:
             return coordinator._join_error(e.code, member_id)
         now = time.monotonic()
@@ -272,11 +272,11 @@ class Migration:
             protocol_name=member.classic.protocol_name, leader="", skip_assignment=False, member_id=member.member_id,
             members=[])
 
-    def _joining_member(self, group, member_id, instance_id, known_member):
+    def _joining_member(self, group, member_id, instance_id, unknown_member):
         if instance_id is None:
             return group.members.get(member_id) or ConsumerMember(member_id)
         known_id = group.static_members.get(instance_id)
-        if known_member:
+        if unknown_member:
             if known_id is None:
                 return ConsumerMember(member_id, instance_id=instance_id)
             # the instance rejoins under a new member id: it takes the place of its previous one
@@ -293,7 +293,7 @@ class Migration:
                                  request.protocol_name not in (None, member.classic.protocol_name)):
                 raise Refused(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, "")
             now = time.monotonic()
-            self._refresh_session(group, member, now)
+            self._refresh_session(member, now)
             if group.epoch > member.epoch and member.state != UNREVOKED:
                 self._rejoin_by(member, now)
                 raise Refused(ErrorCode.REBALANCE_IN_PROGRESS, "")
@@ -319,7 +319,7 @@ class Migration:
         except Refused as e:
             return e.code
         now = time.monotonic()
-        self._refresh_session(group, member, now)
+        self._refresh_session(member, now)
         if member.epoch < group.epoch or member.state == UNREVOKED or \
                 (member.state == UNRELEASED and not _waits_on_unreleased(group, member)):
             self._rejoin_by(member, now)
@@ -373,7 +373,7 @@ class Migration:
             raise Refused(ErrorCode.ILLEGAL_GENERATION, "")
 
     @staticmethod
-    def _refresh_session(group, member, now):
+    def _refresh_session(member, now):
         member.session_deadline = now + member.classic.session_timeout_ms / 1000
 
     @staticmethod
