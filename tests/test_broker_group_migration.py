@@ -390,3 +390,22 @@ def test_over_the_wire(tmp_path, version):
             assert (again.error_code, again.generation_id, again.leader) == (ErrorCode.NONE, 3, joined.member_id)
     finally:
         broker.close()
+
+
+def test_the_timer_fences_a_silent_classic_member_and_downgrades_when_the_last_consumer_member_expires(logs):
+    coord = coordinator(logs, min_session_timeout_ms=100, consumer_session_timeout_ms=500)
+    try:
+        a, b = classic_group(coord, [[0, 1], [2, 3]])
+        Members(coord, logs).join("c")
+        for member_id in (a, b):
+            follow(coord, member_id, ())
+        silent = join(coord, member_id=b, protocols=protocols(), session_ms=200)     # b's session is 200 ms now
+        assert silent.error_code == ErrorCode.NONE
+        assert sync(coord, b, silent.generation_id).error_code == ErrorCode.NONE
+        group = coord.consumer_groups.groups["g"]
+        wait_for(lambda: b not in group.members, "b fenced at its session timeout, with no request")
+        # c sends nothing either: at its session timeout the group is classic again, with a alone
+        wait_for(lambda: "g" not in coord.consumer_groups.groups, "the downgrade at c's session timeout")
+        assert set(coord.groups["g"].members) == {a} and coord.groups["g"].state == "PreparingRebalance"
+    finally:
+        coord.close()
