@@ -409,3 +409,15 @@ def test_the_timer_fences_a_silent_classic_member_and_downgrades_when_the_last_c
         assert set(coord.groups["g"].members) == {a} and coord.groups["g"].state == "PreparingRebalance"
     finally:
         coord.close()
+
+
+def test_a_partition_a_client_assignor_gave_twice_goes_to_one_member_on_upgrade(logs):
+    coord = coordinator(logs)
+    try:
+        a, b = classic_group(coord, [[0, 1], [1, 2, 3]])          # partition 1 twice (Kafka's KAFKA-21684)
+        assert Members(coord, logs).join("c").error_code == ErrorCode.NONE
+        group = coord.consumer_groups.groups["g"]
+        held = [set().union(*group.members[m].assigned.values()) for m in (a, b)]
+        assert held[0] | held[1] == PARTITIONS and not held[0] & held[1]
+    finally:
+        coord.close()
