@@ -1,6 +1,7 @@
 """A consumer process for the group tests: ``python group_consumer.py CLIENT BOOTSTRAP GROUP TOPIC
 [INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member); for ``confluent-kafka-consumer-protocol``
-(KIP-848) the last argument is the server assignor instead.
+(KIP-848) the last argument is the server assignor instead, for ``confluent-kafka-classic`` the
+``partition.assignment.strategy``.
 
 Consumes with kafka-python, aiokafka or confluent-kafka, commits after every non-empty poll, and prints
 JSON lines: ``{"assigned": [partitions]}`` when its assignment changes, ``{"records": [[partition, offset,
@@ -81,6 +82,14 @@ def run_confluent(bootstrap, group, topic, instance_id=None):
                        "heartbeat.interval.ms": HEARTBEAT_MS}, topic, instance_id)
 
 
+def run_confluent_classic(bootstrap, group, topic, strategy):
+    """The classic protocol with ``strategy`` (``partition.assignment.strategy``), as a group upgraded to KIP-848's
+    protocol keeps its members that have not moved yet."""
+    consume_confluent({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "classic",
+                       "partition.assignment.strategy": strategy, "session.timeout.ms": SESSION_TIMEOUT_MS,
+                       "heartbeat.interval.ms": HEARTBEAT_MS}, topic)
+
+
 def run_confluent_consumer_protocol(bootstrap, group, topic, assignor):
     """KIP-848's protocol: the broker assigns, with ``assignor`` (``group.remote.assignor``)."""
     consume_confluent({"bootstrap.servers": bootstrap, "group.id": group, "group.protocol": "consumer",
@@ -88,19 +97,33 @@ def run_confluent_consumer_protocol(bootstrap, group, topic, assignor):
 
 
 def consume_confluent(settings, topic, instance_id=None):
-    from confluent_kafka import Consumer
+    """A commit that a rebalance fails (the member's epoch or generation moved on) is retried with the next poll's,
+    as an application does: its records count as committed then if their partition is still the member's (else
+    their new owner reads them again)."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException
+    retriable = {KafkaError.STALE_MEMBER_EPOCH, KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
+                 KafkaError.UNKNOWN_MEMBER_ID}
     settings = {**settings, "auto.offset.reset": "earliest", "enable.auto.commit": False}
     if instance_id:
         settings["group.instance.id"] = instance_id
     consumer = Consumer(settings)
     consumer.subscribe([topic])
     reporter = Reporter()
+    uncommitted = []
     while not stopping:
         messages = [m for m in consumer.consume(100, 0.2) if m.error() is None]
-        records = [[m.partition(), m.offset(), m.value().decode()] for m in messages]
-        if records:
-            consumer.commit(asynchronous=False)
-        reporter.update({tp.partition for tp in consumer.assignment()}, records)
+        uncommitted += [[m.partition(), m.offset(), m.value().decode()] for m in messages]
+        assigned = {tp.partition for tp in consumer.assignment()}
+        records = []
+        if uncommitted:
+            try:
+                consumer.commit(asynchronous=False)
+                records = [r for r in uncommitted if r[0] in assigned]
+                uncommitted = []
+            except KafkaException as e:
+                if e.args[0].code() not in retriable:
+                    raise
+        reporter.update(assigned, records)
     consumer.close()
 
 
@@ -108,4 +131,5 @@ if __name__ == "__main__":
     signal.signal(signal.SIGTERM, _stop)
     client, bootstrap, group, topic = sys.argv[1:5]
     {"kafka-python": run_kafka_python, "aiokafka": run_aiokafka, "confluent-kafka": run_confluent,
+     "confluent-kafka-classic": run_confluent_classic,
      "confluent-kafka-consumer-protocol": run_confluent_consumer_protocol}[client](bootstrap, group, topic, *sys.argv[5:])

@@ -162,20 +162,6 @@ def test_assignors_regular_expressions_and_group_size(logs):
         coordinator.close()
 
 
-def test_a_classic_group_is_not_a_consumer_group(groups):
-    join = messages.JoinGroupRequest(group_id="g", session_timeout_ms=10000, rebalance_timeout_ms=10000,
-                                     member_id="", group_instance_id="i", protocol_type="consumer",
-                                     protocols=[messages.JoinGroupRequest.JoinGroupRequestProtocol(
-                                         name="range", metadata=b"")])
-    groups.coordinator.join_group(RequestHeader(ApiKey.JOIN_GROUP, 7, 1, "c"), join)
-    assert groups.join("a").error_code == ErrorCode.GROUP_ID_NOT_FOUND
-    members = Members(groups.coordinator, groups.coordinator.logs, group_id="k")
-    members.join("a")
-    join.group_id = "k"
-    joined = groups.coordinator.join_group(RequestHeader(ApiKey.JOIN_GROUP, 7, 1, "c"), join)
-    assert joined.error_code == ErrorCode.INCONSISTENT_GROUP_PROTOCOL
-
-
 def test_leaving_frees_the_partitions(groups):
     groups.join("a")
     groups.join("b")

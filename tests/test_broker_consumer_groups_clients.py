@@ -1,7 +1,8 @@
 """KIP-848 consumer groups on kmem broker with real clients: confluent-kafka (librdkafka) consumer processes with
 ``group.protocol=consumer`` and each server assignor share six partitions, as members join, leave cleanly and
 crash; every record is committed once. Then Apache's Java consumer 3.9.1 with ``group.protocol=consumer`` reads in
-a group and commits (OffsetCommit and OffsetFetch at its member epoch)."""
+a group and commits (OffsetCommit and OffsetFetch at its member epoch), and, on the classic protocol, follows the
+assignment of a group a consumer-protocol member upgraded (KIP-848's online migration)."""
 import signal
 
 import pytest
@@ -12,7 +13,7 @@ from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, client_properti
 from kmem.protocol import ApiKey, RequestHeader, messages
 from test_broker_consumer_groups import H
 from test_broker_groups import PARTITIONS, produce
-from test_broker_java_client import RUNTIME_JARS
+from test_broker_java_client import COOPERATIVE_STICKY, RUNTIME_JARS
 
 CLIENT = "confluent-kafka-consumer-protocol"
 # a short heartbeat interval: a partition moves within a few heartbeats of its old and new owners
@@ -163,4 +164,33 @@ def test_the_java_admin_lists_and_describes_classic_and_consumer_groups(tmp_path
     finally:
         for c in consumers:
             c.stop(signal.SIGKILL)
+
+
+def test_a_java_classic_member_follows_the_assignment_of_an_upgraded_group(tmp_path, probe):
+    """Apache's Java consumer 3.9.1 on the classic protocol (cooperative-sticky) shares a group with a
+    ``group.protocol=consumer`` member that upgraded it: it gives up half its partitions by revoking them, never
+    losing them, and its leaving hands them to the other."""
+    broker = start_broker(tmp_path, **SETTINGS)
+    consumer = java = None
+    try:
+        broker.logs.create_topic("orders", len(PARTITIONS))
+        java = probe("member-start", broker.bootstrap_servers, "orders", "workers", COOPERATIVE_STICKY)["member"]
+        wait_for(lambda: probe("member-state", java)["owned"] == list(PARTITIONS), "the Java member owning all")
+        consumer = ConsumerProcess(CLIENT, broker.bootstrap_servers, "workers", "orders", "uniform")
+
+        def shared():
+            theirs, ours = set(probe("member-state", java)["owned"]), consumer.state()[0]
+            return ours is not None and len(theirs) == len(ours) == 3 and theirs | ours == set(PARTITIONS)
+        wait_for(shared, "the Java member and the consumer-protocol member three partitions each")
+        members = broker.coordinator.consumer_groups.groups["workers"].members.values()
+        assert sorted(m.classic is not None for m in members) == [False, True]
+        events = probe("member-stop", java)["events"]
+        java = None
+        assert [name for name, _ in events if name == "lost"] == [], events
+        wait_for(lambda: consumer.state()[0] == set(PARTITIONS), "the other member taking every partition")
+    finally:
+        if java is not None:
+            probe("member-stop", java)
+        if consumer is not None:
+            consumer.stop(signal.SIGKILL)
         broker.close()

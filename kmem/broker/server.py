@@ -125,9 +125,9 @@ class Broker:
             raise
         self.timer = Timer()
         try:
-            self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer)
+            self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer, rack=self.settings.rack)
             self.handlers.served = served_versions(self.settings.groups)
-            self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint)
+            self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint, rack=self.settings.rack)
             self.scram_credentials = ScramCredentialStore(self.log_dir)
             self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)
             self.handlers.txn_markers = TxnMarkerWriter(self.logs, self.coordinator)

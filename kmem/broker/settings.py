@@ -52,7 +52,8 @@ SSL_SETTINGS = ("ssl.keystore.location", "ssl.keystore.type", "ssl.key.password"
 # what a listener may set for itself, under listener.name.<name>.
 PER_LISTENER_SETTINGS = SSL_SETTINGS + ("max.connections", "max.connection.creation.rate")
 # the handlers' own settings and what they mean (Kafka's names)
-HANDLER_SETTINGS = ("log.retention.check.interval.ms", "broker.id", "ssl.principal.mapping.rules") + SSL_SETTINGS
+HANDLER_SETTINGS = ("log.retention.check.interval.ms", "broker.id", "broker.rack", "ssl.principal.mapping.rules") \
+    + SSL_SETTINGS
 # the client quotas' sampled rates (Kafka's ClientQuotaManagerConfig): so many windows of so many seconds
 QUOTA_SETTINGS = ("quota.window.num", "quota.window.size.seconds")
 # kmem's Prometheus endpoint (kmem.metrics): the port it serves on 127.0.0.1; unset, none
@@ -276,6 +277,7 @@ class BrokerSettings:
     quota_window_num: int = 11                      # quota.window.num
     quota_window_size_seconds: int = 1              # quota.window.size.seconds
     metrics_port: int | None = None                 # metrics.port: the Prometheus endpoint's; None, no endpoint
+    rack: str | None = None                         # broker.rack: the broker's rack in Metadata and DescribeCluster
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -313,7 +315,8 @@ class BrokerSettings:
                    integer("quota.window.num", merged.get("quota.window.num", 11), 1, 2**31 - 1),
                    integer("quota.window.size.seconds", merged.get("quota.window.size.seconds", 1), 1, 2**31 - 1),
                    None if merged.get("metrics.port") is None else integer("metrics.port", merged["metrics.port"], 0,
-                                                                            65535))
+                                                                            65535),
+                   None if merged.get("broker.rack") is None else str(merged["broker.rack"]))
 
 
 def _listener_settings(merged, listener, protocol, advertised, ssl_context):

@@ -119,9 +119,10 @@ class AdminHandlers:
     """The admin APIs over a ``LogManager`` (see the module docstring); ``endpoint(listener_name)`` gives a
     listener's advertised (host, port)."""
 
-    def __init__(self, logs, node_id, endpoint):
+    def __init__(self, logs, node_id, endpoint, rack=None):
         self.logs = logs
         self.node_id = node_id
+        self.rack = rack                    # broker.rack
         self.endpoint = endpoint
 
     # --- CreatePartitions -----------------------------------------------------------------------------
@@ -309,7 +310,7 @@ class AdminHandlers:
             response.cluster_authorized_operations = CLUSTER_OPERATIONS
         host, port = self.endpoint(listener_name)
         response.brokers = [messages.DescribeClusterResponse.DescribeClusterBroker(
-            broker_id=self.node_id, host=host, port=port, rack=None, is_fenced=False)]
+            broker_id=self.node_id, host=host, port=port, rack=self.rack, is_fenced=False)]
         return response
 
 

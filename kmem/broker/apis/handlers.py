@@ -155,9 +155,10 @@ class Handlers:
     #: What ApiVersions advertises and the dispatcher serves (``served_versions``), set by the server.
     served = SERVED_VERSIONS
 
-    def __init__(self, logs, node_id, endpoint, timer, *, lazy_chunk_size=None):
+    def __init__(self, logs, node_id, endpoint, timer, *, lazy_chunk_size=None, rack=None):
         self.logs = logs
         self.node_id = node_id
+        self.rack = rack                    # broker.rack
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
         self.closing = False
@@ -223,7 +224,7 @@ class Handlers:
         response = messages.MetadataResponse(
             throttle_time_ms=0, cluster_id=self.logs.cluster_id, controller_id=self.node_id,
             brokers=[messages.MetadataResponse.MetadataResponseBroker(node_id=self.node_id, host=host, port=port,
-                                                                       rack=None)])
+                                                                       rack=self.rack)])
         topics = self.logs.topics()
         wanted = request.topics
         if wanted is None or (version == 0 and not wanted):

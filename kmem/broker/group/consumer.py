@@ -28,7 +28,8 @@ and their target and current assignments, and a member heartbeating with its epo
 afresh at load. A group that empties stays (its members, fenced, are UNKNOWN_MEMBER_ID, not GROUP_ID_NOT_FOUND) until
 its offsets expire, or ``offsets.retention.check.interval.ms`` without offsets; its records then become tombstones.
 
-Not yet: rack-aware assignment, and classic members in a consumer group (KIP-848's online migration).
+Classic members in a consumer group, and the conversions between classic and consumer groups (KIP-848's online
+migration): ``kmem.broker.group.migration``.
 """
 import dataclasses
 import functools
@@ -43,9 +44,9 @@ from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.assignors import ASSIGNORS, AssignmentMember
 from kmem.broker.group.consumer_records import (
-    CURRENT_ASSIGNMENT, GROUP_EPOCH, MEMBER, PARTITION_METADATA, TARGET_EPOCH, TARGET_MEMBER, CurrentAssignment,
-    GroupEpoch, MemberMetadata, PartitionMetadata, TargetEpoch, TargetMember, TopicMetadata, consumer_group_key,
-    consumer_group_value, read_consumer_group_value, topic_partitions,
+    CURRENT_ASSIGNMENT, GROUP_EPOCH, MEMBER, PARTITION_METADATA, TARGET_EPOCH, TARGET_MEMBER, ClassicMemberMetadata,
+    CurrentAssignment, GroupEpoch, MemberMetadata, PartitionMetadata, SupportedProtocol, TargetEpoch, TargetMember,
+    TopicMetadata, consumer_group_key, consumer_group_value, read_consumer_group_value, topic_partitions,
 )
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.log.checkpoints import uuid_bytes
@@ -75,6 +76,23 @@ class Refused(Exception):
 
 
 @dataclasses.dataclass(eq=False)
+class ClassicProtocol:
+    """What a classic member of a consumer group has beyond a consumer member (Kafka's ``ClassicMemberMetadata``),
+    and its deadlines (monotonic seconds)."""
+    session_timeout_ms: int
+    protocols: list                     # [(name, metadata bytes)], the member's order of preference
+    join_deadline: float | None = None  # told to rejoin: it must JoinGroup by then
+    sync_deadline: float | None = None  # joined: it must SyncGroup by then
+
+    @property
+    def protocol_name(self):
+        return self.protocols[0][0]
+
+    def deadlines(self):
+        return [d for d in (self.join_deadline, self.sync_deadline) if d is not None]
+
+
+@dataclasses.dataclass(eq=False)
 class ConsumerMember:
     member_id: str
     instance_id: str | None = None
@@ -92,6 +110,7 @@ class ConsumerMember:
     pending_revocation: dict = dataclasses.field(default_factory=dict)   # topic id -> frozenset of partitions
     session_deadline: float = 0.0       # monotonic seconds
     revocation_deadline: float | None = None
+    classic: object = None              # a classic member's ``ClassicProtocol``; None for the others
 
 
 class ConsumerGroup:
@@ -245,13 +264,13 @@ class ConsumerGroups:
         if group is not None:
             return group
         classic = self.coordinator.groups.get(group_id)
-        if classic is not None and (classic.members or classic.protocol_type is not None):
+        if classic is not None and (classic.members or classic.protocol_type is not None) and not create:
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Group {group_id} is not a consumer group.")
         if not create:
             raise Refused(ErrorCode.GROUP_ID_NOT_FOUND, f"Consumer group {group_id} not found.")
-        # an empty classic group (offsets only) becomes a consumer group, its offsets kept; it is registered
-        # with its first member, so a refused join leaves nothing behind
-        return ConsumerGroup(group_id)
+        # a classic group becomes a consumer group (its offsets kept) when it is empty, or as the migration policy
+        # allows; it is registered with its first member, so a refused join leaves nothing behind
+        return ConsumerGroup(group_id) if classic is None else self.coordinator.migration.upgraded(classic)
 
     def _heartbeat(self, request, client_id, client_host):
         now = time.monotonic()
@@ -278,9 +297,11 @@ class ConsumerGroups:
             member.topic_regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
         member.client_id, member.client_host = client_id, client_host
         group.dirty.add(member.member_id)
+        member.classic = None                   # a static member's instance may come back on the consumer protocol
+        if self.groups.get(group.group_id) is not group:
+            self.coordinator.migration.complete_upgrade(group)      # a new group, or a classic one converted
         if new:
             group.add(member)
-            self.groups.setdefault(group.group_id, group)
             log.info("group %r: member %s joins (consumer protocol)", group.group_id, member.member_id)
         changed = new or before[:3] != (member.topic_names, member.topic_regex, member.server_assignor)
         self._refresh(group, bump=changed)
@@ -474,7 +495,10 @@ class ConsumerGroups:
         return response
 
     def fence(self, group, member):
-        """Remove ``member``: its partitions are free, the group moves to a new epoch."""
+        """Remove ``member``: its partitions are free, the group moves to a new epoch (or, when it was the last
+        member of the consumer protocol, becomes a classic group if the migration policy allows it)."""
+        if self.coordinator.migration.downgrade(group, member):
+            return
         group.remove(member)
         group.topics = self._subscribed_topics(group)
         group.epoch += 1
@@ -484,23 +508,32 @@ class ConsumerGroups:
 
     @staticmethod
     def next_deadline_of(member):
-        if member.revocation_deadline is None:
-            return member.session_deadline
-        return min(member.session_deadline, member.revocation_deadline)
+        deadlines = [member.session_deadline]
+        if member.revocation_deadline is not None:
+            deadlines.append(member.revocation_deadline)
+        if member.classic is not None:
+            deadlines += member.classic.deadlines()
+        return min(deadlines)
 
     def next_deadline(self, group):
         return min(map(self.next_deadline_of, group.members.values()), default=None)
 
     def expire(self, group, now):
-        """Fence the members whose session or revocation timed out by ``now`` (if their removal cannot be written,
-        they stay, with a new session)."""
+        """Fence the members whose session or revocation (a classic member's JoinGroup or SyncGroup) timed out by
+        ``now`` (if their removal cannot be written, they stay, with a new session)."""
         for member in list(group.members.values()):
+            if self.groups.get(group.group_id) is not group:
+                break                   # it became a classic group: its records are written as tombstones
             if now >= member.session_deadline:
                 log.info("group %r: member %s expired (session timeout)", group.group_id, member.member_id)
                 self.fence(group, member)
             elif member.revocation_deadline is not None and now >= member.revocation_deadline:
                 log.info("group %r: member %s did not revoke in its rebalance timeout", group.group_id,
                          member.member_id)
+                self.fence(group, member)
+            elif member.classic is not None and any(now >= d for d in member.classic.deadlines()):
+                log.info("group %r: classic member %s did not rejoin or sync in its rebalance timeout",
+                         group.group_id, member.member_id)
                 self.fence(group, member)
         self.store(group)
 
@@ -566,9 +599,11 @@ class ConsumerGroups:
             member = group.members.get(member_id)
             if member is None:
                 continue
+            classic = None if member.classic is None else ClassicMemberMetadata(
+                member.classic.session_timeout_ms, [SupportedProtocol(*p) for p in member.classic.protocols])
             records[(MEMBER, member_id)] = MemberMetadata(
                 member.instance_id, member.rack_id, member.client_id, member.client_host, list(member.topic_names),
-                member.topic_regex, member.rebalance_timeout_ms, member.server_assignor)
+                member.topic_regex, member.rebalance_timeout_ms, member.server_assignor, classic)
             if member_id in group.target:
                 records[(TARGET_MEMBER, member_id)] = TargetMember(topic_partitions(group.target[member_id]))
             records[(CURRENT_ASSIGNMENT, member_id)] = CurrentAssignment(
@@ -623,11 +658,16 @@ class ConsumerGroups:
             if version == TARGET_MEMBER:
                 group.target[member_id] = {tp.topic_id: frozenset(tp.partitions) for tp in value.topic_partitions}
             elif version == MEMBER:
+                classic = value.classic_member_metadata
+                if classic is not None:
+                    classic = ClassicProtocol(classic.session_timeout_ms,
+                                              [(p.name, bytes(p.metadata)) for p in classic.supported_protocols])
+                session_ms = self.config.consumer_session_timeout_ms if classic is None else classic.session_timeout_ms
                 group.add(ConsumerMember(
                     member_id, value.instance_id, value.rack_id, value.client_id, value.client_host,
                     value.rebalance_timeout_ms, tuple(sorted(value.subscribed_topic_names)),
-                    value.subscribed_topic_regex, value.server_assignor,
-                    session_deadline=now + self.config.consumer_session_timeout_ms / 1000))
+                    value.subscribed_topic_regex, value.server_assignor, session_deadline=now + session_ms / 1000,
+                    classic=classic))
         for member_id, member in group.members.items():
             current = values.get((CURRENT_ASSIGNMENT, member_id))
             if current is None:
@@ -643,16 +683,16 @@ class ConsumerGroups:
 
     # --- OffsetCommit, OffsetFetch --------------------------------------------------------------------
 
-    def check_commit(self, group, member_id, epoch, version):
+    def check_commit(self, group, member_id, epoch, version, transactional=False):
         """Kafka's ``ConsumerGroup.validateOffsetCommit``."""
         if epoch < 0 and not group.members:
             return ErrorCode.NONE
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        if version < 9:
+        if version < 9 and member.classic is None and not transactional:
             return ErrorCode.UNSUPPORTED_VERSION
-        return ErrorCode.NONE if epoch == member.epoch else ErrorCode.STALE_MEMBER_EPOCH
+        return _check_member_epoch(member, epoch)
 
     @staticmethod
     def check_fetch(group, member_id, epoch):
@@ -662,7 +702,7 @@ class ConsumerGroups:
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.UNKNOWN_MEMBER_ID
-        return ErrorCode.NONE if epoch == member.epoch else ErrorCode.STALE_MEMBER_EPOCH
+        return _check_member_epoch(member, epoch)
 
     # --- ConsumerGroupDescribe ------------------------------------------------------------------------
 
@@ -702,6 +742,13 @@ class ConsumerGroups:
                 if request.include_authorized_operations:
                     result.authorized_operations = GROUP_OPERATIONS
         return Response(throttle_time_ms=0, groups=described)
+
+
+def _check_member_epoch(member, epoch):
+    """Kafka's ``ConsumerGroup.validateMemberEpoch``: a classic member's generation is its epoch."""
+    if epoch == member.epoch:
+        return ErrorCode.NONE
+    return ErrorCode.ILLEGAL_GENERATION if member.classic is not None else ErrorCode.STALE_MEMBER_EPOCH
 
 
 def _check_epoch(member, epoch, owned):

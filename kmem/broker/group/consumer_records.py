@@ -50,14 +50,14 @@ class PartitionMetadata(NamedTuple):
     topics: list                   # [TopicMetadata]
 
 
-class ClassicProtocol(NamedTuple):
+class SupportedProtocol(NamedTuple):
     name: str
     metadata: bytes
 
 
 class ClassicMemberMetadata(NamedTuple):
     session_timeout_ms: int
-    supported_protocols: list      # [ClassicProtocol]
+    supported_protocols: list      # [SupportedProtocol]
 
 
 class MemberMetadata(NamedTuple):
@@ -134,14 +134,15 @@ def _write_struct(w, value):
         w.i32(value.partition)
         w.compact_array(value.racks, w.compact_string)
     elif isinstance(value, MemberMetadata):
-        if value.classic_member_metadata is not None:
-            raise ValueError("kmem writes no classic member into a consumer group")
         for text in value[:4]:
             w.compact_string(text)
         w.compact_array(value.subscribed_topic_names, w.compact_string)
         w.compact_string(value.subscribed_topic_regex)
         w.i32(value.rebalance_timeout_ms)
         w.compact_string(value.server_assignor)
+        if value.classic_member_metadata is not None:
+            w.tagged_field(0, lambda field: _write_classic_member(field, value.classic_member_metadata))
+            return
     elif isinstance(value, TargetMember):
         w.compact_array(value.topic_partitions, lambda tp: _write_struct(w, tp))
     elif isinstance(value, TopicPartitions):
@@ -194,6 +195,17 @@ def _read_struct(r, kind):
     return result
 
 
+def _write_classic_member(w, classic):
+    w.i32(classic.session_timeout_ms)
+
+    def protocol(p):
+        w.compact_string(p.name)
+        w.compact_bytes(p.metadata)
+        w.no_tagged_fields()
+    w.compact_array(classic.supported_protocols, protocol)
+    w.no_tagged_fields()
+
+
 def _classic_member(data, what):
     r = FlexibleReader(data, f"{what} ClassicMemberMetadata")
     session_timeout_ms = r.i32()
@@ -201,7 +213,7 @@ def _classic_member(data, what):
     def protocol():
         name, metadata = r.compact_string(), r.compact_bytes()
         r.skip_tagged_fields()
-        return ClassicProtocol(name, metadata)
+        return SupportedProtocol(name, metadata)
     protocols = r.compact_array(protocol)
     r.skip_tagged_fields()
     return ClassicMemberMetadata(session_timeout_ms, protocols)

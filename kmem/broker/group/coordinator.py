@@ -75,6 +75,7 @@ from kmem.broker.apis.authorized import GROUP_OPERATIONS
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.group.assignors import ASSIGNOR_CLASSES, ASSIGNORS
 from kmem.broker.group.consumer import ConsumerGroups
+from kmem.broker.group.migration import Migration, migration_policy
 from kmem.broker.group.offsets import (
     INT64_MAX, OFFSETS_TOPIC, GroupRecord, MemberRecord, OffsetAndMetadata, group_metadata_key, group_metadata_value,
     offset_commit_key, offset_commit_value, partition_for, read_group_value, read_key, read_offset_value,
@@ -163,6 +164,7 @@ GROUP_SETTINGS = {
     "group.consumer.max.size": ("consumer_max_size", at_least(1, INT32_MAX)),
     "group.consumer.assignors": ("consumer_assignors", _assignor_names),
     "group.coordinator.rebalance.protocols": ("rebalance_protocols", _rebalance_protocols),
+    "group.consumer.migration.policy": ("consumer_migration_policy", migration_policy),
 }
 
 
@@ -189,6 +191,7 @@ class GroupConfig:
     consumer_max_size: int = INT32_MAX
     consumer_assignors: tuple = ("uniform", "range")
     rebalance_protocols: tuple = ("classic", CONSUMER_PROTOCOL)      # Kafka 4.0's default
+    consumer_migration_policy: str = "bidirectional"                # Kafka 4.0's default (3.9's: disabled)
 
     @classmethod
     def from_properties(cls, properties):
@@ -344,6 +347,7 @@ class GroupCoordinator:
         self._own_timer = timer is None
         self._timer = Timer("kmem-group-timer") if timer is None else timer
         self.consumer_groups = ConsumerGroups(self)     # KIP-848's, by group id; self.groups keeps their offsets
+        self.migration = Migration(self)                # classic members in them, conversions both ways
         self._compact_offsets_topic_of_older_kmem()
         self._load()
         with self._lock:
@@ -558,6 +562,12 @@ class GroupCoordinator:
             group_id = group.group_id
             group.timer_task = self._timer.schedule(deadline, lambda: self._consumer_deadline_reached(group_id))
 
+    def _store_migrated(self, group):
+        """After a classic member's JoinGroup or LeaveGroup to the consumer group ``group``: its records written
+        (those of every member, as the request may have moved any); the write's error code."""
+        group.dirty.update(group.members)
+        return self.consumer_groups.store(group)
+
     def _forget_consumer_group(self, group):
         if self.consumer_groups.groups.get(group.group_id) is group:
             del self.consumer_groups.groups[group.group_id]
@@ -747,8 +757,12 @@ class GroupCoordinator:
         with self._lock:
             consumer_group = self.consumer_groups.groups.get(request.group_id)
             if consumer_group is not None:
-                if consumer_group.members:      # KIP-848's migration of classic members is not served
-                    return self._join_error(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, request.member_id or "")
+                if consumer_group.members:
+                    if self._closed:
+                        return self._join_error(ErrorCode.COORDINATOR_NOT_AVAILABLE, request.member_id or "")
+                    response = self.migration.join(consumer_group, header, request, client_host)
+                    error = self._store_migrated(consumer_group)
+                    return self._join_error(error, request.member_id or "") if error else response
                 error = self.consumer_groups.delete(consumer_group)
                 if error:
                     return self._join_error(error, request.member_id or "")
@@ -916,6 +930,9 @@ class GroupCoordinator:
 
     def sync_group(self, header, request):
         with self._lock:
+            consumer_group = self.consumer_groups.groups.get(request.group_id)
+            if consumer_group is not None and not self._closed:
+                return self.migration.sync(consumer_group, header, request)
             result = self._sync(request, header.api_version)
             group = self.groups.get(request.group_id)
             if group is not None:
@@ -998,7 +1015,11 @@ class GroupCoordinator:
 
     def heartbeat(self, header, request):
         with self._lock:
-            error = self._heartbeat(request, header.api_version)
+            consumer_group = self.consumer_groups.groups.get(request.group_id)
+            if consumer_group is not None and not self._closed:
+                error = self.migration.heartbeat(consumer_group, header, request)
+            else:
+                error = self._heartbeat(request, header.api_version)
         return messages.HeartbeatResponse(throttle_time_ms=0, error_code=error)
 
     def _heartbeat(self, request, version):
@@ -1023,19 +1044,28 @@ class GroupCoordinator:
             leaving = request.members
         Response = messages.LeaveGroupResponse
         with self._lock:
-            group = self.groups.get(request.group_id)
-            now = time.monotonic()
-            results = []
-            for identity in leaving:
-                error = (ErrorCode.UNKNOWN_MEMBER_ID if group is None or group.state == DEAD
-                         else self._leave(group, identity, now))
-                results.append(Response.MemberResponse(member_id=identity.member_id,
-                                                       group_instance_id=identity.group_instance_id, error_code=error))
-            if group is not None and self.groups.get(request.group_id) is group:
-                self._schedule(group)
+            consumer_group = self.consumer_groups.groups.get(request.group_id)
+            if consumer_group is not None and not self._closed:
+                errors = self.migration.leave(consumer_group, leaving)
+                error = self._store_migrated(consumer_group)
+                errors = [error or e for e in errors]
+            else:
+                errors = self._leave_classic_group(request.group_id, leaving)
+        results = [Response.MemberResponse(member_id=identity.member_id, group_instance_id=identity.group_instance_id,
+                                           error_code=error) for identity, error in zip(leaving, errors)]
         if version < 3:
             return Response(throttle_time_ms=0, error_code=results[0].error_code, members=[])
         return Response(throttle_time_ms=0, error_code=ErrorCode.NONE, members=results)
+
+    def _leave_classic_group(self, group_id, leaving):
+        group = self.groups.get(group_id)
+        now = time.monotonic()
+        errors = [ErrorCode.UNKNOWN_MEMBER_ID if group is None or group.state == DEAD
+                  else self._leave(group, identity, now)
+                  for identity in leaving]
+        if group is not None and self.groups.get(group_id) is group:
+            self._schedule(group)
+        return errors
 
     def _leave(self, group, identity, now):
         member_id, instance_id = identity.member_id or "", identity.group_instance_id
@@ -1222,6 +1252,12 @@ class GroupCoordinator:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         generation, member_id, instance_id = (request.generation_id, request.member_id, request.group_instance_id) \
             if version >= 3 else (-1, "", None)
+        consumer_group = self.consumer_groups.groups.get(request.group_id)
+        if consumer_group is not None and (generation >= 0 or member_id):
+            # Kafka's OffsetMetadataManager.validateTransactionalOffsetCommit: a stale epoch is ILLEGAL_GENERATION
+            error = self.consumer_groups.check_commit(consumer_group, member_id, generation, version,
+                                                      transactional=True)
+            return ErrorCode.ILLEGAL_GENERATION if error == ErrorCode.STALE_MEMBER_EPOCH else error
         group = self.groups.get(request.group_id) or Group(request.group_id, _now_ms())
         if group.state == DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE

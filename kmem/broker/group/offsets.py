@@ -234,6 +234,16 @@ class FlexibleWriter(_Writer):
     def no_tagged_fields(self):
         self.parts.append(b"\0")
 
+    def tagged_field(self, tag, write):
+        """One tagged field, ``tag``, whose bytes ``write(writer)`` gives: a section holding only it."""
+        field = FlexibleWriter()
+        write(field)
+        data = field.value()
+        self.uvarint(1)
+        self.uvarint(tag)
+        self.uvarint(len(data))
+        self.parts.append(data)
+
 
 def offset_commit_key(group_id, topic, partition):
     w = _Writer()
