@@ -421,3 +421,37 @@ def test_a_partition_a_client_assignor_gave_twice_goes_to_one_member_on_upgrade(
         assert held[0] | held[1] == PARTITIONS and not held[0] & held[1]
     finally:
         coord.close()
+
+
+def test_an_upgraded_group_and_its_downgrade_survive_a_restart(logs):
+    """The classic members of a consumer group are written with their ClassicMemberMetadata (Kafka's tagged field)
+    as the upgrade happens: after a restart they are still classic members, who rejoin and sync at the consumer
+    group's epoch; after the downgrade the consumer group's records are tombstones, and a restart finds the classic
+    group."""
+    coord = coordinator(logs)
+    try:
+        a, b = classic_group(coord, [[0, 1], [2, 3]])
+        assert Members(coord, logs).join("c").error_code == ErrorCode.NONE
+    finally:
+        coord.close()
+    coord = coordinator(logs)
+    try:
+        group = coord.consumer_groups.groups["g"]
+        classic = {m.member_id: m.classic for m in group.members.values() if m.classic is not None}
+        assert set(classic) == {a, b}
+        assert [name for name, _ in classic[a].protocols] == ["range"] and classic[a].session_timeout_ms > 0
+        for member_id in (a, b):
+            assert heartbeat(coord, member_id, 1) == ErrorCode.REBALANCE_IN_PROGRESS
+            assert follow(coord, member_id, ())[0] == 2
+        consumers = Members(coord, logs)
+        consumers.epochs["c"] = 2
+        assert consumers.send("c", -1).error_code == ErrorCode.NONE      # the downgrade
+        assert "g" not in coord.consumer_groups.groups
+    finally:
+        coord.close()
+    coord = coordinator(logs)
+    try:
+        assert "g" not in coord.consumer_groups.groups
+        assert set(coord.groups["g"].members) == {a, b}
+    finally:
+        coord.close()

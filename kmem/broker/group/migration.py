@@ -144,7 +144,6 @@ class Migration:
             classic.generation = 0
             classic.set_state(classic_coordinator.EMPTY, classic_coordinator._now_ms())
         coordinator.consumer_groups.groups[group.group_id] = group
-        group.dirty.update(group.members)       # the classic members' records come with the new member's
         if classic is not None:
             coordinator._schedule(classic)          # its offsets' expiry waits while the group has members
         if group.members:
