@@ -88,15 +88,15 @@ class SchemaReader:
             if not in_versions(field["versions"], self.version):
                 continue
             if self.flexible and in_versions(field.get("taggedVersions"), self.version):
-                tagged[field["tag"]] = field
-                out[field["name"]] = field.get("default")
+                tagged[field["tag"]] = field            # left out of ``out`` when absent (its default)
                 continue
             out[field["name"]] = self.field(field)
         if self.flexible:
             for _ in range(self.uvarint()):
                 tag, size = self.uvarint(), self.uvarint()
                 end = self.pos + size
-                out[tagged[tag]["name"]] = self.field(tagged[tag])
+                # a tagged struct starts with a varint: 0 null, 1 present
+                out[tagged[tag]["name"]] = self.field(tagged[tag]) if self.uvarint() else None
                 assert self.pos == end
         return out
 
@@ -119,8 +119,6 @@ class SchemaReader:
         if kind == "bytes":
             size = self.length(">i")
             return None if size < 0 else self.take(size)
-        if in_versions(field.get("nullableVersions"), self.version) and self.unpack(">b") < 0:
-            return None
         return self.struct(field.get("fields") or self.structs[kind])
 
 
@@ -364,7 +362,8 @@ def test_dump_log_prints_them_as_kafkas_offsets_decoder(cluster, capsys):
     member = ',"memberId":"a"'
     assert code == 0 and [line for line in out if line.startswith("|")] == [
         key % (5, member) + '{"instanceId":"i","rackId":null,"clientId":"c","clientHost":"/127.0.0.1",'
-        '"subscribedTopicNames":["t"],"subscribedTopicRegex":null,"rebalanceTimeoutMs":30000,"serverAssignor":"range"}}',
+        '"subscribedTopicNames":["t"],"subscribedTopicRegex":null,"rebalanceTimeoutMs":30000,"serverAssignor":"range",'
+        '"classicMemberMetadata":null}}',
         key % (4, "") + '{"topics":[{"topicId":"%s","topicName":"t","numPartitions":4,"partitionMetadata":[]}]}}'
         % topic,
         key % (3, "") + '{"epoch":1}}',
