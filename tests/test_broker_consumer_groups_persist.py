@@ -28,7 +28,7 @@ from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
 from kmem.protocol import ApiKey, RequestHeader, messages
 from test_broker_consumer_groups import H, Members
-from test_broker_groups_coordinator import cleaning, stored_records
+from test_broker_groups_coordinator import cleaning, join, stored_records
 from test_dump_log import dump
 
 Record = collections.namedtuple("Record", "offset key value")
@@ -313,6 +313,17 @@ def test_tombstones_when_a_member_leaves_and_the_group_is_deleted_and_the_cleane
     assert all(value is not None for _, _, value in remaining) and len(remaining) == len(latest(remaining)) == 6
     cluster.restart()
     assert described(cluster.members)[1:] == (1, 1, {"x": (1, "c", ["t"], {0, 1, 2, 3}, {0, 1, 2, 3})})
+
+
+def test_a_classic_join_takes_over_an_empty_consumer_group_and_its_records_go(cluster):
+    members = cluster.members
+    members.join("a")
+    assert members.send("a", -1).error_code == ErrorCode.NONE
+    assert latest(cluster.records()) != {}
+    assert join(cluster.coordinator).error_code == ErrorCode.MEMBER_ID_REQUIRED      # a classic member (KIP-394)
+    assert latest(cluster.records()) == {}
+    cluster.restart()
+    assert "g" not in cluster.coordinator.consumer_groups.groups
 
 
 def test_a_failed_write_is_not_coordinator_and_leaves_the_group_as_the_log_has_it(cluster, monkeypatch):

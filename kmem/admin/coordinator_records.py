@@ -57,10 +57,12 @@ def consumer_group_record_json(version, group_id, member_id, value):
     """A KIP-848 consumer group's record (``kmem.broker.group.consumer_records``) as Kafka's generated JSON
     converters print it: fields in camelCase, topic ids as Kafka's ``Uuid.toString``, bytes in base64, a tagged
     field at its default left out."""
-    key = {"groupId": group_id} if member_id is None else {"groupId": group_id, "memberId": member_id}
-    payload = "<DELETE>" if value is None else \
-        _json({"version": str(_version(value, "value")), "data": _fields_json(read_consumer_group_value(version, value))})
-    return _json({"type": str(version), "data": key}), payload
+    fields = {"groupId": group_id} if member_id is None else {"groupId": group_id, "memberId": member_id}
+    key = _json({"type": str(version), "data": fields})
+    if value is None:
+        return key, "<DELETE>"
+    data = _fields_json(read_consumer_group_value(version, value))
+    return key, _json({"version": str(_version(value, "value")), "data": data})
 
 
 def _fields_json(value):

@@ -104,8 +104,8 @@ VALUE_TYPES = {GROUP_EPOCH: GroupEpoch, PARTITION_METADATA: PartitionMetadata, M
 
 def topic_partitions(assignment):
     """``{topic uuid: partitions}`` as ``[TopicPartitions]``, in a stable order."""
-    return [TopicPartitions(topic, sorted(parts)) for topic, parts in sorted(assignment.items(), key=lambda i: str(i[0]))
-            if parts]
+    return [TopicPartitions(topic, sorted(parts))
+            for topic, parts in sorted(assignment.items(), key=lambda item: str(item[0])) if parts]
 
 
 def consumer_group_key(version, group_id, member_id=None):
