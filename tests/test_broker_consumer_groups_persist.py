@@ -28,7 +28,7 @@ from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
 from kmem.broker.group.offsets import OFFSETS_TOPIC, partition_for
 from kmem.protocol import ApiKey, RequestHeader, messages
 from test_broker_consumer_groups import H, Members
-from test_broker_groups_coordinator import cleaning, stored_records
+from test_broker_groups_coordinator import cleaning, join, stored_records
 from test_dump_log import dump
 
 Record = collections.namedtuple("Record", "offset key value")
@@ -88,15 +88,15 @@ class SchemaReader:
             if not in_versions(field["versions"], self.version):
                 continue
             if self.flexible and in_versions(field.get("taggedVersions"), self.version):
-                tagged[field["tag"]] = field
-                out[field["name"]] = field.get("default")
+                tagged[field["tag"]] = field            # left out of ``out`` when absent (its default)
                 continue
             out[field["name"]] = self.field(field)
         if self.flexible:
             for _ in range(self.uvarint()):
                 tag, size = self.uvarint(), self.uvarint()
                 end = self.pos + size
-                out[tagged[tag]["name"]] = self.field(tagged[tag])
+                # a tagged struct starts with a varint: 0 null, 1 present
+                out[tagged[tag]["name"]] = self.field(tagged[tag]) if self.uvarint() else None
                 assert self.pos == end
         return out
 
@@ -119,8 +119,6 @@ class SchemaReader:
         if kind == "bytes":
             size = self.length(">i")
             return None if size < 0 else self.take(size)
-        if in_versions(field.get("nullableVersions"), self.version) and self.unpack(">b") < 0:
-            return None
         return self.struct(field.get("fields") or self.structs[kind])
 
 
@@ -317,6 +315,17 @@ def test_tombstones_when_a_member_leaves_and_the_group_is_deleted_and_the_cleane
     assert described(cluster.members)[1:] == (1, 1, {"x": (1, "c", ["t"], {0, 1, 2, 3}, {0, 1, 2, 3})})
 
 
+def test_a_classic_join_takes_over_an_empty_consumer_group_and_its_records_go(cluster):
+    members = cluster.members
+    members.join("a")
+    assert members.send("a", -1).error_code == ErrorCode.NONE
+    assert latest(cluster.records()) != {}
+    assert join(cluster.coordinator).error_code == ErrorCode.MEMBER_ID_REQUIRED      # a classic member (KIP-394)
+    assert latest(cluster.records()) == {}
+    cluster.restart()
+    assert "g" not in cluster.coordinator.consumer_groups.groups
+
+
 def test_a_failed_write_is_not_coordinator_and_leaves_the_group_as_the_log_has_it(cluster, monkeypatch):
     members = cluster.members
     members.join("a")
@@ -364,7 +373,8 @@ def test_dump_log_prints_them_as_kafkas_offsets_decoder(cluster, capsys):
     member = ',"memberId":"a"'
     assert code == 0 and [line for line in out if line.startswith("|")] == [
         key % (5, member) + '{"instanceId":"i","rackId":null,"clientId":"c","clientHost":"/127.0.0.1",'
-        '"subscribedTopicNames":["t"],"subscribedTopicRegex":null,"rebalanceTimeoutMs":30000,"serverAssignor":"range"}}',
+        '"subscribedTopicNames":["t"],"subscribedTopicRegex":null,"rebalanceTimeoutMs":30000,"serverAssignor":"range",'
+        '"classicMemberMetadata":null}}',
         key % (4, "") + '{"topics":[{"topicId":"%s","topicName":"t","numPartitions":4,"partitionMetadata":[]}]}}'
         % topic,
         key % (3, "") + '{"epoch":1}}',

@@ -8,7 +8,7 @@ import json
 import struct
 import uuid
 
-from kmem.broker.group.consumer_records import read_consumer_group_value
+from kmem.broker.group.consumer_records import NO_CLASSIC_MEMBER_METADATA, read_consumer_group_value
 from kmem.broker.group.offsets import (
     CONSUMER_GROUP_KEY_VERSIONS, _Reader, read_group_value, read_key, read_offset_value,
 )
@@ -55,18 +55,20 @@ def parse_offsets_record(record):
 
 def consumer_group_record_json(version, group_id, member_id, value):
     """A KIP-848 consumer group's record (``kmem.broker.group.consumer_records``) as Kafka's generated JSON
-    converters print it: fields in camelCase, topic ids as Kafka's ``Uuid.toString``, bytes in base64, a null
-    tagged field left out."""
-    key = {"groupId": group_id} if member_id is None else {"groupId": group_id, "memberId": member_id}
-    payload = "<DELETE>" if value is None else \
-        _json({"version": str(_version(value, "value")), "data": _fields_json(read_consumer_group_value(version, value))})
-    return _json({"type": str(version), "data": key}), payload
+    converters print it: fields in camelCase, topic ids as Kafka's ``Uuid.toString``, bytes in base64, a tagged
+    field at its default left out."""
+    fields = {"groupId": group_id} if member_id is None else {"groupId": group_id, "memberId": member_id}
+    key = _json({"type": str(version), "data": fields})
+    if value is None:
+        return key, "<DELETE>"
+    data = _fields_json(read_consumer_group_value(version, value))
+    return key, _json({"version": str(_version(value, "value")), "data": data})
 
 
 def _fields_json(value):
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return {_camel_case(name): _fields_json(item) for name, item in zip(value._fields, value)
-                if not (name == "classic_member_metadata" and item is None)}
+                if item != NO_CLASSIC_MEMBER_METADATA}
     if isinstance(value, list):
         return [_fields_json(item) for item in value]
     if isinstance(value, uuid.UUID):

@@ -659,9 +659,11 @@ class ConsumerGroups:
                 group.target[member_id] = {tp.topic_id: frozenset(tp.partitions) for tp in value.topic_partitions}
             elif version == MEMBER:
                 classic = value.classic_member_metadata
-                if classic is not None:
+                if classic is not None and classic.supported_protocols:     # else a consumer-protocol member
                     classic = ClassicProtocol(classic.session_timeout_ms,
                                               [(p.name, bytes(p.metadata)) for p in classic.supported_protocols])
+                else:
+                    classic = None
                 session_ms = self.config.consumer_session_timeout_ms if classic is None else classic.session_timeout_ms
                 group.add(ConsumerMember(
                     member_id, value.instance_id, value.rack_id, value.client_id, value.client_host,

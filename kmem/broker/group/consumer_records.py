@@ -60,6 +60,11 @@ class ClassicMemberMetadata(NamedTuple):
     supported_protocols: list      # [SupportedProtocol]
 
 
+# A member record's tagged field 0 left out reads as this default; Kafka 3.9 writes a member of the consumer
+# protocol with the field present and null (``newMemberSubscriptionRecord``), as kmem does.
+NO_CLASSIC_MEMBER_METADATA = ClassicMemberMetadata(0, [])
+
+
 class MemberMetadata(NamedTuple):
     instance_id: str | None
     rack_id: str | None
@@ -99,8 +104,8 @@ VALUE_TYPES = {GROUP_EPOCH: GroupEpoch, PARTITION_METADATA: PartitionMetadata, M
 
 def topic_partitions(assignment):
     """``{topic uuid: partitions}`` as ``[TopicPartitions]``, in a stable order."""
-    return [TopicPartitions(topic, sorted(parts)) for topic, parts in sorted(assignment.items(), key=lambda i: str(i[0]))
-            if parts]
+    return [TopicPartitions(topic, sorted(parts))
+            for topic, parts in sorted(assignment.items(), key=lambda item: str(item[0])) if parts]
 
 
 def consumer_group_key(version, group_id, member_id=None):
@@ -140,8 +145,8 @@ def _write_struct(w, value):
         w.compact_string(value.subscribed_topic_regex)
         w.i32(value.rebalance_timeout_ms)
         w.compact_string(value.server_assignor)
-        if value.classic_member_metadata is not None:
-            w.tagged_field(0, lambda field: _write_classic_member(field, value.classic_member_metadata))
+        if value.classic_member_metadata != NO_CLASSIC_MEMBER_METADATA:
+            _write_classic_member(w, value.classic_member_metadata)
             return
     elif isinstance(value, TargetMember):
         w.compact_array(value.topic_partitions, lambda tp: _write_struct(w, tp))
@@ -157,6 +162,28 @@ def _write_struct(w, value):
     else:
         raise TypeError(f"not a consumer group record value: {value!r}")
     w.no_tagged_fields()
+
+
+def _write_classic_member(w, classic):
+    """Tagged field 0 (the only one), its struct after a presence varint: 0 null, 1 present."""
+    body = FlexibleWriter()
+    if classic is None:
+        body.uvarint(0)
+    else:
+        body.uvarint(1)
+        body.i32(classic.session_timeout_ms)
+
+        def protocol(item):
+            body.compact_string(item.name)
+            body.compact_bytes(item.metadata)
+            body.no_tagged_fields()
+        body.compact_array(classic.supported_protocols, protocol)
+        body.no_tagged_fields()
+    data = body.value()
+    w.uvarint(1)
+    w.uvarint(0)
+    w.uvarint(len(data))
+    w.parts.append(data)
 
 
 def read_consumer_group_value(version, value):
@@ -179,9 +206,8 @@ def _read_struct(r, kind):
         result = kind(*texts, r.compact_array(r.compact_string), r.compact_nullable_string(), r.i32(),
                       r.compact_nullable_string())
         classic = r.tagged_fields().get(0)
-        if classic is not None:
-            result = result._replace(classic_member_metadata=_classic_member(classic, r.what))
-        return result
+        return result._replace(classic_member_metadata=NO_CLASSIC_MEMBER_METADATA if classic is None else
+                               _classic_member(classic, r.what))
     elif kind is TargetMember:
         result = kind(r.compact_array(lambda: _read_struct(r, TopicPartitions)))
     elif kind is TopicPartitions:
@@ -195,19 +221,10 @@ def _read_struct(r, kind):
     return result
 
 
-def _write_classic_member(w, classic):
-    w.i32(classic.session_timeout_ms)
-
-    def protocol(p):
-        w.compact_string(p.name)
-        w.compact_bytes(p.metadata)
-        w.no_tagged_fields()
-    w.compact_array(classic.supported_protocols, protocol)
-    w.no_tagged_fields()
-
-
 def _classic_member(data, what):
     r = FlexibleReader(data, f"{what} ClassicMemberMetadata")
+    if r.uvarint() == 0:
+        return None
     session_timeout_ms = r.i32()
 
     def protocol():

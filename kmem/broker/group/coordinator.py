@@ -536,16 +536,17 @@ class GroupCoordinator:
     def schedule_consumer_group(self, group, member=None):
         """Keep a consumer group's timer task at (or before) its earliest member deadline: as for classic groups,
         a heartbeat (of ``member``, whose deadlines alone changed) only moves a deadline later, so it schedules
-        nothing and scans no other member. An empty group without offsets is forgotten, and the offsets of one
-        that emptied start their expiry. Under the lock."""
+        nothing and scans no other member. A group that emptied is kept by the group of its offsets (made if it
+        has none), whose expiry deletes it. Under the lock."""
         if not group.members:
             if group.timer_task is not None:
                 group.timer_task.cancel()
                 group.timer_task = None
             # as Kafka keeps an empty group until its offsets expire (or one offsets.retention.check.interval.ms
             # without any), the group of its offsets does; it then writes the group's tombstones
-            offsets = self._loaded_group(group.group_id, _now_ms())
-            offsets.set_state(EMPTY, _now_ms())
+            now_ms = _now_ms()
+            offsets = self._loaded_group(group.group_id, now_ms)
+            offsets.set_state(EMPTY, now_ms)
             self._schedule(offsets)
             return
         task = group.timer_task

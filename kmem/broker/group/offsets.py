@@ -8,6 +8,8 @@ group's records go to.
 - key version 2: a group's metadata, ``group``; its value (versions 0-3, v3 written) holds the protocol
   type, generation, protocol, leader, the state timestamp and every member with its subscription and
   assignment.
+- key versions 3-8: a KIP-848 consumer group's records (``kmem.broker.group.consumer_records``), whose values
+  are flexible (``FlexibleReader``, ``FlexibleWriter``: KIP-482's compact types and tagged fields).
 - a null value is a tombstone: the offset (or the whole group) is gone.
 - a transaction's offset commits (TxnOffsetCommit) are the same records in a transactional batch, committed
   or aborted by their producer's marker (a control batch) later in the partition.
@@ -233,16 +235,6 @@ class FlexibleWriter(_Writer):
 
     def no_tagged_fields(self):
         self.parts.append(b"\0")
-
-    def tagged_field(self, tag, write):
-        """One tagged field, ``tag``, whose bytes ``write(writer)`` gives: a section holding only it."""
-        field = FlexibleWriter()
-        write(field)
-        data = field.value()
-        self.uvarint(1)
-        self.uvarint(tag)
-        self.uvarint(len(data))
-        self.parts.append(data)
 
 
 def offset_commit_key(group_id, topic, partition):
