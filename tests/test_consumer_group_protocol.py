@@ -14,6 +14,7 @@ from group_helpers import start_broker
 from kmem.consumer import Consumer, KafkaError, TopicPartition
 from kmem.consumer import errors as codes
 from kmem.errors import ConfigError, InvalidArgumentError
+from mock_cluster import MockCluster
 
 PARTITIONS = 4
 SETTINGS = {"group.consumer.heartbeat.interval.ms": 100, "group.consumer.session.timeout.ms": 1000}
@@ -191,3 +192,23 @@ def test_refusals_are_clear_errors(broker):
     bad.subscribe(pattern="stock")              # a new subscription joins again
     poll_until([bad], lambda: bad.assignment() == tps("stock", 0, 1, 2, 3), "the corrected subscription")
     bad.close()
+
+
+def test_on_librdkafkas_mock_cluster_which_fetches_offsets_without_member_epochs():
+    """librdkafka's mock cluster serves ConsumerGroupHeartbeat but OffsetFetch only up to v6: the member reads its
+    committed offsets in that form."""
+    mock = MockCluster()
+    try:
+        mock.create_topic("orders", PARTITIONS)
+        mock.produce("orders", [b"%d" % i for i in range(40)], partitions=PARTITIONS)
+        with Consumer(mock.bootstrap, group_id="g", group_protocol="consumer", auto_offset_reset="earliest") as a:
+            a.subscribe(["orders"])
+            assert len(consume(a, 40)) == 40
+            a.commit()
+            assert a.committed(TopicPartition("orders", 1)) == 10
+        with Consumer(mock.bootstrap, group_id="g", group_protocol="consumer", auto_offset_reset="earliest") as b:
+            b.subscribe(["orders"])
+            poll_until([b], lambda: len(b.assignment()) == PARTITIONS, "b rejoining the group")
+            assert all(b.position(tp) == 10 for tp in b.assignment())
+    finally:
+        mock.close()

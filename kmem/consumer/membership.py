@@ -17,7 +17,7 @@ FENCED_INSTANCE_ID, UNRELEASED_INSTANCE_ID, an authorization failure...) ends th
 raises it as a ``KafkaError`` until ``subscribe`` is called again. Leaving is a heartbeat with epoch -1, or -2 for
 a static member (``group.instance.id``), whose partitions the coordinator keeps for its return within
 ``group.consumer.session.timeout.ms``. Offsets are committed and fetched with the member id and epoch
-(OffsetCommit v9, OffsetFetch v9); a commit refused with STALE_MEMBER_EPOCH because the epoch moved on while it
+(OffsetCommit v9, OffsetFetch v9 where the coordinator serves it); a commit refused with STALE_MEMBER_EPOCH because the epoch moved on while it
 was out is sent again with the new one.
 
 The heartbeat thread and the priority channel to the coordinator are the classic protocol's
@@ -39,8 +39,7 @@ log = logging.getLogger(__name__)
 JOIN_EPOCH, LEAVE_EPOCH, STATIC_LEAVE_EPOCH = 0, -1, -2
 FENCED = (codes.UNKNOWN_MEMBER_ID, codes.FENCED_MEMBER_EPOCH)
 # the request versions this protocol needs: topic ids in Metadata, member epochs in OffsetCommit and OffsetFetch
-MIN_VERSIONS = {ApiKey.METADATA: 10, ApiKey.OFFSET_COMMIT: 9, ApiKey.OFFSET_FETCH: 9,
-                ApiKey.CONSUMER_GROUP_HEARTBEAT: 0}
+MIN_VERSIONS = {ApiKey.METADATA: 10, ApiKey.OFFSET_COMMIT: 9, ApiKey.CONSUMER_GROUP_HEARTBEAT: 0}
 MAX_VERSIONS = {ApiKey.METADATA: 12, ApiKey.OFFSET_COMMIT: 9, ApiKey.OFFSET_FETCH: 9,
                 ApiKey.CONSUMER_GROUP_HEARTBEAT: 1}
 
@@ -259,13 +258,18 @@ class ConsumerGroupMember(Coordinator):
         super().commit(offsets, answered)
 
     def fetch_offsets(self, partitions, callback):
-        """OffsetFetch v9 (by group, with member id and epoch) for ``partitions``; ``callback`` as the classic's."""
+        """OffsetFetch v9 (by group, with member id and epoch) for ``partitions``; ``callback`` as the classic's.
+        A coordinator without v8 (librdkafka's mock cluster) is asked in the older form, which the request carries
+        too (the version encoded keeps its own fields)."""
         Request = messages.OffsetFetchRequest
         topics = {}
         for tp in partitions:
             topics.setdefault(tp.topic, []).append(tp.partition)
-        request = Request(require_stable=False, groups=[Request.OffsetFetchRequestGroup(
-            group_id=self.group_id, member_id=self.member_id, member_epoch=self.generation,
-            topics=[Request.OffsetFetchRequestTopics(name=t, partition_indexes=p) for t, p in topics.items()])])
+        request = Request(
+            require_stable=False, group_id=self.group_id,
+            topics=[Request.OffsetFetchRequestTopic(name=t, partition_indexes=p) for t, p in topics.items()],
+            groups=[Request.OffsetFetchRequestGroup(
+                group_id=self.group_id, member_id=self.member_id, member_epoch=self.generation,
+                topics=[Request.OffsetFetchRequestTopics(name=t, partition_indexes=p) for t, p in topics.items()])])
         self._client.send(self.node, request, lambda r, b, e: self._on_offsets(
-            None if b is None else b.groups[0], e, callback))
+            b.groups[0] if b is not None and b.groups else b, e, callback))
