@@ -40,7 +40,8 @@ def test_a_request_callback_closing_its_connection_while_the_connection_opens(tm
     callback closes the connection: the requests after it fail, and nothing is sent on the closed connection."""
     with Broker(str(tmp_path / "logs"), port=0, num_partitions=1) as broker:
         client = NetworkClient(SimpleMemoryPool(1 << 20, 1 << 20), client_id="t", request_timeout_ms=5000,
-                               reconnect_backoff_ms=50, reconnect_backoff_max_ms=1000, coordinator_max_receive_bytes=1 << 20,
+                               reconnect_backoff_ms=50, reconnect_backoff_max_ms=1000,
+                               coordinator_max_receive_bytes=1 << 20,
                                min_versions={**MIN_VERSIONS, ApiKey.OFFSET_FETCH: 99},
                                max_versions={**MAX_VERSIONS, ApiKey.OFFSET_FETCH: 99})
         host, port = broker.bootstrap_servers.rsplit(":", 1)

@@ -2,7 +2,8 @@
 rebalance listener's calls as Kafka's Java consumer makes them (revoked first, exactly the partitions moved away;
 assigned, exactly those added; lost when fenced, then a rejoin at epoch 0), commits at the member epoch, a
 subscription by regular expression, leaving with epoch -1 (-2 for a static member), max.poll.interval.ms, and the
-coordinator's refusals as clear errors. Members of other clients in the same group: test_consumer_group_protocol_clients.py."""
+coordinator's refusals as clear errors; on librdkafka's mock cluster too. Members of other clients in the same
+group: test_consumer_group_protocol_clients.py, test_broker_consumer_groups_clients.py (Java)."""
 import time
 
 import kafka

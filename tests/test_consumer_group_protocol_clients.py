@@ -1,7 +1,8 @@
 """kmem's consumer with ``group.protocol=consumer`` (KIP-848) in one group with librdkafka's (confluent-kafka) on the
 same protocol, on kmem broker, each member in its own process: members of both clients join, leave cleanly, crash
 (SIGKILL) and restart, and every record is committed exactly once (a crashed member's uncommitted records are
-read again by the next owner, and were never reported committed)."""
+read again by the next owner, and were never reported committed). With Apache's Java consumer:
+test_broker_consumer_groups_clients.py."""
 import signal
 
 import pytest
@@ -14,7 +15,7 @@ from test_broker_groups import PARTITIONS, produce
 KMEM, LIBRDKAFKA = "kmem-consumer-protocol", "confluent-kafka-consumer-protocol"
 
 
-@pytest.mark.parametrize("assignor", ["uniform", "range"])
+@pytest.mark.parametrize("assignor", ["uniform", pytest.param("range", marks=pytest.mark.slow)])
 def test_kmem_and_librdkafka_members_join_leave_crash_and_restart_and_every_record_is_committed_once(tmp_path,
                                                                                                      assignor):
     broker = start_broker(tmp_path, **SETTINGS)
@@ -51,3 +52,4 @@ def test_kmem_and_librdkafka_members_join_leave_crash_and_restart_and_every_reco
         for c in consumers:
             c.stop(signal.SIGKILL)
         broker.close()
+
