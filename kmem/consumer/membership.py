@@ -17,8 +17,8 @@ FENCED_INSTANCE_ID, UNRELEASED_INSTANCE_ID, an authorization failure...) ends th
 raises it as a ``KafkaError`` until ``subscribe`` is called again. Leaving is a heartbeat with epoch -1, or -2 for
 a static member (``group.instance.id``), whose partitions the coordinator keeps for its return within
 ``group.consumer.session.timeout.ms``. Offsets are committed and fetched with the member id and epoch
-(OffsetCommit v9, OffsetFetch v9 where the coordinator serves it); a commit refused with STALE_MEMBER_EPOCH because the epoch moved on while it
-was out is sent again with the new one.
+(OffsetCommit v9, OffsetFetch v9 where the coordinator serves it); a commit refused with STALE_MEMBER_EPOCH
+because the epoch moved on while it was out is sent again with the new one.
 
 The heartbeat thread and the priority channel to the coordinator are the classic protocol's
 (``kmem.consumer.group``).
