@@ -196,20 +196,24 @@ def test_refusals_are_clear_errors(broker):
 
 
 def test_on_librdkafkas_mock_cluster_which_fetches_offsets_without_member_epochs():
-    """librdkafka's mock cluster serves ConsumerGroupHeartbeat but OffsetFetch only up to v6: the member reads its
-    committed offsets in that form."""
+    """librdkafka's mock cluster serves ConsumerGroupHeartbeat, but OffsetFetch only up to v6 (the member reads its
+    committed offsets in that form), and answers a join with epoch 0 until it has an assignment for the member
+    (whose next heartbeat is a join again)."""
     mock = MockCluster()
     try:
         mock.create_topic("orders", PARTITIONS)
         mock.produce("orders", [b"%d" % i for i in range(40)], partitions=PARTITIONS)
-        with Consumer(mock.bootstrap, group_id="g", group_protocol="consumer", auto_offset_reset="earliest") as a:
+        with member_of(mock) as a, member_of(mock) as b:
             a.subscribe(["orders"])
             assert len(consume(a, 40)) == 40
             a.commit()
             assert a.committed(TopicPartition("orders", 1)) == 10
-        with Consumer(mock.bootstrap, group_id="g", group_protocol="consumer", auto_offset_reset="earliest") as b:
             b.subscribe(["orders"])
-            poll_until([b], lambda: len(b.assignment()) == PARTITIONS, "b rejoining the group")
+            poll_until([a, b], lambda: len(a.assignment()) == len(b.assignment()) == 2, "b taking half")
             assert all(b.position(tp) == 10 for tp in b.assignment())
     finally:
         mock.close()
+
+
+def member_of(mock):
+    return Consumer(mock.bootstrap, group_id="g", group_protocol="consumer", auto_offset_reset="earliest")

@@ -138,7 +138,9 @@ class ConsumerGroupMember(Coordinator):
 
     def _send(self, now, epoch, callback=None):
         """A ConsumerGroupHeartbeat at ``epoch``: the subscription and owned partitions every time, the rebalance
-        timeout when joining or after a lost answer (then the coordinator answers the whole assignment)."""
+        timeout when joining or after a lost answer (then the coordinator answers the whole assignment). Epoch 0
+        is a join, also when a coordinator answered the join with epoch 0 (librdkafka's mock cluster does, until it
+        has an assignment for the member)."""
         Request = messages.ConsumerGroupHeartbeatRequest
         leaving = epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH)
         owned = {}
@@ -146,7 +148,8 @@ class ConsumerGroupMember(Coordinator):
             owned.setdefault(self._topic_ids[tp.topic], []).append(tp.partition)
         request = Request(
             group_id=self.group_id, member_id=self.member_id, member_epoch=epoch, instance_id=self.instance_id,
-            rebalance_timeout_ms=self._rebalance_timeout_ms if self._full_heartbeat and not leaving else -1,
+            rebalance_timeout_ms=self._rebalance_timeout_ms if (self._full_heartbeat or epoch == JOIN_EPOCH)
+            and not leaving else -1,
             subscribed_topic_names=None if leaving or self.pattern is not None else sorted(self.subscription),
             # with names, an empty expression as librdkafka sends (its mock cluster insists on one or the other)
             subscribed_topic_regex=None if leaving else self.pattern or "",
