@@ -13,8 +13,11 @@ from broker_helpers import wait_for
 from consumer_helpers import Recorder, consume
 from group_helpers import start_broker
 from kmem.consumer import Consumer, KafkaError, TopicPartition
+from kmem.consumer import config as consumer_config
 from kmem.consumer import errors as codes
+from kmem.consumer.membership import ConsumerGroupMember
 from kmem.errors import ConfigError, InvalidArgumentError
+from kmem.protocol import messages
 from mock_cluster import MockCluster
 
 PARTITIONS = 4
@@ -217,3 +220,40 @@ def test_on_librdkafkas_mock_cluster_which_fetches_offsets_without_member_epochs
 
 def member_of(mock):
     return Consumer(mock.bootstrap, group_id="g", group_protocol="consumer", auto_offset_reset="earliest")
+
+
+class _Wire:
+    """A connected coordinator that keeps each request for the test to answer."""
+
+    def __init__(self):
+        self.sent = []
+
+    def is_connected(self, node):
+        return True
+
+    def send(self, node, request, callback):
+        self.sent.append((request, callback))
+
+
+def test_a_commit_refused_as_stale_while_the_epoch_moved_on_is_sent_again_at_the_new_epoch():
+    wire = _Wire()
+    config = consumer_config.parse({"bootstrap.servers": "localhost:1", "group.id": "g", "group.protocol": "consumer"})
+    coordinator = ConsumerGroupMember(wire, None, config)
+    coordinator.node, coordinator.generation = "c", 5
+    Response = messages.OffsetCommitResponse
+
+    def answer(code):
+        request, callback = wire.sent[-1]
+        callback(None, Response(throttle_time_ms=0, topics=[Response.OffsetCommitResponseTopic(
+            name="t", partitions=[Response.OffsetCommitResponsePartition(partition_index=0, error_code=code)])]), None)
+        return request.generation_id_or_member_epoch, request.member_id
+
+    results = []
+    coordinator.commit({TopicPartition("t", 0): 7}, results.append)
+    coordinator.generation = 6                  # a heartbeat's answer moved the member on meanwhile
+    assert answer(codes.STALE_MEMBER_EPOCH) == (5, coordinator.member_id)
+    assert results == [] and answer(codes.NONE) == (6, coordinator.member_id)
+    assert results == [None]
+    coordinator.commit({TopicPartition("t", 0): 8}, results.append)
+    answer(codes.STALE_MEMBER_EPOCH)            # stale at the member's own epoch: refused, not sent again
+    assert len(wire.sent) == 3 and results[1].code == codes.STALE_MEMBER_EPOCH
