@@ -64,6 +64,7 @@ class ConsumerGroupMember(Coordinator):
         self._topic_ids = {}                # name -> topic id, of the topics assigned
         self._full_heartbeat = True         # ask for the whole assignment (the last answer may be lost)
         self._incarnation = 0               # bumped when the membership ends: answers of an older one are stale
+        self._release_after_failure = False     # the consumer is yet to drop its partitions as lost
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -101,7 +102,8 @@ class ConsumerGroupMember(Coordinator):
                 self._state = "unjoined"
             self._lookup(now)
             return
-        if self._state == "failed":
+        if self._state == "failed" and self._release_after_failure:
+            self._release_after_failure = False
             self._on_join_prepare()         # the partitions still held are lost
         elif self._state == "unjoined" and (self.subscription or self.pattern) and not self._heartbeat_in_flight \
                 and now >= self._retry_at and self._client.is_ready(self.node):
@@ -128,10 +130,11 @@ class ConsumerGroupMember(Coordinator):
             self._fail(KafkaError(f"group {self.group_id}: the coordinator serves ConsumerGroupHeartbeat v0 only, "
                                   f"which carries no regular expression (v1 does): subscribe to topic names"))
             return
+        self._state = "joining"             # first: the listener may poll()
         self._on_join_prepare()             # the partitions of a previous membership are lost
-        self._state = "joining"
         self._full_heartbeat = True
-        self._send(now, JOIN_EPOCH)
+        if self._state == "joining" and self.ready:
+            self._send(now, JOIN_EPOCH)
 
     def _heartbeat(self, now):
         self._send(now, self.generation)
@@ -218,6 +221,7 @@ class ConsumerGroupMember(Coordinator):
         self._forget_membership()
         self._state = "failed"
         self.failure = error
+        self._release_after_failure = True
 
     # -- leaving and fencing ---------------------------------------------------------------------------
 
