@@ -1,6 +1,7 @@
 """Peak RSS growth of a Kafka consumer reading a backlog while the application is slow, measured in a
 fresh process: ``python consumer_memory.py CLIENT BOOTSTRAP TOPIC PARTITIONS TOTAL DELAY_MS BUFFER_MEMORY``
-prints one JSON line. CLIENT: kmem, confluent-kafka, kafka-python or aiokafka (peers on default settings).
+prints one JSON line. CLIENT: kmem (assigned partitions), kmem-consumer-protocol (subscribed, in a KIP-848
+group), confluent-kafka, kafka-python or aiokafka (peers on default settings).
 
 The peak is the kernel's high-water mark (VmHWM), reset once setup is done, so imports and connection
 setup are not counted; a warm-up read of a few records first compiles kmem's codecs.
@@ -32,6 +33,16 @@ def _kmem(bootstrap, topic, partitions, buffer_memory):
     consumer = Consumer(bootstrap, auto_offset_reset="earliest", buffer_memory=buffer_memory,
                         fetch_max_bytes=fetch_max)
     consumer.assign([(topic, p) for p in range(partitions)])
+    return lambda: consumer.poll(100), consumer.close
+
+
+def _kmem_consumer_protocol(bootstrap, topic, partitions, buffer_memory):
+    """kmem's consumer in a group of its own on KIP-848's protocol (its heartbeats ride the priority channel)."""
+    from kmem.consumer import Consumer
+
+    consumer = Consumer(bootstrap, group_id=f"memory-{topic}", group_protocol="consumer", auto_offset_reset="earliest",
+                        buffer_memory=buffer_memory, fetch_max_bytes=min(buffer_memory, 50 << 20))
+    consumer.subscribe([topic])
     return lambda: consumer.poll(100), consumer.close
 
 
@@ -81,7 +92,8 @@ def _aiokafka(bootstrap, topic, partitions, buffer_memory):
     return poll, lambda: loop.run_until_complete(consumer.stop())
 
 
-CLIENTS = {"kmem": _kmem, "confluent-kafka": _confluent, "kafka-python": _kafka_python, "aiokafka": _aiokafka}
+CLIENTS = {"kmem": _kmem, "kmem-consumer-protocol": _kmem_consumer_protocol, "confluent-kafka": _confluent,
+           "kafka-python": _kafka_python, "aiokafka": _aiokafka}
 
 
 def measure(client, bootstrap, topic, partitions, total, delay_ms, buffer_memory):

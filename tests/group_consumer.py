@@ -1,11 +1,11 @@
 """A consumer process for the group tests: ``python group_consumer.py CLIENT BOOTSTRAP GROUP TOPIC
 [INSTANCE_ID]`` (a ``group.instance.id`` makes it a static member); for ``confluent-kafka-consumer-protocol``
-(KIP-848) the last argument is the server assignor instead, for ``confluent-kafka-classic`` the
-``partition.assignment.strategy``.
+and ``kmem-consumer-protocol`` (KIP-848) the last argument is the server assignor instead, for
+``confluent-kafka-classic`` the ``partition.assignment.strategy``.
 
-Consumes with kafka-python, aiokafka or confluent-kafka, commits after every non-empty poll, and prints
-JSON lines: ``{"assigned": [partitions]}`` when its assignment changes, ``{"records": [[partition, offset,
-value], ...]}`` once they are committed. SIGTERM closes the consumer cleanly (it leaves the group);
+Consumes with kafka-python, aiokafka, confluent-kafka or kmem's consumer, commits after every non-empty poll,
+and prints JSON lines: ``{"assigned": [partitions]}`` when its assignment changes, ``{"records": [[partition,
+offset, value], ...]}`` once they are committed. SIGTERM closes the consumer cleanly (it leaves the group);
 SIGKILL is a crash."""
 import asyncio
 import json
@@ -96,6 +96,24 @@ def run_confluent_consumer_protocol(bootstrap, group, topic, assignor):
                        "group.remote.assignor": assignor}, topic)
 
 
+def run_kmem_consumer_protocol(bootstrap, group, topic, assignor):
+    """kmem's consumer on KIP-848's protocol; a commit refused (the member was fenced) reports nothing."""
+    from kmem.consumer import CommitFailedError, Consumer
+    consumer = Consumer(bootstrap, group_id=group, group_protocol="consumer", group_remote_assignor=assignor,
+                        auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer.subscribe([topic])
+    reporter = Reporter()
+    while not stopping:
+        records = [[r.partition, r.offset, r.value.decode()] for r in consumer.poll(200)]
+        if records:
+            try:
+                consumer.commit()
+            except CommitFailedError:
+                records = []
+        reporter.update({tp.partition for tp in consumer.assignment()}, records)
+    consumer.close()
+
+
 def consume_confluent(settings, topic, instance_id=None):
     """A commit that a rebalance fails (the member's epoch or generation moved on) is retried with the next poll's,
     as an application does: its records count as committed then if their partition is still the member's (else
@@ -132,4 +150,5 @@ if __name__ == "__main__":
     client, bootstrap, group, topic = sys.argv[1:5]
     {"kafka-python": run_kafka_python, "aiokafka": run_aiokafka, "confluent-kafka": run_confluent,
      "confluent-kafka-classic": run_confluent_classic,
-     "confluent-kafka-consumer-protocol": run_confluent_consumer_protocol}[client](bootstrap, group, topic, *sys.argv[5:])
+     "confluent-kafka-consumer-protocol": run_confluent_consumer_protocol,
+     "kmem-consumer-protocol": run_kmem_consumer_protocol}[client](bootstrap, group, topic, *sys.argv[5:])

@@ -1,15 +1,18 @@
 """KIP-848 consumer groups on kmem broker with real clients: confluent-kafka (librdkafka) consumer processes with
 ``group.protocol=consumer`` and each server assignor share six partitions, as members join, leave cleanly and
 crash; every record is committed once. Then Apache's Java consumer 3.9.1 with ``group.protocol=consumer`` reads in
-a group and commits (OffsetCommit and OffsetFetch at its member epoch), and, on the classic protocol, follows the
-assignment of a group a consumer-protocol member upgraded (KIP-848's online migration)."""
+a group and commits (OffsetCommit and OffsetFetch at its member epoch), shares a group with kmem's consumer on
+the same protocol, each one's rebalance listener hearing exactly what moves, and, on the classic protocol,
+follows the assignment of a group a consumer-protocol member upgraded (KIP-848's online migration)."""
 import signal
 
 import pytest
 
 from broker_helpers import wait_for
+from consumer_helpers import Recorder
 from group_helpers import ConsumerProcess, split_evenly, start_broker
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, client_properties, start_probe, wheel_jar
+from kmem.consumer import Consumer, TopicPartition
 from kmem.protocol import ApiKey, RequestHeader, messages
 from test_broker_consumer_groups import H
 from test_broker_groups import PARTITIONS, produce
@@ -193,4 +196,36 @@ def test_a_java_classic_member_follows_the_assignment_of_an_upgraded_group(tmp_p
             probe("member-stop", java)
         if consumer is not None:
             consumer.stop(signal.SIGKILL)
+        broker.close()
+
+
+def test_a_kmem_and_a_java_member_share_and_hear_exactly_what_moves(tmp_path, probe):
+    broker = start_broker(tmp_path, **SETTINGS)
+    java = None
+    try:
+        broker.logs.create_topic("orders", len(PARTITIONS))
+        events = Recorder()
+        with Consumer(broker.bootstrap_servers, group_id="mixed", group_protocol="consumer") as kmem:
+            kmem.subscribe(["orders"], listener=events)
+            every = {TopicPartition("orders", p) for p in PARTITIONS}
+            wait_for(lambda: kmem.poll(20) is not None and kmem.assignment() == every, "kmem holding every partition")
+            java = probe("member-start", broker.bootstrap_servers, "orders", "mixed", "consumer:uniform")["member"]
+
+            def shared():
+                kmem.poll(20)
+                owned = set(probe("member-state", java)["owned"])
+                return len(owned) == 3 and {tp.partition for tp in kmem.assignment()} == set(PARTITIONS) - owned
+            wait_for(shared, "the Java member taking half")
+            moved = every - kmem.assignment()
+            assert events.events == [("assigned", every), ("revoked", moved), ("assigned", set())]
+            state = probe("member-stop", java)
+            java = None
+            partitions = sorted(tp.partition for tp in moved)
+            changes = [event for event in state["events"] if event[1]]
+            assert changes == [["assigned", partitions], ["revoked", partitions]]
+            wait_for(lambda: kmem.poll(20) is not None and kmem.assignment() == every, "kmem taking them back")
+            assert events.events[3:] == [("assigned", moved)]
+    finally:
+        if java is not None:
+            probe("member-stop", java)
         broker.close()

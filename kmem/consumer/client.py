@@ -347,6 +347,12 @@ class NetworkClient:
         error.reason = reason
         pending = list(conn.in_flight) + ([conn.sending] if conn.sending else [])
         pending += [r for r, _ in conn.queued] + [r for r, _ in conn.waiting]
+        # forgotten before their callbacks run: one may close the connection while it is being opened (a request
+        # refused for want of a version both sides know), and nothing may go on with them then
+        conn.in_flight.clear()
+        conn.queued.clear()
+        conn.waiting.clear()
+        conn.sending = None
         for request in pending:
             request.callback(None, None, error)
 

@@ -1,5 +1,12 @@
 """The consumer's configuration: Kafka's property names and defaults, plus ``buffer.memory`` (KIP-81).
 
+``group.protocol`` picks the group membership: ``classic`` (the default: JoinGroup and SyncGroup, the members'
+``partition.assignment.strategy`` assigns) or ``consumer`` (KIP-848: ConsumerGroupHeartbeat, the coordinator
+assigns with the ``group.remote.assignor`` it serves). As Kafka 4.0's ``ConsumerConfig``, the settings one
+protocol ignores may not be given with the other: ``group.remote.assignor`` with ``classic``;
+``partition.assignment.strategy``, ``session.timeout.ms`` and ``heartbeat.interval.ms`` (the coordinator's
+``group.consumer.*`` settings decide them) with ``consumer``.
+
 Keyword arguments are the property names with dots as underscores (``fetch_max_bytes`` for
 ``fetch.max.bytes``); ``Consumer.from_properties`` takes the dotted names.
 """
@@ -14,6 +21,8 @@ DEFAULTS = {
     "bootstrap.servers": (None, "servers"),
     "group.id": (None, "optional_str"),
     "group.instance.id": (None, "optional_str"),
+    "group.protocol": ("classic", ("classic", "consumer")),
+    "group.remote.assignor": (None, "optional_str"),
     "client.id": ("kmem-consumer", str),
     "buffer.memory": (100 << 20, int),
     "fetch.max.bytes": (50 << 20, int),
@@ -46,6 +55,9 @@ DEFAULTS = {
     "ssl.key.password": (None, "optional_str"),
     "ssl.endpoint.identification.algorithm": ("https", ("https", "")),
 }
+
+# what the consumer protocol (KIP-848) leaves to the coordinator
+CLASSIC_ONLY = ("partition.assignment.strategy", "session.timeout.ms", "heartbeat.interval.ms")
 
 # (property, smallest allowed value)
 _MINIMUMS = {
@@ -125,6 +137,8 @@ def _parse_value(name, value):
     kind = DEFAULTS[name][1]
     if name == "security.protocol" and isinstance(value, str):
         value = value.upper()           # as Kafka's SecurityProtocol.forName reads it
+    if name == "group.protocol" and isinstance(value, str):
+        value = value.lower()           # as Kafka's GroupProtocol.of reads it
     if kind == "servers":
         return _parse_servers(value)
     if kind == "assignors":
@@ -164,6 +178,17 @@ def parse(properties):
         # KIP-81: a pool smaller than one fetch response could never hold it.
         raise ConfigError(f"buffer.memory ({config['buffer.memory']}) must be at least fetch.max.bytes "
                           f"({config['fetch.max.bytes']})")
+    if config["group.protocol"] == "classic" and config["group.remote.assignor"] is not None:
+        raise ConfigError("group.remote.assignor cannot be set when group.protocol=classic (the members assign: "
+                          "partition.assignment.strategy); set group.protocol=consumer")
+    if config["group.protocol"] == "consumer":
+        given = [name for name in CLASSIC_ONLY if name in properties]
+        if given:
+            raise ConfigError(f"{', '.join(given)} cannot be set when group.protocol=consumer (the coordinator "
+                              f"decides them: group.remote.assignor, group.consumer.session.timeout.ms, "
+                              f"group.consumer.heartbeat.interval.ms)")
+        if config["group.remote.assignor"] == "":
+            raise ConfigError("group.remote.assignor must not be empty (leave it unset for the coordinator's default)")
     if config["heartbeat.interval.ms"] >= config["session.timeout.ms"]:
         raise ConfigError("heartbeat.interval.ms must be lower than session.timeout.ms")
     if config["group.id"] == "":

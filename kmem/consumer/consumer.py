@@ -38,7 +38,8 @@ import threading
 import time
 
 from kmem.consumer import config as cfg
-from kmem.consumer.client import NetworkClient
+from kmem.consumer import membership
+from kmem.consumer.client import MAX_VERSIONS, MIN_VERSIONS, NetworkClient
 from kmem.consumer.errors import CommitFailedError, KafkaError, KafkaConnectionError
 from kmem.consumer.fetcher import EARLIEST, LATEST, Fetcher, TopicPartition
 from kmem.consumer.group import Coordinator, HeartbeatThread
@@ -118,15 +119,21 @@ class Consumer:
         # at most buffer.memory + one response and a consumer always makes progress. Responses vary in
         # size: mapped blocks keep them out of malloc's heap, which they would fragment, growing RSS.
         self.pool = SimpleMemoryPool(config["buffer.memory"], config["buffer.memory"], strict=False, mapped=True)
+        consumer_protocol = config["group.protocol"] == "consumer"
+        versions = {}
+        if consumer_protocol:
+            versions = {"max_versions": {**MAX_VERSIONS, **membership.MAX_VERSIONS},
+                        "min_versions": {**MIN_VERSIONS, **membership.MIN_VERSIONS}}
         self._client = NetworkClient(
             self.pool, client_id=config["client.id"], request_timeout_ms=config["request.timeout.ms"],
             reconnect_backoff_ms=config["reconnect.backoff.ms"],
             reconnect_backoff_max_ms=config["reconnect.backoff.max.ms"], ssl_context=ssl_context,
-            sasl=cfg.sasl_settings(config), coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES)
+            sasl=cfg.sasl_settings(config), coordinator_max_receive_bytes=COORDINATOR_MAX_RECEIVE_BYTES, **versions)
         self._metadata = Metadata(self._client, config)
         self._fetcher = Fetcher(self._client, self._metadata, config, self.pool)
-        self._coordinator = (Coordinator(self._client, self._metadata, config, priority=priority_coordinator,
-                                         on_join_prepare=self._on_join_prepare)
+        member = membership.ConsumerGroupMember if consumer_protocol else Coordinator
+        self._coordinator = (member(self._client, self._metadata, config, priority=priority_coordinator,
+                                    on_join_prepare=self._on_join_prepare)
                              if config["group.id"] else None)
         self._max_poll_records = config["max.poll.records"]
         self._reset_strategy = _STRATEGIES[config["auto.offset.reset"]]
@@ -155,16 +162,25 @@ class Consumer:
         self._metadata.set_topics({tp.topic for tp in parts})
 
     @_locked
-    def subscribe(self, topics, listener=None):
+    def subscribe(self, topics=(), listener=None, *, pattern=None):
         """Join ``group.id`` and consume the partitions the group assigns of ``topics``; ``listener`` (a
-        ``ConsumerRebalanceListener``, or any object with its methods) hears of each change."""
+        ``ConsumerRebalanceListener``, or any object with its methods) hears of each change. With
+        ``group.protocol=consumer``, ``pattern`` instead: a regular expression the coordinator matches the
+        topic names with (RE2's syntax, as Kafka's ``SubscriptionPattern``), also against topics created later."""
         self._check_open()
         if self._coordinator is None:
             raise IllegalStateError("subscribe() needs a group.id")
         if isinstance(topics, str):
             topics = [topics]
         topics = list(topics)
-        if not topics or not all(isinstance(t, str) and t for t in topics):
+        if pattern is not None:
+            if topics or not isinstance(pattern, str) or not pattern:
+                raise InvalidArgumentError(f"subscribe() takes topic names or a pattern (a non-empty string), got "
+                                           f"{topics!r} and {pattern!r}")
+            if self.config["group.protocol"] != "consumer":
+                raise InvalidArgumentError("a subscription by pattern needs group.protocol=consumer (the "
+                                           "coordinator matches it, KIP-848)")
+        elif not topics or not all(isinstance(t, str) and t for t in topics):
             raise InvalidArgumentError(f"subscribe() needs topic names, got {topics!r}")
         if not self._subscribed and self._fetcher.assignment:
             raise IllegalStateError("subscribe() cannot follow assign(); unsubscribe() first")
@@ -174,7 +190,10 @@ class Consumer:
                                        f"on_partitions_assigned methods, not {listener!r}")
         self._listener = listener
         self._subscribed = True
-        self._coordinator.subscribe(topics)
+        if pattern is None:
+            self._coordinator.subscribe(topics)
+        else:
+            self._coordinator.subscribe(topics, pattern)
         self._metadata.set_topics(topics)
         if self._heartbeat_thread is None:
             tick = min(HEARTBEAT_TICK_SECONDS, self.config["heartbeat.interval.ms"] / 1000.0)
@@ -191,7 +210,7 @@ class Consumer:
                 self._auto_commit_before_revoke(self._fetcher.assignment)
             error = self._on_leave_prepare()
             self._leave_group()
-            self._coordinator.subscription = set()
+            self._coordinator.unsubscribe()
         self._subscribed = False
         self._listener = None
         self._fetcher.assign([])
@@ -342,10 +361,10 @@ class Consumer:
         if revoked and self._coordinator.cooperative:
             self._auto_commit_before_revoke(revoked)
             self._rebalance_callback("on_partitions_revoked", revoked)
-            self._coordinator.request_rejoin()
         self._fetcher.assign(assigned)
         self._offsets_in_flight.difference_update(revoked)
-        self._metadata.set_topics(self._coordinator.subscription)
+        self._metadata.set_topics(self._coordinator.subscription | {tp.topic for tp in assigned})
+        self._coordinator.assignment_applied(assigned, revoked)
         self._rebalance_callback("on_partitions_assigned", sorted(set(assigned) - owned))
 
     def _on_join_prepare(self):
@@ -510,6 +529,8 @@ class Consumer:
         failure = self._client.take_authentication_failure()
         if failure is not None:         # as Kafka's consumer: poll raises it, and the next poll tries again
             raise failure
+        if self._coordinator is not None and self._coordinator.failure is not None:
+            raise self._coordinator.failure
         if self._errors:
             error = self._errors[0]
             self._errors.clear()
@@ -676,7 +697,7 @@ class Consumer:
                             pass
                 if self._subscribed:
                     error = self._on_leave_prepare()
-                    if self._coordinator.instance_id is None:
+                    if self._coordinator.leaves_on_close:
                         self._leave_group()
         finally:
             self._closed = True

@@ -306,6 +306,7 @@ class Coordinator:
         self.heartbeats_answered = 0
         self.last_heartbeat_answer = None
         self.last_poll = time.monotonic()   # the application's last poll(), for max.poll.interval.ms
+        self.failure = None             # what ends the membership for good (KIP-848's fatal errors): poll raises it
 
     # -- state ---------------------------------------------------------------------------------------
 
@@ -324,9 +325,23 @@ class Coordinator:
     def ready(self):
         return self.node is not None and self._client.is_connected(self.node)
 
+    @property
+    def leaves_on_close(self):
+        """A static member (KIP-345) sends no LeaveGroup: the coordinator keeps its partitions for its return."""
+        return self.instance_id is None
+
     def subscribe(self, topics):
         if set(topics) != self.subscription:
             self.subscription = set(topics)
+            self.request_rejoin()
+
+    def unsubscribe(self):
+        self.subscription = set()
+
+    def assignment_applied(self, assigned, revoked):
+        """The consumer took a SyncGroup's assignment; a cooperative member that gave partitions up rejoins at
+        once, so that their new owner gets them (KIP-429)."""
+        if revoked and self.cooperative:
             self.request_rejoin()
 
     def request_rejoin(self):

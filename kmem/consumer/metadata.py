@@ -1,4 +1,5 @@
-"""Cluster metadata: brokers, partition leaders, and connections to brokers by node id."""
+"""Cluster metadata: brokers, partition leaders, topic ids (Metadata v10+, for the consumer protocol of KIP-848,
+whose assignments name topics by id), and connections to brokers by node id."""
 import time
 
 from kmem.consumer.errors import KafkaConnectionError
@@ -19,6 +20,8 @@ class Metadata:
         self.partitions = {}        # topic -> sorted partition ids
         self._leaders = {}          # TopicPartition -> node id
         self.topics = set()         # the topics we need to know
+        self.every_topic = False    # ask for every topic (a subscription by regular expression)
+        self.topic_names = {}       # topic id (uuid.UUID) -> name, from Metadata v10+
         self._need_update = True
         self._in_flight = False
         self._updated_at = 0.0
@@ -86,8 +89,10 @@ class Metadata:
         if node is None:
             self._failed_at = now
             return
+        topics = None if self.every_topic else \
+            [messages.MetadataRequest.MetadataRequestTopic(name=t) for t in sorted(self.topics)]
         request = messages.MetadataRequest(
-            topics=[messages.MetadataRequest.MetadataRequestTopic(name=t) for t in sorted(self.topics)],
+            topics=topics,
             allow_auto_topic_creation=self._allow_auto_create)
         self._in_flight = True
         self._need_update = False
@@ -115,6 +120,8 @@ class Metadata:
                     incomplete = True
         self._leaders = leaders
         self.partitions = partitions
+        self.topic_names = {topic.topic_id: topic.name for topic in body.topics
+                            if topic.topic_id is not None and topic.topic_id.int}
         self._updated_at = time.monotonic()
         if incomplete:
             self._need_update = True

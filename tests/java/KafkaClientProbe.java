@@ -68,6 +68,8 @@ import org.apache.kafka.common.Uuid;
  *   produce BOOTSTRAP TOPIC COMPRESSION COUNT          an idempotent producer (acks=all), COUNT records
  *   group-read BOOTSTRAP TOPIC GROUP COUNT             subscribe in a group, read COUNT records, commit
  *   member-start BOOTSTRAP TOPIC GROUP ASSIGNOR        a member polling on its own thread until member-stop: its id
+ *                                                      (ASSIGNOR consumer:NAME: group.protocol=consumer, KIP-848,
+ *                                                      with group.remote.assignor NAME)
  *   member-state ID / member-stop ID                   the partitions it owns and its rebalance callbacks so far
  *   txn-init BOOTSTRAP TXID TIMEOUT_MS                 a transactional producer after initTransactions: its id
  *   txn-begin ID / txn-commit ID / txn-abort ID / txn-close ID   its transaction calls, and close
@@ -485,9 +487,14 @@ public class KafkaClientProbe {
             Properties p = consumer(bootstrap);
             p.put("group.id", group);
             p.put("auto.offset.reset", "earliest");
-            p.put("partition.assignment.strategy", assignor);
-            p.put("session.timeout.ms", "6000");
-            p.put("heartbeat.interval.ms", "200");
+            if (assignor.startsWith("consumer:")) {
+                p.put("group.protocol", "consumer");
+                p.put("group.remote.assignor", assignor.substring("consumer:".length()));
+            } else {
+                p.put("partition.assignment.strategy", assignor);
+                p.put("session.timeout.ms", "6000");
+                p.put("heartbeat.interval.ms", "200");
+            }
             Member member = new Member(p, topic);
             int id = ++started;
             MEMBERS.put(id, member);
