@@ -89,7 +89,7 @@ class ConsumerGroup:
         self.target = {}                # member id -> {topic id: frozenset}
         self.owners = {}                # (topic id, partition) -> epoch of the member holding it
         self.topics = {}                # subscribed topics that exist: topic id -> partition count
-        self.resolved_regexes = set()   # regexes whose topics the assignment takes in (resolvedRegularExpressions)
+        self.unresolved_regexes = set()  # regexes new to the group: matched after the heartbeat that brought them
         self.timer_task = None
 
     @property
@@ -105,6 +105,9 @@ class ConsumerGroup:
     def regexes(self):
         """The regular expressions the members subscribe to."""
         return {m.topic_regex for m in self.members.values() if m.topic_regex is not None}
+
+    def resolved_regexes(self):
+        return self.regexes() - self.unresolved_regexes
 
     def preferred_assignor(self, default):
         """The server assignor most members name (Kafka's ``computePreferredServerAssignor``), else ``default``."""
@@ -255,7 +258,10 @@ class ConsumerGroups:
         if request.subscribed_topic_names is not None:
             member.topic_names = tuple(sorted(set(request.subscribed_topic_names)))
         if getattr(request, "subscribed_topic_regex", None) is not None:
-            member.topic_regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
+            regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
+            if regex is not None and regex not in group.regexes():
+                group.unresolved_regexes.add(regex)
+            member.topic_regex = regex
         member.client_id, member.client_host = client_id, client_host
         if new:
             group.add(member)
@@ -338,11 +344,10 @@ class ConsumerGroups:
     def _resolve_regexes(self, group):
         """Kafka resolves a regular expression new to the group asynchronously, after the heartbeat that brought
         it (KIP-848; ``GroupMetadataManager.maybeUpdateRegularExpressions``): that heartbeat is answered with the
-        topics subscribed by name, and the matched ones come at a new group epoch, with the next heartbeats."""
-        subscribed = group.regexes()
-        new = subscribed - group.resolved_regexes
-        group.resolved_regexes = subscribed
-        if new:
+        topics subscribed by name, and the matched ones come at a new group epoch, with the next heartbeats. One
+        no member subscribes to any more is forgotten, and new again when subscribed again."""
+        if group.unresolved_regexes:
+            group.unresolved_regexes.clear()
             group.topics = self._subscribed_topics(group)
             group.epoch += 1
             log.info("group %r: epoch %d (regular expressions resolved)", group.group_id, group.epoch)
@@ -363,15 +368,15 @@ class ConsumerGroups:
         names = set()
         for member in group.members.values():
             names.update(member.topic_names)
-        for regex in group.regexes() & group.resolved_regexes:
+        for regex in group.resolved_regexes():
             pattern = _compile(regex)
             names.update(name for name in infos if not name.startswith("__") and pattern.fullmatch(name))
         return {_topic_uuid(infos[name].topic_id): infos[name].partitions for name in names if name in infos}
 
     @staticmethod
-    def _member_topics(group, member, infos):
+    def _member_topics(member, infos, unresolved):
         names = set(member.topic_names)
-        if member.topic_regex in group.resolved_regexes:
+        if member.topic_regex is not None and member.topic_regex not in unresolved:
             pattern = _compile(member.topic_regex)
             names.update(name for name in infos if not name.startswith("__") and pattern.fullmatch(name))
         return frozenset(_topic_uuid(infos[name].topic_id) for name in names if name in infos)
@@ -379,7 +384,8 @@ class ConsumerGroups:
     def _assign(self, group):
         infos = self.coordinator.logs.topics()
         name = group.preferred_assignor(self.config.consumer_assignors[0])
-        members = {m.member_id: AssignmentMember(self._member_topics(group, m, infos), group.target.get(m.member_id, {}))
+        members = {m.member_id: AssignmentMember(self._member_topics(m, infos, group.unresolved_regexes),
+                                                 group.target.get(m.member_id, {}))
                    for m in group.members.values()}
         group.target = ASSIGNORS[name](members, group.topics)
         group.assignment_epoch = group.epoch
@@ -465,7 +471,7 @@ class ConsumerGroups:
     def fence(self, group, member):
         """Remove ``member``: its partitions are free, the group moves to a new epoch."""
         group.remove(member)
-        group.resolved_regexes &= group.regexes()       # one no member subscribes to any more is resolved anew
+        group.unresolved_regexes &= group.regexes()
         group.topics = self._subscribed_topics(group)
         group.epoch += 1
         self.coordinator.schedule_consumer_group(group)
