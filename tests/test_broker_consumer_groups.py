@@ -449,15 +449,42 @@ def test_heartbeats_schedule_nothing_on_the_timer(logs):
 def test_a_regular_expression_subscribes_to_the_topics_it_matches_whole(groups, logs):
     for name in ("orders-eu", "orders-us", "old-orders-eu"):
         logs.create_topic(name, 2)
-    joined = groups.join("a", subscribed_topic_names=None, subscribed_topic_regex="orders-(eu|us)")
+    groups.join("a", subscribed_topic_names=None, subscribed_topic_regex="orders-(eu|us)")
+    resolved = groups.send("a", 1, owned=())                # the regex was resolved after the join: epoch 2
     ids = {protocol_uuid(logs.topics()[name].topic_id) for name in ("orders-eu", "orders-us")}
-    assert {tp.topic_id: tp.partitions for tp in joined.assignment.topic_partitions} == dict.fromkeys(ids, [0, 1])
+    assert {tp.topic_id: tp.partitions for tp in resolved.assignment.topic_partitions} == dict.fromkeys(ids, [0, 1])
     logs.create_topic("orders-us-2", 1)                  # not matched whole
     logs.add_partitions("orders-eu", 3)
-    grown = groups.send("a", 1, owned=None)                 # the new partition: a new group epoch
+    grown = groups.send("a", 2, owned=None)                 # the new partition: a new group epoch
     eu = protocol_uuid(logs.topics()["orders-eu"].topic_id)
-    assert grown.member_epoch == 2
+    assert grown.member_epoch == 3
     assert {tp.topic_id: tp.partitions for tp in grown.assignment.topic_partitions}[eu] == [0, 1, 2]
+
+
+def test_a_new_regular_expression_is_resolved_after_the_heartbeat_that_brings_it(groups, logs):
+    """As Kafka's coordinator (KIP-848, and librdkafka's 0045-subscribe_update counts on it): the heartbeat that
+    subscribes to a regex new to the group gets the topics subscribed by name; the matched ones come at the next
+    group epoch. A regex every member dropped is forgotten, and resolved anew when subscribed again."""
+    logs.create_topic("orders-eu", 2)
+    t, eu = (protocol_uuid(logs.topics()[name].topic_id) for name in ("t", "orders-eu"))
+
+    def topics(response):
+        return {tp.topic_id: tp.partitions for tp in response.assignment.topic_partitions}
+
+    for _ in range(2):
+        joined = groups.join("a", subscribed_topic_names=["t"], subscribed_topic_regex="orders-.*")
+        assert topics(joined) == {t: [0, 1, 2, 3]}
+        resolved = groups.send("a", joined.member_epoch, owned={0, 1, 2, 3})
+        assert (resolved.member_epoch, topics(resolved)) == (joined.member_epoch + 1,
+                                                             {t: [0, 1, 2, 3], eu: [0, 1]})
+        assert groups.send("a", -1).error_code == ErrorCode.NONE     # leaves: the group forgets the regex
+    # a member subscribing to a regex the group has resolved: its target takes the matched topics in at once
+    groups.join("a", subscribed_topic_names=[], subscribed_topic_regex="orders-.*")
+    assert topics(groups.send("a", groups.epochs["a"], owned=())) == {eu: [0, 1]}
+    joined = groups.join("b", subscribed_topic_names=[], subscribed_topic_regex="orders-.*")
+    group = groups.coordinator.consumer_groups.groups["g"]
+    assert group.epoch == group.assignment_epoch == joined.member_epoch
+    assert [len(parts) for parts in group.target["b"].values()] == [1]
 
 
 @pytest.mark.parametrize("regex", ["(a+)+b", "(x|xx)*y", "(.*)\\1", "orders(?!-eu)", ".*a.*b.*c.*d"])

@@ -123,6 +123,7 @@ class ConsumerGroup:
         self.target = {}                # member id -> {topic id: frozenset}
         self.owners = {}                # (topic id, partition) -> epoch of the member holding it
         self.topics = {}                # subscribed topics that exist: topic id -> partition count
+        self.unresolved_regexes = set()  # regexes new to the group: matched after the heartbeat that brought them
         self.timer_task = None
         self.persisted = {}             # its records in __consumer_offsets: (key version, member id) -> value
         self.dirty = set()              # ids of the members changed since the last write
@@ -136,6 +137,13 @@ class ConsumerGroup:
         if any(m.state != STABLE or m.epoch != self.assignment_epoch for m in self.members.values()):
             return RECONCILING
         return STABLE_GROUP
+
+    def regexes(self):
+        """The regular expressions the members subscribe to."""
+        return {m.topic_regex for m in self.members.values() if m.topic_regex is not None}
+
+    def resolved_regexes(self):
+        return self.regexes() - self.unresolved_regexes
 
     def preferred_assignor(self, default):
         """The server assignor most members name (Kafka's ``computePreferredServerAssignor``), else ``default``."""
@@ -294,7 +302,10 @@ class ConsumerGroups:
         if request.subscribed_topic_names is not None:
             member.topic_names = tuple(sorted(set(request.subscribed_topic_names)))
         if getattr(request, "subscribed_topic_regex", None) is not None:
-            member.topic_regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
+            regex = request.subscribed_topic_regex or None      # "" drops it (librdkafka sends it)
+            if regex is not None and regex not in group.regexes():
+                group.unresolved_regexes.add(regex)
+            member.topic_regex = regex
         member.client_id, member.client_host = client_id, client_host
         group.dirty.add(member.member_id)
         member.classic = None                   # a static member's instance may come back on the consumer protocol
@@ -318,6 +329,7 @@ class ConsumerGroups:
             response.assignment = Response.Assignment(topic_partitions=[
                 Response.TopicPartitions(topic_id=topic, partitions=sorted(parts))
                 for topic, parts in sorted(member.assigned.items(), key=lambda item: str(item[0]))])
+        self._resolve_regexes(group)
         return response
 
     def _member(self, group, member_id, epoch, instance_id, owned):
@@ -376,6 +388,17 @@ class ConsumerGroups:
         if group.epoch > group.assignment_epoch:
             self._assign(group)
 
+    def _resolve_regexes(self, group):
+        """Kafka resolves a regular expression new to the group asynchronously, after the heartbeat that brought
+        it (KIP-848; ``GroupMetadataManager.maybeUpdateRegularExpressions``): that heartbeat is answered with the
+        topics subscribed by name, and the matched ones come at a new group epoch, with the next heartbeats. One
+        no member subscribes to any more is forgotten, and new again when subscribed again."""
+        if group.unresolved_regexes:
+            group.unresolved_regexes.clear()
+            group.topics = self._subscribed_topics(group)
+            group.epoch += 1
+            log.info("group %r: epoch %d (regular expressions resolved)", group.group_id, group.epoch)
+
     def subscribed_topic_names(self, group_id):
         """The names of the topics the members of the consumer group ``group_id`` subscribe to (Kafka's
         ``isSubscribedToTopic``), by name or regex, that exist; empty for no such group."""
@@ -390,19 +413,17 @@ class ConsumerGroups:
         """{topic id: partition count} of the topics some member subscribes to (by name or regex) that exist."""
         infos = self.coordinator.logs.topics()
         names = set()
-        regexes = set()
         for member in group.members.values():
             names.update(member.topic_names)
-            if member.topic_regex is not None:
-                regexes.add(member.topic_regex)
-        for regex in regexes:
+        for regex in group.resolved_regexes():
             pattern = _compile(regex)
             names.update(name for name in infos if not name.startswith("__") and pattern.fullmatch(name))
         return {_topic_uuid(infos[name].topic_id): infos[name].partitions for name in names if name in infos}
 
-    def _member_topics(self, member, infos):
+    @staticmethod
+    def _member_topics(member, infos, unresolved):
         names = set(member.topic_names)
-        if member.topic_regex is not None:
+        if member.topic_regex is not None and member.topic_regex not in unresolved:
             pattern = _compile(member.topic_regex)
             names.update(name for name in infos if not name.startswith("__") and pattern.fullmatch(name))
         return frozenset(_topic_uuid(infos[name].topic_id) for name in names if name in infos)
@@ -410,7 +431,8 @@ class ConsumerGroups:
     def _assign(self, group):
         infos = self.coordinator.logs.topics()
         name = group.preferred_assignor(self.config.consumer_assignors[0])
-        members = {m.member_id: AssignmentMember(self._member_topics(m, infos), group.target.get(m.member_id, {}))
+        members = {m.member_id: AssignmentMember(self._member_topics(m, infos, group.unresolved_regexes),
+                                                 group.target.get(m.member_id, {}))
                    for m in group.members.values()}
         group.target = ASSIGNORS[name](members, group.topics)
         group.assignment_epoch = group.epoch
@@ -500,6 +522,7 @@ class ConsumerGroups:
         if self.coordinator.migration.downgrade(group, member):
             return
         group.remove(member)
+        group.unresolved_regexes &= group.regexes()
         group.topics = self._subscribed_topics(group)
         group.epoch += 1
         self.coordinator.schedule_consumer_group(group)
