@@ -315,6 +315,23 @@ def test_tombstones_when_a_member_leaves_and_the_group_is_deleted_and_the_cleane
     assert described(cluster.members)[1:] == (1, 1, {"x": (1, "c", ["t"], {0, 1, 2, 3}, {0, 1, 2, 3})})
 
 
+def test_an_emptied_group_goes_with_tombstones_at_the_retention_check(cluster):
+    """Kafka's periodic cleanup (``cleanupGroupMetadata``) deletes an empty group without offsets: until then it
+    stays, over a restart too."""
+    members = cluster.members
+    members.join("a")
+    assert members.send("a", -1).error_code == ErrorCode.NONE
+    cluster.restart()
+    assert described(cluster.members)[:2] == ("Empty", 2)
+    interval_ms = cluster.coordinator.config.offsets_retention_check_interval_ms
+    cluster.coordinator.tick(time.monotonic() + interval_ms / 1000, time.time_ns() // 1_000_000 + interval_ms + 1)
+    assert latest(cluster.records()) == {}
+    assert [name for name, _, _ in cluster.records()][-3:] == [
+        "ConsumerGroupTargetAssignmentMetadata", "ConsumerGroupPartitionMetadata", "ConsumerGroupMetadata"]
+    cluster.restart()
+    assert cluster.members.describe().error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
 def test_a_classic_join_takes_over_an_empty_consumer_group_and_its_records_go(cluster):
     members = cluster.members
     members.join("a")
