@@ -88,19 +88,30 @@ def run_confluent_consumer_protocol(bootstrap, group, topic, assignor):
 
 
 def consume_confluent(settings, topic, instance_id=None):
-    from confluent_kafka import Consumer
+    from confluent_kafka import Consumer, KafkaError, KafkaException
     settings = {**settings, "auto.offset.reset": "earliest", "enable.auto.commit": False}
     if instance_id:
         settings["group.instance.id"] = instance_id
     consumer = Consumer(settings)
     consumer.subscribe([topic])
     reporter = Reporter()
+    uncommitted = []
     while not stopping:
         messages = [m for m in consumer.consume(100, 0.2) if m.error() is None]
-        records = [[m.partition(), m.offset(), m.value().decode()] for m in messages]
-        if records:
-            consumer.commit(asynchronous=False)
-        reporter.update({tp.partition for tp in consumer.assignment()}, records)
+        uncommitted += [[m.partition(), m.offset(), m.value().decode()] for m in messages]
+        assigned = {tp.partition for tp in consumer.assignment()}
+        records = []
+        if uncommitted:
+            try:
+                consumer.commit(asynchronous=False)
+                # what the commit covered: the positions of the partitions still assigned
+                records, uncommitted = [r for r in uncommitted if r[0] in assigned], []
+            except KafkaException as e:
+                # KIP-848: a commit racing the heartbeat that moved the member's epoch is STALE_MEMBER_EPOCH (Kafka
+                # answers it the same); the next poll's commit covers these records
+                if e.args[0].code() != KafkaError.STALE_MEMBER_EPOCH:
+                    raise
+        reporter.update(assigned, records)
     consumer.close()
 
 
