@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_helpers import RawConnection, fail_appends, start_broker_process, wait_for
+from broker_helpers import RawConnection, fail_appends, start_broker_process
 from kmem.admin.coordinator_records import parse_offsets_record
 from kmem.broker import LogManager
-from kmem.broker.apis.handlers import protocol_uuid
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.consumer_records import CURRENT_ASSIGNMENT, GroupEpoch, consumer_group_key, consumer_group_value
 from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
@@ -169,23 +168,22 @@ def cluster(tmp_path):
 
 
 class Cluster:
-    def __init__(self, log_dir, **settings):
-        self.log_dir, self.settings = log_dir, settings
+    """A coordinator over a log directory, restarted at will; ``members`` heartbeat in group "g"."""
+
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
         self.logs = LogManager(log_dir, cleaning(log_cleaner_min_cleanable_ratio=0.01))
         self.logs.create_topic("t", 4)
-        self.start()
-
-    def start(self):
-        self.coordinator = GroupCoordinator(self.logs, GroupConfig(offsets_topic_partitions=3, **self.settings))
-        epochs = getattr(self, "members", None) and self.members.epochs
+        self.coordinator = GroupCoordinator(self.logs, GroupConfig(offsets_topic_partitions=3))
         self.members = Members(self.coordinator, self.logs)
-        self.members.epochs.update(epochs or {})
 
     def restart(self):
+        """A clean restart: the members keep the epochs they were given."""
         self.coordinator.close()
         self.logs.close()
         self.logs = LogManager(self.log_dir, cleaning(log_cleaner_min_cleanable_ratio=0.01))
-        self.start()
+        self.coordinator = GroupCoordinator(self.logs, GroupConfig(offsets_topic_partitions=3))
+        self.members.coordinator = self.coordinator
 
     def records(self, group_id="g"):
         return consumer_records(self.log_dir, partition_for(group_id, 3))
