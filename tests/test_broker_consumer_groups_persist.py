@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from broker_helpers import RawConnection, fail_appends, start_broker_process, wait_for
+from broker_helpers import RawConnection, fail_appends, start_broker_process
 from kmem.admin.coordinator_records import parse_offsets_record
 from kmem.broker import LogManager
-from kmem.broker.apis.handlers import protocol_uuid
 from kmem.broker.codes import ErrorCode
 from kmem.broker.group.consumer_records import CURRENT_ASSIGNMENT, GroupEpoch, consumer_group_key, consumer_group_value
 from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
@@ -169,23 +168,22 @@ def cluster(tmp_path):
 
 
 class Cluster:
-    def __init__(self, log_dir, **settings):
-        self.log_dir, self.settings = log_dir, settings
+    """A coordinator over a log directory, restarted at will; ``members`` heartbeat in group "g"."""
+
+    def __init__(self, log_dir):
+        self.log_dir = log_dir
         self.logs = LogManager(log_dir, cleaning(log_cleaner_min_cleanable_ratio=0.01))
         self.logs.create_topic("t", 4)
-        self.start()
-
-    def start(self):
-        self.coordinator = GroupCoordinator(self.logs, GroupConfig(offsets_topic_partitions=3, **self.settings))
-        epochs = getattr(self, "members", None) and self.members.epochs
+        self.coordinator = GroupCoordinator(self.logs, GroupConfig(offsets_topic_partitions=3))
         self.members = Members(self.coordinator, self.logs)
-        self.members.epochs.update(epochs or {})
 
     def restart(self):
+        """A clean restart: the members keep the epochs they were given."""
         self.coordinator.close()
         self.logs.close()
         self.logs = LogManager(self.log_dir, cleaning(log_cleaner_min_cleanable_ratio=0.01))
-        self.start()
+        self.coordinator = GroupCoordinator(self.logs, GroupConfig(offsets_topic_partitions=3))
+        self.members.coordinator = self.coordinator
 
     def records(self, group_id="g"):
         return consumer_records(self.log_dir, partition_for(group_id, 3))
@@ -313,6 +311,23 @@ def test_tombstones_when_a_member_leaves_and_the_group_is_deleted_and_the_cleane
     assert all(value is not None for _, _, value in remaining) and len(remaining) == len(latest(remaining)) == 6
     cluster.restart()
     assert described(cluster.members)[1:] == (1, 1, {"x": (1, "c", ["t"], {0, 1, 2, 3}, {0, 1, 2, 3})})
+
+
+def test_an_emptied_group_goes_with_tombstones_at_the_retention_check(cluster):
+    """Kafka's periodic cleanup (``cleanupGroupMetadata``) deletes an empty group without offsets: until then it
+    stays, over a restart too."""
+    members = cluster.members
+    members.join("a")
+    assert members.send("a", -1).error_code == ErrorCode.NONE
+    cluster.restart()
+    assert described(cluster.members)[:2] == ("Empty", 2)
+    interval_ms = cluster.coordinator.config.offsets_retention_check_interval_ms
+    cluster.coordinator.tick(time.monotonic() + interval_ms / 1000, time.time_ns() // 1_000_000 + interval_ms + 1)
+    assert latest(cluster.records()) == {}
+    assert [name for name, _, _ in cluster.records()][-3:] == [
+        "ConsumerGroupTargetAssignmentMetadata", "ConsumerGroupPartitionMetadata", "ConsumerGroupMetadata"]
+    cluster.restart()
+    assert cluster.members.describe().error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
 def test_a_classic_join_takes_over_an_empty_consumer_group_and_its_records_go(cluster):

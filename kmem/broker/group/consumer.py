@@ -125,7 +125,7 @@ class ConsumerGroup:
         self.topics = {}                # subscribed topics that exist: topic id -> partition count
         self.unresolved_regexes = set()  # regexes new to the group: matched after the heartbeat that brought them
         self.timer_task = None
-        self.persisted = {}             # its records in __consumer_offsets: (key version, member id) -> value
+        self.persisted = {}             # its records in __consumer_offsets: (key version, member id) -> value tuple
         self.dirty = set()              # ids of the members changed since the last write
 
     @property
@@ -292,6 +292,7 @@ class ConsumerGroups:
         owned = _partitions(request.topic_partitions)
         member = self._member(group, member_id, epoch, request.instance_id, owned)
         before = (member.topic_names, member.topic_regex, member.server_assignor, member.assigned)
+        client_before = (member.rack_id, member.rebalance_timeout_ms, member.client_id, member.client_host)
         new = member.member_id not in group.members
         if request.rack_id is not None:
             member.rack_id = request.rack_id
@@ -307,7 +308,9 @@ class ConsumerGroups:
                 group.unresolved_regexes.add(regex)
             member.topic_regex = regex
         member.client_id, member.client_host = client_id, client_host
-        group.dirty.add(member.member_id)
+        if client_before != (member.rack_id, member.rebalance_timeout_ms, member.client_id, member.client_host) \
+                or member.classic is not None:
+            group.dirty.add(member.member_id)           # its record changes (a new member's is added below)
         member.classic = None                   # a static member's instance may come back on the consumer protocol
         if self.groups.get(group.group_id) is not group:
             self.coordinator.migration.complete_upgrade(group)      # a new group, or a classic one converted
@@ -315,6 +318,8 @@ class ConsumerGroups:
             group.add(member)
             log.info("group %r: member %s joins (consumer protocol)", group.group_id, member.member_id)
         changed = new or before[:3] != (member.topic_names, member.topic_regex, member.server_assignor)
+        if changed:
+            group.dirty.add(member.member_id)
         self._refresh(group, bump=changed)
         self._reconcile(group, member, owned, now)
         member.session_deadline = now + self.config.consumer_session_timeout_ms / 1000
@@ -574,8 +579,8 @@ class ConsumerGroups:
         if not changes:
             return ErrorCode.NONE
         error = self.coordinator._append(group.group_id, [
-            (consumer_group_key(version, group.group_id, member_id), value)
-            for (version, member_id), value in changes])
+            (consumer_group_key(version, group.group_id, member_id),
+             None if value is None else consumer_group_value(value)) for (version, member_id), value in changes])
         if error:
             self._restore(group)
             return error
@@ -610,14 +615,16 @@ class ConsumerGroups:
                                                    .index(change[0][0]), change[0][1] or ""))
 
     def _records(self, group):
-        """The encoded records of the group and of its changed members."""
-        names = {_topic_uuid(info.topic_id): name for name, info in self.coordinator.logs.topics().items()}
-        records = {
-            (GROUP_EPOCH, None): GroupEpoch(group.epoch),
-            (PARTITION_METADATA, None): PartitionMetadata([
+        """The values of the group's records and of its changed members' (the subscribed topics' only if they
+        changed, as Kafka writes them)."""
+        records = {(GROUP_EPOCH, None): GroupEpoch(group.epoch),
+                   (TARGET_EPOCH, None): TargetEpoch(group.assignment_epoch)}
+        written = group.persisted.get((PARTITION_METADATA, None))
+        if group.topics != ({} if written is None else {t.topic_id: t.num_partitions for t in written.topics}):
+            names = {_topic_uuid(info.topic_id): name for name, info in self.coordinator.logs.topics().items()}
+            records[(PARTITION_METADATA, None)] = PartitionMetadata([
                 TopicMetadata(topic, names.get(topic, ""), count, [])       # no broker rack: no partition racks
-                for topic, count in sorted(group.topics.items(), key=lambda item: names.get(item[0], ""))]),
-            (TARGET_EPOCH, None): TargetEpoch(group.assignment_epoch)}
+                for topic, count in sorted(group.topics.items(), key=lambda item: names.get(item[0], ""))])
         for member_id in group.dirty:
             member = group.members.get(member_id)
             if member is None:
@@ -632,7 +639,7 @@ class ConsumerGroups:
             records[(CURRENT_ASSIGNMENT, member_id)] = CurrentAssignment(
                 member.epoch, member.previous_epoch, _MEMBER_STATES.index(member.state),
                 topic_partitions(member.assigned), topic_partitions(member.pending_revocation))
-        return {key: consumer_group_value(value) for key, value in records.items()}
+        return records
 
     def _restore(self, group):
         """After a failed write: the group as its written records have it (gone if it has none)."""
@@ -650,8 +657,7 @@ class ConsumerGroups:
         if value is None:
             records.pop((version, member_id), None)
         else:
-            read_consumer_group_value(version, value)
-            records[(version, member_id)] = bytes(value)
+            records[(version, member_id)] = read_consumer_group_value(version, value)
 
     def loaded(self):
         """The groups of the records replayed, their members' sessions starting now (as Kafka does at load)."""
@@ -666,11 +672,10 @@ class ConsumerGroups:
         self.groups[group.group_id] = group
         self.coordinator.schedule_consumer_group(group)
 
-    def _rebuild(self, group_id, records):
-        """The group that ``records`` ({(key version, member id): value}) describe."""
+    def _rebuild(self, group_id, values):
+        """The group that its records' ``values`` ({(key version, member id): value}) describe."""
         group = ConsumerGroup(group_id)
-        group.persisted = dict(records)
-        values = {key: read_consumer_group_value(key[0], value) for key, value in records.items()}
+        group.persisted = dict(values)
         group.epoch = values[(GROUP_EPOCH, None)].epoch if (GROUP_EPOCH, None) in values else 0
         group.assignment_epoch = values[(TARGET_EPOCH, None)].assignment_epoch if (TARGET_EPOCH, None) in values \
             else 0
