@@ -28,7 +28,7 @@ QUIX_STREAMS ?= quixstreams==3.28.1
 QUIX_INSTALLED := $(QUIX_VENV)/.installed-$(QUIX_STREAMS)
 QUIX_ENV := KMEM_QUIX_PYTHON=$(abspath $(QUIX_VENV))/bin/python
 
-.PHONY: test test-slow quick dev bench run docs wheel sdist clean
+.PHONY: test test-slow quick dev bench asan run docs wheel sdist clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -69,6 +69,17 @@ quick: dev
 bench: $(INSTALLED)
 	$(PIP) install "$(WHEEL)[test,bench]"
 	$(VENV)/bin/pytest bench --benchmark-columns=min,median,mean,ops,rounds --benchmark-sort=name $(PYTEST_ARGS)
+
+# The compiled codecs' and records' fuzz tests under AddressSanitizer: the extension built with
+# -fsanitize=address in a copy of the sources (build/asan), run with libasan preloaded (Python is not built
+# with it, so leaks are not checked).
+ASAN_TESTS ?= tests/test_protocol_compiled.py tests/test_records_fuzz.py
+asan: $(PY)
+	rm -rf build/asan && mkdir -p build/asan && git ls-files | tar -cf - -T - | tar -xf - -C build/asan
+	cd build/asan && CFLAGS="-fsanitize=address -fno-omit-frame-pointer -g" LDFLAGS="-fsanitize=address" \
+		$(abspath $(PY)) setup.py build_ext --inplace
+	cd build/asan && LD_PRELOAD=$$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 PYTHONPATH=. \
+		$(abspath $(PY)) -m pytest -q -p no:cacheprovider $(ASAN_TESTS)
 
 # The main job: a generated Kafka log directory through every Spark job on embedded local Spark.
 run: $(INSTALLED)

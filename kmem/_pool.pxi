@@ -334,3 +334,12 @@ cdef class PoolCore:
 cdef _invalid_argument(str message):
     from kmem.errors import InvalidArgumentError
     return InvalidArgumentError(message)
+
+
+def unfilled_bytearray(Py_ssize_t size):
+    """A new bytearray of ``size`` bytes left as malloc gives them, for a buffer about to be read into whole:
+    ``bytearray(size)`` zeroes them holding the GIL, which a megabyte-long request takes tens of microseconds
+    of, every other network thread waiting (the GIL profile of bench/bench_network_threads.py)."""
+    if size < 0:
+        raise _invalid_argument(f"size must be >= 0, not {size}")
+    return PyByteArray_FromStringAndSize(NULL, size)

@@ -5,9 +5,8 @@ cdef object _wd0(_Rd* r, object view):
     cdef int64_t n3
     v1 = _rd_i32(r)
     n3 = _rd_i32(r)
-    if n3 < 0:
-        if not (n3 == -1): _wire_fallback()
-        v2 = None
+    if n3 == -1: v2 = None
+    elif n3 < 0: _wire_fallback()
     else:
         if n3 > r.end - r.pos: _wire_fallback()
         v2 = view[r.pos:r.pos + n3]
@@ -19,23 +18,17 @@ cdef object _wd1(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd0(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd0(r, view))
+    v3 = items5
     return _wire_class(1)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd2(_Rd* r, object view):
@@ -44,15 +37,12 @@ cdef object _wd2(_Rd* r, object view):
     v1 = _rd_i16(r)
     v2 = _rd_i32(r)
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd1(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd1(r, view))
+    v3 = items5
     return _wire_class(2)(None, v1, v2, v3, None)
 
 cdef int _we3(_WireOut w, object o) except -1:
@@ -111,9 +101,8 @@ cdef object _wd6(_Rd* r, object view):
     cdef int64_t n6
     cdef int64_t i8
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (n2 == -1): _wire_fallback()
-        v1 = None
+    if n2 == -1: v1 = None
+    elif n2 < 0: _wire_fallback()
     else:
         if n2 > r.end - r.pos: _wire_fallback()
         v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
@@ -121,15 +110,12 @@ cdef object _wd6(_Rd* r, object view):
     v3 = _rd_i16(r)
     v4 = _rd_i32(r)
     n6 = _rd_i32(r)
-    if n6 < 0:
-        if not (False): _wire_fallback()
-        v5 = None
-    else:
-        if n6 > r.end - r.pos: _wire_fallback()
-        items7 = []
-        for i8 in range(n6):
-            items7.append(_wd1(r, view))
-        v5 = items7
+    if n6 < 0: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    items7 = []
+    for i8 in range(n6):
+        items7.append(_wd1(r, view))
+    v5 = items7
     return _wire_class(2)(v1, v3, v4, v5, None)
 
 cdef int _we7(_WireOut w, object o) except -1:
@@ -165,9 +151,8 @@ cdef object _wd8(_Rd* r, object view):
     cdef int64_t i9
     v1 = _rd_i32(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (n3 == -1): _wire_fallback()
-        v2 = None
+    if n3 == -1: v2 = None
+    elif n3 < 0: _wire_fallback()
     else:
         if n3 > r.end - r.pos: _wire_fallback()
         v2 = view[r.pos:r.pos + n3]
@@ -194,24 +179,18 @@ cdef object _wd9(_Rd* r, object view):
     cdef Py_ssize_t te11
     cdef int64_t i12
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd8(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd8(r, view))
+    v3 = items5
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -234,9 +213,8 @@ cdef object _wd10(_Rd* r, object view):
     cdef Py_ssize_t te13
     cdef int64_t i14
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (n2 == -1): _wire_fallback()
-        v1 = None
+    if n2 == -1: v1 = None
+    elif n2 < 0: _wire_fallback()
     else:
         if n2 > 32767: _wire_fallback()
         if n2 > r.end - r.pos: _wire_fallback()
@@ -245,15 +223,12 @@ cdef object _wd10(_Rd* r, object view):
     v3 = _rd_i16(r)
     v4 = _rd_i32(r)
     n6 = _rd_uvarint(r) - 1
-    if n6 < 0:
-        if not (False): _wire_fallback()
-        v5 = None
-    else:
-        if n6 > r.end - r.pos: _wire_fallback()
-        items7 = []
-        for i8 in range(n6):
-            items7.append(_wd9(r, view))
-        v5 = items7
+    if n6 < 0: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    items7 = []
+    for i8 in range(n6):
+        items7.append(_wd9(r, view))
+    v5 = items7
     ut9 = None
     n10 = _rd_uvarint(r)
     for i14 in range(n10):
@@ -346,38 +321,29 @@ cdef object _wd15(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd14(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd14(r, view))
+    v3 = items5
     return _wire_class(5)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd16(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t i4
     n2 = _rd_i32(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd15(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd15(r, view))
+    v1 = items3
     return _wire_class(6)(v1, 0, [], None)
 
 cdef int _we17(_WireOut w, object o) except -1:
@@ -424,15 +390,12 @@ cdef object _wd20(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t i4
     n2 = _rd_i32(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd15(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd15(r, view))
+    v1 = items3
     v5 = _rd_i32(r)
     return _wire_class(6)(v1, v5, [], None)
 
@@ -461,38 +424,29 @@ cdef object _wd23(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd22(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd22(r, view))
+    v3 = items5
     return _wire_class(5)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd24(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t i4
     n2 = _rd_i32(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd23(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd23(r, view))
+    v1 = items3
     v5 = _rd_i32(r)
     return _wire_class(6)(v1, v5, [], None)
 
@@ -553,38 +507,29 @@ cdef object _wd29(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd28(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd28(r, view))
+    v3 = items5
     return _wire_class(5)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd30(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t i4
     n2 = _rd_i32(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd29(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd29(r, view))
+    v1 = items3
     v5 = _rd_i32(r)
     return _wire_class(6)(v1, v5, [], None)
 
@@ -638,9 +583,8 @@ cdef object _wd34(_Rd* r, object view):
     cdef int64_t n3
     v1 = _rd_i32(r)
     n3 = _rd_i16(r)
-    if n3 < 0:
-        if not (n3 == -1): _wire_fallback()
-        v2 = None
+    if n3 == -1: v2 = None
+    elif n3 < 0: _wire_fallback()
     else:
         if n3 > r.end - r.pos: _wire_fallback()
         v2 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n3, NULL)
@@ -657,19 +601,15 @@ cdef object _wd35(_Rd* r, object view):
     v4 = _rd_i64(r)
     v5 = _rd_i64(r)
     n7 = _rd_i32(r)
-    if n7 < 0:
-        if not (False): _wire_fallback()
-        v6 = None
-    else:
-        if n7 > r.end - r.pos: _wire_fallback()
-        items8 = []
-        for i9 in range(n7):
-            items8.append(_wd34(r, view))
-        v6 = items8
+    if n7 < 0: _wire_fallback()
+    if n7 > r.end - r.pos: _wire_fallback()
+    items8 = []
+    for i9 in range(n7):
+        items8.append(_wd34(r, view))
+    v6 = items8
     n11 = _rd_i16(r)
-    if n11 < 0:
-        if not (n11 == -1): _wire_fallback()
-        v10 = None
+    if n11 == -1: v10 = None
+    elif n11 < 0: _wire_fallback()
     else:
         if n11 > r.end - r.pos: _wire_fallback()
         v10 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n11, NULL)
@@ -681,38 +621,29 @@ cdef object _wd36(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd35(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd35(r, view))
+    v3 = items5
     return _wire_class(5)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd37(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t i4
     n2 = _rd_i32(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd36(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd36(r, view))
+    v1 = items3
     v5 = _rd_i32(r)
     return _wire_class(6)(v1, v5, [], None)
 
@@ -802,9 +733,8 @@ cdef object _wd42(_Rd* r, object view):
     cdef int64_t i9
     v1 = _rd_i32(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (n3 == -1): _wire_fallback()
-        v2 = None
+    if n3 == -1: v2 = None
+    elif n3 < 0: _wire_fallback()
     else:
         if n3 > 32767: _wire_fallback()
         if n3 > r.end - r.pos: _wire_fallback()
@@ -837,19 +767,15 @@ cdef object _wd43(_Rd* r, object view):
     v4 = _rd_i64(r)
     v5 = _rd_i64(r)
     n7 = _rd_uvarint(r) - 1
-    if n7 < 0:
-        if not (False): _wire_fallback()
-        v6 = None
-    else:
-        if n7 > r.end - r.pos: _wire_fallback()
-        items8 = []
-        for i9 in range(n7):
-            items8.append(_wd42(r, view))
-        v6 = items8
+    if n7 < 0: _wire_fallback()
+    if n7 > r.end - r.pos: _wire_fallback()
+    items8 = []
+    for i9 in range(n7):
+        items8.append(_wd42(r, view))
+    v6 = items8
     n11 = _rd_uvarint(r) - 1
-    if n11 < 0:
-        if not (n11 == -1): _wire_fallback()
-        v10 = None
+    if n11 == -1: v10 = None
+    elif n11 < 0: _wire_fallback()
     else:
         if n11 > 32767: _wire_fallback()
         if n11 > r.end - r.pos: _wire_fallback()
@@ -877,24 +803,18 @@ cdef object _wd44(_Rd* r, object view):
     cdef Py_ssize_t te11
     cdef int64_t i12
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd43(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd43(r, view))
+    v3 = items5
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -916,15 +836,12 @@ cdef object _wd45(_Rd* r, object view):
     cdef Py_ssize_t te10
     cdef int64_t i11
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd44(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd44(r, view))
+    v1 = items3
     v5 = _rd_i32(r)
     ut6 = None
     n7 = _rd_uvarint(r)
@@ -1062,19 +979,15 @@ cdef object _wd51(_Rd* r, object view):
     v4 = _rd_i64(r)
     v5 = _rd_i64(r)
     n7 = _rd_uvarint(r) - 1
-    if n7 < 0:
-        if not (False): _wire_fallback()
-        v6 = None
-    else:
-        if n7 > r.end - r.pos: _wire_fallback()
-        items8 = []
-        for i9 in range(n7):
-            items8.append(_wd42(r, view))
-        v6 = items8
+    if n7 < 0: _wire_fallback()
+    if n7 > r.end - r.pos: _wire_fallback()
+    items8 = []
+    for i9 in range(n7):
+        items8.append(_wd42(r, view))
+    v6 = items8
     n11 = _rd_uvarint(r) - 1
-    if n11 < 0:
-        if not (n11 == -1): _wire_fallback()
-        v10 = None
+    if n11 == -1: v10 = None
+    elif n11 < 0: _wire_fallback()
     else:
         if n11 > 32767: _wire_fallback()
         if n11 > r.end - r.pos: _wire_fallback()
@@ -1108,24 +1021,18 @@ cdef object _wd52(_Rd* r, object view):
     cdef Py_ssize_t te11
     cdef int64_t i12
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd51(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd51(r, view))
+    v3 = items5
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -1148,19 +1055,15 @@ cdef object _wd53(_Rd* r, object view):
     cdef int64_t i12
     v1 = _rd_i32(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > 32767: _wire_fallback()
-        if n3 > r.end - r.pos: _wire_fallback()
-        v2 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n3, NULL)
-        r.pos += n3
+    if n3 < 0: _wire_fallback()
+    if n3 > 32767: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    v2 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n3, NULL)
+    r.pos += n3
     v4 = _rd_i32(r)
     n6 = _rd_uvarint(r) - 1
-    if n6 < 0:
-        if not (n6 == -1): _wire_fallback()
-        v5 = None
+    if n6 == -1: v5 = None
+    elif n6 < 0: _wire_fallback()
     else:
         if n6 > 32767: _wire_fallback()
         if n6 > r.end - r.pos: _wire_fallback()
@@ -1189,15 +1092,12 @@ cdef object _wd54(_Rd* r, object view):
     cdef int64_t n14
     cdef int64_t i16
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd52(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd52(r, view))
+    v1 = items3
     v5 = _rd_i32(r)
     ut6 = None
     v7 = []
@@ -1209,15 +1109,12 @@ cdef object _wd54(_Rd* r, object view):
         te11 = r.pos + sz10
         if tag9 == 0:
             n14 = _rd_uvarint(r) - 1
-            if n14 < 0:
-                if not (False): _wire_fallback()
-                v13 = None
-            else:
-                if n14 > r.end - r.pos: _wire_fallback()
-                items15 = []
-                for i16 in range(n14):
-                    items15.append(_wd53(r, view))
-                v13 = items15
+            if n14 < 0: _wire_fallback()
+            if n14 > r.end - r.pos: _wire_fallback()
+            items15 = []
+            for i16 in range(n14):
+                items15.append(_wd53(r, view))
+            v13 = items15
             v7 = v13
             if r.pos != te11: _wire_fallback()
         else:
@@ -1367,23 +1264,17 @@ cdef object _wd61(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd60(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd60(r, view))
+    v3 = items5
     return _wire_class(10)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd62(_Rd* r, object view):
@@ -1393,15 +1284,12 @@ cdef object _wd62(_Rd* r, object view):
     v2 = _rd_i32(r)
     v3 = _rd_i32(r)
     n5 = _rd_i32(r)
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        items6 = []
-        for i7 in range(n5):
-            items6.append(_wd61(r, view))
-        v4 = items6
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    items6 = []
+    for i7 in range(n5):
+        items6.append(_wd61(r, view))
+    v4 = items6
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, 2147483647, 0, 0, -1, v4, [], '', None)
 
 cdef int _we63(_WireOut w, object o) except -1:
@@ -1458,15 +1346,12 @@ cdef object _wd66(_Rd* r, object view):
     v3 = _rd_i32(r)
     v4 = _rd_i32(r)
     n6 = _rd_i32(r)
-    if n6 < 0:
-        if not (False): _wire_fallback()
-        v5 = None
-    else:
-        if n6 > r.end - r.pos: _wire_fallback()
-        items7 = []
-        for i8 in range(n6):
-            items7.append(_wd61(r, view))
-        v5 = items7
+    if n6 < 0: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    items7 = []
+    for i8 in range(n6):
+        items7.append(_wd61(r, view))
+    v5 = items7
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, v4, 0, 0, -1, v5, [], '', None)
 
 cdef int _we67(_WireOut w, object o) except -1:
@@ -1497,15 +1382,12 @@ cdef object _wd68(_Rd* r, object view):
     v4 = _rd_i32(r)
     v5 = _rd_i8(r)
     n7 = _rd_i32(r)
-    if n7 < 0:
-        if not (False): _wire_fallback()
-        v6 = None
-    else:
-        if n7 > r.end - r.pos: _wire_fallback()
-        items8 = []
-        for i9 in range(n7):
-            items8.append(_wd61(r, view))
-        v6 = items8
+    if n7 < 0: _wire_fallback()
+    if n7 > r.end - r.pos: _wire_fallback()
+    items8 = []
+    for i9 in range(n7):
+        items8.append(_wd61(r, view))
+    v6 = items8
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, v4, v5, 0, -1, v6, [], '', None)
 
 cdef int _we69(_WireOut w, object o) except -1:
@@ -1541,23 +1423,17 @@ cdef object _wd71(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd70(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd70(r, view))
+    v3 = items5
     return _wire_class(10)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd72(_Rd* r, object view):
@@ -1569,15 +1445,12 @@ cdef object _wd72(_Rd* r, object view):
     v4 = _rd_i32(r)
     v5 = _rd_i8(r)
     n7 = _rd_i32(r)
-    if n7 < 0:
-        if not (False): _wire_fallback()
-        v6 = None
-    else:
-        if n7 > r.end - r.pos: _wire_fallback()
-        items8 = []
-        for i9 in range(n7):
-            items8.append(_wd71(r, view))
-        v6 = items8
+    if n7 < 0: _wire_fallback()
+    if n7 > r.end - r.pos: _wire_fallback()
+    items8 = []
+    for i9 in range(n7):
+        items8.append(_wd71(r, view))
+    v6 = items8
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, v4, v5, 0, -1, v6, [], '', None)
 
 cdef int _we73(_WireOut w, object o) except -1:
@@ -1637,24 +1510,18 @@ cdef object _wd76(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            v7 = _rd_i32(r)
-            items5.append(v7)
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        v7 = _rd_i32(r)
+        items5.append(v7)
+    v3 = items5
     return _wire_class(13)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd77(_Rd* r, object view):
@@ -1670,25 +1537,19 @@ cdef object _wd77(_Rd* r, object view):
     v6 = _rd_i32(r)
     v7 = _rd_i32(r)
     n9 = _rd_i32(r)
-    if n9 < 0:
-        if not (False): _wire_fallback()
-        v8 = None
-    else:
-        if n9 > r.end - r.pos: _wire_fallback()
-        items10 = []
-        for i11 in range(n9):
-            items10.append(_wd71(r, view))
-        v8 = items10
+    if n9 < 0: _wire_fallback()
+    if n9 > r.end - r.pos: _wire_fallback()
+    items10 = []
+    for i11 in range(n9):
+        items10.append(_wd71(r, view))
+    v8 = items10
     n13 = _rd_i32(r)
-    if n13 < 0:
-        if not (False): _wire_fallback()
-        v12 = None
-    else:
-        if n13 > r.end - r.pos: _wire_fallback()
-        items14 = []
-        for i15 in range(n13):
-            items14.append(_wd76(r, view))
-        v12 = items14
+    if n13 < 0: _wire_fallback()
+    if n13 > r.end - r.pos: _wire_fallback()
+    items14 = []
+    for i15 in range(n13):
+        items14.append(_wd76(r, view))
+    v12 = items14
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, v4, v5, v6, v7, v8, v12, '', None)
 
 cdef int _we78(_WireOut w, object o) except -1:
@@ -1757,23 +1618,17 @@ cdef object _wd81(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd80(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd80(r, view))
+    v3 = items5
     return _wire_class(10)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd82(_Rd* r, object view):
@@ -1789,25 +1644,19 @@ cdef object _wd82(_Rd* r, object view):
     v6 = _rd_i32(r)
     v7 = _rd_i32(r)
     n9 = _rd_i32(r)
-    if n9 < 0:
-        if not (False): _wire_fallback()
-        v8 = None
-    else:
-        if n9 > r.end - r.pos: _wire_fallback()
-        items10 = []
-        for i11 in range(n9):
-            items10.append(_wd81(r, view))
-        v8 = items10
+    if n9 < 0: _wire_fallback()
+    if n9 > r.end - r.pos: _wire_fallback()
+    items10 = []
+    for i11 in range(n9):
+        items10.append(_wd81(r, view))
+    v8 = items10
     n13 = _rd_i32(r)
-    if n13 < 0:
-        if not (False): _wire_fallback()
-        v12 = None
-    else:
-        if n13 > r.end - r.pos: _wire_fallback()
-        items14 = []
-        for i15 in range(n13):
-            items14.append(_wd76(r, view))
-        v12 = items14
+    if n13 < 0: _wire_fallback()
+    if n13 > r.end - r.pos: _wire_fallback()
+    items14 = []
+    for i15 in range(n13):
+        items14.append(_wd76(r, view))
+    v12 = items14
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, v4, v5, v6, v7, v8, v12, '', None)
 
 cdef int _we83(_WireOut w, object o) except -1:
@@ -1890,33 +1739,24 @@ cdef object _wd86(_Rd* r, object view):
     v6 = _rd_i32(r)
     v7 = _rd_i32(r)
     n9 = _rd_i32(r)
-    if n9 < 0:
-        if not (False): _wire_fallback()
-        v8 = None
-    else:
-        if n9 > r.end - r.pos: _wire_fallback()
-        items10 = []
-        for i11 in range(n9):
-            items10.append(_wd81(r, view))
-        v8 = items10
+    if n9 < 0: _wire_fallback()
+    if n9 > r.end - r.pos: _wire_fallback()
+    items10 = []
+    for i11 in range(n9):
+        items10.append(_wd81(r, view))
+    v8 = items10
     n13 = _rd_i32(r)
-    if n13 < 0:
-        if not (False): _wire_fallback()
-        v12 = None
-    else:
-        if n13 > r.end - r.pos: _wire_fallback()
-        items14 = []
-        for i15 in range(n13):
-            items14.append(_wd76(r, view))
-        v12 = items14
+    if n13 < 0: _wire_fallback()
+    if n13 > r.end - r.pos: _wire_fallback()
+    items14 = []
+    for i15 in range(n13):
+        items14.append(_wd76(r, view))
+    v12 = items14
     n17 = _rd_i16(r)
-    if n17 < 0:
-        if not (False): _wire_fallback()
-        v16 = None
-    else:
-        if n17 > r.end - r.pos: _wire_fallback()
-        v16 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n17, NULL)
-        r.pos += n17
+    if n17 < 0: _wire_fallback()
+    if n17 > r.end - r.pos: _wire_fallback()
+    v16 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n17, NULL)
+    r.pos += n17
     return _wire_class(12)(None, v1, _wire_default(11), v2, v3, v4, v5, v6, v7, v8, v12, v16, None)
 
 cdef int _we87(_WireOut w, object o) except -1:
@@ -1995,24 +1835,18 @@ cdef object _wd89(_Rd* r, object view):
     cdef Py_ssize_t te11
     cdef int64_t i12
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd88(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd88(r, view))
+    v3 = items5
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -2035,25 +1869,19 @@ cdef object _wd90(_Rd* r, object view):
     cdef Py_ssize_t te12
     cdef int64_t i13
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            v7 = _rd_i32(r)
-            items5.append(v7)
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        v7 = _rd_i32(r)
+        items5.append(v7)
+    v3 = items5
     ut8 = None
     n9 = _rd_uvarint(r)
     for i13 in range(n9):
@@ -2086,34 +1914,25 @@ cdef object _wd91(_Rd* r, object view):
     v6 = _rd_i32(r)
     v7 = _rd_i32(r)
     n9 = _rd_uvarint(r) - 1
-    if n9 < 0:
-        if not (False): _wire_fallback()
-        v8 = None
-    else:
-        if n9 > r.end - r.pos: _wire_fallback()
-        items10 = []
-        for i11 in range(n9):
-            items10.append(_wd89(r, view))
-        v8 = items10
+    if n9 < 0: _wire_fallback()
+    if n9 > r.end - r.pos: _wire_fallback()
+    items10 = []
+    for i11 in range(n9):
+        items10.append(_wd89(r, view))
+    v8 = items10
     n13 = _rd_uvarint(r) - 1
-    if n13 < 0:
-        if not (False): _wire_fallback()
-        v12 = None
-    else:
-        if n13 > r.end - r.pos: _wire_fallback()
-        items14 = []
-        for i15 in range(n13):
-            items14.append(_wd90(r, view))
-        v12 = items14
+    if n13 < 0: _wire_fallback()
+    if n13 > r.end - r.pos: _wire_fallback()
+    items14 = []
+    for i15 in range(n13):
+        items14.append(_wd90(r, view))
+    v12 = items14
     n17 = _rd_uvarint(r) - 1
-    if n17 < 0:
-        if not (False): _wire_fallback()
-        v16 = None
-    else:
-        if n17 > 32767: _wire_fallback()
-        if n17 > r.end - r.pos: _wire_fallback()
-        v16 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n17, NULL)
-        r.pos += n17
+    if n17 < 0: _wire_fallback()
+    if n17 > 32767: _wire_fallback()
+    if n17 > r.end - r.pos: _wire_fallback()
+    v16 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n17, NULL)
+    r.pos += n17
     ut18 = None
     v19 = None
     n20 = _rd_uvarint(r)
@@ -2124,9 +1943,8 @@ cdef object _wd91(_Rd* r, object view):
         te23 = r.pos + sz22
         if tag21 == 0:
             n26 = _rd_uvarint(r) - 1
-            if n26 < 0:
-                if not (n26 == -1): _wire_fallback()
-                v25 = None
+            if n26 == -1: v25 = None
+            elif n26 < 0: _wire_fallback()
             else:
                 if n26 > 32767: _wire_fallback()
                 if n26 > r.end - r.pos: _wire_fallback()
@@ -2273,15 +2091,12 @@ cdef object _wd96(_Rd* r, object view):
     cdef int64_t i11
     v1 = _rd_uuid(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            items4.append(_wd88(r, view))
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd88(r, view))
+    v2 = items4
     ut6 = None
     n7 = _rd_uvarint(r)
     for i11 in range(n7):
@@ -2304,16 +2119,13 @@ cdef object _wd97(_Rd* r, object view):
     cdef int64_t i12
     v1 = _rd_uuid(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            v6 = _rd_i32(r)
-            items4.append(v6)
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        v6 = _rd_i32(r)
+        items4.append(v6)
+    v2 = items4
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -2346,34 +2158,25 @@ cdef object _wd98(_Rd* r, object view):
     v6 = _rd_i32(r)
     v7 = _rd_i32(r)
     n9 = _rd_uvarint(r) - 1
-    if n9 < 0:
-        if not (False): _wire_fallback()
-        v8 = None
-    else:
-        if n9 > r.end - r.pos: _wire_fallback()
-        items10 = []
-        for i11 in range(n9):
-            items10.append(_wd96(r, view))
-        v8 = items10
+    if n9 < 0: _wire_fallback()
+    if n9 > r.end - r.pos: _wire_fallback()
+    items10 = []
+    for i11 in range(n9):
+        items10.append(_wd96(r, view))
+    v8 = items10
     n13 = _rd_uvarint(r) - 1
-    if n13 < 0:
-        if not (False): _wire_fallback()
-        v12 = None
-    else:
-        if n13 > r.end - r.pos: _wire_fallback()
-        items14 = []
-        for i15 in range(n13):
-            items14.append(_wd97(r, view))
-        v12 = items14
+    if n13 < 0: _wire_fallback()
+    if n13 > r.end - r.pos: _wire_fallback()
+    items14 = []
+    for i15 in range(n13):
+        items14.append(_wd97(r, view))
+    v12 = items14
     n17 = _rd_uvarint(r) - 1
-    if n17 < 0:
-        if not (False): _wire_fallback()
-        v16 = None
-    else:
-        if n17 > 32767: _wire_fallback()
-        if n17 > r.end - r.pos: _wire_fallback()
-        v16 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n17, NULL)
-        r.pos += n17
+    if n17 < 0: _wire_fallback()
+    if n17 > 32767: _wire_fallback()
+    if n17 > r.end - r.pos: _wire_fallback()
+    v16 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n17, NULL)
+    r.pos += n17
     ut18 = None
     v19 = None
     n20 = _rd_uvarint(r)
@@ -2384,9 +2187,8 @@ cdef object _wd98(_Rd* r, object view):
         te23 = r.pos + sz22
         if tag21 == 0:
             n26 = _rd_uvarint(r) - 1
-            if n26 < 0:
-                if not (n26 == -1): _wire_fallback()
-                v25 = None
+            if n26 == -1: v25 = None
+            elif n26 < 0: _wire_fallback()
             else:
                 if n26 > 32767: _wire_fallback()
                 if n26 > r.end - r.pos: _wire_fallback()
@@ -2530,34 +2332,25 @@ cdef object _wd103(_Rd* r, object view):
     v5 = _rd_i32(r)
     v6 = _rd_i32(r)
     n8 = _rd_uvarint(r) - 1
-    if n8 < 0:
-        if not (False): _wire_fallback()
-        v7 = None
-    else:
-        if n8 > r.end - r.pos: _wire_fallback()
-        items9 = []
-        for i10 in range(n8):
-            items9.append(_wd96(r, view))
-        v7 = items9
+    if n8 < 0: _wire_fallback()
+    if n8 > r.end - r.pos: _wire_fallback()
+    items9 = []
+    for i10 in range(n8):
+        items9.append(_wd96(r, view))
+    v7 = items9
     n12 = _rd_uvarint(r) - 1
-    if n12 < 0:
-        if not (False): _wire_fallback()
-        v11 = None
-    else:
-        if n12 > r.end - r.pos: _wire_fallback()
-        items13 = []
-        for i14 in range(n12):
-            items13.append(_wd97(r, view))
-        v11 = items13
+    if n12 < 0: _wire_fallback()
+    if n12 > r.end - r.pos: _wire_fallback()
+    items13 = []
+    for i14 in range(n12):
+        items13.append(_wd97(r, view))
+    v11 = items13
     n16 = _rd_uvarint(r) - 1
-    if n16 < 0:
-        if not (False): _wire_fallback()
-        v15 = None
-    else:
-        if n16 > 32767: _wire_fallback()
-        if n16 > r.end - r.pos: _wire_fallback()
-        v15 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n16, NULL)
-        r.pos += n16
+    if n16 < 0: _wire_fallback()
+    if n16 > 32767: _wire_fallback()
+    if n16 > r.end - r.pos: _wire_fallback()
+    v15 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n16, NULL)
+    r.pos += n16
     ut17 = None
     v18 = None
     v19 = _wire_default(11)
@@ -2569,9 +2362,8 @@ cdef object _wd103(_Rd* r, object view):
         te23 = r.pos + sz22
         if tag21 == 0:
             n26 = _rd_uvarint(r) - 1
-            if n26 < 0:
-                if not (n26 == -1): _wire_fallback()
-                v25 = None
+            if n26 == -1: v25 = None
+            elif n26 < 0: _wire_fallback()
             else:
                 if n26 > 32767: _wire_fallback()
                 if n26 > r.end - r.pos: _wire_fallback()
@@ -2703,15 +2495,12 @@ cdef object _wd107(_Rd* r, object view):
     cdef int64_t i11
     v1 = _rd_uuid(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            items4.append(_wd106(r, view))
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd106(r, view))
+    v2 = items4
     ut6 = None
     n7 = _rd_uvarint(r)
     for i11 in range(n7):
@@ -2743,34 +2532,25 @@ cdef object _wd108(_Rd* r, object view):
     v5 = _rd_i32(r)
     v6 = _rd_i32(r)
     n8 = _rd_uvarint(r) - 1
-    if n8 < 0:
-        if not (False): _wire_fallback()
-        v7 = None
-    else:
-        if n8 > r.end - r.pos: _wire_fallback()
-        items9 = []
-        for i10 in range(n8):
-            items9.append(_wd107(r, view))
-        v7 = items9
+    if n8 < 0: _wire_fallback()
+    if n8 > r.end - r.pos: _wire_fallback()
+    items9 = []
+    for i10 in range(n8):
+        items9.append(_wd107(r, view))
+    v7 = items9
     n12 = _rd_uvarint(r) - 1
-    if n12 < 0:
-        if not (False): _wire_fallback()
-        v11 = None
-    else:
-        if n12 > r.end - r.pos: _wire_fallback()
-        items13 = []
-        for i14 in range(n12):
-            items13.append(_wd97(r, view))
-        v11 = items13
+    if n12 < 0: _wire_fallback()
+    if n12 > r.end - r.pos: _wire_fallback()
+    items13 = []
+    for i14 in range(n12):
+        items13.append(_wd97(r, view))
+    v11 = items13
     n16 = _rd_uvarint(r) - 1
-    if n16 < 0:
-        if not (False): _wire_fallback()
-        v15 = None
-    else:
-        if n16 > 32767: _wire_fallback()
-        if n16 > r.end - r.pos: _wire_fallback()
-        v15 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n16, NULL)
-        r.pos += n16
+    if n16 < 0: _wire_fallback()
+    if n16 > 32767: _wire_fallback()
+    if n16 > r.end - r.pos: _wire_fallback()
+    v15 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n16, NULL)
+    r.pos += n16
     ut17 = None
     v18 = None
     v19 = _wire_default(11)
@@ -2782,9 +2562,8 @@ cdef object _wd108(_Rd* r, object view):
         te23 = r.pos + sz22
         if tag21 == 0:
             n26 = _rd_uvarint(r) - 1
-            if n26 < 0:
-                if not (n26 == -1): _wire_fallback()
-                v25 = None
+            if n26 == -1: v25 = None
+            elif n26 < 0: _wire_fallback()
             else:
                 if n26 > 32767: _wire_fallback()
                 if n26 > r.end - r.pos: _wire_fallback()
@@ -2913,9 +2692,8 @@ cdef object _wd112(_Rd* r, object view):
     v2 = _rd_i16(r)
     v3 = _rd_i64(r)
     n5 = _rd_i32(r)
-    if n5 < 0:
-        if not (n5 == -1): _wire_fallback()
-        v4 = None
+    if n5 == -1: v4 = None
+    elif n5 < 0: _wire_fallback()
     else:
         if n5 > r.end - r.pos: _wire_fallback()
         v4 = view[r.pos:r.pos + n5]
@@ -2927,38 +2705,29 @@ cdef object _wd113(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd112(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd112(r, view))
+    v3 = items5
     return _wire_class(18)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd114(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t i4
     n2 = _rd_i32(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd113(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd113(r, view))
+    v1 = items3
     return _wire_class(19)(0, 0, 0, v1, [], None)
 
 cdef int _we115(_WireOut w, object o) except -1:
@@ -3017,15 +2786,12 @@ cdef object _wd118(_Rd* r, object view):
     cdef int64_t i5
     v1 = _rd_i32(r)
     n3 = _rd_i32(r)
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            items4.append(_wd113(r, view))
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd113(r, view))
+    v2 = items4
     return _wire_class(19)(v1, 0, 0, v2, [], None)
 
 cdef int _we119(_WireOut w, object o) except -1:
@@ -3055,9 +2821,8 @@ cdef object _wd121(_Rd* r, object view):
     v3 = _rd_i64(r)
     v4 = _rd_i64(r)
     n6 = _rd_i32(r)
-    if n6 < 0:
-        if not (n6 == -1): _wire_fallback()
-        v5 = None
+    if n6 == -1: v5 = None
+    elif n6 < 0: _wire_fallback()
     else:
         if n6 > r.end - r.pos: _wire_fallback()
         items7 = []
@@ -3065,9 +2830,8 @@ cdef object _wd121(_Rd* r, object view):
             items7.append(_wd120(r, view))
         v5 = items7
     n10 = _rd_i32(r)
-    if n10 < 0:
-        if not (n10 == -1): _wire_fallback()
-        v9 = None
+    if n10 == -1: v9 = None
+    elif n10 < 0: _wire_fallback()
     else:
         if n10 > r.end - r.pos: _wire_fallback()
         v9 = view[r.pos:r.pos + n10]
@@ -3079,23 +2843,17 @@ cdef object _wd122(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd121(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd121(r, view))
+    v3 = items5
     return _wire_class(18)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd123(_Rd* r, object view):
@@ -3103,15 +2861,12 @@ cdef object _wd123(_Rd* r, object view):
     cdef int64_t i5
     v1 = _rd_i32(r)
     n3 = _rd_i32(r)
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            items4.append(_wd122(r, view))
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd122(r, view))
+    v2 = items4
     return _wire_class(19)(v1, 0, 0, v2, [], None)
 
 cdef int _we124(_WireOut w, object o) except -1:
@@ -3194,9 +2949,8 @@ cdef object _wd128(_Rd* r, object view):
     v4 = _rd_i64(r)
     v5 = _rd_i64(r)
     n7 = _rd_i32(r)
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > r.end - r.pos: _wire_fallback()
         items8 = []
@@ -3204,9 +2958,8 @@ cdef object _wd128(_Rd* r, object view):
             items8.append(_wd120(r, view))
         v6 = items8
     n11 = _rd_i32(r)
-    if n11 < 0:
-        if not (n11 == -1): _wire_fallback()
-        v10 = None
+    if n11 == -1: v10 = None
+    elif n11 < 0: _wire_fallback()
     else:
         if n11 > r.end - r.pos: _wire_fallback()
         v10 = view[r.pos:r.pos + n11]
@@ -3218,23 +2971,17 @@ cdef object _wd129(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd128(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd128(r, view))
+    v3 = items5
     return _wire_class(18)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd130(_Rd* r, object view):
@@ -3242,15 +2989,12 @@ cdef object _wd130(_Rd* r, object view):
     cdef int64_t i5
     v1 = _rd_i32(r)
     n3 = _rd_i32(r)
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            items4.append(_wd129(r, view))
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd129(r, view))
+    v2 = items4
     return _wire_class(19)(v1, 0, 0, v2, [], None)
 
 cdef int _we131(_WireOut w, object o) except -1:
@@ -3325,15 +3069,12 @@ cdef object _wd134(_Rd* r, object view):
     v2 = _rd_i16(r)
     v3 = _rd_i32(r)
     n5 = _rd_i32(r)
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        items6 = []
-        for i7 in range(n5):
-            items6.append(_wd129(r, view))
-        v4 = items6
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    items6 = []
+    for i7 in range(n5):
+        items6.append(_wd129(r, view))
+    v4 = items6
     return _wire_class(19)(v1, v2, v3, v4, [], None)
 
 cdef int _we135(_WireOut w, object o) except -1:
@@ -3363,9 +3104,8 @@ cdef object _wd136(_Rd* r, object view):
     v4 = _rd_i64(r)
     v5 = _rd_i64(r)
     n7 = _rd_i32(r)
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > r.end - r.pos: _wire_fallback()
         items8 = []
@@ -3374,9 +3114,8 @@ cdef object _wd136(_Rd* r, object view):
         v6 = items8
     v10 = _rd_i32(r)
     n12 = _rd_i32(r)
-    if n12 < 0:
-        if not (n12 == -1): _wire_fallback()
-        v11 = None
+    if n12 == -1: v11 = None
+    elif n12 < 0: _wire_fallback()
     else:
         if n12 > r.end - r.pos: _wire_fallback()
         v11 = view[r.pos:r.pos + n12]
@@ -3388,23 +3127,17 @@ cdef object _wd137(_Rd* r, object view):
     cdef int64_t n4
     cdef int64_t i6
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_i32(r)
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd136(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd136(r, view))
+    v3 = items5
     return _wire_class(18)(v1, _ZERO_UUID, v3, None)
 
 cdef object _wd138(_Rd* r, object view):
@@ -3414,15 +3147,12 @@ cdef object _wd138(_Rd* r, object view):
     v2 = _rd_i16(r)
     v3 = _rd_i32(r)
     n5 = _rd_i32(r)
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        items6 = []
-        for i7 in range(n5):
-            items6.append(_wd137(r, view))
-        v4 = items6
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    items6 = []
+    for i7 in range(n5):
+        items6.append(_wd137(r, view))
+    v4 = items6
     return _wire_class(19)(v1, v2, v3, v4, [], None)
 
 cdef int _we139(_WireOut w, object o) except -1:
@@ -3591,9 +3321,8 @@ cdef object _wd146(_Rd* r, object view):
     v4 = _rd_i64(r)
     v5 = _rd_i64(r)
     n7 = _rd_uvarint(r) - 1
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > r.end - r.pos: _wire_fallback()
         items8 = []
@@ -3602,9 +3331,8 @@ cdef object _wd146(_Rd* r, object view):
         v6 = items8
     v10 = _rd_i32(r)
     n12 = _rd_uvarint(r) - 1
-    if n12 < 0:
-        if not (n12 == -1): _wire_fallback()
-        v11 = None
+    if n12 == -1: v11 = None
+    elif n12 < 0: _wire_fallback()
     else:
         if n12 > r.end - r.pos: _wire_fallback()
         v11 = view[r.pos:r.pos + n12]
@@ -3647,24 +3375,18 @@ cdef object _wd147(_Rd* r, object view):
     cdef Py_ssize_t te11
     cdef int64_t i12
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > r.end - r.pos: _wire_fallback()
-        items5 = []
-        for i6 in range(n4):
-            items5.append(_wd146(r, view))
-        v3 = items5
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd146(r, view))
+    v3 = items5
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -3689,15 +3411,12 @@ cdef object _wd148(_Rd* r, object view):
     v2 = _rd_i16(r)
     v3 = _rd_i32(r)
     n5 = _rd_uvarint(r) - 1
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        items6 = []
-        for i7 in range(n5):
-            items6.append(_wd147(r, view))
-        v4 = items6
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    items6 = []
+    for i7 in range(n5):
+        items6.append(_wd147(r, view))
+    v4 = items6
     ut8 = None
     n9 = _rd_uvarint(r)
     for i13 in range(n9):
@@ -3851,15 +3570,12 @@ cdef object _wd155(_Rd* r, object view):
     cdef int64_t i11
     v1 = _rd_uuid(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            items4.append(_wd146(r, view))
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd146(r, view))
+    v2 = items4
     ut6 = None
     n7 = _rd_uvarint(r)
     for i11 in range(n7):
@@ -3884,15 +3600,12 @@ cdef object _wd156(_Rd* r, object view):
     v2 = _rd_i16(r)
     v3 = _rd_i32(r)
     n5 = _rd_uvarint(r) - 1
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        items6 = []
-        for i7 in range(n5):
-            items6.append(_wd155(r, view))
-        v4 = items6
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    items6 = []
+    for i7 in range(n5):
+        items6.append(_wd155(r, view))
+    v4 = items6
     ut8 = None
     n9 = _rd_uvarint(r)
     for i13 in range(n9):
@@ -3951,19 +3664,15 @@ cdef object _wd159(_Rd* r, object view):
     cdef int64_t i12
     v1 = _rd_i32(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > 32767: _wire_fallback()
-        if n3 > r.end - r.pos: _wire_fallback()
-        v2 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n3, NULL)
-        r.pos += n3
+    if n3 < 0: _wire_fallback()
+    if n3 > 32767: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    v2 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n3, NULL)
+    r.pos += n3
     v4 = _rd_i32(r)
     n6 = _rd_uvarint(r) - 1
-    if n6 < 0:
-        if not (n6 == -1): _wire_fallback()
-        v5 = None
+    if n6 == -1: v5 = None
+    elif n6 < 0: _wire_fallback()
     else:
         if n6 > 32767: _wire_fallback()
         if n6 > r.end - r.pos: _wire_fallback()
@@ -3995,15 +3704,12 @@ cdef object _wd160(_Rd* r, object view):
     v2 = _rd_i16(r)
     v3 = _rd_i32(r)
     n5 = _rd_uvarint(r) - 1
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        items6 = []
-        for i7 in range(n5):
-            items6.append(_wd155(r, view))
-        v4 = items6
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    items6 = []
+    for i7 in range(n5):
+        items6.append(_wd155(r, view))
+    v4 = items6
     ut8 = None
     v9 = []
     n10 = _rd_uvarint(r)
@@ -4014,15 +3720,12 @@ cdef object _wd160(_Rd* r, object view):
         te13 = r.pos + sz12
         if tag11 == 0:
             n16 = _rd_uvarint(r) - 1
-            if n16 < 0:
-                if not (False): _wire_fallback()
-                v15 = None
-            else:
-                if n16 > r.end - r.pos: _wire_fallback()
-                items17 = []
-                for i18 in range(n16):
-                    items17.append(_wd159(r, view))
-                v15 = items17
+            if n16 < 0: _wire_fallback()
+            if n16 > r.end - r.pos: _wire_fallback()
+            items17 = []
+            for i18 in range(n16):
+                items17.append(_wd159(r, view))
+            v15 = items17
             v9 = v15
             if r.pos != te13: _wire_fallback()
         else:
@@ -4068,22 +3771,16 @@ cdef object _wd162(_Rd* r, object view):
     cdef int64_t n2
     cdef int64_t n5
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     v3 = _rd_i32(r)
     n5 = _rd_i16(r)
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
-        r.pos += n5
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
+    r.pos += n5
     return _wire_class(22)(v1, v3, v4, None, None)
 
 cdef int _we163(_WireOut w, object o) except -1:
@@ -4114,26 +3811,19 @@ cdef object _wd164(_Rd* r, object view):
     cdef int64_t n5
     cdef int64_t n7
     n2 = _rd_i16(r)
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     v3 = _rd_i32(r)
     n5 = _rd_i16(r)
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > r.end - r.pos: _wire_fallback()
-        v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
-        r.pos += n5
+    if n5 < 0: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
+    r.pos += n5
     n7 = _rd_i16(r)
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > r.end - r.pos: _wire_fallback()
         v6 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n7, NULL)
@@ -4182,28 +3872,21 @@ cdef object _wd166(_Rd* r, object view):
     cdef Py_ssize_t te12
     cdef int64_t i13
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     v3 = _rd_i32(r)
     n5 = _rd_uvarint(r) - 1
-    if n5 < 0:
-        if not (False): _wire_fallback()
-        v4 = None
-    else:
-        if n5 > 32767: _wire_fallback()
-        if n5 > r.end - r.pos: _wire_fallback()
-        v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
-        r.pos += n5
+    if n5 < 0: _wire_fallback()
+    if n5 > 32767: _wire_fallback()
+    if n5 > r.end - r.pos: _wire_fallback()
+    v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
+    r.pos += n5
     n7 = _rd_uvarint(r) - 1
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > 32767: _wire_fallback()
         if n7 > r.end - r.pos: _wire_fallback()
@@ -4317,16 +4000,13 @@ cdef object _wd174(_Rd* r, object view):
     cdef int64_t i12
     v1 = _rd_uuid(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            v6 = _rd_i32(r)
-            items4.append(v6)
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        v6 = _rd_i32(r)
+        items4.append(v6)
+    v2 = items4
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -4356,37 +4036,29 @@ cdef object _wd175(_Rd* r, object view):
     cdef Py_ssize_t te27
     cdef int64_t i28
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > 32767: _wire_fallback()
-        if n4 > r.end - r.pos: _wire_fallback()
-        v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
-        r.pos += n4
+    if n4 < 0: _wire_fallback()
+    if n4 > 32767: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
+    r.pos += n4
     v5 = _rd_i32(r)
     n7 = _rd_uvarint(r) - 1
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > 32767: _wire_fallback()
         if n7 > r.end - r.pos: _wire_fallback()
         v6 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n7, NULL)
         r.pos += n7
     n9 = _rd_uvarint(r) - 1
-    if n9 < 0:
-        if not (n9 == -1): _wire_fallback()
-        v8 = None
+    if n9 == -1: v8 = None
+    elif n9 < 0: _wire_fallback()
     else:
         if n9 > 32767: _wire_fallback()
         if n9 > r.end - r.pos: _wire_fallback()
@@ -4394,17 +4066,15 @@ cdef object _wd175(_Rd* r, object view):
         r.pos += n9
     v10 = _rd_i32(r)
     n12 = _rd_uvarint(r) - 1
-    if n12 < 0:
-        if not (n12 == -1): _wire_fallback()
-        v11 = None
+    if n12 == -1: v11 = None
+    elif n12 < 0: _wire_fallback()
     else:
         if n12 > r.end - r.pos: _wire_fallback()
         items13 = []
         for i14 in range(n12):
             n16 = _rd_uvarint(r) - 1
-            if n16 < 0:
-                if not (n16 == -1): _wire_fallback()
-                v15 = None
+            if n16 == -1: v15 = None
+            elif n16 < 0: _wire_fallback()
             else:
                 if n16 > 32767: _wire_fallback()
                 if n16 > r.end - r.pos: _wire_fallback()
@@ -4413,18 +4083,16 @@ cdef object _wd175(_Rd* r, object view):
             items13.append(v15)
         v11 = items13
     n18 = _rd_uvarint(r) - 1
-    if n18 < 0:
-        if not (n18 == -1): _wire_fallback()
-        v17 = None
+    if n18 == -1: v17 = None
+    elif n18 < 0: _wire_fallback()
     else:
         if n18 > 32767: _wire_fallback()
         if n18 > r.end - r.pos: _wire_fallback()
         v17 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n18, NULL)
         r.pos += n18
     n20 = _rd_uvarint(r) - 1
-    if n20 < 0:
-        if not (n20 == -1): _wire_fallback()
-        v19 = None
+    if n20 == -1: v19 = None
+    elif n20 < 0: _wire_fallback()
     else:
         if n20 > r.end - r.pos: _wire_fallback()
         items21 = []
@@ -4539,37 +4207,29 @@ cdef object _wd177(_Rd* r, object view):
     cdef Py_ssize_t te29
     cdef int64_t i30
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > 32767: _wire_fallback()
-        if n2 > r.end - r.pos: _wire_fallback()
-        v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
-        r.pos += n2
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (False): _wire_fallback()
-        v3 = None
-    else:
-        if n4 > 32767: _wire_fallback()
-        if n4 > r.end - r.pos: _wire_fallback()
-        v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
-        r.pos += n4
+    if n4 < 0: _wire_fallback()
+    if n4 > 32767: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
+    r.pos += n4
     v5 = _rd_i32(r)
     n7 = _rd_uvarint(r) - 1
-    if n7 < 0:
-        if not (n7 == -1): _wire_fallback()
-        v6 = None
+    if n7 == -1: v6 = None
+    elif n7 < 0: _wire_fallback()
     else:
         if n7 > 32767: _wire_fallback()
         if n7 > r.end - r.pos: _wire_fallback()
         v6 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n7, NULL)
         r.pos += n7
     n9 = _rd_uvarint(r) - 1
-    if n9 < 0:
-        if not (n9 == -1): _wire_fallback()
-        v8 = None
+    if n9 == -1: v8 = None
+    elif n9 < 0: _wire_fallback()
     else:
         if n9 > 32767: _wire_fallback()
         if n9 > r.end - r.pos: _wire_fallback()
@@ -4577,17 +4237,15 @@ cdef object _wd177(_Rd* r, object view):
         r.pos += n9
     v10 = _rd_i32(r)
     n12 = _rd_uvarint(r) - 1
-    if n12 < 0:
-        if not (n12 == -1): _wire_fallback()
-        v11 = None
+    if n12 == -1: v11 = None
+    elif n12 < 0: _wire_fallback()
     else:
         if n12 > r.end - r.pos: _wire_fallback()
         items13 = []
         for i14 in range(n12):
             n16 = _rd_uvarint(r) - 1
-            if n16 < 0:
-                if not (n16 == -1): _wire_fallback()
-                v15 = None
+            if n16 == -1: v15 = None
+            elif n16 < 0: _wire_fallback()
             else:
                 if n16 > 32767: _wire_fallback()
                 if n16 > r.end - r.pos: _wire_fallback()
@@ -4596,27 +4254,24 @@ cdef object _wd177(_Rd* r, object view):
             items13.append(v15)
         v11 = items13
     n18 = _rd_uvarint(r) - 1
-    if n18 < 0:
-        if not (n18 == -1): _wire_fallback()
-        v17 = None
+    if n18 == -1: v17 = None
+    elif n18 < 0: _wire_fallback()
     else:
         if n18 > 32767: _wire_fallback()
         if n18 > r.end - r.pos: _wire_fallback()
         v17 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n18, NULL)
         r.pos += n18
     n20 = _rd_uvarint(r) - 1
-    if n20 < 0:
-        if not (n20 == -1): _wire_fallback()
-        v19 = None
+    if n20 == -1: v19 = None
+    elif n20 < 0: _wire_fallback()
     else:
         if n20 > 32767: _wire_fallback()
         if n20 > r.end - r.pos: _wire_fallback()
         v19 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n20, NULL)
         r.pos += n20
     n22 = _rd_uvarint(r) - 1
-    if n22 < 0:
-        if not (n22 == -1): _wire_fallback()
-        v21 = None
+    if n22 == -1: v21 = None
+    elif n22 < 0: _wire_fallback()
     else:
         if n22 > r.end - r.pos: _wire_fallback()
         items23 = []
@@ -4732,16 +4387,13 @@ cdef object _wd179(_Rd* r, object view):
     cdef int64_t i12
     v1 = _rd_uuid(r)
     n3 = _rd_uvarint(r) - 1
-    if n3 < 0:
-        if not (False): _wire_fallback()
-        v2 = None
-    else:
-        if n3 > r.end - r.pos: _wire_fallback()
-        items4 = []
-        for i5 in range(n3):
-            v6 = _rd_i32(r)
-            items4.append(v6)
-        v2 = items4
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        v6 = _rd_i32(r)
+        items4.append(v6)
+    v2 = items4
     ut7 = None
     n8 = _rd_uvarint(r)
     for i12 in range(n8):
@@ -4763,15 +4415,12 @@ cdef object _wd180(_Rd* r, object view):
     cdef Py_ssize_t te9
     cdef int64_t i10
     n2 = _rd_uvarint(r) - 1
-    if n2 < 0:
-        if not (False): _wire_fallback()
-        v1 = None
-    else:
-        if n2 > r.end - r.pos: _wire_fallback()
-        items3 = []
-        for i4 in range(n2):
-            items3.append(_wd179(r, view))
-        v1 = items3
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd179(r, view))
+    v1 = items3
     ut5 = None
     n6 = _rd_uvarint(r)
     for i10 in range(n6):
@@ -4795,18 +4444,16 @@ cdef object _wd181(_Rd* r, object view):
     v1 = _rd_i32(r)
     v2 = _rd_i16(r)
     n4 = _rd_uvarint(r) - 1
-    if n4 < 0:
-        if not (n4 == -1): _wire_fallback()
-        v3 = None
+    if n4 == -1: v3 = None
+    elif n4 < 0: _wire_fallback()
     else:
         if n4 > 32767: _wire_fallback()
         if n4 > r.end - r.pos: _wire_fallback()
         v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
         r.pos += n4
     n6 = _rd_uvarint(r) - 1
-    if n6 < 0:
-        if not (n6 == -1): _wire_fallback()
-        v5 = None
+    if n6 == -1: v5 = None
+    elif n6 < 0: _wire_fallback()
     else:
         if n6 > 32767: _wire_fallback()
         if n6 > r.end - r.pos: _wire_fallback()

@@ -64,7 +64,7 @@ class _UnboundedPool:
     is_out_of_memory = False
 
     def try_allocate(self, size_bytes):
-        return bytearray(size_bytes)
+        return _core.unfilled_bytearray(size_bytes)     # its reader fills it whole before anyone looks
 
     def release(self, buf):
         """Accepts anything, None included: there is nothing to account."""

@@ -609,3 +609,15 @@ def test_pool_keeps_large_allocations_elsewhere_off_fresh_mappings(tmp_path):
     result = subprocess.run([sys.executable, "-c", MALLOC_SCRIPT], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert int(result.stdout) == 0
+
+
+def test_unbounded_pool_gives_unfilled_writable_buffers_of_the_size_asked():
+    """NONE's buffers are not zeroed (a receive fills them whole), but are the size asked and writable."""
+    from kmem import _core
+
+    first, second = NONE.try_allocate(1 << 20), NONE.try_allocate(0)
+    assert (type(first), len(first), len(second)) == (bytearray, 1 << 20, 0)
+    first[-3:] = b"end"
+    assert bytes(first[-3:]) == b"end"
+    with pytest.raises(InvalidArgumentError):
+        _core.unfilled_bytearray(-1)

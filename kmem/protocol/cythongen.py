@@ -143,11 +143,13 @@ def _decode_length(body, field, flexible, indent, wide):
 
 
 def _decode_null(body, field, version, length, target, indent):
-    """``if length < 0``: None where the field is nullable, else the reference's refusal."""
-    condition = f"{length} == -1" if field.is_nullable(version) else "False"
-    body.emit(indent, f"if {length} < 0:")
-    body.emit(indent + 1, f"if not ({condition}): _wire_fallback()")
-    body.emit(indent + 1, f"{target} = None")
+    """A negative length: -1 is None where the field is nullable, anything else the reference's refusal.
+    Returns the indent of the code for a length of 0 or more."""
+    if not field.is_nullable(version):
+        body.emit(indent, f"if {length} < 0: _wire_fallback()")
+        return indent
+    body.emit(indent, f"if {length} == -1: {target} = None")
+    body.emit(indent, f"elif {length} < 0: _wire_fallback()")
     body.emit(indent, "else:")
     return indent + 1
 
