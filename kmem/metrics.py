@@ -114,9 +114,17 @@ def broker_topic_stats():
     return Tallies(len(BROKER_TOPIC_METERS))
 
 
+# Kafka's RequestMetrics timers, in the order of an API's row of ``request_times`` after its count of requests
+# (nanoseconds): from the request read to its response sent, and the parts of that (Kafka's RequestChannel
+# marks): waiting for an io thread, handled, parked in a purgatory, the response waiting for the network
+# thread (and, parked, its build there), the response being written.
+REQUEST_TIMES = ("TotalTimeMs", "RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs", "ResponseQueueTimeMs",
+                 "ResponseSendTimeMs")
+
+
 def request_times():
-    """The tallies of Kafka's ``RequestMetrics`` ``TotalTimeMs``: a row per API key, [requests, nanoseconds]."""
-    return Tallies(2)
+    """The tallies of Kafka's ``RequestMetrics`` times: a row per API key, [requests, *REQUEST_TIMES in ns]."""
+    return Tallies(1 + len(REQUEST_TIMES))
 
 
 # Kafka sensor name -> (Prometheus name, kind, help, scale to base units)
@@ -269,7 +277,7 @@ class BrokerCollector:
         for (api_key, version), count in sorted(self._broker.requests_served.items()):
             requests.add_metric([ApiKey(api_key).message_name, str(version)], count)
         yield requests
-        yield self._request_times()
+        yield from self._request_times()
         yield from self._broker_topic_metrics()
         families = {name: GaugeMetricFamily(f"kafka_log_log_{name}", text, labels=["topic", "partition"])
                     for name, text in (("size", "Bytes of the partition's segments"),
@@ -298,18 +306,21 @@ class BrokerCollector:
             yield transactions
 
     def _request_times(self):
+        """``RequestMetrics``' timers of each API as summaries (count and sum in ms), as the JMX exporter gives
+        a Kafka timer's count."""
         from prometheus_client.core import SummaryMetricFamily
 
         from kmem.protocol import ApiKey
 
-        times = SummaryMetricFamily("kafka_network_requestmetrics_totaltimems",
-                                    "Requests and their time in ms from their dispatch to their response queued, "
-                                    "by API", labels=["request"])
         server = self._broker.server
-        for api_key, (count, total_ns) in sorted(server.handler.request_times.totals().items()
-                                                 if server is not None else ()):
-            times.add_metric([ApiKey(api_key).message_name], count_value=count, sum_value=total_ns / 1e6)
-        return times
+        totals = sorted(server.handler.request_times.totals().items()) if server is not None else ()
+        for index, timer in enumerate(REQUEST_TIMES):
+            family = SummaryMetricFamily(f"kafka_network_requestmetrics_{timer.lower()}",
+                                         f"RequestMetrics' {timer}: requests and their time in ms, by API",
+                                         labels=["request"])
+            for api_key, row in totals:
+                family.add_metric([ApiKey(api_key).message_name], count_value=row[0], sum_value=row[1 + index] / 1e6)
+            yield family
 
     def _broker_topic_metrics(self):
         """``BrokerTopicMetrics``' counts per topic (existing topics: a deleted one's are dropped) and, without a
