@@ -281,15 +281,19 @@ class BrokerCollector:
         yield from self._broker_topic_metrics()
         families = {name: GaugeMetricFamily(f"kafka_log_log_{name}", text, labels=["topic", "partition"])
                     for name, text in (("size", "Bytes of the partition's segments"),
+                                       ("numlogsegments", "The partition's segments"),
                                        ("logstartoffset", "The partition's log start offset"),
                                        ("logendoffset", "The partition's log end offset"))}
         logs = self._broker.logs
         for (topic, partition), log in sorted(logs.partitions().items() if logs is not None else ()):
             labels = [topic, str(partition)]
             families["size"].add_metric(labels, log.size_in_bytes)
+            families["numlogsegments"].add_metric(labels, len(log.segments))
             families["logstartoffset"].add_metric(labels, log.log_start_offset)
             families["logendoffset"].add_metric(labels, log.log_end_offset)
         yield from families.values()
+        if logs is not None:
+            yield from self._log_flushes_and_cleaner(logs)
         purgatory = GaugeMetricFamily("kafka_server_delayedoperationpurgatory_purgatorysize",
                                       "Requests waiting in a purgatory", labels=["delayedOperation"])
         if self._broker.handlers is not None:
@@ -321,6 +325,28 @@ class BrokerCollector:
             for api_key, row in totals:
                 family.add_metric([ApiKey(api_key).message_name], count_value=row[0], sum_value=row[1 + index] / 1e6)
             yield family
+
+    @staticmethod
+    def _log_flushes_and_cleaner(logs):
+        """``LogFlushStats``' flush timer (a summary: flushes and their time in ms), the ``LogCleaner`` and
+        ``LogCleanerManager`` gauges."""
+        from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+
+        count, total_ns = logs.flush_stats.totals().get(None, (0, 0))
+        yield SummaryMetricFamily("kafka_log_logflushstats_logflushrateandtimems",
+                                  "LogFlushStats' LogFlushRateAndTimeMs: log flushes (fsyncs) and their time in ms",
+                                  count_value=count, sum_value=total_ns / 1e6)
+        cleaner = logs.cleaner.metrics
+        for name in ("max-clean-time-secs", "cleaner-recopy-percent", "max-buffer-utilization-percent",
+                     "max-compaction-delay-secs"):
+            yield GaugeMetricFamily("kafka_log_logcleaner_" + name.replace("-", "_"), f"LogCleaner's {name}",
+                                    value=cleaner[name])
+        yield GaugeMetricFamily("kafka_log_logcleanermanager_max_dirty_percent", "LogCleanerManager's "
+                                "max-dirty-percent", value=cleaner["max-dirty-percent"])
+        uncleanable = GaugeMetricFamily("kafka_log_logcleanermanager_uncleanable_partitions_count",
+                                        "LogCleanerManager's uncleanable-partitions-count", labels=["logDirectory"])
+        uncleanable.add_metric([logs.log_dir], cleaner["uncleanable-partitions-count"])
+        yield uncleanable
 
     def _broker_topic_metrics(self):
         """``BrokerTopicMetrics``' counts per topic (existing topics: a deleted one's are dropped) and, without a

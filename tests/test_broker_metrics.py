@@ -260,6 +260,37 @@ def test_the_requests_of_a_sasl_client_are_timed_the_apiversions_before_its_hand
         assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="ApiVersions") >= 1
 
 
+def test_log_segments_flushes_and_the_cleaner_are_measured(tmp_path):
+    """Each roll's flush counts in LogFlushRateAndTimeMs, NumLogSegments follows the segments on disk and a
+    compacted topic's pass shows in the LogCleaner gauges."""
+    with Broker(tmp_path, properties={"metrics.port": 0, "log.cleaner.backoff.ms": 50}) as broker:
+        broker.logs.create_topic("rolled", 1, {"segment.bytes": 2000})
+        broker.logs.create_topic("compacted", 1, {"segment.bytes": 2000, "cleanup.policy": "compact",
+                                                  "min.cleanable.dirty.ratio": 0.01})
+        text = scrape(broker)
+        assert value(text, "kafka_log_logflushstats_logflushrateandtimems_count") == 0
+        assert value(text, "kafka_log_log_numlogsegments", topic="rolled", partition=0) == 1
+        assert value(text, "kafka_log_logcleanermanager_uncleanable_partitions_count",
+                     logDirectory=broker.log_dir) == 0
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+        for i in range(40):
+            for topic in ("rolled", "compacted"):
+                producer.produce(topic, b"x" * 100, key=b"k%d" % (i % 2))
+            assert producer.flush(30) == 0                      # a batch each: the segments roll
+        segments = len([f for f in os.listdir(os.path.join(broker.log_dir, "rolled-0")) if f.endswith(".log")])
+        assert segments > 1
+        # the rolls' flushes run on the flusher thread, the pass on the cleaner's
+        text = wait_for(lambda: (text := scrape(broker)) and value(
+            text, "kafka_log_logcleaner_cleaner_recopy_percent") > 0 and value(
+            text, "kafka_log_logflushstats_logflushrateandtimems_count") >= segments - 1 and text,
+            "the rolls flushed and a cleaner pass")
+        assert value(text, "kafka_log_logflushstats_logflushrateandtimems_sum") > 0
+        for gauge in ("kafka_log_logcleaner_max_buffer_utilization_percent", "kafka_log_logcleaner_max_clean_time_secs",
+                      "kafka_log_logcleanermanager_max_dirty_percent"):
+            assert value(text, gauge) is not None, gauge
+        assert value(text, "kafka_log_log_numlogsegments", topic="rolled", partition=0) == segments
+
+
 def test_a_consumer_protocol_groups_members_and_lag(tmp_path):
     """KIP-848's groups (group.protocol=consumer) are reported as the classic ones: members and lag."""
     with Broker(tmp_path, properties={"metrics.port": 0}) as broker:
