@@ -308,6 +308,30 @@ class BrokerCollector:
             for state, count in self._broker.transactions.state_counts().items():
                 transactions.add_metric([state], count)
             yield transactions
+        if self._broker.telemetry is not None:
+            yield from self._client_metrics()
+
+    def _client_metrics(self):
+        """The metrics the clients pushed (KIP-714, ``kmem.broker.telemetry``), under their OpenTelemetry names
+        made Prometheus names, labelled by ``client_instance_id``, ``client_id`` and the points' attributes: a
+        family per name (of the kind it first came as), a histogram as its count and sum."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": SummaryMetricFamily}
+        families = {}
+        for instance_id, client_id, series in self._broker.telemetry.samples():
+            for name, kind, attributes, value in series:
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = kinds[kind](name, f"{name}, as the client pushed it (KIP-714)")
+                labels = {**attributes, "client_instance_id": instance_id, "client_id": client_id}
+                if family.type == "summary":
+                    if kind == "histogram":
+                        family.add_sample(name + "_count", labels, value[0])
+                        family.add_sample(name + "_sum", labels, value[1])
+                elif kind != "histogram":
+                    family.add_sample(family.name + ("_total" if family.type == "counter" else ""), labels, value)
+        yield from families.values()
 
     def _request_times(self):
         """``RequestMetrics``' timers of each API as summaries (count and sum in ms), as the JMX exporter gives

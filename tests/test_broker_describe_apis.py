@@ -106,7 +106,7 @@ def test_a_log_dir_that_cannot_be_read_is_a_storage_error(broker, monkeypatch):
     def unreadable(path):
         raise FileNotFoundError(2, "No such file or directory", path)
     monkeypatch.setattr(os, "statvfs", unreadable)
-    admin = AdminHandlers(broker.logs, broker.node_id, broker.endpoint)
+    admin = broker.admin
     response = admin.describe_log_dirs(None, request_class(ApiKey.DESCRIBE_LOG_DIRS)(topics=None))
     [result] = response.results
     assert (result.error_code, result.topics) == (ErrorCode.KAFKA_STORAGE_ERROR, [])

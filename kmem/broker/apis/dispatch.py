@@ -49,6 +49,7 @@ from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.quotas import (CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager,
                                 ControllerMutationQuotaManager)
+from kmem.broker.telemetry import TELEMETRY_VERSIONS
 from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
 from kmem.metrics import REQUEST_TIMES, request_times
@@ -101,6 +102,27 @@ def _client_address(request):
     return java_host_address(_client_host(request)[1:])
 
 
+def _remember_client_software(request, body):
+    """An ApiVersions v3+'s client software name and version (KIP-511), kept with the connection as Kafka's
+    ``ClientInformation``: KIP-714's subscriptions match them."""
+    channel = request.processor.selector.channel(request.connection_id)
+    if channel is not None:
+        channel.client_software = (body.client_software_name or "", body.client_software_version or "")
+
+
+def _telemetry_client(request, header):
+    """What KIP-714's ``match`` selectors see of the client of a request (Kafka's
+    ``ClientMetricsInstanceMetadata``)."""
+    channel = request.processor.selector.channel(request.connection_id)
+    try:
+        address, port = channel.transport.sock.getpeername()[:2]
+    except (AttributeError, OSError):
+        address, port = "", ""
+    name, version = channel.client_software if channel is not None else ("", "")
+    return {"client_id": header.client_id or "", "client_software_name": name, "client_software_version": version,
+            "client_source_address": java_host_address(address), "client_source_port": str(port)}
+
+
 def java_host_address(ip):
     """``ip`` as Java's ``InetAddress.getHostAddress`` writes it: an IPv6 address in full, each group without
     leading zeros and no scope (``0:0:0:0:0:0:0:1``), an IPv4-mapped one as IPv4; IPv4 as it is."""
@@ -129,7 +151,7 @@ class RequestDispatcher:
     goes (``Request.measure``)."""
 
     def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None,
-                 quotas=None, quota_window=(11, 1)):
+                 quotas=None, quota_window=(11, 1), telemetry=None):
         self.handlers = handlers
         self.checks = None if authorizer is None else RequestChecks(authorizer, handlers.logs)
         self.coordinator = coordinator
@@ -154,6 +176,9 @@ class RequestDispatcher:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
         if scram_admin is not None:
             self._methods.update({key: getattr(scram_admin, name) for key, name in SCRAM_APIS.items()})
+        if telemetry is not None:
+            self._methods[ApiKey.GET_TELEMETRY_SUBSCRIPTIONS] = telemetry.get_subscriptions
+            self._methods[ApiKey.PUSH_TELEMETRY] = telemetry.push
 
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka
@@ -278,7 +303,11 @@ class RequestDispatcher:
             response = self.transactions.end_txn(header, body, write_markers=request.after_response)
         elif header.api_key in ENDPOINT_APIS:
             response = self._methods[header.api_key](header, body, request.listener_name)
+        elif header.api_key in TELEMETRY_VERSIONS:
+            response = self._methods[header.api_key](header, body, _telemetry_client(request, header))
         else:
+            if header.api_key == ApiKey.API_VERSIONS and header.api_version >= 3:
+                _remember_client_software(request, body)
             response = self._methods[header.api_key](header, body)
         if isinstance(response, (DelayedFetch, DelayedResponse)):
             return response if finish is None else _Finishing(response, finish)
