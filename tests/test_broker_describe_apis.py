@@ -11,7 +11,6 @@ import pytest
 from broker_helpers import RawConnection
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from kmem.broker import Broker
-from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.authorized import TOPIC_OPERATIONS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.log.checkpoints import uuid_bytes
