@@ -212,8 +212,9 @@ def test_request_times_run_from_the_read_to_the_response_sent_in_kafkas_parts(tm
         broker.logs.create_topic("quiet", 1)
         with RawConnection(broker.bootstrap_servers) as raw:
             assert fetch_batch(raw, "quiet", 0, max_wait_ms=300).responses[0].partitions[0].records in (b"", None)
-        text = scrape(broker)
-        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1
+        # timed once its response is sent, which the client can see just before
+        text = wait_for(lambda: (text := scrape(broker)) and value(
+            text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1 and text, "the Fetch timed")
         assert 300 <= value(text, "kafka_network_requestmetrics_totaltimems_sum", request="Fetch") < 30_000
         # the purgatory's deadline runs from the request's dispatch: its local time is within the 300 ms
         local = value(text, "kafka_network_requestmetrics_localtimems_sum", request="Fetch")
