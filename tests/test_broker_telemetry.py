@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 from broker_helpers import RawConnection, wait_for
 from kmem.broker import Broker
 from kmem.broker.codes import ErrorCode
-from kmem.broker.telemetry import CLIENT_METRICS_RESOURCE, MAX_DECOMPRESSED_BYTES
+from kmem.broker.telemetry import CLIENT_METRICS_RESOURCE, MAX_DECOMPRESSED_BYTES, MAX_SERIES
 from kmem.protocol import ApiKey, messages
 from kmem.records.codecs import GZIP, ZSTD, compress
 from test_broker_metrics import scrape, value
@@ -65,16 +65,17 @@ def push_when_due(raw, subscription, payload, compression=0):
                     != ErrorCode.THROTTLING_QUOTA_EXCEEDED and [code], "a push an interval after the last")[0]
 
 
-def otlp(name="org.apache.kafka.client.test.requests", value=7, monotonic=True):
-    """An OTLP MetricsData of one sum with a ``node.id`` attribute."""
+def otlp(name="org.apache.kafka.client.test.requests", value=7, monotonic=True, nodes=1):
+    """An OTLP MetricsData of one sum with a point per ``node.id`` attribute (0 to ``nodes`` - 1)."""
     data = metrics_pb2.MetricsData()
     metric = data.resource_metrics.add().scope_metrics.add().metrics.add()
     metric.name = name
     metric.sum.is_monotonic = monotonic
     metric.sum.aggregation_temporality = metrics_pb2.AGGREGATION_TEMPORALITY_CUMULATIVE
-    point = metric.sum.data_points.add()
-    point.as_int = value
-    point.attributes.append(common_pb2.KeyValue(key="node.id", value=common_pb2.AnyValue(string_value="0")))
+    for node in range(nodes):
+        point = metric.sum.data_points.add()
+        point.as_int = value
+        point.attributes.append(common_pb2.KeyValue(key="node.id", value=common_pb2.AnyValue(string_value=str(node))))
     return data.SerializeToString()
 
 
@@ -169,6 +170,12 @@ def test_pushes_kafka_refuses_are_refused_with_its_error_codes(broker):
         for answer, payload, compression, code in cases:
             assert push_when_due(raw, answer, payload, compression) == code, code
         assert push(raw, subscription, otlp(), instance_id=uuid.UUID(int=0)) == ErrorCode.INVALID_REQUEST
+        # a push of more series than a client may show: the first MAX_SERIES are
+        assert push_when_due(raw, subscription, compress(ZSTD, otlp(value=8, nodes=MAX_SERIES + 5), 2), ZSTD) \
+            == ErrorCode.NONE
+        shown = [line for line in scrape(broker).splitlines()
+                 if line.startswith("org_apache_kafka_client_test_requests_total{")]
+        assert len(shown) == MAX_SERIES and all(line.endswith(" 8.0") for line in shown)
         # a terminating push is taken at once; nothing is taken after it
         assert push(raw, subscription, otlp(value=9), terminating=True) == ErrorCode.NONE
         assert value(scrape(broker), "org_apache_kafka_client_test_requests_total", client_id="raw",

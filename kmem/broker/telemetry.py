@@ -19,8 +19,8 @@ again), sooner than its interval after the last (THROTTLING_QUOTA_EXCEEDED), lar
 (TELEMETRY_TOO_LARGE), compressed otherwise (UNSUPPORTED_COMPRESSION_TYPE), after the client said it was
 terminating or without a client instance id (INVALID_REQUEST), or not a decodable OTLP ``MetricsData`` (INVALID_RECORD).
 The metrics of a push replace that client's previous ones; ``samples()`` gives them to the Prometheus endpoint
-labelled by ``client_instance_id`` and ``client_id``. A client silent for three of its intervals is forgotten,
-and at most ``MAX_CLIENTS`` are held (the least recently heard from goes first).
+labelled by ``client_instance_id`` and ``client_id`` (at most ``MAX_SERIES`` a client). A client silent for three
+of its intervals is forgotten, and at most ``MAX_CLIENTS`` are held (the least recently heard from goes first).
 """
 import collections
 import logging
@@ -51,6 +51,7 @@ ACCEPTED_COMPRESSION_TYPES = (4, 3, 1, 2)
 NO_COMPRESSION = 0
 MAX_DECOMPRESSED_BYTES = 32 << 20     # what a push may expand to (a small payload must not become gigabytes)
 MAX_CLIENTS = 16_384
+MAX_SERIES = 10_000         # the series a client's push may show (a client's metrics are some hundreds)
 SUBSCRIPTIONS_FILE = "client_metrics.json"
 ZERO_UUID = uuid.UUID(int=0)
 _PROMETHEUS_NAME = re.compile(r"[^a-zA-Z0-9_:]")
@@ -306,6 +307,9 @@ class ClientTelemetry:
                     if wanted is not None and not metric.name.startswith(wanted):
                         continue
                     series += _series(metric)
+        if len(series) > MAX_SERIES:
+            log.warning("a client pushed %d series: the first %d are shown", len(series), MAX_SERIES)
+            del series[MAX_SERIES:]
         return series
 
     def samples(self):
