@@ -6,8 +6,9 @@ headers shown as UTF-8, JSON or hex) with a form that produces a message, the co
 (members, committed offsets and lag per partition, computed as ``kafka-consumer-groups`` computes it), the
 transactions the brokers' coordinators hold (ListTransactions), and live charts: bytes in and out and requests per
 second from the broker's Prometheus endpoint when the console is given its URL (kmem broker's ``metrics.port``, or
-Kafka's JMX exporter), else the messages appended per second, from the partitions' offsets. It speaks to the broker as a Kafka client, with the
-admin tools' client properties (TLS, SASL), and binds to 127.0.0.1 unless told otherwise. A page the broker
+Kafka's JMX exporter), else the messages appended per second, from the partitions' offsets. It speaks to the
+broker as a Kafka client, with the admin tools' client properties (TLS, SASL), and binds to 127.0.0.1 unless told
+otherwise. A page the broker
 cannot answer says why (an unknown topic, a malformed offset, a broker gone), never a traceback.
 """
 import binascii

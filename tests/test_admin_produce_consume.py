@@ -254,7 +254,8 @@ def test_no_broker_is_one_line_and_exit_3(capsys, monkeypatch, command):
 
 @pytest.mark.parametrize("command, options", [
     ("produce", ["--topic", "--property", "parse.key", "--rate", "--partition", "--command-config"]),
-    ("consume", ["--topic", "--from-beginning", "--from-timestamp", "--offset", "--group", "--max-messages", "--timeout-ms",
+    ("consume", ["--topic", "--from-beginning", "--from-timestamp", "--offset", "--group", "--max-messages",
+                 "--timeout-ms",
                  "--isolation-level", "print.headers", "--command-config"]),
     ("configs", ["--entity-type", "--entity-name", "--entity-default", "--describe", "--alter", "--add-config",
                  "--delete-config", "--all", "--command-config"]),

@@ -1,6 +1,6 @@
 """``kmem configs``: Kafka's ``kafka-configs.sh`` (its ``ConfigCommand``) for topics, brokers and client metrics
-subscriptions (KIP-714) over any Kafka broker: --describe (DescribeConfigs) and --alter with --add-config / --delete-config (IncrementalAlterConfigs,
-KIP-339), with its options and output lines."""
+subscriptions (KIP-714) over any Kafka broker: --describe (DescribeConfigs) and --alter with --add-config /
+--delete-config (IncrementalAlterConfigs, KIP-339), with its options and output lines."""
 import re
 
 from kmem.admin.commands import BAD_ARGUMENTS, CommandError

@@ -224,8 +224,8 @@ class Request:
 
     def measure(self, tallies, key):
         """Tally this request's times, once its response is sent, into row ``key`` of ``tallies`` (a
-        ``kmem.metrics.request_times()``: the count, then the times of ``kmem.metrics.REQUEST_TIMES``): Kafka's ``RequestMetrics`` ``TotalTimeMs`` and
-        its parts. Called by the handler, on the network thread."""
+        ``kmem.metrics.request_times()``: the count, then the times of ``kmem.metrics.REQUEST_TIMES``): Kafka's
+        ``RequestMetrics`` ``TotalTimeMs`` and its parts. Called by the handler, on the network thread."""
         self._tallies, self._metrics_key = tallies, key
         self.processor.measured[self.connection_id] = self
 

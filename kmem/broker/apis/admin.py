@@ -215,7 +215,8 @@ class AdminHandlers:
         if resource_type == CLIENT_METRICS_RESOURCE:
             if not name:
                 raise _Refused(ErrorCode.INVALID_REQUEST, "a client metrics subscription's name must not be empty")
-            return {key: (value, CLIENT_METRICS_CONFIG, None) for key, value in self.client_metrics.configs(name).items()}
+            return {key: (value, CLIENT_METRICS_CONFIG, None)
+                    for key, value in self.client_metrics.configs(name).items()}
         raise _Refused(ErrorCode.INVALID_REQUEST,
                        f"resource type {resource_type} is not served (topics 2, the broker 4, client metrics 16)")
 
