@@ -235,7 +235,7 @@ def chart_svg(key, points, now, width=360, height=140):
     """An SVG line chart of ``points`` ([(seconds, rate)]) up to ``now``, over the time they cover (10 seconds at
     least, the ``CHART_POINTS`` * 2 seconds kept at most), each point marked; ``data-latest`` is the latest rate,
     ``data-points`` how many there are."""
-    from markupsafe import escape
+    from html import escape
 
     title, unit = CHARTS[key]
     span = min(CHART_POINTS * 2.0, max(now - points[0][0] if points else 0.0, 10.0))
