@@ -3,17 +3,23 @@
 Pages: the topics (partitions, records, bytes on disk where the broker answers DescribeLogDirs), a topic
 (its partitions' offsets and its configs), a message browser (a partition from an offset, keys, values and
 headers shown as UTF-8, JSON or hex) with a form that produces a message, the consumer groups and a group
-(members, committed offsets and lag per partition, computed as ``kafka-consumer-groups`` computes it), and the
-transactions the brokers' coordinators hold (ListTransactions). It speaks to the broker as a Kafka client, with the
-admin tools' client properties (TLS, SASL), and binds to 127.0.0.1 unless told otherwise. A page the broker
+(members, committed offsets and lag per partition, computed as ``kafka-consumer-groups`` computes it), the
+transactions the brokers' coordinators hold (ListTransactions), and live charts: bytes in and out and requests per
+second from the broker's Prometheus endpoint when the console is given its URL (kmem broker's ``metrics.port``, or
+Kafka's JMX exporter), else the messages appended per second, from the partitions' offsets. It speaks to the
+broker as a Kafka client, with the admin tools' client properties (TLS, SASL), and binds to 127.0.0.1 unless told
+otherwise. A page the broker
 cannot answer says why (an unknown topic, a malformed offset, a broker gone), never a traceback.
 """
 import binascii
+import collections
 import json
 import logging
 import re
 import threading
 import time
+import urllib.error
+import urllib.request
 
 from kmem.errors import KmemError
 
@@ -24,6 +30,16 @@ MAX_MESSAGES = 500          # the most a browser page shows
 LATEST, EARLIEST = -1, -2   # ListOffsets' timestamps
 TOPIC_RESOURCE, DEFAULT_CONFIG = 2, 5
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")     # shown escaped: a page cannot show them
+CHART_POINTS = 150          # the rates a chart keeps: 5 minutes at the page's refresh every 2 s
+SAMPLE_SECONDS = 1.0        # the least time between two samples (several pages open share them)
+# the counters the live charts follow, by the names the Prometheus JMX exporter gives Kafka's MBeans (kmem
+# broker's endpoint uses them): the sample without a topic label is BrokerTopicMetrics' all-topics meter
+COUNTERS = {"bytes_in": "kafka_server_brokertopicmetrics_bytesin_total",
+            "bytes_out": "kafka_server_brokertopicmetrics_bytesout_total",
+            "requests": "kafka_network_requestmetrics_requests_total"}
+CHARTS = {"bytes_in": ("Bytes in", "B/s"), "bytes_out": ("Bytes out", "B/s"), "requests": ("Requests", "/s"),
+          "messages_in": ("Messages in", "/s")}
+_SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][\w:]*)(\{[^}]*\})?\s+(\S+)", re.M)
 
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{{ title }} · kmem console</title>
@@ -37,9 +53,11 @@ th, td { border-bottom: 1px solid #d8dce5; padding: .3em .8em; text-align: left;
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 pre { margin: 0; white-space: pre-wrap; word-break: break-all; max-width: 60em; }
 .error { background: #fde8e8; border: 1px solid #e0a0a0; padding: .8em; }
+#charts { display: flex; flex-wrap: wrap; gap: 1.5em; }
+figure.chart { margin: 0; }
 </style></head>
 <body><header><strong>kmem console</strong> &nbsp; <a href="/">Topics</a><a href="/groups">Consumer groups</a>
-<a href="/transactions">Transactions</a>
+<a href="/transactions">Transactions</a><a href="/live">Live</a>
 <span id="broker">{{ bootstrap }}</span></header>
 <main><h1>{{ title }}</h1>{% block body %}{% endblock %}</main></body></html>"""
 
@@ -107,6 +125,18 @@ GROUP = """{% extends "page" %}{% block body %}
 <td class="n">{{ r.log_end }}</td><td class="n">{{ r.lag }}</td><td>{{ r.member }}</td></tr>{% endfor %}</table>
 <p>Total lag <strong id="total-lag">{{ total_lag }}</strong></p>{% endblock %}"""
 
+LIVE = """{% extends "page" %}{% block body %}
+<p>{{ source }} Refreshed every 2 seconds while this page is open.</p>
+<div id="charts">{{ charts|safe }}</div>
+<script>
+setInterval(async () => {
+  try {
+    const answer = await fetch("/live/charts");
+    if (answer.ok) document.getElementById("charts").innerHTML = await answer.text();
+  } catch (e) {}
+}, 2000);
+</script>{% endblock %}"""
+
 ERROR = """{% extends "page" %}{% block body %}<p class="error">{{ message }}</p>{% endblock %}"""
 
 
@@ -144,15 +174,99 @@ def _whole(text, what, lowest):
     return value
 
 
+def counters_of(text):
+    """``{counter: value}`` of ``COUNTERS`` in a Prometheus text page: BrokerTopicMetrics' all-topics sample (the
+    per-topic ones summed where there is none), the requests summed over their APIs and versions."""
+    per_topic, totals = {}, {}
+    names = {name: key for key, name in COUNTERS.items()}
+    for name, labels, number in _SAMPLE_LINE.findall(text):
+        key = names.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(number)
+        except ValueError:
+            continue
+        if key == "requests" or labels in ("", "{}"):
+            totals[key] = totals.get(key, 0.0) + value
+        else:
+            per_topic[key] = per_topic.get(key, 0.0) + value
+    return {key: totals.get(key, per_topic.get(key)) for key in COUNTERS if key in totals or key in per_topic}
+
+
+class Rates:
+    """Counters sampled over time (``add``), and the rate of each between consecutive samples (``series``): at
+    most ``CHART_POINTS`` of them. A counter that went down (the broker restarted) starts again from there."""
+
+    def __init__(self):
+        self._samples = collections.deque(maxlen=CHART_POINTS + 1)      # (seconds, {counter: value})
+        self._lock = threading.Lock()
+
+    def add(self, at, counters):
+        """Keep a sample taken at ``at`` (seconds), unless the last is less than ``SAMPLE_SECONDS`` old."""
+        with self._lock:
+            if self._samples and at - self._samples[-1][0] < SAMPLE_SECONDS:
+                return
+            self._samples.append((at, counters))
+
+    def due(self, at):
+        with self._lock:
+            return not self._samples or at - self._samples[-1][0] >= SAMPLE_SECONDS
+
+    def series(self, counter):
+        """``[(seconds, rate per second)]`` of ``counter``."""
+        with self._lock:
+            samples = list(self._samples)
+        rates = []
+        for (before, old), (after, new) in zip(samples, samples[1:]):
+            if counter in old and counter in new and new[counter] >= old[counter]:
+                rates.append((after, (new[counter] - old[counter]) / (after - before)))
+        return rates
+
+
+def _quantity(value, unit):
+    for factor, prefix in ((1 << 30, "Gi"), (1 << 20, "Mi"), (1 << 10, "Ki")):
+        if unit == "B/s" and value >= factor:
+            return f"{value / factor:.1f} {prefix}{unit}"
+    return f"{value:.1f} {unit}"
+
+
+def chart_svg(key, points, now, width=360, height=140):
+    """An SVG line chart of ``points`` ([(seconds, rate)]) up to ``now``, over the time they cover (10 seconds at
+    least, the ``CHART_POINTS`` * 2 seconds kept at most), each point marked; ``data-latest`` is the latest rate,
+    ``data-points`` how many there are."""
+    from html import escape
+
+    title, unit = CHARTS[key]
+    span = min(CHART_POINTS * 2.0, max(now - points[0][0] if points else 0.0, 10.0))
+    peak = max((rate for _, rate in points), default=0.0)
+    xy = [(max(0.0, width - (now - at) / span * width), height - 4 - rate / (peak or 1.0) * (height - 24))
+          for at, rate in points]
+    latest = points[-1][1] if points else 0.0
+    marks = "".join(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="#3b6fd4"/>' for x, y in xy)
+    return (f'<figure class="chart" id="chart-{key}"><figcaption>{escape(title)}: '
+            f'<strong>{escape(_quantity(latest, unit))}</strong></figcaption>'
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" viewBox="0 0 {width} {height}" '
+            f'data-latest="{latest:.3f}" data-points="{len(points)}" role="img" aria-label="{escape(title)}">'
+            f'<rect width="{width}" height="{height}" fill="#f6f7fa"/>'
+            f'<line x1="0" y1="20" x2="{width}" y2="20" stroke="#d8dce5" stroke-dasharray="4 3"/>'
+            f'<text x="4" y="14" font-size="11" fill="#5a6275">peak {escape(_quantity(peak, unit))}</text>'
+            f'<text x="{width - 4}" y="14" font-size="11" fill="#5a6275" text-anchor="end">last {span:.0f} s</text>'
+            f'<polyline fill="none" stroke="#3b6fd4" stroke-width="2" '
+            f'points="{" ".join(f"{x:.1f},{y:.1f}" for x, y in xy)}"/>{marks}</svg></figure>')
+
+
 class Console:
     """What the pages show, asked of the broker through one admin connection (under a lock: Flask serves each
     request on a thread of its own)."""
 
-    def __init__(self, bootstrap_servers, config):
+    def __init__(self, bootstrap_servers, config, metrics_url=None):
         from kmem.admin.client import AdminClient
 
         self.bootstrap_servers = bootstrap_servers
         self.config = config
+        self.metrics_url = metrics_url      # the broker's Prometheus endpoint, for the live charts
+        self.rates = Rates()
         self._client = AdminClient(bootstrap_servers, client_id=config["client.id"],
                                    request_timeout_ms=config["request.timeout.ms"],
                                    connect_timeout_ms=config["socket.connection.setup.timeout.ms"],
@@ -307,6 +421,40 @@ class Console:
                 states += response.transaction_states
         return sorted(states, key=lambda t: t.transactional_id)
 
+    # -- live charts -------------------------------------------------------------------------------------
+
+    def live_charts(self):
+        """The live charts (HTML), a sample taken first when the last is ``SAMPLE_SECONDS`` old."""
+        now = time.monotonic()
+        if self.rates.due(now):
+            self.rates.add(now, self._scraped() if self.metrics_url else self._appended())
+        keys = ("bytes_in", "bytes_out", "requests") if self.metrics_url else ("messages_in",)
+        return "\n".join(chart_svg(key, self.rates.series(key), now) for key in keys)
+
+    def _scraped(self):
+        """The counters of the broker's Prometheus endpoint."""
+        timeout = self.config["request.timeout.ms"] / 1000
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=timeout) as answer:
+                text = answer.read().decode("utf-8", "replace")
+        except (OSError, ValueError) as exc:        # urllib's errors are OSErrors; ValueError: a malformed URL
+            raise PageError(503, f"The metrics endpoint {self.metrics_url} does not answer ({exc}).") from None
+        counters = counters_of(text)
+        if not counters:
+            raise PageError(502, f"{self.metrics_url} shows none of {', '.join(COUNTERS.values())}: is it a "
+                                 "Kafka broker's Prometheus endpoint?")
+        return counters
+
+    def _appended(self):
+        """The messages the topics hold, offsets summed (their log end offsets: what was appended)."""
+        from kmem.admin.groups import _log_end_offsets
+
+        with self._lock:
+            metadata = self._client.metadata()
+            offsets = _log_end_offsets(self._client, [(t.name, p.partition_index) for t in metadata.topics
+                                                      if not t.error_code and not t.is_internal for p in t.partitions])
+        return {"messages_in": float(sum(offsets.values()))}
+
     # -- groups ------------------------------------------------------------------------------------------
 
     def groups(self):
@@ -343,7 +491,7 @@ def create_app(console):
     app = flask.Flask(__name__)
     app.jinja_loader = jinja2.DictLoader({"page": PAGE, "topics": TOPICS, "topic": TOPIC, "messages": MESSAGES,
                                           "groups": GROUPS, "group": GROUP, "transactions": TRANSACTIONS,
-                                          "error": ERROR})
+                                          "live": LIVE, "error": ERROR})
 
     def page(template, title, status=200, **values):
         return flask.render_template(template, title=title, bootstrap=console.bootstrap_servers, **values), status
@@ -405,6 +553,16 @@ def create_app(console):
     def transactions():
         return page("transactions", "Transactions", transactions=console.transactions())
 
+    @app.route("/live")
+    def live():
+        source = (f"From the broker's metrics endpoint {console.metrics_url}." if console.metrics_url else
+                  "From the partitions' offsets (give kmem console --metrics-url for bytes and requests per second).")
+        return page("live", "Live", charts=console.live_charts(), source=source)
+
+    @app.route("/live/charts")
+    def live_charts():
+        return console.live_charts()
+
     @app.route("/topics/<path:name>")
     def topic(name):
         return page("topic", f"Topic {name}", name=name, **console.topic(name))
@@ -431,6 +589,9 @@ def add_command(commands):
                         help="client properties, as for kmem topics (security.protocol, sasl.*, ssl.*, client.id)")
     parser.add_argument("--host", default="127.0.0.1", help="the address to serve on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8080, help="the port to serve on (default 8080; 0: any free)")
+    parser.add_argument("--metrics-url", metavar="URL",
+                        help="the broker's Prometheus endpoint (http://127.0.0.1:PORT/metrics with kmem broker's "
+                             "metrics.port, or Kafka's JMX exporter): the live charts' bytes and requests per second")
     parser.set_defaults(run=run)
 
 
@@ -445,7 +606,7 @@ def run(args):
         print("kmem console: error: the console needs Flask: pip install 'kmem[console]'", file=sys.stderr)
         return 2
     try:
-        console = Console(args.bootstrap_server, client_config(args.command_config))
+        console = Console(args.bootstrap_server, client_config(args.command_config), args.metrics_url)
     except (CommandError, KmemError) as exc:
         print(f"kmem console: error: {exc}", file=sys.stderr)
         return 2

@@ -114,9 +114,17 @@ def broker_topic_stats():
     return Tallies(len(BROKER_TOPIC_METERS))
 
 
+# Kafka's RequestMetrics timers, in the order of an API's row of ``request_times`` after its count of requests
+# (nanoseconds): from the request read to its response sent, and the parts of that (Kafka's RequestChannel
+# marks): waiting for an io thread, handled, parked in a purgatory, the response waiting for the network
+# thread (and, parked, its build there), the response being written.
+REQUEST_TIMES = ("TotalTimeMs", "RequestQueueTimeMs", "LocalTimeMs", "RemoteTimeMs", "ResponseQueueTimeMs",
+                 "ResponseSendTimeMs")
+
+
 def request_times():
-    """The tallies of Kafka's ``RequestMetrics`` ``TotalTimeMs``: a row per API key, [requests, nanoseconds]."""
-    return Tallies(2)
+    """The tallies of Kafka's ``RequestMetrics`` times: a row per API key, [requests, *REQUEST_TIMES in ns]."""
+    return Tallies(1 + len(REQUEST_TIMES))
 
 
 # Kafka sensor name -> (Prometheus name, kind, help, scale to base units)
@@ -269,19 +277,23 @@ class BrokerCollector:
         for (api_key, version), count in sorted(self._broker.requests_served.items()):
             requests.add_metric([ApiKey(api_key).message_name, str(version)], count)
         yield requests
-        yield self._request_times()
+        yield from self._request_times()
         yield from self._broker_topic_metrics()
         families = {name: GaugeMetricFamily(f"kafka_log_log_{name}", text, labels=["topic", "partition"])
                     for name, text in (("size", "Bytes of the partition's segments"),
+                                       ("numlogsegments", "The partition's segments"),
                                        ("logstartoffset", "The partition's log start offset"),
                                        ("logendoffset", "The partition's log end offset"))}
         logs = self._broker.logs
         for (topic, partition), log in sorted(logs.partitions().items() if logs is not None else ()):
             labels = [topic, str(partition)]
             families["size"].add_metric(labels, log.size_in_bytes)
+            families["numlogsegments"].add_metric(labels, len(log.segments))
             families["logstartoffset"].add_metric(labels, log.log_start_offset)
             families["logendoffset"].add_metric(labels, log.log_end_offset)
         yield from families.values()
+        if logs is not None:
+            yield from self._log_flushes_and_cleaner(logs)
         purgatory = GaugeMetricFamily("kafka_server_delayedoperationpurgatory_purgatorysize",
                                       "Requests waiting in a purgatory", labels=["delayedOperation"])
         if self._broker.handlers is not None:
@@ -296,20 +308,69 @@ class BrokerCollector:
             for state, count in self._broker.transactions.state_counts().items():
                 transactions.add_metric([state], count)
             yield transactions
+        if self._broker.telemetry is not None:
+            yield from self._client_metrics()
+
+    def _client_metrics(self):
+        """The metrics the clients pushed (KIP-714, ``kmem.broker.telemetry``), under their OpenTelemetry names
+        made Prometheus names, labelled by ``client_instance_id``, ``client_id`` and the points' attributes: a
+        family per name (of the kind it first came as), a histogram as its count and sum."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": SummaryMetricFamily}
+        families = {}
+        for instance_id, client_id, series in self._broker.telemetry.samples():
+            for name, kind, attributes, value in series:
+                family = families.get(name)
+                if family is None:
+                    family = families[name] = kinds[kind](name, f"{name}, as the client pushed it (KIP-714)")
+                labels = {**attributes, "client_instance_id": instance_id, "client_id": client_id}
+                if family.type == "summary":
+                    if kind == "histogram":
+                        family.add_sample(name + "_count", labels, value[0])
+                        family.add_sample(name + "_sum", labels, value[1])
+                elif kind != "histogram":
+                    family.add_sample(family.name + ("_total" if family.type == "counter" else ""), labels, value)
+        yield from families.values()
 
     def _request_times(self):
+        """``RequestMetrics``' timers of each API as summaries (count and sum in ms), as the JMX exporter gives
+        a Kafka timer's count."""
         from prometheus_client.core import SummaryMetricFamily
 
         from kmem.protocol import ApiKey
 
-        times = SummaryMetricFamily("kafka_network_requestmetrics_totaltimems",
-                                    "Requests and their time in ms from their dispatch to their response queued, "
-                                    "by API", labels=["request"])
         server = self._broker.server
-        for api_key, (count, total_ns) in sorted(server.handler.request_times.totals().items()
-                                                 if server is not None else ()):
-            times.add_metric([ApiKey(api_key).message_name], count_value=count, sum_value=total_ns / 1e6)
-        return times
+        totals = sorted(server.handler.request_times.totals().items()) if server is not None else ()
+        for index, timer in enumerate(REQUEST_TIMES):
+            family = SummaryMetricFamily(f"kafka_network_requestmetrics_{timer.lower()}",
+                                         f"RequestMetrics' {timer}: requests and their time in ms, by API",
+                                         labels=["request"])
+            for api_key, row in totals:
+                family.add_metric([ApiKey(api_key).message_name], count_value=row[0], sum_value=row[1 + index] / 1e6)
+            yield family
+
+    @staticmethod
+    def _log_flushes_and_cleaner(logs):
+        """``LogFlushStats``' flush timer (a summary: flushes and their time in ms), the ``LogCleaner`` and
+        ``LogCleanerManager`` gauges."""
+        from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+
+        count, total_ns = logs.flush_stats.totals().get(None, (0, 0))
+        yield SummaryMetricFamily("kafka_log_logflushstats_logflushrateandtimems",
+                                  "LogFlushStats' LogFlushRateAndTimeMs: log flushes (fsyncs) and their time in ms",
+                                  count_value=count, sum_value=total_ns / 1e6)
+        cleaner = logs.cleaner.metrics
+        for name in ("max-clean-time-secs", "cleaner-recopy-percent", "max-buffer-utilization-percent",
+                     "max-compaction-delay-secs"):
+            yield GaugeMetricFamily("kafka_log_logcleaner_" + name.replace("-", "_"), f"LogCleaner's {name}",
+                                    value=cleaner[name])
+        yield GaugeMetricFamily("kafka_log_logcleanermanager_max_dirty_percent", "LogCleanerManager's "
+                                "max-dirty-percent", value=cleaner["max-dirty-percent"])
+        uncleanable = GaugeMetricFamily("kafka_log_logcleanermanager_uncleanable_partitions_count",
+                                        "LogCleanerManager's uncleanable-partitions-count", labels=["logDirectory"])
+        uncleanable.add_metric([logs.log_dir], cleaner["uncleanable-partitions-count"])
+        yield uncleanable
 
     def _broker_topic_metrics(self):
         """``BrokerTopicMetrics``' counts per topic (existing topics: a deleted one's are dropped) and, without a

@@ -63,6 +63,30 @@ def test_describe_a_broker_and_every_broker(capsys, kmem_broker):
         (0, "Dynamic configs for broker 0 are:\n", "")
 
 
+def test_client_metrics_subscriptions_are_made_described_listed_and_deleted(capsys, kmem_broker):
+    """KIP-714's subscriptions, as kafka-configs --entity-type client-metrics (and kafka-client-metrics) set them."""
+    def client_metrics(*args):
+        return configs(capsys, kmem_broker, "--entity-type", "client-metrics", *args)
+    assert client_metrics("--entity-name", "producers", "--alter", "--add-config",
+                          "metrics=[org.apache.kafka.producer.,org.apache.kafka.client.],interval.ms=1000,"
+                          "match=[client_software_name=apache-kafka-java]") == \
+        (0, "Completed updating config for client-metric producers.\n", "")
+    code, out, err = client_metrics("--describe")
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "Dynamic configs for client-metric producers are:",
+        "  interval.ms=1000 sensitive=false synonyms={}",
+        "  match=client_software_name=apache-kafka-java sensitive=false synonyms={}",
+        "  metrics=org.apache.kafka.producer.,org.apache.kafka.client. sensitive=false synonyms={}"]
+    code, out, err = client_metrics("--entity-name", "producers", "--alter", "--add-config", "interval.ms=5")
+    assert code == 1 and one_error_line(err, "configs").startswith(
+        "kmem configs: error: cannot alter the configs of client-metric producers: interval.ms 5 is not between "
+        "100 and 3600000")
+    assert client_metrics("--entity-name", "producers", "--alter", "--delete-config", "metrics,interval.ms,match")[0] \
+        == 0
+    assert client_metrics("--describe") == (0, "", "")
+
+
 @pytest.mark.parametrize("args, message", [
     (["--entity-name", "no-such-topic", "--describe"], "topic 'no-such-topic' does not exist: kmem topics --list "
                                                        "shows the topics"),

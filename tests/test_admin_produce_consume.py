@@ -118,6 +118,26 @@ def test_consume_prints_kafkas_console_consumer_format(capsys, broker):
     assert (code, out, err) == (0, "first\nnull\n", "Processed a total of 2 messages\n")
 
 
+def test_consume_from_a_timestamp_starts_each_partition_at_its_first_message_since(capsys, kmem_broker):
+    topic = "timed"
+    assert topics(capsys, kmem_broker, "--create", "--topic", topic, "--partitions", 2)[0] == 0
+    producer = Producer({"bootstrap.servers": kmem_broker})
+    for partition, timestamps in ((0, (1000, 2000, 3000)), (1, (1500, 1600))):
+        for timestamp in timestamps:
+            producer.produce(topic, b"%d@%d" % (partition, timestamp), partition=partition, timestamp=timestamp)
+    assert producer.flush(30) == 0
+    code, out, err = consume(capsys, kmem_broker, "--topic", topic, "--from-timestamp", 1600, "--timeout-ms", 500)
+    assert (code, sorted(out.splitlines()), err) == (0, ["0@2000", "0@3000", "1@1600"],
+                                                      "Processed a total of 3 messages\n")
+    # a partition whose messages are all older starts at its end; a time may be a date and time (here UTC)
+    code, out, _ = consume(capsys, kmem_broker, "--topic", topic, "--partition", 1, "--from-timestamp",
+                           "1970-01-01T00:00:02+00:00", "--timeout-ms", 500)
+    assert (code, out) == (0, "")
+    code, out, _ = consume(capsys, kmem_broker, "--topic", topic, "--partition", 0, "--from-timestamp",
+                           "1970-01-01T00:00:02+00:00", "--max-messages", 1)
+    assert (code, out) == (0, "0@2000\n")
+
+
 def test_a_group_resumes_after_the_messages_it_printed(capsys, monkeypatch, kmem_broker):
     # kmem broker only: librdkafka's mock cluster takes two minutes to let the second member join
     bootstrap, topic, group = kmem_broker, "shared", "printing-group"
@@ -206,6 +226,13 @@ def test_an_unknown_topic_or_partition_is_one_line_and_exit_1(capsys, monkeypatc
     ("consume", ["--group", "g", "--partition", "0"],
      "--group and --partition exclude each other: a group assigns its members the partitions"),
     ("consume", ["--max-messages", "many"], "--max-messages takes a number of messages, not 'many'"),
+    ("consume", ["--from-timestamp", "yesterday"], "--from-timestamp takes milliseconds since the epoch or "
+                                                   "YYYY-MM-DDTHH:mm:SS.sss with an optional time zone (Z, +01:00), "
+                                                   "not 'yesterday'"),
+    ("consume", ["--from-timestamp", "5", "--group", "g"], "--from-timestamp and --group exclude each other: "
+                                                          "kmem groups --reset-offsets --to-datetime moves a group"),
+    ("consume", ["--from-timestamp", "5", "--from-beginning"], "--from-timestamp and --from-beginning exclude each "
+                                                              "other"),
     ("consume", ["--property", "print.colour=true"], "--property takes KEY=VALUE with KEY one of print.timestamp, "
                                                      "print.partition, print.offset, print.headers, print.key, "
                                                      "print.value, key.separator, line.separator, headers.separator, "
@@ -227,7 +254,8 @@ def test_no_broker_is_one_line_and_exit_3(capsys, monkeypatch, command):
 
 @pytest.mark.parametrize("command, options", [
     ("produce", ["--topic", "--property", "parse.key", "--rate", "--partition", "--command-config"]),
-    ("consume", ["--topic", "--from-beginning", "--offset", "--group", "--max-messages", "--timeout-ms",
+    ("consume", ["--topic", "--from-beginning", "--from-timestamp", "--offset", "--group", "--max-messages",
+                 "--timeout-ms",
                  "--isolation-level", "print.headers", "--command-config"]),
     ("configs", ["--entity-type", "--entity-name", "--entity-default", "--describe", "--alter", "--add-config",
                  "--delete-config", "--all", "--command-config"]),

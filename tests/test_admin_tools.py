@@ -101,14 +101,22 @@ def test_create_list_describe_alter_and_delete_a_topic(capsys, kmem_broker, kmem
     assert topic_id, first
     assert topic_id.group(1) == kmem_server.logs.topics()["orders"].topic_id
     assert sorted(topic_id.group(2).split(",")) == ["cleanup.policy=compact", "retention.ms=60000"]
-    assert partitions == [f"\tTopic: orders\tPartition: {p}\tLeader: 0\tReplicas: 0\tIsr: 0" for p in range(3)]
+    assert partitions == [f"\tTopic: orders\tPartition: {p}\tLeader: 0\tReplicas: 0\tIsr: 0\tLeaderEpoch: 0\tSize: 0"
+                          for p in range(3)]
 
     assert topics(capsys, kmem_broker, "--alter", "--topic", "orders", "--partitions", 5) == (0, "", "")
     code, out, _ = topics(capsys, kmem_broker, "--describe", "--topic", "orders")
     assert "\tPartitionCount: 5\t" in out.splitlines()[0] and len(out.splitlines()) == 6
     producer = Producer({"bootstrap.servers": kmem_broker})
-    producer.produce("orders", b"to the new partition", partition=4)
-    assert producer.flush(30) == 0
+    delivered = []
+    producer.produce("orders", b"to the new partition", key=b"k", partition=4,      # keyed: the topic is compacted
+                     on_delivery=lambda error, message: delivered.append(error))
+    assert producer.flush(30) == 0 and delivered == [None]
+    # the size of the partition's replica on its leader: its segments' bytes
+    log_dir = os.path.join(kmem_server.log_dir, "orders-4")
+    size = sum(os.path.getsize(os.path.join(log_dir, f)) for f in os.listdir(log_dir) if f.endswith(".log"))
+    last = topics(capsys, kmem_broker, "--describe", "--topic", "orders")[1].splitlines()[-1]
+    assert size > 0 and last.endswith(f"\tPartition: 4\tLeader: 0\tReplicas: 0\tIsr: 0\tLeaderEpoch: 0\tSize: {size}")
 
     assert topics(capsys, kmem_broker, "--delete", "--topic", "orders") == (0, "", "")
     code, out, _ = topics(capsys, kmem_broker, "--list")
@@ -673,6 +681,8 @@ def test_topics_on_tansu(capsys, tansu):
     assert re.fullmatch(r"Topic: elsewhere\tTopicId: [\w-]{22}\tPartitionCount: 2\tReplicationFactor: 1\t"
                         r"Configs: .*", lines[0])
     assert [line.split("\t")[1:3] for line in lines[1:]] == [["Topic: elsewhere", f"Partition: {p}"] for p in (0, 1)]
+    # Tansu 0.6 serves no DescribeLogDirs: no size, said so
+    assert all(line.endswith("\tLeaderEpoch: 0\tSize: -") for line in lines[1:]), lines
     assert "elsewhere" in topics(capsys, tansu, "--list")[1].splitlines()
     assert topics(capsys, tansu, "--delete", "--topic", "elsewhere") == (0, "", "")
     assert "elsewhere" not in topics(capsys, tansu, "--list")[1].splitlines()

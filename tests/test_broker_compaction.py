@@ -10,7 +10,8 @@ import pytest
 
 from kmem.broker.codes import ErrorCode
 from kmem.broker.log import LogManager
-from kmem.broker.log.cleaner import DELETE_HORIZON_FLAG, complete_interrupted_swaps
+from kmem._core import OffsetMap
+from kmem.broker.log.cleaner import DELETE_HORIZON_FLAG, LogCleaningError, complete_interrupted_swaps
 from kmem.broker.log.config import BrokerConfig
 from kmem.errors import ConfigError
 from kmem.records import RecordsBuilder, build_records
@@ -298,6 +299,28 @@ def test_each_clean_is_logged_and_measured_by_kafkas_cleaner_metrics(manager, ca
     assert metrics["cleaner-recopy-percent"] == int(100 * stats.bytes_written / rewritten) < 50
     assert metrics["max-clean-time-secs"] == int(stats.elapsed_secs)
     assert f"cleaned t-0: {before} to {after} bytes" in caplog.text and after < before
+
+
+def test_the_key_maps_use_and_the_uncleanable_partitions_are_kafkas_cleaner_metrics(tmp_path):
+    manager = open_manager(tmp_path, log_cleaner_dedupe_buffer_size=24 * 50)
+    try:
+        partition_log = compacted(manager)
+        write_updates(partition_log, 100, keys=20)
+        stats = manager.cleaner.clean("t", 0, now_ms=NOW)
+        assert stats.map_utilization == 20 / OffsetMap(24 * 50).slots
+        assert manager.cleaner.metrics["max-buffer-utilization-percent"] == int(100 * stats.map_utilization) > 0
+        assert manager.cleaner.metrics["uncleanable-partitions-count"] == 0
+        crowded = compacted(manager, "crowded")
+        builder = RecordsBuilder(2, "none")
+        for i in range(60):                                     # more keys in one batch than the map holds
+            builder.append(b"v", key=b"k%d" % i, timestamp=NOW - DAY)
+        assert crowded.append(builder.build(), now_ms=NOW).error_code == ErrorCode.NONE
+        write_updates(crowded, 60, keys=2)                      # rolls the batch's segment
+        with pytest.raises(LogCleaningError):
+            manager.cleaner.clean("crowded", 0, now_ms=NOW)
+        assert manager.cleaner.metrics["uncleanable-partitions-count"] == 1
+    finally:
+        manager.close()
 
 
 def test_a_retention_or_delete_records_meanwhile_drops_the_pass(manager):

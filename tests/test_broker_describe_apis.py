@@ -11,7 +11,6 @@ import pytest
 from broker_helpers import RawConnection
 from java_probes import KAFKA_CLIENTS_JAR, KAFKA_CLIENTS_SHA256, start_probe, wheel_jar
 from kmem.broker import Broker
-from kmem.broker.apis.admin import AdminHandlers
 from kmem.broker.apis.authorized import TOPIC_OPERATIONS
 from kmem.broker.codes import ErrorCode
 from kmem.broker.log.checkpoints import uuid_bytes
@@ -106,7 +105,7 @@ def test_a_log_dir_that_cannot_be_read_is_a_storage_error(broker, monkeypatch):
     def unreadable(path):
         raise FileNotFoundError(2, "No such file or directory", path)
     monkeypatch.setattr(os, "statvfs", unreadable)
-    admin = AdminHandlers(broker.logs, broker.node_id, broker.endpoint)
+    admin = broker.admin
     response = admin.describe_log_dirs(None, request_class(ApiKey.DESCRIBE_LOG_DIRS)(topics=None))
     [result] = response.results
     assert (result.error_code, result.topics) == (ErrorCode.KAFKA_STORAGE_ERROR, [])

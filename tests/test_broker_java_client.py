@@ -5,8 +5,8 @@ with each codec, a producer told which records of its batch were refused (KIP-46
 (KIP-429) of a Java member and a kmem member, either joining the other's group; and transactions: a
 transactional producer committing and aborting among plain records (read_committed and read_uncommitted
 consumers), consume-transform-produce with ``sendOffsetsToTransaction(offsets, consumer.groupMetadata())``
-(KIP-447), fencing, and the AdminClient finding and aborting a hanging transaction (KIP-664); and a producer and a
-group consumer over SASL re-authenticating (KIP-368).
+(KIP-447), fencing, and the AdminClient finding and aborting a hanging transaction (KIP-664); a producer and a
+group consumer over SASL re-authenticating (KIP-368); a producer and a consumer pushing their metrics (KIP-714).
 
 tests/java/KafkaClientProbe.java runs in one JVM for the whole module (``java_probes``: compiled with javac, a
 command a line, a JSON answer each). Skipped without a JDK or the jar's wheel; the jar's SHA-256 is checked
@@ -318,3 +318,20 @@ def test_a_producer_and_a_group_consumer_re_authenticate_over_sasl(probe, tmp_pa
         assert answer["errors"] == []
         assert answer["acked"] == answer["sent"] > 0 and answer["missing"] == 0
         assert_reauthenticated(broker)
+
+
+def test_the_java_clients_push_their_metrics(probe, tmp_path):
+    """KIP-714: a Java producer and consumer get their subscription and push their metrics, which the broker's
+    Prometheus endpoint shows per client (``kmem.broker.telemetry``)."""
+    pytest.importorskip("opentelemetry.proto.metrics.v1.metrics_pb2")
+    from test_broker_metrics import scrape
+
+    with Broker(tmp_path, properties={"metrics.port": 0, "client.metrics.default.interval.ms": 500,
+                                      "group.initial.rebalance.delay.ms": 0}) as broker:
+        bootstrap = client_properties(tmp_path / "client.properties", broker.bootstrap_servers,
+                                      **{"client.id": "java-telemetry"})
+        assert probe("stream", bootstrap, "java-pushed", "java-pushers", 1500)["errors"] == []
+        lines = wait_for(lambda: [line for line in scrape(broker).splitlines()
+                                  if 'client_id="java-telemetry"' in line], "the Java clients' metrics")
+        for client in ("producer", "consumer"):
+            assert any(line.startswith(f"org_apache_kafka_{client}_") for line in lines), client

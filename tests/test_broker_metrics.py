@@ -13,7 +13,7 @@ import pytest
 from broker_helpers import RawConnection, produce_raw, wait_for
 from kmem.broker import Broker
 from kmem.errors import ConfigError
-from kmem.metrics import Tallies
+from kmem.metrics import REQUEST_TIMES, Tallies
 from kmem.records import build_records
 
 pytest.importorskip("prometheus_client")
@@ -203,30 +203,50 @@ def test_a_fetch_a_quota_answers_empty_sends_no_bytes_out(tmp_path):
         raw.raw.close()
 
 
-def test_request_times_run_from_the_read_to_the_response_queued(tmp_path):
-    """TotalTimeMs counts each request answered, and a long poll's time includes its wait in the purgatory."""
+def test_request_times_run_from_the_read_to_the_response_sent_in_kafkas_parts(tmp_path):
+    """TotalTimeMs counts each request answered and is the sum of its parts: a long poll's wait in the purgatory
+    is its RemoteTimeMs, a topic creation's wait for an io thread its RequestQueueTimeMs."""
     from test_broker_quotas import fetch_batch
 
     with Broker(tmp_path, properties={"metrics.port": 0}) as broker:
         broker.logs.create_topic("quiet", 1)
         with RawConnection(broker.bootstrap_servers) as raw:
             assert fetch_batch(raw, "quiet", 0, max_wait_ms=300).responses[0].partitions[0].records in (b"", None)
-        text = scrape(broker)
-        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1
+        # timed once its response is sent, which the client can see just before
+        text = wait_for(lambda: (text := scrape(broker)) and value(
+            text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1 and text, "the Fetch timed")
         assert 300 <= value(text, "kafka_network_requestmetrics_totaltimems_sum", request="Fetch") < 30_000
-        assert_every_request_timed(text)
+        # the purgatory's deadline runs from the request's dispatch: its local time is within the 300 ms
+        local = value(text, "kafka_network_requestmetrics_localtimems_sum", request="Fetch")
+        assert 300 - local <= value(text, "kafka_network_requestmetrics_remotetimems_sum", request="Fetch") \
+            < 30_000 and local < 100
+        assert value(text, "kafka_network_requestmetrics_requestqueuetimems_sum", request="Fetch") == 0
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        producer.produce("created", b"v")
+        assert producer.flush(30) == 0
+        text = every_request_timed(broker)
+        for request in ("Fetch", "Metadata", "Produce"):
+            parts = sum(value(text, f"kafka_network_requestmetrics_{timer.lower()}_sum", request=request)
+                        for timer in REQUEST_TIMES[1:])
+            assert parts == pytest.approx(value(text, "kafka_network_requestmetrics_totaltimems_sum",
+                                                request=request), rel=1e-6), request
+        # the Metadata that created the topic went to an io thread: it waited in the queue, however briefly
+        assert value(text, "kafka_network_requestmetrics_requestqueuetimems_sum", request="Metadata") > 0
 
 
-def assert_every_request_timed(text):
-    """Each API's TotalTimeMs count is its requests answered (over their versions)."""
-    served = re.findall(r'^kafka_network_requestmetrics_requests_total\{request="(\w+)",version="\d+"\} (\S+)$',
-                        text, re.M)
-    counts = {}
-    for request, count in served:
-        counts[request] = counts.get(request, 0) + float(count)
-    assert counts
-    for request, count in counts.items():
-        assert value(text, "kafka_network_requestmetrics_totaltimems_count", request=request) == count, request
+def every_request_timed(broker):
+    """A scrape in which each API's count of every RequestMetrics timer is its requests answered (over their
+    versions): requests are timed once their response is sent, which a client can see just before."""
+    def timed():
+        text = scrape(broker)
+        served = re.findall(r'^kafka_network_requestmetrics_requests_total\{request="(\w+)",version="\d+"\} (\S+)$',
+                            text, re.M)
+        counts = {}
+        for request, count in served:
+            counts[request] = counts.get(request, 0) + float(count)
+        return counts and all(value(text, f"kafka_network_requestmetrics_{timer.lower()}_count", request=request)
+                              == count for request, count in counts.items() for timer in REQUEST_TIMES) and text
+    return wait_for(timed, "every request answered timed")
 
 
 def test_the_requests_of_a_sasl_client_are_timed_the_apiversions_before_its_handshake_too(tmp_path):
@@ -237,9 +257,39 @@ def test_the_requests_of_a_sasl_client_are_timed_the_apiversions_before_its_hand
                              "sasl.mechanism": "PLAIN", "sasl.username": "alice", "sasl.password": "alice-secret"})
         producer.produce("secured", b"v")
         assert producer.flush(30) == 0
-        text = scrape(broker)
+        text = every_request_timed(broker)
         assert value(text, "kafka_network_requestmetrics_totaltimems_count", request="ApiVersions") >= 1
-        assert_every_request_timed(text)
+
+
+def test_log_segments_flushes_and_the_cleaner_are_measured(tmp_path):
+    """Each roll's flush counts in LogFlushRateAndTimeMs, NumLogSegments follows the segments on disk and a
+    compacted topic's pass shows in the LogCleaner gauges."""
+    with Broker(tmp_path, properties={"metrics.port": 0, "log.cleaner.backoff.ms": 50}) as broker:
+        broker.logs.create_topic("rolled", 1, {"segment.bytes": 2000})
+        broker.logs.create_topic("compacted", 1, {"segment.bytes": 2000, "cleanup.policy": "compact",
+                                                  "min.cleanable.dirty.ratio": 0.01})
+        text = scrape(broker)
+        assert value(text, "kafka_log_logflushstats_logflushrateandtimems_count") == 0
+        assert value(text, "kafka_log_log_numlogsegments", topic="rolled", partition=0) == 1
+        assert value(text, "kafka_log_logcleanermanager_uncleanable_partitions_count",
+                     logDirectory=broker.log_dir) == 0
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+        for i in range(40):
+            for topic in ("rolled", "compacted"):
+                producer.produce(topic, b"x" * 100, key=b"k%d" % (i % 2))
+            assert producer.flush(30) == 0                      # a batch each: the segments roll
+        segments = len([f for f in os.listdir(os.path.join(broker.log_dir, "rolled-0")) if f.endswith(".log")])
+        assert segments > 1
+        # the rolls' flushes run on the flusher thread, the pass on the cleaner's
+        text = wait_for(lambda: (text := scrape(broker)) and value(
+            text, "kafka_log_logcleaner_cleaner_recopy_percent") > 0 and value(
+            text, "kafka_log_logflushstats_logflushrateandtimems_count") >= segments - 1 and text,
+            "the rolls flushed and a cleaner pass")
+        assert value(text, "kafka_log_logflushstats_logflushrateandtimems_sum") > 0
+        for gauge in ("kafka_log_logcleaner_max_buffer_utilization_percent", "kafka_log_logcleaner_max_clean_time_secs",
+                      "kafka_log_logcleanermanager_max_dirty_percent"):
+            assert value(text, gauge) is not None, gauge
+        assert value(text, "kafka_log_log_numlogsegments", topic="rolled", partition=0) == segments
 
 
 def test_a_consumer_protocol_groups_members_and_lag(tmp_path):

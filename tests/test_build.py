@@ -195,7 +195,8 @@ def test_runtime_dependencies_and_extras_are_what_kmem_imports():
               for name, requirements in project["optional-dependencies"].items()}
     sources = [p for p in (ROOT / "kmem").rglob("*") if p.suffix in (".py", ".pyx", ".pxi")]
     optional = {"spark": [p for p in sources if "spark" in p.parts],
-                "metrics": [ROOT / "kmem" / "metrics.py"], "pytest": [ROOT / "kmem" / "pytest_plugin.py"],
+                "metrics": [ROOT / "kmem" / "metrics.py", ROOT / "kmem" / "broker" / "telemetry.py"],
+                "pytest": [ROOT / "kmem" / "pytest_plugin.py"],
                 "console": [ROOT / "kmem" / "console.py"]}
     core = [p for p in sources if not any(p in files for files in optional.values())]
     runtime = {_normalized(r) for r in project["dependencies"]}

@@ -1,6 +1,6 @@
-"""kmem console: its pages over a running broker with topics, messages and a consumer group with lag, through
-Flask's test client and in headless Chromium (which also takes the screenshots in docs/images); bad input and a
-broker gone get a page that says why."""
+"""kmem console: its pages over a running broker with topics, messages and a consumer group with lag, and its live
+charts from the broker's metrics endpoint, through Flask's test client and in headless Chromium (which also takes
+the screenshots in docs/images); bad input and a broker gone get a page that says why."""
 import os
 import re
 import shutil
@@ -12,11 +12,12 @@ from confluent_kafka import Consumer as KafkaConsumer
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from broker_helpers import wait_for
 from kmem.admin.commands import client_config
 from kmem.broker import Broker
 
 flask = pytest.importorskip("flask")
-from kmem.console import Console, create_app      # noqa: E402  (needs Flask)
+from kmem.console import Console, Rates, counters_of, create_app      # noqa: E402  (needs Flask)
 
 PARTITIONS, RECORDS, COMMITTED = 3, 30, 4       # COMMITTED records a partition the group has read
 # where the browser test leaves its screenshots: docs/images refreshes those of docs/console.md
@@ -25,7 +26,8 @@ SCREENSHOTS = os.environ.get("KMEM_CONSOLE_SCREENSHOTS")
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    with Broker(str(tmp_path_factory.mktemp("broker")), properties={"group.initial.rebalance.delay.ms": 0}) as running:
+    with Broker(str(tmp_path_factory.mktemp("broker")), properties={"group.initial.rebalance.delay.ms": 0,
+                                                                    "metrics.port": 0}) as running:
         admin = AdminClient({"bootstrap.servers": running.bootstrap_servers})
         admin.create_topics([NewTopic("orders", PARTITIONS, 1, config={"retention.ms": "3600000"})])["orders"].result(30)
         producer = Producer({"bootstrap.servers": running.bootstrap_servers})
@@ -49,9 +51,13 @@ def broker(tmp_path_factory):
         consumer.close()
 
 
+def metrics_url(broker):
+    return "http://%s:%d/metrics" % broker.metrics_endpoint.address
+
+
 @pytest.fixture(scope="module")
 def console(broker):
-    console = Console(broker.bootstrap_servers, client_config(None))
+    console = Console(broker.bootstrap_servers, client_config(None), metrics_url(broker))
     yield console
     console.close()
 
@@ -164,6 +170,24 @@ def test_each_page_in_headless_chromium(console, broker, tmp_path):
         text = visit("/groups/billing", "group")
         assert f"Total lag {RECORDS + 1 - COMMITTED * PARTITIONS}" in text
         assert "Transactional id" in visit("/transactions", "transactions")
+        browser.get(base + "/live")
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+        # the page refreshes its charts itself: wait until they show the bytes produced meanwhile
+
+
+        def charted():          # a few points, the latest with the bytes produced since the one before
+            producer.produce("live", b"x" * 1000)
+            producer.poll(0)
+            # read in one go: the page replaces its charts as it refreshes them
+            points, latest = browser.execute_script(
+                "const chart = document.querySelector('#chart-bytes_in svg');"
+                "return [chart.dataset.points, chart.dataset.latest];")
+            return int(points) >= 4 and float(latest) > 0
+        wait_for(charted, "the live chart of bytes in")
+        assert producer.flush(30) == 0
+        assert browser.save_screenshot(os.path.join(SCREENSHOTS or tmp_path, "console-live.png"))
+        text = browser.find_element(By.TAG_NAME, "main").text
+        assert "Bytes in:" in text and "Bytes out:" in text and "Requests:" in text
         assert "There is no topic 'nope'" in visit("/topics/nope", "error")
     finally:
         browser.quit()
@@ -233,3 +257,64 @@ def test_a_browse_the_broker_cannot_finish_ends_at_the_request_timeout(broker, m
         assert none.status_code == 503 and "within request.timeout.ms" in none.get_data(as_text=True)
     finally:
         console.close()
+
+
+def latest_rates(html):
+    """``{chart: its latest rate}`` of the live charts' HTML."""
+    return {key: float(rate) for key, rate in
+            re.findall(r'id="chart-(\w+)".*?data-latest="([\d.]+)"', html, re.S)}
+
+
+def test_the_live_charts_show_bytes_and_requests_per_second_from_the_metrics_endpoint(console, broker):
+    client = create_app(console).test_client()
+    assert "Bytes in" in client.get("/live").get_data(as_text=True)
+    producer = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
+
+    def charted():
+        producer.produce("charted", b"y" * 500)
+        producer.flush(30)
+        rates = latest_rates(client.get("/live/charts").get_data(as_text=True))
+        return rates["bytes_in"] > 0 and rates["requests"] > 0 and rates
+    assert set(wait_for(charted, "bytes in and requests charted")) == {"bytes_in", "bytes_out", "requests"}
+    # nothing produced between two samples: no bytes in
+    wait_for(lambda: latest_rates(client.get("/live/charts").get_data(as_text=True))["bytes_in"] == 0,
+             "a sample with no bytes in")
+
+
+def test_without_a_metrics_endpoint_the_chart_is_messages_appended_per_second(broker):
+    console = Console(broker.bootstrap_servers, client_config(None))
+    try:
+        client = create_app(console).test_client()
+        assert "--metrics-url" in client.get("/live").get_data(as_text=True)
+        producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
+
+        def charted():
+            producer.produce("counted", b"z")
+            producer.flush(30)
+            return latest_rates(client.get("/live/charts").get_data(as_text=True))["messages_in"] > 0
+        wait_for(charted, "messages in charted")
+        gone = Console(broker.bootstrap_servers, client_config(None), "http://127.0.0.1:1/metrics")
+        try:
+            refused = create_app(gone).test_client().get("/live")
+            assert refused.status_code == 503 and "does not answer" in refused.get_data(as_text=True)
+        finally:
+            gone.close()
+    finally:
+        console.close()
+
+
+def test_rates_come_from_consecutive_samples_and_a_reset_counter_starts_again():
+    rates = Rates()
+    rates.add(10.0, {"bytes_in": 0.0})
+    rates.add(10.5, {"bytes_in": 999.0})        # too soon after the last: not kept
+    rates.add(12.0, {"bytes_in": 1000.0})
+    rates.add(13.0, {"bytes_in": 40.0})         # the broker restarted
+    rates.add(15.0, {"bytes_in": 140.0})
+    assert rates.series("bytes_in") == [(12.0, 500.0), (15.0, 50.0)]
+    text = ('kafka_server_brokertopicmetrics_bytesin_total{topic="a"} 5.0\n'
+            'kafka_server_brokertopicmetrics_bytesin_total 7.0\n'
+            'kafka_server_brokertopicmetrics_bytesout_total{topic="a"} 2.0\n'
+            'kafka_server_brokertopicmetrics_bytesout_total{topic="b"} 3.0\n'
+            'kafka_network_requestmetrics_requests_total{request="Produce",version="9"} 4.0\n'
+            'kafka_network_requestmetrics_requests_total{request="Fetch",version="16"} 6.0\n')
+    assert counters_of(text) == {"bytes_in": 7.0, "bytes_out": 5.0, "requests": 10.0}

@@ -25,7 +25,7 @@ MAX_VERSIONS = {
     ApiKey.OFFSET_COMMIT: 8, ApiKey.LIST_OFFSETS: 7, ApiKey.DELETE_GROUPS: 2,
     ApiKey.DESCRIBE_CLIENT_QUOTAS: 1, ApiKey.ALTER_CLIENT_QUOTAS: 1,
     ApiKey.DESCRIBE_LOG_DIRS: 4, ApiKey.PRODUCE: 9, ApiKey.LIST_TRANSACTIONS: 0, ApiKey.DESCRIBE_TRANSACTIONS: 0,
-    ApiKey.DESCRIBE_PRODUCERS: 0, ApiKey.WRITE_TXN_MARKERS: 1,
+    ApiKey.DESCRIBE_PRODUCERS: 0, ApiKey.WRITE_TXN_MARKERS: 1, ApiKey.LIST_CLIENT_METRICS_RESOURCES: 0,
 }
 # Metadata v1: a null topic list asks for every topic; OffsetFetch v2: for every committed partition
 # (Tansu answers that only in v8's per-group form, as Kafka's admin client sends it);

@@ -1,32 +1,37 @@
-"""``kmem configs``: Kafka's ``kafka-configs.sh`` (its ``ConfigCommand``) for topics and brokers over any Kafka
-broker: --describe (DescribeConfigs) and --alter with --add-config / --delete-config (IncrementalAlterConfigs,
-KIP-339), with its options and output lines."""
+"""``kmem configs``: Kafka's ``kafka-configs.sh`` (its ``ConfigCommand``) for topics, brokers and client metrics
+subscriptions (KIP-714) over any Kafka broker: --describe (DescribeConfigs) and --alter with --add-config /
+--delete-config (IncrementalAlterConfigs, KIP-339), with its options and output lines."""
 import re
 
 from kmem.admin.commands import BAD_ARGUMENTS, CommandError
 
 NAME = "configs"
-HELP = "describe and alter the configs of topics and brokers (kafka-configs.sh)"
+HELP = "describe and alter the configs of topics, brokers and client metrics (kafka-configs.sh)"
 DESCRIPTION = """\
-Describe and alter the configs of topics and brokers, on any Kafka broker, as Kafka's kafka-configs.sh does:
+Describe and alter the configs of topics, brokers and client metrics subscriptions (KIP-714), on any Kafka
+broker, as Kafka's kafka-configs.sh does:
 
-  kmem configs --bootstrap-server HOST:PORT --entity-type topics|brokers [--entity-name NAME | --entity-default]
-               --describe [--all]
-  kmem configs --bootstrap-server HOST:PORT --entity-type topics --entity-name T --alter
+  kmem configs --bootstrap-server HOST:PORT --entity-type topics|brokers|client-metrics
+               [--entity-name NAME | --entity-default] --describe [--all]
+  kmem configs --bootstrap-server HOST:PORT --entity-type topics|client-metrics --entity-name NAME --alter
                [--add-config K1=V1,K2=[A,B]] [--delete-config K1,K2]
+
+A client metrics subscription takes metrics=[PREFIX,...] ("*": every metric), interval.ms=MS and
+match=[SELECTOR=REGEX,...] (client_id, client_software_name, client_source_address...); deleting every config
+deletes it.
 
 --describe shows the configs set on the entity (dynamic ones), or with --all every config, as
   NAME=VALUE sensitive=BOOL synonyms={SOURCE:NAME=VALUE, ...}
 Without --entity-name, --describe shows every topic or every broker. --entity-default (brokers) is the
 cluster-wide default of dynamic broker configs."""
 
-RESOURCE_TYPES = {"topics": 2, "brokers": 4}        # Kafka's ConfigResource.Type
+RESOURCE_TYPES = {"topics": 2, "brokers": 4, "client-metrics": 16}        # Kafka's ConfigResource.Type
 SET, DELETE = 0, 1                                  # IncrementalAlterConfigs' AlterConfigOp.OpType
 # Kafka's ConfigEntry.ConfigSource, by the number DescribeConfigs (v1+) gives it
 SOURCES = {0: "UNKNOWN", 1: "DYNAMIC_TOPIC_CONFIG", 2: "DYNAMIC_BROKER_CONFIG", 3: "DYNAMIC_DEFAULT_BROKER_CONFIG",
            4: "STATIC_BROKER_CONFIG", 5: "DEFAULT_CONFIG", 6: "DYNAMIC_BROKER_LOGGER_CONFIG",
            7: "CLIENT_METRICS_CONFIG", 8: "GROUP_CONFIG"}
-DYNAMIC = {"topics": {1}, "brokers": {2, 3}}        # what --describe shows without --all
+DYNAMIC = {"topics": {1}, "brokers": {2, 3}, "client-metrics": {7}}       # what --describe shows without --all
 CONFIG_PAIR = re.compile(r"\s*([^=\s,]+)\s*=\s*(\[[^\]]*\]|[^,]*)\s*(?:,|$)")
 
 
@@ -34,8 +39,9 @@ def add_arguments(parser):
     actions = parser.add_mutually_exclusive_group(required=True)
     actions.add_argument("--describe", action="store_true", help="the configs of the entity (entities)")
     actions.add_argument("--alter", action="store_true", help="set (--add-config) and remove (--delete-config) configs")
-    parser.add_argument("--entity-type", required=True, choices=sorted(RESOURCE_TYPES), help="topics or brokers")
-    parser.add_argument("--entity-name", help="the topic's name, or the broker's id")
+    parser.add_argument("--entity-type", required=True, choices=sorted(RESOURCE_TYPES),
+                        help="topics, brokers or client-metrics")
+    parser.add_argument("--entity-name", help="the topic's name, the broker's id, or the subscription's name")
     parser.add_argument("--entity-default", action="store_true", help="brokers: the cluster-wide default")
     parser.add_argument("--add-config", metavar="K1=V1,K2=[A,B]",
                         help="--alter: configs to set; a value with commas goes in square brackets")
@@ -92,6 +98,8 @@ def execute(client, args):
         names = [args.entity_name]
     elif args.entity_type == "topics":
         names = sorted(t.name for t in client.metadata().topics if not t.error_code)
+    elif args.entity_type == "client-metrics":
+        names = _subscriptions(client)
     else:
         client.metadata([])
         names = [str(node) for node in sorted(client.brokers)]
@@ -109,9 +117,21 @@ def execute(client, args):
                   f"synonyms={{{synonyms}}}")
 
 
+def _subscriptions(client):
+    """The client metrics subscriptions' names (ListClientMetricsResources)."""
+    from kmem.admin.client import check
+    from kmem.protocol import messages
+
+    response = client.request(messages.ListClientMetricsResourcesRequest())
+    check(response.error_code, "cannot list the client metrics subscriptions")
+    return sorted(resource.name for resource in response.client_metrics_resources)
+
+
 def _entity(args, name):
     if args.entity_type == "topics":
         return f"topic {name}"
+    if args.entity_type == "client-metrics":
+        return f"client-metric {name}"
     return "brokers in the cluster" if name == "" else f"broker {name}"
 
 
@@ -156,7 +176,7 @@ def alter_configs(client, resource_type, name, additions, deletions, validate_on
     result = response.responses[0]
     if result.error_code == UNKNOWN_TOPIC_OR_PARTITION:
         raise CommandError(f"topic {name!r} does not exist: kmem topics --list shows the topics")
-    entity = "topic" if resource_type == RESOURCE_TYPES["topics"] else "broker"
+    entity = {2: "topic", 4: "broker", 16: "client-metric"}[resource_type]
     check(result.error_code, f"cannot alter the configs of {entity} {name or '(the default)'}", result.error_message)
 
 

@@ -20,6 +20,11 @@ without a message, or Ctrl-C, then says how many it printed on stderr.
   kmem consume --bootstrap-server HOST:PORT --topic T [--from-beginning] [--group G] [--max-messages N]
                [--timeout-ms MS] [--isolation-level read_committed] [--property print.key=true ...]
   kmem consume --bootstrap-server HOST:PORT --topic T --partition P --offset earliest|latest|OFFSET
+  kmem consume --bootstrap-server HOST:PORT --topic T [--partition P] --from-timestamp MS|YYYY-MM-DDTHH:mm:SS
+
+--from-timestamp starts each partition at its first message at or after that time (ListOffsets by timestamp, as
+kafka-consumer-groups --to-datetime and kcat -o s@MS find it); a partition whose messages are all older starts at
+its end. A time without a zone is local time.
 
 --property: print.timestamp, print.partition, print.offset, print.headers, print.key (false), print.value
 (true); key.separator (a tab, between the fields), line.separator (a newline), headers.separator (,),
@@ -41,6 +46,9 @@ def add_arguments(parser):
                         help="with --partition: where to start (default: latest)")
     parser.add_argument("--from-beginning", action="store_true",
                         help="start at the earliest message (with --group: where the group has no offset)")
+    parser.add_argument("--from-timestamp", metavar="MS|YYYY-MM-DDTHH:mm:SS",
+                        help="start at the first message at or after this time (milliseconds since the epoch, or "
+                             "an ISO-8601 date and time)")
     parser.add_argument("--group", help="consume as a member of this group, and commit what was printed")
     parser.add_argument("--max-messages", metavar="N", help="stop after N messages")
     parser.add_argument("--timeout-ms", metavar="MS", help="stop when no message came for MS milliseconds")
@@ -63,6 +71,18 @@ def check_arguments(args):
             raise CommandError("--offset and --from-beginning exclude each other", BAD_ARGUMENTS)
         if args.offset not in ("earliest", "latest"):
             args.offset = _number(args.offset, "--offset", "earliest, latest or an offset")
+    if args.from_timestamp is not None:
+        from kmem.admin.reset_offsets import datetime_ms
+
+        text = args.from_timestamp.strip()
+        args.from_timestamp = int(text) if text.isdigit() else datetime_ms(text, "--from-timestamp",
+                                                                           "milliseconds since the epoch or ")
+        for other, given in (("--offset", args.offset is not None), ("--from-beginning", args.from_beginning),
+                             ("--group", args.group is not None)):
+            if given:
+                raise CommandError(f"--from-timestamp and {other} exclude each other"
+                                   + (": kmem groups --reset-offsets --to-datetime moves a group"
+                                      if other == "--group" else ""), BAD_ARGUMENTS)
     if args.group is not None and args.partition is not None:
         raise CommandError("--group and --partition exclude each other: a group assigns its members the "
                            "partitions", BAD_ARGUMENTS)
@@ -135,6 +155,8 @@ def execute(client, args):
             consumer.assign(assigned)
             if isinstance(args.offset, int):
                 consumer.seek(assigned[0], args.offset)
+            if args.from_timestamp is not None:
+                _seek_to_time(client, consumer, assigned, args.from_timestamp)
         out = Output()
         last_message = time.monotonic()
         while args.max_messages is None or printed < args.max_messages:
@@ -157,6 +179,17 @@ def execute(client, args):
         finally:
             consumer.close(autocommit=False)
             print(f"Processed a total of {printed} messages", file=sys.stderr)
+
+
+def _seek_to_time(client, consumer, assigned, timestamp):
+    """Each partition to its first message at or after ``timestamp`` (ms); one without stays where
+    auto.offset.reset (latest) puts it: at its end."""
+    from kmem.admin.groups import _log_end_offsets
+
+    found = _log_end_offsets(client, [(tp.topic, tp.partition) for tp in assigned], timestamp)
+    for tp in assigned:
+        if (tp.topic, tp.partition) in found:
+            consumer.seek(tp, found[(tp.topic, tp.partition)])
 
 
 class Output:

@@ -69,7 +69,7 @@ def check_arguments(args):
     if args.shift_by is not None:
         args.shift_by = _whole(args.shift_by, "--shift-by", "a number of offsets")
     if args.to_datetime is not None:
-        args.timestamp = _datetime_ms(args.to_datetime)
+        args.timestamp = datetime_ms(args.to_datetime)
     if args.by_duration is not None:
         args.timestamp = int(time.time() * 1000) - _duration_ms(args.by_duration)
 
@@ -89,15 +89,15 @@ def _topic_partitions(spec):
     return match.group(1), None if partitions is None else sorted({int(p) for p in partitions.split(",")})
 
 
-def _datetime_ms(text):
+def datetime_ms(text, option="--to-datetime", also=""):
     """Milliseconds since the epoch of Kafka's --to-datetime (``Utils.getDateTime``): an ISO-8601 date and time,
-    in the local time zone unless one is given."""
+    in the local time zone unless one is given; ``CommandError`` naming ``option`` (which takes ``also`` too)."""
     try:
         if "T" not in text:
             raise ValueError
         moment = datetime.datetime.fromisoformat(text)
     except ValueError:
-        raise CommandError(f"--to-datetime takes YYYY-MM-DDTHH:mm:SS.sss with an optional time zone (Z, +01:00), "
+        raise CommandError(f"{option} takes {also}YYYY-MM-DDTHH:mm:SS.sss with an optional time zone (Z, +01:00), "
                            f"not {text!r}", BAD_ARGUMENTS) from None
     if moment.tzinfo is None:
         moment = moment.astimezone()        # the local time zone, as Kafka's tool reads a time without one

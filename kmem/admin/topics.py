@@ -3,6 +3,7 @@
 import re
 
 from kmem.admin.commands import BAD_ARGUMENTS, CommandError, whole_number
+from kmem.errors import KmemError
 
 NAME = "topics"
 HELP = "list, describe, create, delete and add partitions to topics (kafka-topics.sh)"
@@ -18,7 +19,9 @@ does (its options, its output). One action a run:
               [--delete-config KEY ...]
   kmem topics --bootstrap-server HOST:PORT --delete --topic T
 
---topic is a regular expression for --list and --describe (as Kafka's), a topic's name otherwise."""
+--topic is a regular expression for --list and --describe (as Kafka's), a topic's name otherwise. --describe's
+partition lines end, after Kafka's fields, with the partition's LeaderEpoch (Metadata) and the Size in bytes of its
+leader's replica (DescribeLogDirs; - where the broker does not answer it)."""
 
 TOPIC_ALREADY_EXISTS = 36   # Kafka's Errors.TOPIC_ALREADY_EXISTS
 INT32_MAX, INT16_MAX = 2 ** 31 - 1, 2 ** 15 - 1     # CreateTopics' num_partitions, replication_factor
@@ -110,6 +113,7 @@ def describe_topics(client, args):
 
     topics = _matching(client, args)
     configs = _set_configs(client, [t.name for t in topics])
+    sizes = _leader_sizes(client, topics)
     for topic in topics:
         partitions = sorted(topic.partitions, key=lambda p: p.partition_index)
         replication = len(partitions[0].replica_nodes) if partitions else 0
@@ -121,7 +125,36 @@ def describe_topics(client, args):
                     f"Replicas: {_ids(p.replica_nodes)}\tIsr: {_ids(p.isr_nodes)}")
             if p.offline_replicas:
                 line += f"\tOffline: {_ids(p.offline_replicas)}"
-            print(line)
+            epoch = p.leader_epoch if p.leader_epoch >= 0 else "-"
+            print(f"{line}\tLeaderEpoch: {epoch}\tSize: {sizes.get((topic.name, p.partition_index), '-')}")
+
+
+def _leader_sizes(client, topics):
+    """``{(topic, partition): bytes}`` of each partition's replica on its leader (DescribeLogDirs, KIP-113, asked of
+    each leader for the partitions it leads); {} from a broker that does not serve it."""
+    from kmem.admin.client import AdminError, check
+    from kmem.protocol import messages
+
+    Request = messages.DescribeLogDirsRequest
+    by_leader = {}
+    for topic in topics:
+        for p in topic.partitions:
+            if p.leader_id >= 0:
+                by_leader.setdefault(p.leader_id, {}).setdefault(topic.name, []).append(p.partition_index)
+    sizes = {}
+    for leader, led in sorted(by_leader.items()):
+        try:
+            response = client.request(Request(topics=[Request.DescribableLogDirTopic(topic=name, partitions=indexes)
+                                                      for name, indexes in sorted(led.items())]), leader)
+        except (AdminError, KmemError):     # an older broker, or one without the API (Tansu)
+            return {}
+        for log_dir in response.results:
+            check(log_dir.error_code, f"broker {leader} cannot describe its log directory {log_dir.log_dir}")
+            for topic in log_dir.topics:
+                for p in topic.partitions:
+                    if not p.is_future_key and p.partition_index in led.get(topic.name, ()):
+                        sizes[(topic.name, p.partition_index)] = p.partition_size
+    return sizes
 
 
 def _ids(nodes):

@@ -42,6 +42,7 @@ from kmem.broker.security import SaslMechanisms, ScramCredentialStore
 from kmem.broker.quotas import ClientQuotaStore
 from kmem.broker.security.authorizer import StandardAuthorizer
 from kmem.broker.settings import BrokerSettings, advertised_host, merge_settings
+from kmem.broker.telemetry import TELEMETRY_VERSIONS, ClientMetricsSubscriptions, ClientTelemetry
 from kmem.broker.timer import Timer
 from kmem.broker.txn.coordinator import TransactionCoordinator
 from kmem.broker.txn.markers import TxnMarkerWriter
@@ -108,6 +109,7 @@ class Broker:
         self.requests_served = collections.Counter()      # (api key, version) -> requests answered
         self._maintenance = None
         self.metrics_endpoint = None    # kmem.metrics.MetricsEndpoint, with metrics.port
+        self.telemetry = None           # kmem.broker.telemetry.ClientTelemetry, with metrics.port (KIP-714)
 
     @property
     def node_id(self):
@@ -127,7 +129,15 @@ class Broker:
         try:
             self.handlers = Handlers(self.logs, self.node_id, self.endpoint, self.timer, rack=self.settings.rack)
             self.handlers.served = served_versions(self.settings.groups)
-            self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint, rack=self.settings.rack)
+            subscriptions = ClientMetricsSubscriptions(self.log_dir, *self.settings.client_metrics_default)
+            if self.settings.metrics_port is not None:
+                # the endpoint receives the clients' metrics: KIP-714's APIs are advertised, as Kafka advertises
+                # them once a ClientTelemetry reporter is configured
+                self.telemetry = ClientTelemetry.receiving(subscriptions, self.settings.telemetry_max_bytes)
+            if self.telemetry is not None:
+                self.handlers.served = {**self.handlers.served, **TELEMETRY_VERSIONS}
+            self.admin = AdminHandlers(self.logs, self.node_id, self.endpoint, subscriptions,
+                                       rack=self.settings.rack)
             self.scram_credentials = ScramCredentialStore(self.log_dir)
             self.coordinator = GroupCoordinator(self.logs, self.settings.groups, timer=self.timer)
             self.handlers.txn_markers = TxnMarkerWriter(self.logs, self.coordinator)
@@ -140,7 +150,7 @@ class Broker:
             quota_window = (self.settings.quota_window_num, self.settings.quota_window_size_seconds)
             dispatcher = RequestDispatcher(self.handlers, self.admin, self.coordinator, self.requests_served,
                                            self.transactions, ScramAdminHandlers(self.scram_credentials),
-                                           self.authorizer, quotas, quota_window)
+                                           self.authorizer, quotas, quota_window, self.telemetry)
             listeners = [ListenerConfig(served.name, served.listener.host, served.listener.port, served.ssl_context,
                                         self._channel_builder(served.sasl, dispatcher), served.max_connections,
                                         served.max_connection_creation_rate)

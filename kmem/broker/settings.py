@@ -56,8 +56,12 @@ HANDLER_SETTINGS = ("log.retention.check.interval.ms", "broker.id", "broker.rack
     + SSL_SETTINGS
 # the client quotas' sampled rates (Kafka's ClientQuotaManagerConfig): so many windows of so many seconds
 QUOTA_SETTINGS = ("quota.window.num", "quota.window.size.seconds")
-# kmem's Prometheus endpoint (kmem.metrics): the port it serves on 127.0.0.1; unset, none
-METRICS_SETTINGS = ("metrics.port",)
+# kmem's Prometheus endpoint (kmem.metrics): the port it serves on 127.0.0.1; unset, none. With it the broker
+# receives its clients' metrics (KIP-714, kmem.broker.telemetry): at most telemetry.max.bytes a push (Kafka's), and a
+# client no subscription matches gets the metric prefixes of client.metrics.default.metrics every
+# client.metrics.default.interval.ms (kmem's)
+METRICS_SETTINGS = ("metrics.port", "telemetry.max.bytes", "client.metrics.default.metrics",
+                    "client.metrics.default.interval.ms")
 KNOWN_SETTINGS = frozenset(BROKER_SETTINGS) | frozenset(NETWORK_SETTINGS) | frozenset(LISTENER_SETTINGS) \
     | frozenset(HANDLER_SETTINGS) | frozenset(GROUP_SETTINGS) | frozenset(TXN_SETTINGS) | frozenset(AUTHORIZER_SETTINGS) \
     | frozenset(QUOTA_SETTINGS) | frozenset(METRICS_SETTINGS)
@@ -278,6 +282,8 @@ class BrokerSettings:
     quota_window_size_seconds: int = 1              # quota.window.size.seconds
     metrics_port: int | None = None                 # metrics.port: the Prometheus endpoint's; None, no endpoint
     rack: str | None = None                         # broker.rack: the broker's rack in Metadata and DescribeCluster
+    telemetry_max_bytes: int = 1 << 20              # telemetry.max.bytes
+    client_metrics_default: tuple = (("*",), 60_000)     # client.metrics.default.metrics, ...interval.ms
 
     @classmethod
     def build(cls, host, port, merged, ssl_context=None):
@@ -316,7 +322,22 @@ class BrokerSettings:
                    integer("quota.window.size.seconds", merged.get("quota.window.size.seconds", 1), 1, 2**31 - 1),
                    None if merged.get("metrics.port") is None else integer("metrics.port", merged["metrics.port"], 0,
                                                                             65535),
-                   None if merged.get("broker.rack") is None else str(merged["broker.rack"]))
+                   None if merged.get("broker.rack") is None else str(merged["broker.rack"]),
+                   integer("telemetry.max.bytes", merged.get("telemetry.max.bytes", 1 << 20), 1, 2**31 - 1),
+                   _client_metrics_default(merged))
+
+
+def _client_metrics_default(merged):
+    """The default client metrics subscription: (metric name prefixes, interval in ms)."""
+    from kmem.broker.telemetry import MAX_INTERVAL_MS, MIN_INTERVAL_MS
+
+    metrics = merged.get("client.metrics.default.metrics", "*")
+    if not isinstance(metrics, str):
+        raise ConfigError(f"client.metrics.default.metrics must be metric name prefixes separated by commas, not "
+                          f"{metrics!r}")
+    interval = integer("client.metrics.default.interval.ms", merged.get("client.metrics.default.interval.ms", 60_000),
+                       MIN_INTERVAL_MS, MAX_INTERVAL_MS)
+    return tuple(m.strip() for m in metrics.split(",") if m.strip()), interval
 
 
 def _listener_settings(merged, listener, protocol, advertised, ssl_context):

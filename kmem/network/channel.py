@@ -67,6 +67,7 @@ class KafkaChannel:
         self.peer_principal = ANONYMOUS     # on an SSL listener, its client certificate's (kmem.network.ssl_principal)
         self.listener = None            # a server's: the listener it came in on (kmem.network.server.ListenerConfig)
         self.on_close = None            # called once, when the channel closes
+        self.client_software = ("", "")     # (name, version) its ApiVersions v3+ gave (KIP-511), for its handler
 
     @property
     def principal(self):

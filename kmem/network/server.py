@@ -199,7 +199,8 @@ class Request:
     (``bytes(request.payload)``).
     """
 
-    __slots__ = ("connection_id", "processor", "principal", "listener_name", "_receive")
+    __slots__ = ("connection_id", "processor", "principal", "listener_name", "_receive", "times", "_tallies",
+                 "_metrics_key")
 
     def __init__(self, connection_id, processor, receive, principal=ANONYMOUS, listener_name="PLAINTEXT"):
         self.connection_id = connection_id
@@ -207,6 +208,12 @@ class Request:
         self.principal = principal      # who sent it: User:<name> on a SASL listener, else User:ANONYMOUS
         self.listener_name = listener_name      # the listener it came in on (Kafka's RequestContext.listenerName)
         self._receive = receive
+        # perf_counter_ns at Kafka's RequestChannel marks: read, dequeued by its thread, handled, response
+        # complete, response dequeued by the network thread (0: not yet; see measure)
+        now = time.perf_counter_ns()
+        self.times = [now, now, 0, 0, 0]
+        self._tallies = None
+        self._metrics_key = None
 
     @property
     def payload(self):
@@ -214,6 +221,30 @@ class Request:
 
     def release(self):
         self._receive.close()
+
+    def measure(self, tallies, key):
+        """Tally this request's times, once its response is sent, into row ``key`` of ``tallies`` (a
+        ``kmem.metrics.request_times()``: the count, then the times of ``kmem.metrics.REQUEST_TIMES``): Kafka's
+        ``RequestMetrics`` ``TotalTimeMs`` and its parts. Called by the handler, on the network thread."""
+        self._tallies, self._metrics_key = tallies, key
+        self.processor.measured[self.connection_id] = self
+
+    def tally(self, sent_ns):
+        """Add this request's times (its response sent at ``sent_ns``) to its row; a mark never reached
+        counts as reached at the one before it."""
+        times = self.times
+        for i in range(1, len(times)):
+            if times[i] < times[i - 1]:
+                times[i] = times[i - 1]
+        received, dequeued, handled, completed, response_dequeued = times
+        row = self._tallies.row(self._metrics_key)
+        row[0] += 1
+        row[1] += sent_ns - received
+        row[2] += dequeued - received
+        row[3] += handled - dequeued
+        row[4] += completed - handled
+        row[5] += response_dequeued - completed
+        row[6] += max(sent_ns - response_dequeued, 0)
 
     def defer(self):
         """Park this request: return the ``Deferred`` from the handler and ``complete`` it later."""
@@ -253,11 +284,12 @@ class Deferred:
     callbacks instead of sending.
     """
 
-    __slots__ = ("connection_id", "_processor", "keeps_payload", "_done", "_on_cancel")
+    __slots__ = ("connection_id", "_processor", "keeps_payload", "_done", "_on_cancel", "_times")
 
     def __init__(self, request, *, keeps_payload=False):
         self.connection_id = request.connection_id
         self._processor = request.processor
+        self._times = request.times
         self.keeps_payload = keeps_payload
         self._done = threading.Lock()   # taken once, by whichever of complete, fail or cancel comes first
         self._on_cancel = []
@@ -311,6 +343,7 @@ class Deferred:
         back to it), or None if it has ended already."""
         if not self._done.acquire(blocking=False):
             return None
+        self._times[3] = time.perf_counter_ns()        # the response complete (Kafka's RemoteTimeMs ends)
         callbacks, self._on_cancel = self._on_cancel, None
         return callbacks
 
@@ -349,6 +382,7 @@ class _Processor(threading.Thread):
         self._ids = itertools.count()
         self.after_responses = []       # Request.after_response's work, run after each poll's receives
         self.throttles = {}             # connection id -> ms its response starts (Request.throttle)
+        self.measured = {}              # connection id -> its Request in flight whose times are tallied
         self._throttles_ended = queue.SimpleQueue()     # connection ids, from the timer
 
     def accept(self, sock, listener, ip):
@@ -506,6 +540,9 @@ class _Processor(threading.Thread):
             return _CLOSE
 
     def _respond_now(self, connection_id, send):
+        request = self.measured.get(connection_id)
+        if request is not None:
+            request.times[4] = time.perf_counter_ns()
         throttle_ms = self.throttles.pop(connection_id, 0)
         channel = self.selector.channel(connection_id)
         if channel is None:
@@ -630,6 +667,8 @@ class _Processor(threading.Thread):
         keep_payload = False
         try:
             response = self.server.handler(request)
+            if not (isinstance(response, Deferred) and response.keeps_payload):    # an io thread marks those
+                request.times[2] = time.perf_counter_ns()
             if isinstance(response, Deferred):
                 keep_payload = response.keeps_payload
                 if not response.done:
@@ -664,6 +703,7 @@ class _Processor(threading.Thread):
         """A connection closed: its deferred response, if any, is cancelled."""
         self._closing.discard(connection_id)
         self.throttles.pop(connection_id, None)
+        self.measured.pop(connection_id, None)
         self._authentication_deadlines.pop(connection_id, None)
         deferred = self._deferred.pop(connection_id, None)
         if deferred is not None:
@@ -684,6 +724,9 @@ class _Processor(threading.Thread):
         quotas.close_excess(close_one)
 
     def _response_sent(self, connection_id):
+        request = self.measured.pop(connection_id, None)
+        if request is not None:
+            request.tally(time.perf_counter_ns())
         channel = self.selector.channel(connection_id)
         if channel is None:
             return
@@ -930,9 +973,12 @@ class SocketServer:
             deferred.cancel()
             return
         try:
+            request.times[1] = time.perf_counter_ns()       # dequeued: Kafka's RequestQueueTimeMs ends
+            response = fn(request)
+            request.times[2] = time.perf_counter_ns()
             # Framed (in complete) before the payload is released: a response viewing the request's
             # memory keeps it alive until sent.
-            deferred.complete(fn(request))
+            deferred.complete(response)
         except BaseException:
             # As on a processor: whatever it is, it ends this connection, not the thread.
             log.exception("request handler failed for %r; closing the connection", request)

@@ -1,7 +1,8 @@
 """The message schemas kafka-python's bundle lacks, in the shape of Kafka's JSON files (facts only: names,
 types, versions, nullability, defaults): KIP-848's ConsumerGroupHeartbeat (68, v0-1 as Kafka 4.0 defines
 them: v1 carries ``SubscribedTopicRegex`` and a member id the client generates) and ConsumerGroupDescribe
-(69, v0)."""
+(69, v0); KIP-714's GetTelemetrySubscriptions (71, v0), PushTelemetry (72, v0) and ListClientMetricsResources
+(74, v0)."""
 
 
 def _field(name, kind, versions="0+", nullable=None, default=None, fields=None):
@@ -85,5 +86,48 @@ SCHEMAS = {
         "commonStructs": [
             {"name": "TopicPartitions", "versions": "0+", "fields": _topic_partitions(with_name=True)},
             {"name": "Assignment", "versions": "0+", "fields": [_field("TopicPartitions", "[]TopicPartitions")]},
+        ]},
+    "GetTelemetrySubscriptionsRequest": {
+        "apiKey": 71, "type": "request", "name": "GetTelemetrySubscriptionsRequest", "validVersions": "0",
+        "flexibleVersions": "0+", "fields": [
+            _field("ClientInstanceId", "uuid"),
+        ]},
+    "GetTelemetrySubscriptionsResponse": {
+        "apiKey": 71, "type": "response", "name": "GetTelemetrySubscriptionsResponse", "validVersions": "0",
+        "flexibleVersions": "0+", "fields": [
+            _field("ThrottleTimeMs", "int32"),
+            _field("ErrorCode", "int16"),
+            _field("ClientInstanceId", "uuid"),
+            _field("SubscriptionId", "int32"),
+            _field("AcceptedCompressionTypes", "[]int8"),
+            _field("PushIntervalMs", "int32"),
+            _field("TelemetryMaxBytes", "int32"),
+            _field("DeltaTemporality", "bool"),
+            _field("RequestedMetrics", "[]string"),
+        ]},
+    "PushTelemetryRequest": {
+        "apiKey": 72, "type": "request", "name": "PushTelemetryRequest", "validVersions": "0",
+        "flexibleVersions": "0+", "fields": [
+            _field("ClientInstanceId", "uuid"),
+            _field("SubscriptionId", "int32"),
+            _field("Terminating", "bool"),
+            _field("CompressionType", "int8"),
+            _field("Metrics", "bytes"),
+        ]},
+    "PushTelemetryResponse": {
+        "apiKey": 72, "type": "response", "name": "PushTelemetryResponse", "validVersions": "0",
+        "flexibleVersions": "0+", "fields": [
+            _field("ThrottleTimeMs", "int32"),
+            _field("ErrorCode", "int16"),
+        ]},
+    "ListClientMetricsResourcesRequest": {
+        "apiKey": 74, "type": "request", "name": "ListClientMetricsResourcesRequest", "validVersions": "0",
+        "flexibleVersions": "0+", "fields": []},
+    "ListClientMetricsResourcesResponse": {
+        "apiKey": 74, "type": "response", "name": "ListClientMetricsResourcesResponse", "validVersions": "0",
+        "flexibleVersions": "0+", "fields": [
+            _field("ThrottleTimeMs", "int32"),
+            _field("ErrorCode", "int16"),
+            _field("ClientMetricsResources", "[]ClientMetricsResource", fields=[_field("Name", "string")]),
         ]},
 }

@@ -9,8 +9,10 @@ on a single node:
   and the broker's defaults, with their source, type and, when asked, synonyms and documentation,
   ``kmem.broker.apis.config_docs``) or the broker's (resource name ``""`` or its node id);
 - AlterConfigs 0-2 (the overrides are replaced as a whole) and IncrementalAlterConfigs 0-1 (SET,
-  DELETE, APPEND and SUBTRACT on list settings) of topics; the broker's settings are static
-  (INVALID_REQUEST naming the setting to put in ``server.properties``);
+  DELETE, APPEND and SUBTRACT on list settings) of topics and of KIP-714's client metrics subscriptions
+  (resource type CLIENT_METRICS, ``kmem.broker.telemetry``, which DescribeConfigs describes too); the broker's
+  settings are static (INVALID_REQUEST naming the setting to put in ``server.properties``);
+- ListClientMetricsResources 0 (KIP-714, ``kafka-client-metrics --list``): the subscriptions' names;
 - DeleteRecords 0-2 (KIP-107): the log start offset moves up, whole segments before it are deleted;
 - DescribeCluster 0-1 (KIP-700): this broker, its cluster id, itself as controller and, when asked,
   the cluster's authorized operations (``kmem.broker.apis.authorized``);
@@ -33,6 +35,7 @@ from kmem.broker.log import validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes
 from kmem.broker.log.config import TOPIC_SETTINGS
 from kmem.broker.quotas import ThrottlingQuotaExceeded
+from kmem.broker.telemetry import CLIENT_METRICS_RESOURCE, SUBSCRIPTION_CONFIGS, ClientMetricsConfigError
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
@@ -40,7 +43,8 @@ from kmem.protocol import ApiKey, messages
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4                    # Kafka's ConfigResource.Type
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3                 # Kafka's AlterConfigOp.OpType
-DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 4, 5   # DescribeConfigs config sources
+# DescribeConfigs config sources
+DYNAMIC_TOPIC_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG, CLIENT_METRICS_CONFIG = 1, 4, 5, 7
 BROKERS_ENDPOINT, CONTROLLERS_ENDPOINT = 1, 2               # DescribeCluster endpoint types
 # Kafka's ConfigDef types as DescribeConfigs v3+ numbers them
 BOOLEAN, STRING, INT, LONG, DOUBLE, LIST = 1, 2, 3, 5, 6, 7
@@ -58,6 +62,7 @@ CONFIG_TYPES = {      # topic-level and broker-level names
     "follower.replication.throttled.replicas": LIST, "remote.storage.enable": BOOLEAN,
     "local.retention.ms": LONG, "local.retention.bytes": LONG, "remote.log.copy.disable": BOOLEAN,
     "remote.log.delete.on.disable": BOOLEAN,
+    "metrics": LIST, "interval.ms": INT, "match": LIST,         # a client metrics subscription's (KIP-714)
     "node.id": INT, "num.partitions": INT, "auto.create.topics.enable": BOOLEAN, "producer.id.expiration.ms": INT,
     "producer.id.expiration.check.interval.ms": INT, "log.segment.bytes": INT, "log.roll.ms": LONG,
     "log.roll.hours": INT, "log.roll.jitter.ms": LONG, "log.retention.ms": LONG, "log.retention.minutes": INT,
@@ -102,11 +107,13 @@ ADMIN_APIS = {
     ApiKey.ALTER_CONFIGS: "alter_configs", ApiKey.INCREMENTAL_ALTER_CONFIGS: "incremental_alter_configs",
     ApiKey.DELETE_RECORDS: "delete_records", ApiKey.DESCRIBE_CLUSTER: "describe_cluster",
     ApiKey.DESCRIBE_LOG_DIRS: "describe_log_dirs", ApiKey.DESCRIBE_TOPIC_PARTITIONS: "describe_topic_partitions",
+    ApiKey.LIST_CLIENT_METRICS_RESOURCES: "list_client_metrics_resources",
 }
 ADMIN_VERSIONS = {
     ApiKey.CREATE_PARTITIONS: (0, 3), ApiKey.DESCRIBE_CONFIGS: (0, 4), ApiKey.ALTER_CONFIGS: (0, 2),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 1), ApiKey.DELETE_RECORDS: (0, 2), ApiKey.DESCRIBE_CLUSTER: (0, 1),
     ApiKey.DESCRIBE_LOG_DIRS: (0, 4), ApiKey.DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    ApiKey.LIST_CLIENT_METRICS_RESOURCES: (0, 0),
 }
 
 
@@ -117,13 +124,14 @@ def config_text(value):
 
 class AdminHandlers:
     """The admin APIs over a ``LogManager`` (see the module docstring); ``endpoint(listener_name)`` gives a
-    listener's advertised (host, port)."""
+    listener's advertised (host, port); ``client_metrics``: the ``ClientMetricsSubscriptions``."""
 
-    def __init__(self, logs, node_id, endpoint, rack=None):
+    def __init__(self, logs, node_id, endpoint, client_metrics, rack=None):
         self.logs = logs
         self.node_id = node_id
         self.rack = rack                    # broker.rack
         self.endpoint = endpoint
+        self.client_metrics = client_metrics
 
     # --- CreatePartitions -----------------------------------------------------------------------------
 
@@ -205,8 +213,13 @@ class AdminHandlers:
         if resource_type == BROKER_RESOURCE:
             self._check_broker_name(name)
             return {key: (value, STATIC_BROKER_CONFIG, None) for key, value in self.logs.config.properties().items()}
+        if resource_type == CLIENT_METRICS_RESOURCE:
+            if not name:
+                raise _Refused(ErrorCode.INVALID_REQUEST, "a client metrics subscription's name must not be empty")
+            return {key: (value, CLIENT_METRICS_CONFIG, None)
+                    for key, value in self.client_metrics.configs(name).items()}
         raise _Refused(ErrorCode.INVALID_REQUEST,
-                       f"resource type {resource_type} is not served (topics 2, the broker 4)")
+                       f"resource type {resource_type} is not served (topics 2, the broker 4, client metrics 16)")
 
     def _check_broker_name(self, name):
         if name not in ("", str(self.node_id)):
@@ -231,13 +244,14 @@ class AdminHandlers:
 
     def alter_configs(self, header, request):
         return self._alter(messages.AlterConfigsResponse, request,
-                           lambda resource, current: {c.name: c.value for c in resource.configs})
+                           lambda resource, current, kind: {c.name: c.value for c in resource.configs})
 
     def incremental_alter_configs(self, header, request):
         return self._alter(messages.IncrementalAlterConfigsResponse, request, _apply_operations)
 
     def _alter(self, response_class, request, new_overrides):
-        """Each resource's new overrides are ``new_overrides(resource, current overrides)``."""
+        """Each resource's new overrides are ``new_overrides(resource, current overrides, "topic" or "client
+        metrics")``."""
         response = response_class(throttle_time_ms=0, responses=[])
         for resource in request.resources:
             result = response_class.AlterConfigsResourceResponse(
@@ -250,18 +264,30 @@ class AdminHandlers:
                     names = ", ".join(c.name for c in resource.configs)
                     raise _Refused(ErrorCode.INVALID_REQUEST, f"kmem broker's settings are static: set {names} in "
                                                     "server.properties or with --override and restart")
+                if resource.resource_type == CLIENT_METRICS_RESOURCE:
+                    name = resource.resource_name
+                    configs = new_overrides(resource, self.client_metrics.configs(name), "client metrics")
+                    self.client_metrics.alter(name, configs, validate_only=request.validate_only)
+                    continue
                 if resource.resource_type != TOPIC_RESOURCE:
                     raise _Refused(ErrorCode.INVALID_REQUEST, f"resource type {resource.resource_type} is not served")
                 info = self.logs.topics().get(resource.resource_name)
                 if info is None:
                     raise _Refused(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"unknown topic {resource.resource_name!r}")
-                overrides = new_overrides(resource, dict(info.configs))
+                overrides = new_overrides(resource, dict(info.configs), "topic")
                 self.logs.set_topic_configs(resource.resource_name, overrides, validate_only=request.validate_only)
             except LogError as e:
                 result.error_code, result.error_message = int(e.code), str(e)
             except _Refused as e:
                 result.error_code, result.error_message = e.code, e.message
+            except ClientMetricsConfigError as e:
+                result.error_code, result.error_message = ErrorCode.INVALID_CONFIG, str(e)
         return response
+
+    def list_client_metrics_resources(self, header, request):
+        Response = messages.ListClientMetricsResourcesResponse
+        return Response(throttle_time_ms=0, error_code=ErrorCode.NONE, client_metrics_resources=[
+            Response.ClientMetricsResource(name=name) for name in self.client_metrics.names()])
 
     # --- DeleteRecords --------------------------------------------------------------------------------
 
@@ -408,6 +434,9 @@ def cursor_is_valid(request):
     return named and cursor.partition_index >= 0
 
 
+_CONFIG_NAMES = {"topic": TOPIC_SETTINGS, "client metrics": SUBSCRIPTION_CONFIGS}
+
+
 class _Refused(Exception):
     """A resource answered with an error code of this module (not the storage layer's)."""
 
@@ -416,12 +445,13 @@ class _Refused(Exception):
         self.code, self.message = code, message
 
 
-def _apply_operations(resource, overrides):
-    """IncrementalAlterConfigs: Kafka's SET, DELETE, APPEND and SUBTRACT on a topic's overrides."""
+def _apply_operations(resource, overrides, kind):
+    """IncrementalAlterConfigs: Kafka's SET, DELETE, APPEND and SUBTRACT on a topic's overrides, or a client metrics
+    subscription's configs (``kind``: "topic" or "client metrics")."""
     for config in resource.configs:
         name, op, value = config.name, config.config_operation, config.value
-        if name not in TOPIC_SETTINGS and op != DELETE:
-            raise _Refused(ErrorCode.INVALID_CONFIG, f"unknown topic config {name!r}")
+        if name not in _CONFIG_NAMES[kind] and op != DELETE:
+            raise _Refused(ErrorCode.INVALID_CONFIG, f"unknown {kind} config {name!r}")
         if op == SET:
             overrides[name] = value
         elif op == DELETE:

@@ -31,7 +31,7 @@ from kmem.protocol import ApiKey, error_response, messages
 TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER, \
     ResourceType.TRANSACTIONAL_ID
 GROUP_KEY, TRANSACTION_KEY = 0, 1                   # FindCoordinator key types
-TOPIC_CONFIG, BROKER_CONFIG, BROKER_LOGGER_CONFIG = 2, 4, 8     # ConfigResource.Type
+TOPIC_CONFIG, BROKER_CONFIG, BROKER_LOGGER_CONFIG, CLIENT_METRICS_CONFIG = 2, 4, 8, 16     # ConfigResource.Type
 ZERO_UUID = uuid.UUID(int=0)
 CLOSE_CONNECTION = object()         # a finish's answer: close the connection instead of answering
 _OPERATIONS = {TOPIC: TOPIC_OPERATIONS, GROUP: GROUP_OPERATIONS, CLUSTER: CLUSTER_OPERATIONS}
@@ -82,6 +82,7 @@ class RequestChecks:
             ApiKey.DESCRIBE_CLIENT_QUOTAS: self._describe_client_quotas,
             ApiKey.ALTER_CLIENT_QUOTAS: self._alter_client_quotas,
             ApiKey.DESCRIBE_LOG_DIRS: self._describe_log_dirs,
+            ApiKey.LIST_CLIENT_METRICS_RESOURCES: self._list_client_metrics_resources,
             ApiKey.DESCRIBE_TOPIC_PARTITIONS: self._describe_topic_partitions,
             ApiKey.CONSUMER_GROUP_HEARTBEAT: self._consumer_group_heartbeat,
             ApiKey.CONSUMER_GROUP_DESCRIBE: self._consumer_group_describe,
@@ -620,7 +621,7 @@ class RequestChecks:
 
     def _config_error(self, context, operation, resource):
         """None, or the error of a config resource the principal may not describe or alter (``ConfigHelper``)."""
-        if resource.resource_type in (BROKER_CONFIG, BROKER_LOGGER_CONFIG):
+        if resource.resource_type in (BROKER_CONFIG, BROKER_LOGGER_CONFIG, CLIENT_METRICS_CONFIG):
             if not self.allowed(context, operation, CLUSTER, CLUSTER_NAME):
                 return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         elif resource.resource_type == TOPIC_CONFIG:
@@ -672,6 +673,13 @@ class RequestChecks:
             return None
         return Refused(messages.DescribeLogDirsResponse(
             throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, results=[]))
+
+    def _list_client_metrics_resources(self, context, version, request):
+        """DESCRIBE_CONFIGS on the cluster (KIP-714)."""
+        if self.allowed(context, Operation.DESCRIBE_CONFIGS, CLUSTER, CLUSTER_NAME):
+            return None
+        return Refused(messages.ListClientMetricsResourcesResponse(
+            throttle_time_ms=0, error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED, client_metrics_resources=[]))
 
     def _describe_topic_partitions(self, context, version, request):
         """DESCRIBE on each topic, before the partition limit counts (``DescribeTopicPartitionsRequestHandler``):

@@ -49,9 +49,10 @@ from kmem.broker.group.coordinator import GROUP_APIS, DelayedResponse
 from kmem.broker.group.offsets import OFFSETS_TOPIC
 from kmem.broker.quotas import (CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager,
                                 ControllerMutationQuotaManager)
+from kmem.broker.telemetry import TELEMETRY_VERSIONS
 from kmem.broker.txn.coordinator import TXN_APIS
 from kmem.errors import KmemError
-from kmem.metrics import request_times
+from kmem.metrics import REQUEST_TIMES, request_times
 from kmem.protocol import (ApiKey, UnsupportedVersionError, api_versions_fallback_response, decode_request,
                            encode_response, error_response, messages)
 from kmem.send import close_send
@@ -101,6 +102,27 @@ def _client_address(request):
     return java_host_address(_client_host(request)[1:])
 
 
+def _remember_client_software(request, body):
+    """An ApiVersions v3+'s client software name and version (KIP-511), kept with the connection as Kafka's
+    ``ClientInformation``: KIP-714's subscriptions match them."""
+    channel = request.processor.selector.channel(request.connection_id)
+    if channel is not None:
+        channel.client_software = (body.client_software_name or "", body.client_software_version or "")
+
+
+def _telemetry_client(request, header):
+    """What KIP-714's ``match`` selectors see of the client of a request (Kafka's
+    ``ClientMetricsInstanceMetadata``)."""
+    channel = request.processor.selector.channel(request.connection_id)
+    try:
+        address, port = channel.transport.sock.getpeername()[:2]
+    except (AttributeError, OSError):
+        address, port = "", ""
+    name, version = channel.client_software if channel is not None else ("", "")
+    return {"client_id": header.client_id or "", "client_software_name": name, "client_software_version": version,
+            "client_source_address": java_host_address(address), "client_source_port": str(port)}
+
+
 def java_host_address(ip):
     """``ip`` as Java's ``InetAddress.getHostAddress`` writes it: an IPv6 address in full, each group without
     leading zeros and no scope (``0:0:0:0:0:0:0:1``), an IPv4-mapped one as IPv4; IPv4 as it is."""
@@ -124,11 +146,12 @@ def _creates_transaction_state(header, body):
 
 class RequestDispatcher:
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
-    requests answered by (api key, version); ``request_times`` tallies each API's requests and their time from
-    the dispatch to the response queued (Kafka's ``RequestMetrics`` ``TotalTimeMs``)."""
+    requests answered by (api key, version); ``request_times`` tallies each API's requests and their times
+    (Kafka's ``RequestMetrics``, ``kmem.metrics.REQUEST_TIMES``), marked by the network layer as the request
+    goes (``Request.measure``)."""
 
     def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None,
-                 quotas=None, quota_window=(11, 1)):
+                 quotas=None, quota_window=(11, 1), telemetry=None):
         self.handlers = handlers
         self.checks = None if authorizer is None else RequestChecks(authorizer, handlers.logs)
         self.coordinator = coordinator
@@ -153,6 +176,9 @@ class RequestDispatcher:
             self._methods.update({key: getattr(transactions, name) for key, name in TXN_APIS.items()})
         if scram_admin is not None:
             self._methods.update({key: getattr(scram_admin, name) for key, name in SCRAM_APIS.items()})
+        if telemetry is not None:
+            self._methods[ApiKey.GET_TELEMETRY_SUBSCRIPTIONS] = telemetry.get_subscriptions
+            self._methods[ApiKey.PUSH_TELEMETRY] = telemetry.push
 
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka
@@ -166,7 +192,14 @@ class RequestDispatcher:
             raise
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
-        return self._timed(header, started, encode_response(header, self.handlers.api_versions(header, body)))
+        response = encode_response(header, self.handlers.api_versions(header, body))
+        # answered by the authenticator, outside the request path's marks: all of it is local time
+        elapsed = time.perf_counter_ns() - started
+        times = self.request_times.row(header.api_key)
+        times[0] += 1
+        times[1] += elapsed
+        times[1 + REQUEST_TIMES.index("LocalTimeMs")] += elapsed
+        return response
 
     def __call__(self, request):
         started = time.perf_counter_ns()
@@ -182,9 +215,9 @@ class RequestDispatcher:
                                  f"(client {header.client_id!r})")
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
+        request.measure(self.request_times, header.api_key)
         if self._blocks(header, body):
-            return request.offload(lambda _: self._timed(header, started, self._answered(
-                self._answer_blocking, request, header, body)))
+            return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
         response = self._answered(self._answer, request, header, body)
         if response is CLOSE_CONNECTION:
             closing = request.defer()
@@ -195,15 +228,8 @@ class RequestDispatcher:
             deferred = request.defer()
             deferred.on_cancel(response.cancel)
             response.start(lambda build: deferred.complete_with(
-                lambda: self._timed(header, started, self._respond(request, header, body, build(), handling_ns))))
+                lambda: self._respond(request, header, body, build(), handling_ns)))
             return deferred
-        return self._timed(header, started, response)
-
-    def _timed(self, header, started, response):
-        """``response``, its request's time (since ``started``, ns) tallied: it is queued as this returns."""
-        times = self.request_times.row(header.api_key)
-        times[0] += 1
-        times[1] += time.perf_counter_ns() - started
         return response
 
     @staticmethod
@@ -277,7 +303,11 @@ class RequestDispatcher:
             response = self.transactions.end_txn(header, body, write_markers=request.after_response)
         elif header.api_key in ENDPOINT_APIS:
             response = self._methods[header.api_key](header, body, request.listener_name)
+        elif header.api_key in TELEMETRY_VERSIONS:
+            response = self._methods[header.api_key](header, body, _telemetry_client(request, header))
         else:
+            if header.api_key == ApiKey.API_VERSIONS and header.api_version >= 3:
+                _remember_client_software(request, body)
             response = self._methods[header.api_key](header, body)
         if isinstance(response, (DelayedFetch, DelayedResponse)):
             return response if finish is None else _Finishing(response, finish)

@@ -88,8 +88,9 @@ class LogCleaningError(KmemError):
 @dataclass
 class CleanerStats:
     """One pass (Kafka's ``CleanerStats``): ``map_bytes_read`` filling the key map, ``bytes_read`` and
-    ``bytes_written`` rewriting segments."""
+    ``bytes_written`` rewriting segments, ``map_utilization`` the share of the map's slots filled."""
     map_bytes_read: int = 0
+    map_utilization: float = 0.0
     bytes_read: int = 0
     bytes_written: int = 0
     map_records: int = 0
@@ -470,6 +471,7 @@ class Cleaner:
         txn_indexes = partition_log.transaction_indexes()      # after the LSO: every marker before it is indexed
         self._transactions = CleanedTransactions(txn_indexes, first_dirty)
         end = self._build_offset_map(partition_log, segments, first_dirty, uncleanable, stats, throttler)
+        stats.map_utilization = self.offset_map.size / self.offset_map.slots
         if end <= first_dirty:
             stats.elapsed_secs = time.monotonic() - stats.started
             return first_dirty, stats
@@ -757,7 +759,9 @@ class LogCleaner:
     - ``max-dirty-percent``: the highest dirty ratio of the compacted logs at the last look for work, in %;
     - ``max-compaction-delay-secs``: how far the most overdue log is past its ``max.compaction.lag.ms``;
     - ``cleaner-recopy-percent``: bytes the last pass wrote per byte of segments it rewrote, in %;
-    - ``max-clean-time-secs``: how long the last pass took."""
+    - ``max-buffer-utilization-percent``: the share of the key map the last pass filled, in %;
+    - ``max-clean-time-secs``: how long the last pass took;
+    - ``uncleanable-partitions-count``: the partitions a pass failed on, not cleaned again until a restart."""
 
     def __init__(self, log_dir, config, partitions, clock_ms):
         self.config = config
@@ -775,12 +779,12 @@ class LogCleaner:
         self._stop = threading.Event()
         self._thread = None
         self._metrics = {"max-dirty-percent": 0, "cleaner-recopy-percent": 0, "max-clean-time-secs": 0,
-                         "max-compaction-delay-secs": 0}
+                         "max-compaction-delay-secs": 0, "max-buffer-utilization-percent": 0}
 
     @property
     def metrics(self):
         """Kafka's cleaner gauges by name (see the class docstring), a copy."""
-        return dict(self._metrics)
+        return {**self._metrics, "uncleanable-partitions-count": len(self._uncleanable)}
 
     def first_dirty_offset(self, topic, partition):
         return self._first_dirty.get((topic, partition), 0)
@@ -866,6 +870,7 @@ class LogCleaner:
         self._metrics["cleaner-recopy-percent"] = int(100 * stats.bytes_written / stats.bytes_read) \
             if stats.bytes_read else 0
         self._metrics["max-clean-time-secs"] = int(stats.elapsed_secs)
+        self._metrics["max-buffer-utilization-percent"] = int(100 * stats.map_utilization)
         log.info("cleaned %s-%d: %d to %d bytes, offsets up to %d (%d of %d records kept, %d keys mapped) "
                  "in %.3f s", *to_clean.key, before, after, end - 1, stats.records_kept, stats.records_read,
                  stats.map_records, stats.elapsed_secs)

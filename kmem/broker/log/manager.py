@@ -33,6 +33,7 @@ from kmem.broker.log.config import BrokerConfig
 from kmem.broker.log.unified_log import PartitionLog, wall_clock_ms
 from kmem.durable import fsync_directory, replaced_atomically
 from kmem.errors import ConfigError, IllegalStateError
+from kmem.metrics import Tallies
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ class LogManager:
             raise IllegalStateError(f"log directory {self.log_dir} is in use by another kmem broker (or "
                                     f"LogManager), which holds its {LOCK_FILE}") from None
         self.flusher = FlushScheduler()
+        self.flush_stats = Tallies(2)   # every log's flushes (Kafka's LogFlushStats), see PartitionLog
         try:
             self._open()
         except BaseException:
@@ -299,7 +301,7 @@ class LogManager:
             self._listeners.append(listener)
 
     def _new_log(self, *args, **kwargs):
-        partition_log = PartitionLog(*args, schedule=self.flusher.schedule, **kwargs)
+        partition_log = PartitionLog(*args, schedule=self.flusher.schedule, flush_stats=self.flush_stats, **kwargs)
         partition_log.add_listener(self._changed)
         return partition_log
 

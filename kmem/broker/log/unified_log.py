@@ -90,6 +90,7 @@ from kmem.broker.log.segment import (
 from kmem.broker.log.txn_index import AbortedTxn
 from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
 from kmem.durable import fsync_directory
+from kmem.metrics import Tallies
 from kmem.errors import IllegalStateError, InvalidArgumentError
 from kmem.records import ControlRecordType, FileRecords, build_control_batch, log_segments
 
@@ -160,11 +161,14 @@ class PartitionLog:
     """The log of one partition directory (see the module docstring)."""
 
     def __init__(self, directory, topic, partition, config, broker, *, topic_id=None, recovery_point=0,
-                 log_start_offset=0, clean=True, clock_ms=None, schedule=None):
+                 log_start_offset=0, clean=True, clock_ms=None, schedule=None, flush_stats=None):
         """``schedule(task)``: runs ``task()`` later on another thread (a roll's flush); None: at once, on
-        the rolling thread."""
+        the rolling thread. ``flush_stats``: the ``kmem.metrics.Tallies`` (2 wide) the flushes are counted in
+        (Kafka's ``LogFlushStats``: [flushes, nanoseconds] in row None), the log manager's; one of its own if
+        not given."""
         self.directory = os.fspath(directory)
         self._schedule = schedule
+        self.flush_stats = Tallies(2) if flush_stats is None else flush_stats
         self.topic, self.partition = topic, partition
         self.config = config
         self._clock = clock_ms or wall_clock_ms
@@ -486,7 +490,11 @@ class PartitionLog:
             if self._closed or offset <= self.recovery_point:
                 return
             fds = self._open_unflushed(offset)
+        started = time.perf_counter_ns()
         fsync_and_close(fds)
+        flushes = self.flush_stats.row(None)
+        flushes[0] += 1
+        flushes[1] += time.perf_counter_ns() - started
         with self._lock:
             self.recovery_point = max(self.recovery_point, offset)
 
