@@ -467,6 +467,31 @@ def test_close_sends_responses_completed_as_it_stops_and_cancels_the_rest():
         left.close()
 
 
+def test_close_sends_every_response_completed_as_it_stops_beyond_one_build_slice():
+    """Deferred responses built on the network thread are built a slice of time at a time; the ones a slow first
+    build leaves queued at shutdown are sent as well (they were once dropped with their connection)."""
+    handler = Parking()
+    server = SocketServer(handler, num_network_threads=1).start()
+    clients = [connect(server.address) for _ in range(3)]
+    try:
+        for i, sock in enumerate(clients):
+            sock.sendall(frame(b"wait %d" % i))
+        assert wait_until(lambda: len(handler.parked) == 3)
+
+        def slow_build(answer):
+            def build():
+                time.sleep(0.01)        # longer than a build slice
+                return answer
+            return build
+        for payload, deferred in handler.parked:
+            deferred.complete_with(slow_build(b"built " + payload))
+        server.close()
+        assert [recv_frame(sock) for sock in clients] == [b"built wait %d" % i for i in range(3)]
+    finally:
+        for sock in clients:
+            sock.close()
+
+
 def test_work_after_a_response_runs_on_the_network_thread_once_the_response_is_out(caplog):
     """``Request.after_response``: the client has its answer before the work starts (the work here waits
     for the client to say it has it); a failing piece of work is logged and the processor serves on."""

@@ -440,11 +440,13 @@ class _Processor(threading.Thread):
             self.selector.mute(channel.id)
         while True:
             self._process_responses()
-            pending = any(channel.send is not None for channel in self.selector.channels)
+            # responses still queued (one build slice may leave some) or still being written
+            queued = not self._responses.empty()
+            pending = queued or any(channel.send is not None for channel in self.selector.channels)
             remaining = deadline - time.monotonic()
             if not pending or remaining <= 0:
                 return
-            self.selector.poll(min(remaining, POLL_SECONDS))
+            self.selector.poll(0 if queued else min(remaining, POLL_SECONDS))
             for receive in self.selector.completed_receives:
                 receive.close()
             self._process_disconnected()
