@@ -4,10 +4,9 @@
 # malformed input, or a value of an unexpected type, it raises WireFallback and kmem.protocol.api runs the
 # Python codec on the same input, which is the reference: it names the fault, or handles the unusual value.
 
-import uuid as _uuid_module
-
-_UUID = _uuid_module.UUID
-_ZERO_UUID = _UUID(int=0)
+# module-level C names: kept out of the module's namespace (its public surface is kmem/_core.pyi)
+cdef object _UUID = __import__("uuid").UUID
+cdef object _ZERO_UUID = _UUID(int=0)
 
 
 class WireFallback(Exception):
@@ -96,6 +95,7 @@ cdef inline int64_t _rd_uvarint(_Rd* r) except -1:
 
 
 @cython.final
+@cython.internal
 cdef class _WireOut:
     """The bytes being encoded, and the record Sends noted instead of copied: (offset in the final
     buffer, send), ``base`` being where this output will start in it."""
