@@ -509,3 +509,14 @@ def _read_terminal(reader):
         return os.read(reader, 65536)
     except OSError:             # EIO: every writer has closed the terminal
         return b""
+
+
+def test_a_second_spark_on_the_machine_is_no_notice_for_the_pipeline():
+    """Two pipelines at once: the second one's UI takes the next port, which Spark says at start; the pipeline
+    keeps that line off the terminal with the other start notices (the real errors still show)."""
+    from kmem.spark.session import JVM_START_NOTICES
+    moved = "26/11/28 14:35:55 WARN Utils: Service 'SparkUI' could not bind on port 4040. Attempting port 4041."
+    assert JVM_START_NOTICES.search(moved)
+    assert not JVM_START_NOTICES.search("26/11/28 14:35:55 WARN Utils: Service 'sparkDriver' could not bind on a "
+                                        "random free port. You may check whether configuring an appropriate "
+                                        "binding address.")

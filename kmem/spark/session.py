@@ -17,12 +17,14 @@ from kmem.errors import KmemError
 MIN_JAVA = 17       # Spark 4's minimum
 # What a local Spark prints on every start, whatever the job: Java's notice for the incubator module
 # Spark's launcher always adds, log4j's default-profile lines, and Spark's warnings about the host
-# (its name resolving to a loopback address, no native Hadoop library).
+# (its name resolving to a loopback address, no native Hadoop library, another Spark holding the UI's port, so
+# that this one's UI takes the next).
 JVM_START_NOTICES = re.compile(
     r"WARNING: Using incubator modules|Using Spark's default log4j profile|Setting default log level to|"
     r"To adjust logging level use sc\.setLogLevel|"
     r" WARN (Utils: Your hostname, .* resolves to a loopback address|Utils: Set SPARK_LOCAL_IP if you need|"
-    r"NativeCodeLoader: Unable to load native-hadoop library)")
+    r"NativeCodeLoader: Unable to load native-hadoop library|"
+    r"Utils: Service 'SparkUI' could not bind on port \d+\. Attempting port \d+\.)")
 
 
 class JavaRuntimeError(KmemError):
