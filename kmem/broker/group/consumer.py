@@ -592,7 +592,8 @@ class ConsumerGroups:
         return ErrorCode.NONE
 
     def delete(self, group):
-        """Forget the (empty) group, writing tombstones for its records; the error code of the write."""
+        """Forget the group (emptied, or downgraded to a classic group), writing tombstones for its records; the
+        error code of the write."""
         self.coordinator._forget_consumer_group(group)
         return self.store(group)
 
