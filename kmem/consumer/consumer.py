@@ -22,6 +22,10 @@ take a sorted list of ``TopicPartition``. They run on the application's thread, 
   no longer subscribed); after the rebalance, ``on_partitions_revoked`` with only the partitions moved away
   (when there are any; the member then rejoins at once) and ``on_partitions_assigned`` with only those
   added (possibly none);
+- ``group.protocol=consumer`` (KIP-848, ``kmem.consumer.membership``): at each new assignment the coordinator
+  sends, ``on_partitions_revoked`` with only the partitions no longer assigned (when there are any), then
+  ``on_partitions_assigned`` with only those added (possibly none); no rejoin, the next heartbeat tells the
+  coordinator;
 - ``on_partitions_lost`` instead of revoked when the member is no longer in the group: it left after
   ``max.poll.interval.ms`` without ``poll``, or the coordinator expired its session or fenced its generation
   (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION). Its partitions may already be someone else's: do not commit
@@ -353,9 +357,10 @@ class Consumer:
         self._update_positions()
 
     def _apply_assignment(self, assigned):
-        """A SyncGroup's assignment. Cooperative (KIP-429): partitions taken away are committed (when
-        auto-committing) and revoked, and the member rejoins at once so that their new owner gets them.
-        The listener hears of the partitions added (eager: all, as it gave up everything before joining)."""
+        """A SyncGroup's assignment, or one a KIP-848 coordinator sent. Incremental (KIP-429, KIP-848): partitions
+        taken away are committed (when auto-committing) and revoked first; then the member rejoins at once
+        (KIP-429) or acknowledges in its next heartbeat (KIP-848), so that their new owner gets them. The listener
+        hears of the partitions added (eager: all, as it gave up everything before joining)."""
         owned = set(self._fetcher.assignment)
         revoked = sorted(owned.difference(assigned))
         if revoked and self._coordinator.cooperative:
