@@ -7,31 +7,18 @@ import pytest
 from broker_helpers import RawConnection, wait_for
 from group_helpers import start_broker
 from kmem.broker.codes import ErrorCode
-from kmem.broker.group.coordinator import GroupConfig, GroupCoordinator
+from kmem.broker.group.coordinator import GroupConfig
 from kmem.broker.group.offsets import partition_for, read_key
 from kmem.consumer.fetcher import TopicPartition
 from kmem.consumer.group import decode_assignment, encode_assignment, encode_sticky_subscription
 from kmem.errors import ConfigError
 from kmem.protocol import ApiKey, messages
 from test_broker_consumer_groups import Members, assignment
-from test_broker_groups_coordinator import (
-    commit, fetch, header, heartbeat, join, join_async, settled, stored_records, sync_request,
+from test_broker_groups_coordinator import (  # noqa: F401 (logs: the fixture)
+    commit, coordinator, fetch, header, heartbeat, join, join_async, logs, settled, stored_records, sync_request,
 )
 
 PARTITIONS = {0, 1, 2, 3}
-
-
-@pytest.fixture
-def logs(tmp_path):
-    from kmem.broker import LogManager
-    with LogManager(tmp_path) as manager:
-        manager.create_topic("t", 4)
-        yield manager
-
-
-def coordinator(logs, **settings):
-    return GroupCoordinator(logs, GroupConfig(**{"initial_rebalance_delay_ms": 0, "offsets_topic_partitions": 3,
-                                                 **settings}))
 
 
 def subscription(owned=(), rack=None):
