@@ -24,6 +24,7 @@ from kmem import _core
 from broker_helpers import wait_for
 from records_samples import MINIMAL_RECORD, read_aiokafka, read_kafka_python, v2_batch_of
 from kmem.broker.log import checkpoints, validator
+from kmem.broker.log.index import CorruptIndexError
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
 
@@ -685,6 +686,107 @@ def test_offset_lookup_uses_the_index(tmp_path):
         assert offset <= 150 and position > 0
         assert [r[3] for r in read_all(partition_log, 150)][:2] == [b"150" * 20, b"151" * 20]
 
+
+
+@pytest.mark.parametrize("layout, field, width", [(">ii", 0, 4), (">ii", 1, 4), (">qi", 0, 8), (">qi", 1, 4)])
+def test_core_index_search_agrees_with_a_scan(tmp_path, layout, field, width):
+    """``_core.index_floor`` against the last row at or below each key, found by reading every row: keys below
+    the first row, between rows, on rows and past the last, with negative fields too."""
+    import random
+    entry = struct.Struct(layout)
+    at = struct.calcsize(layout[:1 + field])                # the field's byte position
+    rng = random.Random(field * 10 + width)
+    for count in (0, 1, 2, 7, 1000):
+        keys = sorted(rng.sample(range(-(1 << 30), 1 << 30), count))
+        rows = [(k, rng.randrange(1 << 20)) if field == 0 else (rng.randrange(1 << 20), k) for k in keys]
+        path = tmp_path / f"{count}.index"
+        path.write_bytes(b"".join(entry.pack(*row) for row in rows))
+        probes = [-(1 << 31), (1 << 31) - 1] + [k + d for k in keys[:50] + keys[-50:] for d in (-1, 0, 1)]
+        for key in probes:
+            expected = max((i for i, k in enumerate(keys) if k <= key), default=-1)
+            found, row = _core.index_floor(os.fsencode(path), count, entry.size, at, width, key)
+            assert found == expected
+            assert row == (None if expected < 0 else entry.pack(*rows[expected]))
+
+
+def test_core_index_search_refuses_what_it_cannot_read(tmp_path):
+    path = tmp_path / "short.index"
+    path.write_bytes(struct.pack(">ii", 1, 0) * 3)
+    # an index shorter than its entries (cut outside the broker) is named, never read past
+    assert _core.index_floor(os.fsencode(path), 1000, 8, 0, 4, 500)[0] == -2
+    assert _core.index_floor(os.fsencode(path), 3, 8, 0, 4, 500)[0] == 2
+    with pytest.raises(FileNotFoundError):
+        _core.index_floor(os.fsencode(tmp_path / "gone.index"), 3, 8, 0, 4, 1)
+    for bad in [(8, 6, 4), (8, 0, 2), (0, 0, 4), (100, 0, 4), (8, -1, 4)]:
+        with pytest.raises(ValueError):
+            _core.index_floor(os.fsencode(path), 3, *bad, 1)
+
+
+def test_an_index_cut_short_outside_the_broker_is_a_corrupt_index(tmp_path):
+    with open_manager(tmp_path, log_index_interval_bytes=0) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(20):
+            partition_log.append(batch([b"%d" % i]))
+        index = partition_log.active.offset_index
+        assert index.lookup(10) == (10, index.lookup(10)[1])
+        os.truncate(index.path, 8 * 5)
+        with pytest.raises(CorruptIndexError, match="shorter than its 19 entries"):
+            index.lookup(10)
+
+
+def test_a_lookup_at_the_tail_reads_no_file_and_a_shrunk_index_forgets_its_tail(tmp_path):
+    with open_manager(tmp_path, log_index_interval_bytes=0) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(10):
+            partition_log.append(batch([b"%d" % i]))
+        index = partition_log.active.offset_index
+        at_tail = index.lookup(1000)
+        os.rename(index.path, index.path + ".away")
+        try:
+            assert index.lookup(1000) == at_tail == (9, index.lookup(9)[1])
+            with pytest.raises(FileNotFoundError):
+                index.lookup(5)
+        finally:
+            os.rename(index.path + ".away", index.path)
+        index.resize(4 * 8)                  # keeps four entries: the last is read again
+        assert index.entries == 4 and index.lookup(1000)[0] == 3 == index.last_offset
+
+
+def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path):
+    """``_core.first_batch_reaching`` against ``LogSegment.heads``: v2, v1 and v0 batches, every offset, and a
+    damaged length that ends the scan as it ends ``heads``."""
+    from kmem.broker.log.segment import HEAD_READ
+    with open_manager(tmp_path, log_index_interval_bytes=1 << 20) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(12):
+            partition_log.append(batch([b"x" * i] * (1 + i % 3), magic=(2, 1, 0)[i % 3] if i < 9 else 2))
+        segment = partition_log.active
+        heads = list(segment.heads())
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            for offset in range(-1, partition_log.log_end_offset + 2):
+                expected = next((h for h in heads if h.last_offset >= offset), None)
+                found = _core.first_batch_reaching(fd, 0, segment.size, offset, HEAD_READ)
+                assert (found and found[0]) == (expected and expected.position)
+                if expected is not None:
+                    assert segment.translate_offset(offset).last_offset == expected.last_offset
+                # from a later position, and with an end that cuts the batch found
+                if expected is not None and expected.position:
+                    assert _core.first_batch_reaching(fd, 0, expected.position + expected.size - 1, offset,
+                                                      HEAD_READ) is None
+        finally:
+            os.close(fd)
+        with open(segment.log_path, "r+b") as f:           # the fifth batch's length below any batch's
+            f.seek(heads[4].position + 8)
+            f.write(struct.pack(">i", 3))
+        assert segment.translate_offset(heads[3].last_offset).position == heads[3].position
+        assert segment.translate_offset(heads[4].last_offset) is None
+        assert [h.position for h in segment.heads()] == [h.position for h in heads[:4]]
+        with pytest.raises(ValueError):
+            _core.first_batch_reaching(0, 0, 1, 0, 20)
 
 # --- rolling and retention ------------------------------------------------------------------------------
 

@@ -10,8 +10,9 @@ to whole entries, as Kafka does, and trimmed to its entries when the segment rol
 index that cannot be trusted (length not a multiple of the entry size, offsets not increasing, entries
 outside the segment) fails ``sanity_check`` and is rebuilt from the segment by the caller.
 
-Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file (about 20 reads
-for a full index) and keep nothing in memory but the last entry. The files are opened for each use and
+Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file in the compiled core
+(``_core.index_floor``, about 20 reads for a full index) and keep nothing in memory but the last entry, which
+answers a lookup at the tail without a read. The files are opened for each use and
 never kept open, so that a partition holds one descriptor (its active segment's log) however long its
 log is: Kafka maps its indexes and closes their files for the same reason.
 """
@@ -21,6 +22,7 @@ import struct
 
 import numpy as np
 
+from kmem import _core
 from kmem.errors import KmemError
 
 NO_TIMESTAMP = -1
@@ -35,11 +37,13 @@ class CorruptIndexError(KmemError, ValueError):
 class _Index:
     ENTRY = None           # struct of one entry
     KEY = 0                # field of the entry searched by lookup
+    FIELDS = ()            # (byte position, width) of each field of an entry
 
     def __init__(self, path, base_offset, max_index_size, *, writable, read_only=False):
         """``read_only``: an index read offline (``kmem dump-log``), opened without write access and never
         created; ``writable`` then has no effect."""
         self.path = os.fspath(path)
+        self._encoded_path = os.fsencode(self.path)
         self.base_offset = base_offset
         self.max_index_size = max_index_size - max_index_size % self.ENTRY.size
         self.max_entries = self.max_index_size // self.ENTRY.size
@@ -92,9 +96,12 @@ class _Index:
     def resize(self, size):
         """Make the file ``size`` bytes long (rounded down to whole entries), keeping the entries."""
         size -= size % self.ENTRY.size
-        self.entries = min(self.entries, size // self.ENTRY.size)
+        entries = min(self.entries, size // self.ENTRY.size)
         with self._file() as fd:
             os.ftruncate(fd, size)
+            if entries != self.entries:
+                self.entries = entries
+                self._last = self._entry(fd, entries - 1) if entries else None
 
     def trim_to_valid_size(self):
         self.resize(self.entries * self.ENTRY.size)
@@ -108,19 +115,16 @@ class _Index:
 
     def _search(self, key, field=None):
         """``(index, entry)`` of the last entry whose key (or ``field``) is at most ``key``, or ``(-1, None)``."""
-        low, high = 0, self.entries - 1
-        found = (-1, None)
-        if high < 0:
-            return found
-        with self._file() as fd:
-            while low <= high:
-                mid = (low + high) // 2
-                entry = self._entry(fd, mid)
-                if entry[self.KEY if field is None else field] <= key:
-                    found, low = (mid, entry), mid + 1
-                else:
-                    high = mid - 1
-        return found
+        field = self.KEY if field is None else field
+        if self._last is not None and self._last[field] <= key:      # a reader at the tail: no search
+            return self.entries - 1, self._last
+        if not self.entries:
+            return -1, None
+        at, width = self.FIELDS[field]
+        index, entry = _core.index_floor(self._encoded_path, self.entries, self.ENTRY.size, at, width, key)
+        if index == -2:
+            raise CorruptIndexError(f"{self.path}: shorter than its {self.entries} entries")
+        return (index, self.ENTRY.unpack(entry)) if index >= 0 else (-1, None)
 
     def _entries_array(self, dtype):
         """The entries as a numpy array, and the file's length."""
@@ -142,6 +146,7 @@ class OffsetIndex(_Index):
     """Sparse map from offsets to positions in the segment file."""
     ENTRY = struct.Struct(">ii")
     KEY = 0
+    FIELDS = ((0, 4), (4, 4))
 
     @property
     def last_offset(self):
@@ -188,6 +193,7 @@ class TimeIndex(_Index):
     """Sparse map from timestamps to offsets: an entry each time the segment's largest timestamp grew."""
     ENTRY = struct.Struct(">qi")
     KEY = 0
+    FIELDS = ((0, 8), (8, 4))
 
     @property
     def last_entry(self):

@@ -20,6 +20,7 @@ import contextlib
 import os
 import struct
 
+from kmem import _core
 from kmem.broker.log.index import NO_TIMESTAMP, CorruptIndexError, OffsetIndex, TimeIndex
 from kmem.broker.log.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 from kmem.errors import CorruptRecordError
@@ -134,10 +135,9 @@ class LogSegment:
     def translate_offset(self, offset, starting_position=0):
         """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
         _, position = self.offset_index.lookup(offset)
-        for batch in self.heads(max(position, starting_position)):
-            if batch.last_offset >= offset:
-                return batch
-        return None
+        with self._log_file() as fd:
+            found = _core.first_batch_reaching(fd, max(position, starting_position), self.size, offset, HEAD_READ)
+        return None if found is None else BatchHead(found[1], found[0])
 
     def find_offset_by_timestamp(self, timestamp, starting_offset):
         """``(offset, timestamp)`` of the first record at or after ``starting_offset`` with a timestamp of at

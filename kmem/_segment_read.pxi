@@ -1,0 +1,106 @@
+# Reads of a log segment's files on the fetch path (Kafka's OffsetIndex.lookup, LogSegment.translateOffset):
+# the loops of small preads, each a system call, run here without the GIL.
+#
+# Index entries are big-endian: `.index` rows are (relative offset i32, position i32), `.timeindex` rows
+# (timestamp i64, relative offset i32). A batch starts `base offset i64 | length i32 | epoch or crc i32 |
+# magic i8`; a v2 batch's last offset delta is the i32 at byte 23.
+
+cdef inline int64_t _big_endian(const uint8_t* p, int width) noexcept nogil:
+    cdef uint64_t value = 0
+    cdef int i
+    for i in range(width):
+        value = (value << 8) | p[i]
+    if width == 4:
+        return <int32_t>value
+    return <int64_t>value
+
+
+cdef Py_ssize_t _pread_fully(int fd, uint8_t* into, Py_ssize_t size, int64_t position) noexcept nogil:
+    """Bytes read (fewer only at the file's end), or -1 with errno set."""
+    cdef Py_ssize_t done = 0, got
+    while done < size:
+        got = pread(fd, into + done, size - done, position + done)
+        if got < 0:
+            if errno == EINTR:
+                continue
+            return -1
+        if got == 0:
+            break
+        done += got
+    return done
+
+
+def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_t field_at, int field_width,
+                int64_t key):
+    """``(row, its bytes)`` of the last of an index file's first ``entries`` rows (``entry_size`` bytes each,
+    sorted by the signed big-endian field of ``field_width`` bytes, 4 or 8, at ``field_at``) whose field is at
+    most ``key``; ``(-1, None)`` when none is, ``(-2, None)`` when the file is shorter than ``entries`` rows.
+    The file at ``path`` is opened, binary-searched one ``pread`` of a row per step, and closed. Raises OSError
+    when it cannot be opened or read."""
+    if field_width not in (4, 8) or entry_size <= 0 or entry_size > 64 or field_at < 0 \
+            or field_at + field_width > entry_size or entries < 0:
+        raise ValueError(f"index row of {entry_size} bytes cannot hold a {field_width}-byte field at {field_at}")
+    cdef const char* name = path
+    cdef uint8_t row[64]
+    cdef uint8_t found_row[64]
+    cdef Py_ssize_t low = 0, high = entries - 1, mid, found = -1, got = 0
+    cdef int fd, error = 0
+    with nogil:
+        fd = open_fd(name, O_RDONLY | O_CLOEXEC)
+        if fd < 0:
+            error = errno
+        else:
+            while low <= high:
+                mid = low + (high - low) // 2
+                got = _pread_fully(fd, row, entry_size, <int64_t>mid * entry_size)
+                if got != entry_size:
+                    error = errno if got < 0 else 0
+                    break
+                if _big_endian(row + field_at, field_width) <= key:
+                    found, low = mid, mid + 1
+                    memcpy(found_row, row, entry_size)
+                else:
+                    high = mid - 1
+            close_fd(fd)
+    if error:
+        raise OSError(error, strerror(error).decode(), path.decode(errors="surrogateescape"))
+    if low <= high:
+        return -2, None
+    if found < 0:
+        return -1, None
+    return found, PyBytes_FromStringAndSize(<char*>found_row, entry_size)
+
+
+def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size):
+    """``(position, head)`` of the first complete batch of a segment file between ``position`` and ``end``
+    whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61, fewer at the
+    file's end); None when no complete batch before ``end`` reaches it. A batch whose length is below its
+    format's header (a damaged tail, never a validated one) ends the scan. Raises OSError when a read fails."""
+    if head_size < 61 or head_size > 256:
+        raise ValueError(f"a batch head of {head_size} bytes cannot be read")
+    cdef uint8_t head[256]
+    cdef Py_ssize_t got = 0
+    cdef int64_t size, last_offset
+    cdef bint found = False
+    with nogil:
+        while end - position >= 12:
+            got = _pread_fully(fd, head, head_size, position)
+            if got <= 16:
+                break
+            size = 12 + _big_endian(head + 8, 4)
+            if position + size > end or size < (61 if head[16] == 2 else 26):
+                break
+            last_offset = _big_endian(head, 8)
+            if head[16] == 2:
+                if got < 27:
+                    break
+                last_offset += _big_endian(head + 23, 4)
+            if last_offset >= offset:
+                found = True
+                break
+            position += size
+    if got < 0:
+        raise OSError(errno, f"pread of a segment failed: {strerror(errno).decode()}")
+    if not found:
+        return None
+    return position, PyBytes_FromStringAndSize(<char*>head, got)
