@@ -91,19 +91,20 @@ def broker_times(path, prefill, payloads, check):
     from kmem.broker import Broker
     from kmem.protocol import api
 
-    lookups = {"python": python_codecs(), "compiled": api._codec}
+    # each with its own cache of the lookups made once per API and version
+    lookups = {"python": (python_codecs(), {}, {}), "compiled": (api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS)}
     brokers = {which: Broker(path / which, port=0).start() for which in lookups}
     times = {which: ([], []) for which in lookups}
     try:
         for which, broker in brokers.items():
-            api._codec = lookups[which]
+            api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS = lookups[which]
             broker.logs.create_topic("hot")
             for payload in prefill:
                 broker.server.handler(_Request(payload))
         gc.freeze()             # as `kmem broker` does once started
         for i, payload in enumerate(payloads):
             for which in sorted(lookups, reverse=i % 2 == 1):
-                api._codec = lookups[which]
+                api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS = lookups[which]
                 request, handle = _Request(payload), brokers[which].server.handler
                 started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
                 response = handle(request)
@@ -111,7 +112,7 @@ def broker_times(path, prefill, payloads, check):
                 times[which][1].append(time.thread_time_ns() - cpu_started)
                 check(brokers[which], response, i == len(payloads) - 1)
     finally:
-        api._codec = lookups["compiled"]
+        api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS = lookups["compiled"]
         for broker in brokers.values():
             broker.close()
         gc.unfreeze()

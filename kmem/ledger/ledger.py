@@ -404,7 +404,8 @@ class PidLedger:
         return self._core.read(pid)     # what ``ledger.read`` calls directly (see __init__)
 
     def expired(self, entry):
-        """Whether ``entry`` is past producer_id_expiration_ms (and in no transaction): read as absent."""
+        """Whether ``entry`` (a ProducerEntry, or anything with its ``timestamp`` and ``current_txn_first_offset``)
+        is past producer_id_expiration_ms (and in no transaction): read as absent."""
         return (entry.current_txn_first_offset < 0
                 and self._clock_ms() - entry.timestamp >= self.expiration_ms)
 

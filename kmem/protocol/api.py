@@ -244,12 +244,42 @@ def _decode_request_header_reference(view):
 
 def _with_header_tags(view, key, api_version, correlation_id, client_id, pos):
     tags = None
-    if request_header_version(key, api_version) == 2:
+    plan = _REQUEST_PLANS.get((key, api_version))
+    flexible = plan[0] if plan is not None else request_header_version(key, api_version) == 2
+    if flexible:
         if view[pos:pos + 1] == b"\x00":
             pos += 1
         else:
             tags, pos = _read_tags(view, pos, "RequestHeader")
     return RequestHeader(key, api_version, correlation_id, client_id, tags), pos
+
+
+# (api key, version) -> (flexible header, body decoder) of each supported request version, and
+# (response class, version) -> (api key, flexible header, body encoder) of each response encoded: the
+# lookups of every request, made once
+_REQUEST_PLANS = {}
+_RESPONSE_PLANS = {}
+
+
+def _request_plan(key, version):
+    plan = _REQUEST_PLANS.get((key, version))
+    if plan is None:
+        low, high = SUPPORTED_VERSIONS[key]
+        if not low <= version <= high:
+            return None             # not kept: a client may name any of 65,536 versions
+        plan = _REQUEST_PLANS[key, version] = (request_header_version(key, version) == 2,
+                                               _codec(key, version, "Request", "decode"))
+    return plan
+
+
+def _response_plan(body, version):
+    plan = _RESPONSE_PLANS.get((type(body), version))
+    if plan is None:
+        api_key = _api_key_of(body, "Response")
+        _check_version(api_key, version)
+        plan = _RESPONSE_PLANS[type(body), version] = (api_key, response_header_version(api_key, version) == 1,
+                                                       _codec(api_key, version, "Response", "encode"))
+    return plan
 
 
 def _check_version(api_key, version, header=None):
@@ -264,8 +294,10 @@ def decode_request(buf):
     (with ``.header``) or ``CorruptMessageError``."""
     view = _view(buf)
     header, pos = _decode_request_header(view)
-    _check_version(header.api_key, header.api_version, header)
-    body, _ = _codec(header.api_key, header.api_version, "Request", "decode")(view, pos)
+    plan = _request_plan(header.api_key, header.api_version)
+    if plan is None:
+        raise UnsupportedVersionError(header.api_key, header.api_version, header)
+    body, _ = plan[1](view, pos)
     return header, body
 
 
@@ -384,20 +416,19 @@ def encode_response(request_header, body, unknown_tags=None):
     (and no records above 16 KiB), otherwise a ``SplicedSend`` (a ``kmem.send.Send``: the encoded
     fields with each record Send in place, nothing copied) whose ``size`` is the payload's length:
     write ``size`` as the frame prefix, then the send."""
-    api_key = _api_key_of(body, "Response")
+    version = request_header.api_version
+    api_key, flexible_header, encode = _response_plan(body, version)
     if api_key != request_header.api_key:
         raise InvalidMessageError(type(body).__name__, request_header.api_version, "(message)",
                                   f"the request was {ApiKey(request_header.api_key).name}")
-    version = request_header.api_version
-    _check_version(api_key, version)
     try:
         buf = bytearray(_RESPONSE_HEADER.pack(request_header.correlation_id))
-        if response_header_version(api_key, version) == 1:
-            buf += codegen.tagged_section(unknown_tags or {})
+        if flexible_header:
+            buf += codegen.tagged_section(unknown_tags) if unknown_tags else b"\x00"
     except (struct.error, TypeError, codegen._Bad) as e:
         raise InvalidMessageError("ResponseHeader", version, "correlation_id", str(e)) from None
     splices = []
-    spliced_bytes = _codec(api_key, version, "Response", "encode")(body, buf, splices)
+    spliced_bytes = encode(body, buf, splices)
     return _finish(buf, splices, spliced_bytes)
 
 

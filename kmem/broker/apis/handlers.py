@@ -411,31 +411,33 @@ class Handlers:
         # Kafka's KafkaApis.handleProduceRequest: a request holding transactional batches needs a transactional
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
         # such request is: its batches would hold the last stable offset back for good (no marker would come).
-        # Each listing's first batch if transactional, looked at once (by the listing's identity).
-        firsts = {id(data): first_transactional_batch(data.records)
-                  for topic in request.topic_data for data in topic.partition_data}
-        transactional = any(first is not None for first in firsts.values())
-        # A partition listed again is appended and answered once, with its last listing's records (Kafka
-        # keys the request's partitions by TopicPartition), in its first place.
-        latest = {(topic.name, data.index): data for topic in request.topic_data for data in topic.partition_data}
-        checked = {key: _check_produce_records(version, data.records) for key, data in latest.items()}
+        # Each listing's first batch if transactional, looked at once. A partition listed again is appended and
+        # answered once, with its last listing's records (Kafka keys the request's partitions by TopicPartition),
+        # in its first place.
+        latest, transactional = {}, False
+        for topic in request.topic_data:
+            for data in topic.partition_data:
+                first = first_transactional_batch(data.records)
+                transactional = transactional or first is not None
+                latest[topic.name, data.index] = data, first
         refusal = None
         if transactional and (request.transactional_id is None or self.transactions is None):
             refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
                 "a Produce of transactional batches needs a transactional id" if self.transactions
                 else "kmem broker serves no transactions here: transactional batches are refused")
-        elif transactional and len(self._transactional_producers(latest, firsts, checked)) > 1:
+        elif transactional and len(self._transactional_producers(version, latest)) > 1:
             # Kafka's ReplicaManager.handleProduceAppend refuses the whole request
             refusal = ErrorCode.INVALID_PRODUCER_ID_MAPPING, \
                 "the transactional batches of a Produce must all be of one producer id and epoch"
+        everywhere = self.topic_stats.row(ALL_TOPICS)
         for topic in request.topic_data:
             topic_response = messages.ProduceResponse.TopicProduceResponse(name=topic.name, partition_responses=[])
             response.responses.append(topic_response)
             for data in topic.partition_data:
-                key = (topic.name, data.index)
-                data = latest.pop(key, None)
-                if data is None:
+                listing = latest.pop((topic.name, data.index), None)
+                if listing is None:
                     continue
+                data, first = listing
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
@@ -445,7 +447,6 @@ class Handlers:
                 if request.acks not in (0, 1, -1):
                     result.error_code = ErrorCode.INVALID_REQUIRED_ACKS
                     continue
-                everywhere = self.topic_stats.row(ALL_TOPICS)
                 everywhere[TOTAL_PRODUCE] += 1
                 if topic.name in INTERNAL_TOPICS:     # Kafka's internalTopicsAllowed=false
                     result.error_code = ErrorCode.INVALID_TOPIC_EXCEPTION
@@ -457,14 +458,13 @@ class Handlers:
                     continue
                 here = self.topic_stats.row(topic.name)
                 here[TOTAL_PRODUCE] += 1
-                error = checked[key]
+                error = _check_produce_records(version, data.records)
                 if error:
                     result.error_code, result.error_message = error
                     _count_failed(result.error_code, PRODUCE_ERRORS_NOT_FAILED, FAILED_PRODUCE, here, everywhere)
                     continue
                 try:
-                    guard, error = self._verify_transaction(request, version, topic.name, data, firsts[id(data)],
-                                                            partition_log)
+                    guard, error = self._verify_transaction(request, version, topic.name, data, first, partition_log)
                     if error:
                         result.error_code = ErrorCode.NOT_ENOUGH_REPLICAS if error in RETRIABLE_VERIFICATION_ERRORS \
                             else error
@@ -496,14 +496,14 @@ class Handlers:
                     everywhere[BYTES_IN] += size
         return None if request.acks == 0 else response
 
-    def _transactional_producers(self, partitions, firsts, checked):
+    def _transactional_producers(self, version, partitions):
         """The ``(producer id, epoch)`` of each transactional batch Kafka's ``handleProduceAppend`` gets: those of
-        ``partitions`` (``{(topic, index): partition data}``) that exist and whose records are valid (``firsts``,
-        ``checked``: what ``produce`` found of each)."""
-        return {(batch.producer_id, batch.producer_epoch) for (topic, index), data in partitions.items()
-                if (batch := firsts[id(data)]) is not None
+        ``partitions`` (``{(topic, index): (partition data, its first batch if transactional)}``) that exist and
+        whose records are valid."""
+        return {(batch.producer_id, batch.producer_epoch) for (topic, index), (data, batch) in partitions.items()
+                if batch is not None
                 and self.logs.get_partition(topic, index) is not None
-                and not checked[topic, index]}
+                and not _check_produce_records(version, data.records)}
 
     def _verify_transaction(self, request, version, topic, data, first, partition_log):
         """KIP-890 part 1 for one partition's transactional batch (``first``, or None when its records are not

@@ -204,7 +204,7 @@ class ProducerStateManager:
         with self._lock:
             self._checked_at = now_ms
             self._stale.clear()
-            for pid in [pid for pid, state in self._cache.items() if self.ledger.expired(state.to_entry())]:
+            for pid in [pid for pid, state in self._cache.items() if self.ledger.expired(state)]:
                 del self._cache[pid]
 
     def state(self, producer_id):
@@ -217,7 +217,7 @@ class ProducerStateManager:
             if state is not None:
                 self._cache.move_to_end(producer_id)
         if state is not None:
-            if self.ledger.expired(state.to_entry()):
+            if self.ledger.expired(state):
                 return None
             return state.copy()
         entry = self.ledger.read(producer_id)
@@ -299,7 +299,7 @@ class ProducerStateManager:
 
     def _remember(self, state):
         with self._lock:
-            if self.ledger.expired(state.to_entry()):      # kept until the next check, as Kafka keeps it
+            if self.ledger.expired(state):      # kept until the next check, as Kafka keeps it
                 self._stale[state.producer_id] = state
             else:
                 self._stale.pop(state.producer_id, None)
