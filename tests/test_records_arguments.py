@@ -125,3 +125,19 @@ def test_memory_records_repr():
 def test_gzip_level_must_be_one_to_nine(call):
     with pytest.raises(InvalidArgumentError, match="gzip_level"):
         call()
+
+
+def test_records_of_a_descriptor_own_it_also_when_refused(tmp_path):
+    import os
+    path = tmp_path / "000.log"
+    path.write_bytes(b"x" * 100)
+    fd = os.open(path, os.O_RDONLY)
+    with FileRecords.of_descriptor(fd, path, 10, 60) as records:
+        assert (records.start, records.end, records.fileno()) == (10, 60, fd)
+    with pytest.raises(OSError):
+        os.fstat(fd)                                     # closed with the records
+    fd = os.open(path, os.O_RDONLY)
+    with pytest.raises(InvalidArgumentError, match="invalid slice"):
+        FileRecords.of_descriptor(fd, path, 70, 60)
+    with pytest.raises(OSError):
+        os.fstat(fd)                                     # closed although refused

@@ -107,6 +107,19 @@ class FileRecords:
         self.start, self.end = start, end
 
     @classmethod
+    def of_descriptor(cls, fd, path, start=0, end=None):
+        """The records ``[start, end)`` of the file at ``path`` open as ``fd``, which they then own and close
+        (also when the slice is refused): for a duplicate of a descriptor kept open, cheaper than opening the
+        path again."""
+        try:
+            records = cls(path, start, end, _fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        records._owner = True
+        return records
+
+    @classmethod
     def open_segment(cls, directory, base_offset):
         return cls(os.path.join(directory, segment_file_name(base_offset)))
 

@@ -135,9 +135,21 @@ class LogSegment:
     def translate_offset(self, offset, starting_position=0):
         """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
         _, position = self.offset_index.lookup(offset)
-        with self._log_file() as fd:
-            found = _core.first_batch_reaching(fd, max(position, starting_position), self.size, offset, HEAD_READ)
+        if self._fd is not None:        # the active segment (most reads): no context manager on the fetch path
+            found = _core.first_batch_reaching(self._fd, max(position, starting_position), self.size, offset,
+                                               HEAD_READ)
+        else:
+            with self._log_file() as fd:
+                found = _core.first_batch_reaching(fd, max(position, starting_position), self.size, offset,
+                                                   HEAD_READ)
         return None if found is None else BatchHead(found[1], found[0])
+
+    def records(self, start, end):
+        """``FileRecords`` of the bytes ``[start, end)`` of the log, with a descriptor of their own: the
+        active segment's duplicated (cheaper than opening the file again), an older one's opened."""
+        if self._fd is None:
+            return FileRecords(self.log_path, start, end)
+        return FileRecords.of_descriptor(os.dup(self._fd), self.log_path, start, end)
 
     def find_offset_by_timestamp(self, timestamp, starting_offset):
         """``(offset, timestamp)`` of the first record at or after ``starting_offset`` with a timestamp of at

@@ -542,8 +542,11 @@ class PartitionLog:
                 return FetchData(None, hw, start, lso, ErrorCode.OFFSET_OUT_OF_RANGE)
             no_aborted = [] if isolation == READ_COMMITTED else None
             try:
-                bases = [s.base_offset for s in self.segments]
-                first_segment = max(bisect.bisect_right(bases, fetch_offset) - 1, 0)
+                if fetch_offset >= self.active.base_offset:         # a reader at the tail: no search
+                    first_segment = len(self.segments) - 1
+                else:
+                    bases = [s.base_offset for s in self.segments]
+                    first_segment = max(bisect.bisect_right(bases, fetch_offset) - 1, 0)
                 for i, segment in enumerate(self.segments[first_segment:], first_segment):
                     if fetch_offset >= upper:
                         break
@@ -566,7 +569,7 @@ class PartitionLog:
                         bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
                         aborted = self._collect_aborted(i, fetch_offset, min(
                             upper, segment.next_offset if bound is None else bound))
-                    records = FileRecords(segment.log_path, first.position, first.position + size)
+                    records = segment.records(first.position, first.position + size)
                     return FetchData(records, hw, start, lso, aborted_transactions=aborted)
                 return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)
             except OSError as e:        # no descriptor left, an I/O error
