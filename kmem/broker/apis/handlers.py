@@ -161,6 +161,7 @@ class Handlers:
         self.rack = rack                    # broker.rack
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
+        self._fetch_plans = {}          # (Fetch version, topic compression, down-conversion, follower) -> FetchPlan
         self.closing = False
         self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
         self.topic_stats = broker_topic_stats()     # Kafka's BrokerTopicMetrics, counted as requests are answered
@@ -738,8 +739,12 @@ class Handlers:
         config = partition_log.config
         # Kafka's KafkaApis decides by the topic's configs, whatever is read: zstd needs Fetch v10 when the topic
         # is zstd (otherwise the stored batches go out as they are); down-conversion may be off.
-        plan = plan_fetch(version, 2, topic_compression=config.compression_type, is_follower=is_follower,
-                          topic_config={"message.downconversion.enable": config.message_downconversion_enable})
+        plan_key = (version, config.compression_type, config.message_downconversion_enable, is_follower)
+        plan = self._fetch_plans.get(plan_key)
+        if plan is None:            # a handful of keys: the versions, codecs and flags a broker sees
+            plan = self._fetch_plans[plan_key] = plan_fetch(
+                version, 2, topic_compression=config.compression_type, is_follower=is_follower,
+                topic_config={"message.downconversion.enable": config.message_downconversion_enable})
         if plan.error:
             return int(plan.error), None
         # FetchRequest.PartitionData: any negative current leader epoch (v9+) is none
