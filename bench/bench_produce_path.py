@@ -5,6 +5,8 @@
   called in the broker's own process, on a started ``Broker`` writing its log to disk, ``REQUESTS`` times; the
   median and p99 are printed, with the Python codecs alone and with the compiled ones in front (kmem.protocol's
   hot APIs), on two brokers that take each request in turn, and their ratio;
+- the broker time of one Fetch of ``MANY_PARTITIONS`` partitions each answered with one batch of one 100 B record
+  (``MANY_FETCHES`` times, median), as above, with the compiled codecs;
 - produce CPU seconds per GB of 100 B records with a confluent-kafka producer (as
   ``bench_broker_throughput.py`` sends them: acks=all, idempotent, ``linger.ms`` 5), 1 and 8 partitions,
   kmem broker side by side with librdkafka's mock cluster in the same run, ``KMEM_BENCH_THROUGHPUT_MB``
@@ -21,6 +23,7 @@ from peers import BrokerProcess, MockCluster, create_topics
 
 REQUESTS = 5000
 RECORD_BYTES = 1024
+MANY_PARTITIONS, MANY_FETCHES = 1000, 30
 
 lines = []
 
@@ -171,6 +174,46 @@ def test_request_broker_time(tmp_path, api):
                      f"p99 {p99 / 1000:.1f} us; the thread's CPU time: median {cpu / 1000:.1f} us")
     medians = {which: times[len(times) // 2] for which, (times, _) in figures.items()}
     lines.append(f"{what}: compiled/python median broker time {medians['compiled'] / medians['python']:.2f}")
+
+
+def test_fetch_of_many_partitions_broker_time(tmp_path):
+    from kmem.broker import Broker
+    from kmem.protocol import ApiKey, decode_response, encode_request, messages
+    from kmem.records import build_records
+
+    P, F = messages.ProduceRequest, messages.FetchRequest
+    records = build_records([{"value": bytes(100), "timestamp": int(time.time() * 1000)}])
+    produce_payload = bytes(encode_request(P(transactional_id=None, acks=1, timeout_ms=30000, topic_data=[
+        P.TopicProduceData(name="many", partition_data=[P.PartitionProduceData(index=i, records=records)
+                                                        for i in range(MANY_PARTITIONS)])]), 9, 0, "bench"))
+    fetch_payload = bytes(encode_request(F(
+        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=64 << 20, isolation_level=0, topics=[F.FetchTopic(
+            topic="many", partitions=[F.FetchPartition(partition=i, fetch_offset=1, partition_max_bytes=1 << 20)
+                                      for i in range(MANY_PARTITIONS)])]), 12, 1, "bench"))
+    broker = Broker(tmp_path / "many", port=0).start()
+    times = []
+    try:
+        broker.logs.create_topic("many", partitions=MANY_PARTITIONS)
+        for _ in range(3):
+            broker.server.handler(_Request(produce_payload))
+        gc.freeze()
+        for i in range(MANY_FETCHES):
+            started = time.perf_counter_ns()
+            response = broker.server.handler(_Request(fetch_payload))
+            times.append(time.perf_counter_ns() - started)
+            if i < MANY_FETCHES - 1:
+                response.close()
+        sink = _Sink()
+        while not response.completed:
+            response.write_to(sink)
+        _, last = decode_response(bytes(sink.data), ApiKey.FETCH, 12)
+        assert [len(p.records) > 100 for p in last.responses[0].partitions] == [True] * MANY_PARTITIONS
+    finally:
+        broker.close()
+        gc.unfreeze()
+    times.sort()
+    lines.append(f"Fetch v12 of {MANY_PARTITIONS} partitions, one 100 B record each, broker time over {MANY_FETCHES} "
+                 f"requests: median {times[len(times) // 2] / 1e6:.1f} ms")
 
 
 @pytest.mark.parametrize("partitions", [1, 8])
