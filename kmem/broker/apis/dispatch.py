@@ -249,6 +249,8 @@ class RequestDispatcher:
 
     def _blocks(self, header, body):
         api = header.api_key
+        if api == ApiKey.PRODUCE or api == ApiKey.FETCH:        # most requests, answered on the network thread
+            return False
         if api in BLOCKING_APIS:
             return True
         if api == ApiKey.METADATA:
