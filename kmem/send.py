@@ -130,19 +130,22 @@ class FileRegionSend:
     """``count`` bytes of a file from byte ``position``, read only as they are written.
 
     ``file`` is a descriptor or an object with ``fileno()``; the send keeps a duplicate of the descriptor
-    (closed once completed, or with the send), so the caller may close its file at once. The transport
+    (closed once completed, or with the send), so the caller may close its file at once; with ``_adopt`` it
+    keeps the descriptor itself, which it then owns (``FileRecords.into_send``). The transport
     sends the region with ``os.sendfile`` (plain sockets) or copies at most ``COPY_CHUNK`` bytes per call
     (TLS); a region past the end of the file raises ``IllegalStateError`` when reached.
     """
 
     _fd = None      # so that __del__ has nothing to close when __init__ fails
 
-    def __init__(self, file, position, count):
+    def __init__(self, file, position, count, *, _adopt=False):
         fd = file if isinstance(file, int) else file.fileno()
         for name, value in (("position", position), ("count", count)):
             if not isinstance(value, int) or value < 0:
+                if _adopt:
+                    os.close(fd)
                 raise InvalidArgumentError(f"file region {name} must be a non-negative integer, got {value!r}")
-        self._fd = os.dup(fd)
+        self._fd = fd if _adopt else os.dup(fd)
         self._position = position
         self.size = self.remaining = count
         if not count:

@@ -141,3 +141,31 @@ def test_records_of_a_descriptor_own_it_also_when_refused(tmp_path):
         FileRecords.of_descriptor(fd, path, 70, 60)
     with pytest.raises(OSError):
         os.fstat(fd)                                     # closed although refused
+
+
+def test_records_hand_their_descriptor_to_their_send(tmp_path):
+    import os
+    path = tmp_path / "000.log"
+    path.write_bytes(bytes(range(100)))
+    records = FileRecords(path, 10, 60)
+    fd = records.fileno()
+    send = records.into_send()
+    assert records.fileno() is None and send.size == 50
+    os.fstat(fd)                                         # still open: the send owns it now
+    records.close()
+    out = bytearray()
+
+    class Sink:
+        def write(self, data):
+            out.extend(data)
+            return len(data)
+    while not send.completed:
+        send.write_to(Sink())
+    assert bytes(out) == bytes(range(10, 60))
+    with pytest.raises(OSError):
+        os.fstat(fd)                                     # closed once sent
+    with FileRecords(path) as whole:                     # a slice shares its parent's descriptor: it duplicates
+        part = whole.slice(5, 10)
+        shared = part.into_send()
+        assert whole.fileno() is not None and part.fileno() == whole.fileno()
+        shared.close()

@@ -211,6 +211,14 @@ class FileRecords:
         length = available if length is None else max(0, min(length, available))
         return FileRegionSend(self._fd, self.start + position, length)
 
+    def into_send(self):
+        """A ``FileRegionSend`` of the whole slice that takes over this object's own descriptor (no duplicate
+        made); this object is closed. Records sharing another's descriptor (``slice``) make a ``to_send``."""
+        if not self._owner or self._fd is None:
+            return self.to_send()
+        fd, self._fd = self._fd, None
+        return FileRegionSend(fd, self.start, self.size_in_bytes, _adopt=True)
+
     def write_to(self, channel, position, length):
         """Send up to ``length`` bytes from ``position`` (relative to the slice); one write, returns the
         bytes written (0 when a non-blocking channel is full). ``channel``: a transport, a plain socket

@@ -768,7 +768,7 @@ class Handlers:
             return ErrorCode.NONE, None
         try:
             if plan.to_magic is None:
-                return ErrorCode.NONE, records.to_send()
+                return ErrorCode.NONE, records.into_send()
             chunk = {} if self.lazy_chunk_size is None else {"chunk_size": self.lazy_chunk_size}
             # The lazy records keep reading ``records`` as they are sent: not closed here.
             lazy = LazyDownConvertRecords(records, plan.to_magic, partition.fetch_offset, **chunk)
