@@ -73,9 +73,10 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
 
 def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size):
     """``(position, head)`` of the first complete batch of a segment file between ``position`` and ``end``
-    whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61, fewer at the
-    file's end); None when no complete batch before ``end`` reaches it. A batch whose length is below its
-    format's header (a damaged tail, never a validated one) ends the scan. Raises OSError when a read fails."""
+    whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer for a
+    smaller batch at the file's end); None when no complete batch before ``end`` reaches it. A batch whose length
+    is below its format's header (a damaged tail, never a validated one), or whose head the file cuts short,
+    ends the scan. Raises OSError when a read fails."""
     if head_size < 61 or head_size > 256:
         raise ValueError(f"a batch head of {head_size} bytes cannot be read")
     cdef uint8_t head[256]
@@ -90,10 +91,10 @@ def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, 
             size = 12 + _big_endian(head + 8, 4)
             if position + size > end or size < (61 if head[16] == 2 else 26):
                 break
+            if got < (size if size < head_size else head_size):
+                break               # the file ends before the batch's head: shorter than the segment thinks
             last_offset = _big_endian(head, 8)
             if head[16] == 2:
-                if got < 27:
-                    break
                 last_offset += _big_endian(head + 23, 4)
             if last_offset >= offset:
                 found = True

@@ -787,6 +787,15 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path):
         assert [h.position for h in segment.heads()] == [h.position for h in heads[:4]]
         with pytest.raises(ValueError):
             _core.first_batch_reaching(0, 0, 1, 0, 20)
+        # a file cut inside a batch's head (outside the broker) ends the scan instead of returning a partial head
+        os.truncate(segment.log_path, heads[2].position + 30)
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            assert _core.first_batch_reaching(fd, 0, segment.size, heads[2].last_offset, HEAD_READ) is None
+            assert _core.first_batch_reaching(fd, 0, segment.size, heads[1].last_offset, HEAD_READ)[0] == \
+                heads[1].position
+        finally:
+            os.close(fd)
 
 # --- rolling and retention ------------------------------------------------------------------------------
 
