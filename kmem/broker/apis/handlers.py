@@ -412,21 +412,21 @@ class Handlers:
         # Kafka's KafkaApis.handleProduceRequest: a request holding transactional batches needs a transactional
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
         # such request is: its batches would hold the last stable offset back for good (no marker would come).
-        # Each listing's first batch if transactional, looked at once. A partition listed again is appended and
-        # answered once, with its last listing's records (Kafka keys the request's partitions by TopicPartition),
-        # in its first place.
+        # Each listing's first batch if transactional and Kafka's check of its records, made once. A partition
+        # listed again is appended and answered once, with its last listing's records (Kafka keys the request's
+        # partitions by TopicPartition), in its first place.
         latest, transactional = {}, False
         for topic in request.topic_data:
             for data in topic.partition_data:
                 first = first_transactional_batch(data.records)
                 transactional = transactional or first is not None
-                latest[topic.name, data.index] = data, first
+                latest[topic.name, data.index] = data, first, _check_produce_records(version, data.records)
         refusal = None
         if transactional and (request.transactional_id is None or self.transactions is None):
             refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
                 "a Produce of transactional batches needs a transactional id" if self.transactions
                 else "kmem broker serves no transactions here: transactional batches are refused")
-        elif transactional and len(self._transactional_producers(version, latest)) > 1:
+        elif transactional and len(self._transactional_producers(latest)) > 1:
             # Kafka's ReplicaManager.handleProduceAppend refuses the whole request
             refusal = ErrorCode.INVALID_PRODUCER_ID_MAPPING, \
                 "the transactional batches of a Produce must all be of one producer id and epoch"
@@ -438,7 +438,7 @@ class Handlers:
                 listing = latest.pop((topic.name, data.index), None)
                 if listing is None:
                     continue
-                data, first = listing
+                data, first, error = listing
                 result = Partition(index=data.index, error_code=ErrorCode.NONE, base_offset=-1, log_append_time_ms=-1,
                                    log_start_offset=-1)
                 topic_response.partition_responses.append(result)
@@ -459,7 +459,6 @@ class Handlers:
                     continue
                 here = self.topic_stats.row(topic.name)
                 here[TOTAL_PRODUCE] += 1
-                error = _check_produce_records(version, data.records)
                 if error:
                     result.error_code, result.error_message = error
                     _count_failed(result.error_code, PRODUCE_ERRORS_NOT_FAILED, FAILED_PRODUCE, here, everywhere)
@@ -497,14 +496,13 @@ class Handlers:
                     everywhere[BYTES_IN] += size
         return None if request.acks == 0 else response
 
-    def _transactional_producers(self, version, partitions):
+    def _transactional_producers(self, partitions):
         """The ``(producer id, epoch)`` of each transactional batch Kafka's ``handleProduceAppend`` gets: those of
-        ``partitions`` (``{(topic, index): (partition data, its first batch if transactional)}``) that exist and
-        whose records are valid."""
-        return {(batch.producer_id, batch.producer_epoch) for (topic, index), (data, batch) in partitions.items()
-                if batch is not None
-                and self.logs.get_partition(topic, index) is not None
-                and not _check_produce_records(version, data.records)}
+        ``partitions`` (``{(topic, index): (partition data, its first batch if transactional, its records' check
+        error or None)}``) that exist and whose records are valid."""
+        return {(batch.producer_id, batch.producer_epoch) for (topic, index), (_, batch, error) in partitions.items()
+                if batch is not None and not error
+                and self.logs.get_partition(topic, index) is not None}
 
     def _verify_transaction(self, request, version, topic, data, first, partition_log):
         """KIP-890 part 1 for one partition's transactional batch (``first``, or None when its records are not

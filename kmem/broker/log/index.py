@@ -75,11 +75,8 @@ class _Index:
                 yield from self.ENTRY.iter_unpack(data[:len(data) - len(data) % self.ENTRY.size])
 
     def _write(self, *fields):
-        fd = os.open(self.path, self._access | _CLOEXEC)      # as _file, without a context manager on appends
-        try:
+        with self._file() as fd:
             os.pwrite(fd, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size)
-        finally:
-            os.close(fd)
         self.entries += 1
         self._last = fields
 

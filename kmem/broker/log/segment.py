@@ -135,13 +135,12 @@ class LogSegment:
     def translate_offset(self, offset, starting_position=0):
         """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
         _, position = self.offset_index.lookup(offset)
+        start = max(position, starting_position)
         if self._fd is not None:        # the active segment (most reads): no context manager on the fetch path
-            found = _core.first_batch_reaching(self._fd, max(position, starting_position), self.size, offset,
-                                               HEAD_READ)
+            found = _core.first_batch_reaching(self._fd, start, self.size, offset, HEAD_READ)
         else:
             with self._log_file() as fd:
-                found = _core.first_batch_reaching(fd, max(position, starting_position), self.size, offset,
-                                                   HEAD_READ)
+                found = _core.first_batch_reaching(fd, start, self.size, offset, HEAD_READ)
         return None if found is None else BatchHead(found[1], found[0])
 
     def records(self, start, end):
