@@ -567,3 +567,21 @@ def test_create_and_delete_topics_errors(tmp_path):
             admin.delete_topics(["never-created"])["never-created"].result(30)
         assert error.value.args[0].code() == 3
         assert broker.logs.topics() == {}
+
+
+def test_api_versions_entries_are_made_again_when_what_is_served_changes(broker):
+    """The entries are made once per ``served``, each response a list of its own."""
+    handlers = broker.handlers
+    first = handlers.api_versions(None, ApiVersionsRequest())
+    first.api_keys.pop()
+    first.throttle_time_ms = 100
+    second = handlers.api_versions(None, ApiVersionsRequest())
+    assert len(second.api_keys) == len(handlers.served) == len(first.api_keys) + 1
+    assert second.throttle_time_ms == 0
+    served = handlers.served
+    try:
+        handlers.served = {key: span for key, span in served.items() if key != 18}
+        assert 18 not in {entry.api_key for entry in handlers.api_versions(None, ApiVersionsRequest()).api_keys}
+    finally:
+        handlers.served = served
+    assert 18 in {entry.api_key for entry in handlers.api_versions(None, ApiVersionsRequest()).api_keys}

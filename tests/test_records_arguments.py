@@ -143,6 +143,19 @@ def test_records_of_a_descriptor_own_it_also_when_refused(tmp_path):
         os.fstat(fd)                                     # closed although refused
 
 
+def test_records_of_a_descriptor_of_known_size_are_bounded_by_it(tmp_path):
+    import os
+    path = tmp_path / "000.log"
+    path.write_bytes(b"x" * 100)
+    with FileRecords.of_descriptor(os.open(path, os.O_RDONLY), path, 10, 90, file_size=60) as records:
+        assert (records.start, records.end) == (10, 60)        # the size given, not the file's
+    fd = os.open(path, os.O_RDONLY)
+    with pytest.raises(InvalidArgumentError, match="file_size"):
+        FileRecords.of_descriptor(fd, path, 0, 10, file_size=-1)
+    with pytest.raises(OSError):
+        os.fstat(fd)                                     # closed although refused
+
+
 def test_records_hand_their_descriptor_to_their_send(tmp_path):
     import os
     path = tmp_path / "000.log"

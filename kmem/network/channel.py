@@ -18,6 +18,9 @@ from kmem.send import close_send
 
 class ChannelMuteState(enum.Enum):
     """Kafka's mute states."""
+    # Members are singletons compared by identity: an identity hash spares Enum's Python-level __hash__
+    # on every request's two transitions.
+    __hash__ = object.__hash__
     NOT_MUTED = "NOT_MUTED"
     MUTED = "MUTED"
     MUTED_AND_RESPONSE_PENDING = "MUTED_AND_RESPONSE_PENDING"
@@ -26,6 +29,7 @@ class ChannelMuteState(enum.Enum):
 
 
 class ChannelMuteEvent(enum.Enum):
+    __hash__ = object.__hash__
     REQUEST_RECEIVED = "REQUEST_RECEIVED"
     RESPONSE_SENT = "RESPONSE_SENT"
     THROTTLE_STARTED = "THROTTLE_STARTED"

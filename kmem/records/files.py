@@ -88,7 +88,7 @@ class FileRecords:
     manager or call ``close``.
     """
 
-    def __init__(self, path, start=0, end=None, *, _fd=None):
+    def __init__(self, path, start=0, end=None, *, _fd=None, _file_size=None):
         self._owner, self._fd = False, None     # so that __del__ has nothing to close when a check fails
         try:
             self.path = os.fspath(path)
@@ -99,7 +99,7 @@ class FileRecords:
             check_int("end", end, 0, INT64_MAX)
         self._owner = _fd is None
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)) if _fd is None else _fd
-        file_size = os.fstat(self._fd).st_size
+        file_size = os.fstat(self._fd).st_size if _file_size is None else _file_size
         end = file_size if end is None else min(end, file_size)
         if not 0 <= start <= end:
             self.close()
@@ -107,12 +107,15 @@ class FileRecords:
         self.start, self.end = start, end
 
     @classmethod
-    def of_descriptor(cls, fd, path, start=0, end=None):
+    def of_descriptor(cls, fd, path, start=0, end=None, *, file_size=None):
         """The records ``[start, end)`` of the file at ``path`` open as ``fd``, which they then own and close
         (also when the slice is refused): for a duplicate of a descriptor kept open, cheaper than opening the
-        path again."""
+        path again. ``file_size``: the file's size when the caller knows it (a segment it appends to), which
+        spares an ``fstat``."""
         try:
-            records = cls(path, start, end, _fd=fd)
+            if file_size is not None:
+                check_int("file_size", file_size, 0, INT64_MAX)
+            records = cls(path, start, end, _fd=fd, _file_size=file_size)
         except BaseException:
             os.close(fd)
             raise

@@ -161,6 +161,7 @@ class Handlers:
         self.rack = rack                    # broker.rack
         self.endpoint = endpoint
         self.lazy_chunk_size = lazy_chunk_size
+        self._api_keys = None, []       # (the served dict, ApiVersionsResponse entries made from it)
         self._fetch_plans = {}          # (Fetch version, topic compression, down-conversion, follower) -> FetchPlan
         self.closing = False
         self.fetch_purgatory = DelayedOperationPurgatory("Fetch", timer)
@@ -175,10 +176,13 @@ class Handlers:
     # --- ApiVersions, FindCoordinator -------------------------------------------------------------------
 
     def api_versions(self, header, request):
-        response = messages.ApiVersionsResponse(error_code=ErrorCode.NONE, throttle_time_ms=0)
-        response.api_keys = [messages.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
-                             for key, (low, high) in sorted(self.served.items())]
-        return response
+        # The entries are made once per ``served`` (set at start), as every connection asks for them first.
+        served, listed = self._api_keys
+        if served is not self.served:
+            listed = [messages.ApiVersionsResponse.ApiVersion(api_key=key, min_version=low, max_version=high)
+                      for key, (low, high) in sorted(self.served.items())]
+            self._api_keys = self.served, listed
+        return messages.ApiVersionsResponse(error_code=ErrorCode.NONE, throttle_time_ms=0, api_keys=list(listed))
 
     def sasl_handshake(self, header, request):
         """A handshake that reaches the broker comes on a listener without SASL, or after authentication: Kafka's
@@ -710,6 +714,7 @@ class Handlers:
         results, total, errors = [], 0, False
         remaining = request.max_bytes if version >= 3 else 2**31 - 1
         first_whole = version >= 3             # KIP-74: the first batch whole; before v3 limits are hard
+        isolation = _fetch_isolation(version, request, is_follower)
         for _, partition, source in wanted:
             result = Partition(partition_index=partition.partition, error_code=ErrorCode.NONE, high_watermark=-1,
                                last_stable_offset=-1, log_start_offset=-1, records=b"")
@@ -717,7 +722,7 @@ class Handlers:
             if isinstance(source, int):
                 result.error_code, errors = source, True
                 continue
-            result.error_code, records = self._read_partition(version, request, partition, source, remaining,
+            result.error_code, records = self._read_partition(version, isolation, partition, source, remaining,
                                                               first_whole, is_follower, result)
             if result.error_code:
                 errors = True
@@ -729,11 +734,10 @@ class Handlers:
                 first_whole = first_whole and not records.size
         return results, total, errors
 
-    def _read_partition(self, version, request, partition, partition_log, remaining, first_whole, is_follower,
+    def _read_partition(self, version, isolation, partition, partition_log, remaining, first_whole, is_follower,
                         result):
         """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
-        isolation = _fetch_isolation(version, request, is_follower)
         config = partition_log.config
         # Kafka's KafkaApis decides by the topic's configs, whatever is read: zstd needs Fetch v10 when the topic
         # is zstd (otherwise the stored batches go out as they are); down-conversion may be off.
@@ -746,9 +750,10 @@ class Handlers:
         if plan.error:
             return int(plan.error), None
         # FetchRequest.PartitionData: any negative current leader epoch (v9+) is none
-        error = _leader_epoch_error(partition_log, max(partition.current_leader_epoch, NO_EPOCH))
-        if error:
-            return error, None
+        if partition.current_leader_epoch >= 0:
+            error = _leader_epoch_error(partition_log, partition.current_leader_epoch)
+            if error:
+                return error, None
         try:
             data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
         except IllegalStateError:                    # the topic was deleted meanwhile

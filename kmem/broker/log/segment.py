@@ -148,7 +148,8 @@ class LogSegment:
         active segment's duplicated (cheaper than opening the file again), an older one's opened."""
         if self._fd is None:
             return FileRecords(self.log_path, start, end)
-        return FileRecords.of_descriptor(os.dup(self._fd), self.log_path, start, end)
+        # what may be read ends at the active segment's size (an append counts once written whole): no fstat
+        return FileRecords.of_descriptor(os.dup(self._fd), self.log_path, start, end, file_size=self.size)
 
     def find_offset_by_timestamp(self, timestamp, starting_offset):
         """``(offset, timestamp)`` of the first record at or after ``starting_offset`` with a timestamp of at
