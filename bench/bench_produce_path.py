@@ -11,16 +11,23 @@
 - produce CPU seconds per GB of 100 B records with a confluent-kafka producer (as
   ``bench_broker_throughput.py`` sends them: acks=all, idempotent, ``linger.ms`` 5), 1 and 8 partitions,
   kmem broker side by side with librdkafka's mock cluster in the same run, ``KMEM_BENCH_THROUGHPUT_MB``
-  (default 64) MB of values each, and kmem's CPU per GB as a ratio to the mock's.
+  (default 64) MB of values each, and kmem's CPU per GB as a ratio to the mock's; kmem's split into user and
+  system time, beside the floor of any broker that writes its log: the same bytes received over loopback TCP and
+  appended to a file in the same directory, in frames the size of kmem's Produce requests, with nothing else done
+  (``io_floor.py``).
 """
 import functools
 import gc
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from bench_broker_throughput import GB, TOTAL_MB, layout, produce, timed, warm_producer
-from peers import BrokerProcess, MockCluster, create_topics
+from peers import HERE, BrokerProcess, MockCluster, create_topics
 
 REQUESTS = 5000
 BLOCK = 250
@@ -225,6 +232,24 @@ def test_fetch_of_many_partitions_broker_time(tmp_path):
                  f"requests: median {times[len(times) // 2] / 1e6:.1f} ms")
 
 
+def batches_per_log(log_dir):
+    """``(batches, bytes)`` of the ``.log`` files under ``log_dir``: one batch per partition per Produce."""
+    import struct
+
+    batches = size = 0
+    for directory, _, files in os.walk(log_dir):
+        for name in files:
+            if name.endswith(".log"):
+                with open(os.path.join(directory, name), "rb") as f:
+                    data = f.read()
+                position = 0
+                while position + 12 <= len(data):
+                    position += 12 + struct.unpack_from(">i", data, position + 8)[0]
+                    batches += 1
+                size += len(data)
+    return batches, size
+
+
 @pytest.mark.parametrize("partitions", [1, 8])
 def test_small_records_cpu_per_gb(tmp_path, partitions):
     size, figures = 100, {}
@@ -234,10 +259,19 @@ def test_small_records_cpu_per_gb(tmp_path, partitions):
             create_topics(broker.bootstrap, topics, per_topic)
             targets = [(topic, p) for p in range(per_topic) for topic in topics]
             producer = warm_producer(broker.bootstrap, targets, size, "none")
+            user, system = broker.cpu_times()
             count, seconds, cpu = timed(broker, lambda: produce(producer, targets, size))
             produced = count * size / GB
             figures[broker.name] = (produced * 1000 / seconds, cpu / produced)
+            if broker.name == "kmem":
+                split = [(after - before) / produced for after, before in zip(broker.cpu_times(), (user, system))]
     (kmem_rate, kmem_cpu), (mock_rate, mock_cpu) = figures["kmem"], figures["mock"]
+    batches, log_bytes = batches_per_log(tmp_path / "kmem")
+    frame = log_bytes // batches
+    floor = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "io_floor.py"), str(tmp_path), str(log_bytes),
+                                       str(frame)], capture_output=True, text=True, check=True).stdout)
     lines.append(f"{TOTAL_MB} MB of 100 B records, {partitions} partition(s), confluent-kafka: kmem {kmem_rate:.1f} "
-                 f"MB/s {kmem_cpu:.2f} CPU s/GB; mock {mock_rate:.1f} MB/s {mock_cpu:.2f} CPU s/GB; kmem/mock CPU per GB "
-                 f"{kmem_cpu / mock_cpu:.2f}, throughput {kmem_rate / mock_rate:.2f}")
+                 f"MB/s {kmem_cpu:.2f} CPU s/GB (user {split[0]:.2f}, system {split[1]:.2f}); mock {mock_rate:.1f} "
+                 f"MB/s {mock_cpu:.2f} CPU s/GB; kmem/mock CPU per GB {kmem_cpu / mock_cpu:.2f}, throughput "
+                 f"{kmem_rate / mock_rate:.2f}; the I/O floor (receive and append, {frame // 1000} kB frames as kmem's "
+                 f"{batches} batches) user {floor['user']:.2f}, system {floor['system']:.2f} CPU s/GB")

