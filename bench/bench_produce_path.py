@@ -244,7 +244,10 @@ def batches_per_log(log_dir):
                     data = f.read()
                 position = 0
                 while position + 12 <= len(data):
-                    position += 12 + struct.unpack_from(">i", data, position + 8)[0]
+                    length = struct.unpack_from(">i", data, position + 8)[0]
+                    if length <= 0:
+                        break           # a damaged tail: what follows is not batches
+                    position += 12 + length
                     batches += 1
                 size += len(data)
     return batches, size

@@ -26,9 +26,11 @@ def send(port, total, frame):
 
 def receive(directory, total, frame):
     with socket.create_server(("127.0.0.1", 0)) as server:
+        server.settimeout(60)           # a sender that never connects fails the bench instead of hanging it
         sender = subprocess.Popen([sys.executable, __file__, "--send", str(server.getsockname()[1]), str(total),
                                    str(frame)])
         connection, _ = server.accept()
+        connection.settimeout(None)
     buffer = memoryview(bytearray(frame))
     fd, path = tempfile.mkstemp(dir=directory, suffix=".log")
     before = resource.getrusage(resource.RUSAGE_SELF)
