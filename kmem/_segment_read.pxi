@@ -71,23 +71,39 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
     return found, PyBytes_FromStringAndSize(<char*>found_row, entry_size)
 
 
+DEF SCAN_WINDOW = 8192    # bytes read at a time by the batch scan: the heads between two index entries, mostly
+
+
 def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size):
     """``(position, head)`` of the first complete batch of a segment file between ``position`` and ``end``
     whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer for a
     smaller batch at the file's end); None when no complete batch before ``end`` reaches it. A batch whose length
     is below its format's header (a damaged tail, never a validated one), or whose head the file cuts short,
-    ends the scan. Raises OSError when a read fails."""
+    ends the scan. Raises OSError when a read fails.
+
+    The file is read ``SCAN_WINDOW`` bytes at a time and the heads found in that window are walked without
+    another read: the scan from an index entry crosses about ``index.interval.bytes`` of small batches."""
     if head_size < 61 or head_size > 256:
         raise ValueError(f"a batch head of {head_size} bytes cannot be read")
-    cdef uint8_t head[256]
-    cdef Py_ssize_t got = 0
-    cdef int64_t size, last_offset
-    cdef bint found = False
+    cdef uint8_t window[SCAN_WINDOW]
+    cdef const uint8_t* head = window
+    cdef int64_t window_at = 0, size, last_offset, available
+    cdef Py_ssize_t window_got = 0, got = 0
+    cdef bint window_read = False, found = False
     with nogil:
         while end - position >= 12:
-            got = _pread_fully(fd, head, head_size, position)
+            # a new window unless this head lies whole in the last one, or the file ended within it
+            if not window_read or position + head_size > window_at + window_got and window_got == SCAN_WINDOW:
+                window_got = _pread_fully(fd, window, SCAN_WINDOW, position)
+                if window_got < 0:
+                    got = -1
+                    break
+                window_at, window_read = position, True
+            available = window_at + window_got - position
+            got = available if available < head_size else head_size
             if got <= 16:
                 break
+            head = window + (position - window_at)
             size = 12 + _big_endian(head + 8, 4)
             if position + size > end or size < (61 if head[16] == 2 else 26):
                 break

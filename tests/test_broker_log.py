@@ -756,29 +756,38 @@ def test_a_lookup_at_the_tail_reads_no_file_and_a_shrunk_index_forgets_its_tail(
         assert index.entries == 4 and index.lookup(1000)[0] == 4 == index.last_offset      # offsets 1-4
 
 
-def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path):
+@pytest.mark.parametrize("value_bytes", [1, 1500], ids=["small", "across-windows"])
+def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
     """``_core.first_batch_reaching`` against ``LogSegment.heads``: v2, v1 and v0 batches, every offset, and a
-    damaged length that ends the scan as it ends ``heads``."""
+    damaged length that ends the scan as it ends ``heads``. The scan reads the file a window at a time: small
+    batches lie in one window, large ones (up to 50 KB) cross windows and end them at every kind of place."""
     from kmem.broker.log.segment import HEAD_READ
     with open_manager(tmp_path, log_index_interval_bytes=1 << 20) as manager:
         manager.create_topic("t")
         partition_log = manager.get_partition("t", 0)
         for i in range(12):
-            partition_log.append(batch([b"x" * i] * (1 + i % 3), magic=(2, 1, 0)[i % 3] if i < 9 else 2))
+            partition_log.append(batch([b"x" * (i * value_bytes)] * (1 + i % 3),
+                                       magic=(2, 1, 0)[i % 3] if i < 9 else 2))
         segment = partition_log.active
         heads = list(segment.heads())
+        with open(segment.log_path, "rb") as f:
+            data = f.read()
         fd = os.open(segment.log_path, os.O_RDONLY)
         try:
             for offset in range(-1, partition_log.log_end_offset + 2):
                 expected = next((h for h in heads if h.last_offset >= offset), None)
                 found = _core.first_batch_reaching(fd, 0, segment.size, offset, HEAD_READ)
                 assert (found and found[0]) == (expected and expected.position)
+                assert found is None or found[1] == data[found[0]:found[0] + HEAD_READ]
                 if expected is not None:
                     assert segment.translate_offset(offset).last_offset == expected.last_offset
                 # from a later position, and with an end that cuts the batch found
                 if expected is not None and expected.position:
                     assert _core.first_batch_reaching(fd, 0, expected.position + expected.size - 1, offset,
                                                       HEAD_READ) is None
+                    later = next(h for h in heads if h.position > 0)
+                    found = _core.first_batch_reaching(fd, later.position, segment.size, offset, HEAD_READ)
+                    assert (found and found[0]) == max(expected.position, later.position)
         finally:
             os.close(fd)
         with open(segment.log_path, "r+b") as f:           # the fifth batch's length below any batch's
