@@ -5,6 +5,8 @@
 # (timestamp i64, relative offset i32). A batch starts `base offset i64 | length i32 | epoch or crc i32 |
 # magic i8`; a v2 batch's last offset delta is the i32 at byte 23.
 
+DEF READ_WINDOW = 8192    # bytes read at once: the heads between two index entries, mostly; 1,024 index rows
+
 cdef inline int64_t _big_endian(const uint8_t* p, int width) noexcept nogil:
     cdef uint64_t value = 0
     cdef int i
@@ -35,15 +37,18 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
     """``(row, its bytes)`` of the last of an index file's first ``entries`` rows (``entry_size`` bytes each,
     sorted by the signed big-endian field of ``field_width`` bytes, 4 or 8, at ``field_at``) whose field is at
     most ``key``; ``(-1, None)`` when none is, ``(-2, None)`` when the file is shorter than ``entries`` rows.
-    The file at ``path`` is opened, binary-searched one ``pread`` of a row per step, and closed. Raises OSError
-    when it cannot be opened or read."""
+    The file at ``path`` is opened, binary-searched one ``pread`` of a row per step until the rows left fit in
+    ``READ_WINDOW`` bytes, which are read at once and searched in memory, and closed. Raises OSError when it
+    cannot be opened or read."""
     if field_width not in (4, 8) or entry_size <= 0 or entry_size > 64 or field_at < 0 \
             or field_at + field_width > entry_size or entries < 0:
         raise ValueError(f"index row of {entry_size} bytes cannot hold a {field_width}-byte field at {field_at}")
     cdef const char* name = path
-    cdef uint8_t row[64]
+    cdef uint8_t window[READ_WINDOW]
     cdef uint8_t found_row[64]
-    cdef Py_ssize_t low = 0, high = entries - 1, mid, found = -1, got = 0
+    cdef const uint8_t* row = window
+    cdef Py_ssize_t low = 0, high = entries - 1, mid, found = -1, got = 0, first = 0, wanted
+    cdef bint in_window = False
     cdef int fd, error = 0
     with nogil:
         fd = open_fd(name, O_RDONLY | O_CLOEXEC)
@@ -51,11 +56,22 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
             error = errno
         else:
             while low <= high:
+                if not in_window and high - low < READ_WINDOW // entry_size:       # no product to overflow
+                    wanted = (high - low + 1) * entry_size
+                    got = _pread_fully(fd, window, wanted, <int64_t>low * entry_size)
+                    if got != wanted:
+                        error = errno if got < 0 else 0
+                        break
+                    first, in_window = low, True
                 mid = low + (high - low) // 2
-                got = _pread_fully(fd, row, entry_size, <int64_t>mid * entry_size)
-                if got != entry_size:
-                    error = errno if got < 0 else 0
-                    break
+                if in_window:
+                    row = window + (mid - first) * entry_size
+                else:
+                    got = _pread_fully(fd, window, entry_size, <int64_t>mid * entry_size)
+                    if got != entry_size:
+                        error = errno if got < 0 else 0
+                        break
+                    row = window
                 if _big_endian(row + field_at, field_width) <= key:
                     found, low = mid, mid + 1
                     memcpy(found_row, row, entry_size)
@@ -71,9 +87,6 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
     return found, PyBytes_FromStringAndSize(<char*>found_row, entry_size)
 
 
-DEF SCAN_WINDOW = 8192    # bytes read at a time by the batch scan: the heads between two index entries, mostly
-
-
 def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size):
     """``(position, head)`` of the first complete batch of a segment file between ``position`` and ``end``
     whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer for a
@@ -81,11 +94,11 @@ def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, 
     is below its format's header (a damaged tail, never a validated one), or whose head the file cuts short,
     ends the scan. Raises OSError when a read fails.
 
-    The file is read ``SCAN_WINDOW`` bytes at a time and the heads found in that window are walked without
+    The file is read ``READ_WINDOW`` bytes at a time and the heads found in that window are walked without
     another read: the scan from an index entry crosses about ``index.interval.bytes`` of small batches."""
     if head_size < 61 or head_size > 256:
         raise ValueError(f"a batch head of {head_size} bytes cannot be read")
-    cdef uint8_t window[SCAN_WINDOW]
+    cdef uint8_t window[READ_WINDOW]
     cdef const uint8_t* head = window
     cdef int64_t window_at = 0, size, last_offset, available
     cdef Py_ssize_t window_got = 0, got = 0
@@ -93,8 +106,8 @@ def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, 
     with nogil:
         while end - position >= 12:
             # a new window unless this head lies whole in the last one, or the file ended within it
-            if not window_read or position + head_size > window_at + window_got and window_got == SCAN_WINDOW:
-                window_got = _pread_fully(fd, window, SCAN_WINDOW, position)
+            if not window_read or position + head_size > window_at + window_got and window_got == READ_WINDOW:
+                window_got = _pread_fully(fd, window, READ_WINDOW, position)
                 if window_got < 0:
                     got = -1
                     break

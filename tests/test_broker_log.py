@@ -691,19 +691,22 @@ def test_offset_lookup_uses_the_index(tmp_path):
 @pytest.mark.parametrize("layout, field, width", [(">ii", 0, 4), (">ii", 1, 4), (">qi", 0, 8), (">qi", 1, 4)])
 def test_core_index_search_agrees_with_a_scan(tmp_path, layout, field, width):
     """``_core.index_floor`` against the last row at or below each key, found by reading every row: keys below
-    the first row, between rows, on rows and past the last, with negative fields too."""
+    the first row, between rows, on rows and past the last, with negative fields too. Up to 1,024 rows are read
+    at once and searched in memory; larger indexes are first narrowed one row at a time."""
+    import bisect
     import random
     entry = struct.Struct(layout)
     at = struct.calcsize(layout[:1 + field])                # the field's byte position
     rng = random.Random(field * 10 + width)
-    for count in (0, 1, 2, 7, 1000):
+    for count in (0, 1, 2, 7, 682, 683, 1000, 1024, 1025, 5000):
         keys = sorted(rng.sample(range(-(1 << 30), 1 << 30), count))
         rows = [(k, rng.randrange(1 << 20)) if field == 0 else (rng.randrange(1 << 20), k) for k in keys]
         path = tmp_path / f"{count}.index"
         path.write_bytes(b"".join(entry.pack(*row) for row in rows))
-        probes = [-(1 << 31), (1 << 31) - 1] + [k + d for k in keys[:50] + keys[-50:] for d in (-1, 0, 1)]
+        near = keys[:50] + keys[-50:] + rng.sample(keys, min(count, 100))
+        probes = [-(1 << 31), (1 << 31) - 1] + [k + d for k in near for d in (-1, 0, 1)]
         for key in probes:
-            expected = max((i for i, k in enumerate(keys) if k <= key), default=-1)
+            expected = bisect.bisect_right(keys, key) - 1
             found, row = _core.index_floor(os.fsencode(path), count, entry.size, at, width, key)
             assert found == expected
             assert row == (None if expected < 0 else entry.pack(*rows[expected]))
@@ -714,6 +717,7 @@ def test_core_index_search_refuses_what_it_cannot_read(tmp_path):
     path.write_bytes(struct.pack(">ii", 1, 0) * 3)
     # an index shorter than its entries (cut outside the broker) is named, never read past
     assert _core.index_floor(os.fsencode(path), 1000, 8, 0, 4, 500)[0] == -2
+    assert _core.index_floor(os.fsencode(path), 100_000, 8, 0, 4, 500)[0] == -2      # past a window's rows
     assert _core.index_floor(os.fsencode(path), 3, 8, 0, 4, 500)[0] == 2
     with pytest.raises(FileNotFoundError):
         _core.index_floor(os.fsencode(tmp_path / "gone.index"), 3, 8, 0, 4, 1)
