@@ -8,6 +8,8 @@
   request in turn, and their ratio;
 - the broker time of one Fetch of ``MANY_PARTITIONS`` partitions each answered with one batch of one 100 B record
   (``MANY_FETCHES`` times, median), as above, with the compiled codecs;
+- the broker time of one Fetch of one partition at a random offset of a log of ``BEHIND_BATCHES`` one-record batches
+  of 100 B (a reader behind the tail: an index search, then a scan of batch heads), ``BEHIND_FETCHES`` times;
 - produce CPU seconds per GB of 100 B records with a confluent-kafka producer (as
   ``bench_broker_throughput.py`` sends them: acks=all, idempotent, ``linger.ms`` 5), 1 and 8 partitions,
   kmem broker side by side with librdkafka's mock cluster in the same run, ``KMEM_BENCH_THROUGHPUT_MB``
@@ -20,6 +22,7 @@ import functools
 import gc
 import json
 import os
+import struct
 import subprocess
 import sys
 import time
@@ -33,6 +36,7 @@ REQUESTS = 5000
 BLOCK = 250
 RECORD_BYTES = 1024
 MANY_PARTITIONS, MANY_FETCHES = 1000, 30
+BEHIND_BATCHES, BEHIND_FETCHES = 3000, 2000
 
 lines = []
 
@@ -234,8 +238,6 @@ def test_fetch_of_many_partitions_broker_time(tmp_path):
 
 def batches_per_log(log_dir):
     """``(batches, bytes)`` of the ``.log`` files under ``log_dir``: one batch per partition per Produce."""
-    import struct
-
     batches = size = 0
     for directory, _, files in os.walk(log_dir):
         for name in files:
@@ -278,3 +280,48 @@ def test_small_records_cpu_per_gb(tmp_path, partitions):
                  f"MB/s {mock_cpu:.2f} CPU s/GB; kmem/mock CPU per GB {kmem_cpu / mock_cpu:.2f}, throughput "
                  f"{kmem_rate / mock_rate:.2f}; the I/O floor (receive and append, {frame // 1000} kB frames as kmem's "
                  f"{batches} batches) user {floor['user']:.2f}, system {floor['system']:.2f} CPU s/GB")
+
+
+def test_fetch_behind_the_tail_broker_time(tmp_path):
+    import random
+
+    from kmem.broker import Broker
+    from kmem.protocol import ApiKey, decode_response, encode_request, messages
+    from kmem.records import build_records
+
+    F = messages.FetchRequest
+    rng = random.Random(1)
+    offsets = [rng.randrange(BEHIND_BATCHES) for _ in range(BEHIND_FETCHES)]
+    payloads = [bytes(encode_request(F(
+        replica_id=-1, max_wait_ms=500, min_bytes=1, max_bytes=1, isolation_level=0, topics=[F.FetchTopic(
+            topic="behind", partitions=[F.FetchPartition(partition=0, fetch_offset=offset, partition_max_bytes=1)])]),
+        12, 1, "bench")) for offset in offsets]
+    broker = Broker(tmp_path / "behind", port=0).start()
+    times, cpu_times = [], []
+    try:
+        broker.logs.create_topic("behind")
+        partition_log = broker.logs.get_partition("behind", 0)
+        for _ in range(BEHIND_BATCHES):
+            partition_log.append(build_records([{"value": bytes(100), "timestamp": int(time.time() * 1000)}]))
+        gc.freeze()
+        for i, payload in enumerate(payloads):
+            started, cpu = time.perf_counter_ns(), time.thread_time_ns()
+            response = broker.server.handler(_Request(payload))
+            times.append(time.perf_counter_ns() - started)
+            cpu_times.append(time.thread_time_ns() - cpu)
+            if i < len(payloads) - 1:
+                response.close()
+        sink = _Sink()
+        while not response.completed:
+            response.write_to(sink)
+        _, last = decode_response(bytes(sink.data), ApiKey.FETCH, 12)
+        records = last.responses[0].partitions[0].records
+        assert struct.unpack_from(">q", records)[0] == offsets[-1]      # the one-record batch asked for
+    finally:
+        broker.close()
+        gc.unfreeze()
+    times.sort()
+    cpu_times.sort()
+    lines.append(f"Fetch v12 of one partition at a random offset of {BEHIND_BATCHES} one-record batches, broker time "
+                 f"over {BEHIND_FETCHES} requests: median {times[len(times) // 2] / 1000:.1f} us, the thread's CPU "
+                 f"time {cpu_times[len(cpu_times) // 2] / 1000:.1f} us")
