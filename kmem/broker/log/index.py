@@ -11,7 +11,8 @@ index that cannot be trusted (length not a multiple of the entry size, offsets n
 outside the segment) fails ``sanity_check`` and is rebuilt from the segment by the caller.
 
 Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file in the compiled core
-(``_core.index_floor``, about 20 reads for a full index) and keep nothing in memory but the last entry, which
+(``_core.index_floor``: one read per step until the rows left fit in 8 KiB, then one read of them; about 12
+reads for a full index) and keep nothing in memory but the last entry, which
 answers a lookup at the tail without a read. The files are opened for each use and
 never kept open, so that a partition holds one descriptor (its active segment's log) however long its
 log is: Kafka maps its indexes and closes their files for the same reason.
