@@ -112,8 +112,8 @@ def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, 
                     got = -1
                     break
                 window_at, window_read = position, True
-            available = window_at + window_got - position
-            got = available if available < head_size else head_size
+            available = window_at + window_got - position     # negative past the end of a file cut short
+            got = 0 if available < 0 else (available if available < head_size else head_size)
             if got <= 16:
                 break
             head = window + (position - window_at)

@@ -811,6 +811,16 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
                 heads[1].position
         finally:
             os.close(fd)
+        # ...and a file cut inside a batch's records, its head whole: the batches past the cut are not there
+        os.truncate(segment.log_path, heads[1].position + HEAD_READ)
+        fd = os.open(segment.log_path, os.O_RDONLY)
+        try:
+            for offset in (heads[1].last_offset + 1, partition_log.log_end_offset):
+                assert _core.first_batch_reaching(fd, 0, segment.size, offset, HEAD_READ) is None
+            assert _core.first_batch_reaching(fd, 0, segment.size, heads[1].last_offset, HEAD_READ)[0] == \
+                heads[1].position
+        finally:
+            os.close(fd)
 
 # --- rolling and retention ------------------------------------------------------------------------------
 
