@@ -238,20 +238,15 @@ def test_fetch_of_many_partitions_broker_time(tmp_path):
 
 def batches_per_log(log_dir):
     """``(batches, bytes)`` of the ``.log`` files under ``log_dir``: one batch per partition per Produce."""
+    from kmem.records import FileRecords
+
     batches = size = 0
     for directory, _, files in os.walk(log_dir):
         for name in files:
             if name.endswith(".log"):
-                with open(os.path.join(directory, name), "rb") as f:
-                    data = f.read()
-                position = 0
-                while position + 12 <= len(data):
-                    length = struct.unpack_from(">i", data, position + 8)[0]
-                    if length <= 0:
-                        break           # a damaged tail: what follows is not batches
-                    position += 12 + length
-                    batches += 1
-                size += len(data)
+                with FileRecords(os.path.join(directory, name)) as records:
+                    batches += sum(1 for _ in records)
+                    size += records.size_in_bytes
     return batches, size
 
 
