@@ -430,6 +430,29 @@ def test_read_bounds_and_min_one_message(manager):
         assert (fetched.high_watermark, fetched.log_start_offset) == (10, 0)
 
 
+def test_a_read_shorter_than_copy_below_comes_as_the_same_bytes(tmp_path):
+    """``copy_below``: a slice shorter than it is read at once as ``bytes`` (no descriptor), equal to the slice a
+    ``FileRecords`` gives, from the active segment and from an older one; one as long goes as ``FileRecords``."""
+    with open_manager(tmp_path, log_segment_bytes=2000) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(30):
+            partition_log.append(batch([b"v%d" % i * 40]))
+        assert len(partition_log.segments) > 2
+        for offset in (0, 12, 29):                       # older segments, then the active one
+            for max_bytes in (1, 300, 1 << 20):
+                with partition_log.read(offset, max_bytes).records as records:
+                    stored = records.read(0, records.size_in_bytes)
+                copied = partition_log.read(offset, max_bytes, copy_below=len(stored) + 1)
+                assert isinstance(copied.records, bytes) and copied.records == stored
+                kept = partition_log.read(offset, max_bytes, copy_below=len(stored)).records
+                assert not isinstance(kept, bytes) and kept.size_in_bytes == len(stored)
+                kept.close()
+        assert partition_log.read(30, 100, copy_below=1 << 20).records is None
+        with pytest.raises(InvalidArgumentError, match="copy_below"):
+            partition_log.read(0, 100, copy_below=None)
+
+
 def test_listeners_are_told_of_appends(manager):
     manager.create_topic("t")
     partition_log = manager.get_partition("t", 0)
@@ -758,6 +781,38 @@ def test_a_lookup_at_the_tail_reads_no_file_and_a_shrunk_index_forgets_its_tail(
             os.rename(index.path + ".away", index.path)
         index.resize(4 * 8)                  # keeps four entries: the last is read again
         assert index.entries == 4 and index.lookup(1000)[0] == 4 == index.last_offset      # offsets 1-4
+
+
+def test_a_reader_at_the_tail_scans_from_the_last_append_without_an_index_search(tmp_path, monkeypatch):
+    """Offsets of the last append (three batches in one append) are found by a scan from where it began, with no
+    index search; earlier offsets search the index; after recovery (which rebuilds the indexes) the index is
+    searched again. Every offset is found where the segment's heads say."""
+    with open_manager(tmp_path, log_index_interval_bytes=100) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(6):
+            partition_log.append(batch([b"v%d" % i * 30]))
+        last_append = partition_log.active.size
+        partition_log.append(b"".join(bytes(batch([b"w%d" % i * 30, b"x"])) for i in range(3)))
+        segment = partition_log.active
+        heads = list(segment.heads())
+        assert len(heads) == 9 and heads[6].position == last_append
+
+        def found(offset):
+            head = segment.translate_offset(offset)
+            return head and head.position
+        expected = {offset: next((h.position for h in heads if h.last_offset >= offset), None)
+                    for offset in range(partition_log.log_end_offset + 2)}
+        searched = []
+        real_lookup = segment.offset_index.lookup
+        monkeypatch.setattr(segment.offset_index, "lookup", lambda offset: searched.append(offset) or real_lookup(
+            offset))
+        assert {offset: found(offset) for offset in expected} == expected
+        assert searched == list(range(heads[5].last_offset + 1))
+        segment.recover()
+        searched.clear()
+        assert {offset: found(offset) for offset in expected} == expected
+        assert searched == list(expected)
 
 
 @pytest.mark.parametrize("value_bytes", [1, 1500], ids=["small", "across-windows"])

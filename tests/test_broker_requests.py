@@ -16,7 +16,9 @@ from kafka.protocol.metadata import FindCoordinatorRequest, FindCoordinatorRespo
 
 from broker_helpers import RawConnection, wait_for
 from kmem.broker import Broker
-from kmem.broker.apis.handlers import protocol_uuid
+from kmem.broker.apis import handlers
+from kmem.broker.apis.handlers import FETCH_COPY_BYTES, protocol_uuid
+from kmem.protocol.codegen import INLINE_RECORDS_MAX
 from kmem.records import build_records
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, COORDINATOR_NOT_AVAILABLE = 0, 3, 15
@@ -204,6 +206,39 @@ def test_a_fetch_listing_a_partition_thousands_of_times_holds_one_descriptor_and
     assert open_descriptors() - baseline <= 10                      # the two ends of the connection, the region
     connection.close()
     wait_for(lambda: open_descriptors() <= baseline, "the response's descriptors to close")
+
+
+@pytest.mark.parametrize("copy_bytes", [FETCH_COPY_BYTES, 1000])
+def test_small_slices_are_read_into_the_fetch_response_and_large_ones_go_from_their_file(broker, monkeypatch,
+                                                                                       copy_bytes):
+    """A consumer at the tail of many partitions reads a little of each: a slice of at most INLINE_RECORDS_MAX
+    bytes is read into the response while its copies stay within FETCH_COPY_BYTES; a larger one, and those past
+    the budget, are sent from their file. Each partition's records are its log's bytes, either way."""
+    monkeypatch.setattr(handlers, "FETCH_COPY_BYTES", copy_bytes)
+    broker.logs.create_topic("small", 20)
+    for p in range(20):
+        append(broker, "small", [b"s%02d" % p * 50], partition=p)
+    append(broker, "large", [os.urandom(INLINE_RECORDS_MAX)])
+    stored = {}
+    for topic, partitions in (("small", 20), ("large", 1)):
+        for p in range(partitions):
+            with broker.logs.get_partition(topic, p).read(0, 1 << 20).records as records:
+                stored[topic, p] = records.read(0, records.size_in_bytes)
+    sent = []
+    real_sendfile = os.sendfile
+    monkeypatch.setattr(os, "sendfile", lambda out, fd, offset, count: sent.append(count) or real_sendfile(
+        out, fd, offset, count))
+    request = fetch_request({"small": [(p, 0) for p in range(20)], "large": [(0, 0)]}, max_wait_ms=0)
+    with RawConnection(broker.bootstrap_servers) as connection:
+        response = connection.request(request, FetchResponse, 11)
+    answered = {(topic.topic, p.partition_index): p.records for topic in response.responses for p in topic.partitions}
+    assert answered == stored
+    small = len(stored["small", 0])
+    copied = min(20, copy_bytes // small)
+    assert 0 < copied < 20 if copy_bytes < FETCH_COPY_BYTES else copied == 20
+    # the small slices past the budget and the large one, each from its file
+    assert sorted(set(sent)) == sorted({small} if copied < 20 else set()) + [len(stored["large", 0])]
+    assert sum(sent) == (20 - copied) * small + len(stored["large", 0])
 
 
 @pytest.mark.parametrize("version", [11, 13])

@@ -29,7 +29,10 @@ creates no topic.
 Fetch follows Kafka's ``KafkaApis.handleFetchRequest`` and ``ReplicaManager.readFromLog``:
 
 - data stored as magic 2 goes out as a file region (``os.sendfile`` on plain sockets) to Fetch v4 and
-  later; Fetch v0-1 get magic 0 and v2-3 magic 1 by lazy chunked down-conversion (KIP-283), unless
+  later, except small slices: a partition's slice of at most ``INLINE_RECORDS_MAX`` bytes is read into the
+  response while the response's copies stay within ``FETCH_COPY_BYTES`` (one ``pread`` instead of a
+  descriptor, a ``sendfile`` and a close per partition; a consumer at the tail of many partitions reads
+  little from each); Fetch v0-1 get magic 0 and v2-3 magic 1 by lazy chunked down-conversion (KIP-283), unless
   ``message.downconversion.enable`` is off (UNSUPPORTED_VERSION, whatever is read); a topic whose
   ``compression.type`` is zstd is UNSUPPORTED_COMPRESSION_TYPE below Fetch v10, whatever its batches hold;
   otherwise Fetch v4-9 get zstd batches as stored and v0-3 UNSUPPORTED_COMPRESSION_TYPE when the first
@@ -83,6 +86,7 @@ from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, Unsu
 from kmem.metrics import (ALL_TOPICS, BYTES_IN, BYTES_OUT, FAILED_FETCH, FAILED_PRODUCE, MESSAGES_IN, TOTAL_FETCH,
                           TOTAL_PRODUCE, broker_topic_stats)
 from kmem.protocol import ApiKey, messages
+from kmem.protocol.codegen import INLINE_RECORDS_MAX
 from kmem.records import LazyDownConvertRecords, MemoryRecords, RecordBatch, codecs, plan_fetch
 from kmem.records.arguments import byte_view
 from kmem.records.batches import ATTR_TRANSACTIONAL
@@ -112,6 +116,9 @@ CONSUMER_GROUP_APIS = frozenset({ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.CONSUME
 GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1         # FindCoordinator key types (2, share groups, is not served)
 ZERO_UUID = uuid.UUID(int=0)
 NO_EPOCH = UNDEFINED_EPOCH_OFFSET = -1     # Kafka's RecordBatch.NO_PARTITION_LEADER_EPOCH, UNDEFINED_EPOCH(_OFFSET)
+#: At most this many bytes of a Fetch response's records are copied into it (small slices; the rest is sent
+#: from the files): what a response pending on a slow client holds in memory.
+FETCH_COPY_BYTES = 1 << 20
 MAGIC_OFFSET = 16                  # of a batch's magic byte
 ATTRIBUTES_OFFSET = 21             # of a v2 batch's attributes (int16)
 # Kafka's ReplicaManager.handleProduceAppend answers a transaction verification failing with one of these retriable
@@ -704,9 +711,10 @@ class Handlers:
         everywhere = self.topic_stats.row(ALL_TOPICS)
         for topic_response in response.responses:
             for result in topic_response.partitions:
-                if not isinstance(result.records, bytes):       # a Send of records read
-                    self.topic_stats.row(topic_response.topic)[BYTES_OUT] += result.records.size
-                    everywhere[BYTES_OUT] += result.records.size
+                size = _records_size(result.records)
+                if size:
+                    self.topic_stats.row(topic_response.topic)[BYTES_OUT] += size
+                    everywhere[BYTES_OUT] += size
 
     def _read_all(self, version, request, wanted, is_follower):
         """One pass over the fetched partitions: ``([PartitionData], bytes returned, any error)``."""
@@ -715,6 +723,7 @@ class Handlers:
         remaining = request.max_bytes if version >= 3 else 2**31 - 1
         first_whole = version >= 3             # KIP-74: the first batch whole; before v3 limits are hard
         isolation = _fetch_isolation(version, request, is_follower)
+        copy_left = FETCH_COPY_BYTES
         for _, partition, source in wanted:
             result = Partition(partition_index=partition.partition, error_code=ErrorCode.NONE, high_watermark=-1,
                                last_stable_offset=-1, log_start_offset=-1, records=b"")
@@ -723,20 +732,25 @@ class Handlers:
                 result.error_code, errors = source, True
                 continue
             result.error_code, records = self._read_partition(version, isolation, partition, source, remaining,
-                                                              first_whole, is_follower, result)
+                                                              first_whole, is_follower, result,
+                                                              min(copy_left, INLINE_RECORDS_MAX) + 1)
             if result.error_code:
                 errors = True
                 continue
             if records is not None:
                 result.records = records
-                total += records.size
-                remaining = max(remaining - records.size, 0)
-                first_whole = first_whole and not records.size
+                size = _records_size(records)
+                if isinstance(records, bytes):
+                    copy_left -= size
+                total += size
+                remaining = max(remaining - size, 0)
+                first_whole = first_whole and not size
         return results, total, errors
 
     def _read_partition(self, version, isolation, partition, partition_log, remaining, first_whole, is_follower,
-                        result):
-        """``(error code, Send or None)`` for one partition; fills the offsets of ``result``."""
+                        result, copy_below):
+        """``(error code, records)`` for one partition: ``bytes`` when its slice is shorter than ``copy_below`` and
+        goes out as stored, else a Send, or None; fills the offsets of ``result``."""
         limit = min(partition.partition_max_bytes, remaining)
         config = partition_log.config
         # Kafka's KafkaApis decides by the topic's configs, whatever is read: zstd needs Fetch v10 when the topic
@@ -755,7 +769,8 @@ class Handlers:
             if error:
                 return error, None
         try:
-            data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation)
+            data = partition_log.read(partition.fetch_offset, limit, min_one_message=first_whole, isolation=isolation,
+                                      copy_below=copy_below if plan.to_magic is None else 0)
         except IllegalStateError:                    # the topic was deleted meanwhile
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, None
         result.high_watermark, result.last_stable_offset = data.high_watermark, data.last_stable_offset
@@ -767,8 +782,8 @@ class Handlers:
         if data.error_code:
             return int(data.error_code), None
         records = data.records
-        if records is None:
-            return ErrorCode.NONE, None
+        if records is None or isinstance(records, bytes):
+            return ErrorCode.NONE, records
         try:
             if plan.to_magic is None:
                 return ErrorCode.NONE, records.into_send()
@@ -783,6 +798,11 @@ class Handlers:
         finally:
             if records is not None:
                 records.close()
+
+
+def _records_size(records):
+    """The bytes of a Fetch result's records: read into memory, or a Send of them."""
+    return len(records) if isinstance(records, bytes) else records.size
 
 
 class DelayedFetch(DelayedOperation):

@@ -78,6 +78,9 @@ class LogSegment:
         self.offset_of_max_timestamp = -1
         self.bytes_since_last_index_entry = 0
         self.next_offset = base_offset
+        # (offset, position) where the last append began: every batch before that position ends below that
+        # offset, so a reader at the tail scans from there, with no index search (None: not known)
+        self._last_append = None
 
     def __repr__(self):
         return f"<LogSegment {self.log_path} {self.size} bytes, offsets {self.base_offset}..{self.next_offset - 1}>"
@@ -134,7 +137,10 @@ class LogSegment:
 
     def translate_offset(self, offset, starting_position=0):
         """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
-        _, position = self.offset_index.lookup(offset)
+        if self._last_append is not None and offset >= self._last_append[0]:
+            position = self._last_append[1]
+        else:
+            _, position = self.offset_index.lookup(offset)
         start = max(position, starting_position)
         if self._fd is not None:        # the active segment (most reads): no context manager on the fetch path
             found = _core.first_batch_reaching(self._fd, start, self.size, offset, HEAD_READ)
@@ -150,6 +156,13 @@ class LogSegment:
             return FileRecords(self.log_path, start, end)
         # what may be read ends at the active segment's size (an append counts once written whole): no fstat
         return FileRecords.of_descriptor(os.dup(self._fd), self.log_path, start, end, file_size=self.size)
+
+    def read_bytes(self, start, end):
+        """The bytes ``[start, end)`` of the log, read at once (fewer at the file's end)."""
+        if self._fd is not None:        # the active segment: no context manager on the fetch path
+            return os.pread(self._fd, end - start, start)
+        with self._log_file() as fd:
+            return os.pread(fd, end - start, start)
 
     def find_offset_by_timestamp(self, timestamp, starting_offset):
         """``(offset, timestamp)`` of the first record at or after ``starting_offset`` with a timestamp of at
@@ -221,6 +234,7 @@ class LogSegment:
             raise
         if position == 0:
             self.rolling_based_timestamp = largest_timestamp
+        self._last_append = self.next_offset, position
         self.size += size
         self.next_offset = largest_offset + 1
         self.max_timestamp_so_far, self.offset_of_max_timestamp = max_timestamp, offset_of_max
@@ -231,6 +245,7 @@ class LogSegment:
         truncated. ``on_batch(batch)`` sees every valid batch (a ``RecordBatch``), in order."""
         self.offset_index.reset()
         self.time_index.reset()
+        self._last_append = None
         self.max_timestamp_so_far, self.offset_of_max_timestamp = NO_TIMESTAMP, -1
         valid_bytes = last_index_entry = 0
         previous_last = self.base_offset - 1

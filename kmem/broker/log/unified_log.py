@@ -22,7 +22,8 @@
   (``kmem.broker.log.txn_index``) before the marker is written, taken out again if the write fails.
 - ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
   descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
-  but holding the first batch whole when ``min_one_message``; OFFSET_OUT_OF_RANGE outside
+  but holding the first batch whole when ``min_one_message``; a slice shorter than ``copy_below`` bytes comes
+  as ``bytes`` read at once instead (a descriptor and a ``sendfile`` cost more than a small copy); OFFSET_OUT_OF_RANGE outside
   ``[log_start_offset, log_end_offset]``, KAFKA_STORAGE_ERROR when a file cannot be opened. On one node
   the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
   ``aborted_transactions`` are the ``AbortedTxn`` entries of the ``.txnindex`` files (of the segment read and
@@ -114,7 +115,7 @@ class AppendResult(NamedTuple):
 
 
 class FetchData(NamedTuple):
-    records: FileRecords | None        # None when nothing is returned
+    records: FileRecords | bytes | None        # None when nothing is returned
     high_watermark: int
     log_start_offset: int
     last_stable_offset: int
@@ -528,10 +529,11 @@ class PartitionLog:
 
     # --- reads --------------------------------------------------------------------------------------
 
-    def read(self, fetch_offset, max_bytes, *, min_one_message=True, isolation=READ_UNCOMMITTED):
+    def read(self, fetch_offset, max_bytes, *, min_one_message=True, isolation=READ_UNCOMMITTED, copy_below=0):
         """The records from ``fetch_offset`` on (see the module docstring)."""
         _check_int("fetch_offset", fetch_offset)
         _check_int("max_bytes", max_bytes)
+        _check_int("copy_below", copy_below)
         if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
             raise InvalidArgumentError(f"isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1): {isolation!r}")
         with self._lock:
@@ -569,7 +571,10 @@ class PartitionLog:
                         bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
                         aborted = self._collect_aborted(i, fetch_offset, min(
                             upper, segment.next_offset if bound is None else bound))
-                    records = segment.records(first.position, first.position + size)
+                    if size < copy_below:
+                        records = segment.read_bytes(first.position, first.position + size)
+                    else:
+                        records = segment.records(first.position, first.position + size)
                     return FetchData(records, hw, start, lso, aborted_transactions=aborted)
                 return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)
             except OSError as e:        # no descriptor left, an I/O error
