@@ -20,12 +20,12 @@
   high watermark) moves; an ABORT that closes a transaction adds Kafka's ``AbortedTxn`` (its first offset, the
   marker's offset, the last stable offset at completion) to the active segment's ``.txnindex``
   (``kmem.broker.log.txn_index``) before the marker is written, taken out again if the write fails.
-- ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file
-  descriptor: close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long
-  but holding the first batch whole when ``min_one_message``; a slice shorter than ``copy_below`` bytes comes
-  as ``bytes`` read at once instead (a descriptor and a ``sendfile`` cost more than a small copy);
-  OFFSET_OUT_OF_RANGE outside ``[log_start_offset, log_end_offset]``, KAFKA_STORAGE_ERROR when a file cannot
-  be opened. On one node the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
+- ``read(fetch_offset, max_bytes)`` returns ``FetchData``: a ``FileRecords`` slice (its own file descriptor:
+  close it once sent) from the batch holding ``fetch_offset``, at most ``max_bytes`` long but holding the
+  first batch whole when ``min_one_message``; a slice shorter than ``copy_below`` bytes comes as ``bytes``
+  read at once instead (a descriptor and a ``sendfile`` cost more than a small copy); OFFSET_OUT_OF_RANGE
+  outside ``[log_start_offset, log_end_offset]``, KAFKA_STORAGE_ERROR when a file cannot be opened. On one
+  node the high watermark is the log end offset. READ_COMMITTED reads up to the last stable offset, and its
   ``aborted_transactions`` are the ``AbortedTxn`` entries of the ``.txnindex`` files (of the segment read and
   the later ones, until one's last stable offset reaches the bound) overlapping the range from
   ``fetch_offset`` to the first indexed offset past the bytes read (Kafka's ``fetchUpperBoundOffset``), the
