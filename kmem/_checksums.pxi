@@ -132,9 +132,34 @@ cdef extern from *:
         return kmem_crc32_reduce(x1, buf, len);
     }
 
+    /* The crc32 instruction takes 3 cycles and can start one a cycle, so three CRCs of consecutive blocks of
+       KMEM_CRC32C_BLOCK bytes run at once, about three times one; the second and third are joined to the
+       first by the CRC state's linearity: state(A B) = state(A) * x^(8 |B|) ^ state(0, B), the product mod P
+       read from kmem_crc32c_shift (set by kmem_crc_init), four lookups. */
+    #define KMEM_CRC32C_BLOCK 8192
+    static uint32_t kmem_crc32c_shift_table[4][256];
+
+    static inline uint32_t kmem_crc32c_shift(uint32_t state) {
+        return kmem_crc32c_shift_table[0][state & 0xFF] ^ kmem_crc32c_shift_table[1][(state >> 8) & 0xFF]
+               ^ kmem_crc32c_shift_table[2][(state >> 16) & 0xFF] ^ kmem_crc32c_shift_table[3][state >> 24];
+    }
+
     __attribute__((target("sse4.2")))
     static uint32_t kmem_crc32c_hw(uint32_t crc, const unsigned char* p, size_t n) {
         uint64_t c = ~crc;
+        for (; n >= 3 * KMEM_CRC32C_BLOCK; p += 3 * KMEM_CRC32C_BLOCK, n -= 3 * KMEM_CRC32C_BLOCK) {
+            uint64_t c1 = 0, c2 = 0;
+            for (size_t i = 0; i < KMEM_CRC32C_BLOCK; i += 8) {
+                uint64_t v0, v1, v2;
+                memcpy(&v0, p + i, 8);
+                memcpy(&v1, p + KMEM_CRC32C_BLOCK + i, 8);
+                memcpy(&v2, p + 2 * KMEM_CRC32C_BLOCK + i, 8);
+                c = _mm_crc32_u64(c, v0);
+                c1 = _mm_crc32_u64(c1, v1);
+                c2 = _mm_crc32_u64(c2, v2);
+            }
+            c = kmem_crc32c_shift(kmem_crc32c_shift((uint32_t)c) ^ (uint32_t)c1) ^ (uint32_t)c2;
+        }
         for (; n >= 8; p += 8, n -= 8) {
             uint64_t v;
             memcpy(&v, p, 8);
@@ -161,6 +186,26 @@ cdef extern from *:
     }
     #endif
 
+    /* a * b mod P in CRC-32C's reflected bit order (the coefficient of x^0 is the top bit) */
+    static uint32_t kmem_crc32c_multiply(uint32_t a, uint32_t b) {
+        uint32_t product = 0;
+        for (uint32_t bit = 0x80000000u; bit; bit >>= 1) {
+            if (a & bit) product ^= b;
+            b = (b >> 1) ^ (0x82F63B78u & (0u - (b & 1u)));     /* b * x */
+        }
+        return product;
+    }
+
+    /* x^(8 length) mod P, by squaring x: what moves a CRC state past length bytes */
+    static uint32_t kmem_crc32c_x8n(uint64_t length) {
+        uint32_t power = 0x40000000u, shift = 0x80000000u;      /* x^1, x^0 */
+        for (uint64_t bits = 8 * length; bits; bits >>= 1) {
+            if (bits & 1) shift = kmem_crc32c_multiply(shift, power);
+            power = kmem_crc32c_multiply(power, power);
+        }
+        return shift;
+    }
+
     static void kmem_crc_init(void) {
         for (uint32_t i = 0; i < 256; i++) {
             uint32_t c = i, d = i;
@@ -177,6 +222,11 @@ cdef extern from *:
                 kmem_crc32c_table[t][i] = (prev >> 8) ^ kmem_crc32c_table[0][prev & 0xFF];
             }
     #ifdef KMEM_X86
+        /* x^(8 KMEM_CRC32C_BLOCK)'s product with each byte of a state at each of its four places */
+        uint32_t shift = kmem_crc32c_x8n(KMEM_CRC32C_BLOCK);
+        for (int place = 0; place < 4; place++)
+            for (uint32_t v = 0; v < 256; v++)
+                kmem_crc32c_shift_table[place][v] = kmem_crc32c_multiply(v << (8 * place), shift);
         unsigned int a, b, c, d;
         if (__get_cpuid(1, &a, &b, &c, &d)) {
             kmem_has_pclmul = (c & bit_PCLMUL) && (c & bit_SSE4_1);
@@ -256,6 +306,8 @@ cdef extern from *:
     uint32_t kmem_crc32c(uint32_t crc, const unsigned char* p, size_t n, int software) nogil
     uint32_t kmem_crc32(uint32_t crc, const unsigned char* p, size_t n, int software) nogil
     uint32_t kmem_xxh32_short(const unsigned char* p, size_t n, uint32_t seed) nogil
+    uint32_t kmem_crc32c_multiply(uint32_t a, uint32_t b) nogil
+    uint32_t kmem_crc32c_x8n(uint64_t length) nogil
 
 kmem_crc_init()
 
@@ -271,32 +323,10 @@ def crc32c(const unsigned char[::1] data, uint32_t value=0, bint software=False)
     return result
 
 
-cdef enum:
-    CRC32C_POLYNOMIAL = 0x82F63B78      # reflected: the coefficient of x^0 is the top bit
-
-
-cdef uint32_t crc32c_multiply(uint32_t a, uint32_t b) noexcept nogil:
-    """a * b modulo the CRC-32C polynomial, both in the reflected bit order."""
-    cdef uint32_t product = 0, bit = 0x80000000
-    while bit:
-        if a & bit:
-            product ^= b
-        b = (b >> 1) ^ (CRC32C_POLYNOMIAL if b & 1 else 0)      # b * x
-        bit >>= 1
-    return product
-
-
 cdef uint32_t crc32c_combine_c(uint32_t first, uint32_t second, uint64_t second_length) noexcept nogil:
     """The CRC-32C of A + B from A's (``first``) and B's (``second``, of ``second_length`` bytes): A's
-    CRC moved past B's length (times x^(8 len) modulo the polynomial, by squaring) plus B's."""
-    cdef uint32_t shift = 0x80000000, power = 0x40000000     # x^0 and x^1
-    cdef uint64_t bits = second_length * 8
-    while bits:
-        if bits & 1:
-            shift = crc32c_multiply(shift, power)
-        power = crc32c_multiply(power, power)
-        bits >>= 1
-    return crc32c_multiply(shift, first) ^ second
+    CRC moved past B's length (times x^(8 len) modulo the polynomial) plus B's."""
+    return kmem_crc32c_multiply(kmem_crc32c_x8n(second_length), first) ^ second
 
 
 def crc32c_combine(uint32_t first, uint32_t second, uint64_t second_length):

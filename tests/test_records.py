@@ -37,6 +37,18 @@ def test_crc32_every_path_matches_zlib():
         assert _core.crc32c(data, 5) == _core.crc32c(data, 5, software=True)
 
 
+def test_crc32c_three_streams_match_the_table_path_at_every_block_boundary():
+    # from three blocks of 8 KiB on, the instruction runs three CRCs at once and joins them
+    block = 8192
+    data = os.urandom(7 * block + 64)
+    for n in [3 * block + d for d in (-1, 0, 1, 8, 15)] + [6 * block, 6 * block + 13, 7 * block + 40]:
+        for start in (0, 3):
+            chunk = data[start:start + n]
+            assert _core.crc32c(chunk, n) == _core.crc32c(chunk, n, software=True), (n, start)
+    a, b = data[:5000], data[5000:]
+    assert _core.crc32c_combine(_core.crc32c(a), _core.crc32c(b), len(b)) == _core.crc32c(data)
+
+
 def test_crc32_wide_fold_matches_zlib_at_every_length_and_alignment():
     # 256 bytes and up take the 256-bit VPCLMULQDQ fold where the CPU has it (the 128-bit fold otherwise)
     data = os.urandom(4096 + 64)
