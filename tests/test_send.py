@@ -310,6 +310,23 @@ def test_a_frame_goes_out_in_one_vectored_write_per_run_of_bytes(tmp_path):
     assert transport.calls == [[(6).to_bytes(4, "big"), b"answer"]]
 
 
+def test_a_bytes_frame_taken_a_few_bytes_at_a_time_resumes_mid_view():
+    """A bytes payload and its prefix go out as two views of one write; a write that takes part of a view resumes
+    inside it, and a frame of no bytes is its prefix alone."""
+    class Stingy(RecordingTransport):
+        def write(self, views):
+            joined = b"".join(bytes(v) for v in views)[:3]
+            self.calls.append(joined)
+            return len(joined)
+
+    for payload in (bytearray(b"response bytes"), b"", memoryview(b"ab")):
+        send, transport = NetworkSend("c", payload), Stingy()
+        while not send.completed:
+            send.write_to(transport)
+        assert b"".join(transport.calls) == len(payload).to_bytes(4, "big") + bytes(payload)
+        assert send.remaining == 0 and send.write_to(transport) == 0
+
+
 def test_a_vectored_write_taken_in_part_resumes_mid_part():
     send = SequenceSend([b"abc", b"defg", b"hi"])
 

@@ -2,11 +2,11 @@
 
 ``NetworkReceive`` reads one frame from a transport into pool memory, asking the pool once, when the size
 prefix is complete, for exactly the payload's size; when the pool refuses, the receive waits and every
-later read retries. ``NetworkSend`` writes one frame: the size prefix, then any ``Send``.
+later read retries. ``NetworkSend`` writes one frame: the size prefix, then bytes or any ``Send``.
 """
 from kmem.errors import InvalidArgumentError, InvalidReceiveError
 from kmem.pool import NONE
-from kmem.send import BytesSend, SequenceSend
+from kmem.send import SequenceSend, as_transport, close_send
 
 UNLIMITED = -1
 SIZE_PREFIX_BYTES = 4
@@ -109,17 +109,51 @@ class NetworkReceive:
         return f"<NetworkReceive from {self.source} size={self._size} filled={self._filled}>"
 
 
-class NetworkSend(SequenceSend):
+class NetworkSend:
     """One outgoing frame to ``destination``: the 4-byte size prefix, then ``payload`` (bytes-like or a
-    ``Send``, whose ``size`` is the prefix)."""
+    ``Send``, whose ``size`` is the prefix). A bytes-like payload goes out with its prefix in one vectored
+    write and no other object: most responses are a few hundred bytes, and this is each one's path. A
+    ``Send`` follows the prefix as a ``SequenceSend`` part (its leading bytes join the prefix's write)."""
+
+    __slots__ = ("destination", "size", "remaining", "_views", "_body")
 
     def __init__(self, destination, payload):
-        body = payload if hasattr(payload, "write_to") else BytesSend(payload)
-        if body.size > MAX_FRAME_SIZE:
-            raise InvalidArgumentError(f"a frame to {destination} cannot hold {body.size} bytes "
+        is_send = hasattr(payload, "write_to")
+        view = None if is_send else memoryview(payload).cast("B")
+        length = payload.size if is_send else view.nbytes
+        if length > MAX_FRAME_SIZE:
+            raise InvalidArgumentError(f"a frame to {destination} cannot hold {length} bytes "
                                        f"(the size prefix is a signed 32-bit integer)")
-        super().__init__([body.size.to_bytes(SIZE_PREFIX_BYTES, "big"), body])
+        prefix = length.to_bytes(SIZE_PREFIX_BYTES, "big")
+        self._views = None if is_send else [memoryview(prefix), view]
+        self._body = SequenceSend([prefix, payload]) if is_send else None
         self.destination = destination
+        self.size = self.remaining = SIZE_PREFIX_BYTES + length
+
+    @property
+    def completed(self):
+        return self.remaining == 0
+
+    def write_to(self, transport):
+        if self._body is not None:
+            written = self._body.write_to(transport)
+        elif self._views:
+            written = as_transport(transport).write(self._views)
+            left = written
+            while self._views and left >= self._views[0].nbytes:     # those written whole go
+                left -= self._views.pop(0).nbytes
+            if left:
+                self._views[0] = self._views[0][left:]
+        else:
+            return 0
+        self.remaining -= written
+        return written
+
+    def close(self):
+        """Release what an unwritten body holds (idempotent)."""
+        self._views = None
+        body, self._body = self._body, None
+        close_send(body)
 
     def __repr__(self):
         return f"<NetworkSend to {self.destination} {self.size - self.remaining}/{self.size} bytes>"
