@@ -87,17 +87,22 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
     return found, PyBytes_FromStringAndSize(<char*>found_row, entry_size)
 
 
-def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size):
-    """``(position, head)`` of the first complete batch of a segment file between ``position`` and ``end``
-    whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer for a
-    smaller batch at the file's end); None when no complete batch before ``end`` reaches it. A batch whose length
-    is below its format's header (a damaged tail, never a validated one), or whose head the file cuts short,
-    ends the scan. Raises OSError when a read fails.
+def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size,
+                         Py_ssize_t keep=0):
+    """``(position, head, following)`` of the first complete batch of a segment file between ``position`` and
+    ``end`` whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer
+    for a smaller batch at the file's end), ``following`` the bytes from its position on that the scan's last
+    read holds, at most ``keep`` and none past ``end`` (a small read at the tail needs no second ``pread``);
+    None when no complete batch before ``end`` reaches it. A batch whose length is below its format's header (a
+    damaged tail, never a validated one), or whose head the file cuts short, ends the scan. Raises OSError when
+    a read fails.
 
     The file is read ``READ_WINDOW`` bytes at a time and the heads found in that window are walked without
     another read: the scan from an index entry crosses about ``index.interval.bytes`` of small batches."""
     if head_size < 61 or head_size > 256:
         raise ValueError(f"a batch head of {head_size} bytes cannot be read")
+    if keep < 0:
+        raise ValueError(f"cannot keep {keep} bytes")
     cdef uint8_t window[READ_WINDOW]
     cdef const uint8_t* head = window
     cdef int64_t window_at = 0, size, last_offset, available
@@ -133,4 +138,7 @@ def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, 
         raise OSError(errno, f"pread of a segment failed: {strerror(errno).decode()}")
     if not found:
         return None
-    return position, PyBytes_FromStringAndSize(<char*>head, got)
+    cdef int64_t following = (window_at + window_got if window_at + window_got < end else end) - position
+    if following > keep:
+        following = keep
+    return position, PyBytes_FromStringAndSize(<char*>head, got), PyBytes_FromStringAndSize(<char*>head, following)

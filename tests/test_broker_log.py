@@ -803,6 +803,11 @@ def test_a_reader_at_the_tail_scans_from_the_last_append_without_an_index_search
             return head and head.position
         expected = {offset: next((h.position for h in heads if h.last_offset >= offset), None)
                     for offset in range(partition_log.log_end_offset + 2)}
+        with open(segment.log_path, "rb") as f:
+            data = f.read()
+        tail = segment.translate_offset(heads[6].last_offset, keep=1 << 20)
+        assert tail.following == data[last_append:]            # read with the scan: no second read for it
+        assert segment.translate_offset(heads[6].last_offset).following == b""
         searched = []
         real_lookup = segment.offset_index.lookup
         monkeypatch.setattr(segment.offset_index, "lookup", lambda offset: searched.append(offset) or real_lookup(
@@ -837,7 +842,15 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
                 expected = next((h for h in heads if h.last_offset >= offset), None)
                 found = _core.first_batch_reaching(fd, 0, segment.size, offset, HEAD_READ)
                 assert (found and found[0]) == (expected and expected.position)
-                assert found is None or found[1] == data[found[0]:found[0] + HEAD_READ]
+                assert found is None or found[1:] == (data[found[0]:found[0] + HEAD_READ], b"")
+                # the bytes from the batch on that the scan's last read holds: at most keep, none past the end
+                for keep, end in ((1 << 20, segment.size), (100, segment.size), (1 << 20, segment.size - 1)):
+                    kept = _core.first_batch_reaching(fd, 0, end, offset, HEAD_READ, keep)
+                    if kept is not None:
+                        following = kept[2]
+                        assert following == data[kept[0]:kept[0] + len(following)] and len(following) <= keep
+                        assert len(following) >= min(keep, HEAD_READ) or kept[0] + len(following) == end
+                        assert kept[0] + len(following) <= end
                 if expected is not None:
                     assert segment.translate_offset(offset).last_offset == expected.last_offset
                 # from a later position, and with an end that cuts the batch found
@@ -857,6 +870,8 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
         assert [h.position for h in segment.heads()] == [h.position for h in heads[:4]]
         with pytest.raises(ValueError):
             _core.first_batch_reaching(0, 0, 1, 0, 20)
+        with pytest.raises(ValueError, match="keep"):
+            _core.first_batch_reaching(0, 0, 1, 0, HEAD_READ, -1)
         # a file cut inside a batch's head (outside the broker) ends the scan instead of returning a partial head
         os.truncate(segment.log_path, heads[2].position + 30)
         fd = os.open(segment.log_path, os.O_RDONLY)

@@ -35,12 +35,14 @@ INDEX_SUFFIX, TIME_INDEX_SUFFIX = ".index", ".timeindex"
 
 
 class BatchHead:
-    """Header fields of a batch in a segment file, read without its records."""
-    __slots__ = ("position", "size", "magic", "last_offset", "max_timestamp")
+    """Header fields of a batch in a segment file, read without its records; ``following``: bytes of the file from
+    its position that a scan read with it (``translate_offset``'s ``keep``), else empty."""
+    __slots__ = ("position", "size", "magic", "last_offset", "max_timestamp", "following")
 
-    def __init__(self, head, position):
+    def __init__(self, head, position, following=b""):
         offset, length, _, self.magic = HEAD.unpack_from(head)
         self.position = position
+        self.following = following
         self.size = LOG_OVERHEAD + length
         if self.magic == 2:
             self.last_offset = offset + struct.unpack_from(">i", head, V2_LAST_DELTA_AT)[0]
@@ -135,19 +137,20 @@ class LogSegment:
         self.time_index.sanity_check(self.next_offset)
         self.txn_index.sanity_check()
 
-    def translate_offset(self, offset, starting_position=0):
-        """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
+    def translate_offset(self, offset, starting_position=0, keep=0):
+        """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None; with at most
+        ``keep`` bytes of the file from its position that the scan read (``BatchHead.following``)."""
         if self._last_append is not None and offset >= self._last_append[0]:
             position = self._last_append[1]
         else:
             _, position = self.offset_index.lookup(offset)
         start = max(position, starting_position)
         if self._fd is not None:        # the active segment (most reads): no context manager on the fetch path
-            found = _core.first_batch_reaching(self._fd, start, self.size, offset, HEAD_READ)
+            found = _core.first_batch_reaching(self._fd, start, self.size, offset, HEAD_READ, keep)
         else:
             with self._log_file() as fd:
-                found = _core.first_batch_reaching(fd, start, self.size, offset, HEAD_READ)
-        return None if found is None else BatchHead(found[1], found[0])
+                found = _core.first_batch_reaching(fd, start, self.size, offset, HEAD_READ, keep)
+        return None if found is None else BatchHead(found[1], found[0], found[2])
 
     def records(self, start, end):
         """``FileRecords`` of the bytes ``[start, end)`` of the log, with a descriptor of their own: the

@@ -552,7 +552,7 @@ class PartitionLog:
                 for i, segment in enumerate(self.segments[first_segment:], first_segment):
                     if fetch_offset >= upper:
                         break
-                    first = segment.translate_offset(fetch_offset)
+                    first = segment.translate_offset(fetch_offset, keep=max(copy_below - 1, 0))
                     if first is None:
                         continue
                     max_position = segment.size
@@ -571,8 +571,9 @@ class PartitionLog:
                         bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
                         aborted = self._collect_aborted(i, fetch_offset, min(
                             upper, segment.next_offset if bound is None else bound))
-                    if size < copy_below:
-                        records = segment.read_bytes(first.position, first.position + size)
+                    if size < copy_below:       # what the scan read holds it, at the tail
+                        records = first.following[:size] if len(first.following) >= size \
+                            else segment.read_bytes(first.position, first.position + size)
                     else:
                         records = segment.records(first.position, first.position + size)
                     return FetchData(records, hw, start, lso, aborted_transactions=aborted)
