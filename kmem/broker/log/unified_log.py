@@ -571,7 +571,7 @@ class PartitionLog:
                         bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
                         aborted = self._collect_aborted(i, fetch_offset, min(
                             upper, segment.next_offset if bound is None else bound))
-                    if size < copy_below:       # what the scan read holds it, at the tail
+                    if size < copy_below:       # at the tail, the scan's own read holds it
                         records = first.following[:size] if len(first.following) >= size \
                             else segment.read_bytes(first.position, first.position + size)
                     else:
