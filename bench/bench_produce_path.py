@@ -164,12 +164,6 @@ def _payload_of(response):
     return bytes(sink.data)
 
 
-def _discard(response):
-    """Release what a response not sent holds (a Send's descriptors)."""
-    if not isinstance(response, bytes):
-        response.close()
-
-
 class _Socket:
     """A loopback socket pair whose far end a thread drains: ``send(response)`` writes a response framed as the
     network thread writes it (``NetworkSend`` over a ``PlaintextTransport``, so file regions go by ``sendfile``)
@@ -219,8 +213,10 @@ def _produced(broker, response, last_one):
 
 
 def _fetched(broker, response, last_one):
+    from kmem.send import close_send
+
     if not last_one:
-        _discard(response)
+        close_send(response)
         return
     from kmem.protocol import ApiKey, decode_response
 
@@ -336,6 +332,7 @@ def test_fetch_behind_the_tail_broker_time(tmp_path):
     from kmem.broker import Broker
     from kmem.protocol import ApiKey, decode_response, encode_request, messages
     from kmem.records import build_records
+    from kmem.send import close_send
 
     F = messages.FetchRequest
     rng = random.Random(1)
@@ -358,7 +355,7 @@ def test_fetch_behind_the_tail_broker_time(tmp_path):
             times.append(time.perf_counter_ns() - started)
             cpu_times.append(time.thread_time_ns() - cpu)
             if i < len(payloads) - 1:
-                _discard(response)
+                close_send(response)
         _, last = decode_response(_payload_of(response), ApiKey.FETCH, 12)
         records = last.responses[0].partitions[0].records
         assert struct.unpack_from(">q", records)[0] == offsets[-1]      # the one-record batch asked for
