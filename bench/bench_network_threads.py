@@ -1,9 +1,11 @@
 """Broker produce throughput with ``num.network.threads=2`` against 1 (issue 39's figure for two network
 threads on two cores): ``PRODUCERS`` confluent-kafka producer processes (acks=all, idempotent, ``linger.ms``
 5, as ``bench_broker_throughput.py``) each send ``KMEM_BENCH_THREADS_MB`` (default 32) MB of 1 KiB records
-round-robin over 8 partitions (two topics of 4) at once; printed: MB/s and the broker's CPU seconds per GB
-for each setting, alternating ``ROUNDS`` times, and the median ratio of 2 threads' MB/s to 1's
-(``.venv/bin/pytest bench/bench_network_threads.py -s``).
+round-robin over 8 partitions (two topics of 4) at once; printed: MB/s, the broker's CPU seconds per GB, and
+how busy the machine's cores were (all processes) and the broker's share of them, for each setting,
+alternating ``ROUNDS`` times, and the median ratio of 2 threads' MB/s to 1's
+(``.venv/bin/pytest bench/bench_network_threads.py -s``). A second network thread can only add throughput
+while a core is left idle: with the producers on the same cores, the busy figure says whether one is.
 
 With ``KMEM_BENCH_PYSPY`` naming a py-spy binary, the broker is sampled (``--gil``: only the thread holding
 the GIL) during each 2-thread run, into ``network-threads-gil-<round>.txt`` (collapsed stacks) in the
@@ -60,8 +62,17 @@ def report():
         print(line)
 
 
+def busy_and_total():
+    """Jiffies the machine's cores spent busy (not idle nor waiting for I/O), and in all, since boot."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait
+
+
 def run(tmp_path, threads, profile=None):
-    """(MB/s of record values, broker CPU seconds per GB) with ``threads`` network threads."""
+    """(MB/s of record values, broker CPU seconds per GB, cores busy, cores the broker used) with ``threads``
+    network threads."""
     with BrokerProcess(tmp_path, {"num_network_threads": threads, "message_max_bytes": 4 << 20}) as broker:
         topics, per_topic = layout("threads", 8)
         create_topics(broker.bootstrap, topics, per_topic)
@@ -78,13 +89,14 @@ def run(tmp_path, threads, profile=None):
                 spy = subprocess.Popen([PY_SPY, "record", "--gil", "--nonblocking", "-r", "200", "-f", "raw", "-o",
                                         profile, "--pid", str(broker.process.pid)],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            cpu, started = broker.cpu_seconds(), time.perf_counter()
+            cpu, started, machine = broker.cpu_seconds(), time.perf_counter(), busy_and_total()
             for producer in producers:
                 producer.stdin.write("go\n")
                 producer.stdin.flush()
             for producer in producers:
                 assert producer.stdout.readline().strip() == "DONE"
             seconds, cpu = time.perf_counter() - started, broker.cpu_seconds() - cpu
+            busy, total = (after - before for after, before in zip(busy_and_total(), machine))
             if spy is not None:
                 spy.send_signal(2)
                 spy.wait(60)
@@ -93,7 +105,8 @@ def run(tmp_path, threads, profile=None):
                 producer.stdin.close()
                 producer.wait(60)
     produced = PRODUCERS * count * RECORD_BYTES
-    return produced / 1e6 / seconds, cpu / (produced / GB)
+    cores = os.cpu_count()
+    return produced / 1e6 / seconds, cpu / (produced / GB), busy / total * cores, cpu / seconds
 
 
 def test_two_network_threads_against_one(tmp_path):
@@ -104,7 +117,9 @@ def test_two_network_threads_against_one(tmp_path):
             figures[threads].append(run(tmp_path / f"{threads}-{round_}", threads, profile))
     for threads, rows in figures.items():
         lines.append(f"num.network.threads={threads}, {PRODUCERS} producers x {MB_EACH} MB of {RECORD_BYTES} B records "
-                     f"on 8 partitions: " + "; ".join(f"{rate:.1f} MB/s {cpu:.2f} CPU s/GB" for rate, cpu in rows))
+                     f"on 8 partitions: " + "; ".join(f"{rate:.1f} MB/s {cpu:.2f} CPU s/GB, {busy:.2f} of "
+                                                       f"{os.cpu_count()} cores busy ({broker:.2f} the broker's)"
+                                                       for rate, cpu, busy, broker in rows))
     ratios = sorted(two[0] / one[0] for one, two in zip(figures[1], figures[2]))
     lines.append(f"MB/s with 2 network threads / with 1: median {ratios[len(ratios) // 2]:.2f} "
                  f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
