@@ -347,10 +347,14 @@ def test_unexpected_channel_error_closes_only_that_channel(listener, caplog):
         good = socket.create_connection(listener.getsockname())
         accept(listener, selector, ["bad", "good"])
 
-        def broken_read():
-            raise RuntimeError("channel bug")
+        class BrokenReceive:        # a bug in the middle of a channel's read
+            def read_from(self, transport):
+                raise RuntimeError("channel bug")
 
-        selector.channel("bad").read = broken_read
+            def close(self):
+                pass
+
+        selector.channel("bad").receive = BrokenReceive()
         bad.sendall(frame(b"x"))
         good.sendall(frame(b"fine"))
         disconnected = {}       # over every poll: each poll reports only its own

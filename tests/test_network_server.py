@@ -151,16 +151,17 @@ def test_failing_release_still_answers_and_keeps_the_handler_thread(offload, cap
 def test_processor_survives_an_unexpected_error(caplog):
     with SocketServer(echo, num_network_threads=1) as server:
         processor = server.processors[0]
-        real_poll = processor.selector.poll
+        os_selector = processor.selector._selector      # what the processor's poll waits in
+        real_select = os_selector.select
         raised = threading.Event()
 
-        def poll_failing_once(timeout):
+        def select_failing_once(timeout):
             if not raised.is_set():
                 raised.set()
                 raise RuntimeError("injected processor fault")
-            return real_poll(timeout)
+            return real_select(timeout)
 
-        processor.selector.poll = poll_failing_once
+        os_selector.select = select_failing_once
         assert raised.wait(10)
         assert request(server.address, b"still served") == b"still served"
         assert processor.is_alive()

@@ -5,50 +5,19 @@ Both offer the same small surface: ``ready`` (handshake done), ``handshake()``, 
 (bytes accepted now), ``send_file(fd, offset, count)`` (bytes of a file region sent now: the transport,
 not the sender, chooses between ``os.sendfile`` and copying), ``has_bytes_buffered`` (bytes the transport
 holds that the socket will not announce again), ``events`` (what to wait for while not ready) and
-``close()``.
+``close()``. The plaintext one is compiled (``kmem/_channel.pxi``): its reads and writes are every request's.
 """
 import selectors
 import ssl
 
-from kmem.send import COPY_CHUNK, copy_file_once, sendfile_once
+from kmem._core import PlaintextTransport
+from kmem.send import COPY_CHUNK, copy_file_once
+
+__all__ = ["PlaintextTransport", "TlsTransport"]
 
 # OpenSSL refuses a retried write unless it is the same length: writing fixed-size chunks keeps a retry
 # after SSLWantWriteError identical. 16 KiB is one TLS record.
 TLS_WRITE_CHUNK = 16 * 1024
-
-
-class PlaintextTransport:
-    ready = True
-    has_bytes_buffered = False
-    events = 0
-
-    def __init__(self, sock):
-        self.sock = sock
-
-    def handshake(self):
-        """Nothing to negotiate."""
-
-    def read_into(self, view):
-        try:
-            n = self.sock.recv_into(view)
-        except (BlockingIOError, InterruptedError):
-            return 0
-        if n == 0 and len(view):
-            raise EOFError("connection closed by peer")
-        return n
-
-    def write(self, views):
-        try:
-            return self.sock.sendmsg(views)
-        except (BlockingIOError, InterruptedError):
-            return 0
-
-    def send_file(self, fd, offset, count):
-        """Zero-copy: the kernel moves the file's bytes to the socket."""
-        return sendfile_once(self.sock, fd, offset, count)
-
-    def close(self):
-        self.sock.close()
 
 
 class TlsTransport:

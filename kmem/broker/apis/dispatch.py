@@ -82,6 +82,9 @@ REQUEST_QUOTA_EXEMPT = frozenset({ApiKey.WRITE_TXN_MARKERS})
 
 # the APIs that answer with the broker's endpoint: that of the listener the request came in on, as Kafka does
 ENDPOINT_APIS = frozenset((ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESCRIBE_CLUSTER))
+# the APIs whose handlers take more than (header, body): the rest (most requests) skip their cases
+_CALLED_APART = frozenset((ApiKey.JOIN_GROUP, ApiKey.CONSUMER_GROUP_HEARTBEAT, *MUTATION_APIS, ApiKey.END_TXN,
+                           *ENDPOINT_APIS, *TELEMETRY_VERSIONS, ApiKey.API_VERSIONS))
 
 
 class RequestRefused(KmemError):
@@ -216,7 +219,7 @@ class RequestDispatcher:
         with self._served_lock:
             self._served[(int(header.api_key), header.api_version)] += 1
         request.measure(self.request_times, header.api_key)
-        if self._blocks(header, body):
+        if header.api_key != ApiKey.PRODUCE and header.api_key != ApiKey.FETCH and self._blocks(header, body):
             return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
         response = self._answered(self._answer, request, header, body)
         if response is CLOSE_CONNECTION:
@@ -248,9 +251,9 @@ class RequestDispatcher:
             return encode_response(header, response)
 
     def _blocks(self, header, body):
+        """Whether the request goes to an io thread (Produce and Fetch, most requests, never do: the caller skips
+        them)."""
         api = header.api_key
-        if api == ApiKey.PRODUCE or api == ApiKey.FETCH:        # most requests, answered on the network thread
-            return False
         if api in BLOCKING_APIS:
             return True
         if api == ApiKey.METADATA:
@@ -295,7 +298,9 @@ class RequestDispatcher:
         if header.api_key in MUTATION_APIS and self.mutation_quota is not None and self.mutation_quota.enabled():
             mutation_quota = self.mutation_quota.quota_for(request.principal, header.client_id,
                                                            strict=header.api_version >= MUTATION_APIS[header.api_key])
-        if header.api_key == ApiKey.JOIN_GROUP:
+        if header.api_key not in _CALLED_APART:
+            response = self._methods[header.api_key](header, body)
+        elif header.api_key == ApiKey.JOIN_GROUP:
             response = self.coordinator.join_group(header, body, client_host=_client_host(request))
         elif header.api_key == ApiKey.CONSUMER_GROUP_HEARTBEAT:
             response = self.coordinator.consumer_group_heartbeat(header, body, client_host=_client_host(request))
