@@ -226,3 +226,23 @@ cdef class PlaintextTransport:
 
     def close(self):
         self.sock.close()
+
+
+def tally_request_times(list row, times, long long sent_ns):
+    """Add one request's times to ``row`` (a ``kmem.metrics.request_times()`` row: the count, then Kafka's
+    TotalTimeMs, RequestQueueTimeMs, LocalTimeMs, RemoteTimeMs, ResponseQueueTimeMs and ResponseSendTimeMs in
+    ns). ``times``: its five perf_counter_ns marks (read, dequeued, handled, response complete, response
+    dequeued; a mark never reached counts as reached at the one before it); ``sent_ns``: its response sent."""
+    cdef long long t[5]
+    cdef int i
+    for i in range(5):
+        t[i] = times[i]
+        if i and t[i] < t[i - 1]:
+            t[i] = t[i - 1]
+    row[0] += 1
+    row[1] += sent_ns - t[0]
+    row[2] += t[1] - t[0]
+    row[3] += t[2] - t[1]
+    row[4] += t[3] - t[2]
+    row[5] += t[4] - t[3]
+    row[6] += max(sent_ns - t[4], 0)

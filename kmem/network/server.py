@@ -42,6 +42,7 @@ import ssl
 import threading
 import time
 
+from kmem._core import tally_request_times
 from kmem.errors import ConfigError, IllegalStateError, SslAuthenticationError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.quotas import UNLIMITED as UNLIMITED_CONNECTIONS
@@ -231,21 +232,8 @@ class Request:
 
     def tally(self, sent_ns):
         """Add this request's times (its response sent at ``sent_ns``) to its row; a mark never reached
-        counts as reached at the one before it."""
-        # unrolled: this runs for every request
-        received, dequeued, handled, completed, response_dequeued = self.times
-        dequeued = max(dequeued, received)
-        handled = max(handled, dequeued)
-        completed = max(completed, handled)
-        response_dequeued = max(response_dequeued, completed)
-        row = self._tallies.row(self._metrics_key)
-        row[0] += 1
-        row[1] += sent_ns - received
-        row[2] += dequeued - received
-        row[3] += handled - dequeued
-        row[4] += completed - handled
-        row[5] += response_dequeued - completed
-        row[6] += max(sent_ns - response_dequeued, 0)
+        counts as reached at the one before it (``kmem._core.tally_request_times``: every request's)."""
+        tally_request_times(self._tallies.row(self._metrics_key), self.times, sent_ns)
 
     def defer(self):
         """Park this request: return the ``Deferred`` from the handler and ``complete`` it later."""
