@@ -212,7 +212,7 @@ class LogSegment:
 
         All or nothing: when a write fails (a full disk), the file and both indexes are left as they were
         and the ``OSError`` is raised."""
-        size = sum(len(p) for p in pieces)
+        size = sum(map(len, pieces))
         if not size:
             return
         position = self.size
@@ -226,7 +226,8 @@ class LogSegment:
         written = 0
         try:
             while written < size:
-                written += os.pwritev(self._fd, _remaining(pieces, written), position + written)
+                written += os.pwritev(self._fd, _remaining(pieces, written) if written else pieces,
+                                      position + written)
             if index_due:
                 self.offset_index.append(largest_offset, position)
                 self.time_index.maybe_append(max_timestamp, offset_of_max)

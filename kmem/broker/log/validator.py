@@ -116,7 +116,7 @@ class ValidatedRecords:
     size: int = field(init=False)
 
     def __post_init__(self):
-        self.size = sum(len(p) for p in self.pieces)
+        self.size = sum(map(len, self.pieces))
 
 
 def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_records):
