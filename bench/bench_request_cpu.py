@@ -7,7 +7,7 @@
 - ``kmem broker`` in process (the network layer, the dispatcher, the Fetch handler and the codecs).
 
 Printed: the server process's CPU per request (user and system) and the round trip, for each, over ``ROUNDS``
-alternating rounds.
+alternating rounds, and kmem's CPU per request over the minimal loop's in the same round.
 """
 import os
 import pathlib
@@ -134,5 +134,10 @@ def test_tiny_request_cpu():
     for name, rows in figures.items():
         lines.append(f"{name}: server CPU per request " + "; ".join(
             f"{cpu:.1f} us (user {user:.1f}), round trip {wall:.1f} us" for cpu, user, wall in rows))
+    floor = figures["minimal Python loop"]
+    for name in ("kmem SocketServer", "kmem broker"):
+        ratios = sorted(cpu / floor_cpu for (cpu, _, _), (floor_cpu, _, _) in zip(figures[name], floor))
+        lines.append(f"{name} / minimal Python loop, CPU per request: median {ratios[len(ratios) // 2]:.2f} "
+                     f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
     for line in lines:
         print(line)
