@@ -520,3 +520,23 @@ def test_work_after_a_response_runs_on_the_network_thread_once_the_response_is_o
             sock.sendall(frame(b"again"))
             assert recv_frame(sock) == b"again"
     assert "work after a response failed" in caplog.text and "ZeroDivisionError" in caplog.text
+
+
+def test_a_response_left_on_its_way_by_a_closed_connection_is_timed():
+    """Kafka's processDisconnected times the responses in flight on a connection that closes: a client that goes
+    before reading a large response still counts in its API's request times."""
+    from kmem.metrics import request_times
+
+    tallies = request_times()
+
+    def large(req):
+        req.measure(tallies, "large")
+        return b"x" * (64 << 20)        # more than the socket buffers take at once
+
+    with SocketServer(large, num_network_threads=1) as server:
+        client = connect(server.address)
+        client.sendall(frame(b"give me a lot"))
+        assert wait_until(lambda: server.processors[0].measured)     # its response is being written
+        client.close()
+        assert wait_until(lambda: tallies.totals().get("large", [0])[0] == 1)
+        assert not server.processors[0].measured

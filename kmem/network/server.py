@@ -695,10 +695,13 @@ class _Processor(threading.Thread):
             self._forget(connection_id)
 
     def _forget(self, connection_id):
-        """A connection closed: its deferred response, if any, is cancelled."""
+        """A connection closed: its deferred response, if any, is cancelled; a response it left on its way is timed
+        (as Kafka's ``processDisconnected`` times its in-flight responses)."""
         self._closing.discard(connection_id)
         self.throttles.pop(connection_id, None)
-        self.measured.pop(connection_id, None)
+        request = self.measured.pop(connection_id, None)
+        if request is not None and request.times[4]:
+            request.tally(time.perf_counter_ns())
         self._authentication_deadlines.pop(connection_id, None)
         deferred = self._deferred.pop(connection_id, None)
         if deferred is not None:
