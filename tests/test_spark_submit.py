@@ -43,7 +43,7 @@ def master_state(ui_port):
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/json/", timeout=5) as response:
             return json.load(response)
-    except OSError:
+    except (OSError, ValueError):       # not up yet: a starting master can answer its HTML page there
         return None
 
 
