@@ -292,7 +292,9 @@ def test_a_member_that_learns_it_expired_from_its_rejoin_commit_hears_its_partit
     group = f"lost-in-commit-{strategy}"
     with listening_member(broker, group, strategy, first_heard, session_timeout_ms=1000) as first, \
             listening_member(broker, group, strategy, Recorder(), session_timeout_ms=1000) as second:
-        poll_until(lambda: shared(first, second), first, second)
+        # Its positions known, so that the commit before its rejoin has offsets to send (with none, it sends
+        # nothing and, as Kafka's ConsumerCoordinator, revokes: it has not learned it is out).
+        poll_until(lambda: shared(first, second) and set(first._positions()) == first.assignment(), first, second)
         held = first.assignment()
         heard = len(first_heard.events)
         with first._lock:       # no heartbeat: the coordinator expires it; it rejoins before it hears so
