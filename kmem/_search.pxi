@@ -12,7 +12,7 @@ from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t,
 from libc.string cimport memcpy, memset
 from libc.errno cimport EINTR, EMFILE, ENFILE, ENOENT, ENOMEM, EPERM, errno
 from libc.string cimport strerror
-from posix.fcntl cimport O_CLOEXEC, O_RDONLY, open as open_fd
+from posix.fcntl cimport O_CLOEXEC, O_RDONLY, O_WRONLY, open as open_fd
 from posix.unistd cimport close as close_fd, pread, pwrite
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 

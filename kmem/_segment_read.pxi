@@ -1,5 +1,6 @@
 # Reads of a log segment's files on the fetch path (Kafka's OffsetIndex.lookup, LogSegment.translateOffset):
-# the loops of small preads, each a system call, run here without the GIL.
+# the loops of small preads, each a system call, run here without the GIL; and the write of an index entry
+# on the produce path, whose file is opened for it (a partition keeps no index descriptor open).
 #
 # Index entries are big-endian: `.index` rows are (relative offset i32, position i32), `.timeindex` rows
 # (timestamp i64, relative offset i32). A batch starts `base offset i64 | length i32 | epoch or crc i32 |
@@ -30,6 +31,32 @@ cdef Py_ssize_t _pread_fully(int fd, uint8_t* into, Py_ssize_t size, int64_t pos
             break
         done += got
     return done
+
+
+def write_at(bytes path, const unsigned char[::1] data, int64_t position):
+    """Write ``data`` at ``position`` of the existing file at ``path``: opened, written whole and closed,
+    without the GIL. Raises OSError (the file as it was, or with part of ``data`` written past ``position``)."""
+    cdef const char* name = path
+    cdef const unsigned char* p = &data[0] if data.shape[0] else NULL
+    cdef Py_ssize_t size = data.shape[0], done = 0, put
+    cdef int fd, error = 0
+    with nogil:
+        fd = open_fd(name, O_WRONLY | O_CLOEXEC)
+        if fd < 0:
+            error = errno
+        else:
+            while done < size:
+                put = pwrite(fd, p + done, size - done, position + done)
+                if put < 0:
+                    if errno == EINTR:
+                        continue
+                    error = errno
+                    break
+                done += put
+            if close_fd(fd) < 0 and not error and errno != EINTR:
+                error = errno
+    if error:
+        raise OSError(error, strerror(error).decode(), path.decode(errors="surrogateescape"))
 
 
 def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_t field_at, int field_width,

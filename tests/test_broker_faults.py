@@ -51,7 +51,7 @@ def test_a_failed_index_write_leaves_no_batch_behind(tmp_path, monkeypatch):
         def no_space(*args):
             raise OSError(errno.ENOSPC, "No space left on device")
         with monkeypatch.context() as m:            # the data write succeeds, the index entry after it fails
-            m.setattr(index_module.os, "pwrite", no_space)
+            m.setattr(index_module._core, "write_at", no_space)
             result = partition_log.append(batch(b"refused", sequence=3, producer_id=7))
         assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR
         assert "No space left" in result.error_message

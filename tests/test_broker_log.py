@@ -749,6 +749,24 @@ def test_core_index_search_refuses_what_it_cannot_read(tmp_path):
             _core.index_floor(os.fsencode(path), 3, *bad, 1)
 
 
+def test_core_write_at_writes_an_existing_file_in_place(tmp_path):
+    """``_core.write_at``, an index entry's write: in place in a file that exists (a preallocated index), past
+    its end too; a missing file or a directory is the OSError ``os.open`` would raise, and nothing is made."""
+    path = tmp_path / "0.index"
+    path.write_bytes(bytes(16))
+    _core.write_at(os.fsencode(path), struct.pack(">ii", 5, 70), 8)
+    _core.write_at(os.fsencode(path), b"", 0)
+    assert path.read_bytes() == bytes(8) + struct.pack(">ii", 5, 70)
+    _core.write_at(os.fsencode(path), memoryview(b"tail"), 20)
+    assert path.read_bytes() == bytes(8) + struct.pack(">ii", 5, 70) + bytes(4) + b"tail"
+    with pytest.raises(FileNotFoundError) as gone:
+        _core.write_at(os.fsencode(tmp_path / "gone.index"), b"x", 0)
+    assert gone.value.filename == str(tmp_path / "gone.index")
+    assert not (tmp_path / "gone.index").exists()
+    with pytest.raises(IsADirectoryError):
+        _core.write_at(os.fsencode(tmp_path), b"x", 0)
+
+
 def one_record_batches(manager, count):
     """Partition t-0 of ``manager`` (``log_index_interval_bytes=0``) holding ``count`` one-record batches: an
     offset index entry for each but the first."""
