@@ -4525,6 +4525,1547 @@ cdef int _we183(_WireOut w, object o) except -1:
     else: _put_u8(w, 0)
     return 0
 
+cdef object _wd184(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i32(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        v7 = _rd_i32(r)
+        items5.append(v7)
+    v3 = items5
+    return _wire_class(29)(v1, v3, None)
+
+cdef object _wd185(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n6
+    cdef int64_t i8
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    n6 = _rd_i32(r)
+    if n6 < 0: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    items7 = []
+    for i8 in range(n6):
+        items7.append(_wd184(r, view))
+    v5 = items7
+    return _wire_class(30)([], v1, v3, v4, v5, None)
+
+cdef int _we186(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x3))
+        for item4 in <list>x3:
+            _put_i32(w, item4)
+    return 0
+
+cdef int _we187(_WireOut w, object o) except -1:
+    x1 = o.v3_and_below_transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.v3_and_below_producer_id
+    _put_i64(w, x3)
+    x4 = o.v3_and_below_producer_epoch
+    _put_i16(w, x4)
+    x5 = o.v3_and_below_topics
+    if x5 is None:
+        _wire_fallback()
+    elif type(x5) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x5))
+        for item6 in <list>x5:
+            _we186(w, item6)
+    return 0
+
+cdef object _wd188(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    cdef int64_t n9
+    cdef int64_t tag10
+    cdef int64_t sz11
+    cdef Py_ssize_t te12
+    cdef int64_t i13
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        v7 = _rd_i32(r)
+        items5.append(v7)
+    v3 = items5
+    ut8 = None
+    n9 = _rd_uvarint(r)
+    for i13 in range(n9):
+        tag10 = _rd_uvarint(r)
+        sz11 = _rd_uvarint(r)
+        if sz11 > r.end - r.pos: _wire_fallback()
+        te12 = r.pos + sz11
+        if ut8 is None: ut8 = {}
+        ut8[tag10] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz11)
+        r.pos = te12
+    return _wire_class(29)(v1, v3, ut8)
+
+cdef object _wd189(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n6
+    cdef int64_t i8
+    cdef int64_t n10
+    cdef int64_t tag11
+    cdef int64_t sz12
+    cdef Py_ssize_t te13
+    cdef int64_t i14
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    n6 = _rd_uvarint(r) - 1
+    if n6 < 0: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    items7 = []
+    for i8 in range(n6):
+        items7.append(_wd188(r, view))
+    v5 = items7
+    ut9 = None
+    n10 = _rd_uvarint(r)
+    for i14 in range(n10):
+        tag11 = _rd_uvarint(r)
+        sz12 = _rd_uvarint(r)
+        if sz12 > r.end - r.pos: _wire_fallback()
+        te13 = r.pos + sz12
+        if ut9 is None: ut9 = {}
+        ut9[tag11] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz12)
+        r.pos = te13
+    return _wire_class(30)([], v1, v3, v4, v5, ut9)
+
+cdef int _we190(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x3) + 1)
+        for item4 in <list>x3:
+            _put_i32(w, item4)
+    tags5 = o.unknown_tags
+    if tags5: _put_tagged(w, tags5)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we191(_WireOut w, object o) except -1:
+    x1 = o.v3_and_below_transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.v3_and_below_producer_id
+    _put_i64(w, x3)
+    x4 = o.v3_and_below_producer_epoch
+    _put_i16(w, x4)
+    x5 = o.v3_and_below_topics
+    if x5 is None:
+        _wire_fallback()
+    elif type(x5) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x5) + 1)
+        for item6 in <list>x5:
+            _we190(w, item6)
+    tags7 = o.unknown_tags
+    if tags7: _put_tagged(w, tags7)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd192(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n7
+    cdef int64_t i9
+    cdef int64_t n11
+    cdef int64_t tag12
+    cdef int64_t sz13
+    cdef Py_ssize_t te14
+    cdef int64_t i15
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    v5 = _rd_u8(r) != 0
+    n7 = _rd_uvarint(r) - 1
+    if n7 < 0: _wire_fallback()
+    if n7 > r.end - r.pos: _wire_fallback()
+    items8 = []
+    for i9 in range(n7):
+        items8.append(_wd188(r, view))
+    v6 = items8
+    ut10 = None
+    n11 = _rd_uvarint(r)
+    for i15 in range(n11):
+        tag12 = _rd_uvarint(r)
+        sz13 = _rd_uvarint(r)
+        if sz13 > r.end - r.pos: _wire_fallback()
+        te14 = r.pos + sz13
+        if ut10 is None: ut10 = {}
+        ut10[tag12] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz13)
+        r.pos = te14
+    return _wire_class(31)(v1, v3, v4, v5, v6, ut10)
+
+cdef object _wd193(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t i4
+    cdef int64_t n6
+    cdef int64_t tag7
+    cdef int64_t sz8
+    cdef Py_ssize_t te9
+    cdef int64_t i10
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    items3 = []
+    for i4 in range(n2):
+        items3.append(_wd192(r, view))
+    v1 = items3
+    ut5 = None
+    n6 = _rd_uvarint(r)
+    for i10 in range(n6):
+        tag7 = _rd_uvarint(r)
+        sz8 = _rd_uvarint(r)
+        if sz8 > r.end - r.pos: _wire_fallback()
+        te9 = r.pos + sz8
+        if ut5 is None: ut5 = {}
+        ut5[tag7] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz8)
+        r.pos = te9
+    return _wire_class(30)(v1, '', 0, 0, [], ut5)
+
+cdef int _we194(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.producer_id
+    _put_i64(w, x3)
+    x4 = o.producer_epoch
+    _put_i16(w, x4)
+    x5 = o.verify_only
+    _put_bool(w, x5)
+    x6 = o.topics
+    if x6 is None:
+        _wire_fallback()
+    elif type(x6) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x6) + 1)
+        for item7 in <list>x6:
+            _we190(w, item7)
+    tags8 = o.unknown_tags
+    if tags8: _put_tagged(w, tags8)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we195(_WireOut w, object o) except -1:
+    x1 = o.transactions
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x1) + 1)
+        for item2 in <list>x1:
+            _we194(w, item2)
+    tags3 = o.unknown_tags
+    if tags3: _put_tagged(w, tags3)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd196(_Rd* r, object view):
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    return _wire_class(32)(v1, v2, None)
+
+cdef object _wd197(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i32(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd196(r, view))
+    v3 = items5
+    return _wire_class(33)(v1, v3, None)
+
+cdef object _wd198(_Rd* r, object view):
+    cdef int64_t n3
+    cdef int64_t i5
+    v1 = _rd_i32(r)
+    n3 = _rd_i32(r)
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd197(r, view))
+    v2 = items4
+    return _wire_class(34)(v1, 0, [], v2, None)
+
+cdef int _we199(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.partition_error_code
+    _put_i16(w, x2)
+    return 0
+
+cdef int _we200(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.results_by_partition
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x3))
+        for item4 in <list>x3:
+            _we199(w, item4)
+    return 0
+
+cdef int _we201(_WireOut w, object o) except -1:
+    x1 = o.throttle_time_ms
+    _put_i32(w, x1)
+    x2 = o.results_by_topic_v3_and_below
+    if x2 is None:
+        _wire_fallback()
+    elif type(x2) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x2))
+        for item3 in <list>x2:
+            _we200(w, item3)
+    return 0
+
+cdef object _wd202(_Rd* r, object view):
+    cdef int64_t n4
+    cdef int64_t tag5
+    cdef int64_t sz6
+    cdef Py_ssize_t te7
+    cdef int64_t i8
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    ut3 = None
+    n4 = _rd_uvarint(r)
+    for i8 in range(n4):
+        tag5 = _rd_uvarint(r)
+        sz6 = _rd_uvarint(r)
+        if sz6 > r.end - r.pos: _wire_fallback()
+        te7 = r.pos + sz6
+        if ut3 is None: ut3 = {}
+        ut3[tag5] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz6)
+        r.pos = te7
+    return _wire_class(32)(v1, v2, ut3)
+
+cdef object _wd203(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    cdef int64_t n8
+    cdef int64_t tag9
+    cdef int64_t sz10
+    cdef Py_ssize_t te11
+    cdef int64_t i12
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd202(r, view))
+    v3 = items5
+    ut7 = None
+    n8 = _rd_uvarint(r)
+    for i12 in range(n8):
+        tag9 = _rd_uvarint(r)
+        sz10 = _rd_uvarint(r)
+        if sz10 > r.end - r.pos: _wire_fallback()
+        te11 = r.pos + sz10
+        if ut7 is None: ut7 = {}
+        ut7[tag9] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz10)
+        r.pos = te11
+    return _wire_class(33)(v1, v3, ut7)
+
+cdef object _wd204(_Rd* r, object view):
+    cdef int64_t n3
+    cdef int64_t i5
+    cdef int64_t n7
+    cdef int64_t tag8
+    cdef int64_t sz9
+    cdef Py_ssize_t te10
+    cdef int64_t i11
+    v1 = _rd_i32(r)
+    n3 = _rd_uvarint(r) - 1
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd203(r, view))
+    v2 = items4
+    ut6 = None
+    n7 = _rd_uvarint(r)
+    for i11 in range(n7):
+        tag8 = _rd_uvarint(r)
+        sz9 = _rd_uvarint(r)
+        if sz9 > r.end - r.pos: _wire_fallback()
+        te10 = r.pos + sz9
+        if ut6 is None: ut6 = {}
+        ut6[tag8] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz9)
+        r.pos = te10
+    return _wire_class(34)(v1, 0, [], v2, ut6)
+
+cdef int _we205(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.partition_error_code
+    _put_i16(w, x2)
+    tags3 = o.unknown_tags
+    if tags3: _put_tagged(w, tags3)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we206(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.results_by_partition
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x3) + 1)
+        for item4 in <list>x3:
+            _we205(w, item4)
+    tags5 = o.unknown_tags
+    if tags5: _put_tagged(w, tags5)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we207(_WireOut w, object o) except -1:
+    x1 = o.throttle_time_ms
+    _put_i32(w, x1)
+    x2 = o.results_by_topic_v3_and_below
+    if x2 is None:
+        _wire_fallback()
+    elif type(x2) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x2) + 1)
+        for item3 in <list>x2:
+            _we206(w, item3)
+    tags4 = o.unknown_tags
+    if tags4: _put_tagged(w, tags4)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd208(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    cdef int64_t n8
+    cdef int64_t tag9
+    cdef int64_t sz10
+    cdef Py_ssize_t te11
+    cdef int64_t i12
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd203(r, view))
+    v3 = items5
+    ut7 = None
+    n8 = _rd_uvarint(r)
+    for i12 in range(n8):
+        tag9 = _rd_uvarint(r)
+        sz10 = _rd_uvarint(r)
+        if sz10 > r.end - r.pos: _wire_fallback()
+        te11 = r.pos + sz10
+        if ut7 is None: ut7 = {}
+        ut7[tag9] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz10)
+        r.pos = te11
+    return _wire_class(35)(v1, v3, ut7)
+
+cdef object _wd209(_Rd* r, object view):
+    cdef int64_t n4
+    cdef int64_t i6
+    cdef int64_t n8
+    cdef int64_t tag9
+    cdef int64_t sz10
+    cdef Py_ssize_t te11
+    cdef int64_t i12
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd208(r, view))
+    v3 = items5
+    ut7 = None
+    n8 = _rd_uvarint(r)
+    for i12 in range(n8):
+        tag9 = _rd_uvarint(r)
+        sz10 = _rd_uvarint(r)
+        if sz10 > r.end - r.pos: _wire_fallback()
+        te11 = r.pos + sz10
+        if ut7 is None: ut7 = {}
+        ut7[tag9] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz10)
+        r.pos = te11
+    return _wire_class(34)(v1, v2, v3, [], ut7)
+
+cdef int _we210(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.topic_results
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x3) + 1)
+        for item4 in <list>x3:
+            _we206(w, item4)
+    tags5 = o.unknown_tags
+    if tags5: _put_tagged(w, tags5)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we211(_WireOut w, object o) except -1:
+    x1 = o.throttle_time_ms
+    _put_i32(w, x1)
+    x2 = o.error_code
+    _put_i16(w, x2)
+    x3 = o.results_by_transaction
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x3) + 1)
+        for item4 in <list>x3:
+            _we210(w, item4)
+    tags5 = o.unknown_tags
+    if tags5: _put_tagged(w, tags5)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd212(_Rd* r, object view):
+    cdef int64_t n2
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    v5 = _rd_u8(r) != 0
+    return _wire_class(36)(v1, v3, v4, v5, None)
+
+cdef int _we213(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.producer_id
+    _put_i64(w, x3)
+    x4 = o.producer_epoch
+    _put_i16(w, x4)
+    x5 = o.committed
+    _put_bool(w, x5)
+    return 0
+
+cdef object _wd214(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n7
+    cdef int64_t tag8
+    cdef int64_t sz9
+    cdef Py_ssize_t te10
+    cdef int64_t i11
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    v5 = _rd_u8(r) != 0
+    ut6 = None
+    n7 = _rd_uvarint(r)
+    for i11 in range(n7):
+        tag8 = _rd_uvarint(r)
+        sz9 = _rd_uvarint(r)
+        if sz9 > r.end - r.pos: _wire_fallback()
+        te10 = r.pos + sz9
+        if ut6 is None: ut6 = {}
+        ut6[tag8] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz9)
+        r.pos = te10
+    return _wire_class(36)(v1, v3, v4, v5, ut6)
+
+cdef int _we215(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.producer_id
+    _put_i64(w, x3)
+    x4 = o.producer_epoch
+    _put_i16(w, x4)
+    x5 = o.committed
+    _put_bool(w, x5)
+    tags6 = o.unknown_tags
+    if tags6: _put_tagged(w, tags6)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd216(_Rd* r, object view):
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    return _wire_class(37)(v1, v2, -1, -1, None)
+
+cdef object _wd217(_Rd* r, object view):
+    cdef int64_t n4
+    cdef int64_t tag5
+    cdef int64_t sz6
+    cdef Py_ssize_t te7
+    cdef int64_t i8
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    ut3 = None
+    n4 = _rd_uvarint(r)
+    for i8 in range(n4):
+        tag5 = _rd_uvarint(r)
+        sz6 = _rd_uvarint(r)
+        if sz6 > r.end - r.pos: _wire_fallback()
+        te7 = r.pos + sz6
+        if ut3 is None: ut3 = {}
+        ut3[tag5] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz6)
+        r.pos = te7
+    return _wire_class(37)(v1, v2, -1, -1, ut3)
+
+cdef object _wd218(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n6
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    n6 = _rd_i16(r)
+    if n6 < 0: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    v5 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n6, NULL)
+    r.pos += n6
+    return _wire_class(38)(v1, v3, v4, v5, None)
+
+cdef int _we219(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.producer_id
+    _put_i64(w, x3)
+    x4 = o.producer_epoch
+    _put_i16(w, x4)
+    x5 = o.group_id
+    if x5 is None:
+        _wire_fallback()
+    elif type(x5) is not str: _wire_fallback()
+    else:
+        b6 = PyUnicode_AsUTF8String(x5)
+        if len(<bytes>b6) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b6))
+        _put_raw(w, <bytes>b6)
+    return 0
+
+cdef object _wd220(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n6
+    cdef int64_t n8
+    cdef int64_t tag9
+    cdef int64_t sz10
+    cdef Py_ssize_t te11
+    cdef int64_t i12
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    v3 = _rd_i64(r)
+    v4 = _rd_i16(r)
+    n6 = _rd_uvarint(r) - 1
+    if n6 < 0: _wire_fallback()
+    if n6 > 32767: _wire_fallback()
+    if n6 > r.end - r.pos: _wire_fallback()
+    v5 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n6, NULL)
+    r.pos += n6
+    ut7 = None
+    n8 = _rd_uvarint(r)
+    for i12 in range(n8):
+        tag9 = _rd_uvarint(r)
+        sz10 = _rd_uvarint(r)
+        if sz10 > r.end - r.pos: _wire_fallback()
+        te11 = r.pos + sz10
+        if ut7 is None: ut7 = {}
+        ut7[tag9] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz10)
+        r.pos = te11
+    return _wire_class(38)(v1, v3, v4, v5, ut7)
+
+cdef int _we221(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.producer_id
+    _put_i64(w, x3)
+    x4 = o.producer_epoch
+    _put_i16(w, x4)
+    x5 = o.group_id
+    if x5 is None:
+        _wire_fallback()
+    elif type(x5) is not str: _wire_fallback()
+    else:
+        b6 = PyUnicode_AsUTF8String(x5)
+        if len(<bytes>b6) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b6) + 1)
+        _put_raw(w, <bytes>b6)
+    tags7 = o.unknown_tags
+    if tags7: _put_tagged(w, tags7)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd222(_Rd* r, object view):
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    return _wire_class(39)(v1, v2, None)
+
+cdef object _wd223(_Rd* r, object view):
+    cdef int64_t n4
+    cdef int64_t tag5
+    cdef int64_t sz6
+    cdef Py_ssize_t te7
+    cdef int64_t i8
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    ut3 = None
+    n4 = _rd_uvarint(r)
+    for i8 in range(n4):
+        tag5 = _rd_uvarint(r)
+        sz6 = _rd_uvarint(r)
+        if sz6 > r.end - r.pos: _wire_fallback()
+        te7 = r.pos + sz6
+        if ut3 is None: ut3 = {}
+        ut3[tag5] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz6)
+        r.pos = te7
+    return _wire_class(39)(v1, v2, ut3)
+
+cdef object _wd224(_Rd* r, object view):
+    cdef int64_t n4
+    v1 = _rd_i32(r)
+    v2 = _rd_i64(r)
+    n4 = _rd_i16(r)
+    if n4 == -1: v3 = None
+    elif n4 < 0: _wire_fallback()
+    else:
+        if n4 > r.end - r.pos: _wire_fallback()
+        v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
+        r.pos += n4
+    return _wire_class(40)(v1, v2, -1, v3, None)
+
+cdef object _wd225(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i32(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd224(r, view))
+    v3 = items5
+    return _wire_class(41)(v1, v3, None)
+
+cdef object _wd226(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t n8
+    cdef int64_t i10
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i16(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
+    r.pos += n4
+    v5 = _rd_i64(r)
+    v6 = _rd_i16(r)
+    n8 = _rd_i32(r)
+    if n8 < 0: _wire_fallback()
+    if n8 > r.end - r.pos: _wire_fallback()
+    items9 = []
+    for i10 in range(n8):
+        items9.append(_wd225(r, view))
+    v7 = items9
+    return _wire_class(42)(v1, v3, v5, v6, -1, '', None, v7, None)
+
+cdef int _we227(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.committed_offset
+    _put_i64(w, x2)
+    x3 = o.committed_metadata
+    if x3 is None:
+        _put_i16(w, -1)
+    elif type(x3) is not str: _wire_fallback()
+    else:
+        b4 = PyUnicode_AsUTF8String(x3)
+        if len(<bytes>b4) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b4))
+        _put_raw(w, <bytes>b4)
+    return 0
+
+cdef int _we228(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x3))
+        for item4 in <list>x3:
+            _we227(w, item4)
+    return 0
+
+cdef int _we229(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.group_id
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not str: _wire_fallback()
+    else:
+        b4 = PyUnicode_AsUTF8String(x3)
+        if len(<bytes>b4) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b4))
+        _put_raw(w, <bytes>b4)
+    x5 = o.producer_id
+    _put_i64(w, x5)
+    x6 = o.producer_epoch
+    _put_i16(w, x6)
+    x7 = o.topics
+    if x7 is None:
+        _wire_fallback()
+    elif type(x7) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x7))
+        for item8 in <list>x7:
+            _we228(w, item8)
+    return 0
+
+cdef object _wd230(_Rd* r, object view):
+    cdef int64_t n5
+    v1 = _rd_i32(r)
+    v2 = _rd_i64(r)
+    v3 = _rd_i32(r)
+    n5 = _rd_i16(r)
+    if n5 == -1: v4 = None
+    elif n5 < 0: _wire_fallback()
+    else:
+        if n5 > r.end - r.pos: _wire_fallback()
+        v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
+        r.pos += n5
+    return _wire_class(40)(v1, v2, v3, v4, None)
+
+cdef object _wd231(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i32(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd230(r, view))
+    v3 = items5
+    return _wire_class(41)(v1, v3, None)
+
+cdef object _wd232(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t n8
+    cdef int64_t i10
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i16(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
+    r.pos += n4
+    v5 = _rd_i64(r)
+    v6 = _rd_i16(r)
+    n8 = _rd_i32(r)
+    if n8 < 0: _wire_fallback()
+    if n8 > r.end - r.pos: _wire_fallback()
+    items9 = []
+    for i10 in range(n8):
+        items9.append(_wd231(r, view))
+    v7 = items9
+    return _wire_class(42)(v1, v3, v5, v6, -1, '', None, v7, None)
+
+cdef int _we233(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.committed_offset
+    _put_i64(w, x2)
+    x3 = o.committed_leader_epoch
+    _put_i32(w, x3)
+    x4 = o.committed_metadata
+    if x4 is None:
+        _put_i16(w, -1)
+    elif type(x4) is not str: _wire_fallback()
+    else:
+        b5 = PyUnicode_AsUTF8String(x4)
+        if len(<bytes>b5) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b5))
+        _put_raw(w, <bytes>b5)
+    return 0
+
+cdef int _we234(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x3))
+        for item4 in <list>x3:
+            _we233(w, item4)
+    return 0
+
+cdef int _we235(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.group_id
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not str: _wire_fallback()
+    else:
+        b4 = PyUnicode_AsUTF8String(x3)
+        if len(<bytes>b4) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b4))
+        _put_raw(w, <bytes>b4)
+    x5 = o.producer_id
+    _put_i64(w, x5)
+    x6 = o.producer_epoch
+    _put_i16(w, x6)
+    x7 = o.topics
+    if x7 is None:
+        _wire_fallback()
+    elif type(x7) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x7))
+        for item8 in <list>x7:
+            _we234(w, item8)
+    return 0
+
+cdef object _wd236(_Rd* r, object view):
+    cdef int64_t n5
+    cdef int64_t n7
+    cdef int64_t tag8
+    cdef int64_t sz9
+    cdef Py_ssize_t te10
+    cdef int64_t i11
+    v1 = _rd_i32(r)
+    v2 = _rd_i64(r)
+    v3 = _rd_i32(r)
+    n5 = _rd_uvarint(r) - 1
+    if n5 == -1: v4 = None
+    elif n5 < 0: _wire_fallback()
+    else:
+        if n5 > 32767: _wire_fallback()
+        if n5 > r.end - r.pos: _wire_fallback()
+        v4 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n5, NULL)
+        r.pos += n5
+    ut6 = None
+    n7 = _rd_uvarint(r)
+    for i11 in range(n7):
+        tag8 = _rd_uvarint(r)
+        sz9 = _rd_uvarint(r)
+        if sz9 > r.end - r.pos: _wire_fallback()
+        te10 = r.pos + sz9
+        if ut6 is None: ut6 = {}
+        ut6[tag8] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz9)
+        r.pos = te10
+    return _wire_class(40)(v1, v2, v3, v4, ut6)
+
+cdef object _wd237(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    cdef int64_t n8
+    cdef int64_t tag9
+    cdef int64_t sz10
+    cdef Py_ssize_t te11
+    cdef int64_t i12
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd236(r, view))
+    v3 = items5
+    ut7 = None
+    n8 = _rd_uvarint(r)
+    for i12 in range(n8):
+        tag9 = _rd_uvarint(r)
+        sz10 = _rd_uvarint(r)
+        if sz10 > r.end - r.pos: _wire_fallback()
+        te11 = r.pos + sz10
+        if ut7 is None: ut7 = {}
+        ut7[tag9] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz10)
+        r.pos = te11
+    return _wire_class(41)(v1, v3, ut7)
+
+cdef object _wd238(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t n9
+    cdef int64_t n11
+    cdef int64_t n13
+    cdef int64_t i15
+    cdef int64_t n17
+    cdef int64_t tag18
+    cdef int64_t sz19
+    cdef Py_ssize_t te20
+    cdef int64_t i21
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > 32767: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    v3 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n4, NULL)
+    r.pos += n4
+    v5 = _rd_i64(r)
+    v6 = _rd_i16(r)
+    v7 = _rd_i32(r)
+    n9 = _rd_uvarint(r) - 1
+    if n9 < 0: _wire_fallback()
+    if n9 > 32767: _wire_fallback()
+    if n9 > r.end - r.pos: _wire_fallback()
+    v8 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n9, NULL)
+    r.pos += n9
+    n11 = _rd_uvarint(r) - 1
+    if n11 == -1: v10 = None
+    elif n11 < 0: _wire_fallback()
+    else:
+        if n11 > 32767: _wire_fallback()
+        if n11 > r.end - r.pos: _wire_fallback()
+        v10 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n11, NULL)
+        r.pos += n11
+    n13 = _rd_uvarint(r) - 1
+    if n13 < 0: _wire_fallback()
+    if n13 > r.end - r.pos: _wire_fallback()
+    items14 = []
+    for i15 in range(n13):
+        items14.append(_wd237(r, view))
+    v12 = items14
+    ut16 = None
+    n17 = _rd_uvarint(r)
+    for i21 in range(n17):
+        tag18 = _rd_uvarint(r)
+        sz19 = _rd_uvarint(r)
+        if sz19 > r.end - r.pos: _wire_fallback()
+        te20 = r.pos + sz19
+        if ut16 is None: ut16 = {}
+        ut16[tag18] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz19)
+        r.pos = te20
+    return _wire_class(42)(v1, v3, v5, v6, v7, v8, v10, v12, ut16)
+
+cdef int _we239(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.committed_offset
+    _put_i64(w, x2)
+    x3 = o.committed_leader_epoch
+    _put_i32(w, x3)
+    x4 = o.committed_metadata
+    if x4 is None:
+        _put_u8(w, 0)
+    elif type(x4) is not str: _wire_fallback()
+    else:
+        b5 = PyUnicode_AsUTF8String(x4)
+        if len(<bytes>b5) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b5) + 1)
+        _put_raw(w, <bytes>b5)
+    tags6 = o.unknown_tags
+    if tags6: _put_tagged(w, tags6)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we240(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x3) + 1)
+        for item4 in <list>x3:
+            _we239(w, item4)
+    tags5 = o.unknown_tags
+    if tags5: _put_tagged(w, tags5)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we241(_WireOut w, object o) except -1:
+    x1 = o.transactional_id
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.group_id
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not str: _wire_fallback()
+    else:
+        b4 = PyUnicode_AsUTF8String(x3)
+        if len(<bytes>b4) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b4) + 1)
+        _put_raw(w, <bytes>b4)
+    x5 = o.producer_id
+    _put_i64(w, x5)
+    x6 = o.producer_epoch
+    _put_i16(w, x6)
+    x7 = o.generation_id
+    _put_i32(w, x7)
+    x8 = o.member_id
+    if x8 is None:
+        _wire_fallback()
+    elif type(x8) is not str: _wire_fallback()
+    else:
+        b9 = PyUnicode_AsUTF8String(x8)
+        if len(<bytes>b9) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b9) + 1)
+        _put_raw(w, <bytes>b9)
+    x10 = o.group_instance_id
+    if x10 is None:
+        _put_u8(w, 0)
+    elif type(x10) is not str: _wire_fallback()
+    else:
+        b11 = PyUnicode_AsUTF8String(x10)
+        if len(<bytes>b11) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b11) + 1)
+        _put_raw(w, <bytes>b11)
+    x12 = o.topics
+    if x12 is None:
+        _wire_fallback()
+    elif type(x12) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x12) + 1)
+        for item13 in <list>x12:
+            _we240(w, item13)
+    tags14 = o.unknown_tags
+    if tags14: _put_tagged(w, tags14)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef object _wd242(_Rd* r, object view):
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    return _wire_class(43)(v1, v2, None)
+
+cdef object _wd243(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    n2 = _rd_i16(r)
+    if n2 < 0: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_i32(r)
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd242(r, view))
+    v3 = items5
+    return _wire_class(44)(v1, v3, None)
+
+cdef object _wd244(_Rd* r, object view):
+    cdef int64_t n3
+    cdef int64_t i5
+    v1 = _rd_i32(r)
+    n3 = _rd_i32(r)
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd243(r, view))
+    v2 = items4
+    return _wire_class(45)(v1, v2, None)
+
+cdef int _we245(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.error_code
+    _put_i16(w, x2)
+    return 0
+
+cdef int _we246(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_i16(w, len(<bytes>b2))
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x3))
+        for item4 in <list>x3:
+            _we245(w, item4)
+    return 0
+
+cdef int _we247(_WireOut w, object o) except -1:
+    x1 = o.throttle_time_ms
+    _put_i32(w, x1)
+    x2 = o.topics
+    if x2 is None:
+        _wire_fallback()
+    elif type(x2) is not list: _wire_fallback()
+    else:
+        _put_i32(w, len(<list>x2))
+        for item3 in <list>x2:
+            _we246(w, item3)
+    return 0
+
+cdef object _wd248(_Rd* r, object view):
+    cdef int64_t n4
+    cdef int64_t tag5
+    cdef int64_t sz6
+    cdef Py_ssize_t te7
+    cdef int64_t i8
+    v1 = _rd_i32(r)
+    v2 = _rd_i16(r)
+    ut3 = None
+    n4 = _rd_uvarint(r)
+    for i8 in range(n4):
+        tag5 = _rd_uvarint(r)
+        sz6 = _rd_uvarint(r)
+        if sz6 > r.end - r.pos: _wire_fallback()
+        te7 = r.pos + sz6
+        if ut3 is None: ut3 = {}
+        ut3[tag5] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz6)
+        r.pos = te7
+    return _wire_class(43)(v1, v2, ut3)
+
+cdef object _wd249(_Rd* r, object view):
+    cdef int64_t n2
+    cdef int64_t n4
+    cdef int64_t i6
+    cdef int64_t n8
+    cdef int64_t tag9
+    cdef int64_t sz10
+    cdef Py_ssize_t te11
+    cdef int64_t i12
+    n2 = _rd_uvarint(r) - 1
+    if n2 < 0: _wire_fallback()
+    if n2 > 32767: _wire_fallback()
+    if n2 > r.end - r.pos: _wire_fallback()
+    v1 = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, n2, NULL)
+    r.pos += n2
+    n4 = _rd_uvarint(r) - 1
+    if n4 < 0: _wire_fallback()
+    if n4 > r.end - r.pos: _wire_fallback()
+    items5 = []
+    for i6 in range(n4):
+        items5.append(_wd248(r, view))
+    v3 = items5
+    ut7 = None
+    n8 = _rd_uvarint(r)
+    for i12 in range(n8):
+        tag9 = _rd_uvarint(r)
+        sz10 = _rd_uvarint(r)
+        if sz10 > r.end - r.pos: _wire_fallback()
+        te11 = r.pos + sz10
+        if ut7 is None: ut7 = {}
+        ut7[tag9] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz10)
+        r.pos = te11
+    return _wire_class(44)(v1, v3, ut7)
+
+cdef object _wd250(_Rd* r, object view):
+    cdef int64_t n3
+    cdef int64_t i5
+    cdef int64_t n7
+    cdef int64_t tag8
+    cdef int64_t sz9
+    cdef Py_ssize_t te10
+    cdef int64_t i11
+    v1 = _rd_i32(r)
+    n3 = _rd_uvarint(r) - 1
+    if n3 < 0: _wire_fallback()
+    if n3 > r.end - r.pos: _wire_fallback()
+    items4 = []
+    for i5 in range(n3):
+        items4.append(_wd249(r, view))
+    v2 = items4
+    ut6 = None
+    n7 = _rd_uvarint(r)
+    for i11 in range(n7):
+        tag8 = _rd_uvarint(r)
+        sz9 = _rd_uvarint(r)
+        if sz9 > r.end - r.pos: _wire_fallback()
+        te10 = r.pos + sz9
+        if ut6 is None: ut6 = {}
+        ut6[tag8] = PyBytes_FromStringAndSize(<const char*>r.p + r.pos, sz9)
+        r.pos = te10
+    return _wire_class(45)(v1, v2, ut6)
+
+cdef int _we251(_WireOut w, object o) except -1:
+    x1 = o.partition_index
+    _put_i32(w, x1)
+    x2 = o.error_code
+    _put_i16(w, x2)
+    tags3 = o.unknown_tags
+    if tags3: _put_tagged(w, tags3)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we252(_WireOut w, object o) except -1:
+    x1 = o.name
+    if x1 is None:
+        _wire_fallback()
+    elif type(x1) is not str: _wire_fallback()
+    else:
+        b2 = PyUnicode_AsUTF8String(x1)
+        if len(<bytes>b2) > 32767: _wire_fallback()
+        _put_uvarint(w, len(<bytes>b2) + 1)
+        _put_raw(w, <bytes>b2)
+    x3 = o.partitions
+    if x3 is None:
+        _wire_fallback()
+    elif type(x3) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x3) + 1)
+        for item4 in <list>x3:
+            _we251(w, item4)
+    tags5 = o.unknown_tags
+    if tags5: _put_tagged(w, tags5)
+    else: _put_u8(w, 0)
+    return 0
+
+cdef int _we253(_WireOut w, object o) except -1:
+    x1 = o.throttle_time_ms
+    _put_i32(w, x1)
+    x2 = o.topics
+    if x2 is None:
+        _wire_fallback()
+    elif type(x2) is not list: _wire_fallback()
+    else:
+        _put_uvarint(w, len(<list>x2) + 1)
+        for item3 in <list>x2:
+            _we252(w, item3)
+    tags4 = o.unknown_tags
+    if tags4: _put_tagged(w, tags4)
+    else: _put_u8(w, 0)
+    return 0
+
 # the classes each compiled function builds or reads, in index order: (message, struct)
 WIRE_STRUCTS = (
     ('ProduceRequest', 'PartitionProduceData'),
@@ -4556,6 +6097,23 @@ WIRE_STRUCTS = (
     ('ConsumerGroupHeartbeatResponse', 'TopicPartitions'),
     ('ConsumerGroupHeartbeatResponse', 'Assignment'),
     ('ConsumerGroupHeartbeatResponse', 'ConsumerGroupHeartbeatResponse'),
+    ('AddPartitionsToTxnRequest', 'AddPartitionsToTxnTopic'),
+    ('AddPartitionsToTxnRequest', 'AddPartitionsToTxnRequest'),
+    ('AddPartitionsToTxnRequest', 'AddPartitionsToTxnTransaction'),
+    ('AddPartitionsToTxnResponse', 'AddPartitionsToTxnPartitionResult'),
+    ('AddPartitionsToTxnResponse', 'AddPartitionsToTxnTopicResult'),
+    ('AddPartitionsToTxnResponse', 'AddPartitionsToTxnResponse'),
+    ('AddPartitionsToTxnResponse', 'AddPartitionsToTxnResult'),
+    ('EndTxnRequest', 'EndTxnRequest'),
+    ('EndTxnResponse', 'EndTxnResponse'),
+    ('AddOffsetsToTxnRequest', 'AddOffsetsToTxnRequest'),
+    ('AddOffsetsToTxnResponse', 'AddOffsetsToTxnResponse'),
+    ('TxnOffsetCommitRequest', 'TxnOffsetCommitRequestPartition'),
+    ('TxnOffsetCommitRequest', 'TxnOffsetCommitRequestTopic'),
+    ('TxnOffsetCommitRequest', 'TxnOffsetCommitRequest'),
+    ('TxnOffsetCommitResponse', 'TxnOffsetCommitResponsePartition'),
+    ('TxnOffsetCommitResponse', 'TxnOffsetCommitResponseTopic'),
+    ('TxnOffsetCommitResponse', 'TxnOffsetCommitResponse'),
 )
 
 # (message, version) -> the index of its functions in _WIRE_DECODE and _WIRE_ENCODE
@@ -4634,9 +6192,51 @@ WIRE_CODECS = {
     ('ConsumerGroupHeartbeatRequest', 1): 71,
     ('ConsumerGroupHeartbeatResponse', 0): 72,
     ('ConsumerGroupHeartbeatResponse', 1): 73,
+    ('AddPartitionsToTxnRequest', 0): 74,
+    ('AddPartitionsToTxnRequest', 1): 75,
+    ('AddPartitionsToTxnRequest', 2): 76,
+    ('AddPartitionsToTxnRequest', 3): 77,
+    ('AddPartitionsToTxnRequest', 4): 78,
+    ('AddPartitionsToTxnRequest', 5): 79,
+    ('AddPartitionsToTxnResponse', 0): 80,
+    ('AddPartitionsToTxnResponse', 1): 81,
+    ('AddPartitionsToTxnResponse', 2): 82,
+    ('AddPartitionsToTxnResponse', 3): 83,
+    ('AddPartitionsToTxnResponse', 4): 84,
+    ('AddPartitionsToTxnResponse', 5): 85,
+    ('EndTxnRequest', 0): 86,
+    ('EndTxnRequest', 1): 87,
+    ('EndTxnRequest', 2): 88,
+    ('EndTxnRequest', 3): 89,
+    ('EndTxnRequest', 4): 90,
+    ('EndTxnResponse', 0): 91,
+    ('EndTxnResponse', 1): 92,
+    ('EndTxnResponse', 2): 93,
+    ('EndTxnResponse', 3): 94,
+    ('EndTxnResponse', 4): 95,
+    ('AddOffsetsToTxnRequest', 0): 96,
+    ('AddOffsetsToTxnRequest', 1): 97,
+    ('AddOffsetsToTxnRequest', 2): 98,
+    ('AddOffsetsToTxnRequest', 3): 99,
+    ('AddOffsetsToTxnRequest', 4): 100,
+    ('AddOffsetsToTxnResponse', 0): 101,
+    ('AddOffsetsToTxnResponse', 1): 102,
+    ('AddOffsetsToTxnResponse', 2): 103,
+    ('AddOffsetsToTxnResponse', 3): 104,
+    ('AddOffsetsToTxnResponse', 4): 105,
+    ('TxnOffsetCommitRequest', 0): 106,
+    ('TxnOffsetCommitRequest', 1): 107,
+    ('TxnOffsetCommitRequest', 2): 108,
+    ('TxnOffsetCommitRequest', 3): 109,
+    ('TxnOffsetCommitRequest', 4): 110,
+    ('TxnOffsetCommitResponse', 0): 111,
+    ('TxnOffsetCommitResponse', 1): 112,
+    ('TxnOffsetCommitResponse', 2): 113,
+    ('TxnOffsetCommitResponse', 3): 114,
+    ('TxnOffsetCommitResponse', 4): 115,
 }
-cdef _wire_decoder _WIRE_DECODE[74]
-cdef _wire_encoder _WIRE_ENCODE[74]
+cdef _wire_decoder _WIRE_DECODE[116]
+cdef _wire_encoder _WIRE_ENCODE[116]
 _WIRE_DECODE[0] = _wd2
 _WIRE_ENCODE[0] = _we5
 _WIRE_DECODE[1] = _wd2
@@ -4785,4 +6385,88 @@ _WIRE_DECODE[72] = _wd181
 _WIRE_ENCODE[72] = _we183
 _WIRE_DECODE[73] = _wd181
 _WIRE_ENCODE[73] = _we183
-cdef Py_ssize_t _WIRE_COUNT = 74
+_WIRE_DECODE[74] = _wd185
+_WIRE_ENCODE[74] = _we187
+_WIRE_DECODE[75] = _wd185
+_WIRE_ENCODE[75] = _we187
+_WIRE_DECODE[76] = _wd185
+_WIRE_ENCODE[76] = _we187
+_WIRE_DECODE[77] = _wd189
+_WIRE_ENCODE[77] = _we191
+_WIRE_DECODE[78] = _wd193
+_WIRE_ENCODE[78] = _we195
+_WIRE_DECODE[79] = _wd193
+_WIRE_ENCODE[79] = _we195
+_WIRE_DECODE[80] = _wd198
+_WIRE_ENCODE[80] = _we201
+_WIRE_DECODE[81] = _wd198
+_WIRE_ENCODE[81] = _we201
+_WIRE_DECODE[82] = _wd198
+_WIRE_ENCODE[82] = _we201
+_WIRE_DECODE[83] = _wd204
+_WIRE_ENCODE[83] = _we207
+_WIRE_DECODE[84] = _wd209
+_WIRE_ENCODE[84] = _we211
+_WIRE_DECODE[85] = _wd209
+_WIRE_ENCODE[85] = _we211
+_WIRE_DECODE[86] = _wd212
+_WIRE_ENCODE[86] = _we213
+_WIRE_DECODE[87] = _wd212
+_WIRE_ENCODE[87] = _we213
+_WIRE_DECODE[88] = _wd212
+_WIRE_ENCODE[88] = _we213
+_WIRE_DECODE[89] = _wd214
+_WIRE_ENCODE[89] = _we215
+_WIRE_DECODE[90] = _wd214
+_WIRE_ENCODE[90] = _we215
+_WIRE_DECODE[91] = _wd216
+_WIRE_ENCODE[91] = _we171
+_WIRE_DECODE[92] = _wd216
+_WIRE_ENCODE[92] = _we171
+_WIRE_DECODE[93] = _wd216
+_WIRE_ENCODE[93] = _we171
+_WIRE_DECODE[94] = _wd217
+_WIRE_ENCODE[94] = _we173
+_WIRE_DECODE[95] = _wd217
+_WIRE_ENCODE[95] = _we173
+_WIRE_DECODE[96] = _wd218
+_WIRE_ENCODE[96] = _we219
+_WIRE_DECODE[97] = _wd218
+_WIRE_ENCODE[97] = _we219
+_WIRE_DECODE[98] = _wd218
+_WIRE_ENCODE[98] = _we219
+_WIRE_DECODE[99] = _wd220
+_WIRE_ENCODE[99] = _we221
+_WIRE_DECODE[100] = _wd220
+_WIRE_ENCODE[100] = _we221
+_WIRE_DECODE[101] = _wd222
+_WIRE_ENCODE[101] = _we171
+_WIRE_DECODE[102] = _wd222
+_WIRE_ENCODE[102] = _we171
+_WIRE_DECODE[103] = _wd222
+_WIRE_ENCODE[103] = _we171
+_WIRE_DECODE[104] = _wd223
+_WIRE_ENCODE[104] = _we173
+_WIRE_DECODE[105] = _wd223
+_WIRE_ENCODE[105] = _we173
+_WIRE_DECODE[106] = _wd226
+_WIRE_ENCODE[106] = _we229
+_WIRE_DECODE[107] = _wd226
+_WIRE_ENCODE[107] = _we229
+_WIRE_DECODE[108] = _wd232
+_WIRE_ENCODE[108] = _we235
+_WIRE_DECODE[109] = _wd238
+_WIRE_ENCODE[109] = _we241
+_WIRE_DECODE[110] = _wd238
+_WIRE_ENCODE[110] = _we241
+_WIRE_DECODE[111] = _wd244
+_WIRE_ENCODE[111] = _we247
+_WIRE_DECODE[112] = _wd244
+_WIRE_ENCODE[112] = _we247
+_WIRE_DECODE[113] = _wd244
+_WIRE_ENCODE[113] = _we247
+_WIRE_DECODE[114] = _wd250
+_WIRE_ENCODE[114] = _we253
+_WIRE_DECODE[115] = _wd250
+_WIRE_ENCODE[115] = _we253
+cdef Py_ssize_t _WIRE_COUNT = 116

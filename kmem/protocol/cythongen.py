@@ -13,8 +13,10 @@ import sys
 from .codegen import INLINE_RECORDS_MAX
 from .schema import FIXED_FORMATS, ZERO_UUID
 
-# the request header is read by hand (``_wire.pxi``); these are the APIs every busy broker serves
-COMPILED_APIS = ("Produce", "Fetch", "Heartbeat", "ConsumerGroupHeartbeat")
+# the request header is read by hand (``_wire.pxi``); these are the APIs every busy broker serves, and those a
+# transactional producer sends in every transaction (a consume-transform-produce loop's offsets included)
+COMPILED_APIS = ("Produce", "Fetch", "Heartbeat", "ConsumerGroupHeartbeat", "AddPartitionsToTxn", "EndTxn",
+                 "AddOffsetsToTxn", "TxnOffsetCommit")
 TARGET = pathlib.Path(__file__).resolve().parent.parent / "_wire_codecs.pxi"
 
 _READ = {"int8": "_rd_i8", "int16": "_rd_i16", "uint16": "_rd_u16", "int32": "_rd_i32", "int64": "_rd_i64",

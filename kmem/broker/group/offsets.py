@@ -16,6 +16,7 @@ group's records go to.
 
 Strings are ``i16 length | UTF-8``, nullable ones with length -1 for null; bytes are ``i32 length | data``.
 """
+import functools
 import struct
 import uuid
 from typing import NamedTuple
@@ -36,6 +37,7 @@ INT64_MAX = (1 << 63) - 1          # the latest timestamp a record holds
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 
 
+@functools.lru_cache(maxsize=1 << 16)      # a group's or transactional id's, asked for at each of its writes
 def java_string_hash(text):
     """Java's ``String.hashCode`` (over UTF-16 code units), as a signed 32-bit int."""
     h = 0

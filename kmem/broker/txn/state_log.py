@@ -13,6 +13,7 @@
 A transactional id's records go to partition ``abs(hashCode(id)) % transaction.state.log.num.partitions``
 (``kmem.broker.group.offsets.partition_for``, Kafka's ``TransactionStateManager.partitionFor``).
 """
+import struct
 from typing import NamedTuple
 
 from kmem.broker.group.offsets import OFFSETS_TOPIC, FlexibleReader, _Writer, versioned_reader
@@ -24,6 +25,7 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 KEY_VERSION = 0
 VALUE_VERSION = 0
+_VALUE_HEAD = struct.Struct(">hqhiB")       # version, producer id, epoch, timeout ms, state
 
 
 class TransactionLogValue(NamedTuple):
@@ -48,11 +50,8 @@ def transaction_log_value(transit):
     if transit.state == EMPTY and transit.partitions:
         raise ValueError(f"an Empty transaction has no partitions: {transit!r}")
     w = _Writer()
-    w.i16(VALUE_VERSION)
-    w.i64(transit.producer_id)
-    w.i16(transit.producer_epoch)
-    w.i32(transit.timeout_ms)
-    w.parts.append(bytes([transit.state]))
+    w.parts.append(_VALUE_HEAD.pack(VALUE_VERSION, transit.producer_id, transit.producer_epoch, transit.timeout_ms,
+                                    transit.state))
     if transit.state == EMPTY:
         w.i32(-1)
     else:
