@@ -75,6 +75,9 @@ cdef class NetworkReceive:
             self._prefix_read += n
             if self._prefix_read < NETWORK_SIZE_PREFIX_BYTES:
                 return read
+            if len(self._prefix) != NETWORK_SIZE_PREFIX_BYTES:    # it went to the transport unlocked
+                from kmem.errors import IllegalStateError
+                raise IllegalStateError(f"the transport of {self.source} resized the size prefix's buffer")
             p = <const unsigned char*>PyByteArray_AS_STRING(self._prefix)
             self._size = self._checked_size(<int32_t>be32(p))
         if self.payload is None:

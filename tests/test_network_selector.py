@@ -470,6 +470,19 @@ def test_receive_retries_allocation_on_later_reads():
     assert pool.available_memory == 100
 
 
+def test_a_transport_that_resizes_the_prefix_buffer_is_refused_not_read_past():
+    class Shrinking:
+        def read_into(self, buffer):
+            if isinstance(buffer, bytearray):
+                buffer.clear()              # a transport must only fill what it is given
+            return 4
+
+    receive = NetworkReceive("r")
+    with pytest.raises(IllegalStateError, match="resized the size prefix"):
+        receive.read_from(Shrinking())
+    assert receive.size is None and not receive.memory_allocated
+
+
 def test_empty_frame_uses_no_pool_memory():
     pool = SimpleMemoryPool(100, 100)
     receive = NetworkReceive("r", pool=pool)
