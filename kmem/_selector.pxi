@@ -282,14 +282,17 @@ cdef class Selector:
                 waker.drain()
             else:
                 ready[key.data] = mask
+        interrupt = None
         if self._buffered_read:
             buffered = [channel_id for channel_id in self._buffered_read if channel_id not in ready]
             self._buffered_read = set()
-            self._handle(buffered, {})
+            interrupt = self._handle(buffered, {})
         if ready:
-            self._handle(list(ready), ready)
+            interrupt = self._handle(list(ready), ready) or interrupt
         if self._idle:
             self._close_idle()
+        if interrupt is not None:
+            raise interrupt     # once every channel's I/O of this poll is done and its results are in
 
     cdef _lift_memory_mutes(self):
         for channel in list(self._channels.values()):
@@ -309,9 +312,12 @@ cdef class Selector:
         return unmuted
 
     cdef _handle(self, channel_ids, masks):
+        """Each channel's I/O; a KeyboardInterrupt or SystemExit one raised is returned (the others' I/O done
+        first, so that nothing this poll read, wrote or saw closed is missing from its results), else None."""
         if not self._out_of_memory and self.pool.available_memory < self._low_memory_threshold:
             self._rng.shuffle(channel_ids)
         channels = self._channels
+        interrupt = None
         for channel_id in channel_ids:
             channel = channels.get(channel_id)
             if channel is None:
@@ -320,25 +326,28 @@ cdef class Selector:
                 self._handle_channel(channel, masks.get(channel_id, 0))
             except BaseException as exc:
                 self._failed(channel, exc)
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    interrupt = exc
+        return interrupt
 
     cdef _guarded(self, channel, action):
         """``action()``'s result; an error in it closes ``channel`` (and None is returned) instead of reaching
-        the caller."""
+        the caller, but KeyboardInterrupt and SystemExit, which still propagate."""
         try:
             return action()
         except BaseException as exc:
             self._failed(channel, exc)
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
         return None
 
     cdef _failed(self, channel, exc):
-        """``channel``'s I/O raised ``exc``: the channel is closed, and the poll goes on."""
+        """``channel``'s I/O raised ``exc``: the channel is closed."""
         if not isinstance(exc, _selector_connection_errors()):
             # A bug, a failed malloc, a send's own error (even a CancelledError): it ends this channel,
-            # not the poll (and the other channels'). KeyboardInterrupt and SystemExit still propagate.
+            # not the poll (and the other channels').
             _selector_log.exception("closing channel %s after an unexpected error", channel.id, exc_info=exc)
         self._close_channel(channel, exc)
-        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            raise exc
 
     cdef _handle_channel(self, channel, mask):
         if not channel.ready:

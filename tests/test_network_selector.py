@@ -366,6 +366,37 @@ def test_unexpected_channel_error_closes_only_that_channel(listener, caplog):
         good.close()
 
 
+@pytest.mark.parametrize("exception", [SystemExit, KeyboardInterrupt])
+def test_a_channel_raising_an_interrupt_ends_the_poll_with_every_channels_results(exception, caplog):
+    """A response's Send that raises SystemExit or KeyboardInterrupt closes its channel and the poll raises it,
+    but only once every other ready channel's I/O is done: what they read is in the poll's results."""
+    class InterruptingSend:
+        destination = "failing"
+        size = remaining = 10
+        completed = False
+
+        def write_to(self, transport):
+            raise exception("raised by a response")
+
+        def close(self):
+            pass
+
+    failing_client, failing = socket.socketpair()
+    reading_client, reading = socket.socketpair()
+    with Selector() as selector:
+        selector.register("failing", failing)
+        selector.register("reading", reading)
+        selector.send(InterruptingSend())           # ready to write before the other channel's request comes
+        reading_client.sendall(frame(b"request"))
+        with pytest.raises(exception):
+            selector.poll(1)
+        assert [(r.source, bytes(r.payload)) for r in selector.completed_receives] == [("reading", b"request")]
+        assert isinstance(selector.disconnected["failing"], exception) and selector.channel("failing") is None
+    assert "raised by a response" in caplog.text
+    failing_client.close()
+    reading_client.close()
+
+
 def test_connected_reports_channels_registered_before_the_poll(listener, tls_contexts):
     server_context, client_context = tls_contexts
     with Selector() as selector:

@@ -127,6 +127,31 @@ def test_handler_raising_a_base_exception_closes_only_its_connection(exception, 
     assert exception.__name__ in caplog.text
 
 
+def test_requests_read_in_a_poll_that_raised_are_answered(caplog):
+    """A poll that raises SystemExit (a response's Send raised it, closing that connection) still read the
+    other connections' requests: the processor answers them, where it dropped the poll's results before."""
+    with SocketServer(echo, num_network_threads=1) as server:
+        processor = server.processors[0]
+        real = processor.selector
+
+        class RaisingOnce:          # the selector, whose next poll that reads something then raises
+            raised = False
+
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def poll(self, timeout):
+                real.poll(timeout)
+                if real.completed_receives and not self.raised:
+                    self.raised = True
+                    raise SystemExit("raised by a response")
+
+        wrapper = processor.selector = RaisingOnce()
+        assert request(server.address, b"first") == b"first"
+        assert wrapper.raised and "raised by a response" in caplog.text
+        assert request(server.address, b"second") == b"second"
+
+
 class FailingRelease:
     size = 0
 

@@ -393,7 +393,12 @@ class _Processor(threading.Thread):
                     self._configure_new_connections()
                     self._end_throttles()
                     self._process_responses()
-                    self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
+                    try:
+                        self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
+                    except (KeyboardInterrupt, SystemExit):
+                        # raised by a channel's own code (a response's Send), which closed that channel only:
+                        # what the poll read, sent and saw closed for the others is handled below
+                        log.exception("network processor %d: a connection's I/O raised", self._index)
                     self._establish_ssl_principals()
                     self._process_completed_receives()
                     self._run_after_responses()
