@@ -10,10 +10,11 @@
 from cpython.object cimport PyObject
 from libc.stdint cimport int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcpy, memset
-from libc.errno cimport EINTR, EMFILE, ENFILE, ENOENT, ENOMEM, EPERM, errno
+from libc.errno cimport EINTR, EIO, EMFILE, ENFILE, ENOENT, ENOMEM, EPERM, errno
 from libc.string cimport strerror
 from posix.fcntl cimport O_CLOEXEC, O_RDONLY, O_WRONLY, open as open_fd
-from posix.unistd cimport close as close_fd, pread, pwrite
+from posix.unistd cimport close as close_fd, ftruncate, pread, pwrite
+from posix.uio cimport iovec, pwritev
 from posix.time cimport clock_gettime, timespec, CLOCK_REALTIME
 
 cdef extern from "<pthread.h>" nogil:

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from kmem.broker import Broker, ErrorCode, LogError
-from kmem.broker.log import index as index_module, segment as segment_module
+from kmem.broker.log import segment as segment_module
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.records import FileRecords
 
@@ -39,7 +39,7 @@ def test_zeroed_tail_keeps_every_batch_before_it(tmp_path):
 
 # --- an append is all or nothing ------------------------------------------------------------------------
 
-def test_a_failed_index_write_leaves_no_batch_behind(tmp_path, monkeypatch):
+def test_a_failed_index_write_leaves_no_batch_behind(tmp_path):
     with open_manager(tmp_path, log_index_interval_bytes=0) as manager:
         manager.create_topic("t")
         partition_log = manager.get_partition("t", 0)
@@ -48,13 +48,12 @@ def test_a_failed_index_write_leaves_no_batch_behind(tmp_path, monkeypatch):
         segment = partition_log.active
         size, entries = segment.size, segment.offset_index.entries
 
-        def no_space(*args):
-            raise OSError(errno.ENOSPC, "No space left on device")
-        with monkeypatch.context() as m:            # the data write succeeds, the index entry after it fails
-            m.setattr(index_module._core, "write_at", no_space)
-            result = partition_log.append(batch(b"refused", sequence=3, producer_id=7))
+        # the data write succeeds, the index entry after it fails: its file cannot be opened
+        os.rename(segment.offset_index.path, segment.offset_index.path + ".away")
+        result = partition_log.append(batch(b"refused", sequence=3, producer_id=7))
+        os.rename(segment.offset_index.path + ".away", segment.offset_index.path)
         assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR
-        assert "No space left" in result.error_message
+        assert "No such file" in result.error_message
         assert (segment.size, segment.offset_index.entries, partition_log.log_end_offset) == (size, entries, 3)
         assert os.path.getsize(segment.log_path) == size
         assert [v for _, v in values(partition_log)] == [b"kept-0", b"kept-1", b"kept-2"]

@@ -1,5 +1,6 @@
 """kmem.broker storage: configuration, the log directory's files, appends and reads, indexes, rolls,
 retention, ListOffsets and topics."""
+import errno
 import json
 import os
 import struct
@@ -765,6 +766,34 @@ def test_core_write_at_writes_an_existing_file_in_place(tmp_path):
     assert not (tmp_path / "gone.index").exists()
     with pytest.raises(IsADirectoryError):
         _core.write_at(os.fsencode(tmp_path), b"x", 0)
+
+
+def test_core_append_segment_writes_every_piece_then_the_index_entries(tmp_path):
+    """``_core.append_segment``, an append's writes: pieces of any size (empty ones, views, more than one
+    ``pwritev`` takes) in order at the position, then the index entries; a failure cuts the segment back to
+    where the append began and names the file it could not write."""
+    log, index = tmp_path / "0.log", tmp_path / "0.index"
+    log.write_bytes(b"head")
+    index.write_bytes(bytes(16))
+    pieces = [bytearray(b"%05d" % i) if i % 3 else memoryview(b"..%05d.." % i)[2:7] for i in range(2500)]
+    pieces[7:7] = [b"", memoryview(b"")]
+    with open(log, "r+b") as f:
+        fd = f.fileno()
+        entry = struct.pack(">ii", 3, 4)
+        assert _core.append_segment(fd, pieces, 4, [(os.fsencode(index), entry, 8)]) == 2500 * 5
+        assert log.read_bytes() == b"head" + b"".join(b"%05d" % i for i in range(2500))
+        assert index.read_bytes() == bytes(8) + entry
+        assert _core.append_segment(fd, [b"more"], 4 + 2500 * 5) == 4
+        written = log.read_bytes()
+        with pytest.raises(FileNotFoundError) as gone:         # the batch is written, its index entry is not
+            _core.append_segment(fd, [b"refused"], len(written), [(os.fsencode(tmp_path / "gone.index"), entry, 0)])
+        assert gone.value.filename == str(tmp_path / "gone.index")
+        assert log.read_bytes() == written
+    with open(log, "rb") as f, pytest.raises(OSError) as refused:     # a read-only descriptor
+        _core.append_segment(f.fileno(), [b"x"], 0)
+    assert refused.value.errno == errno.EBADF and log.read_bytes() == written
+    with pytest.raises(TypeError):
+        _core.append_segment(0, [b"x"], 0, [("a str path", b"e", 0)])
 
 
 def one_record_batches(manager, count):

@@ -119,16 +119,16 @@ def test_marker_of_an_older_epoch_is_refused_and_nothing_is_written(partition_lo
 
 def test_failed_write_keeps_neither_marker_nor_index_entry(partition_log, monkeypatch):
     produce(partition_log, 1, 0, 0)
-    real_pwritev = os.pwritev
+    real_append = segment_module._core.append_segment
 
     def full_disk(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(segment_module.os, "pwritev", full_disk)
+    monkeypatch.setattr(segment_module._core, "append_segment", full_disk)
     failed = partition_log.write_txn_marker(1, 0, 0, False)
     assert failed.error_code == ErrorCode.KAFKA_STORAGE_ERROR
     assert not os.path.exists(txn_index_path(partition_log))
     assert (partition_log.log_end_offset, partition_log.last_stable_offset) == (1, 0)
-    monkeypatch.setattr(segment_module.os, "pwritev", real_pwritev)
+    monkeypatch.setattr(segment_module._core, "append_segment", real_append)
     assert partition_log.write_txn_marker(1, 0, 0, False).error_code == ErrorCode.NONE
     assert list(partition_log.active.txn_index.entries()) == [AbortedTxn(1, 0, 1, 2)]
 

@@ -76,10 +76,15 @@ class _Index:
                 data = os.pread(fd, count * self.ENTRY.size, first * self.ENTRY.size)
                 yield from self.ENTRY.iter_unpack(data[:len(data) - len(data) % self.ENTRY.size])
 
-    def _write(self, *fields):
-        _core.write_at(self._encoded_path, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size)
+    def _entry_for(self, fields):
+        """The next entry's write, ``(path, bytes, position in the file)``, as ``_core.write_at`` and
+        ``_core.append_segment`` take it."""
+        return self._encoded_path, self.ENTRY.pack(*fields), self.entries * self.ENTRY.size
+
+    def appended(self, entry):
+        """``entry`` (from ``entry`` or ``maybe_entry``) was written: it is the index's last."""
         self.entries += 1
-        self._last = fields
+        self._last = self.ENTRY.unpack(entry[1])
 
     def mark(self):
         """The index's state, to ``rewind`` to if an append it is part of fails."""
@@ -154,12 +159,18 @@ class OffsetIndex(_Index):
         return self.base_offset + self._last[0] if self._last else self.base_offset
 
     def append(self, offset, position):
+        entry = self.entry(offset, position)
+        _core.write_at(*entry)
+        self.appended(entry)
+
+    def entry(self, offset, position):
+        """The write of the entry ``append`` makes, checked, for the caller to make and report ``appended``."""
         if self.is_full:
             raise CorruptIndexError(f"{self.path}: attempt to append to a full index ({self.entries} entries)")
         if self._last is not None and offset <= self.last_offset:
             raise CorruptIndexError(f"{self.path}: offset {offset} is not above the last indexed offset "
                                     f"{self.last_offset}")
-        self._write(offset - self.base_offset, position)
+        return self._entry_for((offset - self.base_offset, position))
 
     def lookup(self, offset):
         """``(offset, position)`` of the last entry at or below ``offset``; ``(base, 0)`` if none."""
@@ -205,13 +216,21 @@ class TimeIndex(_Index):
 
     def maybe_append(self, timestamp, offset, skip_full_check=False):
         """Append ``(timestamp, offset)`` if ``timestamp`` is above the last entry's (Kafka's maybeAppend)."""
+        entry = self.maybe_entry(timestamp, offset, skip_full_check)
+        if entry is not None:
+            _core.write_at(*entry)
+            self.appended(entry)
+
+    def maybe_entry(self, timestamp, offset, skip_full_check=False):
+        """The write of the entry ``maybe_append`` makes, checked, or None when it makes none."""
         if not skip_full_check and self.is_full:
             raise CorruptIndexError(f"{self.path}: attempt to append to a full time index")
         last_timestamp, last_offset = self.last_entry
         if self._last is not None and offset < last_offset:
             raise CorruptIndexError(f"{self.path}: offset {offset} is below the last indexed offset {last_offset}")
         if timestamp > last_timestamp:
-            self._write(timestamp, offset - self.base_offset)
+            return self._entry_for((timestamp, offset - self.base_offset))
+        return None
 
     def lookup(self, timestamp):
         """``(timestamp, offset)`` of the last entry at or below ``timestamp``; ``(-1, base)`` if none."""

@@ -4,7 +4,8 @@
 Appends write whole batches at the end of the ``.log`` file with ``pwritev`` (the batch bytes are passed
 as views, never copied in Python) and add an offset index entry, and maybe a time index entry, once more
 than ``index.interval.bytes`` were appended since the last one: the entry maps the append's largest
-offset to the position where the append began, as Kafka's ``LogSegment.append`` does.
+offset to the position where the append began, as Kafka's ``LogSegment.append`` does. The batches and the
+entries are written by one core call without the GIL (``_core.append_segment``).
 
 ``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
@@ -222,20 +223,17 @@ class LogSegment:
         if largest_timestamp > max_timestamp:
             max_timestamp, offset_of_max = largest_timestamp, offset_of_max_timestamp
         index_due = self.bytes_since_last_index_entry > self.config.index_interval_bytes
-        marks = self.offset_index.mark(), self.time_index.mark()
-        written = 0
-        try:
-            while written < size:
-                written += os.pwritev(self._fd, _remaining(pieces, written) if written else pieces,
-                                      position + written)
-            if index_due:
-                self.offset_index.append(largest_offset, position)
-                self.time_index.maybe_append(max_timestamp, offset_of_max)
-        except OSError:
-            self.offset_index.rewind(marks[0])
-            self.time_index.rewind(marks[1])
-            os.ftruncate(self._fd, position)        # leave no partial batch behind
-            raise
+        if index_due:
+            offset_entry = self.offset_index.entry(largest_offset, position)
+            time_entry = self.time_index.maybe_entry(max_timestamp, offset_of_max)
+            # the batches, then the entries; on a failure the file is cut back and the indexes unchanged
+            _core.append_segment(self._fd, pieces, position,
+                                 (offset_entry,) if time_entry is None else (offset_entry, time_entry))
+            self.offset_index.appended(offset_entry)
+            if time_entry is not None:
+                self.time_index.appended(time_entry)
+        else:
+            _core.append_segment(self._fd, pieces, position)
         if position == 0:
             self.rolling_based_timestamp = largest_timestamp
         self._last_append = self.next_offset, position
@@ -352,14 +350,3 @@ def delete_segment_files(directory, base_offset):
         except FileNotFoundError:
             pass
 
-
-def _remaining(pieces, skip):
-    """``pieces`` without their first ``skip`` bytes (after a short write)."""
-    out = []
-    for piece in pieces:
-        if skip >= len(piece):
-            skip -= len(piece)
-            continue
-        out.append(memoryview(piece)[skip:] if skip else piece)
-        skip = 0
-    return out

@@ -1,6 +1,7 @@
 # Reads of a log segment's files on the fetch path (Kafka's OffsetIndex.lookup, LogSegment.translateOffset):
-# the loops of small preads, each a system call, run here without the GIL; and the write of an index entry
-# on the produce path, whose file is opened for it (a partition keeps no index descriptor open).
+# the loops of small preads, each a system call, run here without the GIL; and an append's writes on the
+# produce path (LogSegment.append): the batches, then the index entries, whose files are opened for them (a
+# partition keeps no index descriptor open).
 #
 # Index entries are big-endian: `.index` rows are (relative offset i32, position i32), `.timeindex` rows
 # (timestamp i64, relative offset i32). A batch starts `base offset i64 | length i32 | epoch or crc i32 |
@@ -33,30 +34,113 @@ cdef Py_ssize_t _pread_fully(int fd, uint8_t* into, Py_ssize_t size, int64_t pos
     return done
 
 
+cdef int _write_file_at(const char* name, const unsigned char* p, Py_ssize_t size, int64_t position) noexcept nogil:
+    """Open the existing file ``name``, write ``size`` bytes at ``position`` and close it; 0, or an errno."""
+    cdef Py_ssize_t done = 0, put
+    cdef int error = 0
+    cdef int fd = open_fd(name, O_WRONLY | O_CLOEXEC)
+    if fd < 0:
+        return errno
+    while done < size:
+        put = pwrite(fd, p + done, size - done, position + done)
+        if put < 0:
+            if errno == EINTR:
+                continue
+            error = errno
+            break
+        done += put
+    if close_fd(fd) < 0 and not error and errno != EINTR:
+        error = errno
+    return error
+
+
 def write_at(bytes path, const unsigned char[::1] data, int64_t position):
     """Write ``data`` at ``position`` of the existing file at ``path``: opened, written whole and closed,
     without the GIL. Raises OSError (the file as it was, or with part of ``data`` written past ``position``)."""
     cdef const char* name = path
     cdef const unsigned char* p = &data[0] if data.shape[0] else NULL
-    cdef Py_ssize_t size = data.shape[0], done = 0, put
-    cdef int fd, error = 0
+    cdef Py_ssize_t size = data.shape[0]
+    cdef int error
     with nogil:
-        fd = open_fd(name, O_WRONLY | O_CLOEXEC)
-        if fd < 0:
-            error = errno
-        else:
-            while done < size:
-                put = pwrite(fd, p + done, size - done, position + done)
-                if put < 0:
+        error = _write_file_at(name, p, size, position)
+    if error:
+        raise OSError(error, strerror(error).decode(), path.decode(errors="surrogateescape"))
+
+
+DEF WRITE_VECTORS = 1024      # IOV_MAX on Linux: the pieces one pwritev takes
+
+
+def append_segment(int fd, pieces, int64_t position, index_entries=()):
+    """Write ``pieces`` (bytes-like objects, in order) at ``position`` of the segment file open as ``fd``, then each
+    of ``index_entries`` (``(index file path, entry bytes, position in that file)``; each file opened for it),
+    without the GIL. All or nothing: when a write fails the segment file is cut back to ``position`` (an index
+    entry written before lies past its index's valid entries) and OSError is raised; else returns the bytes
+    written."""
+    cdef Py_ssize_t count = len(pieces), held = 0, index_count = len(index_entries), i, first = 0, n
+    cdef Py_ssize_t offset = 0, got, failed_entry = -1
+    cdef int64_t done = 0, total = 0
+    cdef int error = 0
+    cdef Py_buffer* views = <Py_buffer*>calloc(count + index_count + 1, sizeof(Py_buffer))
+    cdef iovec vectors[WRITE_VECTORS]
+    cdef const char** names = <const char**>calloc(index_count + 1, sizeof(char*))
+    cdef int64_t* index_positions = <int64_t*>calloc(index_count + 1, sizeof(int64_t))
+    paths = [entry[0] for entry in index_entries]
+    try:
+        if views == NULL or names == NULL or index_positions == NULL:
+            raise MemoryError()
+        for i in range(count):
+            PyObject_GetBuffer(pieces[i], &views[held], PyBUF_SIMPLE)
+            held += 1
+            total += views[i].len
+        for i in range(index_count):
+            path, entry, at = index_entries[i]
+            index_positions[i] = at
+            if type(path) is not bytes:
+                raise TypeError(f"an index file's path must be bytes, not {type(path).__name__}")
+            names[i] = <const char*>PyBytes_AS_STRING(path)
+            PyObject_GetBuffer(entry, &views[held], PyBUF_SIMPLE)
+            held += 1
+        with nogil:
+            while done < total:
+                n = 0
+                while first + n < count and n < WRITE_VECTORS:
+                    vectors[n].iov_base = <char*>views[first + n].buf + (offset if n == 0 else 0)
+                    vectors[n].iov_len = views[first + n].len - (offset if n == 0 else 0)
+                    n += 1
+                got = pwritev(fd, vectors, <int>n, position + done)
+                if got < 0:
                     if errno == EINTR:
                         continue
                     error = errno
                     break
-                done += put
-            if close_fd(fd) < 0 and not error and errno != EINTR:
-                error = errno
-    if error:
-        raise OSError(error, strerror(error).decode(), path.decode(errors="surrogateescape"))
+                if got == 0:
+                    error = EIO         # no progress and no error: never loop on it
+                    break
+                done += got
+                offset += got           # past the pieces written whole
+                while first < count and offset >= views[first].len:
+                    offset -= views[first].len
+                    first += 1
+            if not error:
+                for i in range(index_count):
+                    error = _write_file_at(names[i], <const unsigned char*>views[count + i].buf,
+                                           views[count + i].len, index_positions[i])
+                    if error:
+                        failed_entry = i
+                        break
+            if error:
+                ftruncate(fd, position)         # leave no partial batch behind
+        if error and failed_entry >= 0:
+            raise OSError(error, strerror(error).decode(), paths[failed_entry].decode(errors="surrogateescape"))
+        if error:
+            raise OSError(error, strerror(error).decode())
+        return done
+    finally:
+        for i in range(held):
+            PyBuffer_Release(&views[i])
+        free(views)
+        free(names)
+        free(index_positions)
 
 
 def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_t field_at, int field_width,
