@@ -11,7 +11,7 @@ import pathlib
 import sys
 
 from .codegen import INLINE_RECORDS_MAX
-from .schema import FIXED_FORMATS, ZERO_UUID
+from .schema import ZERO_UUID
 
 # the request header is read by hand (``_wire.pxi``); these are the APIs every busy broker serves, and those a
 # transactional producer sends in every transaction (a consume-transform-produce loop's offsets included)
