@@ -13,8 +13,9 @@ outside the segment) fails ``sanity_check`` and is rebuilt from the segment by t
 Entries are read and written with ``pread``/``pwrite``: lookups binary-search the file in the compiled core
 (``_core.index_floor``: one read per step until the rows left fit in 8 KiB, then one read of them; about 12
 reads for a full index) and keep nothing in memory but the last entry, which
-answers a lookup at the tail without a read; an entry is written by one core call (``_core.write_at``: open,
-``pwrite``, close, without the GIL). The files are opened for each use and
+answers a lookup at the tail without a read; an entry is written by a core call without the GIL (an append's
+with its batches, ``_core.append_segment``; others by ``_core.write_at``: open, ``pwrite``, close). The files
+are opened for each use and
 never kept open, so that a partition holds one descriptor (its active segment's log) however long its
 log is: Kafka maps its indexes and closes their files for the same reason.
 """
