@@ -197,13 +197,8 @@ class _CleanedSegment:
         self._aborted = []
 
     def _write_pending(self):
-        data = b"".join(self._pending)
-        view = memoryview(data)
-        position = self.size - len(data)
-        while view:
-            written = os.pwrite(self._fd, view, position)
-            view, position = view[written:], position + written
-        self._throttler.done(len(data))
+        written = _core.append_segment(self._fd, self._pending, self.size - self._pending_bytes)
+        self._throttler.done(written)
         self._pending, self._pending_bytes = [], 0
 
     def finish(self):
