@@ -198,58 +198,112 @@ def index_floor(bytes path, Py_ssize_t entries, Py_ssize_t entry_size, Py_ssize_
     return found, PyBytes_FromStringAndSize(<char*>found_row, entry_size)
 
 
-def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size,
-                         Py_ssize_t keep=0):
-    """``(position, head, following)`` of the first complete batch of a segment file between ``position`` and
-    ``end`` whose last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer
-    for a smaller batch at the file's end), ``following`` the bytes from its position on that the scan's last
-    read holds, at most ``keep`` and none past ``end`` (a small read at the tail needs no second ``pread``);
-    None when no complete batch before ``end`` reaches it. A batch whose length is below its format's header (a
-    damaged tail, never a validated one), or whose head the file cuts short, ends the scan. Raises OSError when
-    a read fails.
+cdef struct _Scan:
+    # what a scan of batch heads found, and the window of the file its last read holds
+    int64_t position          # the batch found, or -1: none; -2: a read failed (errno set)
+    int64_t size              # its bytes
+    Py_ssize_t got            # bytes of its head in the window (at most the head size asked)
+    int64_t window_at
+    Py_ssize_t window_got
 
-    The file is read ``READ_WINDOW`` bytes at a time and the heads found in that window are walked without
-    another read: the scan from an index entry crosses about ``index.interval.bytes`` of small batches."""
+
+cdef _Scan _scan_heads(int fd, uint8_t* window, int64_t position, int64_t end, int64_t offset,
+                       Py_ssize_t head_size) noexcept nogil:
+    """The first complete batch between ``position`` and ``end`` whose last offset is at least ``offset``; the
+    file is read ``READ_WINDOW`` bytes at a time into ``window`` and the heads found there walked without
+    another read (the scan from an index entry crosses about ``index.interval.bytes`` of small batches)."""
+    cdef _Scan scan
+    cdef const uint8_t* head
+    cdef int64_t last_offset, available
+    cdef bint window_read = False
+    scan.position, scan.window_at, scan.window_got = -1, 0, 0
+    while end - position >= 12:
+        # a new window unless this head lies whole in the last one, or the file ended within it
+        if not window_read or position + head_size > scan.window_at + scan.window_got \
+                and scan.window_got == READ_WINDOW:
+            scan.window_got = _pread_fully(fd, window, READ_WINDOW, position)
+            if scan.window_got < 0:
+                scan.position = -2
+                return scan
+            scan.window_at, window_read = position, True
+        available = scan.window_at + scan.window_got - position     # negative past the end of a file cut short
+        scan.got = 0 if available < 0 else (available if available < head_size else head_size)
+        if scan.got <= 16:
+            break
+        head = window + (position - scan.window_at)
+        scan.size = 12 + _big_endian(head + 8, 4)
+        if position + scan.size > end or scan.size < (61 if head[16] == 2 else 26):
+            break
+        if scan.got < (scan.size if scan.size < head_size else head_size):
+            break               # the file ends before the batch's head: shorter than the segment thinks
+        last_offset = _big_endian(head, 8)
+        if head[16] == 2:
+            last_offset += _big_endian(head + 23, 4)
+        if last_offset >= offset:
+            scan.position = position
+            return scan
+        position += scan.size
+    return scan
+
+
+cdef _raise_read_failed():
+    raise OSError(errno, f"pread of a segment failed: {strerror(errno).decode()}")
+
+
+def first_batch_reaching(int fd, int64_t position, int64_t end, int64_t offset, Py_ssize_t head_size):
+    """``(position, head)`` of the first complete batch of a segment file between ``position`` and ``end`` whose
+    last offset is at least ``offset``, ``head`` its first ``head_size`` bytes (at least 61; fewer for a smaller
+    batch at the file's end); None when no complete batch before ``end`` reaches it. A batch whose length is
+    below its format's header (a damaged tail, never a validated one), or whose head the file cuts short, ends
+    the scan. Raises OSError when a read fails."""
     if head_size < 61 or head_size > 256:
         raise ValueError(f"a batch head of {head_size} bytes cannot be read")
-    if keep < 0:
-        raise ValueError(f"cannot keep {keep} bytes")
     cdef uint8_t window[READ_WINDOW]
-    cdef const uint8_t* head = window
-    cdef int64_t window_at = 0, size, last_offset, available
-    cdef Py_ssize_t window_got = 0, got = 0
-    cdef bint window_read = False, found = False
+    cdef _Scan scan
     with nogil:
-        while end - position >= 12:
-            # a new window unless this head lies whole in the last one, or the file ended within it
-            if not window_read or position + head_size > window_at + window_got and window_got == READ_WINDOW:
-                window_got = _pread_fully(fd, window, READ_WINDOW, position)
-                if window_got < 0:
-                    got = -1
-                    break
-                window_at, window_read = position, True
-            available = window_at + window_got - position     # negative past the end of a file cut short
-            got = 0 if available < 0 else (available if available < head_size else head_size)
-            if got <= 16:
-                break
-            head = window + (position - window_at)
-            size = 12 + _big_endian(head + 8, 4)
-            if position + size > end or size < (61 if head[16] == 2 else 26):
-                break
-            if got < (size if size < head_size else head_size):
-                break               # the file ends before the batch's head: shorter than the segment thinks
-            last_offset = _big_endian(head, 8)
-            if head[16] == 2:
-                last_offset += _big_endian(head + 23, 4)
-            if last_offset >= offset:
-                found = True
-                break
-            position += size
-    if got < 0:
-        raise OSError(errno, f"pread of a segment failed: {strerror(errno).decode()}")
-    if not found:
+        scan = _scan_heads(fd, window, position, end, offset, head_size)
+    if scan.position == -2:
+        _raise_read_failed()
+    if scan.position < 0:
         return None
-    cdef int64_t following = (window_at + window_got if window_at + window_got < end else end) - position
-    if following > keep:
-        following = keep
-    return position, PyBytes_FromStringAndSize(<char*>head, got), PyBytes_FromStringAndSize(<char*>head, following)
+    return scan.position, PyBytes_FromStringAndSize(<char*>window + (scan.position - scan.window_at), scan.got)
+
+
+def fetch_slice(int fd, int64_t position, int64_t end, int64_t offset, int64_t max_end, int64_t max_bytes,
+                bint min_one_message, Py_ssize_t copy_below):
+    """What a fetch at ``offset`` reads of a segment file (Kafka's ``LogSegment.read``): ``(position, size,
+    data)`` of the slice from the first complete batch between ``position`` and ``end`` whose last offset reaches
+    ``offset`` (found as ``first_batch_reaching`` finds it), of at most ``max_bytes`` (or that batch whole, when
+    larger, with ``min_one_message``) and ending by ``max_end``; ``size`` is 0 or less when nothing fits. ``data``
+    is the slice's bytes when it is shorter than ``copy_below`` (from the scan's own read when it holds them, so
+    a small read at the tail costs one ``pread``; fewer where the file ends), else None: the caller sends it from
+    the file. None when no batch reaches ``offset``. Raises OSError when a read fails."""
+    if copy_below < 0:
+        raise ValueError(f"cannot copy below {copy_below} bytes")
+    cdef uint8_t window[READ_WINDOW]
+    cdef _Scan scan
+    cdef int64_t size, wanted = max_bytes
+    cdef Py_ssize_t got
+    with nogil:
+        scan = _scan_heads(fd, window, position, end, offset, 61)
+    if scan.position == -2:
+        _raise_read_failed()
+    if scan.position < 0:
+        return None
+    if min_one_message and scan.size > wanted:
+        wanted = scan.size
+    size = max_end - scan.position
+    if wanted < size:
+        size = wanted
+    if size <= 0 or size >= copy_below:
+        return scan.position, size, None
+    if scan.position + size <= scan.window_at + scan.window_got:
+        return scan.position, size, PyBytes_FromStringAndSize(
+            <char*>window + (scan.position - scan.window_at), size)
+    data = PyBytes_FromStringAndSize(NULL, size)
+    cdef uint8_t* into = <uint8_t*>PyBytes_AS_STRING(data)
+    with nogil:
+        got = _pread_fully(fd, into, size, scan.position)
+    if got < 0:
+        _raise_read_failed()
+    return scan.position, size, data if got == size else data[:got]

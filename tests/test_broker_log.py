@@ -1,6 +1,7 @@
 """kmem.broker storage: configuration, the log directory's files, appends and reads, indexes, rolls,
 retention, ListOffsets and topics."""
 import errno
+import itertools
 import json
 import os
 import struct
@@ -852,9 +853,9 @@ def test_a_reader_at_the_tail_scans_from_the_last_append_without_an_index_search
                     for offset in range(partition_log.log_end_offset + 2)}
         with open(segment.log_path, "rb") as f:
             data = f.read()
-        tail = segment.translate_offset(heads[6].last_offset, keep=1 << 20)
-        assert tail.following == data[last_append:]            # read with the scan: no second read for it
-        assert segment.translate_offset(heads[6].last_offset).following == b""
+        # the slice at the tail, in memory: from the last append's first batch to the end
+        assert segment.fetch_slice(heads[6].last_offset, segment.size, 1 << 20, True, 1 << 20) == \
+            (last_append, len(data) - last_append, data[last_append:])
         searched = []
         real_lookup = segment.offset_index.lookup
         monkeypatch.setattr(segment.offset_index, "lookup", lambda offset: searched.append(offset) or real_lookup(
@@ -889,15 +890,19 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
                 expected = next((h for h in heads if h.last_offset >= offset), None)
                 found = _core.first_batch_reaching(fd, 0, segment.size, offset, HEAD_READ)
                 assert (found and found[0]) == (expected and expected.position)
-                assert found is None or found[1:] == (data[found[0]:found[0] + HEAD_READ], b"")
-                # the bytes from the batch on that the scan's last read holds: at most keep, none past the end
-                for keep, end in ((1 << 20, segment.size), (100, segment.size), (1 << 20, segment.size - 1)):
-                    kept = _core.first_batch_reaching(fd, 0, end, offset, HEAD_READ, keep)
-                    if kept is not None:
-                        following = kept[2]
-                        assert following == data[kept[0]:kept[0] + len(following)] and len(following) <= keep
-                        assert len(following) >= min(keep, HEAD_READ) or kept[0] + len(following) == end
-                        assert kept[0] + len(following) <= end
+                assert found is None or found[1] == data[found[0]:found[0] + HEAD_READ]
+                # a fetch's slice from that batch: bounded by max bytes (the batch whole for the first one) and
+                # the end position, in memory below copy_below (from the scan's window or a read of its own)
+                for max_bytes, min_one, copy_below, max_end in itertools.product(
+                        (0, 30, 5000, 1 << 20), (True, False), (0, 100, 9000, 1 << 20),
+                        (segment.size, segment.size - 7, expected.position if expected else 0)):
+                    sliced = _core.fetch_slice(fd, 0, segment.size, offset, max_end, max_bytes, min_one, copy_below)
+                    if expected is None:
+                        assert sliced is None
+                        continue
+                    size = min(max_end - expected.position, max(max_bytes, expected.size) if min_one else max_bytes)
+                    at = expected.position
+                    assert sliced == (at, size, data[at:at + size] if 0 < size < copy_below else None)
                 if expected is not None:
                     assert segment.translate_offset(offset).last_offset == expected.last_offset
                 # from a later position, and with an end that cuts the batch found
@@ -917,8 +922,8 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
         assert [h.position for h in segment.heads()] == [h.position for h in heads[:4]]
         with pytest.raises(ValueError):
             _core.first_batch_reaching(0, 0, 1, 0, 20)
-        with pytest.raises(ValueError, match="keep"):
-            _core.first_batch_reaching(0, 0, 1, 0, HEAD_READ, -1)
+        with pytest.raises(ValueError, match="copy below"):
+            _core.fetch_slice(0, 0, 1, 0, 1, 1, True, -1)
         # a file cut inside a batch's head (outside the broker) ends the scan instead of returning a partial head
         os.truncate(segment.log_path, heads[2].position + 30)
         fd = os.open(segment.log_path, os.O_RDONLY)

@@ -692,10 +692,10 @@ class Handlers:
     def _fetch_response(self, response, wanted, results):
         """``response`` with ``results`` in place, its partitions counted (as Kafka's ``readFromLog`` counts them)."""
         everywhere = self.topic_stats.row(ALL_TOPICS)
+        everywhere[TOTAL_FETCH] += len(results)
         counted, here = None, None
         for (topic_response, _, source), result in zip(wanted, results):
             topic_response.partitions.append(result)
-            everywhere[TOTAL_FETCH] += 1
             if isinstance(source, int):         # no such partition
                 continue
             if topic_response is not counted:   # a topic's partitions come in a run: its row looked up once
@@ -708,13 +708,15 @@ class Handlers:
     def fetch_sent(self, response):
         """Counts the record bytes of a consumer's Fetch ``response`` as it goes out (where Kafka's ``KafkaApis``
         counts BytesOutPerSec: not a follower's, nor those of a response a quota replaces by an empty one)."""
-        everywhere = self.topic_stats.row(ALL_TOPICS)
+        total = 0
         for topic_response in response.responses:
+            size = 0
             for result in topic_response.partitions:
-                size = _records_size(result.records)
-                if size:
-                    self.topic_stats.row(topic_response.topic)[BYTES_OUT] += size
-                    everywhere[BYTES_OUT] += size
+                size += _records_size(result.records)
+            if size:
+                self.topic_stats.row(topic_response.topic)[BYTES_OUT] += size
+                total += size
+        self.topic_stats.row(ALL_TOPICS)[BYTES_OUT] += total
 
     def _read_all(self, version, request, wanted, is_follower):
         """One pass over the fetched partitions: ``([PartitionData], bytes returned, any error)``."""

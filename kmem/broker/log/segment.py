@@ -36,14 +36,12 @@ INDEX_SUFFIX, TIME_INDEX_SUFFIX = ".index", ".timeindex"
 
 
 class BatchHead:
-    """Header fields of a batch in a segment file, read without its records; ``following``: bytes of the file from
-    its position that a scan read with it (``translate_offset``'s ``keep``), else empty."""
-    __slots__ = ("position", "size", "magic", "last_offset", "max_timestamp", "following")
+    """Header fields of a batch in a segment file, read without its records."""
+    __slots__ = ("position", "size", "magic", "last_offset", "max_timestamp")
 
-    def __init__(self, head, position, following=b""):
+    def __init__(self, head, position):
         offset, length, _, self.magic = HEAD.unpack_from(head)
         self.position = position
-        self.following = following
         self.size = LOG_OVERHEAD + length
         if self.magic == 2:
             self.last_offset = offset + struct.unpack_from(">i", head, V2_LAST_DELTA_AT)[0]
@@ -138,20 +136,35 @@ class LogSegment:
         self.time_index.sanity_check(self.next_offset)
         self.txn_index.sanity_check()
 
-    def translate_offset(self, offset, starting_position=0, keep=0):
-        """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None; with at most
-        ``keep`` bytes of the file from its position that the scan read (``BatchHead.following``)."""
-        if self._last_append is not None and offset >= self._last_append[0]:
-            position = self._last_append[1]
-        else:
-            _, position = self.offset_index.lookup(offset)
-        start = max(position, starting_position)
+    def translate_offset(self, offset, starting_position=0):
+        """The first batch whose last offset is at least ``offset`` (Kafka's translateOffset), or None."""
+        start = max(self._scan_start(offset), starting_position)
         if self._fd is not None:        # the active segment (most reads): no context manager on the fetch path
-            found = _core.first_batch_reaching(self._fd, start, self.size, offset, HEAD_READ, keep)
+            found = _core.first_batch_reaching(self._fd, start, self.size, offset, HEAD_READ)
         else:
             with self._log_file() as fd:
-                found = _core.first_batch_reaching(fd, start, self.size, offset, HEAD_READ, keep)
-        return None if found is None else BatchHead(found[1], found[0], found[2])
+                found = _core.first_batch_reaching(fd, start, self.size, offset, HEAD_READ)
+        return None if found is None else BatchHead(found[1], found[0])
+
+    def fetch_slice(self, offset, max_end, max_bytes, min_one_message, copy_below):
+        """What a fetch at ``offset`` reads of this segment (Kafka's ``LogSegment.read``): ``(position, size,
+        data)``, the slice from the batch holding ``offset`` of at most ``max_bytes`` (that batch whole with
+        ``min_one_message``) ending by the position ``max_end``, ``size`` 0 or less when nothing fits; ``data``
+        its bytes when shorter than ``copy_below``, else None (``records`` sends it from the file). None when no
+        batch holds ``offset``."""
+        start = self._scan_start(offset)
+        if self._fd is not None:        # the active segment (most reads): no context manager on the fetch path
+            return _core.fetch_slice(self._fd, start, self.size, offset, max_end, max_bytes, min_one_message,
+                                     copy_below)
+        with self._log_file() as fd:
+            return _core.fetch_slice(fd, start, self.size, offset, max_end, max_bytes, min_one_message, copy_below)
+
+    def _scan_start(self, offset):
+        """Where a scan for ``offset`` starts: where the last append began for its offsets (every batch before
+        it ends below them), else the offset index's floor."""
+        if self._last_append is not None and offset >= self._last_append[0]:
+            return self._last_append[1]
+        return self.offset_index.lookup(offset)[1]
 
     def records(self, start, end):
         """``FileRecords`` of the bytes ``[start, end)`` of the log, with a descriptor of their own: the
@@ -160,13 +173,6 @@ class LogSegment:
             return FileRecords(self.log_path, start, end)
         # what may be read ends at the active segment's size (an append counts once written whole): no fstat
         return FileRecords.of_descriptor(os.dup(self._fd), self.log_path, start, end, file_size=self.size)
-
-    def read_bytes(self, start, end):
-        """The bytes ``[start, end)`` of the log, read at once (fewer at the file's end)."""
-        if self._fd is not None:        # the active segment: no context manager on the fetch path
-            return os.pread(self._fd, end - start, start)
-        with self._log_file() as fd:
-            return os.pread(fd, end - start, start)
 
     def find_offset_by_timestamp(self, timestamp, starting_offset):
         """``(offset, timestamp)`` of the first record at or after ``starting_offset`` with a timestamp of at

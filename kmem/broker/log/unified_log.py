@@ -531,9 +531,10 @@ class PartitionLog:
 
     def read(self, fetch_offset, max_bytes, *, min_one_message=True, isolation=READ_UNCOMMITTED, copy_below=0):
         """The records from ``fetch_offset`` on (see the module docstring)."""
-        _check_int("fetch_offset", fetch_offset)
-        _check_int("max_bytes", max_bytes)
-        _check_int("copy_below", copy_below)
+        if not type(fetch_offset) is type(max_bytes) is type(copy_below) is int:    # checked once on the fetch path
+            _check_int("fetch_offset", fetch_offset)
+            _check_int("max_bytes", max_bytes)
+            _check_int("copy_below", copy_below)
         if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
             raise InvalidArgumentError(f"isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1): {isolation!r}")
         with self._lock:
@@ -552,15 +553,14 @@ class PartitionLog:
                 for i, segment in enumerate(self.segments[first_segment:], first_segment):
                     if fetch_offset >= upper:
                         break
-                    first = segment.translate_offset(fetch_offset, keep=max(copy_below - 1, 0))
-                    if first is None:
-                        continue
                     max_position = segment.size
                     if upper < segment.next_offset:
                         bound = segment.translate_offset(upper)
                         max_position = bound.position if bound is not None else segment.size
-                    wanted = max(max_bytes, first.size) if min_one_message else max_bytes
-                    size = min(max_position - first.position, wanted)
+                    found = segment.fetch_slice(fetch_offset, max_position, max_bytes, min_one_message, copy_below)
+                    if found is None:
+                        continue
+                    position, size, data = found
                     if size <= 0:
                         break
                     aborted = no_aborted
@@ -568,14 +568,10 @@ class PartitionLog:
                         # The range read ends before the first indexed offset past the bytes read (Kafka's
                         # fetchUpperBoundOffset), else at the upper bound or this segment's end: a superset of
                         # what the records hold (consumers ignore aborted transactions they do not reach).
-                        bound = segment.offset_index.fetch_upper_bound_offset(first.position + size)
+                        bound = segment.offset_index.fetch_upper_bound_offset(position + size)
                         aborted = self._collect_aborted(i, fetch_offset, min(
                             upper, segment.next_offset if bound is None else bound))
-                    if size < copy_below:       # at the tail, the scan's own read holds it
-                        records = first.following[:size] if len(first.following) >= size \
-                            else segment.read_bytes(first.position, first.position + size)
-                    else:
-                        records = segment.records(first.position, first.position + size)
+                    records = data if data is not None else segment.records(position, position + size)
                     return FetchData(records, hw, start, lso, aborted_transactions=aborted)
                 return FetchData(None, hw, start, lso, aborted_transactions=no_aborted)
             except OSError as e:        # no descriptor left, an I/O error
