@@ -4,6 +4,7 @@ read_committed Fetch completes when the last stable offset moves, ListOffsets re
 stable offset, and Fetch v0-v3 never see a transaction marker, raw and from real old clients (kafka-python
 at api_version 0.8.2 to 0.10.1, librdkafka with broker.version.fallback 0.9.0). Raw requests use
 kafka-python's codec."""
+import os
 import time
 
 import pytest
@@ -85,6 +86,29 @@ def test_an_abort_whose_marker_is_in_a_later_segment_is_found(broker, transactio
     assert batches_of(data) == [(7, 7, 4, False)]           # one segment at a time
     assert aborted(data) == [(4, 7)]
 
+
+
+def test_a_read_committed_fetch_opens_no_txnindex_until_a_segment_has_an_aborted_transaction(tmp_path, monkeypatch):
+    """Whether a segment has a ``.txnindex`` is remembered: a read_committed read of a segment without aborted
+    transactions opens none; the first abort's entry is read at once, and after a restart (found on disk)."""
+    from kmem.broker.log import txn_index
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(txn_index.os, "open", lambda path, *args: opened.append(str(path)) or real_open(path, *args))
+    with Broker(tmp_path / "logs", num_partitions=1) as running:
+        running.logs.create_topic("t")
+        partition_log = running.logs.get_partition("t", 0)
+        produce(partition_log, 1, [b"plain"], transactional=False)
+        read = partition_log.read(0, 1 << 20, isolation=READ_COMMITTED)
+        assert read.aborted_transactions == [] and read.records is not None
+        assert not [path for path in opened if path.endswith(".txnindex")]
+        produce(partition_log, 2, [b"doomed"])
+        partition_log.write_txn_marker(2, 0, 0, False)
+        assert [txn.producer_id for txn in partition_log.read(0, 1 << 20, isolation=READ_COMMITTED)
+                .aborted_transactions] == [2]
+    with Broker(tmp_path / "logs", num_partitions=1) as running:
+        assert [txn.producer_id for txn in running.logs.get_partition("t", 0).read(
+            0, 1 << 20, isolation=READ_COMMITTED).aborted_transactions] == [2]
 
 
 def test_the_aborted_transactions_answered_are_those_of_the_bytes_read(broker):

@@ -4,7 +4,8 @@ Each entry is 34 bytes, big-endian: version (int16, 0), producer id (int64), the
 aborted transaction, its last offset (the ABORT marker's) and the partition's last stable offset when the
 abort completed (all int64). Entries are appended in the order of their markers, so last offsets increase.
 The file is created by the first entry, as Kafka creates it lazily; a segment without aborted transactions
-has none. It is opened for each use (a partition keeps one descriptor, its active ``.log``) and read
+has none, and whether it has one is remembered (set when the segment opens, kept by the writes here), so a
+read_committed fetch of a segment without aborted transactions opens nothing. The file is opened for each use (a partition keeps one descriptor, its active ``.log``) and read
 ``READ_ENTRIES`` entries at a time, so a read_committed fetch costs a bounded buffer however many
 transactions a segment aborted.
 """
@@ -36,6 +37,7 @@ class TransactionIndex:
     def __init__(self, path, base_offset):
         self.path = path
         self.base_offset = base_offset
+        self._absent = not os.path.exists(path)
 
     def append(self, txn):
         """Add ``txn`` (an ``AbortedTxn``); returns the file's previous size (None: it did not exist) for
@@ -64,6 +66,7 @@ class TransactionIndex:
             self._write(b"".join(chunk))
 
     def _write(self, data):
+        self._absent = False
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | _CLOEXEC, 0o644)
         try:
             view = memoryview(data)
@@ -79,6 +82,7 @@ class TransactionIndex:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+            self._absent = True
         else:
             os.truncate(self.path, previous)
 
@@ -101,6 +105,8 @@ class TransactionIndex:
 
     def read(self, first, count):
         """The ``AbortedTxn`` entries numbered ``first`` to ``first + count - 1`` (fewer at the file's end)."""
+        if self._absent:
+            return []
         try:
             fd = os.open(self.path, os.O_RDONLY | _CLOEXEC)
         except FileNotFoundError:
