@@ -17,7 +17,10 @@
   (default 64) MB of values each, and kmem's CPU per GB as a ratio to the mock's; kmem's split into user and
   system time, beside the floor of any broker that writes its log: the same bytes received over loopback TCP and
   appended to a file in the same directory, in frames the size of kmem's Produce requests, with nothing else done
-  (``io_floor.py``).
+  (``io_floor.py``); and the core's floor: the same frames as v2 batches of 100 B records, each also checked and
+  given offsets by the compiled core, written as kmem writes it and answered (``io_floor.py --checked``): about
+  what kmem would cost if its per-request decisions cost nothing (a few Python lines a frame remain; no index
+  entry is written).
 """
 import functools
 import gc
@@ -317,13 +320,16 @@ def test_small_records_cpu_per_gb(tmp_path, partitions):
     (kmem_rate, kmem_cpu), (mock_rate, mock_cpu) = figures["kmem"], figures["mock"]
     batches, log_bytes = batches_per_log(tmp_path / "kmem")
     frame = log_bytes // batches
-    floor = json.loads(subprocess.run([sys.executable, os.path.join(HERE, "io_floor.py"), str(tmp_path), str(log_bytes),
-                                       str(frame)], capture_output=True, text=True, check=True).stdout)
+    floor, checked = (json.loads(subprocess.run(
+        [sys.executable, os.path.join(HERE, "io_floor.py"), str(tmp_path), str(log_bytes), str(frame), *extra],
+        capture_output=True, text=True, check=True).stdout) for extra in ((), ("--checked", str(size))))
     lines.append(f"{TOTAL_MB} MB of 100 B records, {partitions} partition(s), confluent-kafka: kmem {kmem_rate:.1f} "
                  f"MB/s {kmem_cpu:.2f} CPU s/GB (user {split[0]:.2f}, system {split[1]:.2f}); mock {mock_rate:.1f} "
                  f"MB/s {mock_cpu:.2f} CPU s/GB; kmem/mock CPU per GB {kmem_cpu / mock_cpu:.2f}, throughput "
                  f"{kmem_rate / mock_rate:.2f}; the I/O floor (receive and append, {frame // 1000} kB frames as kmem's "
-                 f"{batches} batches) user {floor['user']:.2f}, system {floor['system']:.2f} CPU s/GB")
+                 f"{batches} batches) user {floor['user']:.2f}, system {floor['system']:.2f} CPU s/GB; the core's "
+                 f"floor (also checked by the core, written as kmem writes it and answered) user {checked['user']:.2f}, "
+                 f"system {checked['system']:.2f} CPU s/GB")
 
 
 def test_fetch_behind_the_tail_broker_time(tmp_path):
