@@ -328,8 +328,8 @@ def test_small_records_cpu_per_gb(tmp_path, partitions):
                  f"MB/s {mock_cpu:.2f} CPU s/GB; kmem/mock CPU per GB {kmem_cpu / mock_cpu:.2f}, throughput "
                  f"{kmem_rate / mock_rate:.2f}; the I/O floor (receive and append, {frame // 1000} kB frames as kmem's "
                  f"{batches} batches) user {floor['user']:.2f}, system {floor['system']:.2f} CPU s/GB; the core's "
-                 f"floor (also checked by the core, written as kmem writes it and answered) user {checked['user']:.2f}, "
-                 f"system {checked['system']:.2f} CPU s/GB")
+                 f"floor (also checked by the core, written as kmem writes it and answered) user "
+                 f"{checked['user']:.2f}, system {checked['system']:.2f} CPU s/GB")
 
 
 def test_fetch_behind_the_tail_broker_time(tmp_path):

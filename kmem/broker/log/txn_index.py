@@ -4,10 +4,10 @@ Each entry is 34 bytes, big-endian: version (int16, 0), producer id (int64), the
 aborted transaction, its last offset (the ABORT marker's) and the partition's last stable offset when the
 abort completed (all int64). Entries are appended in the order of their markers, so last offsets increase.
 The file is created by the first entry, as Kafka creates it lazily; a segment without aborted transactions
-has none, and whether it has one is remembered (set when the segment opens, kept by the writes here), so a
-read_committed fetch of a segment without aborted transactions opens nothing. The file is opened for each use (a partition keeps one descriptor, its active ``.log``) and read
-``READ_ENTRIES`` entries at a time, so a read_committed fetch costs a bounded buffer however many
-transactions a segment aborted.
+has none, and whether it has one is remembered (looked up when the segment opens, kept by the writes here), so a
+read_committed fetch of a segment without aborted transactions opens nothing. The file is opened for each use
+(a partition keeps one descriptor, its active ``.log``) and read ``READ_ENTRIES`` entries at a time, so a
+read_committed fetch costs a bounded buffer however many transactions a segment aborted.
 """
 import os
 import struct
