@@ -453,6 +453,15 @@ def test_a_read_shorter_than_copy_below_comes_as_the_same_bytes(tmp_path):
         assert partition_log.read(30, 100, copy_below=1 << 20).records is None
         with pytest.raises(InvalidArgumentError, match="copy_below"):
             partition_log.read(0, 100, copy_below=None)
+        # bounds past int64 bound nothing (or everything), and nothing is copied below 0 bytes
+        with partition_log.read(29, 1 << 20).records as records:
+            tail = records.read(0, records.size_in_bytes)
+        assert partition_log.read(29, 2**64, copy_below=2**64).records == tail
+        for copy_below in (-1, -2**64):
+            with partition_log.read(29, 1 << 20, copy_below=copy_below).records as records:
+                assert records.read(0, records.size_in_bytes) == tail
+        assert partition_log.read(29, -2**64, min_one_message=False).records is None
+        assert partition_log.read(29, -2**64, copy_below=1 << 20).records == tail       # the first batch whole
 
 
 def test_listeners_are_told_of_appends(manager):

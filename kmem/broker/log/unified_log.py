@@ -94,6 +94,7 @@ from kmem.durable import fsync_directory
 from kmem.metrics import Tallies
 from kmem.errors import IllegalStateError, InvalidArgumentError
 from kmem.records import ControlRecordType, FileRecords, build_control_batch, log_segments
+from kmem.records.batches import INT64_MAX, INT64_MIN
 
 log = logging.getLogger(__name__)
 
@@ -537,6 +538,10 @@ class PartitionLog:
             _check_int("copy_below", copy_below)
         if isolation not in (READ_UNCOMMITTED, READ_COMMITTED):
             raise InvalidArgumentError(f"isolation must be READ_UNCOMMITTED (0) or READ_COMMITTED (1): {isolation!r}")
+        # the core's bounds are int64: beyond them max_bytes bounds nothing (or everything), and nothing is
+        # copied below 0 bytes
+        max_bytes = min(max(max_bytes, INT64_MIN), INT64_MAX)
+        copy_below = min(max(copy_below, 0), INT64_MAX)
         with self._lock:
             self._check_open()
             hw, lso, start = self.high_watermark, self.last_stable_offset, self.log_start_offset
