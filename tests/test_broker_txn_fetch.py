@@ -94,21 +94,22 @@ def test_a_read_committed_fetch_opens_no_txnindex_until_a_segment_has_an_aborted
     from kmem.broker.log import txn_index
     opened = []
     real_open = os.open
-    monkeypatch.setattr(txn_index.os, "open", lambda path, *args: opened.append(str(path)) or real_open(path, *args))
+    monkeypatch.setattr(txn_index.os, "open", lambda path, *args, **kwargs: opened.append(str(path))
+                        or real_open(path, *args, **kwargs))
     with Broker(tmp_path / "logs", num_partitions=1) as running:
         running.logs.create_topic("t")
         partition_log = running.logs.get_partition("t", 0)
         produce(partition_log, 1, [b"plain"], transactional=False)
-        read = partition_log.read(0, 1 << 20, isolation=READ_COMMITTED)
-        assert read.aborted_transactions == [] and read.records is not None
+        read = partition_log.read(0, 1 << 20, isolation=READ_COMMITTED, copy_below=1 << 20)
+        assert read.aborted_transactions == [] and read.records
         assert not [path for path in opened if path.endswith(".txnindex")]
         produce(partition_log, 2, [b"doomed"])
         partition_log.write_txn_marker(2, 0, 0, False)
-        assert [txn.producer_id for txn in partition_log.read(0, 1 << 20, isolation=READ_COMMITTED)
-                .aborted_transactions] == [2]
+        assert [txn.producer_id for txn in partition_log.read(
+            0, 1 << 20, isolation=READ_COMMITTED, copy_below=1 << 20).aborted_transactions] == [2]
     with Broker(tmp_path / "logs", num_partitions=1) as running:
         assert [txn.producer_id for txn in running.logs.get_partition("t", 0).read(
-            0, 1 << 20, isolation=READ_COMMITTED).aborted_transactions] == [2]
+            0, 1 << 20, isolation=READ_COMMITTED, copy_below=1 << 20).aborted_transactions] == [2]
 
 
 def test_the_aborted_transactions_answered_are_those_of_the_bytes_read(broker):
