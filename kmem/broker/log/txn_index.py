@@ -39,6 +39,11 @@ class TransactionIndex:
         self.base_offset = base_offset
         self._absent = not os.path.exists(path)
 
+    @property
+    def absent(self):
+        """Whether the segment has no ``.txnindex`` (no aborted transaction), as last looked up or written here."""
+        return self._absent
+
     def append(self, txn):
         """Add ``txn`` (an ``AbortedTxn``); returns the file's previous size (None: it did not exist) for
         ``rewind``. Raises OSError, leaving the file as it was."""

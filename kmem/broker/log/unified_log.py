@@ -569,7 +569,7 @@ class PartitionLog:
                     if size <= 0:
                         break
                     aborted = no_aborted
-                    if isolation == READ_COMMITTED:
+                    if isolation == READ_COMMITTED and not all(s.txn_index.absent for s in self.segments[i:]):
                         # The range read ends before the first indexed offset past the bytes read (Kafka's
                         # fetchUpperBoundOffset), else at the upper bound or this segment's end: a superset of
                         # what the records hold (consumers ignore aborted transactions they do not reach).
