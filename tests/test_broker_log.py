@@ -938,6 +938,8 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
         fd = os.open(segment.log_path, os.O_RDONLY)
         try:
             assert _core.first_batch_reaching(fd, 0, segment.size, heads[2].last_offset, HEAD_READ) is None
+            assert _core.fetch_slice(fd, 0, segment.size, heads[2].last_offset, segment.size, 1 << 20, True,
+                                     1 << 20) is None
             assert _core.first_batch_reaching(fd, 0, segment.size, heads[1].last_offset, HEAD_READ)[0] == \
                 heads[1].position
         finally:
@@ -948,6 +950,13 @@ def test_core_batch_scan_agrees_with_the_segment_heads(tmp_path, value_bytes):
         try:
             for offset in (heads[1].last_offset + 1, partition_log.log_end_offset):
                 assert _core.first_batch_reaching(fd, 0, segment.size, offset, HEAD_READ) is None
+                assert _core.fetch_slice(fd, 0, segment.size, offset, segment.size, 1 << 20, True, 1 << 20) is None
+            # a slice asked of the cut batch holds what the file still has of it, nothing past the file's end
+            at, size, data = _core.fetch_slice(fd, 0, heads[1].position + heads[1].size, heads[1].last_offset,
+                                               segment.size, 1 << 20, True, 1 << 20)
+            assert (at, size) == (heads[1].position, segment.size - heads[1].position)
+            with open(segment.log_path, "rb") as f:
+                assert data == f.read()[heads[1].position:] and len(data) == HEAD_READ
             assert _core.first_batch_reaching(fd, 0, segment.size, heads[1].last_offset, HEAD_READ)[0] == \
                 heads[1].position
         finally:
