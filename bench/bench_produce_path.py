@@ -20,7 +20,7 @@
   (``io_floor.py``); and the core's floor: the same frames as v2 batches of 100 B records, each also checked and
   given offsets by the compiled core, written as kmem writes it and answered (``io_floor.py --checked``): about
   what kmem would cost if its per-request decisions cost nothing (a few Python lines a frame remain; no index
-  entry is written).
+  entry is written). Every one of them writes into memory freed before it (``peers.reuse_freed_memory``).
 """
 import functools
 import gc
@@ -34,7 +34,7 @@ import time
 import pytest
 
 from bench_broker_throughput import GB, TOTAL_MB, layout, produce, timed, warm_producer
-from peers import HERE, BrokerProcess, MockCluster, create_topics
+from peers import HERE, BrokerProcess, MockCluster, create_topics, remove_log, reuse_freed_memory
 
 REQUESTS = 5000
 BLOCK = 250
@@ -305,6 +305,7 @@ def batches_per_log(log_dir):
 @pytest.mark.parametrize("partitions", [1, 8])
 def test_small_records_cpu_per_gb(tmp_path, partitions):
     size, figures = 100, {}
+    reuse_freed_memory(tmp_path)
     for start in (lambda: BrokerProcess(tmp_path / "kmem", {"message_max_bytes": 4 << 20}), MockCluster):
         with start() as broker:
             topics, per_topic = layout(f"small-{partitions}", partitions)
@@ -319,6 +320,7 @@ def test_small_records_cpu_per_gb(tmp_path, partitions):
                 split = [(after - before) / produced for after, before in zip(broker.cpu_times(), (user, system))]
     (kmem_rate, kmem_cpu), (mock_rate, mock_cpu) = figures["kmem"], figures["mock"]
     batches, log_bytes = batches_per_log(tmp_path / "kmem")
+    remove_log(tmp_path / "kmem")
     frame = log_bytes // batches
     floor, checked = (json.loads(subprocess.run(
         [sys.executable, os.path.join(HERE, "io_floor.py"), str(tmp_path), str(log_bytes), str(frame), *extra],
