@@ -2,10 +2,12 @@
 Nothing acknowledged may be lost or stored twice, and the broker must start again."""
 import errno
 import os
+import struct
 
 import pytest
 
 from kmem.broker import Broker, ErrorCode, LogError
+from kmem.broker.log import index as index_module
 from kmem.broker.log import segment as segment_module
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.records import FileRecords
@@ -39,7 +41,8 @@ def test_zeroed_tail_keeps_every_batch_before_it(tmp_path):
 
 # --- an append is all or nothing ------------------------------------------------------------------------
 
-def test_a_failed_index_write_leaves_no_batch_behind(tmp_path):
+def test_a_failed_index_write_leaves_no_batch_behind(tmp_path, monkeypatch):
+    monkeypatch.setattr(index_module, "PENDING_BYTES", 16)      # two offset entries held, the third due
     with open_manager(tmp_path, log_index_interval_bytes=0) as manager:
         manager.create_topic("t")
         partition_log = manager.get_partition("t", 0)
@@ -47,8 +50,9 @@ def test_a_failed_index_write_leaves_no_batch_behind(tmp_path):
             assert partition_log.append(batch(b"kept-%d" % i, sequence=i, producer_id=7)).error_code == ErrorCode.NONE
         segment = partition_log.active
         size, entries = segment.size, segment.offset_index.entries
+        assert entries == 2 and open(segment.offset_index.path, "rb").read(16) == bytes(16)      # held
 
-        # the data write succeeds, the index entry after it fails: its file cannot be opened
+        # the data write succeeds, the index entries after it fail: their file cannot be opened
         os.rename(segment.offset_index.path, segment.offset_index.path + ".away")
         result = partition_log.append(batch(b"refused", sequence=3, producer_id=7))
         os.rename(segment.offset_index.path + ".away", segment.offset_index.path)
@@ -59,6 +63,9 @@ def test_a_failed_index_write_leaves_no_batch_behind(tmp_path):
         assert [v for _, v in values(partition_log)] == [b"kept-0", b"kept-1", b"kept-2"]
         retried = partition_log.append(batch(b"refused", sequence=3, producer_id=7))
         assert (retried.error_code, retried.base_offset, retried.duplicate) == (ErrorCode.NONE, 3, False)
+        assert [segment.offset_index.lookup(offset)[0] for offset in range(4)] == [0, 1, 2, 3]
+        with open(segment.offset_index.path, "rb") as index:             # the entries held and the new one
+            assert [struct.unpack(">ii", index.read(8))[0] for _ in range(3)] == [1, 2, 3]
     crash(tmp_path)
     with open_manager(tmp_path) as manager:
         assert [v for _, v in values(manager.get_partition("t", 0))] == [b"kept-0", b"kept-1", b"kept-2", b"refused"]

@@ -26,6 +26,7 @@ from kmem import _core
 from broker_helpers import wait_for
 from records_samples import MINIMAL_RECORD, read_aiokafka, read_kafka_python, v2_batch_of
 from kmem.broker.log import checkpoints, validator
+from kmem.broker.log import index as index_module
 from kmem.broker.log.index import CorruptIndexError
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
@@ -808,11 +809,12 @@ def test_core_append_segment_writes_every_piece_then_the_index_entries(tmp_path)
 
 def one_record_batches(manager, count):
     """Partition t-0 of ``manager`` (``log_index_interval_bytes=0``) holding ``count`` one-record batches: an
-    offset index entry for each but the first."""
+    offset index entry for each but the first, written to the file."""
     manager.create_topic("t")
     partition_log = manager.get_partition("t", 0)
     for i in range(count):
         partition_log.append(batch([b"%d" % i]))
+    partition_log.active.offset_index.write_pending()
     return partition_log
 
 
@@ -838,6 +840,99 @@ def test_a_lookup_at_the_tail_reads_no_file_and_a_shrunk_index_forgets_its_tail(
             os.rename(index.path + ".away", index.path)
         index.resize(4 * 8)                  # keeps four entries: the last is read again
         assert index.entries == 4 and index.lookup(1000)[0] == 4 == index.last_offset      # offsets 1-4
+
+
+def _appended_with_held_entries(path, count, pending_bytes, monkeypatch):
+    """An open log of ``count`` batches with an offset and a time index entry for each but the first, each index
+    holding up to ``pending_bytes`` of entries before it writes them."""
+    monkeypatch.setattr(index_module, "PENDING_BYTES", pending_bytes)
+    manager = open_manager(path, log_index_interval_bytes=0)
+    manager.create_topic("t")
+    partition_log = manager.get_partition("t", 0)
+    for i in range(count):
+        assert partition_log.append(batch([b"v%d" % i] * (1 + i % 3), timestamp=1_000 + 10 * i)).error_code == 0
+    return manager, partition_log
+
+
+def _entries_in_file(index, size):
+    data = open(index.path, "rb").read(index.entries * size)
+    return sum(data[at:at + size] != bytes(size) for at in range(0, len(data), size))
+
+
+def test_index_entries_held_in_memory_answer_as_entries_written_at_once(tmp_path, monkeypatch):
+    """Entries an index holds (``PENDING_BYTES``) answer every lookup as entries written with each append, are
+    written when they fill, and a closed log leaves the same index files."""
+    found = {}
+    for pending in (0, index_module.PENDING_BYTES):
+        manager, partition_log = _appended_with_held_entries(tmp_path / str(pending), 300, pending, monkeypatch)
+        segment = partition_log.active
+        offsets, times = segment.offset_index, segment.time_index
+        assert offsets.entries == times.entries == 299
+        in_file = _entries_in_file(offsets, 8), _entries_in_file(times, 12)
+        if pending:
+            assert all(0 < n < 299 for n in in_file), in_file       # written as they filled, the rest held
+        else:
+            assert in_file == (299, 299)
+        found[pending] = (
+            [offsets.lookup(offset) for offset in range(-1, 900)],
+            [offsets.fetch_upper_bound_offset(position) for position in range(0, segment.size + 20, 7)],
+            [times.lookup(stamp) for stamp in range(990, 4_100, 3)],
+            [(head.position, head.size, head.last_offset) if head else None
+             for head in map(segment.translate_offset, range(0, 900, 11))])
+        manager.close()
+        found[pending] += tuple(open(path, "rb").read() for path in (offsets.path, times.path))
+    assert found[0] == found[index_module.PENDING_BYTES]
+    assert len(found[0][-2]) == 299 * 8 and len(found[0][-1]) == 299 * 12
+
+
+def test_held_index_entries_are_answered_from_memory_and_written_before_a_flush(tmp_path, monkeypatch):
+    manager, partition_log = _appended_with_held_entries(tmp_path, 100, index_module.PENDING_BYTES, monkeypatch)
+    with manager:
+        offsets = partition_log.active.offset_index
+        written = _entries_in_file(offsets, 8)
+        assert written < offsets.entries
+        expected = [offsets.lookup(offset) for offset in range(300)]
+        os.rename(offsets.path, offsets.path + ".away")
+        try:
+            held_range = range(offsets.base_offset + written + 1, offsets.last_offset)   # below the tail
+            assert held_range and [offsets.lookup(offset) for offset in held_range] == [expected[o] for o in held_range]
+            if written:
+                with pytest.raises(FileNotFoundError):
+                    offsets.lookup(written // 2)
+        finally:
+            os.rename(offsets.path + ".away", offsets.path)
+        partition_log.flush()
+        assert _entries_in_file(offsets, 8) == offsets.entries
+        assert _entries_in_file(partition_log.active.time_index, 12) == partition_log.active.time_index.entries
+        assert [offsets.lookup(offset) for offset in range(300)] == expected
+
+
+KILLED_WITH_HELD_ENTRIES = """
+import os, signal, sys
+from kmem.broker import BrokerConfig, LogManager
+from kmem.records import RecordsBuilder
+manager = LogManager(sys.argv[1], BrokerConfig.from_properties(producer_ledger_ids=100, log_index_interval_bytes=0))
+manager.create_topic("t")
+partition_log = manager.get_partition("t", 0)
+for i in range(300):
+    builder = RecordsBuilder(2, "none")
+    builder.append(b"v%d" % i, timestamp=1_000 + i)
+    assert partition_log.append(builder.build()).error_code == 0
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_log_killed_with_index_entries_held_reads_every_offset_after_its_recovery(tmp_path):
+    child = subprocess.run([sys.executable, "-c", KILLED_WITH_HELD_ENTRIES, str(tmp_path)], capture_output=True,
+                           timeout=120)
+    assert child.returncode == -9, child.stderr
+    with open_manager(tmp_path) as manager:
+        partition_log = manager.get_partition("t", 0)
+        assert partition_log.log_end_offset == 300
+        for offset in range(300):
+            with partition_log.read(offset, 1).records as records:
+                assert [(r.offset, r.value) for r in records.records()] == [(offset, b"v%d" % offset)]
+        assert partition_log.offset_for_timestamp(1_150)[0] == 150
 
 
 def test_a_reader_at_the_tail_scans_from_the_last_append_without_an_index_search(tmp_path, monkeypatch):

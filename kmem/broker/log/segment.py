@@ -5,7 +5,8 @@ Appends write whole batches at the end of the ``.log`` file with ``pwritev`` (th
 as views, never copied in Python) and add an offset index entry, and maybe a time index entry, once more
 than ``index.interval.bytes`` were appended since the last one: the entry maps the append's largest
 offset to the position where the append began, as Kafka's ``LogSegment.append`` does. The batches and the
-entries are written by one core call without the GIL (``_core.append_segment``).
+entries due (an index holds its entries until they fill ``index.PENDING_BYTES``) are written by one core
+call without the GIL (``_core.append_segment``).
 
 ``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
@@ -232,12 +233,13 @@ class LogSegment:
         if index_due:
             offset_entry = self.offset_index.entry(largest_offset, position)
             time_entry = self.time_index.maybe_entry(max_timestamp, offset_of_max)
-            # the batches, then the entries; on a failure the file is cut back and the indexes unchanged
-            _core.append_segment(self._fd, pieces, position,
-                                 (offset_entry,) if time_entry is None else (offset_entry, time_entry))
-            self.offset_index.appended(offset_entry)
+            offset_write = self.offset_index.due_write(offset_entry)
+            time_write = None if time_entry is None else self.time_index.due_write(time_entry)
+            # the batches, then the entries due; on a failure the file is cut back and the indexes unchanged
+            _core.append_segment(self._fd, pieces, position, [write for write in (offset_write, time_write) if write])
+            self.offset_index.appended(offset_entry, offset_write is not None)
             if time_entry is not None:
-                self.time_index.appended(time_entry)
+                self.time_index.appended(time_entry, time_write is not None)
         else:
             _core.append_segment(self._fd, pieces, position)
         if position == 0:
@@ -311,7 +313,10 @@ class LogSegment:
 
     def open_for_flush(self):
         """Descriptors of the segment's files (``.txnindex`` when there is one) for ``fsync_and_close``: taken
-        under the partition's lock, they stay valid when the segment is deleted or the log closed meanwhile."""
+        under the partition's lock, they stay valid when the segment is deleted or the log closed meanwhile.
+        The index entries held in memory are written first."""
+        self.offset_index.write_pending()
+        self.time_index.write_pending()
         fds = []
         try:
             for path in (self.log_path, self.offset_index.path, self.time_index.path, self.txn_index.path):
