@@ -71,6 +71,61 @@ def test_a_failed_index_write_leaves_no_batch_behind(tmp_path, monkeypatch):
         assert [v for _, v in values(manager.get_partition("t", 0))] == [b"kept-0", b"kept-1", b"kept-2", b"refused"]
 
 
+@pytest.mark.parametrize("then", ["flush", "delete_topic"])
+def test_index_entries_held_on_a_full_disk_reach_the_file_or_go_with_it(small_filesystem, then):
+    """The blocks of the index entries an append holds are reserved by that append: on a disk filled since, the
+    flush that writes them, or the deletion that drops them, needs no new block. (A roll on a full disk fails
+    for its producer snapshot, entries held or not.)"""
+    filesystem = small_filesystem("8m")
+    with open_manager(os.path.join(filesystem.path, "logs"), log_index_interval_bytes=0,
+                      log_segment_bytes=1 << 20) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(40):
+            assert partition_log.append(batch(b"v%d" % i)).error_code == ErrorCode.NONE
+        segment = partition_log.active
+        assert segment.offset_index.entries == 39
+        with open(segment.offset_index.path, "rb") as index:
+            assert index.read(39 * 8) == bytes(39 * 8)                 # held: nothing written yet
+        filesystem.fill()
+        assert partition_log.append(batch(b"x" * 65536)).error_code == ErrorCode.KAFKA_STORAGE_ERROR
+        if then == "flush":
+            partition_log.flush()
+            with open(segment.offset_index.path, "rb") as index:
+                assert [struct.unpack(">ii", index.read(8))[0] for _ in range(39)] == list(range(1, 40))
+        else:
+            manager.delete_topic("t")
+            assert manager.get_partition("t", 0) is None and not os.path.exists(partition_log.directory)
+        filesystem.free()
+    if then == "flush":
+        with open_manager(os.path.join(filesystem.path, "logs")) as manager:
+            assert [v for _, v in values(manager.get_partition("t", 0))] == [b"v%d" % i for i in range(40)]
+
+
+def test_an_append_whose_held_index_entry_finds_no_block_is_refused_whole(tmp_path, monkeypatch):
+    with open_manager(tmp_path, log_index_interval_bytes=0, log_segment_bytes=1 << 20) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(513):                       # 512 offset entries: the first 4 KiB of the index reserved
+            assert partition_log.append(batch(b"v%d" % i)).error_code == ErrorCode.NONE
+        segment = partition_log.active
+        size, entries = segment.size, segment.offset_index.entries
+        reserved = []
+
+        def full_disk(fd, offset, length):
+            reserved.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(os, "posix_fallocate", full_disk)
+        refused = partition_log.append(batch(b"v513"))
+        assert refused.error_code == ErrorCode.KAFKA_STORAGE_ERROR and "No space left" in refused.error_message
+        assert reserved == [(segment.offset_index.path, 4096, 4096)]
+        assert (segment.size, segment.offset_index.entries, partition_log.log_end_offset) == (size, entries, 513)
+        assert os.path.getsize(segment.log_path) == size
+        monkeypatch.undo()
+        assert partition_log.append(batch(b"v513")).base_offset == 513
+        assert [v for _, v in values(partition_log)] == [b"v%d" % i for i in range(514)]
+
+
 def test_a_failed_roll_keeps_the_active_segment(tmp_path, monkeypatch):
     with open_manager(tmp_path) as manager:
         manager.create_topic("t")

@@ -20,10 +20,14 @@ its log is: Kafka maps its indexes and closes their files for the same reason.
 An append's entries are held in memory (``PENDING_BYTES``) and written together, with the append that fills
 them (``_core.append_segment``, without the GIL): opening, writing and closing two files for each append
 was a sixteenth of the broker's CPU under small records. Everything that reads the file or makes it durable
-writes them first (``write_pending``: trims, syncs, checks, whole reads). A crash loses only entries the
-file does not need: an index with fewer entries is still right (lookups scan from an earlier entry), and
-the active segment of a log not closed cleanly gets its indexes rebuilt anyway (``LogSegment.recover``).
-Entries written by ``append``/``maybe_append`` (recovery and the cleaner) go to the file at once.
+writes them first (``write_pending``: trims, syncs, checks, whole reads). Only the active segment holds
+entries (a roll writes them), and a crash loses nothing else: the active segment of a log not closed cleanly
+has its indexes rebuilt from its batches (``LogSegment.recover``), entries held or not, as its preallocated
+files end in zero rows anyway.
+Entries written by ``append``/``maybe_append`` (recovery and the cleaner) go to the file at once. The blocks
+of the entries held are reserved (``posix_fallocate``, ``RESERVE_BYTES`` at a time) by the append that holds
+the first of them: a full disk fails that append, as a write of its entry did, and never the roll, flush,
+close, retention or deletion that writes them later.
 """
 import bisect
 import contextlib
@@ -38,6 +42,7 @@ from kmem.errors import KmemError
 NO_TIMESTAMP = -1
 READ_ENTRIES = 8192        # entries read at a time by ``iter_entries``
 PENDING_BYTES = 1024       # an index's entries held before they are written: 128 offset, 85 time entries
+RESERVE_BYTES = 4096       # the blocks reserved at a time for the entries held
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -61,7 +66,9 @@ class _Index:
         self._access = os.O_RDONLY if read_only else os.O_RDWR
         self._pending, self._pending_rows = bytearray(), []     # entries after the file's ``_written``
         with self._file(0 if read_only else os.O_CREAT) as fd:
-            self.entries = self._written = os.fstat(fd).st_size // self.ENTRY.size
+            self._length = os.fstat(fd).st_size
+            self.entries = self._written = self._length // self.ENTRY.size
+            self._reserved = self._written * self.ENTRY.size    # bytes from the start known to have blocks
             if writable and not read_only:
                 self.resize(self.max_index_size)
             self._last = self._entry(fd, self.entries - 1) if self.entries else None
@@ -94,8 +101,22 @@ class _Index:
 
     def due_write(self, entry):
         """For an append adding ``entry`` (from ``entry`` or ``maybe_entry``): the write it must make (the
-        entries held and ``entry``, once they fill ``PENDING_BYTES``), or None when ``entry`` is only held."""
-        return self._write_with(entry) if len(self._pending) + len(entry) > PENDING_BYTES else None
+        entries held and ``entry``, once ``entry`` would take them past ``PENDING_BYTES``), or None when
+        ``entry`` is only held (its blocks reserved first: OSError on a full disk, nothing changed)."""
+        if len(self._pending) + len(entry) > PENDING_BYTES:
+            return self._write_with(entry)
+        self._reserve((self.entries + 1) * self.ENTRY.size)
+        return None
+
+    def _reserve(self, end):
+        """Allocate the file's blocks up to ``end`` bytes (past the length kmem gave the file, the write
+        extends it and allocates them)."""
+        if end <= self._reserved or end > self._length:
+            return
+        reserved = min(self._length, -(-end // RESERVE_BYTES) * RESERVE_BYTES)
+        with self._file() as fd:
+            os.posix_fallocate(fd, self._reserved, reserved - self._reserved)
+        self._reserved = reserved
 
     def appended(self, entry, written):
         """``entry`` (bytes) is the index's last: ``written`` with the entries held (``due_write``'s write was
@@ -104,6 +125,7 @@ class _Index:
         self._last = row = self.ENTRY.unpack(entry)
         if written:
             self._written = self.entries
+            self._reserved = max(self._reserved, self.entries * self.ENTRY.size)
             self._pending.clear()
             self._pending_rows.clear()
         else:
@@ -120,11 +142,12 @@ class _Index:
         if self._pending:
             _core.write_at(self._encoded_path, bytes(self._pending), self._written * self.ENTRY.size)
             self._written = self.entries
+            self._reserved = max(self._reserved, self.entries * self.ENTRY.size)
             self._pending.clear()
             self._pending_rows.clear()
 
     def mark(self):
-        """The index's state, to ``rewind`` to if an append it is part of fails."""
+        """The index's state, to ``rewind`` to (the cleaner's, when a batch it wrote is taken back)."""
         return self.entries, self._last
 
     def rewind(self, mark):
@@ -147,6 +170,8 @@ class _Index:
         entries = min(self.entries, size // self.ENTRY.size)
         with self._file() as fd:
             os.ftruncate(fd, size)
+            self._length = size
+            self._reserved = min(self._reserved, size)
             if entries != self.entries:
                 self.entries = self._written = entries
                 self._last = self._entry(fd, entries - 1) if entries else None
@@ -159,6 +184,7 @@ class _Index:
         with self._file() as fd:
             os.ftruncate(fd, 0)
             os.ftruncate(fd, self.max_index_size)
+        self._length, self._reserved = self.max_index_size, 0
         self.entries = self._written = 0
         self._last = None
         self._pending.clear()
