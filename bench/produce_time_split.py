@@ -97,8 +97,9 @@ def main():
             broker.close()
     requests = totals["dispatcher"][1] - counted["dispatcher"][1]
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    print(f"{requests} requests (all but a few Produce) of {TOTAL_MB} MB of {RECORD_BYTES} B records over {PARTITIONS} partitions: "
-          f"broker process {cpu / requests * 1e6:.1f} µs of CPU a request ({cpu / (TOTAL_MB / 1000):.2f} s/GB)")
+    print(f"{requests} requests (all but a few Produce) of {TOTAL_MB} MB of {RECORD_BYTES} B records over "
+          f"{PARTITIONS} partitions: broker process {cpu / requests * 1e6:.1f} µs of CPU a request "
+          f"({cpu / (TOTAL_MB / 1000):.2f} s/GB)")
     for key, value in totals.items():
         print(f"  {key:<28} {(value[0] - counted[key][0]) / requests / 1000:7.1f} µs")
 

@@ -886,25 +886,27 @@ def test_index_entries_held_in_memory_answer_as_entries_written_at_once(tmp_path
 
 
 def test_held_index_entries_are_answered_from_memory_and_written_before_a_flush(tmp_path, monkeypatch):
-    manager, partition_log = _appended_with_held_entries(tmp_path, 100, index_module.PENDING_BYTES, monkeypatch)
+    manager, partition_log = _appended_with_held_entries(tmp_path, 200, index_module.PENDING_BYTES, monkeypatch)
     with manager:
         offsets = partition_log.active.offset_index
         written = _entries_in_file(offsets, 8)
-        assert written < offsets.entries
-        expected = [offsets.lookup(offset) for offset in range(300)]
+        assert 0 < written < offsets.entries == 199
+        # entry k is batch k + 1's last offset; batch i holds 1 + i % 3 records
+        last_offsets = list(itertools.accumulate(1 + i % 3 for i in range(200)))
+        first_held = last_offsets[written + 1] - 1
+        expected = [offsets.lookup(offset) for offset in range(500)]
         os.rename(offsets.path, offsets.path + ".away")
         try:
-            held_range = range(offsets.base_offset + written + 1, offsets.last_offset)   # below the tail
-            assert held_range and [offsets.lookup(offset) for offset in held_range] == [expected[o] for o in held_range]
-            if written:
-                with pytest.raises(FileNotFoundError):
-                    offsets.lookup(written // 2)
+            held_range = range(first_held, offsets.last_offset)             # below the tail, above the file
+            assert [offsets.lookup(offset) for offset in held_range] == [expected[o] for o in held_range]
+            with pytest.raises(FileNotFoundError):
+                offsets.lookup(first_held - 1)
         finally:
             os.rename(offsets.path + ".away", offsets.path)
         partition_log.flush()
         assert _entries_in_file(offsets, 8) == offsets.entries
         assert _entries_in_file(partition_log.active.time_index, 12) == partition_log.active.time_index.entries
-        assert [offsets.lookup(offset) for offset in range(300)] == expected
+        assert [offsets.lookup(offset) for offset in range(500)] == expected
 
 
 KILLED_WITH_HELD_ENTRIES = """
