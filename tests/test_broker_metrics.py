@@ -211,15 +211,16 @@ def test_request_times_run_from_the_read_to_the_response_sent_in_kafkas_parts(tm
     with Broker(tmp_path, properties={"metrics.port": 0}) as broker:
         broker.logs.create_topic("quiet", 1)
         with RawConnection(broker.bootstrap_servers) as raw:
-            assert fetch_batch(raw, "quiet", 0, max_wait_ms=300).responses[0].partitions[0].records in (b"", None)
+            assert fetch_batch(raw, "quiet", 0, max_wait_ms=1000).responses[0].partitions[0].records in (b"", None)
         # timed once its response is sent, which the client can see just before
         text = wait_for(lambda: (text := scrape(broker)) and value(
             text, "kafka_network_requestmetrics_totaltimems_count", request="Fetch") == 1 and text, "the Fetch timed")
-        assert 300 <= value(text, "kafka_network_requestmetrics_totaltimems_sum", request="Fetch") < 30_000
-        # the purgatory's deadline runs from the request's dispatch: its local time is within the 300 ms
+        assert 1000 <= value(text, "kafka_network_requestmetrics_totaltimems_sum", request="Fetch") < 30_000
+        # the wait in the purgatory is remote time, not local (a loaded machine may stretch the local part: the
+        # first request of a fresh broker, on two busy cores, has taken 230 ms)
         local = value(text, "kafka_network_requestmetrics_localtimems_sum", request="Fetch")
-        assert 300 - local <= value(text, "kafka_network_requestmetrics_remotetimems_sum", request="Fetch") \
-            < 30_000 and local < 100
+        assert 1000 - local <= value(text, "kafka_network_requestmetrics_remotetimems_sum", request="Fetch") \
+            < 30_000 and local < 1000
         assert value(text, "kafka_network_requestmetrics_requestqueuetimems_sum", request="Fetch") == 0
         producer = Producer({"bootstrap.servers": broker.bootstrap_servers})
         producer.produce("created", b"v")
