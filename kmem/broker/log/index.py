@@ -124,13 +124,16 @@ class _Index:
         self.entries += 1
         self._last = row = self.ENTRY.unpack(entry)
         if written:
-            self._written = self.entries
-            self._reserved = max(self._reserved, self.entries * self.ENTRY.size)
-            self._pending.clear()
-            self._pending_rows.clear()
+            self._all_written()
         else:
             self._pending += entry
             self._pending_rows.append(row)
+
+    def _all_written(self):
+        self._written = self.entries
+        self._reserved = max(self._reserved, self.entries * self.ENTRY.size)
+        self._pending.clear()
+        self._pending_rows.clear()
 
     def _append_now(self, entry):
         """Write ``entry`` to the file now, after the entries held (recovery's and the cleaner's appends)."""
@@ -141,10 +144,7 @@ class _Index:
         """Write the entries held to the file. Raises OSError (they stay held)."""
         if self._pending:
             _core.write_at(self._encoded_path, bytes(self._pending), self._written * self.ENTRY.size)
-            self._written = self.entries
-            self._reserved = max(self._reserved, self.entries * self.ENTRY.size)
-            self._pending.clear()
-            self._pending_rows.clear()
+            self._all_written()
 
     def mark(self):
         """The index's state, to ``rewind`` to (the cleaner's, when a batch it wrote is taken back)."""
