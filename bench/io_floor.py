@@ -3,7 +3,8 @@ loopback TCP and append them to a file, with nothing else done (no protocol, no 
 
     python io_floor.py DIRECTORY TOTAL_BYTES FRAME_BYTES [--checked RECORD_BYTES]
         receives TOTAL_BYTES from a sender process in frames of FRAME_BYTES (a Produce's worth), appends each to a
-        file in DIRECTORY with one pwritev, and prints JSON: the receiving process's user and system CPU seconds
+        file in DIRECTORY with one pwritev (into blocks reserved ahead, as kmem's active segment reserves them
+        once it holds 1 MiB), and prints JSON: the receiving process's user and system CPU seconds
         per GB. ``--checked``: each frame is a v2 batch of RECORD_BYTES records, checked and given offsets by the
         compiled core as kmem broker's append does (``_core.assign_v2_batches``: the CRC, every record), written as
         kmem writes it (the new header, then the records) and answered with a 60-byte frame (the sender reads the
@@ -66,13 +67,15 @@ def receive(directory, total, frame, record_bytes=0):
                                    str(frame), str(record_bytes)])
         connection, _ = server.accept()
         connection.settimeout(None)
+    from kmem import _core
+    from kmem.broker.log.segment import RESERVE_AHEAD_BYTES
+
     if record_bytes:
         frame = len(batch_of(frame, record_bytes))      # the sender's frames: whole batches
-        from kmem import _core
     buffer = memoryview(bytearray(frame))
     fd, path = tempfile.mkstemp(dir=directory, suffix=".log")
     before = resource.getrusage(resource.RUSAGE_SELF)
-    written = next_offset = 0
+    written = next_offset = reserved = 0
     with connection:
         while True:
             got = 0
@@ -83,6 +86,9 @@ def receive(directory, total, frame, record_bytes=0):
                 got += n
             if got < frame:
                 break
+            if written + frame > reserved:
+                reserved = written + frame + RESERVE_AHEAD_BYTES
+                _core.reserve_blocks(fd, written, reserved - written)
             if not record_bytes:
                 written += os.pwritev(fd, [buffer], written)
                 continue

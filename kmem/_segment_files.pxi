@@ -1,7 +1,7 @@
 # Reads of a log segment's files on the fetch path (Kafka's OffsetIndex.lookup, LogSegment.translateOffset):
 # the loops of small preads, each a system call, run here without the GIL; and an append's writes on the
 # produce path (LogSegment.append): the batches, then the index entries, whose files are opened for them (a
-# partition keeps no index descriptor open).
+# partition keeps no index descriptor open), and the blocks an active segment reserves ahead of them.
 #
 # Index entries are big-endian: `.index` rows are (relative offset i32, position i32), `.timeindex` rows
 # (timestamp i64, relative offset i32). A batch starts `base offset i64 | length i32 | epoch or crc i32 |
@@ -65,6 +65,40 @@ def write_at(bytes path, const unsigned char[::1] data, int64_t position):
         error = _write_file_at(name, p, size, position)
     if error:
         raise OSError(error, strerror(error).decode(), path.decode(errors="surrogateescape"))
+
+
+cdef extern from *:
+    """
+    #include <fcntl.h>
+    #include <errno.h>
+    /* Blocks for [offset, offset + length) of a file, its size unchanged: 0, or an errno (EOPNOTSUPP where
+       the platform or the file system has no such reservation). */
+    static int kmem_reserve_blocks(int fd, int64_t offset, int64_t length) {
+    #ifdef FALLOC_FL_KEEP_SIZE
+        int result;
+        do {
+            result = fallocate(fd, FALLOC_FL_KEEP_SIZE, (off_t)offset, (off_t)length);
+        } while (result < 0 && errno == EINTR);
+        return result < 0 ? errno : 0;
+    #else
+        (void)fd; (void)offset; (void)length;
+        return EOPNOTSUPP;
+    #endif
+    }
+    """
+    int kmem_reserve_blocks(int fd, int64_t offset, int64_t length) nogil
+
+
+def reserve_blocks(int fd, int64_t offset, int64_t length):
+    """Allocate the blocks of ``[offset, offset + length)`` of the file open as ``fd`` without changing its size
+    (Linux's ``fallocate`` with ``FALLOC_FL_KEEP_SIZE``), without the GIL. Returns 0, or the errno of the
+    failure (EOPNOTSUPP where the platform or the file system cannot): a reservation is never required."""
+    if offset < 0 or length <= 0:
+        raise ValueError(f"cannot reserve {length} bytes at {offset}")
+    cdef int error
+    with nogil:
+        error = kmem_reserve_blocks(fd, offset, length)
+    return error
 
 
 DEF WRITE_VECTORS = 1024      # IOV_MAX on Linux: the pieces one pwritev takes

@@ -126,6 +126,30 @@ def test_an_append_whose_held_index_entry_finds_no_block_is_refused_whole(tmp_pa
         assert [v for _, v in values(partition_log)] == [b"v%d" % i for i in range(514)]
 
 
+def test_a_full_disk_is_filled_by_records_not_by_blocks_reserved_ahead(small_filesystem):
+    """The active segment's reservation ahead fails on a disk with less room than it asks: the appends go on
+    filling the disk as before, every one acknowledged is kept, and no block stays past the segment's end."""
+    filesystem = small_filesystem("8m")
+    logs = os.path.join(filesystem.path, "logs")
+    acknowledged = []
+    with open_manager(logs, log_segment_bytes=1 << 30) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        while True:
+            value = b"%099999d" % len(acknowledged)
+            result = partition_log.append(batch(value))
+            if result.error_code:
+                assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result.error_message
+                break
+            acknowledged.append(value)
+        log_path = partition_log.active.log_path
+        assert len(acknowledged) * 100_000 > 7 << 20            # reserving 4 MiB more failed, the records did not
+    stat = os.stat(log_path)
+    assert stat.st_blocks * 512 - -(-stat.st_size // 4096) * 4096 < 64 << 10
+    with open_manager(logs) as manager:
+        assert [v for _, v in values(manager.get_partition("t", 0))] == acknowledged
+
+
 def test_a_failed_roll_keeps_the_active_segment(tmp_path, monkeypatch):
     with open_manager(tmp_path) as manager:
         manager.create_topic("t")

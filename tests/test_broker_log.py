@@ -27,6 +27,7 @@ from broker_helpers import wait_for
 from records_samples import MINIMAL_RECORD, read_aiokafka, read_kafka_python, v2_batch_of
 from kmem.broker.log import checkpoints, validator
 from kmem.broker.log import index as index_module
+from kmem.broker.log import segment as segment_module
 from kmem.broker.log.index import CorruptIndexError
 from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError
 from kmem.records import MemoryRecords, RecordsBuilder, TimestampType, codecs
@@ -935,6 +936,115 @@ def test_a_log_killed_with_index_entries_held_reads_every_offset_after_its_recov
             with partition_log.read(offset, 1).records as records:
                 assert [(r.offset, r.value) for r in records.records()] == [(offset, b"v%d" % offset)]
         assert partition_log.offset_for_timestamp(1_150)[0] == 150
+
+
+def blocks_past_end(path):
+    """Bytes of the blocks a file holds past the 4 KiB block its data ends in."""
+    stat = os.stat(path)
+    return stat.st_blocks * 512 - -(-stat.st_size // 4096) * 4096
+
+
+def skip_unless_blocks_can_be_reserved(directory):
+    probe = os.path.join(directory, "probe")
+    with open(probe, "wb") as f:
+        error = _core.reserve_blocks(f.fileno(), 0, 1 << 20)
+    os.unlink(probe)
+    if error:
+        pytest.skip(f"this file system reserves no blocks past a file's end: {os.strerror(error)}")
+
+
+def test_core_reserve_blocks_allocates_past_the_end_and_keeps_the_size(tmp_path):
+    skip_unless_blocks_can_be_reserved(tmp_path)
+    path = tmp_path / "0.log"
+    path.write_bytes(b"x" * 100)
+    with open(path, "r+b") as f:
+        assert _core.reserve_blocks(f.fileno(), 4096, 1 << 20) == 0
+        assert os.path.getsize(path) == 100 and blocks_past_end(path) >= 1 << 20
+        assert path.read_bytes() == b"x" * 100
+        for offset, length in ((-1, 10), (0, 0), (0, -5)):
+            with pytest.raises(ValueError):
+                _core.reserve_blocks(f.fileno(), offset, length)
+    with open(path, "rb") as f:             # not written through: an errno, never an exception
+        assert _core.reserve_blocks(f.fileno(), 0, 4096) == errno.EBADF
+
+
+def test_an_active_segment_reserves_blocks_ahead_and_frees_them_when_it_rolls(tmp_path):
+    """Past ``RESERVE_FROM_BYTES`` the active segment holds blocks past its end, never more than it holds nor
+    ``RESERVE_AHEAD_BYTES``, its file's size always its data's; rolled, those blocks are freed and the file keeps
+    its modification time (Kafka's retention of segments without timestamps goes by it)."""
+    skip_unless_blocks_can_be_reserved(tmp_path)
+    value = os.urandom(100_000)
+    with open_manager(tmp_path / "logs") as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        segment = partition_log.active
+        past_end = []
+        for _ in range(60):
+            assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
+            assert os.path.getsize(segment.log_path) == segment.size
+            past_end.append(blocks_past_end(segment.log_path))
+            assert past_end[-1] <= min(segment.size, segment_module.RESERVE_AHEAD_BYTES) + (64 << 10)
+        assert max(past_end[:10]) < 64 << 10 and max(past_end[10:]) >= 1 << 20
+        os.utime(segment.log_path, ns=(10**18, 10**18))
+        size = segment.size
+        partition_log.roll()
+        assert blocks_past_end(segment.log_path) < 64 << 10 and os.path.getsize(segment.log_path) == size
+        assert os.stat(segment.log_path).st_mtime_ns == 10**18
+        assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
+        assert blocks_past_end(partition_log.active.log_path) < 64 << 10
+        assert [r[3] for r in read_all(partition_log)] == [value] * 61
+
+
+def test_a_segment_stops_reserving_once_its_file_system_cannot(tmp_path, monkeypatch):
+    """A failed reservation (a file system without it, a full disk) fails no append; the segment asks no more,
+    the next segment asks again."""
+    asked = []
+
+    def unsupported(fd, offset, length):
+        asked.append((offset, length))
+        return errno.EOPNOTSUPP
+    monkeypatch.setattr(_core, "reserve_blocks", unsupported)
+    value = os.urandom(100_000)
+    with open_manager(tmp_path / "logs") as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for _ in range(30):
+            assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
+        assert len(asked) == 1 and asked[0][0] + asked[0][1] > 1 << 20
+        partition_log.roll()
+        for _ in range(30):
+            assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
+        assert len(asked) == 2
+        assert [r[3] for r in read_all(partition_log)] == [value] * 60
+
+
+KILLED_WITH_BLOCKS_RESERVED = """
+import os, signal, sys
+from kmem.broker import BrokerConfig, LogManager
+from kmem.records import RecordsBuilder
+manager = LogManager(sys.argv[1], BrokerConfig.from_properties(producer_ledger_ids=100))
+manager.create_topic("t")
+partition_log = manager.get_partition("t", 0)
+for i in range(30):
+    builder = RecordsBuilder(2, "none")
+    builder.append(b"%099999d" % i)
+    assert partition_log.append(builder.build()).error_code == 0
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_blocks_a_killed_broker_left_reserved_are_freed_when_its_log_opens(tmp_path):
+    skip_unless_blocks_can_be_reserved(tmp_path)
+    child = subprocess.run([sys.executable, "-c", KILLED_WITH_BLOCKS_RESERVED, str(tmp_path)], capture_output=True,
+                           timeout=120)
+    assert child.returncode == -9, child.stderr
+    log = os.path.join(tmp_path, "t-0", "00000000000000000000.log")
+    assert blocks_past_end(log) >= 1 << 20
+    modified = os.stat(log).st_mtime_ns
+    with open_manager(tmp_path) as manager:
+        partition_log = manager.get_partition("t", 0)
+        assert blocks_past_end(log) < 64 << 10 and os.stat(log).st_mtime_ns == modified
+        assert [r[3] for r in read_all(partition_log)] == [b"%099999d" % i for i in range(30)]
 
 
 def test_a_reader_at_the_tail_scans_from_the_last_append_without_an_index_search(tmp_path, monkeypatch):

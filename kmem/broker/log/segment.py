@@ -8,6 +8,16 @@ offset to the position where the append began, as Kafka's ``LogSegment.append`` 
 entries due (an index holds its entries until they fill ``index.PENDING_BYTES``) are written by one core
 call without the GIL (``_core.append_segment``).
 
+Once the active segment holds ``RESERVE_FROM_BYTES``, an append past the blocks reserved first reserves the next
+ones (``_core.reserve_blocks``: Linux's ``fallocate`` keeping the file's size, so no reader sees them): as many
+again as the segment will then hold, at most ``RESERVE_AHEAD_BYTES``, not past ``segment.bytes``. A write into
+reserved blocks skips the file system's reservation of each page it adds (ext4's delayed allocation: a fifth of
+the CPU of a write into the page cache). Reserving is best effort: when it fails (a full disk, a file system
+without it) the appends allocate as they write, as before, and the segment tries no more. The blocks left past
+the end are freed when the segment rolls or closes, and, after a broker was killed, when it is opened again
+(more than ``LEFTOVER_BYTES`` past its end); the file keeps its modification time, by which Kafka retains a
+segment without timestamps.
+
 ``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
 ``LogSegment.recover``; the indexes it writes are the ones the appends wrote when each append held one
@@ -19,6 +29,7 @@ segment opens its files for each use (under the partition's lock), so a partitio
 however long its log is.
 """
 import contextlib
+import logging
 import os
 import struct
 
@@ -34,6 +45,12 @@ HEAD = struct.Struct(">qiiB")             # offset, size, partition leader epoch
 V2_LAST_DELTA_AT, V2_MAX_TIMESTAMP_AT = 23, 35
 HEAD_READ = 61                            # enough for every field read here
 INDEX_SUFFIX, TIME_INDEX_SUFFIX = ".index", ".timeindex"
+RESERVE_FROM_BYTES = 1 << 20
+RESERVE_AHEAD_BYTES = 4 << 20
+LEFTOVER_BYTES = 64 << 10          # past the end's block: more than a file system's own metadata blocks
+_NO_RESERVATION = 1 << 63
+
+log = logging.getLogger(__name__)
 
 
 class BatchHead:
@@ -62,8 +79,13 @@ class LogSegment:
         self.log_path = os.path.join(directory, segment_file_name(base_offset))
         stem = self.log_path[:-len(".log")]
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
+        self._reserved_to = 0       # blocks up to this position may be reserved past the end
+        self._reserve_at = RESERVE_FROM_BYTES      # an append ending past this reserves more
         try:
-            self.size = os.fstat(self._fd).st_size
+            stat = os.fstat(self._fd)
+            self.size = stat.st_size
+            if stat.st_blocks * 512 > _block_end(self.size) + LEFTOVER_BYTES:      # left by a broker killed
+                self._release_reserved(self._fd)
             self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, config.segment_index_bytes,
                                             writable=active)
             self.time_index = TimeIndex(stem + TIME_INDEX_SUFFIX, base_offset, config.segment_index_bytes,
@@ -102,8 +124,20 @@ class LogSegment:
 
     def _release_log(self):
         if self._fd is not None:
+            if self._reserved_to > self.size:
+                self._release_reserved(self._fd)
             os.close(self._fd)
             self._fd = None
+
+    def _release_reserved(self, fd):
+        """Free the blocks past the end (its modification time kept); on failure they stay, with a warning."""
+        try:
+            stat = os.fstat(fd)
+            os.ftruncate(fd, self.size)
+            os.utime(fd, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        except OSError as e:
+            log.warning("%s: the blocks reserved past its end stay: %s", self.log_path, e)
+        self._reserved_to = 0
 
     # --- reading headers ------------------------------------------------------------------------------
 
@@ -226,22 +260,29 @@ class LogSegment:
         position = self.size
         if not self.can_convert_to_relative_offset(largest_offset):
             raise CorruptIndexError(f"{self.log_path}: offset {largest_offset} does not fit this segment")
+        if position + size > self._reserve_at:
+            self._reserve_ahead(position + size)
         max_timestamp, offset_of_max = self.max_timestamp_so_far, self.offset_of_max_timestamp
         if largest_timestamp > max_timestamp:
             max_timestamp, offset_of_max = largest_timestamp, offset_of_max_timestamp
         index_due = self.bytes_since_last_index_entry > self.config.index_interval_bytes
+        writes = ()
         if index_due:
             offset_entry = self.offset_index.entry(largest_offset, position)
             time_entry = self.time_index.maybe_entry(max_timestamp, offset_of_max)
             offset_write = self.offset_index.due_write(offset_entry)
             time_write = None if time_entry is None else self.time_index.due_write(time_entry)
+            writes = [write for write in (offset_write, time_write) if write]
+        try:
             # the batches, then the entries due; on a failure the file is cut back and the indexes unchanged
-            _core.append_segment(self._fd, pieces, position, [write for write in (offset_write, time_write) if write])
+            _core.append_segment(self._fd, pieces, position, writes)
+        except OSError:
+            self._reserved_to = 0          # cutting the file back freed the blocks past it
+            raise
+        if index_due:
             self.offset_index.appended(offset_entry, offset_write is not None)
             if time_entry is not None:
                 self.time_index.appended(time_entry, time_write is not None)
-        else:
-            _core.append_segment(self._fd, pieces, position)
         if position == 0:
             self.rolling_based_timestamp = largest_timestamp
         self._last_append = self.next_offset, position
@@ -249,6 +290,17 @@ class LogSegment:
         self.next_offset = largest_offset + 1
         self.max_timestamp_so_far, self.offset_of_max_timestamp = max_timestamp, offset_of_max
         self.bytes_since_last_index_entry = size if index_due else self.bytes_since_last_index_entry + size
+
+    def _reserve_ahead(self, end):
+        """Reserve blocks for an append ending at ``end``, and ahead (see the module docstring)."""
+        start = max(self.size, self._reserved_to)
+        stop = min(end + min(end, RESERVE_AHEAD_BYTES), max(end, self.config.segment_bytes))
+        if stop <= start:           # the segment is full: it rolls at the next append
+            self._reserve_at = _NO_RESERVATION
+            return
+        error = _core.reserve_blocks(self._fd, start, stop - start)
+        self._reserved_to = stop            # also when it failed: a file system may have reserved a part
+        self._reserve_at = _NO_RESERVATION if error else stop
 
     def recover(self, on_batch=None):
         """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
@@ -338,8 +390,14 @@ class LogSegment:
         self._release_log()
 
     def delete(self):
+        self._reserved_to = 0      # its blocks go with the file
         self.close()
         delete_segment_files(self.directory, self.base_offset)
+
+
+def _block_end(size):
+    """``size`` rounded up to whole 4 KiB blocks."""
+    return -(-size // 4096) * 4096
 
 
 def fsync_and_close(fds):
