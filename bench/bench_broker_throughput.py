@@ -10,8 +10,10 @@ topics of 4: librdkafka's mock cluster makes topics of 4 partitions and serves n
 client reads back all the broker holds (all of it, but the mock cluster keeps only the last few MB of
 a partition) with raw Fetch v11 requests of 16 MiB, not decoding the records (confluent-kafka's
 consumer in Python tops out far below any of the brokers). Printed per row and broker: produce MB/s of
-record values and consume MB/s of batches, the broker process's CPU seconds per GB over each phase,
-and kmem's ratios to the mock cluster.
+record values and consume MB/s of batches, the broker process's CPU seconds per GB over each phase, the
+share of the produce phase the producer's busiest thread ran (its Python loop at small records, librdkafka's
+broker thread at large ones: near 1.00 the client is the limit), and kmem's ratios to the mock cluster,
+marked where the mock's client was its limit.
 
 Latency: a producer sends 2,000 messages/s (100 B, ``linger.ms`` 0) for ``KMEM_BENCH_LATENCY_SECONDS``
 (default 5) s while a consumer with librdkafka's defaults (``fetch.wait.max.ms`` 500) reads them; p50 and
@@ -28,9 +30,10 @@ import time
 
 import pytest
 
-from peers import BrokerProcess, MockCluster, Tansu, create_topics, remove_log, reuse_freed_memory
+from peers import BrokerProcess, MockCluster, Tansu, create_topics, remove_log, reuse_freed_memory, thread_cpu_seconds
 
 TOTAL_MB = int(os.environ.get("KMEM_BENCH_THROUGHPUT_MB", "64"))
+CLIENT_BOUND = 0.95     # the share of the time the producer's busiest thread ran at which it is the limit
 LATENCY_SECONDS = float(os.environ.get("KMEM_BENCH_LATENCY_SECONDS", "5"))
 SIZES = [100, 1024, 100 * 1024]
 GB = 1e9
@@ -42,16 +45,20 @@ rows = []
 def report():
     yield
     print(f"\nThroughput, {TOTAL_MB} MB of record values (MB/s; broker CPU s per GB):")
-    print(f"{'record':>7} {'parts':>5} {'codec':>5} {'broker':>6} {'produce':>8} {'cpu/GB':>7} {'consume':>8} "
-          f"{'cpu/GB':>7} {'vs mock':>8} {'vs tansu':>9}")
+    print(f"{'record':>7} {'parts':>5} {'codec':>5} {'broker':>6} {'produce':>8} {'cpu/GB':>7} {'client':>6} "
+          f"{'consume':>8} {'cpu/GB':>7} {'vs mock':>8} {'vs tansu':>9}")
     peer = {(row[3], row[:3]): row for row in rows}
     for row in rows:
         mock, tansu = peer.get(("mock", row[:3])), peer.get(("tansu", row[:3]))
-        versus = (f"{row[4] / mock[4]:>8.2f} {row[6] / tansu[6]:>9.2f}" if row[3] == "kmem" and mock and tansu
-                  else "")
-        print(f"{row[0]:>7} {row[1]:>5} {row[2]:>5} {row[3]:>6} {row[4]:>8.1f} {row[5]:>7.2f} {row[6]:>8.1f} "
-              f"{row[7]:>7.2f} {versus}")
-    print("(vs mock: kmem's produce MB/s over the mock cluster's; vs tansu: kmem's consume MB/s over Tansu's)")
+        versus = ""
+        if row[3] == "kmem" and mock and tansu:
+            bound = "*" if mock[6] >= CLIENT_BOUND else " "
+            versus = f"{row[4] / mock[4]:>7.2f}{bound} {row[7] / tansu[7]:>9.2f}"
+        print(f"{row[0]:>7} {row[1]:>5} {row[2]:>5} {row[3]:>6} {row[4]:>8.1f} {row[5]:>7.2f} {row[6]:>6.2f} "
+              f"{row[7]:>8.1f} {row[8]:>7.2f} {versus}")
+    print(f"(client: the share of the produce phase the producer's busiest thread ran; vs mock: kmem's produce MB/s "
+          f"over the mock cluster's, * where the mock's client ran {CLIENT_BOUND:.0%} or more, its own limit; vs "
+          f"tansu: kmem's consume MB/s over Tansu's)")
     for line in latency_rows:
         print(line)
 
@@ -170,9 +177,13 @@ def consume(bootstrap, targets):
 
 
 def timed(broker, action):
-    cpu, started = broker.cpu_seconds(), time.perf_counter()
+    """``(action's result, seconds, the broker's CPU seconds, the share of the seconds this process's busiest
+    thread ran)``."""
+    client, cpu, started = thread_cpu_seconds(os.getpid()), broker.cpu_seconds(), time.perf_counter()
     result = action()
-    return result, time.perf_counter() - started, broker.cpu_seconds() - cpu
+    seconds, cpu = time.perf_counter() - started, broker.cpu_seconds() - cpu
+    ran = thread_cpu_seconds(os.getpid())
+    return result, seconds, cpu, max(ran[thread] - client.get(thread, 0) for thread in ran) / seconds
 
 
 @pytest.mark.parametrize("codec", ["none", "lz4"])
@@ -186,11 +197,11 @@ def test_throughput(tmp_path, size, partitions, codec):
             create_topics(broker.bootstrap, topics, per_topic)
             targets = [(topic, p) for p in range(per_topic) for topic in topics]
             producer = warm_producer(broker.bootstrap, targets, size, codec)
-            count, produce_seconds, produce_cpu = timed(broker, lambda: produce(producer, targets, size))
-            read, consume_seconds, consume_cpu = timed(broker, lambda: consume(broker.bootstrap, targets))
+            count, produce_seconds, produce_cpu, client = timed(broker, lambda: produce(producer, targets, size))
+            read, consume_seconds, consume_cpu, _ = timed(broker, lambda: consume(broker.bootstrap, targets))
             produced, consumed = count * size / GB, read / GB
             rows.append((size, partitions, codec, broker.name, produced * 1000 / produce_seconds,
-                         produce_cpu / produced, consumed * 1000 / consume_seconds, consume_cpu / consumed))
+                         produce_cpu / produced, client, consumed * 1000 / consume_seconds, consume_cpu / consumed))
         remove_log(tmp_path / "kmem")
 
 
