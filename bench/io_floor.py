@@ -68,7 +68,7 @@ def receive(directory, total, frame, record_bytes=0):
         connection, _ = server.accept()
         connection.settimeout(None)
     from kmem import _core
-    from kmem.broker.log.segment import RESERVE_AHEAD_BYTES
+    from kmem.broker.log.segment import RESERVE_AHEAD_BYTES, RESERVE_FROM_BYTES
 
     if record_bytes:
         frame = len(batch_of(frame, record_bytes))      # the sender's frames: whole batches
@@ -86,9 +86,10 @@ def receive(directory, total, frame, record_bytes=0):
                 got += n
             if got < frame:
                 break
-            if written + frame > reserved:
-                reserved = written + frame + RESERVE_AHEAD_BYTES
-                _core.reserve_blocks(fd, written, reserved - written)
+            end = written + frame
+            if end > max(reserved, RESERVE_FROM_BYTES):
+                start, reserved = max(written, reserved), end + min(end, RESERVE_AHEAD_BYTES)
+                _core.reserve_blocks(fd, start, reserved - start)
             if not record_bytes:
                 written += os.pwritev(fd, [buffer], written)
                 continue

@@ -13,6 +13,7 @@ from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
 from kmem.records import FileRecords
 
 from broker_helpers import TIMEOUT, RawConnection, consume_to_end, produce_raw, start_broker_process, wait_for
+from test_broker_log import blocks_past_end
 from test_broker_log_recovery import batch, crash, open_manager, populate, values
 
 
@@ -126,28 +127,59 @@ def test_an_append_whose_held_index_entry_finds_no_block_is_refused_whole(tmp_pa
         assert [v for _, v in values(partition_log)] == [b"v%d" % i for i in range(514)]
 
 
-def test_a_full_disk_is_filled_by_records_not_by_blocks_reserved_ahead(small_filesystem):
-    """The active segment's reservation ahead fails on a disk with less room than it asks: the appends go on
-    filling the disk as before, every one acknowledged is kept, and no block stays past the segment's end."""
+def free_bytes(path):
+    disk = os.statvfs(path)
+    return disk.f_bavail * disk.f_frsize
+
+
+def test_a_disk_short_of_room_gets_no_block_reserved_ahead(small_filesystem):
+    """Below ``RESERVE_HEADROOM_BYTES`` free, the active segment reserves nothing: the records fill the disk."""
     filesystem = small_filesystem("8m")
     logs = os.path.join(filesystem.path, "logs")
     acknowledged = []
     with open_manager(logs, log_segment_bytes=1 << 30) as manager:
         manager.create_topic("t")
         partition_log = manager.get_partition("t", 0)
-        while True:
-            value = b"%099999d" % len(acknowledged)
-            result = partition_log.append(batch(value))
-            if result.error_code:
-                assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result.error_message
-                break
-            acknowledged.append(value)
-        log_path = partition_log.active.log_path
-        assert len(acknowledged) * 100_000 > 7 << 20            # reserving 4 MiB more failed, the records did not
-    stat = os.stat(log_path)
-    assert stat.st_blocks * 512 - -(-stat.st_size // 4096) * 4096 < 64 << 10
+        while (result := partition_log.append(batch(b"%099999d" % len(acknowledged)))).error_code == ErrorCode.NONE:
+            acknowledged.append(b"%099999d" % len(acknowledged))
+            assert blocks_past_end(partition_log.active.log_path) < 64 << 10
+        assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result.error_message
+        assert len(acknowledged) * 100_000 > 7 << 20 and free_bytes(filesystem.path) < 200_000
     with open_manager(logs) as manager:
         assert [v for _, v in values(manager.get_partition("t", 0))] == acknowledged
+
+
+def test_the_first_append_to_find_the_disk_full_frees_every_partitions_reservation(small_filesystem, monkeypatch):
+    """A partition that reserved blocks ahead and went quiet holds them until it rolls; once an append of any
+    partition finds no room, every partition's are freed, the retry is appended, and records fill the disk."""
+    monkeypatch.setattr(segment_module, "RESERVE_HEADROOM_BYTES", 0)
+    filesystem = small_filesystem("16m")
+    logs = os.path.join(filesystem.path, "logs")
+    with open_manager(logs, log_segment_bytes=1 << 30) as manager:
+        manager.create_topic("quiet")
+        manager.create_topic("busy")
+        quiet, busy = manager.get_partition("quiet", 0), manager.get_partition("busy", 0)
+        for i in range(11):
+            assert quiet.append(batch(b"%099999d" % i)).error_code == ErrorCode.NONE
+        assert blocks_past_end(quiet.active.log_path) >= 1 << 20
+        acknowledged, refused = [], 0
+        while refused < 2:
+            value = b"%099999d" % len(acknowledged)
+            result = busy.append(batch(value))
+            if result.error_code:
+                assert result.error_code == ErrorCode.KAFKA_STORAGE_ERROR, result.error_message
+                refused += 1
+                if refused == 1:
+                    assert blocks_past_end(quiet.active.log_path) < 64 << 10
+                    assert blocks_past_end(busy.active.log_path) < 64 << 10
+                    assert busy.append(batch(value)).error_code == ErrorCode.NONE       # the retry finds room
+                    acknowledged.append(value)
+            else:
+                acknowledged.append(value)
+        assert free_bytes(filesystem.path) < 200_000
+    with open_manager(logs) as manager:
+        assert [v for _, v in values(manager.get_partition("busy", 0))] == acknowledged
+        assert len(values(manager.get_partition("quiet", 0))) == 11
 
 
 def test_a_failed_roll_keeps_the_active_segment(tmp_path, monkeypatch):

@@ -945,6 +945,9 @@ def blocks_past_end(path):
 
 
 def skip_unless_blocks_can_be_reserved(directory):
+    disk = os.statvfs(directory)
+    if disk.f_bavail * disk.f_frsize < segment_module.RESERVE_HEADROOM_BYTES + (64 << 20):
+        pytest.skip("too little free space here for the active segment to reserve blocks")
     probe = os.path.join(directory, "probe")
     with open(probe, "wb") as f:
         error = _core.reserve_blocks(f.fileno(), 0, 1 << 20)
@@ -995,27 +998,54 @@ def test_an_active_segment_reserves_blocks_ahead_and_frees_them_when_it_rolls(tm
         assert [r[3] for r in read_all(partition_log)] == [value] * 61
 
 
-def test_a_segment_stops_reserving_once_its_file_system_cannot(tmp_path, monkeypatch):
-    """A failed reservation (a file system without it, a full disk) fails no append; the segment asks no more,
-    the next segment asks again."""
+@pytest.mark.parametrize("failure", [errno.EOPNOTSUPP, errno.ENOSPC], ids=["unsupported", "no-space"])
+def test_a_failed_reservation_fails_no_append_and_keeps_no_block(tmp_path, monkeypatch, failure):
+    """A file system without reservations, or one that reserves part and runs out (ext4 keeps the part): the
+    appends go on, nothing stays reserved past the end, and a later append past what it asked tries again."""
     asked = []
 
-    def unsupported(fd, offset, length):
+    def failing(fd, offset, length):
         asked.append((offset, length))
-        return errno.EOPNOTSUPP
-    monkeypatch.setattr(_core, "reserve_blocks", unsupported)
+        if failure == errno.ENOSPC:
+            reserve_blocks(fd, offset, length // 2)
+        return failure
+    reserve_blocks = _core.reserve_blocks
+    monkeypatch.setattr(_core, "reserve_blocks", failing)
     value = os.urandom(100_000)
     with open_manager(tmp_path / "logs") as manager:
         manager.create_topic("t")
         partition_log = manager.get_partition("t", 0)
         for _ in range(30):
             assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
-        assert len(asked) == 1 and asked[0][0] + asked[0][1] > 1 << 20
-        partition_log.roll()
-        for _ in range(30):
+            assert blocks_past_end(partition_log.active.log_path) < 64 << 10
+        assert len(asked) == 2 and asked[0][0] + asked[0][1] > 1 << 20 and asked[1][0] >= asked[0][0] + asked[0][1]
+        assert [r[3] for r in read_all(partition_log)] == [value] * 30
+
+
+def test_a_segment_the_broker_does_not_own_reserves_nothing(tmp_path, monkeypatch):
+    """Freeing reserved blocks must keep the file's modification time, which only its owner may set."""
+    value = os.urandom(100_000)
+    with open_manager(tmp_path / "logs") as manager:
+        manager.create_topic("t")
+        monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)
+        partition_log = manager.get_partition("t", 0)
+        assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
+        partition_log.roll()                    # a segment opened by another user
+        for _ in range(20):
             assert partition_log.append(batch([value])).error_code == ErrorCode.NONE
-        assert len(asked) == 2
-        assert [r[3] for r in read_all(partition_log)] == [value] * 60
+            assert blocks_past_end(partition_log.active.log_path) < 64 << 10
+
+
+def test_a_segment_whose_file_cannot_be_read_raises_that_error_and_keeps_no_descriptor(tmp_path, monkeypatch):
+    def unreadable(fd):
+        raise OSError(errno.EIO, "injected")
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fstat", unreadable)
+    with pytest.raises(OSError) as raised:
+        segment_module.LogSegment(str(tmp_path), 0, BrokerConfig.from_properties().topic_config(), active=True,
+                                  now_ms=0)
+    monkeypatch.undo()
+    assert raised.value.errno == errno.EIO and len(os.listdir("/proc/self/fd")) == before
 
 
 KILLED_WITH_BLOCKS_RESERVED = """

@@ -25,9 +25,10 @@ entries (a roll writes them), and a crash loses nothing else: the active segment
 has its indexes rebuilt from its batches (``LogSegment.recover``), entries held or not, as its preallocated
 files end in zero rows anyway.
 Entries written by ``append``/``maybe_append`` (recovery and the cleaner) go to the file at once. The blocks
-of the entries held are reserved (``posix_fallocate`` where the platform has it, ``RESERVE_BYTES`` at a time)
-by the append that holds the first of them: a full disk fails that append, as a write of its entry did, and
-never the roll, flush, close, retention or deletion that writes them later.
+of the entries held are reserved (``posix_fallocate``, ``RESERVE_BYTES`` at a time) by the append that holds
+the first of them: a full disk fails that append, as a write of its entry did, and never the roll, flush,
+close, retention or deletion that writes them later. Where the platform has no ``posix_fallocate`` (macOS)
+nothing is reserved, and that later write may fail on a full disk.
 """
 import bisect
 import contextlib
@@ -114,7 +115,7 @@ class _Index:
         if end <= self._reserved or end > self._length:
             return
         reserved = min(self._length, -(-end // RESERVE_BYTES) * RESERVE_BYTES)
-        if hasattr(os, "posix_fallocate"):     # else (macOS) the write allocates them, as an entry written at once
+        if hasattr(os, "posix_fallocate"):     # else (macOS) the later write allocates them
             with self._file() as fd:
                 os.posix_fallocate(fd, self._reserved, reserved - self._reserved)
         self._reserved = reserved

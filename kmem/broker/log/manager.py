@@ -301,9 +301,16 @@ class LogManager:
             self._listeners.append(listener)
 
     def _new_log(self, *args, **kwargs):
-        partition_log = PartitionLog(*args, schedule=self.flusher.schedule, flush_stats=self.flush_stats, **kwargs)
+        partition_log = PartitionLog(*args, schedule=self.flusher.schedule, flush_stats=self.flush_stats,
+                                     on_full_disk=self.release_reserved_blocks, **kwargs)
         partition_log.add_listener(self._changed)
         return partition_log
+
+    def release_reserved_blocks(self):
+        """An append found the disk full: every partition frees the blocks its active segment reserved ahead of
+        its appends (``kmem.broker.log.segment``), so that the client's retry finds that room."""
+        for partition_log in self.partitions().values():
+            partition_log.release_reserved_blocks()
 
     def _changed(self, partition_log):
         for listener in self._listeners:

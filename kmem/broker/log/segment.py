@@ -12,11 +12,14 @@ Once the active segment holds ``RESERVE_FROM_BYTES``, an append past the blocks 
 ones (``_core.reserve_blocks``: Linux's ``fallocate`` keeping the file's size, so no reader sees them): as many
 again as the segment will then hold, at most ``RESERVE_AHEAD_BYTES``, not past ``segment.bytes``. A write into
 reserved blocks skips the file system's reservation of each page it adds (ext4's delayed allocation: a fifth of
-the CPU of a write into the page cache). Reserving is best effort: when it fails (a full disk, a file system
-without it) the appends allocate as they write, as before, and the segment tries no more. The blocks left past
-the end are freed when the segment rolls or closes, and, after a broker was killed, when it is opened again
-(more than ``LEFTOVER_BYTES`` past its end); the file keeps its modification time, by which Kafka retains a
-segment without timestamps.
+the CPU of a write into the page cache). Reserving is best effort and never takes the disk's last room: nothing
+is reserved while the file system has less than ``RESERVE_HEADROOM_BYTES`` free beyond it; a reservation that
+fails (a full disk, a file system without it) is given back at once, and the appends allocate as they write,
+as before. The blocks left past the end are freed when the segment rolls or closes, when the disk fills
+(``release_reserved``: the log manager frees every partition's after an append finds no room, so the retry
+finds it), and, after a broker was killed, when the segment opens again (more than ``LEFTOVER_BYTES`` past its
+end). Freeing keeps the file's modification time, by which Kafka retains a segment without timestamps; a file
+the broker does not own (it could not set that time) reserves nothing.
 
 ``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
@@ -29,6 +32,7 @@ segment opens its files for each use (under the partition's lock), so a partitio
 however long its log is.
 """
 import contextlib
+import errno
 import logging
 import os
 import struct
@@ -47,6 +51,7 @@ HEAD_READ = 61                            # enough for every field read here
 INDEX_SUFFIX, TIME_INDEX_SUFFIX = ".index", ".timeindex"
 RESERVE_FROM_BYTES = 1 << 20
 RESERVE_AHEAD_BYTES = 4 << 20
+RESERVE_HEADROOM_BYTES = 256 << 20
 LEFTOVER_BYTES = 64 << 10          # past the end's block: more than a file system's own metadata blocks
 _NO_RESERVATION = 1 << 63
 
@@ -79,12 +84,14 @@ class LogSegment:
         self.log_path = os.path.join(directory, segment_file_name(base_offset))
         stem = self.log_path[:-len(".log")]
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | _CLOEXEC, 0o644)
-        self._reserved_to = 0       # blocks up to this position may be reserved past the end
+        self.size = self._reserved_to = 0       # blocks up to ``_reserved_to`` may be reserved past the end
         self._reserve_at = RESERVE_FROM_BYTES      # an append ending past this reserves more
         try:
             stat = os.fstat(self._fd)
             self.size = stat.st_size
-            if stat.st_blocks * 512 > _block_end(self.size) + LEFTOVER_BYTES:      # left by a broker killed
+            if not _owned(stat):
+                self._reserve_at = _NO_RESERVATION
+            elif stat.st_blocks * 512 > _block_end(self.size) + LEFTOVER_BYTES:      # left by a broker killed
                 self._release_reserved(self._fd)
             self.offset_index = OffsetIndex(stem + INDEX_SUFFIX, base_offset, config.segment_index_bytes,
                                             writable=active)
@@ -129,14 +136,20 @@ class LogSegment:
             os.close(self._fd)
             self._fd = None
 
+    def release_reserved(self):
+        """Free the blocks the active segment reserved past its end (the disk is full); it may reserve again
+        once the disk has room."""
+        if self._fd is not None and self._reserved_to > self.size:
+            self._release_reserved(self._fd)
+
     def _release_reserved(self, fd):
-        """Free the blocks past the end (its modification time kept); on failure they stay, with a warning."""
+        """Free the blocks past the end, keeping the file's modification time (a warning when that fails)."""
         try:
             stat = os.fstat(fd)
             os.ftruncate(fd, self.size)
             os.utime(fd, ns=(stat.st_atime_ns, stat.st_mtime_ns))
         except OSError as e:
-            log.warning("%s: the blocks reserved past its end stay: %s", self.log_path, e)
+            log.warning("%s: freeing the blocks reserved past its end: %s", self.log_path, e)
         self._reserved_to = 0
 
     # --- reading headers ------------------------------------------------------------------------------
@@ -277,7 +290,9 @@ class LogSegment:
             # the batches, then the entries due; on a failure the file is cut back and the indexes unchanged
             _core.append_segment(self._fd, pieces, position, writes)
         except OSError:
-            self._reserved_to = 0          # cutting the file back freed the blocks past it
+            # cutting the file back freed the blocks past it: the next append past RESERVE_FROM_BYTES reserves
+            self._reserved_to = 0
+            self._reserve_at = min(self._reserve_at, max(position, RESERVE_FROM_BYTES))
             raise
         if index_due:
             self.offset_index.appended(offset_entry, offset_write is not None)
@@ -293,14 +308,21 @@ class LogSegment:
 
     def _reserve_ahead(self, end):
         """Reserve blocks for an append ending at ``end``, and ahead (see the module docstring)."""
-        start = max(self.size, self._reserved_to)
-        stop = min(end + min(end, RESERVE_AHEAD_BYTES), max(end, self.config.segment_bytes))
-        if stop <= start:           # the segment is full: it rolls at the next append
+        stop = min(end + min(end, RESERVE_AHEAD_BYTES), self.config.segment_bytes)
+        if stop <= end:             # the segment rolls at one of its next appends
             self._reserve_at = _NO_RESERVATION
             return
+        self._reserve_at = stop     # not reserved now: tried again past ``stop``
+        start = max(self.size, self._reserved_to)
+        disk = os.fstatvfs(self._fd)
+        if disk.f_bavail * disk.f_frsize < RESERVE_HEADROOM_BYTES + stop - start:
+            return
         error = _core.reserve_blocks(self._fd, start, stop - start)
-        self._reserved_to = stop            # also when it failed: a file system may have reserved a part
-        self._reserve_at = _NO_RESERVATION if error else stop
+        if not error:
+            self._reserved_to = stop
+        elif error != errno.EOPNOTSUPP:
+            self._reserved_to = stop        # a file system may have reserved a part of it (ext4 does): freed now
+            self._release_reserved(self._fd)
 
     def recover(self, on_batch=None):
         """Revalidate the file, truncate it at the first bad batch, rebuild the indexes; returns the bytes
@@ -390,9 +412,14 @@ class LogSegment:
         self._release_log()
 
     def delete(self):
-        self._reserved_to = 0      # its blocks go with the file
         self.close()
         delete_segment_files(self.directory, self.base_offset)
+
+
+def _owned(stat):
+    """Whether this process may set the file's times (its owner, or root): else it cannot free reserved blocks
+    and keep the modification time."""
+    return stat.st_uid == os.geteuid() or os.geteuid() == 0
 
 
 def _block_end(size):

@@ -69,6 +69,7 @@ recovery point stays, so the next flush, the close (which then fails: no clean-s
 next start's recovery covers those segments again.
 """
 import bisect
+import errno
 import functools
 import logging
 import os
@@ -163,13 +164,15 @@ class PartitionLog:
     """The log of one partition directory (see the module docstring)."""
 
     def __init__(self, directory, topic, partition, config, broker, *, topic_id=None, recovery_point=0,
-                 log_start_offset=0, clean=True, clock_ms=None, schedule=None, flush_stats=None):
+                 log_start_offset=0, clean=True, clock_ms=None, schedule=None, flush_stats=None, on_full_disk=None):
         """``schedule(task)``: runs ``task()`` later on another thread (a roll's flush); None: at once, on
         the rolling thread. ``flush_stats``: the ``kmem.metrics.Tallies`` (2 wide) the flushes are counted in
         (Kafka's ``LogFlushStats``: [flushes, nanoseconds] in row None), the log manager's; one of its own if
-        not given."""
+        not given. ``on_full_disk()``: called, outside the log's lock, after an append found no room on the
+        disk (the log manager frees the blocks its partitions reserved ahead); None: this log's only."""
         self.directory = os.fspath(directory)
         self._schedule = schedule
+        self._on_full_disk = on_full_disk or self.release_reserved_blocks
         self.flush_stats = Tallies(2) if flush_stats is None else flush_stats
         self.topic, self.partition = topic, partition
         self.config = config
@@ -375,15 +378,27 @@ class PartitionLog:
             except OSError as e:
                 error = storage_error(e, f"appending to {self.topic}-{self.partition}")
                 log.error("%s: %s", self.directory, error)
-                return AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error))
-            self.log_end_offset = validated.last_offset + 1
-            self.producers.apply(updated)
-            result = AppendResult(ErrorCode.NONE, validated.first_offset, validated.last_offset,
-                                  validated.log_append_time, self.log_start_offset)
-            listeners = list(self._listeners)
+                result = AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error))
+                full_disk = e.errno == errno.ENOSPC
+            else:
+                self.log_end_offset = validated.last_offset + 1
+                self.producers.apply(updated)
+                result = AppendResult(ErrorCode.NONE, validated.first_offset, validated.last_offset,
+                                      validated.log_append_time, self.log_start_offset)
+                listeners = list(self._listeners)
+        if result.error_code:
+            if full_disk:       # outside the lock: the log manager takes every partition's in turn
+                self._on_full_disk()
+            return result
         for listener in listeners:
             listener(self)
         return result
+
+    def release_reserved_blocks(self):
+        """Free the blocks the active segment reserved ahead of its appends (the disk is full)."""
+        with self._lock:
+            if not self._closed:
+                self.active.release_reserved()
 
     def _index_aborted(self, segment, completed):
         """Add the aborted transactions among ``completed`` to ``segment``'s ``.txnindex`` with the last stable
