@@ -182,6 +182,22 @@ def test_the_first_append_to_find_the_disk_full_frees_every_partitions_reservati
         assert len(values(manager.get_partition("quiet", 0))) == 11
 
 
+def test_a_disk_that_stays_full_has_the_partitions_visited_at_most_once_a_second(tmp_path, monkeypatch):
+    """Every refused retry on a full disk asks for the reservations back; the partitions are visited once a
+    second at most (none reserves anew there)."""
+    from kmem.broker.log import manager as manager_module, unified_log
+    visited = []
+    monkeypatch.setattr(unified_log.PartitionLog, "release_reserved_blocks", lambda log: visited.append(log.topic))
+    with open_manager(tmp_path) as manager:
+        manager.create_topic("a", partitions=3)
+        for _ in range(5):
+            manager.release_reserved_blocks()
+        assert visited == ["a"] * 3
+        manager._released_at -= manager_module.RELEASE_INTERVAL_SECONDS       # a second later
+        manager.release_reserved_blocks()
+        assert visited == ["a"] * 6
+
+
 def test_a_failed_roll_keeps_the_active_segment(tmp_path, monkeypatch):
     with open_manager(tmp_path) as manager:
         manager.create_topic("t")

@@ -23,6 +23,7 @@ import queue
 import re
 import shutil
 import threading
+import time
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -44,6 +45,9 @@ LEGAL_TOPIC = re.compile(r"[a-zA-Z0-9._-]+")        # matched over the whole nam
 PARTITION_DIR = re.compile(r"(.+)-([0-9]+)")
 METADATA_TOPIC = "__cluster_metadata"           # a KRaft node's metadata log (kmem handover kraft), no topic
 METADATA_PARTITION = METADATA_TOPIC + "-0"
+#: After an append found the disk full the partitions free their reserved blocks at most this often: on a disk that
+#: stays full every refused retry would otherwise visit every partition, though none reserves anew there.
+RELEASE_INTERVAL_SECONDS = 1.0
 
 
 def _count(n, noun):
@@ -126,6 +130,7 @@ class LogManager:
         self._clock = clock_ms or wall_clock_ms
         self._lock = threading.RLock()
         self._listeners = []
+        self._released_at = -RELEASE_INTERVAL_SECONDS
         if os.path.lexists(self.log_dir) and not os.path.isdir(self.log_dir):
             raise ConfigError(f"log directory {self.log_dir} is not a directory")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -309,7 +314,13 @@ class LogManager:
     def release_reserved_blocks(self):
         """An append found the disk full: every partition frees the blocks its active segment reserved ahead of
         its appends (``kmem.broker.log.segment``), so that the client's retry finds that room."""
-        for partition_log in self.partitions().values():
+        with self._lock:
+            now = time.monotonic()
+            if now - self._released_at < RELEASE_INTERVAL_SECONDS:
+                return
+            self._released_at = now
+            logs = list(self._logs.values())
+        for partition_log in logs:
             partition_log.release_reserved_blocks()
 
     def _changed(self, partition_log):
