@@ -10,6 +10,7 @@ from kmem.broker import Broker, ErrorCode, LogError
 from kmem.broker.log import index as index_module
 from kmem.broker.log import segment as segment_module
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError
+from kmem.protocol import ApiKey, messages
 from kmem.records import FileRecords
 
 from broker_helpers import TIMEOUT, RawConnection, consume_to_end, produce_raw, start_broker_process, wait_for
@@ -405,6 +406,55 @@ def test_closing_on_a_full_disk_keeps_everything_for_the_next_start(small_filesy
     filesystem.free()
     with open_manager(log_dir, log_segment_bytes=1 << 20) as manager:
         assert [v for _, v in values(manager.get_partition("t", 0))] == [b"kept-%d" % i for i in range(50)]
+
+
+@pytest.mark.parametrize("how", ["delete_records", "retention"])
+def test_deleting_every_segment_of_a_full_disk_frees_it(small_filesystem, how):
+    """DeleteRecords to the log end, or retention of every segment, rolls before the active segment goes; its
+    producer snapshot needs room a full disk has only once the older segments are deleted, which they are first."""
+    filesystem = small_filesystem("8m")
+    logs = os.path.join(filesystem.path, "logs")
+    with open_manager(logs, log_segment_bytes=64 << 10, log_retention_ms=60_000) as manager:
+        manager.create_topic("t")
+        partition_log = manager.get_partition("t", 0)
+        for i in range(COUNT := 600):           # a producer each: the roll's snapshot takes a few pages
+            assert partition_log.append(batch(b"v%d" % i * 100, sequence=0, producer_id=1000 + i)).error_code == 0
+        assert len(partition_log.segments) > 3
+        filesystem.fill()
+        refused = partition_log.append(batch(b"refused" * 5_000))
+        assert refused.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+        if how == "delete_records":
+            assert partition_log.delete_records_before(-1) == COUNT
+        else:
+            manager.maintain(now_ms=partition_log.active.largest_timestamp + 120_000)
+        assert (len(partition_log.segments), partition_log.active.size) == (1, 0)
+        assert partition_log.log_start_offset == COUNT
+        appended = partition_log.append(batch(b"room again"))
+        assert (appended.error_code, appended.base_offset) == (ErrorCode.NONE, COUNT)
+    with open_manager(logs) as manager:
+        reopened = manager.get_partition("t", 0)
+        assert (reopened.log_start_offset, reopened.log_end_offset) == (COUNT, COUNT + 1)
+        with reopened.read(COUNT, 1 << 20).records as records:
+            assert [(r.offset, r.value) for r in records.records()] == [(COUNT, b"room again")]
+
+
+def test_delete_records_whose_roll_finds_the_disk_full_is_answered_kafka_storage_error(small_filesystem):
+    """One segment holding every record: deleting them all needs a roll first, with nothing older to free."""
+    filesystem = small_filesystem("4m")
+    with Broker(os.path.join(filesystem.path, "logs")) as broker, RawConnection(broker.bootstrap_servers) as client:
+        broker.logs.create_topic("t")
+        partition_log = broker.logs.get_partition("t", 0)
+        for i in range(5):
+            assert partition_log.append(batch(b"v%d" % i, sequence=i, producer_id=7)).error_code == 0
+        filesystem.fill()
+        R = messages.DeleteRecordsRequest
+        request = R(topics=[R.DeleteRecordsTopic(name="t", partitions=[
+            R.DeleteRecordsPartition(partition_index=0, offset=-1)])], timeout_ms=1000)
+        answered = client.call(ApiKey.DELETE_RECORDS, 2, request).topics[0].partitions[0]
+        assert answered.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+        filesystem.free()
+        answered = client.call(ApiKey.DELETE_RECORDS, 2, request, correlation_id=2).topics[0].partitions[0]
+        assert (answered.error_code, answered.low_watermark) == (ErrorCode.NONE, 5)
 
 
 def test_init_producer_id_on_a_full_disk_is_retriable(small_filesystem):

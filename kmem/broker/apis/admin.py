@@ -25,12 +25,13 @@ on a single node:
   page starts, as Kafka's ``DescribeTopicPartitionsRequestHandler``; this broker is every partition's leader, only
   replica and only in-sync replica, and no replica is eligible (ELR) or offline.
 """
+import logging
 import os
 import uuid
 
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, TOPIC_OPERATIONS
 from kmem.broker.apis.config_docs import BROKER_DOCS, TOPIC_DOCS
-from kmem.broker.codes import ErrorCode, LogError
+from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.log import validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes
 from kmem.broker.log.config import TOPIC_SETTINGS
@@ -39,6 +40,8 @@ from kmem.broker.telemetry import CLIENT_METRICS_RESOURCE, SUBSCRIPTION_CONFIGS,
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import IllegalStateError
 from kmem.protocol import ApiKey, messages
+
+log = logging.getLogger(__name__)
 
 
 TOPIC_RESOURCE, BROKER_RESOURCE = 2, 4                    # Kafka's ConfigResource.Type
@@ -314,7 +317,14 @@ class AdminHandlers:
                     result.error_code = int(e.code)
                 except IllegalStateError:            # the topic was deleted meanwhile
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-        self.logs.checkpoint()                       # the new log start offsets survive a crash
+                except OSError as e:                 # the roll before deleting the active segment (a full disk)
+                    error = storage_error(e, f"deleting records of {topic.name}-{wanted.partition_index}")
+                    log.error("%s", error)
+                    result.error_code = int(error.code)
+        try:
+            self.logs.checkpoint()                   # the new log start offsets survive a crash
+        except OSError as e:        # answered all the same: the records are gone; the next retention pass writes it
+            log.error("%s", storage_error(e, "writing the checkpoints after DeleteRecords"))
         return response
 
     # --- DescribeCluster ------------------------------------------------------------------------------

@@ -437,7 +437,13 @@ class LogManager:
         now = self._clock() if now_ms is None else now_ms
         with self._lock:
             self._check_open()
-            deleted = sum(partition_log.delete_old_segments(now) for partition_log in self._logs.values())
+            deleted = 0
+            for partition_log in self._logs.values():
+                try:
+                    deleted += partition_log.delete_old_segments(now)
+                except OSError as e:            # a full disk: its older segments went, the others' go on
+                    log.error("%s: %s", partition_log.directory,
+                              storage_error(e, f"retention of {partition_log.topic}-{partition_log.partition}"))
             self.checkpoint()
             return deleted
 

@@ -698,14 +698,21 @@ class PartitionLog:
                 break
         if not deletable:
             return 0
-        if len(deletable) == len(self.segments):
+        active = deletable.pop() if len(deletable) == len(self.segments) else None
+        # The others go before the roll an active segment needs: on a full disk they free the room its producer
+        # snapshot takes (should the roll fail all the same, they are gone and the active one stays).
+        self._remove_segments(deletable)
+        if active is not None:
             self.roll()
-        for segment in deletable:
+            self._remove_segments([active])
+        return len(deletable) + (active is not None)
+
+    def _remove_segments(self, segments):
+        for segment in segments:
             self.segments.remove(segment)
             segment.delete()
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         self.producers.delete_snapshots_before(self.log_start_offset)
-        return len(deletable)
 
     def active_producers(self):
         """Kafka's ``activeProducers`` (DescribeProducers): an iterator of the ``ProducerEntry`` of every producer
