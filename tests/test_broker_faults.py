@@ -438,8 +438,10 @@ def test_deleting_every_segment_of_a_full_disk_frees_it(small_filesystem, how):
             assert [(r.offset, r.value) for r in records.records()] == [(COUNT, b"room again")]
 
 
-def test_delete_records_whose_roll_finds_the_disk_full_is_answered_kafka_storage_error(small_filesystem):
-    """One segment holding every record: deleting them all needs a roll first, with nothing older to free."""
+def test_delete_records_whose_roll_finds_the_disk_full_moves_the_log_start_and_leaves_the_segment(
+        small_filesystem):
+    """One segment holding every record: deleting them all needs a roll first, with nothing older to free. The log
+    start offset moves (the answer says so, the connection stays); the segment goes at a later retention pass."""
     filesystem = small_filesystem("4m")
     with Broker(os.path.join(filesystem.path, "logs")) as broker, RawConnection(broker.bootstrap_servers) as client:
         broker.logs.create_topic("t")
@@ -451,10 +453,12 @@ def test_delete_records_whose_roll_finds_the_disk_full_is_answered_kafka_storage
         request = R(topics=[R.DeleteRecordsTopic(name="t", partitions=[
             R.DeleteRecordsPartition(partition_index=0, offset=-1)])], timeout_ms=1000)
         answered = client.call(ApiKey.DELETE_RECORDS, 2, request).topics[0].partitions[0]
-        assert answered.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+        assert (answered.error_code, answered.low_watermark) == (ErrorCode.NONE, 5)
+        assert [s.base_offset for s in partition_log.segments] == [0] and partition_log.read(0, 1 << 20).error_code
         filesystem.free()
         answered = client.call(ApiKey.DELETE_RECORDS, 2, request, correlation_id=2).topics[0].partitions[0]
         assert (answered.error_code, answered.low_watermark) == (ErrorCode.NONE, 5)
+        assert [s.base_offset for s in partition_log.segments] == [5]
 
 
 def test_init_producer_id_on_a_full_disk_is_retriable(small_filesystem):

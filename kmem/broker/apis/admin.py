@@ -317,13 +317,13 @@ class AdminHandlers:
                     result.error_code = int(e.code)
                 except IllegalStateError:            # the topic was deleted meanwhile
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                except OSError as e:                 # the roll before deleting the active segment (a full disk)
+                except OSError as e:                 # deleting a segment's files failed
                     error = storage_error(e, f"deleting records of {topic.name}-{wanted.partition_index}")
                     log.error("%s", error)
                     result.error_code = int(error.code)
         try:
             self.logs.checkpoint()                   # the new log start offsets survive a crash
-        except OSError as e:        # answered all the same: the records are gone; the next retention pass writes it
+        except OSError as e:        # the log start offsets moved all the same: the next retention pass writes them
             log.error("%s", storage_error(e, "writing the checkpoints after DeleteRecords"))
         return response
 

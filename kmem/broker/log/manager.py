@@ -131,6 +131,7 @@ class LogManager:
         self._lock = threading.RLock()
         self._listeners = []
         self._released_at = -RELEASE_INTERVAL_SECONDS
+        self._release_lock = threading.Lock()       # not the manager's: a retention pass holds that for its fsyncs
         if os.path.lexists(self.log_dir) and not os.path.isdir(self.log_dir):
             raise ConfigError(f"log directory {self.log_dir} is not a directory")
         os.makedirs(self.log_dir, exist_ok=True)
@@ -314,13 +315,12 @@ class LogManager:
     def release_reserved_blocks(self):
         """An append found the disk full: every partition frees the blocks its active segment reserved ahead of
         its appends (``kmem.broker.log.segment``), so that the client's retry finds that room."""
-        with self._lock:
+        with self._release_lock:
             now = time.monotonic()
             if now - self._released_at < RELEASE_INTERVAL_SECONDS:
                 return
             self._released_at = now
-            logs = list(self._logs.values())
-        for partition_log in logs:
+        for partition_log in self._logs.copy().values():       # one step under the GIL
             partition_log.release_reserved_blocks()
 
     def _changed(self, partition_log):
@@ -441,7 +441,7 @@ class LogManager:
             for partition_log in self._logs.values():
                 try:
                     deleted += partition_log.delete_old_segments(now)
-                except OSError as e:            # a full disk: its older segments went, the others' go on
+                except OSError as e:            # a file it could not delete: the other partitions' go on
                     log.error("%s: %s", partition_log.directory,
                               storage_error(e, f"retention of {partition_log.topic}-{partition_log.partition}"))
             self.checkpoint()

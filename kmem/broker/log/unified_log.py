@@ -44,10 +44,11 @@
   first).
 - ``delete_old_segments(now)``: when ``cleanup.policy`` holds ``delete``, retention as Kafka's
   ``deleteOldSegments``: by ``retention.ms`` (a
-  segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first, rolling
-  first when every segment goes; the log start offset moves to the first segment left and the producer
-  snapshots below it are deleted (Kafka's ``deleteSnapshotsBefore``; never the newest, which holds every
-  producer).
+  segment's largest timestamp, else its file's mtime), then ``retention.bytes``, oldest first; when every
+  segment goes the active one goes last, after a roll (deleting the others first frees the room the roll's
+  producer snapshot takes on a full disk; a roll that fails all the same leaves it to the next pass, logged);
+  the log start offset moves to the first segment left and the producer snapshots below it are deleted
+  (Kafka's ``deleteSnapshotsBefore``; never the newest, which holds every producer).
 
 On open, a log directory without the clean-shutdown marker is recovered as Kafka's ``LogLoader``: every
 segment holding offsets at or past the partition's recovery point is revalidated batch by batch,
@@ -679,14 +680,6 @@ class PartitionLog:
                 deleted += self._delete_segments(over_size)
             return deleted
 
-    def delete_segments_before(self, offset):
-        """Delete the segments whose records all precede ``offset`` (the active one is rolled first if
-        need be); returns how many. The group coordinator drops what it rewrote this way."""
-        _check_int("offset", offset)
-        with self._lock:
-            self._check_open()
-            return self._delete_segments(lambda segment: segment.next_offset <= offset)
-
     def _delete_segments(self, predicate):
         deletable = []
         for i, segment in enumerate(self.segments):
@@ -700,12 +693,19 @@ class PartitionLog:
             return 0
         active = deletable.pop() if len(deletable) == len(self.segments) else None
         # The others go before the roll an active segment needs: on a full disk they free the room its producer
-        # snapshot takes (should the roll fail all the same, they are gone and the active one stays).
+        # snapshot takes.
         self._remove_segments(deletable)
-        if active is not None:
+        if active is None:
+            return len(deletable)
+        try:
             self.roll()
-            self._remove_segments([active])
-        return len(deletable) + (active is not None)
+        except OSError as e:        # nothing lost: the segment goes at the next deletion
+            log.error("%s: %s; its segment at offset %d stays for now", self.directory,
+                      storage_error(e, f"rolling {self.topic}-{self.partition} to delete every segment"),
+                      active.base_offset)
+            return len(deletable)
+        self._remove_segments([active])
+        return len(deletable) + 1
 
     def _remove_segments(self, segments):
         for segment in segments:
