@@ -11,11 +11,11 @@ call without the GIL (``_core.append_segment``).
 Once the active segment holds ``RESERVE_FROM_BYTES``, an append past the blocks reserved first reserves the next
 ones (``_core.reserve_blocks``: Linux's ``fallocate`` keeping the file's size, so no reader sees them): as many
 again as the segment will then hold, at most ``RESERVE_AHEAD_BYTES``, not past ``segment.bytes``. A write into
-reserved blocks skips the file system's reservation of each page it adds (ext4's delayed allocation: a fifth of
-the CPU of a write into the page cache). Reserving is best effort and never takes the disk's last room: nothing
-is reserved while the file system has less than ``RESERVE_HEADROOM_BYTES`` free beyond it; a reservation that
-fails (a full disk, a file system without it) is given back at once, and the appends allocate as they write,
-as before. The blocks left past the end are freed when the segment rolls or closes, when the disk fills
+reserved blocks skips the file system's reservation of each page it adds (ext4's delayed allocation: about a
+quarter of the CPU of a write into the page cache, ``bench/reserve_ahead.py``). Reserving is best effort and
+never takes the disk's last room: nothing is reserved while the file system has less than
+``RESERVE_HEADROOM_BYTES`` free beyond it; a reservation that fails (a full disk, a file system without it) is
+given back at once, and the appends allocate as they write, as before. The blocks left past the end are freed when the segment rolls or closes, when the disk fills
 (``release_reserved``: the log manager frees every partition's after an append finds no room, at most once a
 second, so the retry finds it), and, after a broker was killed, when the segment opens again (more than
 ``LEFTOVER_BYTES`` past its end). Freeing keeps the file's modification time, by which Kafka retains a segment
