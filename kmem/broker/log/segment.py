@@ -18,8 +18,9 @@ never takes the disk's last room: nothing is reserved while the file system has 
 given back at once, and the appends allocate as they write, as before. The blocks left past the end are freed
 when the segment rolls or closes, when the disk fills (``release_reserved``: the log manager frees every
 partition's after an append finds no room, at most once a second, so the retry finds it), and, after a broker
-was killed, when the segment opens again (more than ``LEFTOVER_BYTES`` past its end). Freeing keeps the file's modification time, by which Kafka retains a segment
-without timestamps; a file the broker does not own (it could not set that time) reserves nothing.
+was killed, when the segment opens again (more than ``LEFTOVER_BYTES`` past its end). Freeing keeps the file's
+modification time, by which Kafka retains a segment without timestamps; a file the broker does not own (it could
+not set that time) reserves nothing.
 
 ``recover`` revalidates the file batch by batch (sizes, magic, CRC, offsets inside the segment and
 increasing), truncates it at the first invalid or partial batch and rebuilds both indexes, as Kafka's
