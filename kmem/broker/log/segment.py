@@ -132,14 +132,13 @@ class LogSegment:
 
     def _release_log(self):
         if self._fd is not None:
-            if self._reserved_to > self.size:
-                self._release_reserved(self._fd)
+            self.release_reserved()
             os.close(self._fd)
             self._fd = None
 
     def release_reserved(self):
-        """Free the blocks the active segment reserved past its end (the disk is full); it may reserve again
-        once the disk has room."""
+        """Free the blocks the active segment reserved past its end (the disk is full, or it closes); it may
+        reserve again once the disk has room."""
         if self._fd is not None and self._reserved_to > self.size:
             self._release_reserved(self._fd)
 
@@ -321,8 +320,7 @@ class LogSegment:
         error = _core.reserve_blocks(self._fd, start, stop - start)
         if not error:
             self._reserved_to = stop
-        elif error != errno.EOPNOTSUPP:
-            self._reserved_to = stop        # a file system may have reserved a part of it (ext4 does): freed now
+        elif error != errno.EOPNOTSUPP:     # a file system may have reserved a part of it (ext4 does): freed now
             self._release_reserved(self._fd)
 
     def recover(self, on_batch=None):
