@@ -4,12 +4,12 @@ The public API is the Python layer (``kmem.pool``, ``kmem.records``, ``kmem.bloo
 these functions are its loops, and take any C-contiguous buffer where ``Buffer`` is written.
 """
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
-from typing_extensions import Buffer
+from typing_extensions import Buffer, Self
 
 # -- pool accounting (_pool.pxi) -----------------------------------------------------------------------
 
@@ -264,6 +264,31 @@ class OffsetMap:
     def get(self, key: Buffer) -> int: ...
     def put_records(self, section: Buffer, *, count: int, base_offset: int, base_timestamp: int,
                     start_offset: int, base: int = ...) -> int: ...
+
+# -- an idempotent producer's state (_producer_state.pxi) ------------------------------------------------
+
+PRODUCER_EPOCH_FENCED: int
+NEW_EPOCH_NOT_AT_ZERO: int
+SEQUENCE_OUT_OF_ORDER: int
+
+class ProducerStateCore:
+    @property
+    def producer_id(self) -> int: ...
+    epoch: int
+    coordinator_epoch: int
+    current_txn_first_offset: int
+    timestamp: int
+    def __init__(self, producer_id: int, epoch: int = ..., batches: Iterable[tuple[int, int, int, int, int]] = ...,
+                 coordinator_epoch: int = ..., current_txn_first_offset: int = ..., timestamp: int = ...) -> None: ...
+    def batch_fields(self) -> tuple[tuple[int, int, int, int, int], ...]: ...
+    @property
+    def last_seq(self) -> int: ...
+    @property
+    def last_offset(self) -> int: ...
+    def copy(self) -> Self: ...
+    def entry_fields(self) -> tuple[int, int, int, int, int, int, int, int]: ...
+    def start_epoch(self, epoch: int) -> None: ...
+    def check_and_add(self, batch: object, from_client: bool, replication: bool, known: bool) -> int: ...
 
 class FilteredRecords:
     @property

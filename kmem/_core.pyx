@@ -17,7 +17,7 @@ from cpython.ref cimport Py_DECREF, Py_XDECREF
 from cpython.unicode cimport PyUnicode_AsUTF8String, PyUnicode_DecodeUTF8
 from libc.stdint cimport INT64_MAX, INT64_MIN, int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memcmp, memcpy, memset
+from libc.string cimport memcmp, memcpy, memmove, memset
 
 include "_pool.pxi"
 include "_bloom.pxi"
@@ -32,6 +32,7 @@ include "_record_decode.pxi"
 include "_record_rebuild.pxi"
 include "_record_validate.pxi"
 include "_offset_map.pxi"
+include "_producer_state.pxi"
 include "_wire.pxi"
 include "_framing.pxi"
 include "_channel.pxi"

@@ -195,3 +195,100 @@ def test_memory_stays_flat_as_producer_ids_grow(tmp_path):
         assert grown < 100_000, grown
         again = produce(partition_log, 7, 0, 0)
         assert again.duplicate and again.base_offset == 7
+
+
+class _ModelBatch:
+    """A data batch as the producer state reads it (the validator's ``BatchInfo`` fields)."""
+
+    def __init__(self, epoch, first, last, base_offset, timestamp, transactional):
+        self.producer_id, self.producer_epoch, self.base_sequence, self.last_sequence = 7, epoch, first, last
+        self.base_offset, self.last_offset = base_offset, base_offset + (last - first) % (INT32_MAX + 1)
+        self.max_timestamp, self.is_transactional, self.is_control = timestamp, transactional, False
+
+
+def _model_check_and_add(model, batch, from_client, replication, known):
+    """Kafka's ProducerAppendInfo for a data batch, written out plainly: ``model`` is
+    ``{"epoch", "batches": [(first, last, last offset, delta, timestamp)], "txn", "timestamp"}``."""
+    same_epoch = batch.producer_epoch == model["epoch"]
+    if from_client and same_epoch:
+        for i, kept in enumerate(model["batches"]):
+            if kept[:2] == (batch.base_sequence, batch.last_sequence):
+                return i + 1
+    if batch.producer_epoch < model["epoch"] and not replication:
+        return -1
+    if from_client and known and model["epoch"] != -1:
+        last = model["batches"][-1][1] if model["batches"] else -1
+        if not same_epoch and batch.base_sequence != 0:
+            return -2
+        if same_epoch and not (batch.base_sequence == last + 1 or (batch.base_sequence == 0 and last == INT32_MAX)):
+            return -3
+    if not same_epoch:
+        model["epoch"], model["batches"] = batch.producer_epoch, []
+    model["batches"] = (model["batches"] + [(batch.base_sequence, batch.last_sequence, batch.last_offset,
+                                            batch.last_offset - batch.base_offset, batch.max_timestamp)])[-5:]
+    model["timestamp"] = batch.max_timestamp
+    if batch.is_transactional and model["txn"] == -1:
+        model["txn"] = batch.base_offset
+    return 0
+
+
+def test_the_cores_producer_state_checks_and_adds_as_kafkas_rules_say():
+    # random data batches (in order, duplicates, gaps, old and new epochs, sequences wrapping) against the model
+    import random
+
+    from kmem import _core
+    from kmem.broker.log.producer_state import ProducerState
+
+    assert issubclass(ProducerState, _core.ProducerStateCore) and type(_core).__name__ == "module" \
+        and _core.__file__.endswith(".so")
+    assert (_core.PRODUCER_EPOCH_FENCED, _core.NEW_EPOCH_NOT_AT_ZERO, _core.SEQUENCE_OUT_OF_ORDER) == (-1, -2, -3)
+    rng = random.Random(20261129)
+    verdicts = set()
+    for _ in range(300):
+        state, known = ProducerState(7), rng.random() < 0.5
+        model = {"epoch": -1, "batches": [], "txn": -1, "timestamp": -1}
+        offset, sequence, epoch = 0, rng.choice([0, INT32_MAX - 3]), rng.randrange(3)
+        for _ in range(40):
+            roll = rng.random()
+            if roll < 0.1:
+                epoch += 1
+                sequence = rng.choice([0, 0, 5])
+            elif roll < 0.15:
+                epoch = max(0, epoch - 1)
+            count = rng.randint(1, 3)
+            first, last = sequence, (sequence + count - 1) % (INT32_MAX + 1)
+            if roll > 0.85 and model["batches"]:            # a retry of a kept batch, or a gap
+                first, last = rng.choice(model["batches"])[:2] if roll > 0.92 else (first + 2, last + 2)
+            batch = _ModelBatch(epoch, first, last, offset, rng.randrange(10**6), rng.random() < 0.2)
+            from_client, replication = rng.random() < 0.8, rng.random() < 0.1
+            before = state.copy()
+            verdict = state.check_and_add(batch, from_client, replication, known)
+            assert verdict == _model_check_and_add(model, batch, from_client, replication, known)
+            verdicts.add(max(-4, min(verdict, 1)))
+            if verdict:                                     # refused or a duplicate: nothing changed
+                assert state.entry_fields() == before.entry_fields() and state.batches == before.batches
+                continue
+            known, offset = True, batch.last_offset + 1
+            sequence = (last + 1) % (INT32_MAX + 1)
+            assert [tuple(b) for b in state.batches] == model["batches"]
+            assert (state.epoch, state.timestamp, state.current_txn_first_offset) == \
+                (model["epoch"], model["timestamp"], model["txn"])
+            assert state.to_entry() == (7, model["epoch"], model["batches"][-1][1], model["batches"][-1][2],
+                                        model["batches"][-1][3], model["timestamp"], -1, model["txn"])
+    assert verdicts == {-3, -2, -1, 0, 1}, "every outcome was met"
+
+
+def test_the_cores_producer_state_refuses_values_it_cannot_hold():
+    from kmem.broker.log.producer_state import BatchMetadata, ProducerState
+
+    with pytest.raises(OverflowError):
+        ProducerState(2**63)
+    with pytest.raises(TypeError):
+        ProducerState("7")
+    with pytest.raises((TypeError, ValueError)):
+        ProducerState(7, 0, [(1, 2, 3)])                    # a batch is five fields
+    state = ProducerState(7, 0, [BatchMetadata(0, 4, 10, 4, 99)] * 7)
+    assert len(state.batches) == 5 and state.last_seq == 4 and state.last_offset == 10
+    assert ProducerState(7).to_entry() == (7, -1, -1, -1, 0, -1, -1, -1)
+    with pytest.raises(AttributeError):
+        state.producer_id = 8                               # read-only: the state's key in the cache

@@ -431,7 +431,7 @@ def test_markers_refused_for_a_newer_epoch_end_the_transaction_on_a_single_node(
 def test_a_produce_is_transactional_as_its_first_batch_reads_whatever_its_bytes():
     # Kafka's RequestUtils.hasTransactionalRecords reads the first batch alone; the header is read from its bytes
     # before a RecordBatch is made of it, so this holds it to the batch's own reading, on hostile bytes too
-    from kmem.broker.apis.handlers import first_transactional_batch
+    from kmem.broker.apis.handlers import check_produce_records
     from kmem.errors import CorruptRecordError
     from kmem.records import MemoryRecords, build_records
 
@@ -449,16 +449,17 @@ def test_a_produce_is_transactional_as_its_first_batch_reads_whatever_its_bytes(
     negative_count[57:61] = b"\xff\xff\xff\xff"
     inputs = [transactional + plain, plain + transactional, legacy + transactional, bytes(negative_count),
               b"\0" * 30, b""] + [transactional[:end] for end in range(len(transactional))]
-    found = [first_transactional_batch(data) for data in inputs]
-    assert [None if batch is None else batch.position for batch in found] == [as_batch_reads(d) for d in inputs]
-    assert found[0] is not None and (found[0].producer_id, found[0].producer_epoch) == (3, 0)
-    assert first_transactional_batch(None) is None
+    for version in (2, 3, 9):
+        found = [check_produce_records(version, data)[0] for data in inputs]
+        assert [None if batch is None else batch.position for batch in found] == [as_batch_reads(d) for d in inputs]
+        assert found[0] is not None and (found[0].producer_id, found[0].producer_epoch) == (3, 0)
+        assert check_produce_records(version, None) == (None, None)
 
 
 def test_a_produce_carries_one_batch_a_partition_as_its_batches_read_whatever_its_bytes():
     # Kafka's ProduceRequest.validateRecords; only a second complete entry has the batches made, so this holds the
     # answer to what reading them as batches says, on hostile bytes too
-    from kmem.broker.apis.handlers import _check_produce_records
+    from kmem.broker.apis.handlers import check_produce_records
     from kmem.errors import CorruptRecordError
     from kmem.records import MemoryRecords, build_records
 
@@ -475,9 +476,9 @@ def test_a_produce_carries_one_batch_a_partition_as_its_batches_read_whatever_it
     inputs = [one, one + one, one + bytes(negative_count), bytes(negative_count) + one, one + one[:-1],
               one + b"\0" * 30, one + one + b"\0" * 30]
     for version in (3, 9):
-        answers = [_check_produce_records(version, data) for data in inputs]
+        answers = [check_produce_records(version, data)[1] for data in inputs]
         assert [None if answer is None else answer[0] for answer in answers] == \
             [as_batches_read(version, data) for data in inputs]
-    assert _check_produce_records(9, one + one) == (ErrorCode.INVALID_RECORD,
-                                                    "Produce v9 carries exactly one record batch a partition")
-    assert _check_produce_records(2, one + one) is None
+    assert check_produce_records(9, one + one)[1] == (ErrorCode.INVALID_RECORD,
+                                                      "Produce v9 carries exactly one record batch a partition")
+    assert check_produce_records(2, one + one)[1] is None

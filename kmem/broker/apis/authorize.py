@@ -21,7 +21,7 @@ import uuid
 
 from kmem.broker.apis.admin import cursor_is_valid
 from kmem.broker.apis.authorized import CLUSTER_OPERATIONS, GROUP_OPERATIONS, TOPIC_OPERATIONS
-from kmem.broker.apis.handlers import first_transactional_batch
+from kmem.broker.apis.handlers import check_produce_records
 from kmem.broker.codes import ErrorCode
 from kmem.broker.security.authorizer import CLUSTER_NAME, Operation, ResourceType
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
@@ -166,7 +166,7 @@ class RequestChecks:
     def _produce(self, context, version, request):
         Response = messages.ProduceResponse
         # transactional batches need WRITE on their transactional id (Kafka: RequestUtils.hasTransactionalRecords)
-        transactional = any(first_transactional_batch(partition.records) is not None
+        transactional = any(check_produce_records(version, partition.records)[0] is not None
                             for topic in request.topic_data for partition in topic.partition_data)
         if transactional and (request.transactional_id is None or not self.allowed(
                 context, Operation.WRITE, TRANSACTIONAL_ID, request.transactional_id)):

@@ -429,9 +429,9 @@ class Handlers:
         latest, transactional = {}, False
         for topic in request.topic_data:
             for data in topic.partition_data:
-                first = first_transactional_batch(data.records)
+                first, error = check_produce_records(version, data.records)
                 transactional = transactional or first is not None
-                latest[topic.name, data.index] = data, first, _check_produce_records(version, data.records)
+                latest[topic.name, data.index] = data, first, error
         refusal = None
         if transactional and (request.transactional_id is None or self.transactions is None):
             refusal = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, (
@@ -949,44 +949,42 @@ def _fetched_partitions(version, request, logs):
     return fetched
 
 
-def first_transactional_batch(records):
-    """The first complete batch of a partition's records if it is transactional, else None: Kafka's
-    ``RequestUtils.hasTransactionalRecords`` looks at no other (Produce v3+ carries one batch a partition).
-    Corrupt records are left to the validator."""
-    if records is None:
-        return None
-    view = byte_view("records", records)
-    try:
-        first = _core.entry_at(view, 0)
-        # the attributes' low byte, read before making a batch of it (most are not transactional)
-        if first is None or first[1] != 2 or not view[ATTRIBUTES_OFFSET + 1] & ATTR_TRANSACTIONAL:
-            return None
-        return RecordBatch(view, 0, *first)
-    except CorruptRecordError:
-        return None
-
-
-def _check_produce_records(version, records):
-    """Kafka's ``ProduceRequest.validateRecords``: v3+ carries exactly one batch, of magic 2; zstd needs v7+.
-    ``(code, message)`` or None. Corrupt input is left to the validator, which names what is wrong."""
+def check_produce_records(version, records):
+    """One partition's records in a Produce: ``(their first complete batch if it is transactional, else None;
+    the error of Kafka's ProduceRequest.validateRecords as (code, message), or None)``. Kafka's
+    ``RequestUtils.hasTransactionalRecords`` looks at no other batch (Produce v3+ carries one batch a
+    partition); ``validateRecords``: v3+ carries exactly one batch, of magic 2; zstd needs v7+. Corrupt input is
+    left to the validator, which names what is wrong."""
     if records is None or len(records) <= MAGIC_OFFSET:
-        return None
+        return None, None
     view = byte_view("records", records)
     magic = view[MAGIC_OFFSET]
     if version >= 3 and magic < 2:
-        return ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}"
+        return None, (ErrorCode.INVALID_RECORD, f"Produce v{version} must carry magic 2 batches, not magic {magic}")
     try:
-        first = _core.entry_at(view, 0) if version >= 3 else None
+        first = _core.entry_at(view, 0)
+    except CorruptRecordError:
+        return None, None
+    transactional = None
+    try:
+        # the attributes' low byte, read before making a batch of it (most are not transactional)
+        if first is not None and first[1] == 2 and view[ATTRIBUTES_OFFSET + 1] & ATTR_TRANSACTIONAL:
+            transactional = RecordBatch(view, 0, *first)
+    except CorruptRecordError:
+        pass
+    try:
         # only a second complete entry (rare) has both read as batches, whose reading may find them corrupt
-        if first is not None and _core.entry_at(view, first[0]) is not None \
+        if version >= 3 and first is not None and _core.entry_at(view, first[0]) is not None \
                 and len(list(itertools.islice(MemoryRecords(view).batches(), 2))) > 1:
-            return ErrorCode.INVALID_RECORD, f"Produce v{version} carries exactly one record batch a partition"
+            return transactional, (ErrorCode.INVALID_RECORD,
+                                   f"Produce v{version} carries exactly one record batch a partition")
         # a magic 0/1 message's codec bits can say zstd too (Sarama does below 2.1): Kafka refuses it alike
         if version < 7 and any(batch.compression == codecs.ZSTD for batch in MemoryRecords(view).batches()):
-            return ErrorCode.UNSUPPORTED_COMPRESSION_TYPE, f"zstd batches need Produce v7 or later, not v{version}"
+            return transactional, (ErrorCode.UNSUPPORTED_COMPRESSION_TYPE,
+                                   f"zstd batches need Produce v7 or later, not v{version}")
     except CorruptRecordError:
-        return None
-    return None
+        pass
+    return transactional, None
 
 
 def validate_new_topic(logs, name, partitions, configs):

@@ -66,6 +66,7 @@ import re
 import threading
 from typing import NamedTuple
 
+from kmem import _core
 from kmem.bloom import Shape
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.validator import CLIENT, REPLICATION, BatchInfo
@@ -75,9 +76,7 @@ from kmem.records.batches import INT32_MAX, ControlRecordType
 # Files a Kafka partition directory holds beside the ledger's: the ledger need not warn about them.
 KAFKA_PARTITION_FILE = re.compile(r"^(\d{20}\.(log|index|timeindex|txnindex)|partition\.metadata|"
                                   r"leader-epoch-checkpoint(\.tmp)?|partition\.metadata\.tmp)$")
-MAX_BATCHES = 5          # Kafka's ProducerStateEntry.NUM_BATCHES_TO_RETAIN
 NO_SEQUENCE = -1
-NO_EPOCH = -1
 
 
 class CompletedTxn(NamedTuple):
@@ -100,75 +99,43 @@ class BatchMetadata(NamedTuple):
         return self.last_offset - self.offset_delta
 
 
-class ProducerState:
-    """One producer's epoch, last batches and transaction (Kafka's ``ProducerStateEntry``)."""
-    __slots__ = ("producer_id", "epoch", "batches", "coordinator_epoch", "current_txn_first_offset", "timestamp")
-
-    def __init__(self, producer_id, epoch=NO_EPOCH, batches=(), coordinator_epoch=-1,
-                 current_txn_first_offset=NO_TXN, timestamp=-1):
-        self.producer_id = producer_id
-        self.epoch = epoch
-        self.batches = collections.deque(batches, MAX_BATCHES)
-        self.coordinator_epoch = coordinator_epoch
-        self.current_txn_first_offset = current_txn_first_offset
-        self.timestamp = timestamp
+class ProducerState(_core.ProducerStateCore):
+    """One producer's epoch, last batches and transaction (Kafka's ``ProducerStateEntry``); its fields, the
+    batches kept and the check and addition of a client's data batch are the core's."""
+    __slots__ = ()
 
     @classmethod
     def from_entry(cls, entry):
         batches = ()
         if entry.last_sequence != NO_SEQUENCE:
             first = (entry.last_sequence - entry.offset_delta) % (INT32_MAX + 1)
-            batches = (BatchMetadata(first, entry.last_sequence, entry.last_offset, entry.offset_delta,
-                                     entry.timestamp),)
+            batches = ((first, entry.last_sequence, entry.last_offset, entry.offset_delta, entry.timestamp),)
         return cls(entry.producer_id, entry.epoch, batches, entry.coordinator_epoch,
                    entry.current_txn_first_offset, entry.timestamp)
 
-    def copy(self):
-        return ProducerState(self.producer_id, self.epoch, self.batches, self.coordinator_epoch,
-                             self.current_txn_first_offset, self.timestamp)
-
     @property
-    def last_seq(self):
-        return self.batches[-1].last_seq if self.batches else NO_SEQUENCE
-
-    @property
-    def last_offset(self):
-        return self.batches[-1].last_offset if self.batches else -1
+    def batches(self):
+        """The last batches' ``BatchMetadata``, oldest first."""
+        return tuple(BatchMetadata(*fields) for fields in self.batch_fields())
 
     def to_entry(self):
-        last = self.batches[-1] if self.batches else None
-        return ProducerEntry(self.producer_id, self.epoch, last.last_seq if last else NO_SEQUENCE,
-                             last.last_offset if last else -1, last.offset_delta if last else 0,
-                             self.timestamp, self.coordinator_epoch, self.current_txn_first_offset)
-
-    def find_duplicate(self, batch):
-        if batch.producer_epoch != self.epoch:
-            return None
-        for metadata in self.batches:
-            if metadata.first_seq == batch.base_sequence and metadata.last_seq == batch.last_sequence:
-                return metadata
-        return None
+        return tuple.__new__(ProducerEntry, self.entry_fields())     # a namedtuple's __new__ is a Python frame
 
     def add(self, batch):
-        """Record ``batch`` (a ``BatchInfo``) as this producer's newest; for a transaction marker closing an
-        open transaction, returns its ``CompletedTxn`` (a marker without one changes no offset)."""
-        if batch.producer_epoch != self.epoch:
-            self.batches.clear()
-            self.epoch = batch.producer_epoch
+        """Record ``batch`` (a ``BatchInfo``) as this producer's newest, unchecked; for a transaction marker
+        closing an open transaction, returns its ``CompletedTxn`` (a marker without one changes no offset)."""
+        if not batch.is_control:
+            self.check_and_add(batch, False, True, False)      # neither a client's nor checked: always added
+            return None
+        self.start_epoch(batch.producer_epoch)
         self.timestamp = batch.max_timestamp
-        if batch.is_control:
-            completed = None
-            if self.current_txn_first_offset != NO_TXN:
-                completed = CompletedTxn(self.producer_id, self.current_txn_first_offset, batch.base_offset,
-                                         batch.control_type == ControlRecordType.ABORT)
-            self.current_txn_first_offset = NO_TXN
-            self.coordinator_epoch = batch.coordinator_epoch
-            return completed
-        self.batches.append(BatchMetadata(batch.base_sequence, batch.last_sequence, batch.last_offset,
-                                          batch.last_offset - batch.base_offset, batch.max_timestamp))
-        if batch.is_transactional and self.current_txn_first_offset == NO_TXN:
-            self.current_txn_first_offset = batch.base_offset
-        return None
+        completed = None
+        if self.current_txn_first_offset != NO_TXN:
+            completed = CompletedTxn(self.producer_id, self.current_txn_first_offset, batch.base_offset,
+                                     batch.control_type == ControlRecordType.ABORT)
+        self.current_txn_first_offset = NO_TXN
+        self.coordinator_epoch = batch.coordinator_epoch
+        return completed
 
 
 class _KafkaFilesAreExpected(logging.Filter):
@@ -180,8 +147,23 @@ class _KafkaFilesAreExpected(logging.Filter):
 logging.getLogger("kmem.ledger.ledger").addFilter(_KafkaFilesAreExpected())
 
 
-def _in_sequence(last_seq, next_seq):
-    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
+def _fenced_epoch(state, batch):
+    return LogError(ErrorCode.INVALID_PRODUCER_EPOCH, f"epoch {batch.producer_epoch} of producer {state.producer_id} "
+                                                      f"is smaller than the last seen epoch {state.epoch}")
+
+
+def _refused(state, batch, verdict):
+    """The ``LogError`` of what ``check_and_add`` refused (``verdict``)."""
+    if verdict == _core.PRODUCER_EPOCH_FENCED:
+        return _fenced_epoch(state, batch)
+    first = batch.base_sequence
+    if verdict == _core.NEW_EPOCH_NOT_AT_ZERO:
+        return LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                        f"invalid sequence number {first} for new epoch {batch.producer_epoch} of producer "
+                        f"{state.producer_id} (current epoch {state.epoch})")
+    return LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    f"out of order sequence number for producer {state.producer_id}: {first} (incoming), "
+                    f"{state.last_seq} (current end sequence number)")
 
 
 class ProducerStateManager:
@@ -192,6 +174,7 @@ class ProducerStateManager:
         # The log manager's flock on the log directory covers the ledger: no ledger.lock, no descriptor.
         self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
                                 clock_ms=lambda: self._checked_at, lock_directory=False, keep_snapshots=True)
+        self._expiration_ms = self.ledger.expiration_ms
         self.cache_entries = cache_entries
         self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
         self._ongoing = {}                              # pid -> first offset of its open transaction
@@ -204,7 +187,7 @@ class ProducerStateManager:
         with self._lock:
             self._checked_at = now_ms
             self._stale.clear()
-            for pid in [pid for pid, state in self._cache.items() if self.ledger.expired(state)]:
+            for pid in [pid for pid, state in self._cache.items() if self._expired(state)]:
                 del self._cache[pid]
 
     def state(self, producer_id):
@@ -217,11 +200,13 @@ class ProducerStateManager:
             if state is not None:
                 self._cache.move_to_end(producer_id)
         if state is not None:
-            if self.ledger.expired(state):
-                return None
-            return state.copy()
+            return None if self._expired(state) else state.copy()
         entry = self.ledger.read(producer_id)
         return None if entry is None else ProducerState.from_entry(entry)
+
+    def _expired(self, state):
+        """The ledger's ``expired`` for a state, without its clock's call (``_checked_at`` is that clock)."""
+        return state.current_txn_first_offset < 0 and self._checked_at - state.timestamp >= self._expiration_ms
 
     def check(self, batches, origin=CLIENT):
         """Check the batches of one append; returns ``(duplicate BatchMetadata or None, {pid: new state},
@@ -231,33 +216,31 @@ class ProducerStateManager:
         older coordinator epoch than the producer's last one, TRANSACTION_COORDINATOR_FENCED.
         """
         updated, completed = {}, []
+        client, replication = origin == CLIENT, origin == REPLICATION
         for batch in batches:
-            if batch.producer_id < 0:
-                continue
             pid = batch.producer_id
+            if pid < 0:
+                continue
             state = updated.get(pid) or self.state(pid)
-            if origin == CLIENT and state is not None and not batch.is_control:
-                duplicate = state.find_duplicate(batch)
-                if duplicate is not None:
-                    return duplicate, {}, []
-            if state is None:
+            known = state is not None
+            if not known:
                 state = ProducerState(pid)
-                known = False
+            if batch.is_control:
+                if batch.producer_epoch < state.epoch and not replication:
+                    raise _fenced_epoch(state, batch)
+                if batch.coordinator_epoch < state.coordinator_epoch and not replication:
+                    raise LogError(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                                   f"marker of coordinator epoch {batch.coordinator_epoch} for producer {pid}: "
+                                   f"the current coordinator epoch is {state.coordinator_epoch}")
+                txn = state.add(batch)
+                if txn is not None:
+                    completed.append(txn)
             else:
-                known = True
-            if batch.producer_epoch < state.epoch and origin != REPLICATION:
-                raise LogError(ErrorCode.INVALID_PRODUCER_EPOCH,
-                               f"epoch {batch.producer_epoch} of producer {pid} is smaller than the last seen "
-                               f"epoch {state.epoch}")
-            if origin == CLIENT and not batch.is_control:
-                self._check_sequence(state, batch, known)
-            if batch.is_control and batch.coordinator_epoch < state.coordinator_epoch and origin != REPLICATION:
-                raise LogError(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
-                               f"marker of coordinator epoch {batch.coordinator_epoch} for producer {pid}: the "
-                               f"current coordinator epoch is {state.coordinator_epoch}")
-            txn = state.add(batch)
-            if txn is not None:
-                completed.append(txn)
+                verdict = state.check_and_add(batch, client, replication, known)
+                if verdict > 0:
+                    return state.batches[verdict - 1], {}, []
+                if verdict:
+                    raise _refused(state, batch, verdict)
             updated[pid] = state
         return None, updated, completed
 
@@ -267,19 +250,6 @@ class ProducerStateManager:
         with self._lock:
             others = [first for pid, first in self._ongoing.items() if pid != completed.producer_id]
         return min(others, default=completed.last_offset + 1)
-
-    @staticmethod
-    def _check_sequence(state, batch, known):
-        first = batch.base_sequence
-        if batch.producer_epoch != state.epoch:
-            if first != 0 and known and state.epoch != NO_EPOCH:
-                raise LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                               f"invalid sequence number {first} for new epoch {batch.producer_epoch} of producer "
-                               f"{state.producer_id} (current epoch {state.epoch})")
-        elif known and state.epoch != NO_EPOCH and not _in_sequence(state.last_seq, first):
-            raise LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                           f"out of order sequence number for producer {state.producer_id}: {first} (incoming), "
-                           f"{state.last_seq} (current end sequence number)")
 
     def reserve(self, updated):
         """Make room in the ledger for the states ``check`` returned, before their batches are written:
@@ -299,7 +269,7 @@ class ProducerStateManager:
 
     def _remember(self, state):
         with self._lock:
-            if self.ledger.expired(state):      # kept until the next check, as Kafka keeps it
+            if self._expired(state):      # kept until the next check, as Kafka keeps it
                 self._stale[state.producer_id] = state
             else:
                 self._stale.pop(state.producer_id, None)
