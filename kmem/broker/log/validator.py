@@ -66,6 +66,7 @@ import itertools
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError, RecordValidationError
@@ -88,8 +89,7 @@ REBUILD_OVERHEAD_BYTES = 16 << 20
 MAX_RECORD_ERRORS = 10_000
 
 
-@dataclass
-class BatchInfo:
+class BatchInfo(NamedTuple):
     """What producer-state bookkeeping needs of one written batch."""
     producer_id: int
     producer_epoch: int
@@ -102,6 +102,9 @@ class BatchInfo:
     is_control: bool
     control_type: int | None = None
     coordinator_epoch: int = -1         # a transaction marker's
+
+
+_NOT_CONTROL = (None, -1)        # BatchInfo's control_type and coordinator_epoch of a data batch
 
 
 @dataclass
@@ -308,16 +311,15 @@ def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
         _, start, end, *_ = batches[0]
         _check_records(RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2))
     pieces, infos = [], []
-    for header, start, end, producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, \
-            transactional, control in batches:
-        pieces.append(header)
+    for found_batch in batches:
+        start, end = found_batch[1], found_batch[2]
+        pieces.append(found_batch[0])
         pieces.append(view[start:end])
-        info = BatchInfo(producer_id, epoch, base_sequence, last_sequence, base, last, batch_max, transactional,
-                         control)
-        if control:             # a transaction marker (uncompressed): its record says which
+        if found_batch[11]:     # a transaction marker (uncompressed): its record says which
             marker = RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2)
-            info.control_type, info.coordinator_epoch = _control_type(marker), marker.coordinator_epoch
-        infos.append(info)
+            infos.append(BatchInfo(*found_batch[3:], _control_type(marker), marker.coordinator_epoch))
+        else:                   # the core's fields in BatchInfo's order, made without a Python frame
+            infos.append(tuple.__new__(BatchInfo, found_batch[3:] + _NOT_CONTROL))
     return ValidatedRecords(pieces, infos, next_offset, infos[-1].last_offset, max_timestamp, offset_of_max,
                             log_append_time)
 
