@@ -4,16 +4,16 @@ broker vs Tansu vs librdkafka's mock cluster in the same run
 
 Throughput: for 100 B, 1 KiB and 100 KiB records, 1 and 8 partitions, no compression and lz4, a
 confluent-kafka producer (acks=all, idempotent, ``linger.ms`` 5), warmed up by one record to each
-partition, sends ``KMEM_BENCH_THROUGHPUT_MB``
-(default 64) MB of random bytes round-robin over the partitions, created beforehand (8 partitions are two
-topics of 4: librdkafka's mock cluster makes topics of 4 partitions and serves no CreateTopics); then a
+partition, sends ``KMEM_BENCH_THROUGHPUT_MB`` (default 64) MB of random bytes, at least 2,500 records,
+round-robin over the partitions, created beforehand (8 partitions are two topics of 4: librdkafka's mock
+cluster makes topics of 4 partitions and serves no CreateTopics); then a
 client reads back all the broker holds (all of it, but the mock cluster keeps only the last few MB of
 a partition) with raw Fetch v11 requests of 16 MiB, not decoding the records (confluent-kafka's
 consumer in Python tops out far below any of the brokers). Printed per row and broker: produce MB/s of
 record values and consume MB/s of batches, the broker process's CPU seconds per GB over each phase, the
 share of the produce phase the producer's busiest thread ran (its Python loop at small records, librdkafka's
-broker thread at large ones: near 1.00 the client is the limit), and kmem's ratios to the mock cluster,
-marked where the mock's client was its limit.
+broker thread at large ones: near 1.00 the client is the limit), the machine's cores busy meanwhile (every
+process), and kmem's ratios to the mock cluster, marked where the mock's client was its limit.
 
 Latency: a producer sends 2,000 messages/s (100 B, ``linger.ms`` 0) for ``KMEM_BENCH_LATENCY_SECONDS``
 (default 5) s while a consumer with librdkafka's defaults (``fetch.wait.max.ms`` 500) reads them; p50 and
@@ -30,9 +30,13 @@ import time
 
 import pytest
 
-from peers import BrokerProcess, MockCluster, Tansu, create_topics, remove_log, reuse_freed_memory, thread_cpu_seconds
+from peers import (BrokerProcess, MockCluster, Tansu, busy_and_total, create_topics, remove_log, reuse_freed_memory,
+                   thread_cpu_seconds)
 
 TOTAL_MB = int(os.environ.get("KMEM_BENCH_THROUGHPUT_MB", "64"))
+#: 64 MB of 100 KiB records are 640, sent in tens of milliseconds: about the client's own ramp, so its ratio to
+#: the mock swung 0.4-1.0 between runs. A row sends at least this many (256 MB of 100 KiB records).
+MIN_RECORDS = 2_500
 CLIENT_BOUND = 0.95     # the share of the time the producer's busiest thread ran at which it is the limit
 LATENCY_SECONDS = float(os.environ.get("KMEM_BENCH_LATENCY_SECONDS", "5"))
 SIZES = [100, 1024, 100 * 1024]
@@ -44,9 +48,10 @@ rows = []
 @pytest.fixture(scope="module", autouse=True)
 def report():
     yield
-    print(f"\nThroughput, {TOTAL_MB} MB of record values (MB/s; broker CPU s per GB):")
+    print(f"\nThroughput, {TOTAL_MB} MB of record values, at least {MIN_RECORDS:,} records (MB/s; broker CPU s per "
+          f"GB):")
     print(f"{'record':>7} {'parts':>5} {'codec':>5} {'broker':>6} {'produce':>8} {'cpu/GB':>7} {'client':>6} "
-          f"{'consume':>8} {'cpu/GB':>7} {'vs mock':>8} {'vs tansu':>9}")
+          f"{'cores':>5} {'consume':>8} {'cpu/GB':>7} {'vs mock':>8} {'vs tansu':>9}")
     peer = {(row[3], row[:3]): row for row in rows}
     for row in rows:
         mock, tansu = peer.get(("mock", row[:3])), peer.get(("tansu", row[:3]))
@@ -55,8 +60,9 @@ def report():
             bound = "*" if mock[6] >= CLIENT_BOUND else " "
             versus = f"{row[4] / mock[4]:>7.2f}{bound} {row[7] / tansu[7]:>9.2f}"
         print(f"{row[0]:>7} {row[1]:>5} {row[2]:>5} {row[3]:>6} {row[4]:>8.1f} {row[5]:>7.2f} {row[6]:>6.2f} "
-              f"{row[7]:>8.1f} {row[8]:>7.2f} {versus}")
-    print(f"(client: the share of the produce phase the producer's busiest thread ran; vs mock: kmem's produce MB/s "
+              f"{row[9]:>5.2f} {row[7]:>8.1f} {row[8]:>7.2f} {versus}")
+    print(f"(client: the share of the produce phase the producer's busiest thread ran; cores: the machine's cores busy "
+          f"meanwhile, of {os.cpu_count()}; vs mock: kmem's produce MB/s "
           f"over the mock cluster's, * where the mock's client ran {CLIENT_BOUND:.0%} or more, its own limit; vs "
           f"tansu: kmem's consume MB/s over Tansu's)")
     for line in latency_rows:
@@ -93,9 +99,10 @@ def warm_producer(bootstrap, targets, size, codec):
 
 
 def produce(producer, targets, size):
-    """Send TOTAL_MB round-robin over ``targets``, [(topic, partition)]; returns the record count."""
+    """Send TOTAL_MB, at least MIN_RECORDS records, round-robin over ``targets``, [(topic, partition)]; returns the
+    record count."""
     payload = os.urandom(size)
-    count = max(TOTAL_MB * 1_000_000 // size, len(targets))
+    count = max(TOTAL_MB * 1_000_000 // size, MIN_RECORDS)
     for i in range(count):
         topic, partition = targets[i % len(targets)]
         while True:
@@ -178,12 +185,15 @@ def consume(bootstrap, targets):
 
 def timed(broker, action):
     """``(action's result, seconds, the broker's CPU seconds, the share of the seconds this process's busiest
-    thread ran)``."""
+    thread ran, the machine's cores busy meanwhile)``."""
     client, cpu, started = thread_cpu_seconds(os.getpid()), broker.cpu_seconds(), time.perf_counter()
+    machine = busy_and_total()
     result = action()
     seconds, cpu = time.perf_counter() - started, broker.cpu_seconds() - cpu
+    busy, total = (after - before for after, before in zip(busy_and_total(), machine))
     ran = thread_cpu_seconds(os.getpid())
-    return result, seconds, cpu, max(ran[thread] - client.get(thread, 0) for thread in ran) / seconds
+    return (result, seconds, cpu, max(ran[thread] - client.get(thread, 0) for thread in ran) / seconds,
+            busy / max(total, 1) * os.cpu_count())
 
 
 @pytest.mark.parametrize("codec", ["none", "lz4"])
@@ -197,11 +207,12 @@ def test_throughput(tmp_path, size, partitions, codec):
             create_topics(broker.bootstrap, topics, per_topic)
             targets = [(topic, p) for p in range(per_topic) for topic in topics]
             producer = warm_producer(broker.bootstrap, targets, size, codec)
-            count, produce_seconds, produce_cpu, client = timed(broker, lambda: produce(producer, targets, size))
-            read, consume_seconds, consume_cpu, _ = timed(broker, lambda: consume(broker.bootstrap, targets))
+            count, produce_seconds, produce_cpu, client, cores = timed(broker, lambda: produce(producer, targets, size))
+            read, consume_seconds, consume_cpu, _, _ = timed(broker, lambda: consume(broker.bootstrap, targets))
             produced, consumed = count * size / GB, read / GB
             rows.append((size, partitions, codec, broker.name, produced * 1000 / produce_seconds,
-                         produce_cpu / produced, client, consumed * 1000 / consume_seconds, consume_cpu / consumed))
+                         produce_cpu / produced, client, consumed * 1000 / consume_seconds, consume_cpu / consumed,
+                         cores))
         remove_log(tmp_path / "kmem")
 
 

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from bench_broker_throughput import GB, layout
-from peers import BrokerProcess, create_topics
+from peers import BrokerProcess, busy_and_total, create_topics
 
 PRODUCERS = 4
 RECORD_BYTES = 1024
@@ -60,14 +60,6 @@ def report():
     yield
     for line in lines:
         print(line)
-
-
-def busy_and_total():
-    """Jiffies the machine's cores spent busy (not idle nor waiting for I/O), and in all, since boot."""
-    with open("/proc/stat") as f:
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
-    busy = user + nice + system + irq + softirq + steal
-    return busy, busy + idle + iowait
 
 
 def run(tmp_path, threads, profile=None):

@@ -56,6 +56,14 @@ def cpu_seconds(pid):
     return sum(thread_cpu_seconds(pid).values())
 
 
+def busy_and_total():
+    """Jiffies the machine's cores spent busy (not idle nor waiting for I/O), and in all, since boot."""
+    with open("/proc/stat") as f:
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, f.readline().split()[1:9])
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait
+
+
 SCRATCH_MB = 256
 
 
