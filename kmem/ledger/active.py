@@ -184,13 +184,14 @@ class ActiveFile:
         """Make room for ``count`` new rows that ``put`` then adds in the core, with no I/O and no check of
         the filter: True; False if the file cannot take them (the filter could saturate, or past
         ``capacity``): flush it. Grows the file if its rows are short (OSError: nothing changed)."""
-        if self._filtered < self.count:
+        used = self._table.size         # ``count``, read once: every append reserves
+        if self._filtered < used:
             self._catch_up()
         room = 0 if self._saturated else max(1, self.room)     # one row past the room: see _set_limit
-        if count > room or self.count + count > self.capacity:
+        if count > room or used + count > self.capacity:
             return False
-        if self.count + count > self.rows:
-            self._grow(self.count + count)
+        if used + count > self.rows:
+            self._grow(used + count)
         return True
 
     def runs(self):
