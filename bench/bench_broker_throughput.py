@@ -13,7 +13,9 @@ consumer in Python tops out far below any of the brokers). Printed per row and b
 record values and consume MB/s of batches, the broker process's CPU seconds per GB over each phase, the
 share of the produce phase the producer's busiest thread ran (its Python loop at small records, librdkafka's
 broker thread at large ones: near 1.00 the client is the limit), the machine's cores busy meanwhile (every
-process), and kmem's ratios to the mock cluster, marked where the mock's client was its limit.
+process), the shares of the phase the broker's busiest thread ran and waited for a core (a thread that is running
+or waiting nearly all the time is the limit), and kmem's ratios to the mock cluster, marked where the mock's
+client was its limit.
 
 Latency: a producer sends 2,000 messages/s (100 B, ``linger.ms`` 0) for ``KMEM_BENCH_LATENCY_SECONDS``
 (default 5) s while a consumer with librdkafka's defaults (``fetch.wait.max.ms`` 500) reads them; p50 and
@@ -51,7 +53,7 @@ def report():
     print(f"\nThroughput, {TOTAL_MB} MB of record values, at least {MIN_RECORDS:,} records (MB/s; broker CPU s per "
           f"GB):")
     print(f"{'record':>7} {'parts':>5} {'codec':>5} {'broker':>6} {'produce':>8} {'cpu/GB':>7} {'client':>6} "
-          f"{'cores':>5} {'consume':>8} {'cpu/GB':>7} {'vs mock':>8} {'vs tansu':>9}")
+          f"{'cores':>5} {'server':>9} {'consume':>8} {'cpu/GB':>7} {'vs mock':>8} {'vs tansu':>9}")
     peer = {(row[3], row[:3]): row for row in rows}
     for row in rows:
         mock, tansu = peer.get(("mock", row[:3])), peer.get(("tansu", row[:3]))
@@ -60,9 +62,10 @@ def report():
             bound = "*" if mock[6] >= CLIENT_BOUND else " "
             versus = f"{row[4] / mock[4]:>7.2f}{bound} {row[7] / tansu[7]:>9.2f}"
         print(f"{row[0]:>7} {row[1]:>5} {row[2]:>5} {row[3]:>6} {row[4]:>8.1f} {row[5]:>7.2f} {row[6]:>6.2f} "
-              f"{row[9]:>5.2f} {row[7]:>8.1f} {row[8]:>7.2f} {versus}")
+              f"{row[9]:>5.2f} {row[10]:>4.2f}/{row[11]:<4.2f} {row[7]:>8.1f} {row[8]:>7.2f} {versus}")
     print(f"(client: the share of the produce phase the producer's busiest thread ran; cores: the machine's cores busy "
-          f"meanwhile, of {os.cpu_count()}; vs mock: kmem's produce MB/s "
+          f"meanwhile, of {os.cpu_count()}; server: the shares the broker's busiest thread ran and waited for a core "
+          f"(its scheduler counts); vs mock: kmem's produce MB/s "
           f"over the mock cluster's, * where the mock's client ran {CLIENT_BOUND:.0%} or more, its own limit; vs "
           f"tansu: kmem's consume MB/s over Tansu's)")
     for line in latency_rows:
@@ -185,15 +188,19 @@ def consume(bootstrap, targets):
 
 def timed(broker, action):
     """``(action's result, seconds, the broker's CPU seconds, the share of the seconds this process's busiest
-    thread ran, the machine's cores busy meanwhile)``."""
+    thread ran, the machine's cores busy meanwhile, the shares of the seconds the broker's busiest thread ran and
+    waited for a core)``."""
     client, cpu, started = thread_cpu_seconds(os.getpid()), broker.cpu_seconds(), time.perf_counter()
-    machine = busy_and_total()
+    machine, server = busy_and_total(), broker.thread_schedstat()
     result = action()
     seconds, cpu = time.perf_counter() - started, broker.cpu_seconds() - cpu
     busy, total = (after - before for after, before in zip(busy_and_total(), machine))
     ran = thread_cpu_seconds(os.getpid())
+    served = [(after[0] - server.get(thread, (0, 0))[0], after[1] - server.get(thread, (0, 0))[1])
+              for thread, after in broker.thread_schedstat().items()]
+    server_ran, server_waited = max(served, default=(0, 0))
     return (result, seconds, cpu, max(ran[thread] - client.get(thread, 0) for thread in ran) / seconds,
-            busy / max(total, 1) * os.cpu_count())
+            busy / max(total, 1) * os.cpu_count(), server_ran / seconds, server_waited / seconds)
 
 
 @pytest.mark.parametrize("codec", ["none", "lz4"])
@@ -207,12 +214,13 @@ def test_throughput(tmp_path, size, partitions, codec):
             create_topics(broker.bootstrap, topics, per_topic)
             targets = [(topic, p) for p in range(per_topic) for topic in topics]
             producer = warm_producer(broker.bootstrap, targets, size, codec)
-            count, produce_seconds, produce_cpu, client, cores = timed(broker, lambda: produce(producer, targets, size))
-            read, consume_seconds, consume_cpu, _, _ = timed(broker, lambda: consume(broker.bootstrap, targets))
+            count, produce_seconds, produce_cpu, client, cores, ran, waited = timed(
+                broker, lambda: produce(producer, targets, size))
+            read, consume_seconds, consume_cpu, *_ = timed(broker, lambda: consume(broker.bootstrap, targets))
             produced, consumed = count * size / GB, read / GB
             rows.append((size, partitions, codec, broker.name, produced * 1000 / produce_seconds,
                          produce_cpu / produced, client, consumed * 1000 / consume_seconds, consume_cpu / consumed,
-                         cores))
+                         cores, ran, waited))
         remove_log(tmp_path / "kmem")
 
 

@@ -317,7 +317,7 @@ def test_small_records_cpu_per_gb(tmp_path, partitions):
                 targets = [(topic, p) for p in range(per_topic) for topic in topics]
                 producer = warm_producer(broker.bootstrap, targets, size, "none")
                 user, system = broker.cpu_times()
-                count, seconds, cpu, _, _ = timed(broker, lambda: produce(producer, targets, size))
+                count, seconds, cpu, *_ = timed(broker, lambda: produce(producer, targets, size))
                 produced = count * size / GB
                 split = [(after - before) / produced for after, before in zip(broker.cpu_times(), (user, system))]
                 runs[broker.name].append((produced * 1000 / seconds, cpu / produced, split))

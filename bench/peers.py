@@ -36,17 +36,23 @@ def cpu_times(pid):
     return int(fields[11]) / tick, int(fields[12]) / tick
 
 
-def thread_cpu_seconds(pid):
-    """``{thread id: CPU seconds so far}`` of process ``pid``, from the scheduler's nanosecond count of each
-    thread."""
+def thread_schedstat(pid):
+    """``{thread id: (seconds on a CPU, seconds runnable but waiting for one)}`` so far, of process ``pid``: the
+    scheduler's nanosecond counts of each thread (``/proc/<pid>/task/<tid>/schedstat``)."""
     counts = {}
     for path in glob.glob(f"/proc/{pid}/task/*/schedstat"):
         try:
             with open(path) as f:
-                counts[path.split("/")[-2]] = int(f.read().split()[0]) / 1e9
+                ran, waited = f.read().split()[:2]
+            counts[path.split("/")[-2]] = int(ran) / 1e9, int(waited) / 1e9
         except (FileNotFoundError, ProcessLookupError):
             pass            # a thread that ended meanwhile
     return counts
+
+
+def thread_cpu_seconds(pid):
+    """``{thread id: CPU seconds so far}`` of process ``pid`` (``thread_schedstat``)."""
+    return {thread: ran for thread, (ran, _) in thread_schedstat(pid).items()}
 
 
 def cpu_seconds(pid):
@@ -94,6 +100,9 @@ class _Peer:
 
     def cpu_seconds(self):
         return cpu_seconds(self.process.pid)
+
+    def thread_schedstat(self):
+        return thread_schedstat(self.process.pid)
 
     def cpu_times(self):
         return cpu_times(self.process.pid)
