@@ -694,7 +694,8 @@ class PartitionLog:
         active = deletable.pop() if len(deletable) == len(self.segments) else None
         # The others go before the roll an active segment needs: on a full disk they free the room its producer
         # snapshot takes.
-        self._remove_segments(deletable)
+        if deletable:
+            self._remove_segments(deletable)
         if active is None:
             return len(deletable)
         try:
