@@ -590,8 +590,7 @@ class PidLedger:
         ``count``: 0 to ``max_reservation``, what an empty active file takes.
         """
         self._check_writable()
-        if type(count) is not int or not 0 <= count <= self.max_reservation:     # every append: checked inline
-            _require_int("count", count, 0, self.max_reservation)
+        _require_int("count", count, 0, self.max_reservation)
         with self._flush_lock:
             self._reserved = count
             while True:

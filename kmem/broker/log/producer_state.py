@@ -174,7 +174,6 @@ class ProducerStateManager:
         # The log manager's flock on the log directory covers the ledger: no ledger.lock, no descriptor.
         self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
                                 clock_ms=lambda: self._checked_at, lock_directory=False, keep_snapshots=True)
-        self._expiration_ms = self.ledger.expiration_ms
         self.cache_entries = cache_entries
         self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
         self._ongoing = {}                              # pid -> first offset of its open transaction
@@ -187,7 +186,7 @@ class ProducerStateManager:
         with self._lock:
             self._checked_at = now_ms
             self._stale.clear()
-            for pid in [pid for pid, state in self._cache.items() if self._expired(state)]:
+            for pid in [pid for pid, state in self._cache.items() if self.ledger.expired(state)]:
                 del self._cache[pid]
 
     def state(self, producer_id):
@@ -200,13 +199,9 @@ class ProducerStateManager:
             if state is not None:
                 self._cache.move_to_end(producer_id)
         if state is not None:
-            return None if self._expired(state) else state.copy()
+            return None if self.ledger.expired(state) else state.copy()
         entry = self.ledger.read(producer_id)
         return None if entry is None else ProducerState.from_entry(entry)
-
-    def _expired(self, state):
-        """The ledger's ``expired`` for a state, without its clock's call (``_checked_at`` is that clock)."""
-        return state.current_txn_first_offset < 0 and self._checked_at - state.timestamp >= self._expiration_ms
 
     def check(self, batches, origin=CLIENT):
         """Check the batches of one append; returns ``(duplicate BatchMetadata or None, {pid: new state},
@@ -269,7 +264,7 @@ class ProducerStateManager:
 
     def _remember(self, state):
         with self._lock:
-            if self._expired(state):      # kept until the next check, as Kafka keeps it
+            if self.ledger.expired(state):      # kept until the next check, as Kafka keeps it
                 self._stale[state.producer_id] = state
             else:
                 self._stale.pop(state.producer_id, None)
