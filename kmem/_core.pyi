@@ -290,6 +290,52 @@ class ProducerStateCore:
     def start_epoch(self, epoch: int) -> None: ...
     def check_and_add(self, batch: object, from_client: bool, replication: bool, known: bool) -> int: ...
 
+# -- a segment's append and its index entries (_segment_append.pxi) --------------------------------------
+
+class IndexCore:
+    _encoded_path: bytes
+    base_offset: int
+    max_entries: int
+    entries: int
+    _written: int
+    _reserved: int
+    _length: int
+    pending_bytes: int
+    _last: tuple[int, int] | None
+    _pending: bytearray
+    _pending_rows: list[tuple[int, int]]
+    @property
+    def entry_size(self) -> int: ...
+    @property
+    def is_full(self) -> bool: ...
+    def _write_with(self, entry: bytes) -> tuple[bytes, bytes, int]: ...
+    def appended(self, entry: bytes, written: bool) -> None: ...
+    def _all_written(self) -> None: ...
+
+class OffsetIndexCore(IndexCore):
+    def entry(self, offset: int, position: int) -> bytes: ...
+
+class TimeIndexCore(IndexCore):
+    def maybe_entry(self, timestamp: int, offset: int, skip_full_check: bool = ...) -> bytes | None: ...
+
+class SegmentCore:
+    _fd: int | None
+    rolling_based_timestamp: int | None
+    _last_append: tuple[int, int] | None
+    base_offset: int
+    size: int
+    next_offset: int
+    max_timestamp_so_far: int
+    offset_of_max_timestamp: int
+    bytes_since_last_index_entry: int
+    _reserved_to: int
+    _reserve_at: int
+    offset_index: OffsetIndexCore
+    time_index: TimeIndexCore
+    def can_convert_to_relative_offset(self, offset: int) -> bool: ...
+    def append(self, largest_offset: int, largest_timestamp: int, offset_of_max_timestamp: int,
+               pieces: Sequence[Buffer]) -> None: ...
+
 class FilteredRecords:
     @property
     def section(self) -> bytes: ...

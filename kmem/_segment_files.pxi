@@ -110,6 +110,10 @@ def append_segment(int fd, pieces, int64_t position, index_entries=()):
     without the GIL. All or nothing: when a write fails the segment file is cut back to ``position`` (an index
     entry written before lies past its index's valid entries) and OSError is raised; else returns the bytes
     written."""
+    return _append_segment(fd, pieces, position, index_entries)
+
+
+cdef int64_t _append_segment(int fd, pieces, int64_t position, index_entries) except -1:
     cdef Py_ssize_t count = len(pieces), held = 0, index_count = len(index_entries), i, first = 0, n
     cdef Py_ssize_t offset = 0, got, failed_entry = -1
     cdef int64_t done = 0, total = 0

@@ -32,6 +32,10 @@ class CorruptRecordError(KmemError, ValueError):
         self.offset = offset
 
 
+class CorruptIndexError(KmemError, ValueError):
+    """An index file does not describe its segment (Kafka's CorruptIndexException)."""
+
+
 class DecompressionLimitError(CorruptRecordError):
     """Compressed record data expands beyond the decompression limit (``kmem.records.MAX_DECOMPRESSED_BYTES``
     unless the caller sets another): refused before more memory is spent, as a decompression bomb."""

@@ -1,5 +1,6 @@
 """kmem.broker storage: configuration, the log directory's files, appends and reads, indexes, rolls,
 retention, ListOffsets and topics."""
+import dataclasses
 import errno
 import itertools
 import json
@@ -806,6 +807,52 @@ def test_core_append_segment_writes_every_piece_then_the_index_entries(tmp_path)
     assert refused.value.errno == errno.EBADF and log.read_bytes() == written
     with pytest.raises(TypeError):
         _core.append_segment(0, [b"x"], 0, [("a str path", b"e", 0)])
+
+
+def test_a_segment_append_is_the_cores_and_changes_nothing_when_it_refuses(tmp_path):
+    """``LogSegment.append`` is the compiled core's (``_core.SegmentCore``: the write and the index entries in one
+    call). An append it refuses (an offset outside the segment, a full index, an offset not above the last
+    indexed one) raises ``CorruptIndexError`` naming the file, with the segment, its files and its indexes as
+    they were."""
+    from kmem import errors
+    assert segment_module.LogSegment.append is _core.SegmentCore.append
+    assert CorruptIndexError is errors.CorruptIndexError
+    config = dataclasses.replace(BrokerConfig.from_properties().topic_config(), index_interval_bytes=0,
+                                 segment_index_bytes=36)        # four offset entries, three time entries
+    segment = segment_module.LogSegment(str(tmp_path), 100, config, active=True, now_ms=0)
+    assert isinstance(segment.offset_index, _core.OffsetIndexCore)
+    assert isinstance(segment.time_index, _core.TimeIndexCore)
+    offsets, times = segment.offset_index, segment.time_index
+
+    def state():
+        return (segment.size, segment.next_offset, segment.max_timestamp_so_far, segment.offset_of_max_timestamp,
+                segment.bytes_since_last_index_entry, os.path.getsize(segment.log_path),
+                offsets.entries, offsets.lookup(10**6), times.entries, times.last_entry)
+
+    for last, stamp in ((100, 5), (101, 3), (102, 9)):
+        segment.append(last, stamp, last, [b"batch-%d" % last])
+    assert state() == (27, 103, 9, 102, 9, 27, 2, (102, 18), 2, (9, 102))     # no entry for the first append
+    before = state()
+    for last, fault in ((99, "does not fit this segment"), (100 + 2**31, "does not fit this segment"),
+                        (102, "is not above the last indexed offset 102")):
+        with pytest.raises(CorruptIndexError, match=fault) as refused:
+            segment.append(last, 10, last, [b"refused"])
+        assert segment.log_path in str(refused.value) or offsets.path in str(refused.value)
+        assert state() == before
+    segment.append(103, 4, 103, [b"batch-103"])           # an offset entry; the largest timestamp did not grow
+    assert (offsets.entries, times.entries) == (3, 2)
+    segment.append(104, 11, 104, [b"batch-104"])
+    assert (offsets.entries, times.entries, offsets.is_full, times.is_full) == (4, 3, True, True)
+    before = state()
+    with pytest.raises(CorruptIndexError, match="full index"):
+        segment.append(104, 11, 104, [b"refused"])
+    assert state() == before
+    with pytest.raises(ValueError):
+        offsets.appended(b"short", True)
+    segment.offset_index.trim_to_valid_size()
+    with open(offsets.path, "rb") as f:
+        assert f.read() == b"".join(struct.pack(">ii", last - 100, position) for last, position in
+                                    ((101, 9), (102, 18), (103, 27), (104, 36)))
 
 
 def one_record_batches(manager, count):

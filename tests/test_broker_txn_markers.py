@@ -1,7 +1,6 @@
 """kmem.broker transaction markers: ``PartitionLog.write_txn_marker`` (Kafka's EndTransactionMarker written as
 the coordinator: the producer's transaction closes, the last stable offset moves, an abort goes into the
 segment's ``.txnindex``) and ``kmem.broker.txn.markers.TxnMarkerWriter``."""
-import errno
 import os
 import struct
 import time
@@ -10,7 +9,6 @@ import pytest
 
 from kmem.broker import READ_COMMITTED, BrokerConfig, ErrorCode, LogManager
 from kmem.broker.group.offsets import OFFSETS_TOPIC
-from kmem.broker.log import segment as segment_module
 from kmem.broker.log.cleaner import complete_interrupted_swaps
 from kmem.broker.log.txn_index import ENTRY_SIZE, AbortedTxn
 from kmem.broker.txn.markers import TxnMarkerWriter
@@ -117,18 +115,18 @@ def test_marker_of_an_older_epoch_is_refused_and_nothing_is_written(partition_lo
     assert list(partition_log.active.txn_index.entries()) == [AbortedTxn(1, 0, 1, 2)]
 
 
-def test_failed_write_keeps_neither_marker_nor_index_entry(partition_log, monkeypatch):
+def test_failed_write_keeps_neither_marker_nor_index_entry(partition_log):
     produce(partition_log, 1, 0, 0)
-    real_append = segment_module._core.append_segment
-
-    def full_disk(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(segment_module._core, "append_segment", full_disk)
-    failed = partition_log.write_txn_marker(1, 0, 0, False)
-    assert failed.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    segment = partition_log.active
+    writable, segment._fd = segment._fd, os.open(segment.log_path, os.O_RDONLY)     # the marker's write fails
+    try:
+        failed = partition_log.write_txn_marker(1, 0, 0, False)
+    finally:
+        os.close(segment._fd)
+        segment._fd = writable
+    assert failed.error_code == ErrorCode.KAFKA_STORAGE_ERROR and "Bad file descriptor" in failed.error_message
     assert not os.path.exists(txn_index_path(partition_log))
     assert (partition_log.log_end_offset, partition_log.last_stable_offset) == (1, 0)
-    monkeypatch.setattr(segment_module._core, "append_segment", real_append)
     assert partition_log.write_txn_marker(1, 0, 0, False).error_code == ErrorCode.NONE
     assert list(partition_log.active.txn_index.entries()) == [AbortedTxn(1, 0, 1, 2)]
 

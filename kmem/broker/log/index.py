@@ -18,8 +18,8 @@ use and never kept open, so that a partition holds one descriptor (its active se
 its log is: Kafka maps its indexes and closes their files for the same reason.
 
 An append's entries are held in memory (``PENDING_BYTES``) and written together, with the append that fills
-them (``_core.append_segment``, without the GIL): opening, writing and closing two files for each append
-was a sixteenth of the broker's CPU under small records. Everything that reads the file or makes it durable
+them (``_core.SegmentCore.append``, the file's write without the GIL): opening, writing and closing two files for
+each append was a sixteenth of the broker's CPU under small records. Everything that reads the file or makes it durable
 writes them first (``write_pending``: trims, syncs, checks, whole reads). Only the active segment holds
 entries (a roll writes them), and a crash loses nothing else: the active segment of a log not closed cleanly
 has its indexes rebuilt from its batches (``LogSegment.recover``), entries held or not, as its preallocated
@@ -38,7 +38,7 @@ import struct
 import numpy as np
 
 from kmem import _core
-from kmem.errors import KmemError
+from kmem.errors import CorruptIndexError
 
 NO_TIMESTAMP = -1
 READ_ENTRIES = 8192        # entries read at a time by ``iter_entries``
@@ -46,12 +46,9 @@ PENDING_BYTES = 1024       # an index's entries held before they are written: 12
 RESERVE_BYTES = 4096       # the blocks reserved at a time for the entries held
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
-
-class CorruptIndexError(KmemError, ValueError):
-    """An index file does not describe its segment (Kafka's CorruptIndexException)."""
-
-
 class _Index:
+    """An index file's reads, lookups and upkeep; its entries' state and appends are the core's
+    (``_core.IndexCore``: the count, the entries held, the last entry)."""
     ENTRY = None           # struct of one entry
     KEY = 0                # field of the entry searched by lookup
     FIELDS = ()            # (byte position, width) of each field of an entry
@@ -66,6 +63,7 @@ class _Index:
         self.max_entries = self.max_index_size // self.ENTRY.size
         self._access = os.O_RDONLY if read_only else os.O_RDWR
         self._pending, self._pending_rows = bytearray(), []     # entries after the file's ``_written``
+        self.pending_bytes = PENDING_BYTES
         with self._file(0 if read_only else os.O_CREAT) as fd:
             self._length = os.fstat(fd).st_size
             self.entries = self._written = self._length // self.ENTRY.size
@@ -95,20 +93,6 @@ class _Index:
                 data = os.pread(fd, count * self.ENTRY.size, first * self.ENTRY.size)
                 yield from self.ENTRY.iter_unpack(data[:len(data) - len(data) % self.ENTRY.size])
 
-    def _write_with(self, entry):
-        """The write of the entries held and then ``entry`` (bytes), ``(path, bytes, position in the file)``
-        as ``_core.write_at`` and ``_core.append_segment`` take it."""
-        return self._encoded_path, bytes(self._pending) + entry, self._written * self.ENTRY.size
-
-    def due_write(self, entry):
-        """For an append adding ``entry`` (from ``entry`` or ``maybe_entry``): the write it must make (the
-        entries held and ``entry``, once ``entry`` would take them past ``PENDING_BYTES``), or None when
-        ``entry`` is only held (its blocks reserved first: OSError on a full disk, nothing changed)."""
-        if len(self._pending) + len(entry) > PENDING_BYTES:
-            return self._write_with(entry)
-        self._reserve((self.entries + 1) * self.ENTRY.size)
-        return None
-
     def _reserve(self, end):
         """Allocate the file's blocks up to ``end`` bytes (past the length kmem gave the file, the write
         extends it and allocates them)."""
@@ -119,23 +103,6 @@ class _Index:
             with self._file() as fd:
                 os.posix_fallocate(fd, self._reserved, reserved - self._reserved)
         self._reserved = reserved
-
-    def appended(self, entry, written):
-        """``entry`` (bytes) is the index's last: ``written`` with the entries held (``due_write``'s write was
-        made), else held."""
-        self.entries += 1
-        self._last = row = self.ENTRY.unpack(entry)
-        if written:
-            self._all_written()
-        else:
-            self._pending += entry
-            self._pending_rows.append(row)
-
-    def _all_written(self):
-        self._written = self.entries
-        self._reserved = max(self._reserved, self.entries * self.ENTRY.size)
-        self._pending.clear()
-        self._pending_rows.clear()
 
     def _append_now(self, entry):
         """Write ``entry`` to the file now, after the entries held (recovery's and the cleaner's appends)."""
@@ -160,10 +127,6 @@ class _Index:
         held = self.entries - self._written
         del self._pending[held * self.ENTRY.size:]
         del self._pending_rows[held:]
-
-    @property
-    def is_full(self):
-        return self.entries >= self.max_entries
 
     def resize(self, size):
         """Make the file ``size`` bytes long (rounded down to whole entries), keeping the entries."""
@@ -233,7 +196,7 @@ class _Index:
             os.fsync(fd)
 
 
-class OffsetIndex(_Index):
+class OffsetIndex(_Index, _core.OffsetIndexCore):
     """Sparse map from offsets to positions in the segment file."""
     ENTRY = struct.Struct(">ii")
     KEY = 0
@@ -245,16 +208,6 @@ class OffsetIndex(_Index):
 
     def append(self, offset, position):
         self._append_now(self.entry(offset, position))
-
-    def entry(self, offset, position):
-        """The entry ``append`` makes (bytes), checked, for an append to write (``due_write``) and report
-        (``appended``)."""
-        if self.is_full:
-            raise CorruptIndexError(f"{self.path}: attempt to append to a full index ({self.entries} entries)")
-        if self._last is not None and offset <= self.last_offset:
-            raise CorruptIndexError(f"{self.path}: offset {offset} is not above the last indexed offset "
-                                    f"{self.last_offset}")
-        return self.ENTRY.pack(offset - self.base_offset, position)
 
     def lookup(self, offset):
         """``(offset, position)`` of the last entry at or below ``offset``; ``(base, 0)`` if none."""
@@ -284,7 +237,7 @@ class OffsetIndex(_Index):
                                     f"of {segment_size} bytes")
 
 
-class TimeIndex(_Index):
+class TimeIndex(_Index, _core.TimeIndexCore):
     """Sparse map from timestamps to offsets: an entry each time the segment's largest timestamp grew."""
     ENTRY = struct.Struct(">qi")
     KEY = 0
@@ -302,17 +255,6 @@ class TimeIndex(_Index):
         entry = self.maybe_entry(timestamp, offset, skip_full_check)
         if entry is not None:
             self._append_now(entry)
-
-    def maybe_entry(self, timestamp, offset, skip_full_check=False):
-        """The entry ``maybe_append`` makes (bytes), checked, or None when it makes none."""
-        if not skip_full_check and self.is_full:
-            raise CorruptIndexError(f"{self.path}: attempt to append to a full time index")
-        last_timestamp, last_offset = self.last_entry
-        if self._last is not None and offset < last_offset:
-            raise CorruptIndexError(f"{self.path}: offset {offset} is below the last indexed offset {last_offset}")
-        if timestamp > last_timestamp:
-            return self.ENTRY.pack(timestamp, offset - self.base_offset)
-        return None
 
     def lookup(self, timestamp):
         """``(timestamp, offset)`` of the last entry at or below ``timestamp``; ``(-1, base)`` if none."""

@@ -6,7 +6,7 @@ as views, never copied in Python) and add an offset index entry, and maybe a tim
 than ``index.interval.bytes`` were appended since the last one: the entry maps the append's largest
 offset to the position where the append began, as Kafka's ``LogSegment.append`` does. The batches and the
 entries due (an index holds its entries until they fill ``index.PENDING_BYTES``) are written by one core
-call without the GIL (``_core.append_segment``).
+call, the write without the GIL (``_core.SegmentCore.append``, whose state ``LogSegment`` and the indexes extend).
 
 Once the active segment holds ``RESERVE_FROM_BYTES``, an append past the blocks reserved first reserves the next
 ones (``_core.reserve_blocks``: Linux's ``fallocate`` keeping the file's size, so no reader sees them): as many
@@ -39,11 +39,11 @@ import os
 import struct
 
 from kmem import _core
-from kmem.broker.log.index import NO_TIMESTAMP, CorruptIndexError, OffsetIndex, TimeIndex
+from kmem.broker.log.index import NO_TIMESTAMP, OffsetIndex, TimeIndex
 from kmem.broker.log.txn_index import TXN_INDEX_SUFFIX, TransactionIndex
 from kmem.errors import CorruptRecordError
 from kmem.records import FileRecords, segment_file_name
-from kmem.records.batches import INT32_MAX, LOG_OVERHEAD
+from kmem.records.batches import LOG_OVERHEAD
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 HEAD = struct.Struct(">qiiB")             # offset, size, partition leader epoch (v2) / crc, magic
@@ -54,7 +54,7 @@ RESERVE_FROM_BYTES = 1 << 20
 RESERVE_AHEAD_BYTES = 4 << 20
 RESERVE_HEADROOM_BYTES = 256 << 20
 LEFTOVER_BYTES = 64 << 10          # past the end's block: more than a file system's own metadata blocks
-_NO_RESERVATION = 1 << 63
+_NO_RESERVATION = 2**63 - 1      # past any append's end
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +75,9 @@ class BatchHead:
             self.max_timestamp = struct.unpack_from(">q", head, 18)[0] if self.magic == 1 else NO_TIMESTAMP
 
 
-class LogSegment:
-    """A segment of a partition's log. Appends and recovery are serialised by the partition's lock."""
+class LogSegment(_core.SegmentCore):
+    """A segment of a partition's log. Appends and recovery are serialised by the partition's lock; an append is
+    the core's (``SegmentCore.append``)."""
 
     def __init__(self, directory, base_offset, config, *, active, now_ms):
         self.directory = directory
@@ -257,54 +258,14 @@ class LogSegment:
             return message_timestamp - self.rolling_based_timestamp
         return now_ms - self.created_ms
 
-    def can_convert_to_relative_offset(self, offset):
-        return 0 <= offset - self.base_offset <= INT32_MAX
 
     # --- writing --------------------------------------------------------------------------------------
 
-    def append(self, largest_offset, largest_timestamp, offset_of_max_timestamp, pieces):
-        """Write ``pieces`` (bytes-like views of whole batches, in order) at the end of the segment.
-
-        All or nothing: when a write fails (a full disk), the file and both indexes are left as they were
-        and the ``OSError`` is raised."""
-        size = sum(map(len, pieces))
-        if not size:
-            return
-        position = self.size
-        if not self.can_convert_to_relative_offset(largest_offset):
-            raise CorruptIndexError(f"{self.log_path}: offset {largest_offset} does not fit this segment")
-        if position + size > self._reserve_at:
-            self._reserve_ahead(position + size)
-        max_timestamp, offset_of_max = self.max_timestamp_so_far, self.offset_of_max_timestamp
-        if largest_timestamp > max_timestamp:
-            max_timestamp, offset_of_max = largest_timestamp, offset_of_max_timestamp
-        index_due = self.bytes_since_last_index_entry > self.config.index_interval_bytes
-        writes = ()
-        if index_due:
-            offset_entry = self.offset_index.entry(largest_offset, position)
-            time_entry = self.time_index.maybe_entry(max_timestamp, offset_of_max)
-            offset_write = self.offset_index.due_write(offset_entry)
-            time_write = None if time_entry is None else self.time_index.due_write(time_entry)
-            writes = [write for write in (offset_write, time_write) if write]
-        try:
-            # the batches, then the entries due; on a failure the file is cut back and the indexes unchanged
-            _core.append_segment(self._fd, pieces, position, writes)
-        except OSError:
-            # cutting the file back freed the blocks past it: the next append past RESERVE_FROM_BYTES reserves
-            self._reserved_to = 0
-            self._reserve_at = min(self._reserve_at, max(position, RESERVE_FROM_BYTES))
-            raise
-        if index_due:
-            self.offset_index.appended(offset_entry, offset_write is not None)
-            if time_entry is not None:
-                self.time_index.appended(time_entry, time_write is not None)
-        if position == 0:
-            self.rolling_based_timestamp = largest_timestamp
-        self._last_append = self.next_offset, position
-        self.size += size
-        self.next_offset = largest_offset + 1
-        self.max_timestamp_so_far, self.offset_of_max_timestamp = max_timestamp, offset_of_max
-        self.bytes_since_last_index_entry = size if index_due else self.bytes_since_last_index_entry + size
+    def _write_failed(self, position):
+        """An append's write at ``position`` failed (the core's ``append`` cut the file back there): the blocks
+        past it were freed, so the next append past ``RESERVE_FROM_BYTES`` reserves."""
+        self._reserved_to = 0
+        self._reserve_at = min(self._reserve_at, max(position, RESERVE_FROM_BYTES))
 
     def _reserve_ahead(self, end):
         """Reserve blocks for an append ending at ``end``, and ahead (see the module docstring)."""
