@@ -315,6 +315,90 @@ def wire_decode(Py_ssize_t index, view, Py_ssize_t pos):
     return message, reader.pos
 
 
+def wire_decode_request(payload, dict requests, header_class):
+    """``(header_class(api key, version, correlation id, client id), body)`` of a request payload the core reads
+    whole: its API and version in ``requests`` (``{api key << 16 | version: (ApiKey, flexible header, index of
+    its compiled codec in WIRE_CODECS)}``), no tagged field in its header, a body its compiled decoder takes (its
+    records views of a memoryview of ``payload``). None for any other, which the Python codec reads (and whose
+    faults it names)."""
+    cdef Py_buffer buffer
+    cdef _Rd reader
+    cdef int64_t length, api_key, api_version, correlation_id
+    view = memoryview(payload)
+    if view.ndim != 1 or view.format != "B":
+        return None
+    PyObject_GetBuffer(view, &buffer, PyBUF_SIMPLE)
+    try:
+        reader.p = <const unsigned char*>buffer.buf
+        reader.pos = 0
+        reader.end = buffer.len
+        if reader.end < 10:
+            return None
+        api_key, api_version, correlation_id = _rd_i16(&reader), _rd_i16(&reader), _rd_i32(&reader)
+        plan = requests.get((api_key << 16) | api_version)
+        if plan is None:
+            return None
+        key, flexible, index = plan
+        length = _rd_i16(&reader)
+        client_id = None
+        if length >= 0:
+            if length > reader.end - reader.pos:
+                return None
+            try:
+                client_id = PyUnicode_DecodeUTF8(<const char*>reader.p + reader.pos, length, NULL)
+            except UnicodeDecodeError:
+                return None
+            reader.pos += length
+        elif length != -1:
+            return None
+        if flexible:
+            if reader.pos >= reader.end or reader.p[reader.pos] != 0:
+                return None
+            reader.pos += 1
+        try:
+            body = _WIRE_DECODE[<Py_ssize_t>index](&reader, view)
+        except Exception:
+            return None
+    finally:
+        PyBuffer_Release(&buffer)
+    return header_class(key, api_version, correlation_id, client_id), body
+
+
+def wire_encode_response(header, body, dict responses):
+    """The payload of ``body`` answering the request of ``header`` (its version and correlation id) written whole
+    by the core: ``bytes``, or ``(bytes, [(offset, record Send)], bytes of the Sends)`` when it holds Sends.
+    None where ``(type(body), version)`` is not in ``responses`` (``{...: (ApiKey, flexible header, index of its
+    compiled codec)}``), the request was of another API or a value is one the compiled encoder leaves to the
+    Python codec, which then writes it (or names the fault)."""
+    cdef Py_ssize_t head
+    cdef _WireOut out
+    cdef char* p
+    version = header.api_version
+    plan = responses.get((type(body), version))
+    if plan is None:
+        return None
+    api_key, flexible, index = plan
+    correlation_id = header.correlation_id
+    if api_key != header.api_key or not PyLong_Check(correlation_id) or not -2**31 <= correlation_id < 2**31:
+        return None
+    head = 5 if flexible else 4
+    out = _WireOut(head)
+    try:
+        _WIRE_ENCODE[<Py_ssize_t>index](out, body)
+    except Exception:
+        return None
+    data = PyBytes_FromStringAndSize(NULL, head + out.len)
+    p = PyBytes_AS_STRING(data)
+    put32(<unsigned char*>p, correlation_id)
+    if flexible:
+        p[4] = 0
+    if out.len:
+        memcpy(p + head, out.p, out.len)
+    if out.splices:
+        return data, out.splices, out.spliced
+    return data
+
+
 def wire_encode(Py_ssize_t index, message, bytearray buf, list splices):
     """Append ``message``'s body to ``buf`` by the compiled encoder ``index`` of ``WIRE_CODECS``, noting
     record Sends in ``splices`` as (offset in ``buf``, send); returns the bytes so noted. On an exception

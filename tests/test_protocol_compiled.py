@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 
 from kmem import _core
 from kmem.protocol import (CorruptMessageError, InvalidMessageError, decode_request, decode_request_header,
-                           encode_request, message_class, messages)
-from kmem.protocol import codegen, cythongen, schema
-from kmem.protocol.api import SUPPORTED_VERSIONS, ApiKey, _codec, _decode_request_header_reference, message
+                           encode_request, encode_response, message_class, messages)
+from kmem.protocol import api, codegen, cythongen, schema
+from kmem.protocol.api import (SUPPORTED_VERSIONS, ApiKey, _codec, _decode_request_header_reference, message,
+                               request_header_version, response_header_version)
 from kmem.protocol.compiled import _bind
 from kmem.send import BytesSend
 from test_protocol_compat import struct_values, to_kmem
@@ -169,3 +170,85 @@ def test_request_header_is_read_as_the_python_reader_reads_it(api_key, version):
             header_outcome(_decode_request_header_reference, hostile)
     header, _ = decode_request_header(data)
     assert (header.api_key, header.correlation_id, header.client_id) == (api_key, 77, "client-é")
+
+
+REQUEST_CASES = [(key, version) for key, version, kind in CASES if kind == "Request"]
+RESPONSE_CASES = [(key, version) for key, version, kind in CASES if kind == "Response"]
+
+
+def decoded(data):
+    """``decode_request(data)``'s outcome: the header and body, or the error's type and message."""
+    try:
+        return decode_request(data)
+    except Exception as e:
+        return type(e), str(e)
+
+
+@pytest.mark.parametrize("api_key,version", REQUEST_CASES, ids=[f"{k.name}-v{v}" for k, v in REQUEST_CASES])
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_a_request_read_whole_by_the_core_is_the_python_codecs_reading(api_key, version, data, monkeypatch):
+    """``_core.wire_decode_request`` (header and body in one call) gives the header and body the Python codec
+    reads, leaves a header with tagged fields to it, and for input cut or changed anywhere ``decode_request``
+    answers as it does without the core's reading (the same header and body, or the same error)."""
+    message_class(api_key, "Request")
+    body = to_kmem(data.draw(struct_values(message(api_key, "Request"), version)))
+    client_id = data.draw(st.none() | st.text(max_size=8))
+    payload = bytes(encode_request(body, version, 41, client_id))
+    api._request_plan(api_key, version)
+    assert api._COMPILED_REQUESTS[api_key << 16 | version][2] == compiled_index(message(api_key, "Request"), version)
+    read = _core.wire_decode_request(payload, api._COMPILED_REQUESTS, api.RequestHeader)
+    header, _ = read
+    assert (header.api_key, header.api_version, header.correlation_id, header.client_id) == \
+        (api_key, version, 41, client_id)
+    inputs = [payload] + [payload[:cut] for cut in range(0, len(payload), max(1, len(payload) // 40))]
+    inputs += [payload[:at] + bytes([byte]) + payload[at + 1:]
+               for at in range(0, len(payload), max(1, len(payload) // 40)) for byte in (0xFF, 0x7F, 0x80)]
+    if request_header_version(api_key, version) == 2:
+        inputs.append(bytes(encode_request(body, version, 41, client_id, {3: b"tag"})))
+        assert _core.wire_decode_request(inputs[-1], api._COMPILED_REQUESTS, api.RequestHeader) is None
+    expected = {}
+    with monkeypatch.context() as without_core:
+        without_core.setattr(api, "_COMPILED_REQUESTS", {})
+        for hostile in inputs:
+            expected[hostile] = decoded(hostile)
+    assert read == expected[payload]
+    for hostile in inputs:
+        assert decoded(hostile) == expected[hostile]
+
+
+@pytest.mark.parametrize("api_key,version", RESPONSE_CASES, ids=[f"{k.name}-v{v}" for k, v in RESPONSE_CASES])
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_a_response_written_whole_by_the_core_is_the_python_codecs_writing(api_key, version, data, monkeypatch):
+    """``_core.wire_encode_response`` (the response header and body in one call) writes the bytes the Python
+    codec writes, and leaves to it a response to another API or with header tags."""
+    message_class(api_key, "Response")
+    body = to_kmem(data.draw(struct_values(message(api_key, "Response"), version)))
+    header = api.RequestHeader(api_key, version, data.draw(st.integers(-2**31, 2**31 - 1)), "c")
+    api._response_plan(body, version)
+    with monkeypatch.context() as without_core:
+        without_core.setattr(api, "_COMPILED_RESPONSES", {})
+        expected = encode_response(header, body)
+    written = _core.wire_encode_response(header, body, api._COMPILED_RESPONSES)
+    assert written == expected and encode_response(header, body) == expected
+    other = ApiKey.LIST_OFFSETS if api_key != ApiKey.LIST_OFFSETS else ApiKey.METADATA
+    assert _core.wire_encode_response(api.RequestHeader(other, version, 1), body, api._COMPILED_RESPONSES) is None
+    if response_header_version(api_key, version) == 1:
+        assert encode_response(header, body, {4: b"t"}) != expected       # header tags: the Python codec's
+
+
+def test_a_response_with_record_sends_is_spliced_as_the_python_codec_splices_it(monkeypatch):
+    R = messages.FetchResponse
+    for version in (4, 12):
+        body = R(responses=[R.FetchableTopicResponse(topic="t", topic_id=schema.ZERO_UUID, partitions=[
+            R.PartitionData(partition_index=i, records=records)
+            for i, records in enumerate((BytesSend(b"x" * 20000), b"\x01" * 100, None))])])
+        header = api.RequestHeader(ApiKey.FETCH, version, 5, "c")
+        encode_response(header, body)
+        data, splices, spliced = _core.wire_encode_response(header, body, api._COMPILED_RESPONSES)
+        with monkeypatch.context() as without_core:
+            without_core.setattr(api, "_COMPILED_RESPONSES", {})
+            expected = encode_response(header, body)
+        assert (bytes(expected._data), expected._splices, expected.size) == (data, splices, len(data) + spliced)
+        assert isinstance(encode_response(header, body), type(expected))

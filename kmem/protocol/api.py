@@ -259,6 +259,11 @@ def _with_header_tags(view, key, api_version, correlation_id, client_id, pos):
 # lookups of every request, made once
 _REQUEST_PLANS = {}
 _RESPONSE_PLANS = {}
+# Of those with a compiled codec, what the core needs to read a request or write a response whole
+# (``_core.wire_decode_request``, ``_core.wire_encode_response``): api key << 16 | version -> (api key,
+# flexible header, codec index), and (response class, version) -> (api key, flexible header, codec index)
+_COMPILED_REQUESTS = {}
+_COMPILED_RESPONSES = {}
 
 
 def _request_plan(key, version):
@@ -269,6 +274,9 @@ def _request_plan(key, version):
             return None             # not kept: a client may name any of 65,536 versions
         plan = _REQUEST_PLANS[key, version] = (request_header_version(key, version) == 2,
                                                _codec(key, version, "Request", "decode"))
+        index = compiled.codec_index(message(key, "Request"), version)
+        if index is not None:
+            _COMPILED_REQUESTS[key << 16 | version] = (key, plan[0], index)
     return plan
 
 
@@ -279,6 +287,9 @@ def _response_plan(body, version):
         _check_version(api_key, version)
         plan = _RESPONSE_PLANS[type(body), version] = (api_key, response_header_version(api_key, version) == 1,
                                                        _codec(api_key, version, "Response", "encode"))
+        index = compiled.codec_index(message(api_key, "Response"), version)
+        if index is not None:
+            _COMPILED_RESPONSES[type(body), version] = (api_key, plan[1], index)
     return plan
 
 
@@ -292,6 +303,9 @@ def decode_request(buf):
     """``(RequestHeader, request body)`` of a request payload; the body's record fields are views of
     ``buf`` (valid as long as ``buf`` is). Raises ``UnknownApiKeyError``, ``UnsupportedVersionError``
     (with ``.header``) or ``CorruptMessageError``."""
+    decoded = _core.wire_decode_request(buf, _COMPILED_REQUESTS, RequestHeader)
+    if decoded is not None:
+        return decoded
     view = _view(buf)
     header, pos = _decode_request_header(view)
     plan = _request_plan(header.api_key, header.api_version)
@@ -416,6 +430,10 @@ def encode_response(request_header, body, unknown_tags=None):
     (and no records above 16 KiB), otherwise a ``SplicedSend`` (a ``kmem.send.Send``: the encoded
     fields with each record Send in place, nothing copied) whose ``size`` is the payload's length:
     write ``size`` as the frame prefix, then the send."""
+    if unknown_tags is None:
+        encoded = _core.wire_encode_response(request_header, body, _COMPILED_RESPONSES)
+        if encoded is not None:
+            return encoded if type(encoded) is bytes else SplicedSend(*encoded)
     version = request_header.api_version
     api_key, flexible_header, encode = _response_plan(body, version)
     if api_key != request_header.api_key:

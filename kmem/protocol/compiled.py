@@ -28,13 +28,21 @@ def _bind():
         _bound = True
 
 
+def codec_index(message, version):
+    """The index in ``_core.WIRE_CODECS`` of ``message``'s compiled codec at ``version`` (the classes it builds
+    bound), or None where none is compiled."""
+    index = _core.WIRE_CODECS.get((message.name, version))
+    if index is not None:
+        _bind()
+    return index
+
+
 def codec(message, version, direction, reference):
     """The compiled ``direction`` ('decode' or 'encode') codec of ``message`` at ``version`` in front of
     ``reference`` (its Python codec, same signature), or ``reference`` where none is compiled."""
-    index = _core.WIRE_CODECS.get((message.name, version))
+    index = codec_index(message, version)
     if index is None:
         return reference
-    _bind()
     wire_decode, wire_encode = _core.wire_decode, _core.wire_encode
     if direction == "decode":
         def decode(view, pos):
