@@ -242,17 +242,91 @@ ctypedef int (*_wire_encoder)(_WireOut, object) except -1
 
 cdef tuple _WIRE_CLASSES = ()
 cdef tuple _WIRE_DEFAULTS = ()
+cdef tuple _WIRE_MAKERS = ()
+
+
+cdef extern from *:
+    """
+    #include <structmember.h>
+    /* The byte offset in an instance of the slot that ``descr`` (a class's __slots__ member) describes, or -1
+       when it is not a plain object slot. */
+    static Py_ssize_t kmem_slot_offset(PyObject* descr) {
+        PyMemberDef* member;
+        if (Py_TYPE(descr) != &PyMemberDescr_Type)
+            return -1;
+        member = ((PyMemberDescrObject*)descr)->d_member;
+        return member->type == T_OBJECT_EX && !(member->flags & READONLY) ? member->offset : -1;
+    }
+    /* An instance of ``cls`` whose slots at ``offsets`` hold ``values`` (a tuple of as many), made as
+       object.__new__ makes it and filled as an __init__ assigning each would fill it. */
+    static PyObject* kmem_slots_new(PyObject* cls, const Py_ssize_t* offsets, PyObject* values) {
+        Py_ssize_t i;
+        PyObject* instance = ((PyTypeObject*)cls)->tp_alloc((PyTypeObject*)cls, 0);
+        if (instance == NULL)
+            return NULL;
+        for (i = 0; i < PyTuple_GET_SIZE(values); i++) {
+            PyObject* value = PyTuple_GET_ITEM(values, i);
+            Py_INCREF(value);
+            *(PyObject**)((char*)instance + offsets[i]) = value;
+        }
+        return instance;
+    }
+    """
+    Py_ssize_t kmem_slot_offset(object descr)
+    object kmem_slots_new(object cls, const Py_ssize_t* offsets, tuple values)
+
+
+@cython.final
+@cython.internal
+cdef class _SlotMaker:
+    """``cls(*values)`` for a generated message class whose ``__init__`` only assigns its arguments to its
+    ``__slots__`` in order: the compiled decoders pass every field, so the slots are filled directly, without
+    a Python frame per message."""
+    cdef object cls
+    cdef Py_ssize_t count
+    cdef Py_ssize_t* offsets
+
+    def __cinit__(self, cls, list offsets):
+        cdef Py_ssize_t i
+        self.cls = cls
+        self.count = len(offsets)
+        self.offsets = <Py_ssize_t*>malloc(max(1, self.count) * sizeof(Py_ssize_t))
+        if self.offsets == NULL:
+            raise MemoryError()
+        for i in range(self.count):
+            self.offsets[i] = offsets[i]
+
+    def __dealloc__(self):
+        free(self.offsets)
+
+    def __call__(self, *values):
+        if len(values) != self.count:
+            return self.cls(*values)
+        return kmem_slots_new(self.cls, self.offsets, values)
+
+
+cdef object _slot_maker(cls):
+    """A ``_SlotMaker`` of ``cls``, or ``cls`` itself when its slots are not all plain object slots."""
+    offsets = []
+    for name in cls.__slots__:
+        offset = kmem_slot_offset(cls.__dict__[name])
+        if offset < 0:
+            return cls
+        offsets.append(offset)
+    return _SlotMaker(cls, offsets)
 
 
 def bind_wire_classes(classes, defaults):
     """The classes of ``WIRE_STRUCTS`` and their shared defaults (None where a struct has none), from
     kmem.protocol.codegen: the compiled codecs build and read these."""
-    global _WIRE_CLASSES, _WIRE_DEFAULTS
+    global _WIRE_CLASSES, _WIRE_DEFAULTS, _WIRE_MAKERS
     _WIRE_CLASSES, _WIRE_DEFAULTS = tuple(classes), tuple(defaults)
+    _WIRE_MAKERS = tuple(_slot_maker(cls) for cls in _WIRE_CLASSES)
 
 
 cdef inline object _wire_class(Py_ssize_t index):
-    return _WIRE_CLASSES[index]
+    """What builds a message of class ``index`` from all its fields in order (its ``_SlotMaker``)."""
+    return _WIRE_MAKERS[index]
 
 
 cdef object _wire_default(Py_ssize_t index):

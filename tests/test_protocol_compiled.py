@@ -252,3 +252,19 @@ def test_a_response_with_record_sends_is_spliced_as_the_python_codec_splices_it(
             expected = encode_response(header, body)
         assert (bytes(expected._data), expected._splices, expected.size) == (data, splices, len(data) + spliced)
         assert isinstance(encode_response(header, body), type(expected))
+
+
+def test_decoded_messages_are_built_without_their_python_init(monkeypatch):
+    """The compiled decoders fill a message's slots directly (``_core``'s slot makers): no Python frame runs per
+    message, and the messages equal those the Python codec builds through ``__init__``."""
+    P = messages.ProduceRequest
+    body = P(transactional_id="tx", acks=-1, timeout_ms=5, topic_data=[P.TopicProduceData(
+        name="t", partition_data=[P.PartitionProduceData(index=i, records=b"r%d" % i) for i in range(3)])])
+    payload = bytes(encode_request(body, 9, 7, "c"))
+    expected = decode_request(payload)[1]
+
+    def refused(self, *args, **kwargs):
+        raise AssertionError(f"{type(self).__name__}.__init__ ran")
+    for cls in (P, P.TopicProduceData, P.PartitionProduceData):
+        monkeypatch.setattr(cls, "__init__", refused)
+    assert decode_request(payload)[1] == expected == body
