@@ -309,7 +309,8 @@ cdef object _slot_maker(cls):
     """A ``_SlotMaker`` of ``cls``, or ``cls`` itself when its slots are not all plain object slots."""
     offsets = []
     for name in cls.__slots__:
-        offset = kmem_slot_offset(cls.__dict__[name])
+        descr = cls.__dict__.get(name)
+        offset = -1 if descr is None else kmem_slot_offset(descr)
         if offset < 0:
             return cls
         offsets.append(offset)

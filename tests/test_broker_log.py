@@ -833,11 +833,12 @@ def test_a_segment_append_is_the_cores_and_changes_nothing_when_it_refuses(tmp_p
         segment.append(last, stamp, last, [b"batch-%d" % last])
     assert state() == (27, 103, 9, 102, 9, 27, 2, (102, 18), 2, (9, 102))     # no entry for the first append
     before = state()
-    for last, fault in ((99, "does not fit this segment"), (100 + 2**31, "does not fit this segment"),
-                        (102, "is not above the last indexed offset 102")):
+    for last, path, fault in ((99, segment.log_path, "does not fit this segment"),
+                              (100 + 2**31, segment.log_path, "does not fit this segment"),
+                              (102, offsets.path, "is not above the last indexed offset 102")):
         with pytest.raises(CorruptIndexError, match=fault) as refused:
             segment.append(last, 10, last, [b"refused"])
-        assert segment.log_path in str(refused.value) or offsets.path in str(refused.value)
+        assert str(refused.value).startswith(f"{path}: ")
         assert state() == before
     segment.append(103, 4, 103, [b"batch-103"])           # an offset entry; the largest timestamp did not grow
     assert (offsets.entries, times.entries) == (3, 2)
@@ -849,10 +850,36 @@ def test_a_segment_append_is_the_cores_and_changes_nothing_when_it_refuses(tmp_p
     assert state() == before
     with pytest.raises(ValueError):
         offsets.appended(b"short", True)
-    segment.offset_index.trim_to_valid_size()
+    offsets.trim_to_valid_size()        # the entries held, written
+    segment.close()
     with open(offsets.path, "rb") as f:
         assert f.read() == b"".join(struct.pack(">ii", last - 100, position) for last, position in
                                     ((101, 9), (102, 18), (103, 27), (104, 36)))
+
+
+def test_a_failed_write_gives_back_the_blocks_reserved_ahead_and_reserves_again_later(tmp_path, monkeypatch):
+    """A write that fails (the file cut back to where the append began frees the blocks reserved past it) forgets
+    the reservation, so the next append past ``RESERVE_FROM_BYTES`` reserves again."""
+    skip_unless_blocks_can_be_reserved(tmp_path)
+    monkeypatch.setattr(segment_module, "RESERVE_FROM_BYTES", 1000)
+    config = dataclasses.replace(BrokerConfig.from_properties().topic_config(), segment_bytes=1 << 20)
+    segment = segment_module.LogSegment(str(tmp_path), 0, config, active=True, now_ms=0)
+    try:
+        segment._reserve_at = 1000
+        segment.append(0, 1, 0, [bytes(1500)])
+        assert segment._reserved_to == 3000 and segment._reserve_at == 3000     # as much again as it holds
+        writable, segment._fd = segment._fd, os.open(segment.log_path, os.O_RDONLY)
+        try:
+            with pytest.raises(OSError):
+                segment.append(1, 1, 1, [bytes(2000)])
+        finally:
+            os.close(segment._fd)
+            segment._fd = writable
+        assert (segment.size, segment._reserved_to, segment._reserve_at) == (1500, 0, 1500)
+        segment.append(1, 1, 1, [bytes(100)])               # past the end it failed at: reserves again
+        assert segment._reserved_to == 3200 and segment.size == 1600
+    finally:
+        segment.close()
 
 
 def one_record_batches(manager, count):

@@ -1,6 +1,7 @@
 """kmem.broker transaction markers: ``PartitionLog.write_txn_marker`` (Kafka's EndTransactionMarker written as
 the coordinator: the producer's transaction closes, the last stable offset moves, an abort goes into the
 segment's ``.txnindex``) and ``kmem.broker.txn.markers.TxnMarkerWriter``."""
+import errno
 import os
 import struct
 import time
@@ -115,16 +116,25 @@ def test_marker_of_an_older_epoch_is_refused_and_nothing_is_written(partition_lo
     assert list(partition_log.active.txn_index.entries()) == [AbortedTxn(1, 0, 1, 2)]
 
 
-def test_failed_write_keeps_neither_marker_nor_index_entry(partition_log):
+@pytest.mark.parametrize("fault", ["read-only descriptor", "full disk"])
+def test_failed_write_keeps_neither_marker_nor_index_entry(partition_log, monkeypatch, fault):
     produce(partition_log, 1, 0, 0)
     segment = partition_log.active
-    writable, segment._fd = segment._fd, os.open(segment.log_path, os.O_RDONLY)     # the marker's write fails
-    try:
+    if fault == "full disk":        # as the disk answers it; a full tmpfs is tested in test_broker_faults
+        def full_disk(*args):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(type(segment), "append", full_disk)
         failed = partition_log.write_txn_marker(1, 0, 0, False)
-    finally:
-        os.close(segment._fd)
-        segment._fd = writable
-    assert failed.error_code == ErrorCode.KAFKA_STORAGE_ERROR and "Bad file descriptor" in failed.error_message
+        monkeypatch.undo()
+    else:                           # the core's write itself fails
+        writable, segment._fd = segment._fd, os.open(segment.log_path, os.O_RDONLY)
+        try:
+            failed = partition_log.write_txn_marker(1, 0, 0, False)
+        finally:
+            os.close(segment._fd)
+            segment._fd = writable
+    assert failed.error_code == ErrorCode.KAFKA_STORAGE_ERROR
+    assert ("No space left" if fault == "full disk" else "Bad file descriptor") in failed.error_message
     assert not os.path.exists(txn_index_path(partition_log))
     assert (partition_log.log_end_offset, partition_log.last_stable_offset) == (1, 0)
     assert partition_log.write_txn_marker(1, 0, 0, False).error_code == ErrorCode.NONE
