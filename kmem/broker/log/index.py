@@ -46,6 +46,7 @@ PENDING_BYTES = 1024       # an index's entries held before they are written: 12
 RESERVE_BYTES = 4096       # the blocks reserved at a time for the entries held
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
+
 class _Index:
     """An index file's reads, lookups and upkeep; its entries' state and appends are the core's
     (``_core.IndexCore``: the count, the entries held, the last entry)."""

@@ -258,7 +258,6 @@ class LogSegment(_core.SegmentCore):
             return message_timestamp - self.rolling_based_timestamp
         return now_ms - self.created_ms
 
-
     # --- writing --------------------------------------------------------------------------------------
 
     def _write_failed(self, position):
