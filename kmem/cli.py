@@ -395,6 +395,11 @@ def _run_broker(args):
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("kmem.broker")
+    # Taken before the listeners open: a client (or a test) that saw "listening on" may stop the broker at once,
+    # and a signal during start-up stops it once started, with its checkpoints written.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
     broker = None
     try:
         log_dir, properties, host, port = _broker_settings(args)
@@ -414,9 +419,6 @@ def _run_broker(args):
     # it does, so the garbage collector's full passes skip it (a pass over it took 10-30 ms of latency
     # with a thousand clients connected).
     gc.freeze()
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     # Short waits: a signal the kernel gives another of the broker's threads does not interrupt this one's wait,
     # and Python runs its handler only once this thread is back in the interpreter.
     while not stop.wait(SIGNAL_CHECK_SECONDS):

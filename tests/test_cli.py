@@ -18,7 +18,7 @@ import pytest
 
 import kmem
 import kmem.errors
-from broker_helpers import start_broker_process
+from broker_helpers import start_broker_process, wait_for
 from network_helpers import free_port
 from kmem.records import build_records
 
@@ -520,3 +520,14 @@ def test_a_second_spark_on_the_machine_is_no_notice_for_the_pipeline():
     assert not JVM_START_NOTICES.search("26/11/28 14:35:55 WARN Utils: Service 'sparkDriver' could not bind on a "
                                         "random free port. You may check whether configuring an appropriate "
                                         "binding address.")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_as_soon_as_the_broker_listens_stops_it_cleanly(tmp_path, signum):
+    """A signal sent the moment the broker logs where it listens (what a supervisor or a test waits for), while its
+    start-up still runs (here held for a second), stops it with exit 0 once started, not by the signal's default
+    action."""
+    process, _ = start_broker_process(tmp_path / "logs", before="import gc, time\ngc.freeze = lambda: time.sleep(1)")
+    process.send_signal(signum)
+    assert process.wait(30) == 0, "".join(process.log_lines)
+    wait_for(lambda: any("shutting down" in line for line in process.log_lines), "its shutdown logged")
