@@ -4,6 +4,12 @@
 # steps this calls back into (reserving blocks ahead, the error an out-of-place offset raises).
 
 
+cdef inline bint _relative_fits(int64_t offset, int64_t base_offset) noexcept:
+    # an offset a segment based at ``base_offset`` (never negative) and its indexes can hold: relative to the
+    # base, an int32 (compared first, so that no subtraction overflows)
+    return offset >= base_offset and offset - base_offset <= 0x7FFFFFFF
+
+
 cdef class IndexCore:
     """An index's entries as its appends change them: their count, those written to the file (``_written``),
     those held after them (``_pending``, their rows in ``_pending_rows``) until they would pass
@@ -81,7 +87,7 @@ cdef class OffsetIndexCore(IndexCore):
         if self._last is not None and offset <= self.base_offset + self._last[0]:
             raise self._corrupt(f"offset {offset} is not above the last indexed offset "
                                 f"{self.base_offset + self._last[0]}")
-        if not 0 <= offset - self.base_offset <= 0x7FFFFFFF or not 0 <= position <= 0x7FFFFFFF:
+        if not _relative_fits(offset, self.base_offset) or not 0 <= position <= 0x7FFFFFFF:
             raise self._corrupt(f"offset {offset} at position {position} does not fit an entry")
         put32(row, offset - self.base_offset)
         put32(row + 4, position)
@@ -108,7 +114,7 @@ cdef class TimeIndexCore(IndexCore):
             raise self._corrupt(f"offset {offset} is below the last indexed offset {self.base_offset + self._last[1]}")
         if timestamp <= (-1 if self._last is None else self._last[0]):
             return None
-        if not 0 <= offset - self.base_offset <= 0x7FFFFFFF:
+        if not _relative_fits(offset, self.base_offset):
             raise self._corrupt(f"offset {offset} does not fit an entry")
         put64(row, timestamp)
         put32(row + 8, offset - self.base_offset)
@@ -128,7 +134,7 @@ cdef class SegmentCore:
     cdef public TimeIndexCore time_index
 
     def can_convert_to_relative_offset(self, int64_t offset):
-        return 0 <= offset - self.base_offset <= 0x7FFFFFFF
+        return _relative_fits(offset, self.base_offset)
 
     def append(self, int64_t largest_offset, int64_t largest_timestamp, int64_t offset_of_max_timestamp,
                pieces):
@@ -146,7 +152,7 @@ cdef class SegmentCore:
             size += len(piece)
         if not size:
             return
-        if not 0 <= largest_offset - self.base_offset <= 0x7FFFFFFF:
+        if not _relative_fits(largest_offset, self.base_offset):
             from kmem.errors import CorruptIndexError
             raise CorruptIndexError(f"{(<object>self).log_path}: offset {largest_offset} does not fit this segment")
         if position + size > self._reserve_at:

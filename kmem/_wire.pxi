@@ -343,27 +343,33 @@ cdef inline bint _wire_differs(Py_ssize_t index, value):
 include "_wire_codecs.pxi"
 
 
+cdef object _rd_client_id(_Rd* r):
+    """A request header's client id (a nullable string); WireFallback on a bad length, UnicodeDecodeError on bad
+    UTF-8."""
+    cdef int64_t length = _rd_i16(r)
+    if length == -1:
+        return None
+    if length < 0:
+        _wire_fallback()
+    _rd_need(r, length)
+    client_id = PyUnicode_DecodeUTF8(<const char*>r.p + r.pos, length, NULL)
+    r.pos += length
+    return client_id
+
+
 def wire_request_header(view):
     """``(api_key, api_version, correlation_id, client_id, pos after it)`` of a request header v1 or v2 at
     the start of ``view`` (a memoryview of bytes); the tagged fields of v2 are the caller's, which knows
     the API's versions. Raises WireFallback (or another exception) on anything the Python codec must judge."""
     cdef Py_buffer buffer
     cdef _Rd reader
-    cdef int64_t length
     PyObject_GetBuffer(view, &buffer, PyBUF_SIMPLE)
     try:
         reader.p = <const unsigned char*>buffer.buf
         reader.pos = 0
         reader.end = buffer.len
         api_key, api_version, correlation_id = _rd_i16(&reader), _rd_i16(&reader), _rd_i32(&reader)
-        length = _rd_i16(&reader)
-        client_id = None
-        if length >= 0:
-            _rd_need(&reader, length)
-            client_id = PyUnicode_DecodeUTF8(<const char*>reader.p + reader.pos, length, NULL)
-            reader.pos += length
-        elif length != -1:
-            _wire_fallback()
+        client_id = _rd_client_id(&reader)
     finally:
         PyBuffer_Release(&buffer)
     return api_key, api_version, correlation_id, client_id, reader.pos
@@ -398,7 +404,7 @@ def wire_decode_request(payload, dict requests, header_class):
     faults it names)."""
     cdef Py_buffer buffer
     cdef _Rd reader
-    cdef int64_t length, api_key, api_version, correlation_id
+    cdef int64_t api_key, api_version, correlation_id
     view = memoryview(payload)
     if view.ndim != 1 or view.format != "B":
         return None
@@ -414,17 +420,9 @@ def wire_decode_request(payload, dict requests, header_class):
         if plan is None:
             return None
         key, flexible, index = plan
-        length = _rd_i16(&reader)
-        client_id = None
-        if length >= 0:
-            if length > reader.end - reader.pos:
-                return None
-            try:
-                client_id = PyUnicode_DecodeUTF8(<const char*>reader.p + reader.pos, length, NULL)
-            except UnicodeDecodeError:
-                return None
-            reader.pos += length
-        elif length != -1:
+        try:
+            client_id = _rd_client_id(&reader)
+        except (WireFallback, UnicodeDecodeError):
             return None
         if flexible:
             if reader.pos >= reader.end or reader.p[reader.pos] != 0:
