@@ -119,3 +119,118 @@ cdef class ProducerStateCore:
         if batch.is_transactional and self.current_txn_first_offset == -1:
             self.current_txn_first_offset = base_offset
         return 0
+
+
+cdef class ProducerStatesCore:
+    """The per-append part of a partition's producer state (``ProducerStateManager``): where states are kept and
+    the check, reservation and storing of an append's batches, one call each. ``_cache``: an ``OrderedDict``
+    of at most ``cache_entries`` states, least recently used first; ``_stale``: states written since the last
+    expiry check whose timestamp is already expired (kept until the next); ``_ongoing``: the first offset of
+    each open transaction. The subclass gives the rest: ``state_class`` (a ``ProducerStateCore`` with
+    ``from_entry``), ``_marker(state, batch, replication)`` for a transaction marker and ``_refused(state,
+    batch, verdict)`` for the error of a refused batch."""
+    cdef public object ledger, _cache, state_class, entry_class
+    cdef public dict _stale, _ongoing
+    cdef public int64_t _checked_at, expiration_ms
+    cdef public Py_ssize_t cache_entries
+    cdef readonly LedgerLock _lock
+
+    def __init__(self, ledger, cache, state_class, entry_class, int64_t checked_at, int64_t expiration_ms,
+                 Py_ssize_t cache_entries):
+        self.ledger, self._cache, self.state_class, self.entry_class = ledger, cache, state_class, entry_class
+        self._stale, self._ongoing = {}, {}
+        self._checked_at, self.expiration_ms, self.cache_entries = checked_at, expiration_ms, cache_entries
+        self._lock = LedgerLock()
+
+    cpdef bint expired(self, ProducerStateCore state):
+        """Past ``expiration_ms`` at the last expiry check and in no transaction (the ledger's rule)."""
+        return state.current_txn_first_offset < 0 and self._checked_at - state.timestamp >= self.expiration_ms
+
+    cpdef state(self, producer_id):
+        """The producer's state (None if unknown or expired); a copy the caller may change."""
+        cdef ProducerStateCore state
+        self._lock.take()
+        try:
+            state = self._stale.get(producer_id)
+            if state is not None:
+                return state.copy()
+            state = self._cache.get(producer_id)
+            if state is not None:
+                self._cache.move_to_end(producer_id)
+        finally:
+            self._lock.give()
+        if state is not None:
+            return None if self.expired(state) else state.copy()
+        entry = self.ledger.read(producer_id)
+        return None if entry is None else self.state_class.from_entry(entry)
+
+    def check(self, batches, origin="client"):
+        """Check the batches of one append (``BatchInfo``s; ``origin``: the validator's ``"client"``,
+        ``"replication"`` or ``"coordinator"``); returns ``(duplicate BatchMetadata or None, {pid:
+        new state}, [CompletedTxn of the transactions its markers close])``. Raises ``LogError`` with
+        INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER or, for a marker of an older coordinator epoch
+        than the producer's last one, TRANSACTION_COORDINATOR_FENCED."""
+        cdef dict updated = {}
+        cdef list completed = []
+        cdef bint client = origin == "client", replication = origin == "replication", known
+        cdef ProducerStateCore state
+        cdef int verdict
+        for batch in batches:
+            pid = batch.producer_id
+            if pid < 0:
+                continue
+            state = updated.get(pid)
+            if state is None:
+                state = self.state(pid)
+            known = state is not None
+            if not known:
+                state = self.state_class(pid)
+            if batch.is_control:
+                txn = self._marker(state, batch, replication)
+                if txn is not None:
+                    completed.append(txn)
+            else:
+                verdict = state.check_and_add(batch, client, replication, known)
+                if verdict > 0:
+                    return state.batches[verdict - 1], {}, []
+                if verdict:
+                    raise self._refused(state, batch, verdict)
+            updated[pid] = state
+        return None, updated, completed
+
+    def reserve(self, dict updated):
+        """Make room in the ledger for the states ``check`` returned, before their batches are written:
+        ``apply`` then does no I/O that can fail. Raises OSError (nothing changed) or, for more producers
+        than one append may carry, INVALID_RECORD (``LogError``)."""
+        if len(updated) > self.ledger.max_reservation:
+            from kmem.broker.codes import ErrorCode, LogError
+            raise LogError(ErrorCode.INVALID_RECORD, f"{len(updated)} producers in one append: at most "
+                                                     f"{self.ledger.max_reservation}")
+        if updated:             # batches without a producer id (the coordinators' own, plain ones) need no room
+            self.ledger.reserve(len(updated))
+
+    def apply(self, dict updated):
+        """Store the states ``check`` returned, once their batches are in the log (after ``reserve``)."""
+        cdef ProducerStateCore state
+        for state in updated.values():
+            self.ledger.update(tuple.__new__(self.entry_class, state.entry_fields()))
+            self._remember(state)
+
+    cpdef _remember(self, ProducerStateCore state):
+        cdef object pid = state.producer_id
+        self._lock.take()
+        try:
+            if self.expired(state):         # kept until the next check, as Kafka keeps it
+                self._stale[pid] = state
+            else:
+                self._stale.pop(pid, None)
+            self._cache[pid] = state
+            self._cache.move_to_end(pid)
+            while len(self._cache) > self.cache_entries:
+                self._cache.popitem(last=False)
+            if state.current_txn_first_offset != -1:
+                self._ongoing[pid] = state.current_txn_first_offset
+            else:
+                self._ongoing.pop(pid, None)
+        finally:
+            self._lock.give()

@@ -735,6 +735,7 @@ cdef class RowTable:
     cdef bint writable
     cdef Py_ssize_t rows               # whole rows in it
     cdef Py_ssize_t limit              # put adds no row at or past this count (see set_limit)
+    cdef Py_ssize_t reservable_at      # the row count at which has_room may answer from limit (see set_limit)
 
     def __cinit__(self, Py_ssize_t max_rows):
         self.slots = new_slots(max_rows)
@@ -854,10 +855,17 @@ cdef class RowTable:
         self.bound = None
         self.rows = self.limit = 0
 
-    def set_limit(self, Py_ssize_t limit):
+    def set_limit(self, Py_ssize_t limit, Py_ssize_t reservable_at=-1):
         """``put`` returns -1 rather than add a row at or past ``limit`` (at most the bound rows): the
-        caller's decisions (its filter, growing the file, flushing) come before that row."""
+        caller's decisions (its filter, growing the file, flushing) come before that row. While the table
+        holds ``reservable_at`` rows (-1: never), rows up to ``limit`` need none of those decisions, so
+        ``has_room`` may answer from it alone."""
         self.limit = max(0, min(limit, self.rows))
+        self.reservable_at = reservable_at
+
+    cpdef bint has_room(self, Py_ssize_t count):
+        """``count`` more rows fit before ``limit`` with nothing to decide first (see ``set_limit``)."""
+        return self.size == self.reservable_at and count <= self.limit - self.size
 
     cdef int check_bound(self, bint write=False) except -1:
         if self.bound is None:
@@ -1157,6 +1165,10 @@ cdef class LedgerCore:
     cdef object cls, decided, to_pid, clock, expiration, name
     cdef int64_t expiration_ms
     cdef bint closed
+    # reserve's: what the ledger decides when the active table has no room for the count, the lock that keeps
+    # a flush out meanwhile, the most one reservation takes, and the last count reserved
+    cdef public object reserve_decided, flush_lock
+    cdef public Py_ssize_t max_reservation, reserved
 
     def __init__(self, cls, decided, to_pid, long long expiration_ms, clock=None, name="ledger"):
         if not issubclass(cls, tuple) or expiration_ms < 1:
@@ -1189,6 +1201,31 @@ cdef class LedgerCore:
                 PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(entry, LAST_OFFSET), &overflow) >= 0:
             return entry
         return self.decided(entry, row)
+
+    @cython.always_allow_keywords(False)
+    def reserve(self, count):
+        """``PidLedger.reserve``: a plain int count the active table has room for (``RowTable.has_room``) is
+        recorded as ``reserved`` here, with ``flush_lock`` taken if free (else a flush is under way) and under
+        ``lock``; anything else goes to ``reserve_decided(count)`` (a flush or growth first, the errors)."""
+        cdef long long wanted = -1
+        cdef int overflow = 1
+        cdef bint done = False
+        if PyLong_CheckExact(<PyObject*>count):
+            wanted = PyLong_AsLongLongAndOverflow(<PyObject*>count, &overflow)
+        if not overflow and 0 <= wanted <= self.max_reservation and not self.closed and self.flush_lock is not None \
+                and self.flush_lock.acquire(False):
+            try:
+                self.lock.take()
+                try:
+                    if self.active is not None and self.active.has_room(wanted):
+                        self.reserved = wanted
+                        done = True
+                finally:
+                    self.lock.give()
+            finally:
+                self.flush_lock.release()
+        if not done:
+            self.reserve_decided(count)
 
     @cython.always_allow_keywords(False)
     def read(self, pid):

@@ -292,3 +292,42 @@ def test_the_cores_producer_state_refuses_values_it_cannot_hold():
     assert ProducerState(7).to_entry() == (7, -1, -1, -1, 0, -1, -1, -1)
     with pytest.raises(AttributeError):
         state.producer_id = 8                               # read-only: the state's key in the cache
+
+
+def test_an_appends_producer_state_steps_are_the_cores_and_keep_the_least_recently_used(tmp_path):
+    """``ProducerStateManager``'s check, reservation and storing of an append's states are the core's
+    (``ProducerStatesCore``, as is the ledger's reservation): at most ``cache_entries`` states stay, the least
+    recently used going first and read back from the ledger; an open transaction is listed until its marker;
+    a state whose timestamp is already expired is kept until the next expiry check."""
+    from kmem import _core
+    from kmem.broker.log.producer_state import ProducerStateManager
+    from kmem.broker.log.validator import BatchInfo
+
+    for name in ("state", "check", "reserve", "apply", "_remember", "expired"):
+        assert getattr(ProducerStateManager, name) is getattr(_core.ProducerStatesCore, name)
+    now = 10_000_000
+    producers = ProducerStateManager(tmp_path, ledger_ids=1000, cache_entries=2, expiration_ms=60_000,
+                                     clock_ms=lambda: now)
+    assert producers.ledger.reserve == producers.ledger._core.reserve
+
+    def append(pid, first, offset, timestamp=now, transactional=False):
+        batch = BatchInfo(pid, 0, first, first, offset, offset, timestamp, transactional, False)
+        duplicate, updated, completed = producers.check([batch])
+        assert duplicate is None and completed == [] and list(updated) == [pid]
+        producers.reserve(updated)
+        producers.apply(updated)
+
+    append(1, 0, 0)
+    append(2, 0, 1, transactional=True)
+    append(1, 1, 2)                     # 1 used again: 2 is the least recently used
+    append(3, 0, 3)
+    assert list(producers._cache) == [1, 3] and producers._ongoing == {2: 1}
+    assert producers.first_unstable_offset == 1
+    assert producers.state(2).last_offset == 1 and producers.state(2).current_txn_first_offset == 1   # the ledger's
+    append(4, 0, 4, timestamp=now - 120_000)        # a backfill: expired already, kept until the next check
+    assert producers.state(4) is not None and 4 in producers._stale
+    producers.remove_expired(now)
+    assert producers.state(4) is None and producers._stale == {}
+    duplicate, updated, _ = producers.check([BatchInfo(1, 0, 1, 1, 9, 9, now, False, False)])
+    assert duplicate is not None and duplicate.last_offset == 2 and updated == {}
+    producers.close()

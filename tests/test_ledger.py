@@ -1164,6 +1164,48 @@ def test_a_reserve_whose_flush_sealed_but_could_not_delete_keeps_the_snapshot(tm
         assert not os.path.exists(old.path)
 
 
+@pytest.mark.parametrize("shape", [SMALL, Shape.from_np(2_000, 0.01)])
+def test_reserve_in_the_core_decides_as_the_ledger_does(tmp_path, monkeypatch, shape):
+    """``LedgerCore.reserve`` answers alone only where the ledger's own path would reserve without I/O: two
+    ledgers fed the same updates and reservations, one always taking the ledger's path, end with the same files,
+    rows, reservation and entries after every step, and without I/O after each reserve until its count is used."""
+    rng = random.Random(7)
+    decided = {"fast": [], "slow": []}
+
+    def counting(ledger, name):
+        decide = ledger._core.reserve_decided
+
+        def counted(count):
+            decided[name].append(count)
+            return decide(count)
+        ledger._core.reserve_decided = counted
+
+    with PidLedger(tmp_path / "fast", shape, clock_ms=Clock()) as fast, \
+            PidLedger(tmp_path / "slow", shape, clock_ms=Clock()) as slow:
+        slow._core.flush_lock = None                    # the core never answers: always the ledger's path
+        counting(fast, "fast")
+        counting(slow, "slow")
+        written = []
+        for step in range(400):
+            count = rng.choice([0, 1, 1, 1, 2, 5, 40, fast.max_reservation])
+            fast.reserve(count)
+            slow.reserve(count)
+            for ledger in (fast, slow):
+                assert ledger._core.reserved == count
+            with monkeypatch.context() as m:
+                without_io(m)
+                for _ in range(count):                  # new ids now and then, else known ones (updated in place)
+                    pid = len(written) if not written or rng.random() < 0.03 else rng.choice(written)
+                    written += [pid] if pid == len(written) else []
+                    fast.update(entry(pid, epoch=step % 7))
+                    slow.update(entry(pid, epoch=step % 7))
+            assert files(tmp_path / "fast", "") == files(tmp_path / "slow", "")
+            assert (fast._active.rows, fast._active.count) == (slow._active.rows, slow._active.count)
+        assert all(fast.read(pid) == slow.read(pid) == entry(pid, epoch=fast.read(pid).epoch) for pid in written)
+    assert len(decided["slow"]) == 400
+    assert 0 < len(decided["fast"]) <= 300          # the ledger's path where needed, the core's in a quarter or more
+
+
 def test_reserve_checks_its_count_and_the_ledger(tmp_path):
     ledger = PidLedger(tmp_path, SMALL, clock_ms=Clock())
     assert 1 <= ledger.max_reservation <= ledger.capacity

@@ -136,7 +136,9 @@ class ActiveFile:
     def _set_limit(self):
         # New rows the core may add before put() must come back here: filter, capacity, growth. Near
         # saturation one at a time, each checked before the next.
-        self._table.set_limit(min(self.capacity, self._filtered + max(1, self.room)))
+        # While no row waits for the filter, ``reserve`` may answer from the limit in the core (has_room).
+        self._table.set_limit(min(self.capacity, self._filtered + max(1, self.room)),
+                              -1 if self._saturated else self._filtered)
 
     @property
     def table(self):

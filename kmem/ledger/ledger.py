@@ -232,7 +232,6 @@ class PidLedger:
         self.capacity = int(shape.estimate_max_n() * 1.25) + 64
         # What an empty active file takes with no check of its filter: the most ``reserve`` promises.
         self.max_reservation = min(self.capacity, max(1, room_for(shape, 0)))
-        self._reserved = 0                  # rows a new active file is made with, beyond INITIAL_ROWS
         # update() and read() in the core: the lock, the active file's row table and the read path
         # (published by _publish) and the expiry rule in one call each; _update_decided only when needed.
         # The instance's update and read are those callables themselves: a Python frame around them cost
@@ -243,6 +242,11 @@ class PidLedger:
         self.update = self._update = self._core.update
         self.read = self._core.read
         self._flush_lock = threading.Lock()    # one flush at a time
+        # reserve() in the core when the active file has room; ``reserved``: the rows a new active file is
+        # made with, beyond INITIAL_ROWS
+        self._core.reserve_decided, self._core.flush_lock = self._reserve_decided, self._flush_lock
+        self._core.max_reservation = self.max_reservation
+        self.reserve = self._core.reserve
         self._closed = False
         if read_only:
             if not os.path.isdir(self.directory):
@@ -381,7 +385,7 @@ class PidLedger:
 
     def _new_active(self):
         active = ActiveFile(os.path.join(self.directory, active_name(self._sequence + 1)),
-                            self.shape, self.capacity, self.fsync, rows=max(INITIAL_ROWS, self._reserved))
+                            self.shape, self.capacity, self.fsync, rows=max(INITIAL_ROWS, self._core.reserved))
         self._sequence += 1
         return active
 
@@ -588,11 +592,16 @@ class PidLedger:
         then updates the producer's entry): it serialises its updates, as the broker's partition lock
         does; a flush meanwhile (``flush_interval_ms``) makes the new active file with room for them.
         ``count``: 0 to ``max_reservation``, what an empty active file takes.
+        The core answers when the active file has room (``LedgerCore.reserve``); else ``_reserve_decided``.
         """
+        return self._core.reserve(count)       # what ``ledger.reserve`` calls directly (see __init__)
+
+    def _reserve_decided(self, count):
+        """``reserve`` past the core's part: the checks' errors, or an active file to grow or flush first."""
         self._check_writable()
         _require_int("count", count, 0, self.max_reservation)
         with self._flush_lock:
-            self._reserved = count
+            self._core.reserved = count
             while True:
                 with self._lock:
                     if self._current().reserve(count):      # may grow it: OSError changes nothing

@@ -63,13 +63,12 @@ older snapshot for the same purpose).
 import collections
 import logging
 import re
-import threading
 from typing import NamedTuple
 
 from kmem import _core
 from kmem.bloom import Shape
 from kmem.broker.codes import ErrorCode, LogError
-from kmem.broker.log.validator import CLIENT, REPLICATION, BatchInfo
+from kmem.broker.log.validator import BatchInfo
 from kmem.ledger import NO_TXN, PidLedger, ProducerEntry
 from kmem.records.batches import INT32_MAX, ControlRecordType
 
@@ -152,33 +151,18 @@ def _fenced_epoch(state, batch):
                                                       f"is smaller than the last seen epoch {state.epoch}")
 
 
-def _refused(state, batch, verdict):
-    """The ``LogError`` of what ``check_and_add`` refused (``verdict``)."""
-    if verdict == _core.PRODUCER_EPOCH_FENCED:
-        return _fenced_epoch(state, batch)
-    first = batch.base_sequence
-    if verdict == _core.NEW_EPOCH_NOT_AT_ZERO:
-        return LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                        f"invalid sequence number {first} for new epoch {batch.producer_epoch} of producer "
-                        f"{state.producer_id} (current epoch {state.epoch})")
-    return LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
-                    f"out of order sequence number for producer {state.producer_id}: {first} (incoming), "
-                    f"{state.last_seq} (current end sequence number)")
-
-
-class ProducerStateManager:
-    """Producer state of one partition directory. Calls are serialised by the partition's lock."""
+class ProducerStateManager(_core.ProducerStatesCore):
+    """Producer state of one partition directory. Calls are serialised by the partition's lock. Where states are
+    kept, and the check, reservation and storing of an append's states, are the core's (``ProducerStatesCore``);
+    transaction markers, the errors and recovery are here."""
 
     def __init__(self, directory, *, ledger_ids, cache_entries, expiration_ms, clock_ms):
-        self._checked_at = clock_ms()                   # Kafka removes expired producers when it loads them
+        self._checked_at = clock_ms()       # Kafka removes expired producers when it loads them
         # The log manager's flock on the log directory covers the ledger: no ledger.lock, no descriptor.
-        self.ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
-                                clock_ms=lambda: self._checked_at, lock_directory=False, keep_snapshots=True)
-        self.cache_entries = cache_entries
-        self._cache = collections.OrderedDict()        # pid -> ProducerState, least recently used first
-        self._ongoing = {}                              # pid -> first offset of its open transaction
-        self._stale = {}      # pid -> state written since the last check whose timestamp is already expired
-        self._lock = threading.Lock()
+        ledger = PidLedger(directory, Shape.from_np(ledger_ids, 0.01), producer_id_expiration_ms=expiration_ms,
+                           clock_ms=lambda: self._checked_at, lock_directory=False, keep_snapshots=True)
+        super().__init__(ledger, collections.OrderedDict(), ProducerState, ProducerEntry, self._checked_at,
+                         ledger.expiration_ms, cache_entries)
 
     def remove_expired(self, now_ms):
         """Kafka's ``removeExpiredProducers``: from now on, producers whose last timestamp is
@@ -186,58 +170,32 @@ class ProducerStateManager:
         with self._lock:
             self._checked_at = now_ms
             self._stale.clear()
-            for pid in [pid for pid, state in self._cache.items() if self.ledger.expired(state)]:
+            for pid in [pid for pid, state in self._cache.items() if self.expired(state)]:
                 del self._cache[pid]
 
-    def state(self, producer_id):
-        """The producer's state (None if unknown or expired); a copy the caller may change."""
-        with self._lock:
-            state = self._stale.get(producer_id)
-            if state is not None:
-                return state.copy()
-            state = self._cache.get(producer_id)
-            if state is not None:
-                self._cache.move_to_end(producer_id)
-        if state is not None:
-            return None if self.ledger.expired(state) else state.copy()
-        entry = self.ledger.read(producer_id)
-        return None if entry is None else ProducerState.from_entry(entry)
+    def _marker(self, state, batch, replication):
+        """``check`` of a transaction marker (``batch``) against ``state``: its ``CompletedTxn`` or None."""
+        if batch.producer_epoch < state.epoch and not replication:
+            raise _fenced_epoch(state, batch)
+        if batch.coordinator_epoch < state.coordinator_epoch and not replication:
+            raise LogError(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                           f"marker of coordinator epoch {batch.coordinator_epoch} for producer {state.producer_id}: "
+                           f"the current coordinator epoch is {state.coordinator_epoch}")
+        return state.add(batch)
 
-    def check(self, batches, origin=CLIENT):
-        """Check the batches of one append; returns ``(duplicate BatchMetadata or None, {pid: new state},
-        [CompletedTxn of the transactions its markers close])``.
-
-        Raises ``LogError`` with INVALID_PRODUCER_EPOCH, OUT_OF_ORDER_SEQUENCE_NUMBER or, for a marker of an
-        older coordinator epoch than the producer's last one, TRANSACTION_COORDINATOR_FENCED.
-        """
-        updated, completed = {}, []
-        client, replication = origin == CLIENT, origin == REPLICATION
-        for batch in batches:
-            pid = batch.producer_id
-            if pid < 0:
-                continue
-            state = updated.get(pid) or self.state(pid)
-            known = state is not None
-            if not known:
-                state = ProducerState(pid)
-            if batch.is_control:
-                if batch.producer_epoch < state.epoch and not replication:
-                    raise _fenced_epoch(state, batch)
-                if batch.coordinator_epoch < state.coordinator_epoch and not replication:
-                    raise LogError(ErrorCode.TRANSACTION_COORDINATOR_FENCED,
-                                   f"marker of coordinator epoch {batch.coordinator_epoch} for producer {pid}: "
-                                   f"the current coordinator epoch is {state.coordinator_epoch}")
-                txn = state.add(batch)
-                if txn is not None:
-                    completed.append(txn)
-            else:
-                verdict = state.check_and_add(batch, client, replication, known)
-                if verdict > 0:
-                    return state.batches[verdict - 1], {}, []
-                if verdict:
-                    raise _refused(state, batch, verdict)
-            updated[pid] = state
-        return None, updated, completed
+    @staticmethod
+    def _refused(state, batch, verdict):
+        """The ``LogError`` of what ``check_and_add`` refused (``verdict``)."""
+        if verdict == _core.PRODUCER_EPOCH_FENCED:
+            return _fenced_epoch(state, batch)
+        first = batch.base_sequence
+        if verdict == _core.NEW_EPOCH_NOT_AT_ZERO:
+            return LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                            f"invalid sequence number {first} for new epoch {batch.producer_epoch} of producer "
+                            f"{state.producer_id} (current epoch {state.epoch})")
+        return LogError(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                        f"out of order sequence number for producer {state.producer_id}: {first} (incoming), "
+                        f"{state.last_seq} (current end sequence number)")
 
     def last_stable_offset_after(self, completed):
         """Kafka's ``lastStableOffset(completedTxn)``: the first offset of the oldest transaction still open
@@ -245,37 +203,6 @@ class ProducerStateManager:
         with self._lock:
             others = [first for pid, first in self._ongoing.items() if pid != completed.producer_id]
         return min(others, default=completed.last_offset + 1)
-
-    def reserve(self, updated):
-        """Make room in the ledger for the states ``check`` returned, before their batches are written:
-        ``apply`` then does no I/O that can fail. Raises OSError (nothing changed) or, for more producers
-        than one append may carry, INVALID_RECORD (``LogError``)."""
-        if len(updated) > self.ledger.max_reservation:
-            raise LogError(ErrorCode.INVALID_RECORD, f"{len(updated)} producers in one append: at most "
-                                                     f"{self.ledger.max_reservation}")
-        if updated:             # batches without a producer id (the coordinators' own, plain ones) need no room
-            self.ledger.reserve(len(updated))
-
-    def apply(self, updated):
-        """Store the states ``check`` returned, once their batches are in the log (after ``reserve``)."""
-        for state in updated.values():
-            self.ledger.update(state.to_entry())
-            self._remember(state)
-
-    def _remember(self, state):
-        with self._lock:
-            if self.ledger.expired(state):      # kept until the next check, as Kafka keeps it
-                self._stale[state.producer_id] = state
-            else:
-                self._stale.pop(state.producer_id, None)
-            self._cache[state.producer_id] = state
-            self._cache.move_to_end(state.producer_id)
-            while len(self._cache) > self.cache_entries:
-                self._cache.popitem(last=False)
-            if state.current_txn_first_offset != NO_TXN:
-                self._ongoing[state.producer_id] = state.current_txn_first_offset
-            else:
-                self._ongoing.pop(state.producer_id, None)
 
     def start_replay(self, offset):
         """Before recovery replays the log from ``offset``: the open transactions are those of the newest
