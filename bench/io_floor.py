@@ -69,6 +69,7 @@ def receive(directory, total, frame, record_bytes=0):
         connection.settimeout(None)
     from kmem import _core
     from kmem.broker.log.segment import RESERVE_AHEAD_BYTES, RESERVE_FROM_BYTES
+    from kmem.broker.log.validator import BatchInfo
 
     if record_bytes:
         frame = len(batch_of(frame, record_bytes))      # the sender's frames: whole batches
@@ -95,10 +96,11 @@ def receive(directory, total, frame, record_bytes=0):
                 continue
             found = _core.assign_v2_batches(buffer, next_offset=next_offset, leader_epoch=0, log_append_time=-1,
                                             from_client=True, max_message_bytes=1 << 30, segment_bytes=1 << 30,
-                                            codec=-1, keyless=False, low=-(1 << 63), high=(1 << 63) - 1)
-            header, start, end, *_, last_offset = found[0][0][:9]
-            next_offset = last_offset + 1
-            written += _core.append_segment(fd, [header, buffer[start:end]], written)
+                                            codec=-1, keyless=False, low=-(1 << 63), high=(1 << 63) - 1,
+                                            info_class=BatchInfo)
+            validated = found[0]
+            next_offset = validated.last_offset + 1
+            written += _core.append_segment(fd, validated.pieces, written)
             connection.sendall(ANSWER)
     after = resource.getrusage(resource.RUSAGE_SELF)
     os.close(fd)

@@ -64,6 +64,7 @@ def timed(owner, name, totals, key):
 def core_only_produce(handlers, header, request):
     """The Produce handler of ``--core-only`` (see the module docstring)."""
     from kmem import _core
+    from kmem.broker.log.validator import BatchInfo
     from kmem.protocol import messages
 
     response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
@@ -77,13 +78,11 @@ def core_only_produce(handlers, header, request):
                 found = _core.assign_v2_batches(
                     data.records, next_offset=partition_log.log_end_offset, leader_epoch=0, log_append_time=-1,
                     from_client=True, max_message_bytes=1 << 30, segment_bytes=1 << 30, codec=-1, keyless=False,
-                    low=-(1 << 63), high=(1 << 63) - 1)
-                view, pieces = memoryview(data.records), []
-                for header_bytes, start, end, *_ in found[0]:
-                    pieces += [header_bytes, view[start:end]]
-                segment.size += _core.append_segment(segment._fd, pieces, segment.size)
+                    low=-(1 << 63), high=(1 << 63) - 1, info_class=BatchInfo)
+                validated = found[0]
+                segment.size += _core.append_segment(segment._fd, validated.pieces, segment.size)
                 base = partition_log.log_end_offset
-                partition_log.log_end_offset = segment.next_offset = found[0][-1][8] + 1
+                partition_log.log_end_offset = segment.next_offset = validated.last_offset + 1
             answers.partition_responses.append(messages.ProduceResponse.PartitionProduceResponse(
                 index=data.index, error_code=0, base_offset=base, log_append_time_ms=-1, log_start_offset=0))
     return response

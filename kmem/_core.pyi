@@ -140,10 +140,20 @@ def count_v2_objects(data: Buffer, *, count: int, base: int = ...) -> int: ...
 # ([(header, body start, body end, producer id, producer epoch, base sequence, last sequence, base offset,
 #    last offset, max timestamp, transactional, control)], max timestamp, offset of the max timestamp, compressed),
 #  or None
+class ValidatedRecords:
+    pieces: list[Any]
+    batches: list[Any]
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    log_append_time: int
+    size: int
+    def __init__(self, pieces: list[Any], batches: list[Any], first_offset: int, last_offset: int, max_timestamp: int,
+                 offset_of_max_timestamp: int, log_append_time: int) -> None: ...
 def assign_v2_batches(data: Buffer, *, next_offset: int, leader_epoch: int, log_append_time: int, from_client: bool,
-                      max_message_bytes: int, segment_bytes: int, codec: int, keyless: bool, low: int, high: int
-                      ) -> tuple[list[tuple[bytearray, int, int, int, int, int, int, int, int, int, bool, bool]], int,
-                                 int, bool] | None: ...
+                      max_message_bytes: int, segment_bytes: int, codec: int, keyless: bool, low: int, high: int,
+                      info_class: type) -> tuple[ValidatedRecords, bool, list[tuple[int, int, int]]] | None: ...
 # (offset, size, magic, attributes, timestamp, key, value)
 def decode_legacy_entries(data: Buffer, *, base: int = ..., pos: int = ..., max_entries: int = ...
                           ) -> list[tuple[int, int, int, int, int, bytes | None, bytes | None]]: ...

@@ -84,9 +84,28 @@ cdef bint batch_passes(const unsigned char* b, Py_ssize_t size, bint from_client
     return True
 
 
-def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int32_t leader_epoch,
-                      int64_t log_append_time, bint from_client, int64_t max_message_bytes, int64_t segment_bytes,
-                      int codec, bint keyless, int64_t low, int64_t high):
+cdef class ValidatedRecords:
+    """Records checked and given their offsets, ready to append (Kafka's ``LogAppendInfo`` before the write):
+    ``pieces``, bytes-like objects to write in order, ``size`` bytes in all; ``batches``, a ``BatchInfo`` per
+    batch; the first and last offsets; the largest timestamp and the offset of its batch's last record;
+    ``log_append_time``, the broker's time given to the batches (-1 on a CreateTime topic)."""
+    cdef public list pieces, batches
+    cdef public int64_t first_offset, last_offset, max_timestamp, offset_of_max_timestamp, log_append_time
+    cdef public Py_ssize_t size
+
+    def __init__(self, list pieces not None, list batches not None, int64_t first_offset, int64_t last_offset,
+                 int64_t max_timestamp, int64_t offset_of_max_timestamp, int64_t log_append_time):
+        cdef Py_ssize_t size = 0
+        for piece in pieces:
+            size += len(piece)
+        self.pieces, self.batches, self.size = pieces, batches, size
+        self.first_offset, self.last_offset, self.max_timestamp = first_offset, last_offset, max_timestamp
+        self.offset_of_max_timestamp, self.log_append_time = offset_of_max_timestamp, log_append_time
+
+
+def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_t log_append_time,
+                      bint from_client, int64_t max_message_bytes, int64_t segment_bytes, int codec, bint keyless,
+                      int64_t low, int64_t high, info_class):
     """The common case of a Produce append, checked and given offsets from ``next_offset`` in one call; None
     when the records need the Python validator (it then finds the same or names the error).
 
@@ -99,14 +118,17 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
     a sequence with a producer id. A compressed batch must be alone and of ``codec`` (unless -1), and is taken
     only without ``keyless`` or bounds: its records are then the caller's to check.
 
-    Returns ``(batches, max timestamp, offset of the max timestamp, compressed)``: per batch ``(header,
-    body start, body end, producer id, producer epoch, base sequence, last sequence, base offset, last offset,
-    max timestamp, transactional, control)``, ``header`` a new 61-byte bytearray holding the assigned base offset,
-    ``leader_epoch`` and, when ``log_append_time`` is not -1, the LogAppendTime bit, that time as max
-    timestamp and the CRC they make; the body is the records in ``data``, unchanged.
+    Returns ``(ValidatedRecords, compressed, markers)``. Its pieces are per batch a new 61-byte bytearray
+    header holding the assigned base offset, ``leader_epoch`` and, when ``log_append_time`` is not -1, the
+    LogAppendTime bit, that time as max timestamp and the CRC they make, then a view of the batch's records in
+    ``data``, unchanged. Its batches are ``info_class`` tuples (the validator's ``BatchInfo``: producer id,
+    producer epoch, base sequence, last sequence, base offset, last offset, max timestamp, transactional,
+    control, control type None, coordinator epoch -1). ``markers``: ``(index, position, size)`` of each control
+    batch, whose control type and coordinator epoch its marker record says (the caller reads them).
     """
-    cdef Py_ssize_t n = data.shape[0], pos = 0, size, i, kept = 0, capacity = 4
-    cdef const unsigned char* start = &data[0] if n else NULL
+    cdef const unsigned char[::1] bytes_of = data
+    cdef Py_ssize_t n = bytes_of.shape[0], pos = 0, size, i, kept = 0, capacity = 4
+    cdef const unsigned char* start = &bytes_of[0] if n else NULL
     cdef BatchCheck* checks = NULL
     cdef BatchCheck* grown
     cdef bint taken = True, any_compressed = False
@@ -148,7 +170,8 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
                 pos += size
         if not taken or kept == 0 or pos > segment_bytes or (any_compressed and kept > 1):
             return None
-        batches = []
+        view = data if type(data) is memoryview else memoryview(data)
+        pieces, batches, markers = [], [], []
         for i in range(kept):
             b = start + checks[i].position
             if kmem_add_overflows(offset, checks[i].last_delta, &last_offset) or last_offset == INT64_MAX:
@@ -172,11 +195,16 @@ def assign_v2_batches(const unsigned char[::1] data, *, int64_t next_offset, int
                 ((base_sequence + checks[i].last_delta) % SEQUENCE_MODULUS + SEQUENCE_MODULUS) % SEQUENCE_MODULUS
             if batch_max > max_timestamp:
                 max_timestamp, offset_of_max = batch_max, last_offset
-            batches.append((header, checks[i].position + V2_HEADER, checks[i].position + checks[i].size, producer_id,
-                            be16(b + V2_PRODUCER_EPOCH), base_sequence, last_sequence, offset, last_offset, batch_max,
-                            bool(be16(b + V2_ATTRIBUTES) & ATTR_TRANSACTIONAL),
-                            bool(be16(b + V2_ATTRIBUTES) & ATTR_CONTROL)))
+            control = bool(be16(b + V2_ATTRIBUTES) & ATTR_CONTROL)
+            if control:
+                markers.append((i, checks[i].position, checks[i].size))
+            pieces.append(header)
+            pieces.append(view[checks[i].position + V2_HEADER:checks[i].position + checks[i].size])
+            batches.append(tuple.__new__(info_class, (
+                producer_id, be16(b + V2_PRODUCER_EPOCH), base_sequence, last_sequence, offset, last_offset,
+                batch_max, bool(be16(b + V2_ATTRIBUTES) & ATTR_TRANSACTIONAL), control, None, -1)))
             offset = last_offset + 1
-        return batches, max_timestamp, offset_of_max, any_compressed
+        return (ValidatedRecords(pieces, batches, next_offset, offset - 1, max_timestamp, offset_of_max,
+                                 log_append_time), any_compressed, markers)
     finally:
         free(checks)

@@ -65,7 +65,6 @@ import contextlib
 import itertools
 import struct
 import time
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kmem import _core
@@ -104,22 +103,8 @@ class BatchInfo(NamedTuple):
     coordinator_epoch: int = -1         # a transaction marker's
 
 
-_NOT_CONTROL = (None, -1)        # BatchInfo's control_type and coordinator_epoch of a data batch
-
-
-@dataclass
-class ValidatedRecords:
-    pieces: list                       # bytes-like views to write in order
-    batches: list                      # BatchInfo per written batch
-    first_offset: int
-    last_offset: int
-    max_timestamp: int
-    offset_of_max_timestamp: int
-    log_append_time: int               # -1 on a CreateTime topic
-    size: int = field(init=False)
-
-    def __post_init__(self):
-        self.size = sum(map(len, self.pieces))
+#: Records checked and given their offsets (the core's class: the common case makes it in the core).
+ValidatedRecords = _core.ValidatedRecords
 
 
 def _check_batch(batch, first, origin, max_message_bytes, batches_total, check_records):
@@ -303,25 +288,18 @@ def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
                                     log_append_time=log_append_time, from_client=origin == CLIENT,
                                     max_message_bytes=config.max_message_bytes, segment_bytes=config.segment_bytes,
                                     codec=-1 if target is None or origin == REPLICATION else target,
-                                    keyless=config.compact and origin == CLIENT, low=low, high=high)
+                                    keyless=config.compact and origin == CLIENT, low=low, high=high,
+                                    info_class=BatchInfo)
     if found is None:
         return None
-    batches, max_timestamp, offset_of_max, compressed = found
+    validated, compressed, markers = found
     if compressed:          # alone; its records need its codec
-        _, start, end, *_ = batches[0]
-        _check_records(RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2))
-    pieces, infos = [], []
-    for found_batch in batches:
-        start, end = found_batch[1], found_batch[2]
-        pieces.append(found_batch[0])
-        pieces.append(view[start:end])
-        if found_batch[11]:     # a transaction marker (uncompressed): its record says which
-            marker = RecordBatch(view, start - V2_HEADER_SIZE, end - start + V2_HEADER_SIZE, 2)
-            infos.append(BatchInfo(*found_batch[3:], _control_type(marker), marker.coordinator_epoch))
-        else:                   # the core's fields in BatchInfo's order, made without a Python frame
-            infos.append(tuple.__new__(BatchInfo, found_batch[3:] + _NOT_CONTROL))
-    return ValidatedRecords(pieces, infos, next_offset, infos[-1].last_offset, max_timestamp, offset_of_max,
-                            log_append_time)
+        _check_records(RecordBatch(view, 0, validated.size, 2))
+    for index, position, size in markers:       # a transaction marker (uncompressed): its record says which
+        marker = RecordBatch(view, position, size, 2)
+        validated.batches[index] = validated.batches[index]._replace(control_type=_control_type(marker),
+                                                                     coordinator_epoch=marker.coordinator_epoch)
+    return validated
 
 
 def _validate_each_batch(view, next_offset, config, leader_epoch, origin, now):
