@@ -1320,6 +1320,31 @@ def test_roll_by_time_follows_the_first_batch_timestamp(tmp_path):
         assert [s.base_offset for s in partition_log.segments] == [0, 2]
 
 
+def test_roll_by_time_after_a_reopen_reads_the_first_batch_and_timestamps_at_int64s_ends_roll_as_numbers_say(tmp_path):
+    with open_manager(tmp_path) as manager:
+        manager.create_topic("t", 1, {"segment.ms": 1000})
+        manager.get_partition("t", 0).append(batch([b"a"], timestamp=NOW))
+    with open_manager(tmp_path) as manager:         # the segment's first timestamp is read back from its batch
+        partition_log = manager.get_partition("t", 0)
+        assert partition_log.active.rolling_based_timestamp is None
+        partition_log.append(batch([b"b"], timestamp=NOW + 999))
+        assert len(partition_log.segments) == 1 and partition_log.active.rolling_based_timestamp == NOW
+        partition_log.append(batch([b"c"], timestamp=NOW + 1001))
+        assert [s.base_offset for s in partition_log.segments] == [0, 2]
+        # the distance from the segment's first timestamp is taken whole, past int64's range (a client's
+        # batch may say any time when the topic bounds none)
+
+        def stamped(value, timestamp):
+            data = bytearray(batch([value]))
+            struct.pack_into(">qq", data, 27, timestamp, timestamp)        # base and max timestamp
+            struct.pack_into(">I", data, 17, _core.crc32c(memoryview(data)[21:]))
+            return data
+        for value, timestamp, bases in [(b"d", -(1 << 63) + 10, [0, 2]), (b"e", (1 << 63) - 10, [0, 2, 4]),
+                                        (b"f", -(1 << 63) + 10, [0, 2, 4])]:
+            assert partition_log.append(stamped(value, timestamp)).error_code == ErrorCode.NONE
+            assert [s.base_offset for s in partition_log.segments] == bases
+
+
 def test_roll_by_time_without_timestamps_uses_the_clock(tmp_path):
     clock = [NOW]
     with open_manager(tmp_path, clock=lambda: clock[0]) as manager:

@@ -81,6 +81,7 @@ import time
 import uuid
 from typing import NamedTuple
 
+from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.log import checkpoints
 from kmem.broker.log.cleaner import complete_interrupted_swaps, swap_in_cleaned_files
@@ -115,6 +116,9 @@ class AppendResult(NamedTuple):
     error_message: str | None = None
     duplicate: bool = False
     record_errors: tuple = ()           # KIP-467: [(batch index, message)] of the records refused
+
+
+_APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE)
 
 
 class FetchData(NamedTuple):
@@ -356,24 +360,10 @@ class PartitionLog:
                                                                     f"ended while its records were verified")
                 validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
                                                 leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
-                if verification_guard is TRANSACTION_OPEN:
-                    self._check_transactions_open(validated.batches)
-                duplicate, updated, completed = self.producers.check(validated.batches, origin)
-                if duplicate is not None:
-                    return AppendResult(ErrorCode.NONE, duplicate.first_offset, duplicate.last_offset,
-                                        duplicate.timestamp, self.log_start_offset, duplicate=True)
-                # All or nothing: whatever can fail (a full disk, no descriptor left) fails before the
-                # batch is in the log, or takes it out again (LogSegment.append, the txnindex's rewind).
-                segment = self._maybe_roll(validated, now)
-                self.producers.reserve(updated)
-                indexed = self._index_aborted(segment, completed)
-                try:
-                    segment.append(validated.last_offset, validated.max_timestamp,
-                                   validated.offset_of_max_timestamp, validated.pieces)
-                except BaseException:
-                    if indexed is not False:
-                        segment.txn_index.rewind(indexed)
-                    raise
+                # the producer-state check, the roll, the write and the producers' new states: one core call
+                result = _APPENDER.append(self, validated, now, origin, verification_guard is TRANSACTION_OPEN)
+                if result.duplicate:
+                    return result
             except LogError as e:
                 return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e), record_errors=e.record_errors)
             except OSError as e:
@@ -382,10 +372,6 @@ class PartitionLog:
                 result = AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error))
                 full_disk = e.errno == errno.ENOSPC
             else:
-                self.log_end_offset = validated.last_offset + 1
-                self.producers.apply(updated)
-                result = AppendResult(ErrorCode.NONE, validated.first_offset, validated.last_offset,
-                                      validated.log_append_time, self.log_start_offset)
                 listeners = list(self._listeners)
         if result.error_code:
             if full_disk:       # outside the lock: the log manager takes every partition's in turn
@@ -466,16 +452,6 @@ class PartitionLog:
         with self._lock:
             self._verifications.pop(producer_id, None)
         return self.append(marker, origin=COORDINATOR, now_ms=now)
-
-    def _maybe_roll(self, validated, now):
-        segment, config = self.active, self.config
-        reached_roll_ms = (segment.time_waited_for_roll(now, validated.max_timestamp)
-                           > config.segment_ms - segment.roll_jitter_ms)
-        if (segment.size > config.segment_bytes - validated.size or (segment.size > 0 and reached_roll_ms)
-                or segment.offset_index.is_full or segment.time_index.is_full
-                or not segment.can_convert_to_relative_offset(validated.last_offset)):
-            self.roll()
-        return self.active
 
     def roll(self):
         """Start a new segment at the log end offset (nothing happens while the active one is empty)."""
