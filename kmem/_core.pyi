@@ -534,3 +534,29 @@ class Selector:
     def poll(self, timeout: float | None) -> None: ...
 
 def tally_request_times(row: list[int], times: Sequence[int], sent_ns: int) -> None: ...
+
+# -- a request's bookkeeping on the network thread (_requests.pxi) ---------------------------------------
+
+class RequestCore:
+    connection_id: Any
+    processor: Any
+    principal: Any
+    listener_name: Any
+    _receive: Any
+    _tallies: Any
+    _metrics_key: Any
+    times: list[int]
+    def __init__(self, connection_id: Any, processor: Any, receive: Any, principal: Any = ...,
+                 listener_name: Any = ...) -> None: ...
+    @property
+    def payload(self) -> Any: ...
+    def release(self) -> None: ...
+    def measure(self, tallies: Any, key: Any) -> None: ...
+    def tally(self, sent_ns: int) -> None: ...
+
+class TalliesCore:
+    _width: int
+    _local: Any
+    _lock: Any
+    _tables: list[dict[Any, list[int]]]
+    def row(self, key: Any) -> list[int]: ...

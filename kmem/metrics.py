@@ -7,6 +7,8 @@ import collections
 import threading
 import time
 
+from kmem import _core
+
 # Kafka's defaults: metrics.sample.window.ms = 30000, metrics.num.samples = 2.
 DEFAULT_WINDOW_SECONDS = 30.0
 DEFAULT_SAMPLES = 2
@@ -55,31 +57,19 @@ class SampledRate:
         return recorded / elapsed if elapsed > 0 else 0.0
 
 
-class Tallies:
+class Tallies(_core.TalliesCore):
     """Integers that many threads add to without a lock, summed when read (by a scrape).
 
     Each thread adds to rows of its own: ``row(key)`` is the calling thread's list of ``width`` integers for
-    ``key``, made the first time that thread asks for it. A row is written by its thread alone, so no addition
-    is lost between threads, and the request path pays a dictionary lookup and integer additions.
-    ``totals()`` sums the rows of every thread (of ended ones too)."""
+    ``key``, made the first time that thread asks for it (the core's ``TalliesCore.row``). A row is written by
+    its thread alone, so no addition is lost between threads, and the request path pays a dictionary lookup
+    and integer additions. ``totals()`` sums the rows of every thread (of ended ones too)."""
 
     def __init__(self, width):
         self._width = width
         self._local = threading.local()
         self._tables = []               # every thread's {key: row}
         self._lock = threading.Lock()   # taken by a thread's first row, and by readers
-
-    def row(self, key):
-        try:
-            table = self._local.table
-        except AttributeError:
-            table = self._local.table = {}
-            with self._lock:
-                self._tables.append(table)
-        row = table.get(key)
-        if row is None:
-            row = table[key] = [0] * self._width
-        return row
 
     def totals(self):
         """``{key: [sums]}`` over every thread's rows."""

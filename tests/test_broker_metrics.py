@@ -335,6 +335,10 @@ def test_transactional_ids_by_state(tmp_path):
 
 
 def test_tallies_lose_no_addition_between_threads_and_forget_a_key():
+    from kmem import _core
+    from kmem.network import Request
+    # a row, a request's fields and the tally of its times are the core's, made for every request
+    assert Tallies.row is _core.TalliesCore.row and Request.tally is _core.RequestCore.tally
     tallies = Tallies(2)
 
     def add():
@@ -351,3 +355,30 @@ def test_tallies_lose_no_addition_between_threads_and_forget_a_key():
     assert tallies.totals() == {"k": [80_000, 240_000], "other": [4, 0]}
     tallies.forget(["other"])
     assert tallies.totals() == {"k": [80_000, 240_000]}
+
+
+def test_a_requests_times_are_tallied_into_its_row_with_marks_never_reached_taken_as_the_one_before():
+    from kmem.network import Request
+    from kmem.network.sasl import ANONYMOUS
+
+    class Processor:
+        measured = {}
+
+    class Receive:
+        payload, closed = b"\0\1", False
+
+        def close(self):
+            self.closed = True
+    tallies, receive = Tallies(7), Receive()
+    request = Request(5, Processor, receive)
+    assert (request.principal, request.listener_name, request.payload) == (ANONYMOUS, "PLAINTEXT", b"\0\1")
+    assert request.times[0] == request.times[1] > 0 and request.times[2:] == [0, 0, 0]
+    request.measure(tallies, "Produce")
+    assert Processor.measured == {5: request}
+    request.times[1:] = [request.times[0] + 10, 0, request.times[0] + 40, 0]      # never handled, never dequeued
+    request.tally(request.times[0] + 100)
+    assert tallies.totals() == {"Produce": [1, 100, 10, 0, 30, 0, 60]}
+    request.release()
+    assert receive.closed
+    other = Request(6, Processor, receive, "User:alice", "SASL_PLAINTEXT")
+    assert (other.connection_id, other.principal, other.listener_name) == (6, "User:alice", "SASL_PLAINTEXT")

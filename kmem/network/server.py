@@ -42,7 +42,7 @@ import ssl
 import threading
 import time
 
-from kmem._core import tally_request_times
+from kmem import _core
 from kmem.errors import ConfigError, IllegalStateError, SslAuthenticationError
 from kmem.network.channel import ChannelMuteEvent, ChannelMuteState
 from kmem.network.quotas import UNLIMITED as UNLIMITED_CONNECTIONS
@@ -192,48 +192,17 @@ def _dotted(name):
     return name.replace("_", ".")
 
 
-class Request:
-    """A complete request handed to the handler: ``payload`` is its bytes (without the size prefix).
+class Request(_core.RequestCore):
+    """A complete request handed to the handler: ``payload`` is its bytes (without the size prefix). Its
+    fields, times and their tally are the core's (``RequestCore``): ``Request(connection_id, processor,
+    receive, principal=ANONYMOUS, listener_name="PLAINTEXT")``.
 
     The payload's memory returns to the pool when the handler returns (unless the request is offloaded:
     then when the offloaded function returns); a handler that needs the bytes longer must copy them
     (``bytes(request.payload)``).
     """
 
-    __slots__ = ("connection_id", "processor", "principal", "listener_name", "_receive", "times", "_tallies",
-                 "_metrics_key")
-
-    def __init__(self, connection_id, processor, receive, principal=ANONYMOUS, listener_name="PLAINTEXT"):
-        self.connection_id = connection_id
-        self.processor = processor
-        self.principal = principal      # who sent it: User:<name> on a SASL listener, else User:ANONYMOUS
-        self.listener_name = listener_name      # the listener it came in on (Kafka's RequestContext.listenerName)
-        self._receive = receive
-        # perf_counter_ns at Kafka's RequestChannel marks: read, dequeued by its thread, handled, response
-        # complete, response dequeued by the network thread (0: not yet; see measure)
-        now = time.perf_counter_ns()
-        self.times = [now, now, 0, 0, 0]
-        self._tallies = None
-        self._metrics_key = None
-
-    @property
-    def payload(self):
-        return self._receive.payload
-
-    def release(self):
-        self._receive.close()
-
-    def measure(self, tallies, key):
-        """Tally this request's times, once its response is sent, into row ``key`` of ``tallies`` (a
-        ``kmem.metrics.request_times()``: the count, then the times of ``kmem.metrics.REQUEST_TIMES``): Kafka's
-        ``RequestMetrics`` ``TotalTimeMs`` and its parts. Called by the handler, on the network thread."""
-        self._tallies, self._metrics_key = tallies, key
-        self.processor.measured[self.connection_id] = self
-
-    def tally(self, sent_ns):
-        """Add this request's times (its response sent at ``sent_ns``) to its row; a mark never reached
-        counts as reached at the one before it (``kmem._core.tally_request_times``: every request's)."""
-        tally_request_times(self._tallies.row(self._metrics_key), self.times, sent_ns)
+    __slots__ = ()
 
     def defer(self):
         """Park this request: return the ``Deferred`` from the handler and ``complete`` it later."""

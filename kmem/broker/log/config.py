@@ -70,6 +70,7 @@ hours forms. kmem's own settings (not Kafka's) are ``node.id`` (1), ``producer.l
 producer ids a partition's ledger file holds before it becomes a snapshot) and
 ``producer.state.cache.entries`` (10,000: producers per partition whose last five batches stay in memory).
 """
+import functools
 import re
 from dataclasses import dataclass, replace
 
@@ -319,7 +320,7 @@ class LogConfig:
     remote_log_copy_disable: bool = False
     remote_log_delete_on_disable: bool = False
 
-    @property
+    @functools.cached_property
     def compact(self):
         """The log cleaner compacts the topic (``cleanup.policy`` holds ``compact``)."""
         return "compact" in self.cleanup_policy.split(",")
@@ -329,11 +330,11 @@ class LogConfig:
         """Retention deletes old segments (``cleanup.policy`` holds ``delete``)."""
         return "delete" in self.cleanup_policy.split(",")
 
-    @property
+    @functools.cached_property
     def log_append_time(self):
         return self.message_timestamp_type == LOG_APPEND_TIME
 
-    @property
+    @functools.cached_property
     def timestamp_before_max_ms(self):
         """How far before the broker's time a CreateTime timestamp may be: ``message.timestamp.before.max.ms``,
         or the deprecated ``message.timestamp.difference.max.ms`` while the former is at its default."""
@@ -341,7 +342,7 @@ class LogConfig:
             return self.message_timestamp_before_max_ms
         return self.message_timestamp_difference_max_ms
 
-    @property
+    @functools.cached_property
     def timestamp_after_max_ms(self):
         """How far after the broker's time a CreateTime timestamp may be (as ``timestamp_before_max_ms``)."""
         if self.message_timestamp_after_max_ms != INT64_MAX:
