@@ -1,5 +1,5 @@
-# A partition log's append once its records are validated (Kafka's UnifiedLog.append past analyzeAndValidate):
-# the producer-state check, the roll decision, the ledger's reservation, the segment's write and the state's
+# A partition log's append (Kafka's UnifiedLog.append for a leader): the validator's common case, the
+# producer-state check, the roll decision, the ledger's reservation, the segment's write and the state's
 # update in one call, made for every Produce. kmem.broker.log.unified_log holds the lock, the errors' handling
 # and what is rare (a transaction's verification and aborted-transaction index, the roll itself).
 
@@ -20,22 +20,51 @@ cdef bint _reached_roll_ms(SegmentCore segment, int64_t largest_timestamp, int64
     return waited_object > segment_ms - segment_object.roll_jitter_ms
 
 
+cdef object _flat_view(records):
+    # ``records`` as the validator's byte_view makes them (a flat read-only unsigned-byte memoryview) when they
+    # are one already, or bytes; else None (the validator converts them or says why)
+    if type(records) is bytes:
+        return memoryview(records)
+    if type(records) is not memoryview or records.format != "B" or records.ndim != 1 or not records.c_contiguous:
+        return None
+    return records if records.readonly else records.toreadonly()
+
+
 cdef class LogAppender:
-    """``append(log, validated, now, origin, transaction_open)``: append ``validated`` (``ValidatedRecords``)
-    to the partition log ``log`` (a ``PartitionLog``, its lock held): its ``producers`` (``ProducerStatesCore``)
-    check the batches, a duplicate answers with its first append's offsets; the active segment rolls first when
-    Kafka's ``shouldRoll`` says so (``log.roll()``); room is reserved in the producer ledger; the aborted
-    transactions the batches' markers complete go to the segment's ``.txnindex`` (``log._index_aborted``, taken
-    out again when the write fails); the segment writes the batches (``SegmentCore.append``); then the log end
-    offset moves and the producers' states are stored. Returns the ``result_class`` (``AppendResult``) to answer
-    with; errors are raised (``LogError``, ``OSError``) with nothing appended. ``transaction_open``: the
-    transactional batches' transactions must still be open (``log._check_transactions_open``)."""
-    cdef object result_class, no_error
+    """``append(log, records, now, origin, transaction_open)``: validate ``records`` and append them to the
+    partition log ``log`` (a ``PartitionLog``, its lock held), as its Python ``append`` asks: the validator's
+    common case (``assign_common_case``, then ``finish_common_case`` for a compressed batch or a marker), else
+    ``validate_each_batch`` (or, for records that are not a flat memoryview or bytes, ``validate_and_assign``);
+    then its ``producers`` (``ProducerStatesCore``) check the batches, a duplicate answering with its first
+    append's offsets; the active segment rolls first when Kafka's ``shouldRoll`` says so (``log.roll()``); room
+    is reserved in the producer ledger; the aborted transactions the batches' markers complete go to the
+    segment's ``.txnindex`` (``log._index_aborted``, taken out again when the write fails); the segment writes
+    the batches (``SegmentCore.append``); then the log end offset moves and the producers' states are stored.
+    Returns the ``result_class`` (``AppendResult``) to answer with; errors are raised (``LogError``,
+    ``OSError``) with nothing appended. ``transaction_open``: the transactional batches' transactions must
+    still be open (``log._check_transactions_open``)."""
+    cdef object result_class, no_error, info_class, finish_common_case, validate_each_batch, validate_and_assign
 
-    def __init__(self, result_class, no_error):
-        self.result_class, self.no_error = result_class, no_error
+    def __init__(self, result_class, no_error, info_class, finish_common_case, validate_each_batch,
+                 validate_and_assign):
+        self.result_class, self.no_error, self.info_class = result_class, no_error, info_class
+        self.finish_common_case, self.validate_each_batch = finish_common_case, validate_each_batch
+        self.validate_and_assign = validate_and_assign
 
-    def append(self, log, ValidatedRecords validated not None, int64_t now, origin, bint transaction_open):
+    cdef ValidatedRecords _validated(self, log, records, now, origin):
+        cdef object view = _flat_view(records), config = log.config
+        if view is None or origin not in ("client", "replication", "coordinator"):
+            return self.validate_and_assign(records, next_offset=log.log_end_offset, config=config,
+                                            leader_epoch=log.leader_epoch, origin=origin, now_ms=now)
+        found = assign_common_case(view, log.log_end_offset, config, log.leader_epoch, origin, now, self.info_class)
+        if found is None:
+            return self.validate_each_batch(view, log.log_end_offset, config, log.leader_epoch, origin, now)
+        if found[1] or found[2]:            # compressed, or holding markers
+            return self.finish_common_case(view, found)
+        return found[0]
+
+    def append(self, log, records, now, origin, bint transaction_open):
+        cdef ValidatedRecords validated = self._validated(log, records, now, origin)
         cdef ProducerStatesCore producers = log.producers
         cdef SegmentCore segment = log.active
         cdef object config = log.config

@@ -103,6 +103,32 @@ cdef class ValidatedRecords:
         self.offset_of_max_timestamp, self.log_append_time = offset_of_max_timestamp, log_append_time
 
 
+def timestamp_window(config, now):
+    """``(lowest, highest)`` CreateTime timestamp a topic with ``config`` (a ``LogConfig``) takes at ``now``
+    (KIP-937's ``message.timestamp.before.max.ms`` and ``after``), or None for any: a bound of Long.MAX_VALUE
+    (the default) is none, and a LogAppendTime topic sets the time itself."""
+    before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
+    if config.log_append_time or before == after == INT64_MAX:
+        return None
+    return (INT64_MIN if before == INT64_MAX else now - before), min(now + after, INT64_MAX)
+
+
+def assign_common_case(data, int64_t next_offset, config, int32_t leader_epoch, origin, now, info_class):
+    """``assign_v2_batches`` with what a topic's ``config`` (a ``LogConfig``) and the append's ``origin`` (the
+    validator's ``"client"``, ``"replication"`` or ``"coordinator"``) and time ``now`` make of its arguments:
+    the codec ``compression.type`` imposes and the timestamp window (neither for replication), the
+    LogAppendTime, the key a compacted topic needs of a client's records."""
+    cdef bint client = origin == "client", replication = origin == "replication"
+    target = config.target_codec
+    window = None if replication else timestamp_window(config, now)
+    low, high = (INT64_MIN, INT64_MAX) if window is None else window
+    return assign_v2_batches(data, next_offset=next_offset, leader_epoch=leader_epoch,
+                             log_append_time=now if config.log_append_time else -1, from_client=client,
+                             max_message_bytes=config.max_message_bytes, segment_bytes=config.segment_bytes,
+                             codec=-1 if target is None or replication else target,
+                             keyless=config.compact and client, low=low, high=high, info_class=info_class)
+
+
 def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_t log_append_time,
                       bint from_client, int64_t max_message_bytes, int64_t segment_bytes, int codec, bint keyless,
                       int64_t low, int64_t high, info_class):

@@ -384,6 +384,35 @@ def test_records_that_do_not_parse_are_invalid(manager):
     assert partition_log.log_end_offset == 0
 
 
+def test_records_of_any_bytes_like_form_append_as_their_bytes_say(manager):
+    """The core's append reads bytes and flat byte memoryviews itself and leaves every other form (another
+    format, ``MemoryRecords``, a bytearray) to the validator: each appends the same; a strided view or a released
+    one is refused, as before."""
+    manager.create_topic("t", 1, {"compression.type": "producer"})
+    partition_log = manager.get_partition("t", 0)
+    data = batch([b"a", b"b"], timestamp=NOW)
+    forms = [data, memoryview(data), memoryview(bytearray(data)), bytearray(data), memoryview(data).cast("c"),
+             memoryview(bytearray(data)).cast("H") if len(data) % 2 == 0 else memoryview(data).cast("b"),
+             MemoryRecords(data)]
+    results = []
+    for form in forms:
+        result = partition_log.append(form)
+        assert result.error_code == ErrorCode.NONE, (type(form), result)
+        results.append((result.base_offset, result.last_offset))
+    assert results == [(2 * i, 2 * i + 1) for i in range(len(forms))]
+    assert [(offset, value) for offset, _, _, value in read_all(partition_log)] == \
+        [(offset, b"ab"[offset % 2:offset % 2 + 1]) for offset in range(2 * len(forms))]
+    doubled = bytearray(len(data) * 2)
+    doubled[::2] = data
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        partition_log.append(memoryview(doubled)[::2])
+    released = memoryview(data)
+    released.release()
+    with pytest.raises(ValueError):
+        partition_log.append(released)
+    assert partition_log.log_end_offset == 2 * len(forms)
+
+
 def test_bad_arguments_raise_kmem_errors(manager):
     manager.create_topic("t")
     partition_log = manager.get_partition("t", 0)

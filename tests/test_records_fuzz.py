@@ -18,7 +18,7 @@ from records_samples import scenario_batches
 from kmem import _core
 from kmem.broker.codes import ErrorCode, LogError
 from kmem.broker.log.config import LogConfig
-from kmem.broker.log.validator import CLIENT, COORDINATOR, REPLICATION, _validate_each_batch, validate_and_assign
+from kmem.broker.log.validator import CLIENT, COORDINATOR, REPLICATION, validate_each_batch, validate_and_assign
 from kmem.errors import CorruptRecordError, KmemError
 from kmem.records import (ControlRecordType, FileRecords, LazyDownConvertRecords, MemoryRecords, RecordsBuilder,
                           TimestampType, build_control_batch, build_records, down_convert, segment_file_name)
@@ -403,7 +403,7 @@ def test_the_core_common_case_answers_edited_records_as_the_batch_by_batch_valid
     with mock.patch.object(codecs, "MAX_DECOMPRESSED_BYTES", FUZZ_LIMIT):
         given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=config, leader_epoch=3,
                                                      origin=origin, now_ms=1000))
-        expected = _outcome(lambda: _validate_each_batch(memoryview(data), 5, config, 3, origin, 1000))
+        expected = _outcome(lambda: validate_each_batch(memoryview(data), 5, config, 3, origin, 1000))
     assert given == expected
 
 
@@ -435,7 +435,7 @@ def test_produced_batches_take_the_core_common_case_and_get_what_the_batch_by_ba
         given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=config, leader_epoch=3, now_ms=1000))
     # a compressed batch whose records each need checking is left to the batch-by-batch validator
     assert len(found) == 1 and (found[0] is None) == (codec != "none" and config.compact)
-    assert given == _outcome(lambda: _validate_each_batch(memoryview(data), 5, config, 3, CLIENT, 1000))
+    assert given == _outcome(lambda: validate_each_batch(memoryview(data), 5, config, 3, CLIENT, 1000))
     stored = MemoryRecords(given[0])
     stored.ensure_valid()
     assert [r.offset for r in stored.records()] == list(range(5, 5 + len(list(MemoryRecords(data).records()))))
@@ -468,7 +468,7 @@ def _hostile_inputs():
 def test_hostile_headers_get_from_the_core_common_case_what_the_batch_by_batch_validator_gives(origin):
     config = LogConfig(cleanup_policy="compact", message_timestamp_before_max_ms=500)
     for data in _hostile_inputs():
-        expected = _outcome(lambda: _validate_each_batch(memoryview(data), 5, config, 3, origin, 1000))
+        expected = _outcome(lambda: validate_each_batch(memoryview(data), 5, config, 3, origin, 1000))
         given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=config, leader_epoch=3,
                                                      origin=origin, now_ms=1000))
         assert given == expected, data
@@ -526,7 +526,7 @@ def test_transaction_markers_take_the_core_common_case_and_get_what_the_batch_by
             given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=LogConfig(), leader_epoch=3,
                                                          origin=origin, now_ms=1000))
         assert found[0] is not None
-        assert given == _outcome(lambda: _validate_each_batch(memoryview(data), 5, LogConfig(), 3, origin, 1000))
+        assert given == _outcome(lambda: validate_each_batch(memoryview(data), 5, LogConfig(), 3, origin, 1000))
         outcomes.append(given)
     assert [[(b.is_control, b.control_type, b.coordinator_epoch) for b in outcome[1]] for outcome in outcomes[:5]] == [
         [(True, ControlRecordType.COMMIT, 4)], [(True, ControlRecordType.ABORT, 4)],

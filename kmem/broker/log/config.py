@@ -331,6 +331,15 @@ class LogConfig:
         return "delete" in self.cleanup_policy.split(",")
 
     @functools.cached_property
+    def target_codec(self):
+        """The codec id ``compression.type`` imposes on client batches, or None for ``producer`` (kept as
+        they come)."""
+        if self.compression_type == "producer":
+            return None
+        from kmem.records import codecs
+        return codecs.codec_id("none" if self.compression_type == "uncompressed" else self.compression_type)
+
+    @functools.cached_property
     def log_append_time(self):
         return self.message_timestamp_type == LOG_APPEND_TIME
 

@@ -92,7 +92,9 @@ from kmem.broker.log.segment import (
     INDEX_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, delete_segment_files, fsync_and_close,
 )
 from kmem.broker.log.txn_index import AbortedTxn
-from kmem.broker.log.validator import CLIENT, COORDINATOR, validate_and_assign
+from kmem.broker.log.validator import (
+    CLIENT, COORDINATOR, BatchInfo, finish_common_case, validate_and_assign, validate_each_batch,
+)
 from kmem.durable import fsync_directory
 from kmem.metrics import Tallies
 from kmem.errors import IllegalStateError, InvalidArgumentError
@@ -118,7 +120,8 @@ class AppendResult(NamedTuple):
     record_errors: tuple = ()           # KIP-467: [(batch index, message)] of the records refused
 
 
-_APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE)
+_APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE, BatchInfo, finish_common_case, validate_each_batch,
+                              validate_and_assign)
 
 
 class FetchData(NamedTuple):
@@ -358,10 +361,9 @@ class PartitionLog:
                     if self._verifications.pop(producer_id, None) is not verification_guard:
                         raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {producer_id} "
                                                                     f"ended while its records were verified")
-                validated = validate_and_assign(records, next_offset=self.log_end_offset, config=self.config,
-                                                leader_epoch=self.leader_epoch, origin=origin, now_ms=now)
-                # the producer-state check, the roll, the write and the producers' new states: one core call
-                result = _APPENDER.append(self, validated, now, origin, verification_guard is TRANSACTION_OPEN)
+                # the validation, the producer-state check, the roll, the write and the producers' new states:
+                # one core call
+                result = _APPENDER.append(self, records, now, origin, verification_guard is TRANSACTION_OPEN)
                 if result.duplicate:
                     return result
             except LogError as e:

@@ -273,25 +273,20 @@ def validate_and_assign(records, *, next_offset, config, leader_epoch, origin=CL
     view = records.buffer if isinstance(records, MemoryRecords) else byte_view("records", records)
     now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     return (_assign_common_case(view, next_offset, config, leader_epoch, origin, now)
-            or _validate_each_batch(view, next_offset, config, leader_epoch, origin, now))
+            or validate_each_batch(view, next_offset, config, leader_epoch, origin, now))
 
 
 def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
     """``ValidatedRecords`` of v2 batches kept as they came, checked and given offsets by one core call
-    (``_core.assign_v2_batches``), as ``_validate_each_batch`` would make them; None for anything it leaves
-    to ``_validate_each_batch``: other records, and any that fail a check (it names the error)."""
-    target = _target_codec(config.compression_type)
-    window = None if origin == REPLICATION else _timestamp_window(config, now)
-    low, high = window or (INT64_MIN, INT64_MAX)
-    log_append_time = now if config.log_append_time else -1
-    found = _core.assign_v2_batches(view, next_offset=next_offset, leader_epoch=leader_epoch,
-                                    log_append_time=log_append_time, from_client=origin == CLIENT,
-                                    max_message_bytes=config.max_message_bytes, segment_bytes=config.segment_bytes,
-                                    codec=-1 if target is None or origin == REPLICATION else target,
-                                    keyless=config.compact and origin == CLIENT, low=low, high=high,
-                                    info_class=BatchInfo)
-    if found is None:
-        return None
+    (``_core.assign_common_case``), as ``validate_each_batch`` would make them; None for anything it leaves
+    to ``validate_each_batch``: other records, and any that fail a check (it names the error)."""
+    found = _core.assign_common_case(view, next_offset, config, leader_epoch, origin, now, BatchInfo)
+    return None if found is None else finish_common_case(view, found)
+
+
+def finish_common_case(view, found):
+    """The ``ValidatedRecords`` of what ``_core.assign_common_case`` found in ``view``: a compressed batch's
+    records checked (its codec is Python's), a transaction marker's type and coordinator epoch read."""
     validated, compressed, markers = found
     if compressed:          # alone; its records need its codec
         _check_records(RecordBatch(view, 0, validated.size, 2))
@@ -302,7 +297,7 @@ def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
     return validated
 
 
-def _validate_each_batch(view, next_offset, config, leader_epoch, origin, now):
+def validate_each_batch(view, next_offset, config, leader_epoch, origin, now):
     """``validate_and_assign`` reading the batches one by one: every case, every error named."""
     try:
         batches = list(MemoryRecords(view).batches())
@@ -314,14 +309,14 @@ def _validate_each_batch(view, next_offset, config, leader_epoch, origin, now):
     if valid_bytes > config.segment_bytes:
         raise LogError(ErrorCode.RECORD_LIST_TOO_LARGE, f"{valid_bytes} bytes of records are more than "
                                                         f"segment.bytes = {config.segment_bytes}")
-    target = _target_codec(config.compression_type)
+    target = config.target_codec
     first = batches[0]
     in_place = first.magic == 2 and (target is None or origin == REPLICATION or first.is_control_batch
                                      or all(batch.compression == target for batch in batches))
     for batch in batches:
         _check_batch(batch, first, origin, config.max_message_bytes, len(batches), in_place)
     if origin != REPLICATION:
-        _check_record_contents(batches, config.compact and origin == CLIENT, _timestamp_window(config, now),
+        _check_record_contents(batches, config.compact and origin == CLIENT, _core.timestamp_window(config, now),
                                config.log_append_time)
     log_append_time = now if config.log_append_time else -1
     if in_place:
@@ -330,22 +325,6 @@ def _validate_each_batch(view, next_offset, config, leader_epoch, origin, now):
         raise LogError(ErrorCode.CORRUPT_MESSAGE, f"unknown compression codec {first.compression}")
     return _rebuild(batches, first.compression if target is None else target, next_offset, leader_epoch,
                     log_append_time, config.max_message_bytes)
-
-
-def _timestamp_window(config, now):
-    """``(lowest, highest)`` CreateTime timestamp ``config`` takes at ``now`` (KIP-937), or None for any: a
-    bound of Long.MAX_VALUE (the default) is none."""
-    before, after = config.timestamp_before_max_ms, config.timestamp_after_max_ms
-    if config.log_append_time or before == after == INT64_MAX:
-        return None
-    return (INT64_MIN if before == INT64_MAX else now - before), min(now + after, INT64_MAX)
-
-
-def _target_codec(compression_type):
-    """The codec a topic's ``compression.type`` imposes, or None for ``producer`` (keep the batch's)."""
-    if compression_type == "producer":
-        return None
-    return codecs.codec_id("none" if compression_type == "uncompressed" else compression_type)
 
 
 def _assign_in_place(batches, next_offset, leader_epoch, log_append_time):
