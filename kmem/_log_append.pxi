@@ -96,3 +96,29 @@ cdef class LogAppender:
         producers.apply(updated)
         return tuple.__new__(self.result_class, (self.no_error, validated.first_offset, validated.last_offset,
                                                  validated.log_append_time, log.log_start_offset, None, False, ()))
+
+
+def plain_produce_records(records, int version):
+    """Whether Kafka's checks of one partition's records in a Produce of ``version`` (``ProduceRequest.
+    validateRecords`` and ``RequestUtils.hasTransactionalRecords``: ``check_produce_records`` of
+    kmem.broker.apis.handlers) certainly find nothing: none at all, or, in Produce v7+, a flat run of bytes whose
+    first entry is a complete v2 batch that is not transactional, with no second complete entry. False leaves
+    the records to that check (it says what it finds)."""
+    cdef const unsigned char[::1] data
+    cdef int64_t n, first, second
+    if records is None:
+        return True
+    view = _flat_view(records) if version >= 7 else None
+    if view is None:
+        return False
+    data = view
+    n = data.shape[0]
+    if n < V2_HEADER or data[V2_MAGIC] != 2 or data[V2_ATTRIBUTES + 1] & ATTR_TRANSACTIONAL:
+        return False
+    first = LOG_OVERHEAD + <int64_t>be32(&data[V2_LENGTH])
+    if first < V2_HEADER or first > n:
+        return False
+    if n - first < LOG_OVERHEAD:
+        return True
+    second = LOG_OVERHEAD + <int64_t>be32(&data[first + V2_LENGTH])
+    return second > n - first           # a second entry, incomplete (or of a size below zero: not one)

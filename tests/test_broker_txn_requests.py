@@ -482,3 +482,41 @@ def test_a_produce_carries_one_batch_a_partition_as_its_batches_read_whatever_it
     assert check_produce_records(9, one + one)[1] == (ErrorCode.INVALID_RECORD,
                                                       "Produce v9 carries exactly one record batch a partition")
     assert check_produce_records(2, one + one)[1] is None
+
+
+def test_the_cores_plain_produce_records_are_those_the_produce_checks_find_nothing_in():
+    # The core answers the common case (one plain v2 batch, Produce v7+) before check_produce_records reads any
+    # batch: on edited and hostile bytes, whatever it calls plain, the checks alone find nothing in
+    import random
+    from unittest import mock
+
+    from kmem import _core
+    from kmem.broker.apis.handlers import check_produce_records
+    from kmem.records import build_records
+
+    plain = build_records([b"v" * 40] * 3, producer_id=3, producer_epoch=0, base_sequence=0)
+    transactional = build_records([b"v"], producer_id=3, producer_epoch=0, base_sequence=0, transactional=True)
+    zstd = build_records([b"v"], compression="zstd")
+    legacy = build_records([b"v"], magic=1)
+    bases = [plain, transactional, zstd, legacy, plain + plain, plain + plain[:30], plain + b"\0" * 11,
+             plain + b"\0" * 12, plain + b"\xff" * 12, legacy + plain, b""]
+    rng = random.Random(11)
+    inputs = list(bases) + [base[:rng.randrange(len(base) + 1)] for base in bases for _ in range(20)]
+    for base in bases:
+        for _ in range(60):
+            edited = bytearray(base)
+            for _ in range(rng.randrange(1, 4)):
+                if edited:
+                    edited[rng.randrange(len(edited))] = rng.randrange(256)
+            inputs.append(bytes(edited))
+    inputs += [memoryview(plain), bytearray(plain), memoryview(bytearray(plain)), memoryview(plain).cast("c")]
+    called_plain = 0
+    for version in (2, 3, 6, 7, 9, 11):
+        for data in inputs:
+            if _core.plain_produce_records(data, version):
+                called_plain += 1
+                with mock.patch.object(_core, "plain_produce_records", lambda records, version: False):
+                    assert check_produce_records(version, data) == (None, None), (version, bytes(data))
+    assert _core.plain_produce_records(plain, 9) and _core.plain_produce_records(None, 2)
+    assert not _core.plain_produce_records(transactional, 9) and not _core.plain_produce_records(plain, 6)
+    assert not _core.plain_produce_records(plain + plain, 9) and called_plain > 100

@@ -954,8 +954,8 @@ def check_produce_records(version, records):
     the error of Kafka's ProduceRequest.validateRecords as (code, message), or None)``. Kafka's
     ``RequestUtils.hasTransactionalRecords`` looks at no other batch (Produce v3+ carries one batch a
     partition); ``validateRecords``: v3+ carries exactly one batch, of magic 2; zstd needs v7+. Corrupt input is
-    left to the validator, which names what is wrong."""
-    if records is None or len(records) <= MAGIC_OFFSET:
+    left to the validator, which names what is wrong. The common case (one plain v2 batch) is the core's to see."""
+    if _core.plain_produce_records(records, version) or len(records) <= MAGIC_OFFSET:
         return None, None
     view = byte_view("records", records)
     magic = view[MAGIC_OFFSET]
