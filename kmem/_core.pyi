@@ -566,3 +566,25 @@ class TalliesCore:
     _lock: Any
     _tables: list[dict[Any, list[int]]]
     def row(self, key: Any) -> list[int]: ...
+
+class ProcessorCore:
+    server: Any
+    selector: Any
+    request_class: Any
+    deferred_class: Any
+    close_marker: Any
+    network_send: Any
+    close_send: Any
+    request_received: Any
+    response_sent: Any
+    muted: Any
+    _log: Any
+    measured: dict[Any, Any]
+    throttles: dict[Any, int]
+    _deferred: dict[Any, Any]
+    _closing: set[Any]
+    def _process_completed_receives(self) -> None: ...
+    def _handle(self, request: Any) -> None: ...
+    def _respond_now(self, connection_id: Any, send: Any) -> None: ...
+    def _process_completed_sends(self) -> None: ...
+    def _response_sent(self, connection_id: Any) -> None: ...

@@ -66,3 +66,104 @@ cdef class TalliesCore:
             found = [0] * self._width
             table[key] = found
         return found
+
+
+cdef class ProcessorCore:
+    """The steps of a network processor (``kmem.network.server._Processor``) made for every request: each
+    complete receive handed to the handler as a request (its channel muted until its response is sent; a SASL
+    channel's frames to its authenticator), the handler's answer framed and sent, and the channel unmuted once
+    it is. The subclass sets the attributes: its ``server`` and ``selector``, its requests ``measured``, the
+    ``throttles`` to start and the ids ``_closing`` once answered and ``_deferred``, and the Python pieces these
+    steps use (``request_class``, ``deferred_class``, ``close_marker``, ``network_send``, ``close_send``, the
+    mute events and state, ``_log``), and gives ``_authenticate``, ``_reauthenticate_or_expire`` and
+    ``_start_throttle``."""
+    cdef public object server, selector, request_class, deferred_class, close_marker, network_send, close_send
+    cdef public object request_received, response_sent, muted, _log
+    cdef public dict measured, throttles, _deferred
+    cdef public set _closing
+
+    cpdef _process_completed_receives(self):
+        selector = self.selector
+        for receive in selector.completed_receives:
+            connection_id = receive.source
+            channel = selector.channel(connection_id)
+            if channel is None:         # closed in the same poll (e.g. EOF right after the request)
+                receive.close()
+                continue
+            selector.mute(connection_id)
+            channel.handle_mute_event(self.request_received)
+            authenticator = channel.authenticator
+            if authenticator is None:
+                self._handle(self.request_class(connection_id, self, receive, channel.peer_principal,
+                                                channel.listener.name))
+            elif not authenticator.complete:
+                self._authenticate(channel, receive)
+            elif authenticator.session_expires_at is None or not self._reauthenticate_or_expire(channel, receive):
+                self._handle(self.request_class(connection_id, self, receive, channel.principal,
+                                                channel.listener.name))
+
+    cpdef _handle(self, request):
+        cdef bint keep_payload = False
+        try:
+            response = self.server.handler(request)
+            if isinstance(response, self.deferred_class):
+                keep_payload = response.keeps_payload
+                if not keep_payload:        # an io thread marks those
+                    request.times[2] = perf_counter_ns()
+                if not response.done:
+                    self._deferred[request.connection_id] = response
+                    self.selector.watch_close(request.connection_id)
+                send = response
+            else:
+                request.times[2] = perf_counter_ns()
+                # Framed before the payload is released, so a response that views the request's memory
+                # keeps that memory alive until it is sent.
+                send = None if response is None else self.network_send(request.connection_id, response)
+        except BaseException:
+            # Whatever it is: an asyncio handler's CancelledError, even KeyboardInterrupt or SystemExit
+            # (signals go to the main thread, so here they come from the handler's own code). It ends this
+            # connection, not the processor; close() is how a server stops.
+            self._log.exception("request handler failed for %r; closing the connection", request)
+            send = self.close_marker
+        finally:
+            if not keep_payload:
+                self.server.release(request)
+        if not isinstance(send, self.deferred_class):
+            self._respond_now(request.connection_id, send)
+
+    cpdef _respond_now(self, connection_id, send):
+        request = self.measured.get(connection_id)
+        if request is not None:
+            request.times[4] = perf_counter_ns()
+        throttle_ms = self.throttles.pop(connection_id, 0)
+        channel = self.selector.channel(connection_id)
+        if channel is None:
+            self.close_send(send)       # the client left while its request was handled
+            return
+        if throttle_ms and send is not self.close_marker:
+            self._start_throttle(channel, throttle_ms)
+        if send is self.close_marker:
+            self.selector.close(connection_id)
+        elif send is None:
+            self._response_sent(connection_id)
+        elif self.selector.send(send, write_now=True):
+            self._response_sent(connection_id)
+
+    cpdef _process_completed_sends(self):
+        for connection_id in self.selector.completed_sends:
+            self._response_sent(connection_id)
+
+    cpdef _response_sent(self, connection_id):
+        request = self.measured.pop(connection_id, None)
+        if request is not None:
+            request.tally(perf_counter_ns())
+        channel = self.selector.channel(connection_id)
+        if channel is None:
+            return
+        if connection_id in self._closing:
+            self._closing.discard(connection_id)
+            self.selector.close(connection_id)
+            return
+        channel.handle_mute_event(self.response_sent)
+        if channel.mute_state is self.muted:
+            self.selector.unmute(connection_id)

@@ -337,8 +337,12 @@ def test_transactional_ids_by_state(tmp_path):
 def test_tallies_lose_no_addition_between_threads_and_forget_a_key():
     from kmem import _core
     from kmem.network import Request
-    # a row, a request's fields and the tally of its times are the core's, made for every request
+    from kmem.network.server import _Processor
+    # a row, a request's fields and the tally of its times, a processor's steps are the core's, made for every
+    # request
     assert Tallies.row is _core.TalliesCore.row and Request.tally is _core.RequestCore.tally
+    assert all(getattr(_Processor, step) is getattr(_core.ProcessorCore, step) for step in (
+        "_process_completed_receives", "_handle", "_respond_now", "_process_completed_sends", "_response_sent"))
     tallies = Tallies(2)
 
     def add():

@@ -317,12 +317,18 @@ def offloaded(handler):
 _CLOSE = object()       # the response that tells a processor to close the connection
 
 
-class _Processor(threading.Thread):
-    """Runs one selector: new connections, responses, reads; each complete request is handled here."""
+class _Processor(_core.ProcessorCore, threading.Thread):
+    """Runs one selector: new connections, responses, reads; each complete request is handled here (the steps
+    made for every request are the core's, ``ProcessorCore``)."""
 
     def __init__(self, server, index):
         super().__init__(name=f"kmem-network-processor-{index}", daemon=True)
         self.server = server
+        # what the core's steps use
+        self.request_class, self.deferred_class, self.close_marker = Request, Deferred, _CLOSE
+        self.network_send, self.close_send, self._log = NetworkSend, close_send, log
+        self.request_received, self.response_sent = ChannelMuteEvent.REQUEST_RECEIVED, ChannelMuteEvent.RESPONSE_SENT
+        self.muted = ChannelMuteState.MUTED
         config = server.config
         self.selector = Selector(server.pool, max_receive_size=config.socket_request_max_bytes,
                                  connections_max_idle_ms=config.connections_max_idle_ms)
@@ -504,24 +510,6 @@ class _Processor(threading.Thread):
             log.exception("building the deferred response to %s failed; closing the connection", connection_id)
             return _CLOSE
 
-    def _respond_now(self, connection_id, send):
-        request = self.measured.get(connection_id)
-        if request is not None:
-            request.times[4] = time.perf_counter_ns()
-        throttle_ms = self.throttles.pop(connection_id, 0)
-        channel = self.selector.channel(connection_id)
-        if channel is None:
-            close_send(send)    # the client left while its request was handled
-            return
-        if throttle_ms and send is not _CLOSE:
-            self._start_throttle(channel, throttle_ms)
-        if send is _CLOSE:
-            self.selector.close(connection_id)
-        elif send is None:
-            self._response_sent(connection_id)
-        elif self.selector.send(send, write_now=True):
-            self._response_sent(connection_id)
-
     def _start_throttle(self, channel, ms):
         """Kafka's ``ChannelThrottlingCallback``: the channel stays muted for ``ms``, its response sent or not."""
         channel.handle_mute_event(ChannelMuteEvent.THROTTLE_STARTED)
@@ -541,24 +529,6 @@ class _Processor(threading.Thread):
             channel.handle_mute_event(ChannelMuteEvent.THROTTLE_ENDED)
             if channel.mute_state is ChannelMuteState.MUTED:
                 self.selector.unmute(connection_id)
-
-    def _process_completed_receives(self):
-        selector = self.selector
-        for receive in selector.completed_receives:
-            connection_id = receive.source
-            channel = selector.channel(connection_id)
-            if channel is None:         # closed in the same poll (e.g. EOF right after the request)
-                receive.close()
-                continue
-            selector.mute(connection_id)
-            channel.handle_mute_event(ChannelMuteEvent.REQUEST_RECEIVED)
-            authenticator = channel.authenticator
-            if authenticator is None:
-                self._handle(Request(connection_id, self, receive, channel.peer_principal, channel.listener.name))
-            elif not authenticator.complete:
-                self._authenticate(channel, receive)
-            elif authenticator.session_expires_at is None or not self._reauthenticate_or_expire(channel, receive):
-                self._handle(Request(connection_id, self, receive, channel.principal, channel.listener.name))
 
     def _reauthenticate_or_expire(self, channel, receive):
         """For a SASL session with a lifetime (KIP-368): a SaslHandshake begins a re-authentication, another
@@ -631,39 +601,6 @@ class _Processor(threading.Thread):
             except Exception:
                 log.exception("network processor %d: work after a response failed", self._index)
 
-    def _handle(self, request):
-        keep_payload = False
-        try:
-            response = self.server.handler(request)
-            if isinstance(response, Deferred):
-                keep_payload = response.keeps_payload
-                if not keep_payload:        # an io thread marks those
-                    request.times[2] = time.perf_counter_ns()
-                if not response.done:
-                    self._deferred[request.connection_id] = response
-                    self.selector.watch_close(request.connection_id)
-                send = response
-            else:
-                request.times[2] = time.perf_counter_ns()
-                # Framed before the payload is released, so a response that views the request's memory
-                # keeps that memory alive until it is sent.
-                send = None if response is None else NetworkSend(request.connection_id, response)
-        except BaseException:
-            # Whatever it is: an asyncio handler's CancelledError, even KeyboardInterrupt or SystemExit
-            # (signals go to the main thread, so here they come from the handler's own code). It ends this
-            # connection, not the processor; close() is how a server stops.
-            log.exception("request handler failed for %r; closing the connection", request)
-            send = _CLOSE
-        finally:
-            if not keep_payload:
-                self.server.release(request)
-        if not isinstance(send, Deferred):
-            self._respond_now(request.connection_id, send)
-
-    def _process_completed_sends(self):
-        for connection_id in self.selector.completed_sends:
-            self._response_sent(connection_id)
-
     def _process_disconnected(self):
         for connection_id in self.selector.disconnected:
             self._forget(connection_id)
@@ -694,21 +631,6 @@ class _Processor(threading.Thread):
                 self.selector.close(channel.id)
                 self._forget(channel.id)
         quotas.close_excess(close_one)
-
-    def _response_sent(self, connection_id):
-        request = self.measured.pop(connection_id, None)
-        if request is not None:
-            request.tally(time.perf_counter_ns())
-        channel = self.selector.channel(connection_id)
-        if channel is None:
-            return
-        if connection_id in self._closing:
-            self._closing.discard(connection_id)
-            self.selector.close(connection_id)
-            return
-        channel.handle_mute_event(ChannelMuteEvent.RESPONSE_SENT)
-        if channel.mute_state is ChannelMuteState.MUTED:
-            self.selector.unmute(connection_id)
 
 
 def _peer(channel):
