@@ -365,22 +365,30 @@ class _Processor(_core.ProcessorCore, threading.Thread):
         try:
             while self.server.running:
                 try:
-                    self._configure_new_connections()
-                    self._end_throttles()
-                    self._process_responses()
+                    # each step only when it has something to do: this loop runs about once a request
+                    if not self._new_connections.empty():
+                        self._configure_new_connections()
+                    if not self._throttles_ended.empty():
+                        self._end_throttles()
+                    if not self._responses.empty():
+                        self._process_responses()
                     try:
                         self.selector.poll(0 if not self._responses.empty() else POLL_SECONDS)
                     except (KeyboardInterrupt, SystemExit):
                         # raised by a channel's own code (a response's Send), which closed that channel only:
                         # what the poll read, sent and saw closed for the others is handled below
                         log.exception("network processor %d: a connection's I/O raised", self._index)
-                    self._establish_ssl_principals()
+                    if self.selector.connected:
+                        self._establish_ssl_principals()
                     self._process_completed_receives()
-                    self._run_after_responses()
+                    if self.after_responses:
+                        self._run_after_responses()
                     self._process_completed_sends()
-                    self._process_disconnected()
-                    self._close_unauthenticated()
-                    self._close_excess_connection()
+                    if self.selector.disconnected:
+                        self._process_disconnected()
+                    if self._authentication_deadlines:
+                        self._close_unauthenticated()
+                    self.server.quotas.close_excess(self._close_excess_connection)
                 except BaseException:
                     # Keep serving: the acceptor keeps dealing connections to this thread (KeyboardInterrupt
                     # and SystemExit, raised here only by code such as a response's Send, do not stop a
@@ -619,18 +627,16 @@ class _Processor(_core.ProcessorCore, threading.Thread):
             deferred.cancel()
 
     def _close_excess_connection(self):
-        """Kafka's ``closeExcessConnections``: while the protected listener keeps the total over
-        ``max.connections``, close the least recently used connection of another listener, one a poll."""
+        """Kafka's ``closeExcessConnections`` (called by ``quotas.close_excess`` while the protected listener keeps
+        the total over ``max.connections``): close the least recently used connection of another listener, one a
+        poll."""
         quotas = self.server.quotas
-
-        def close_one():
-            channel = self.selector.least_recently_active(lambda channel: not quotas.protects(channel.listener.name))
-            if channel is not None:
-                log.info("closing connection %s from %s (listener %s): max.connections exceeded", channel.id,
-                         _peer(channel), channel.listener.name)
-                self.selector.close(channel.id)
-                self._forget(channel.id)
-        quotas.close_excess(close_one)
+        channel = self.selector.least_recently_active(lambda channel: not quotas.protects(channel.listener.name))
+        if channel is not None:
+            log.info("closing connection %s from %s (listener %s): max.connections exceeded", channel.id,
+                     _peer(channel), channel.listener.name)
+            self.selector.close(channel.id)
+            self._forget(channel.id)
 
 
 def _peer(channel):
