@@ -5,9 +5,10 @@ A broker runs in this process with its network threads; a confluent-kafka produc
 (default 8) partitions, as ``bench_broker_throughput.py`` does. The dispatcher, the Produce handler, the log's
 append and the parts of it below are wrapped to add up their thread CPU time. Printed: the requests, the broker
 process's CPU per request, and each part's CPU per request (µs; a part includes the parts below it: the
-dispatcher the handler, the handler the log's append, the log's append the validator, producer state and the
-segment's append, the validator the core's check, the segment's append the core's write). The dispatcher's
-time against the process's is the network loop's share. Each wrapper adds about half a microsecond.
+dispatcher the handler, the handler the log's append, the log's append (one core call, ``LogAppender.append``)
+the validator's common case (``_core.assign_common_case``: the core's check and offsets), producer state and the
+segment's append (the core's write)). The dispatcher's time against the process's is the network loop's share.
+Each wrapper adds about half a microsecond.
 
 ``--core-only``: the Produce handler is replaced by one that only has each partition's records checked and given
 offsets by the core and written by it (``_core.assign_v2_batches``, ``_core.append_segment``), answering with
@@ -89,12 +90,10 @@ def core_only_produce(handlers, header, request):
 
 
 def main():
-    import types
-
     from kmem import _core
     from kmem.broker import Broker
     from kmem.broker.apis import dispatch, handlers
-    from kmem.broker.log import producer_state, segment, unified_log, validator
+    from kmem.broker.log import producer_state, segment, unified_log
 
     if "--core-only" in sys.argv[1:]:
         handlers.Handlers.produce = core_only_produce
@@ -102,15 +101,10 @@ def main():
     timed(dispatch.RequestDispatcher, "__call__", totals, "dispatcher")
     timed(handlers.Handlers, "produce", totals, "Produce handler")
     timed(unified_log.PartitionLog, "append", totals, "log append")
-    timed(unified_log, "validate_and_assign", totals, "validator")
+    timed(_core, "assign_common_case", totals, "validator (core)")     # the log's core call finds it there
     for name in ("check", "reserve", "apply"):
         timed(producer_state.ProducerStateManager, name, totals, f"producer state {name}")
-    timed(segment.LogSegment, "append", totals, "segment append")
-    # the core calls, through a copy of the module seen by the validator and the segment only
-    for module, name in ((validator, "assign_v2_batches"), (segment, "append_segment")):
-        core = types.SimpleNamespace(**{n: getattr(_core, n) for n in dir(_core) if not n.startswith("__")})
-        timed(core, name, totals, f"core {name}")
-        module._core = core
+    timed(segment.LogSegment, "append", totals, "segment append (core)")
 
     with tempfile.TemporaryDirectory() as directory:
         broker = Broker(directory, port=0, message_max_bytes=4 << 20).start()
