@@ -70,6 +70,8 @@ cdef class LogAppender:
         cdef object config = log.config
         cdef dict updated
         cdef list completed
+        if validated is None or producers is None or segment is None:     # typed: their fields are read in C
+            raise TypeError("an append needs validated records, the log's producers and its active segment")
         if transaction_open:
             log._check_transactions_open(validated.batches)
         duplicate, updated, completed = producers.check(validated.batches, origin)

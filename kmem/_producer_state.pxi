@@ -142,8 +142,10 @@ cdef class ProducerStatesCore:
         self._checked_at, self.expiration_ms, self.cache_entries = checked_at, expiration_ms, cache_entries
         self._lock = LedgerLock()
 
-    cpdef bint expired(self, ProducerStateCore state):
+    cpdef bint expired(self, ProducerStateCore state) except -1:
         """Past ``expiration_ms`` at the last expiry check and in no transaction (the ledger's rule)."""
+        if state is None:
+            raise TypeError("expired() needs a producer state, not None")
         return state.current_txn_first_offset < 0 and self._checked_at - state.timestamp >= self.expiration_ms
 
     cpdef state(self, producer_id):
@@ -217,7 +219,10 @@ cdef class ProducerStatesCore:
             self._remember(state)
 
     cpdef _remember(self, ProducerStateCore state):
-        cdef object pid = state.producer_id
+        cdef object pid
+        if state is None:
+            raise TypeError("_remember() needs a producer state, not None")
+        pid = state.producer_id
         self._lock.take()
         try:
             if self.expired(state):         # kept until the next check, as Kafka keeps it

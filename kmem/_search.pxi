@@ -741,6 +741,7 @@ cdef class RowTable:
         self.slots = new_slots(max_rows)
         self.mask = self.slots.shape[0] - 1
         self.size = 0
+        self.reservable_at = -1         # until the owner's set_limit says otherwise
 
     cdef inline uint64_t probe_start(self, int64_t pid) noexcept nogil:
         return pid_slot(pid, self.mask)
