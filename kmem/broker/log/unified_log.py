@@ -6,7 +6,8 @@
   checks idempotent producers (``kmem.broker.log.producer_state``), rolls the segment when Kafka would
   (``segment.bytes``, ``segment.ms`` measured from the first batch's timestamp, a full index, an offset
   beyond the segment's 32-bit range), writes, and returns an ``AppendResult`` carrying Kafka's error code
-  instead of raising. An append is all or nothing: the producers' ledger rows are reserved before the
+  instead of raising; past the lock and a transaction's verification, one core call does these steps
+  (``_core.LogAppender``), calling back here for what is rare. An append is all or nothing: the producers' ledger rows are reserved before the
   batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
   old segment's indexes are trimmed and a producer snapshot of every producer taken at the new segment's
