@@ -160,6 +160,7 @@ def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_
     cdef bint taken = True, any_compressed = False
     cdef int64_t offset = next_offset, last_offset, batch_max, max_timestamp = -1, offset_of_max = -1
     cdef int64_t producer_id, base_sequence, last_sequence
+    cdef int attributes
     cdef const unsigned char* b
     cdef unsigned char* h
     cdef uint32_t crc
@@ -221,14 +222,15 @@ def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_
                 ((base_sequence + checks[i].last_delta) % SEQUENCE_MODULUS + SEQUENCE_MODULUS) % SEQUENCE_MODULUS
             if batch_max > max_timestamp:
                 max_timestamp, offset_of_max = batch_max, last_offset
-            control = bool(be16(b + V2_ATTRIBUTES) & ATTR_CONTROL)
+            attributes = be16(b + V2_ATTRIBUTES)
+            control = bool(attributes & ATTR_CONTROL)
             if control:
                 markers.append((i, checks[i].position, checks[i].size))
             pieces.append(header)
             pieces.append(view[checks[i].position + V2_HEADER:checks[i].position + checks[i].size])
             batches.append(tuple.__new__(info_class, (
                 producer_id, be16(b + V2_PRODUCER_EPOCH), base_sequence, last_sequence, offset, last_offset,
-                batch_max, bool(be16(b + V2_ATTRIBUTES) & ATTR_TRANSACTIONAL), control, None, -1)))
+                batch_max, bool(attributes & ATTR_TRANSACTIONAL), control, None, -1)))
             offset = last_offset + 1
         return (ValidatedRecords(pieces, batches, next_offset, offset - 1, max_timestamp, offset_of_max,
                                  log_append_time), any_compressed, markers)
