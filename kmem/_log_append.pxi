@@ -124,3 +124,89 @@ def plain_produce_records(records, int version):
         return True
     second = LOG_OVERHEAD + <int64_t>be32(&data[first + V2_LENGTH])
     return second > n - first           # a second entry, incomplete (or of a size below zero: not one)
+
+
+cdef class ProduceLane:
+    """Kafka's ``KafkaApis.handleProduceRequest`` for its common case, in one call (``produce``): acks 0, 1 or -1,
+    and every partition listed once, of a topic that exists and is not internal, its records plain
+    (``plain_produce_records``: nothing for Kafka's request checks to refuse, nothing transactional to verify).
+    Each partition is appended through its log's ``append`` and answered; a refused append is answered by
+    ``answer_refused_append(result, appended, topic, partition, here, everywhere)`` (``Handlers``'). ``answer_appended`` fills a
+    partition's answer to an append that took, for both paths. Anything else is ``Handlers.produce``'s."""
+    cdef object response_class, topic_class, partition_class, internal_topics, all_topics, illegal_state
+    cdef object unknown_partition
+    cdef Py_ssize_t total_produce, messages_in, bytes_in
+
+    def __init__(self, response_class, internal_topics, all_topics, meters, illegal_state, unknown_partition):
+        self.response_class = response_class
+        self.topic_class = response_class.TopicProduceResponse
+        self.partition_class = response_class.PartitionProduceResponse
+        self.internal_topics, self.all_topics, self.illegal_state = internal_topics, all_topics, illegal_state
+        self.total_produce, self.messages_in, self.bytes_in = meters
+        self.unknown_partition = unknown_partition
+
+    def produce(self, handlers, int version, request):
+        """The response (None for acks=0), or False when ``request`` is not the common case: nothing was done."""
+        cdef list logs = []
+        cdef set listed = set()
+        acks = request.acks
+        if acks != 1 and acks != -1 and acks != 0:
+            return False
+        get_partition = handlers.logs.get_partition
+        for topic in request.topic_data:
+            name = topic.name
+            if name in self.internal_topics:
+                return False
+            for data in topic.partition_data:
+                records = data.records
+                if records is None or not plain_produce_records(records, version):
+                    return False
+                key = (name, data.index)
+                if key in listed:
+                    return False
+                listed.add(key)
+                partition_log = get_partition(name, data.index)
+                if partition_log is None:
+                    return False
+                logs.append(partition_log)
+        stats = handlers.topic_stats
+        everywhere = stats.row(self.all_topics)
+        responses = []
+        cdef Py_ssize_t i = 0
+        for topic in request.topic_data:
+            name = topic.name
+            answered = []
+            responses.append(self.topic_class(name=name, partition_responses=answered))
+            here = stats.row(name) if topic.partition_data else None
+            for data in topic.partition_data:
+                result = self.partition_class(index=data.index, error_code=0, base_offset=-1, log_append_time_ms=-1,
+                                              log_start_offset=-1)
+                answered.append(result)
+                everywhere[self.total_produce] += 1
+                here[self.total_produce] += 1
+                partition_log = logs[i]
+                i += 1
+                try:
+                    appended = partition_log.append(data.records)
+                except self.illegal_state:            # the topic was deleted meanwhile
+                    result.error_code = self.unknown_partition
+                    continue
+                if appended.error_code:
+                    handlers.answer_refused_append(result, appended, name, data.index, here, everywhere)
+                else:
+                    self.answer_appended(result, appended, len(data.records), here, everywhere)
+        return None if acks == 0 else self.response_class(throttle_time_ms=0, responses=responses)
+
+    cpdef answer_appended(self, result, appended, Py_ssize_t size, here, everywhere):
+        """``result`` (a partition's answer) filled from ``appended`` (an ``AppendResult`` without error), its
+        records (``size`` bytes) counted where a retry already in the log was not."""
+        cdef int64_t records
+        result.log_start_offset = appended.log_start_offset
+        result.base_offset = appended.base_offset
+        result.log_append_time_ms = appended.log_append_time
+        if not appended.duplicate:
+            records = appended.last_offset - appended.base_offset + 1
+            here[self.messages_in] += records
+            everywhere[self.messages_in] += records
+            here[self.bytes_in] += size
+            everywhere[self.bytes_in] += size

@@ -417,8 +417,10 @@ class Handlers:
         """Appends every partition's records before returning (they are views of the request's pooled
         memory, released when the handler returns). acks=0 gets no response (None)."""
         version = header.api_version
+        response = _PRODUCE_LANE.produce(self, version, request)      # the common case, whole, in the core
+        if response is not False:
+            return response
         Partition = messages.ProduceResponse.PartitionProduceResponse
-        RecordError = messages.ProduceResponse.BatchIndexAndErrorMessage
         response = messages.ProduceResponse(throttle_time_ms=0, responses=[])
         # Kafka's KafkaApis.handleProduceRequest: a request holding transactional batches needs a transactional
         # id, else it is refused as a whole. Without a transaction coordinator (``transactions`` None) every
@@ -488,24 +490,22 @@ class Handlers:
                 except IllegalStateError:            # the topic was deleted meanwhile
                     result.error_code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                     continue
-                result.error_code = int(appended.error_code)
-                result.log_start_offset = appended.log_start_offset
                 if appended.error_code:
-                    _count_failed(result.error_code, PRODUCE_ERRORS_NOT_FAILED, FAILED_PRODUCE, here, everywhere)
-                    result.error_message = appended.error_message
-                    result.record_errors = [RecordError(batch_index=index, batch_index_error_message=message)
-                                            for index, message in appended.record_errors]
-                    log.debug("produce to %s-%d refused: %s", topic.name, data.index, appended.error_message)
-                    continue
-                result.base_offset = appended.base_offset
-                result.log_append_time_ms = appended.log_append_time
-                if not appended.duplicate:      # a retried batch already in the log was counted once
-                    records, size = appended.last_offset - appended.base_offset + 1, len(data.records)
-                    here[MESSAGES_IN] += records
-                    everywhere[MESSAGES_IN] += records
-                    here[BYTES_IN] += size
-                    everywhere[BYTES_IN] += size
+                    self.answer_refused_append(result, appended, topic.name, data.index, here, everywhere)
+                else:
+                    _PRODUCE_LANE.answer_appended(result, appended, len(data.records), here, everywhere)
         return None if request.acks == 0 else response
+
+    @staticmethod
+    def answer_refused_append(result, appended, topic, partition, here, everywhere):
+        """A partition's answer (``result``) to an append its log refused (``appended``, an ``AppendResult``)."""
+        result.error_code = int(appended.error_code)
+        result.log_start_offset = appended.log_start_offset
+        _count_failed(result.error_code, PRODUCE_ERRORS_NOT_FAILED, FAILED_PRODUCE, here, everywhere)
+        result.error_message = appended.error_message
+        result.record_errors = [messages.ProduceResponse.BatchIndexAndErrorMessage(
+            batch_index=index, batch_index_error_message=message) for index, message in appended.record_errors]
+        log.debug("produce to %s-%d refused: %s", topic, partition, appended.error_message)
 
     def _transactional_producers(self, partitions):
         """The ``(producer id, epoch)`` of each transactional batch Kafka's ``handleProduceAppend`` gets: those of
@@ -947,6 +947,12 @@ def _fetched_partitions(version, request, logs):
         for partition in topic.partitions:
             fetched[(topic.topic_id, name, partition.partition)] = partition
     return fetched
+
+
+# a Produce's common case (``ProduceLane``); the partitions' answers to appends that took, for every Produce
+_PRODUCE_LANE = _core.ProduceLane(messages.ProduceResponse, INTERNAL_TOPICS, ALL_TOPICS,
+                                  (TOTAL_PRODUCE, MESSAGES_IN, BYTES_IN), IllegalStateError,
+                                  ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
 
 
 def check_produce_records(version, records):
