@@ -4,6 +4,9 @@
 # and what is rare (a transaction's verification and aborted-transaction index, the roll itself).
 
 
+cdef object _ENOSPC = __import__("errno").ENOSPC
+
+
 cdef bint _reached_roll_ms(SegmentCore segment, int64_t largest_timestamp, int64_t now, int64_t segment_ms):
     # Kafka's LogSegment.shouldRoll by time: since the segment's first batch's largest timestamp, else since
     # its creation; past segment.ms less the segment's jitter. Python's arithmetic where int64 would overflow.
@@ -44,12 +47,50 @@ cdef class LogAppender:
     ``OSError``) with nothing appended. ``transaction_open``: the transactional batches' transactions must
     still be open (``log._check_transactions_open``)."""
     cdef object result_class, no_error, info_class, finish_common_case, validate_each_batch, validate_and_assign
+    cdef object log_error, transaction_open
 
     def __init__(self, result_class, no_error, info_class, finish_common_case, validate_each_batch,
-                 validate_and_assign):
+                 validate_and_assign, log_error, transaction_open):
         self.result_class, self.no_error, self.info_class = result_class, no_error, info_class
         self.finish_common_case, self.validate_each_batch = finish_common_case, validate_each_batch
         self.validate_and_assign = validate_and_assign
+        self.log_error, self.transaction_open = log_error, transaction_open
+
+    cpdef append_to(self, log, records, origin, now_ms, verification_guard):
+        """``PartitionLog.append`` whole: under the log's lock, once it is open, the verification ``guard`` (if any
+        but ``transaction_open``) checked by ``log._check_verification``, then ``append`` at ``now_ms`` (None: the
+        log's clock). A ``log_error`` is answered by ``log._refused(error)``, an ``OSError`` by
+        ``log._storage_failed(error)`` and, once the lock is released, ``log._on_full_disk()`` when the disk is
+        full. The log's listeners hear of an append that took, outside the lock."""
+        cdef object lock = log._lock, failure = None, result
+        cdef list listeners
+        lock.acquire()
+        try:
+            if log._closed:
+                log._check_open()
+            now = log._clock() if now_ms is None else now_ms
+            try:
+                if verification_guard is not None and verification_guard is not self.transaction_open:
+                    log._check_verification(verification_guard)
+                result = self._append(log, records, now, origin, verification_guard is self.transaction_open)
+            except self.log_error as e:
+                return log._refused(e)
+            except OSError as e:
+                failure = e
+                result = log._storage_failed(e)
+            else:
+                if result[6]:           # a duplicate: nothing appended
+                    return result
+                listeners = list(log._listeners)
+        finally:
+            lock.release()
+        if failure is not None:
+            if failure.errno == _ENOSPC:        # the log manager takes every partition's lock in turn
+                log._on_full_disk()
+            return result
+        for listener in listeners:
+            listener(log)
+        return result
 
     cdef ValidatedRecords _validated(self, log, records, now, origin):
         cdef object view = _flat_view(records), config = log.config
@@ -64,9 +105,12 @@ cdef class LogAppender:
         return found[0]
 
     def append(self, log, records, now, origin, bint transaction_open):
+        return self._append(log, records, now, origin, transaction_open)
+
+    cdef object _append(self, log, records, now, origin, bint transaction_open):
         cdef ValidatedRecords validated = self._validated(log, records, now, origin)
         cdef ProducerStatesCore producers = log.producers
-        cdef SegmentCore segment = log.active
+        cdef SegmentCore segment = log.segments[-1]       # its active segment
         cdef object config = log.config
         cdef dict updated
         cdef list completed
@@ -84,7 +128,7 @@ cdef class LogAppender:
                 or segment.time_index.entries >= segment.time_index.max_entries \
                 or not _relative_fits(validated.last_offset, segment.base_offset):
             log.roll()
-            segment = log.active
+            segment = log.segments[-1]
         producers.reserve(updated)
         indexed = log._index_aborted(segment, completed) if completed else False
         try:
@@ -130,14 +174,18 @@ cdef class ProduceLane:
     """Kafka's ``KafkaApis.handleProduceRequest`` for its common case, in one call (``produce``): acks 0, 1 or -1,
     and every partition listed once, of a topic that exists and is not internal, its records plain
     (``plain_produce_records``: nothing for Kafka's request checks to refuse, nothing transactional to verify).
-    Each partition is appended through its log's ``append`` and answered; a refused append is answered by
-    ``answer_refused_append(result, appended, topic, partition, here, everywhere)`` (``Handlers``'). ``answer_appended`` fills a
-    partition's answer to an append that took, for both paths. Anything else is ``Handlers.produce``'s."""
+    Each partition is appended as its log's ``append`` appends it (``appender``, a ``LogAppender``) and answered;
+    a refused append is answered by ``Handlers.answer_refused_append(result, appended, topic, partition, here,
+    everywhere)``. ``answer_appended`` fills a partition's answer to an append that took, for both paths.
+    Anything else is ``Handlers.produce``'s."""
     cdef object response_class, topic_class, partition_class, internal_topics, all_topics, illegal_state
     cdef object unknown_partition
+    cdef LogAppender appender
     cdef Py_ssize_t total_produce, messages_in, bytes_in
 
-    def __init__(self, response_class, internal_topics, all_topics, meters, illegal_state, unknown_partition):
+    def __init__(self, LogAppender appender not None, response_class, internal_topics, all_topics, meters,
+                 illegal_state, unknown_partition):
+        self.appender = appender
         self.response_class = response_class
         self.topic_class = response_class.TopicProduceResponse
         self.partition_class = response_class.PartitionProduceResponse
@@ -187,7 +235,7 @@ cdef class ProduceLane:
                 partition_log = logs[i]
                 i += 1
                 try:
-                    appended = partition_log.append(data.records)
+                    appended = self.appender.append_to(partition_log, data.records, "client", None, None)
                 except self.illegal_state:            # the topic was deleted meanwhile
                     result.error_code = self.unknown_partition
                     continue

@@ -104,6 +104,8 @@ class DelayedOperationPurgatory:
 
     def check_and_complete(self, key):
         """An event on ``key``: try every operation watching it; returns how many completed."""
+        if key not in self._watchers:       # looked up without the lock, as Kafka's checkAndComplete does: an
+            return 0                        # operation that starts watching tries to complete itself after
         with self._lock:
             watchers = self._watchers.get(key)
             if not watchers:

@@ -6,9 +6,10 @@
   checks idempotent producers (``kmem.broker.log.producer_state``), rolls the segment when Kafka would
   (``segment.bytes``, ``segment.ms`` measured from the first batch's timestamp, a full index, an offset
   beyond the segment's 32-bit range), writes, and returns an ``AppendResult`` carrying Kafka's error code
-  instead of raising; past the lock and a transaction's verification, one core call does these steps
-  (``_core.LogAppender``), calling back here for what is rare. An append is all or nothing: the producers' ledger rows are reserved before the
-  batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
+  instead of raising; the lock, these steps and the listeners are one core call (``_core.LogAppender.append_to``),
+  calling back here for what is rare (a transaction's verification, errors, the roll itself). A Produce's common case
+  reaches it from the core too (``_core.ProduceLane``). An append is all or nothing: the producers' ledger rows are
+  reserved before the batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
   old segment's indexes are trimmed and a producer snapshot of every producer taken at the new segment's
   base offset, as Kafka's ``roll``; the fsync of what precedes the new segment is left to ``schedule``
@@ -71,7 +72,6 @@ recovery point stays, so the next flush, the close (which then fails: no clean-s
 next start's recovery covers those segments again.
 """
 import bisect
-import errno
 import functools
 import logging
 import os
@@ -121,10 +121,6 @@ class AppendResult(NamedTuple):
     record_errors: tuple = ()           # KIP-467: [(batch index, message)] of the records refused
 
 
-_APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE, BatchInfo, finish_common_case, validate_each_batch,
-                              validate_and_assign)
-
-
 class FetchData(NamedTuple):
     records: FileRecords | bytes | None        # None when nothing is returned
     high_watermark: int
@@ -158,6 +154,10 @@ class VerificationGuard:
 # Kafka's VerificationGuard.SENTINEL: the producer's transaction was open on the partition when checked, so
 # the coordinator was not asked; the append checks that it still is.
 TRANSACTION_OPEN = VerificationGuard(-1)
+
+# every partition log's append goes through it (the Produce lane of kmem.broker.apis.handlers calls it directly)
+APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE, BatchInfo, finish_common_case, validate_each_batch,
+                             validate_and_assign, LogError, TRANSACTION_OPEN)
 
 
 def _check_int(name, value):
@@ -352,37 +352,27 @@ class PartitionLog:
     def append(self, records, *, origin=CLIENT, now_ms=None, verification_guard=None):
         """Validate, assign offsets and append ``records`` (bytes-like or ``MemoryRecords``); see the module
         docstring. Never raises for bad records: the ``AppendResult`` carries the error code.
-        ``verification_guard``: what ``start_txn_verification`` returned for these (transactional) records."""
-        with self._lock:
-            self._check_open()
-            now = self._clock() if now_ms is None else now_ms
-            try:
-                if verification_guard is not None and verification_guard is not TRANSACTION_OPEN:
-                    producer_id = verification_guard.producer_id
-                    if self._verifications.pop(producer_id, None) is not verification_guard:
-                        raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {producer_id} "
-                                                                    f"ended while its records were verified")
-                # the validation, the producer-state check, the roll, the write and the producers' new states:
-                # one core call
-                result = _APPENDER.append(self, records, now, origin, verification_guard is TRANSACTION_OPEN)
-                if result.duplicate:
-                    return result
-            except LogError as e:
-                return AppendResult(e.code, -1, -1, -1, self.log_start_offset, str(e), record_errors=e.record_errors)
-            except OSError as e:
-                error = storage_error(e, f"appending to {self.topic}-{self.partition}")
-                log.error("%s: %s", self.directory, error)
-                result = AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error))
-                full_disk = e.errno == errno.ENOSPC
-            else:
-                listeners = list(self._listeners)
-        if result.error_code:
-            if full_disk:       # outside the lock: the log manager takes every partition's in turn
-                self._on_full_disk()
-            return result
-        for listener in listeners:
-            listener(self)
-        return result
+        ``verification_guard``: what ``start_txn_verification`` returned for these (transactional) records.
+        The lock, the validation, the producer-state check, the roll, the write, the producers' new states and
+        the listeners: one core call (``LogAppender.append_to``), which calls back for what is rare."""
+        return APPENDER.append_to(self, records, origin, now_ms, verification_guard)
+
+    def _check_verification(self, guard):
+        """A marker written since ``guard`` was made voids it (Kafka's ``VerificationGuard``)."""
+        if self._verifications.pop(guard.producer_id, None) is not guard:
+            raise LogError(ErrorCode.INVALID_TXN_STATE, f"the transaction of producer {guard.producer_id} ended "
+                                                        f"while its records were verified")
+
+    def _refused(self, error):
+        """The answer to records refused (a ``LogError``): nothing appended."""
+        return AppendResult(error.code, -1, -1, -1, self.log_start_offset, str(error),
+                            record_errors=error.record_errors)
+
+    def _storage_failed(self, error):
+        """The answer to an append whose write failed (an ``OSError``): nothing appended; logged."""
+        failure = storage_error(error, f"appending to {self.topic}-{self.partition}")
+        log.error("%s: %s", self.directory, failure)
+        return AppendResult(failure.code, -1, -1, -1, self.log_start_offset, str(failure))
 
     def release_reserved_blocks(self):
         """Free the blocks the active segment reserved ahead of its appends (the disk is full)."""
