@@ -11,6 +11,9 @@
   to a loopback socket as the network thread writes it;
 - the broker time of one Fetch of one partition at a random offset of a log of ``BEHIND_BATCHES`` one-record batches
   of 100 B (a reader behind the tail: an index search, then a scan of batch heads), ``BEHIND_FETCHES`` times;
+- the thread CPU time of a live-sized 100 B Produce (one partition, ``RECORDS_A_REQUEST`` records, about 100 kB)
+  handled in the broker's process, back to back, its core appends alone, and the whole with 0.5 ms and 1 ms
+  pauses between requests (``PAUSED_REQUESTS`` each; median of the last four fifths);
 - produce CPU seconds per GB of 100 B records with a confluent-kafka producer (as
   ``bench_broker_throughput.py`` sends them: acks=all, idempotent, ``linger.ms`` 5), 1 and 8 partitions,
   kmem broker side by side with librdkafka's mock cluster in the same run, ``KMEM_BENCH_THROUGHPUT_MB``
@@ -43,6 +46,7 @@ RECORD_BYTES = 1024
 MANY_PARTITIONS, MANY_FETCHES = 1000, 30
 SMALL_ROUNDS = int(os.environ.get("KMEM_BENCH_SMALL_ROUNDS", "3"))
 BEHIND_BATCHES, BEHIND_FETCHES = 3000, 2000
+PAUSED_REQUESTS, RECORDS_A_REQUEST = 1000, 880
 
 lines = []
 
@@ -288,6 +292,67 @@ def test_fetch_of_many_partitions_broker_time(tmp_path):
     lines.append(f"Fetch v12 of {MANY_PARTITIONS} partitions, one 100 B record each, broker time over {MANY_FETCHES} "
                  f"requests: median {times[len(times) // 2] / 1e6:.1f} ms; the network thread's CPU time to send "
                  f"its response: median {send_times[len(send_times) // 2] / 1e6:.1f} ms")
+
+
+def test_large_produce_cpu_with_pauses(tmp_path):
+    """A live 100 B Produce as confluent-kafka sends it (one partition a request, about 100 kB of records) handled
+    in the broker's process, ``PAUSED_REQUESTS`` times back to back, then with a pause between requests as live
+    traffic has them (a request every millisecond at 100 MB/s): the thread's CPU time of the same work rises once
+    the thread sleeps between requests (its caches, and a virtual CPU's, go cold). Also the same requests' core
+    appends alone (decoded, then ``LogAppender.append`` for each partition): the Python left in the path."""
+    from kmem.broker import Broker
+    from kmem.broker.log.unified_log import APPENDER
+    from kmem.protocol import decode_request, encode_request, messages
+    from kmem.records import build_records
+
+    P, records = messages.ProduceRequest, RECORDS_A_REQUEST
+    targets = [(topic, partition) for partition in range(4) for topic in ("a", "b")]
+    value, now = os.urandom(100), int(time.time() * 1000)
+    payloads = []
+    for i in range(PAUSED_REQUESTS * 4):
+        topic, partition = targets[i % len(targets)]
+        batch = build_records([{"value": value, "timestamp": now}] * records, producer_id=1000, producer_epoch=0,
+                              base_sequence=i // len(targets) * records)
+        payloads.append(_payload_of(encode_request(P(transactional_id=None, acks=-1, timeout_ms=30000, topic_data=[
+            P.TopicProduceData(name=topic, partition_data=[P.PartitionProduceData(index=partition, records=batch)])]),
+            9, i, "bench")))
+
+    def core_appends(broker, payload):
+        _, body = decode_request(payload)
+        for topic in body.topic_data:
+            for data in topic.partition_data:
+                partition_log = broker.logs.get_partition(topic.name, data.index)
+                APPENDER.append(partition_log, data.records, partition_log._clock(), "client", False)
+
+    figures = []
+    broker = Broker(tmp_path / "paused", port=0).start()
+    try:
+        for topic in ("a", "b"):
+            broker.logs.create_topic(topic, 4)
+        gc.freeze()
+        runs = [("whole, back to back", 0, None), ("core appends alone, back to back", 0, core_appends),
+                ("whole, 0.5 ms pauses", 0.0005, None), ("whole, 1 ms pauses", 0.001, None)]
+        for run, (name, pause, handle) in enumerate(runs):
+            cpu_times = []
+            for payload in payloads[run * PAUSED_REQUESTS:(run + 1) * PAUSED_REQUESTS]:
+                if pause:
+                    time.sleep(pause)
+                started = time.thread_time_ns()
+                if handle is None:
+                    broker.server.handler(_Request(payload))
+                else:
+                    handle(broker, payload)
+                cpu_times.append(time.thread_time_ns() - started)
+            cpu_times = sorted(cpu_times[len(cpu_times) // 5:])
+            figures.append(f"{name} {cpu_times[len(cpu_times) // 2] / 1000:.1f}")
+        ends = [broker.logs.get_partition(topic, partition).log_end_offset for topic, partition in targets]
+        assert ends == [len(payloads) // len(targets) * records] * len(targets)
+    finally:
+        broker.close()
+        gc.unfreeze()
+    lines.append(f"Produce v9 of one partition, {records} records of 100 B ({len(payloads[0]) // 1000} kB), handled in "
+                 f"the broker's process, the thread's median CPU time (µs) over {PAUSED_REQUESTS} requests each: "
+                 + "; ".join(figures))
 
 
 def batches_per_log(log_dir):
