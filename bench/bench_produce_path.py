@@ -301,7 +301,7 @@ def test_large_produce_cpu_with_pauses(tmp_path):
     the thread sleeps between requests (its caches, and a virtual CPU's, go cold). Also the same requests' core
     appends alone (decoded, then ``LogAppender.append`` for each partition): the Python left in the path."""
     from kmem.broker import Broker
-    from kmem.broker.log.unified_log import APPENDER
+    from kmem.broker.log.unified_log import _APPENDER
     from kmem.protocol import decode_request, encode_request, messages
     from kmem.records import build_records
 
@@ -322,7 +322,7 @@ def test_large_produce_cpu_with_pauses(tmp_path):
         for topic in body.topic_data:
             for data in topic.partition_data:
                 partition_log = broker.logs.get_partition(topic.name, data.index)
-                APPENDER.append(partition_log, data.records, partition_log._clock(), "client", False)
+                _APPENDER.append(partition_log, data.records, partition_log._clock(), "client", False)
 
     figures = []
     broker = Broker(tmp_path / "paused", port=0).start()

@@ -56,7 +56,7 @@ cdef class LogAppender:
         self.validate_and_assign = validate_and_assign
         self.log_error, self.transaction_open = log_error, transaction_open
 
-    cpdef append_to(self, log, records, origin, now_ms, verification_guard):
+    def append_to(self, log, records, origin, now_ms, verification_guard):
         """``PartitionLog.append`` whole: under the log's lock, once it is open, the verification ``guard`` (if any
         but ``transaction_open``) checked by ``log._check_verification``, then ``append`` at ``now_ms`` (None: the
         log's clock). A ``log_error`` is answered by ``log._refused(error)``, an ``OSError`` by
@@ -174,18 +174,14 @@ cdef class ProduceLane:
     """Kafka's ``KafkaApis.handleProduceRequest`` for its common case, in one call (``produce``): acks 0, 1 or -1,
     and every partition listed once, of a topic that exists and is not internal, its records plain
     (``plain_produce_records``: nothing for Kafka's request checks to refuse, nothing transactional to verify).
-    Each partition is appended as its log's ``append`` appends it (``appender``, a ``LogAppender``) and answered;
-    a refused append is answered by ``Handlers.answer_refused_append(result, appended, topic, partition, here,
+    Each partition is appended by its log's ``append`` (one core call itself) and answered; a refused append is answered by ``Handlers.answer_refused_append(result, appended, topic, partition, here,
     everywhere)``. ``answer_appended`` fills a partition's answer to an append that took, for both paths.
     Anything else is ``Handlers.produce``'s."""
     cdef object response_class, topic_class, partition_class, internal_topics, all_topics, illegal_state
     cdef object unknown_partition
-    cdef LogAppender appender
     cdef Py_ssize_t total_produce, messages_in, bytes_in
 
-    def __init__(self, LogAppender appender not None, response_class, internal_topics, all_topics, meters,
-                 illegal_state, unknown_partition):
-        self.appender = appender
+    def __init__(self, response_class, internal_topics, all_topics, meters, illegal_state, unknown_partition):
         self.response_class = response_class
         self.topic_class = response_class.TopicProduceResponse
         self.partition_class = response_class.PartitionProduceResponse
@@ -235,7 +231,7 @@ cdef class ProduceLane:
                 partition_log = logs[i]
                 i += 1
                 try:
-                    appended = self.appender.append_to(partition_log, data.records, "client", None, None)
+                    appended = partition_log.append(data.records)
                 except self.illegal_state:            # the topic was deleted meanwhile
                     result.error_code = self.unknown_partition
                     continue

@@ -6,7 +6,6 @@ NOT_COORDINATOR before ``__transaction_state`` exists). Raw requests use kafka-p
 import itertools
 import threading
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,8 +13,8 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 
 from broker_helpers import TIMEOUT, RawConnection, fail_appends, wait_for
 from kmem.broker import Broker
-from kmem.broker.apis import handlers
 from kmem.broker.codes import ErrorCode
+from kmem.broker.log import PartitionLog
 from kmem.ledger import ENTRY_DTYPE
 from kmem.records import RecordsBuilder
 
@@ -290,7 +289,7 @@ def test_a_request_whose_handler_fails_is_answered_unknown_server_error(broker, 
             response = connection.request(request, EndTxnResponse, 3, correlation_id)
             assert response.error_code == ErrorCode.UNKNOWN_SERVER_ERROR
     assert "END_TXN v3 from 'raw' failed; answered UNKNOWN_SERVER_ERROR" in caplog.text
-    monkeypatch.setattr(handlers, "_PRODUCE_LANE", SimpleNamespace(produce=fails))     # a bug in Produce's handling
+    monkeypatch.setattr(PartitionLog, "append", fails)
     with RawConnection(broker.bootstrap_servers) as connection:
         records = txn_batch(1, 0, transactional=False)
         request = ProduceRequest(acks=-1, timeout_ms=1000, topic_data=[ProduceRequest.TopicProduceData(

@@ -79,7 +79,7 @@ from kmem.broker.codes import ErrorCode, LogError, storage_error
 from kmem.broker.group.coordinator import GROUP_VERSIONS
 from kmem.broker.log import READ_COMMITTED, READ_UNCOMMITTED, validate_topic_name
 from kmem.broker.log.checkpoints import uuid_bytes, uuid_string
-from kmem.broker.log.unified_log import APPENDER, EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, TRANSACTION_OPEN
+from kmem.broker.log.unified_log import EARLIEST_LOCAL_TIMESTAMP, EARLIEST_TIMESTAMP, TRANSACTION_OPEN
 from kmem.broker.quotas import ThrottlingQuotaExceeded
 from kmem.broker.txn.state_log import INTERNAL_TOPICS
 from kmem.errors import ConfigError, CorruptRecordError, IllegalStateError, UnsupportedCompressionTypeError
@@ -950,7 +950,7 @@ def _fetched_partitions(version, request, logs):
 
 
 # a Produce's common case (``ProduceLane``); the partitions' answers to appends that took, for every Produce
-_PRODUCE_LANE = _core.ProduceLane(APPENDER, messages.ProduceResponse, INTERNAL_TOPICS, ALL_TOPICS,
+_PRODUCE_LANE = _core.ProduceLane(messages.ProduceResponse, INTERNAL_TOPICS, ALL_TOPICS,
                                   (TOTAL_PRODUCE, MESSAGES_IN, BYTES_IN), IllegalStateError,
                                   ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
 

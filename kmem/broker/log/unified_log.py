@@ -155,9 +155,8 @@ class VerificationGuard:
 # the coordinator was not asked; the append checks that it still is.
 TRANSACTION_OPEN = VerificationGuard(-1)
 
-# every partition log's append goes through it (the Produce lane of kmem.broker.apis.handlers calls it directly)
-APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE, BatchInfo, finish_common_case, validate_each_batch,
-                             validate_and_assign, LogError, TRANSACTION_OPEN)
+_APPENDER = _core.LogAppender(AppendResult, ErrorCode.NONE, BatchInfo, finish_common_case, validate_each_batch,
+                              validate_and_assign, LogError, TRANSACTION_OPEN)
 
 
 def _check_int(name, value):
@@ -355,7 +354,7 @@ class PartitionLog:
         ``verification_guard``: what ``start_txn_verification`` returned for these (transactional) records.
         The lock, the validation, the producer-state check, the roll, the write, the producers' new states and
         the listeners: one core call (``LogAppender.append_to``), which calls back for what is rare."""
-        return APPENDER.append_to(self, records, origin, now_ms, verification_guard)
+        return _APPENDER.append_to(self, records, origin, now_ms, verification_guard)
 
     def _check_verification(self, guard):
         """A marker written since ``guard`` was made voids it (Kafka's ``VerificationGuard``)."""
