@@ -1,7 +1,8 @@
-# A partition log's append (Kafka's UnifiedLog.append for a leader): the validator's common case, the
-# producer-state check, the roll decision, the ledger's reservation, the segment's write and the state's
-# update in one call, made for every Produce. kmem.broker.log.unified_log holds the lock, the errors' handling
-# and what is rare (a transaction's verification and aborted-transaction index, the roll itself).
+# A partition log's append (Kafka's UnifiedLog.append for a leader): under the log's lock, the validator's common
+# case, the producer-state check, the roll decision, the ledger's reservation, the segment's write and the state's
+# update in one call, made for every Produce, then the listeners; and a Produce's common case whole
+# (KafkaApis.handleProduceRequest). kmem.broker.log.unified_log and kmem.broker.apis.handlers hold the errors'
+# answers and what is rare (a transaction's verification and aborted-transaction index, the roll itself).
 
 
 cdef object _ENOSPC = __import__("errno").ENOSPC
@@ -174,9 +175,10 @@ cdef class ProduceLane:
     """Kafka's ``KafkaApis.handleProduceRequest`` for its common case, in one call (``produce``): acks 0, 1 or -1,
     and every partition listed once, of a topic that exists and is not internal, its records plain
     (``plain_produce_records``: nothing for Kafka's request checks to refuse, nothing transactional to verify).
-    Each partition is appended by its log's ``append`` (one core call itself) and answered; a refused append is answered by ``Handlers.answer_refused_append(result, appended, topic, partition, here,
-    everywhere)``. ``answer_appended`` fills a partition's answer to an append that took, for both paths.
-    Anything else is ``Handlers.produce``'s."""
+    Each partition is appended by its log's ``append`` (one core call itself) and answered; a refused append is
+    answered by ``Handlers.answer_refused_append(result, appended, topic, partition, here, everywhere)``.
+    ``answer_appended`` fills a partition's answer to an append that took, for both paths. Anything else is
+    ``Handlers.produce``'s."""
     cdef object response_class, topic_class, partition_class, internal_topics, all_topics, illegal_state
     cdef object unknown_partition
     cdef Py_ssize_t total_produce, messages_in, bytes_in

@@ -6,10 +6,10 @@
   checks idempotent producers (``kmem.broker.log.producer_state``), rolls the segment when Kafka would
   (``segment.bytes``, ``segment.ms`` measured from the first batch's timestamp, a full index, an offset
   beyond the segment's 32-bit range), writes, and returns an ``AppendResult`` carrying Kafka's error code
-  instead of raising; the lock, these steps and the listeners are one core call (``_core.LogAppender.append_to``),
-  calling back here for what is rare (a transaction's verification, errors, the roll itself). A Produce's common case
-  reaches it from the core too (``_core.ProduceLane``). An append is all or nothing: the producers' ledger rows are
-  reserved before the batch is written and a failed write is taken out again, so a full disk or a lack of descriptors is
+  instead of raising; the lock, these steps and the listeners are one core call
+  (``_core.LogAppender.append_to``), calling back here for what is rare (a transaction's verification, errors,
+  the roll itself). An append is all or nothing: the producers' ledger rows are reserved before the batch is
+  written and a failed write is taken out again, so a full disk or a lack of descriptors is
   KAFKA_STORAGE_ERROR with nothing of the append kept (and its retry is stored once). At each roll the
   old segment's indexes are trimmed and a producer snapshot of every producer taken at the new segment's
   base offset, as Kafka's ``roll``; the fsync of what precedes the new segment is left to ``schedule``
