@@ -2,12 +2,12 @@
 
 A broker runs in this process with its network threads; a confluent-kafka producer in another process sends
 ``KMEM_BENCH_THROUGHPUT_MB`` (default 64) MB of ``RECORD_BYTES`` (default 100) B records over ``PARTITIONS``
-(default 8) partitions, as ``bench_broker_throughput.py`` does. The dispatcher, the Produce handler and the parts of
-the log's append below them are wrapped to add up their thread CPU time. Printed: the requests, the broker
+(default 8) partitions, as ``bench_broker_throughput.py`` does. The dispatcher, the Produce handler, the log's
+append and the parts of it below are wrapped to add up their thread CPU time. Printed: the requests, the broker
 process's CPU per request, and each part's CPU per request (µs; a part includes the parts below it: the
-dispatcher the handler, the handler (for the common case the core's ``ProduceLane``, each partition's append one
-core call, ``LogAppender.append_to``) the validator's common case (``_core.assign_common_case``: the core's check
-and offsets), producer state and the segment's append (the core's write)). The dispatcher's time against the process's is the network loop's share.
+dispatcher the handler (for its common case the core's ``ProduceLane``), the handler the log's append, the log's
+append (one core call, ``LogAppender.append_to``) the validator's common case (``_core.assign_common_case``: the
+core's check and offsets), producer state and the segment's append (the core's write)). The dispatcher's time against the process's is the network loop's share.
 Each wrapper adds about half a microsecond.
 
 ``--core-only``: the Produce handler is replaced by one that only has each partition's records checked and given
@@ -93,13 +93,14 @@ def main():
     from kmem import _core
     from kmem.broker import Broker
     from kmem.broker.apis import dispatch, handlers
-    from kmem.broker.log import producer_state, segment
+    from kmem.broker.log import producer_state, segment, unified_log
 
     if "--core-only" in sys.argv[1:]:
         handlers.Handlers.produce = core_only_produce
     totals = {}
     timed(dispatch.RequestDispatcher, "__call__", totals, "dispatcher")
     timed(handlers.Handlers, "produce", totals, "Produce handler")
+    timed(unified_log.PartitionLog, "append", totals, "log append")
     timed(_core, "assign_common_case", totals, "validator (core)")     # the log's core call finds it there
     for name in ("check", "reserve", "apply"):
         timed(producer_state.ProducerStateManager, name, totals, f"producer state {name}")
