@@ -26,13 +26,15 @@ def _request(payload):
 
 
 class _CountingLane:
-    """The core's lane, its common cases counted; ``python_only`` sends every request to the Python path."""
+    """The core's lane, what it took and left counted; ``python_only`` sends every request to the Python path."""
 
     def __init__(self, lane):
         self.lane, self.python_only, self.taken, self.left = lane, False, 0, 0
 
     def produce(self, handlers, version, request):
-        response = False if self.python_only else self.lane.produce(handlers, version, request)
+        if self.python_only:
+            return False
+        response = self.lane.produce(handlers, version, request)
         if response is False:
             self.left += 1
         else:
@@ -146,7 +148,7 @@ def test_the_core_lane_answers_as_the_python_path(tmp_path, counting_lane, seed)
             assert (answers[0] is None) == (answers[1] is None)
             if answers[0] is not None:
                 assert _encoded(answers[0]) == _encoded(answers[1]), step
-        assert counting_lane.taken > 50 and counting_lane.left > 300        # both paths were exercised
+        assert counting_lane.taken > 50 and counting_lane.left > 50     # the lane took some and left some
         lane, python = (broker.handlers.topic_stats for broker in brokers)
         for name in (ALL_TOPICS, "t", "u"):
             assert list(lane.row(name)) == list(python.row(name))
