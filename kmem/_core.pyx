@@ -10,6 +10,7 @@ cimport cython
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_Resize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
 from cpython.long cimport PyLong_Check
 from cpython.number cimport PyNumber_Index
 from cpython.object cimport PyObject
@@ -39,4 +40,5 @@ include "_wire.pxi"
 include "_framing.pxi"
 include "_channel.pxi"
 include "_requests.pxi"
+include "_dispatch.pxi"
 include "_selector.pxi"

@@ -35,9 +35,9 @@ errors are per topic or partition (Produce, Metadata, ...) has no such answer: t
 """
 import ipaddress
 import logging
-import threading
 import time
 
+from kmem._core import DispatchCore, from_follower
 from kmem.broker.apis.acls import ACL_APIS, AclHandlers
 from kmem.broker.apis.admin import ADMIN_APIS
 from kmem.broker.apis.authorize import CLOSE_CONNECTION, Refused, RequestChecks, RequestContext, refusal_response
@@ -85,6 +85,13 @@ ENDPOINT_APIS = frozenset((ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.DESC
 # the APIs whose handlers take more than (header, body): the rest (most requests) skip their cases
 _CALLED_APART = frozenset((ApiKey.JOIN_GROUP, ApiKey.CONSUMER_GROUP_HEARTBEAT, *MUTATION_APIS, ApiKey.END_TXN,
                            *ENDPOINT_APIS, *TELEMETRY_VERSIONS, ApiKey.API_VERSIONS))
+
+
+# the APIs whose handler alone answers, with (header, body), at once (or a Fetch by a DelayedFetch), never on an io
+# thread: without an authorizer and with no quota set, the core calls their handler and encodes the answer
+DIRECT_APIS = frozenset((ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
+                         ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.WRITE_TXN_MARKERS, ApiKey.DESCRIBE_PRODUCERS,
+                         ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS))
 
 
 class RequestRefused(KmemError):
@@ -147,11 +154,12 @@ def _creates_transaction_state(header, body):
     return header.api_key == ApiKey.INIT_PRODUCER_ID and body.transactional_id is not None
 
 
-class RequestDispatcher:
+class RequestDispatcher(DispatchCore):
     """The ``SocketServer`` handler of ``kmem broker`` (see the module docstring). ``served`` counts the
     requests answered by (api key, version); ``request_times`` tallies each API's requests and their times
     (Kafka's ``RequestMetrics``, ``kmem.metrics.REQUEST_TIMES``), marked by the network layer as the request
-    goes (``Request.measure``)."""
+    goes (``Request.measure``). A request is read, counted and measured by the core (``DispatchCore``), which
+    also answers the ``DIRECT_APIS`` while no authorizer and no quota applies; the rest goes to ``_dispatch``."""
 
     def __init__(self, handlers, admin, coordinator, served, transactions=None, scram_admin=None, authorizer=None,
                  quotas=None, quota_window=(11, 1), telemetry=None):
@@ -159,9 +167,10 @@ class RequestDispatcher:
         self.checks = None if authorizer is None else RequestChecks(authorizer, handlers.logs)
         self.coordinator = coordinator
         self.transactions = transactions
-        self._served = served
-        self._served_lock = threading.Lock()       # processors count concurrently
+        self.served = served
         self.request_times = request_times()
+        self.quota_store = quotas
+        self.delayed_fetch = DelayedFetch
         self._methods = {key: getattr(handlers, name) for key, name in DATA_APIS.items()}
         self._methods.update({key: getattr(coordinator, name) for key, name in GROUP_APIS.items()})
         self._methods.update({key: getattr(admin, name) for key, name in ADMIN_APIS.items()})
@@ -182,6 +191,7 @@ class RequestDispatcher:
         if telemetry is not None:
             self._methods[ApiKey.GET_TELEMETRY_SUBSCRIPTIONS] = telemetry.get_subscriptions
             self._methods[ApiKey.PUSH_TELEMETRY] = telemetry.push
+        self.direct_methods = {key: method for key, method in self._methods.items() if key in DIRECT_APIS}
 
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka
@@ -190,11 +200,8 @@ class RequestDispatcher:
         try:
             header, body = decode_request(payload)
         except UnsupportedVersionError as e:
-            if e.api_key == ApiKey.API_VERSIONS and e.header is not None:
-                return api_versions_fallback_response(e.header)
-            raise
-        with self._served_lock:
-            self._served[(int(header.api_key), header.api_version)] += 1
+            return self._unsupported(e)
+        self.count_served(header)
         response = encode_response(header, self.handlers.api_versions(header, body))
         # answered by the authenticator, outside the request path's marks: all of it is local time
         elapsed = time.perf_counter_ns() - started
@@ -204,21 +211,21 @@ class RequestDispatcher:
         times[1 + REQUEST_TIMES.index("LocalTimeMs")] += elapsed
         return response
 
-    def __call__(self, request):
-        started = time.perf_counter_ns()
-        try:
-            header, body = decode_request(request.payload)
-        except UnsupportedVersionError as e:
-            if e.api_key == ApiKey.API_VERSIONS and e.header is not None:
-                return api_versions_fallback_response(e.header)
-            raise
-        served = self.handlers.served.get(header.api_key)
-        if served is None or not served[0] <= header.api_version <= served[1]:
-            raise RequestRefused(f"{header.api_key.name} v{header.api_version} is not served by kmem broker "
-                                 f"(client {header.client_id!r})")
-        with self._served_lock:
-            self._served[(int(header.api_key), header.api_version)] += 1
-        request.measure(self.request_times, header.api_key)
+    def _unsupported(self, error):
+        """An API version the codec does not know: ApiVersions is answered in its v0 layout (KIP-511's fallback),
+        anything else refused."""
+        if error.api_key == ApiKey.API_VERSIONS and error.header is not None:
+            return api_versions_fallback_response(error.header)
+        raise error
+
+    @staticmethod
+    def _refuse(header):
+        raise RequestRefused(f"{header.api_key.name} v{header.api_version} is not served by kmem broker "
+                             f"(client {header.client_id!r})")
+
+    def _dispatch(self, request, header, body, started):
+        """The way of a request the core does not answer itself (``DispatchCore``): on an io thread, or through
+        the authorizer's checks and the quotas, or to a handler called apart."""
         if header.api_key != ApiKey.PRODUCE and header.api_key != ApiKey.FETCH and self._blocks(header, body):
             return request.offload(lambda _: self._answered(self._answer_blocking, request, header, body))
         response = self._answered(self._answer, request, header, body)
@@ -227,28 +234,39 @@ class RequestDispatcher:
             closing.fail()
             return closing
         if isinstance(response, (DelayedFetch, DelayedResponse, _Finishing)):
-            handling_ns = time.perf_counter_ns() - started
-            deferred = request.defer()
-            deferred.on_cancel(response.cancel)
-            response.start(lambda build: deferred.complete_with(
-                lambda: self._respond(request, header, body, build(), handling_ns)))
-            return deferred
+            return self._defer(request, header, body, response, started)
         return response
 
-    @staticmethod
-    def _answered(answer, request, header, body):
-        """``answer(request, header, body)``; should it raise (a bug), the request is answered as Kafka's
-        ``KafkaApis.handleError`` answers it: UNKNOWN_SERVER_ERROR, where the response has a top-level error
-        code. Else the error goes on to the network layer, which closes the connection."""
+    def _defer(self, request, header, body, delayed, started):
+        """A handler's answer that waits (``delayed``): the request is deferred until it completes."""
+        handling_ns = time.perf_counter_ns() - started
+        deferred = request.defer()
+        deferred.on_cancel(delayed.cancel)
+        delayed.start(lambda build: deferred.complete_with(
+            lambda: self._respond(request, header, body, build(), handling_ns)))
+        return deferred
+
+    def _answered(self, answer, request, header, body):
+        """``answer(request, header, body)``; should it raise (a bug), ``_error_answer``."""
         try:
             return answer(request, header, body)
         except Exception:
-            response = error_response(header.api_key, header.api_version, ErrorCode.UNKNOWN_SERVER_ERROR)
+            response = self._error_answer(header)
             if response is None:
                 raise
-            log.exception("%s v%d from %r failed; answered UNKNOWN_SERVER_ERROR", header.api_key.name,
-                          header.api_version, header.client_id)
-            return encode_response(header, response)
+            return response
+
+    @staticmethod
+    def _error_answer(header):
+        """While a handler's exception is handled: the request answered as Kafka's ``KafkaApis.handleError``
+        answers it, UNKNOWN_SERVER_ERROR, where the response has a top-level error code, else None (the error
+        goes on to the network layer, which closes the connection)."""
+        response = error_response(header.api_key, header.api_version, ErrorCode.UNKNOWN_SERVER_ERROR)
+        if response is None:
+            return None
+        log.exception("%s v%d from %r failed; answered UNKNOWN_SERVER_ERROR", header.api_key.name,
+                      header.api_version, header.client_id)
+        return encode_response(header, response)
 
     def _blocks(self, header, body):
         """Whether the request goes to an io thread (Produce and Fetch, most requests, never do: the caller skips
@@ -328,18 +346,18 @@ class RequestDispatcher:
         """The encoded ``response``, throttled as the client's quotas have it (see the module docstring); None
         for none (an acks=0 Produce)."""
         if self.request_quota is None or not self.request_quota.enabled():
-            if header.api_key == ApiKey.FETCH and not self._from_follower(header, body):
+            if header.api_key == ApiKey.FETCH and not from_follower(header, body):
                 self.handlers.fetch_sent(response)
             return None if response is None else encode_response(header, response)
         principal, client_id = request.principal, header.client_id
         throttle_ms = 0
-        if response is not None and header.api_key not in REQUEST_QUOTA_EXEMPT and not self._from_follower(header, body):
+        if response is not None and header.api_key not in REQUEST_QUOTA_EXEMPT and not from_follower(header, body):
             throttle_ms = self.request_quota.record_time(principal, client_id, handling_ns)
         if header.api_key == ApiKey.PRODUCE:
             throttle_ms = max(throttle_ms, self.produce_quota.record(principal, client_id, len(request.payload)))
         if mutation_quota is not None:
             throttle_ms = max(throttle_ms, mutation_quota.throttle_time_ms())
-        if header.api_key == ApiKey.FETCH and not self._from_follower(header, body):
+        if header.api_key == ApiKey.FETCH and not from_follower(header, body):
             return self._throttled_fetch(request, header, response, throttle_ms)
         request.throttle(throttle_ms)
         if response is None:
@@ -352,13 +370,7 @@ class RequestDispatcher:
         """A consumer's Fetch with quotas set (a follower's, ``replica_id`` >= 0, is exempt, as in Kafka)."""
         if header.api_key != ApiKey.FETCH or self.fetch_quota is None or not self.fetch_quota.enabled():
             return False
-        return not self._from_follower(header, body)
-
-    @staticmethod
-    def _from_follower(header, body):
-        if header.api_key != ApiKey.FETCH:
-            return False
-        return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) >= 0
+        return not from_follower(header, body)
 
     def _throttled_fetch(self, request, header, response, throttle_ms):
         """A consumer's Fetch response, encoded, or, when it takes the client over its ``consumer_byte_rate`` or
