@@ -607,6 +607,7 @@ class DispatchCore:
     quota_store: Any
     delayed_fetch: type
     direct_methods: dict[Any, Any]
+    after_response_apis: frozenset[Any]
     def __call__(self, request: Any) -> Any: ...
     def count_served(self, header: Any) -> None: ...
 

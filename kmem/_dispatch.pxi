@@ -11,12 +11,14 @@ cdef class DispatchCore:
     defers. The subclass sets ``handlers`` (its ``served`` versions and, for a Fetch, ``fetch_sent``),
     ``request_times``, ``served`` (a ``Counter`` by (api key, version), counted here without a lock: each count
     is one step under the GIL), ``checks`` (None without an authorizer), ``quota_store`` (None without quotas),
-    ``direct_methods`` (``{api key: handler(header, body)}`` of the APIs answered here), ``delayed_fetch`` (the
+    ``direct_methods`` (``{api key: handler(header, body)}`` of the APIs answered here; those of
+    ``after_response_apis`` also get ``write_markers``, the request's ``after_response``), ``delayed_fetch`` (the
     class of a Fetch's answer that waits), and gives ``_unsupported``, ``_refuse``, ``_dispatch`` (the rest of a
     request's way), ``_defer`` (a handler's answer that waits) and ``_error_answer`` (the answer of a handler that
     raised, or None)."""
     cdef public object handlers, request_times, served, checks, quota_store, delayed_fetch
     cdef public dict direct_methods
+    cdef public frozenset after_response_apis
 
     def __call__(self, request):
         global _protocol
@@ -37,7 +39,10 @@ cdef class DispatchCore:
         if method is None or self.checks is not None or (self.quota_store is not None and self.quota_store.quotas):
             return self._dispatch(request, header, body, started)
         try:
-            response = method(header, body)
+            if api in self.after_response_apis:
+                response = method(header, body, write_markers=request.after_response)
+            else:
+                response = method(header, body)
         except Exception:
             answer = self._error_answer(header)
             if answer is None:

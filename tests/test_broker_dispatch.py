@@ -37,8 +37,8 @@ def broker(tmp_path):
 def test_the_compiled_core_dispatches():
     assert _core.__file__.endswith(".so")
     assert dispatch.RequestDispatcher.__call__ is _core.DispatchCore.__call__
-    # nothing the core answers goes to an io thread or needs more than (header, body)
-    assert not dispatch.DIRECT_APIS & (dispatch.BLOCKING_APIS | dispatch._CALLED_APART)
+    # nothing the core answers goes to an io thread or needs more than (header, body), or the work after the response
+    assert not (dispatch.DIRECT_APIS - dispatch.AFTER_RESPONSE_APIS) & (dispatch.BLOCKING_APIS | dispatch._CALLED_APART)
     assert not dispatch.DIRECT_APIS & {ApiKey.METADATA, ApiKey.FIND_COORDINATOR, ApiKey.INIT_PRODUCER_ID,
                                        ApiKey.ADD_OFFSETS_TO_TXN, *dispatch.GROUP_APIS}
 

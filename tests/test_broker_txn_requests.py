@@ -282,7 +282,7 @@ def test_a_request_whose_handler_fails_is_answered_unknown_server_error(broker, 
 
     def fails(*args, **kwargs):
         raise RuntimeError("a bug")
-    monkeypatch.setattr(broker.transactions, "end_txn", fails)
+    monkeypatch.setattr(broker.transactions, "end_transaction", fails)
     request = EndTxnRequest(transactional_id="tx", producer_id=1, producer_epoch=0, committed=True)
     with RawConnection(broker.bootstrap_servers) as connection:
         for correlation_id in (1, 2):

@@ -88,10 +88,12 @@ _CALLED_APART = frozenset((ApiKey.JOIN_GROUP, ApiKey.CONSUMER_GROUP_HEARTBEAT, *
 
 
 # the APIs whose handler alone answers, with (header, body), at once (or a Fetch by a DelayedFetch), never on an io
-# thread: without an authorizer and with no quota set, the core calls their handler and encodes the answer
+# thread: without an authorizer and with no quota set, the core calls their handler and encodes the answer; the
+# handlers of AFTER_RESPONSE_APIS also get ``write_markers``, work to run once the response is out
+AFTER_RESPONSE_APIS = frozenset((ApiKey.END_TXN,))
 DIRECT_APIS = frozenset((ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.LIST_OFFSETS, ApiKey.OFFSET_FOR_LEADER_EPOCH,
                          ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.WRITE_TXN_MARKERS, ApiKey.DESCRIBE_PRODUCERS,
-                         ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS))
+                         ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.LIST_TRANSACTIONS, *AFTER_RESPONSE_APIS))
 
 
 class RequestRefused(KmemError):
@@ -192,6 +194,7 @@ class RequestDispatcher(DispatchCore):
             self._methods[ApiKey.GET_TELEMETRY_SUBSCRIPTIONS] = telemetry.get_subscriptions
             self._methods[ApiKey.PUSH_TELEMETRY] = telemetry.push
         self.direct_methods = {key: method for key, method in self._methods.items() if key in DIRECT_APIS}
+        self.after_response_apis = AFTER_RESPONSE_APIS
 
     def api_versions(self, payload):
         """The encoded answer to an ApiVersions request (``payload``), for a SASL channel's authenticator: Kafka

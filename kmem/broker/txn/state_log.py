@@ -16,7 +16,7 @@ A transactional id's records go to partition ``abs(hashCode(id)) % transaction.s
 import struct
 from typing import NamedTuple
 
-from kmem.broker.group.offsets import OFFSETS_TOPIC, FlexibleReader, _Writer, versioned_reader
+from kmem.broker.group.offsets import OFFSETS_TOPIC, FlexibleReader, versioned_reader
 from kmem.broker.txn.metadata import EMPTY, STATE_NAMES
 from kmem.errors import CorruptRecordError
 
@@ -25,7 +25,10 @@ TRANSACTION_STATE_TOPIC = "__transaction_state"
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 KEY_VERSION = 0
 VALUE_VERSION = 0
+_KEY_HEAD = struct.Struct(">hh")             # version, transactional id's length
 _VALUE_HEAD = struct.Struct(">hqhiB")       # version, producer id, epoch, timeout ms, state
+_VALUE_TAIL = struct.Struct(">qq")          # last update ms, start ms
+_NULL_ARRAY = struct.pack(">i", -1)
 
 
 class TransactionLogValue(NamedTuple):
@@ -39,34 +42,30 @@ class TransactionLogValue(NamedTuple):
 
 
 def transaction_log_key(transactional_id):
-    w = _Writer()
-    w.i16(KEY_VERSION)
-    w.string(transactional_id)
-    return w.value()
+    name = transactional_id.encode()
+    return _KEY_HEAD.pack(KEY_VERSION, len(name)) + name
 
 
 def transaction_log_value(transit):
-    """Value v0 of a ``TxnTransit`` (Kafka's ``TransactionLog.valueToBytes``)."""
+    """Value v0 of a ``TxnTransit`` (Kafka's ``TransactionLog.valueToBytes``). Written on the path of every
+    AddPartitionsToTxn and EndTxn: packed in one piece per topic."""
     if transit.state == EMPTY and transit.partitions:
         raise ValueError(f"an Empty transaction has no partitions: {transit!r}")
-    w = _Writer()
-    w.parts.append(_VALUE_HEAD.pack(VALUE_VERSION, transit.producer_id, transit.producer_epoch, transit.timeout_ms,
-                                    transit.state))
+    parts = [_VALUE_HEAD.pack(VALUE_VERSION, transit.producer_id, transit.producer_epoch, transit.timeout_ms,
+                              transit.state)]
     if transit.state == EMPTY:
-        w.i32(-1)
+        parts.append(_NULL_ARRAY)
     else:
         by_topic = {}
         for topic, partition in sorted(transit.partitions):
             by_topic.setdefault(topic, []).append(partition)
-        w.i32(len(by_topic))
+        parts.append(len(by_topic).to_bytes(4, "big"))
         for topic, partitions in by_topic.items():
-            w.string(topic)
-            w.i32(len(partitions))
-            for partition in partitions:
-                w.i32(partition)
-    w.i64(transit.last_update_ms)
-    w.i64(transit.start_ms)
-    return w.value()
+            name = topic.encode()
+            parts.append(struct.pack(f">h{len(name)}si{len(partitions)}i", len(name), name, len(partitions),
+                                     *partitions))
+    parts.append(_VALUE_TAIL.pack(transit.last_update_ms, transit.start_ms))
+    return b"".join(parts)
 
 
 def read_key(key):
