@@ -28,10 +28,25 @@ ANSWER = b"x" * 60
 CLIENT = textwrap.dedent("""
     import socket, struct, sys
     from kmem.protocol import encode_request, messages
-    F = messages.FetchRequest
-    body = F(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, topics=[F.FetchTopic(
-        topic="empty", partitions=[F.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
-    payload = bytes(encode_request(body, 11, 1, "bench"))
+    from kmem.records import build_records
+    F, P = messages.FetchRequest, messages.ProduceRequest
+    if sys.argv[3] == "fetch":
+        body = F(replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=0, topics=[F.FetchTopic(
+            topic="empty", partitions=[F.FetchPartition(partition=0, fetch_offset=0, partition_max_bytes=1 << 20)])])
+        payload = bytes(encode_request(body, 11, 1, "bench"))
+    else:       # a Produce shaped as librdkafka sends 100 B records: one partition, 880 records (97 kB)
+        records = build_records([{"value": bytes(100), "timestamp": 1700000000000}] * 880)
+        body = P(transactional_id=None, acks=-1, timeout_ms=30000, topic_data=[P.TopicProduceData(
+            name="empty", partition_data=[P.PartitionProduceData(index=0, records=records)])])
+        send, payload = encode_request(body, 9, 1, "bench"), bytearray()   # its records spliced in: written out
+        class Sink:
+            def write(self, views):
+                views = [views] if isinstance(views, memoryview) else views
+                for view in views:
+                    payload.extend(view)
+                return sum(memoryview(view).nbytes for view in views)
+        while not send.completed:
+            send.write_to(Sink())
     frame = struct.pack(">i", len(payload)) + payload
     sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -44,12 +59,12 @@ CLIENT = textwrap.dedent("""
 lines = []
 
 
-def round_trips(port, count):
+def round_trips(port, count, kind="fetch"):
     """(server CPU seconds (user, system), wall seconds) of ``count`` round trips to ``port`` from a client
-    process."""
-    subprocess.run([sys.executable, "-c", CLIENT, str(port), "500"], check=True)      # warm
+    process: each an empty Fetch (``kind`` "fetch") or a Produce of 880 records of 100 B ("produce")."""
+    subprocess.run([sys.executable, "-c", CLIENT, str(port), "500", kind], check=True)      # warm
     before, started = os.times(), time.perf_counter()
-    subprocess.run([sys.executable, "-c", CLIENT, str(port), str(count)], check=True)
+    subprocess.run([sys.executable, "-c", CLIENT, str(port), str(count), kind], check=True)
     wall, after = time.perf_counter() - started, os.times()
     return (after.user - before.user, after.system - before.system), wall
 

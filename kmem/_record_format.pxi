@@ -96,6 +96,11 @@ cdef inline int read_varlong(Cursor* c, int max_bytes, int64_t* out) noexcept no
         c.p += 1
         out[0] = (b >> 1) ^ -(<int64_t>(b & 1))
         return 0
+    if c.p + 1 < c.end and c.p[1] < 0x80:     # two bytes: a 100 B record's length and its value's
+        raw = (c.p[0] & 0x7F) | (<uint64_t>c.p[1] << 7)
+        c.p += 2
+        out[0] = <int64_t>(raw >> 1) ^ -(<int64_t>(raw & 1))
+        return 0
     while True:
         if c.p >= c.end:
             return fail(c, ERR_TRUNCATED, begin)
