@@ -43,18 +43,20 @@ cdef class DispatchCore:
                 response = method(header, body, write_markers=request.after_response)
             else:
                 response = method(header, body)
+            if response is None or isinstance(response, self.delayed_fetch):
+                delayed = response
+            else:
+                if api == 1 and not from_follower(header, body):
+                    self.handlers.fetch_sent(response)      # a consumer's Fetch: its bytes out counted as they go
+                return _protocol.encode_response(header, response)
         except Exception:
             answer = self._error_answer(header)
             if answer is None:
                 raise
             return answer
-        if response is None:
+        if delayed is None:
             return None
-        if type(response) is self.delayed_fetch:
-            return self._defer(request, header, body, response, started)
-        if api == 1 and not from_follower(header, body):
-            self.handlers.fetch_sent(response)      # a consumer's Fetch: its bytes out are counted as they go
-        return _protocol.encode_response(header, response)
+        return self._defer(request, header, body, delayed, started)
 
     cpdef count_served(self, header):
         """One more request of ``header``'s API and version answered."""

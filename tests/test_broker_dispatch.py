@@ -79,6 +79,12 @@ def test_a_failing_handler_of_an_api_the_core_answers_is_answered_as_kafka_answe
         for _ in range(2):
             assert fetch(connection, 11).error_code == ErrorCode.UNKNOWN_SERVER_ERROR
     assert "FETCH v11 from 'raw' failed; answered UNKNOWN_SERVER_ERROR" in caplog.text
+    monkeypatch.undo()
+    monkeypatch.setattr(broker.handlers, "fetch_sent", fails)       # after the handler, before the answer is out
+    with RawConnection(broker.bootstrap_servers) as connection:
+        assert fetch(connection, 11).error_code == ErrorCode.UNKNOWN_SERVER_ERROR
+        monkeypatch.undo()
+        assert fetch(connection, 11).error_code == ErrorCode.NONE
     monkeypatch.setattr(broker.handlers, "logs", None)
     with RawConnection(broker.bootstrap_servers) as connection:
         L = messages.ListOffsetsRequest
