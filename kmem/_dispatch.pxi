@@ -4,6 +4,8 @@
 # the authorizer's checks, the quotas, the io threads, the APIs called apart and what to answer when a handler fails.
 
 cdef object _protocol = None        # kmem.protocol, imported on first use (it imports this module)
+cdef enum:
+    _FETCH = 1                      # Fetch's api key
 
 
 cdef class DispatchCore:
@@ -46,7 +48,7 @@ cdef class DispatchCore:
             if response is None or isinstance(response, self.delayed_fetch):
                 delayed = response
             else:
-                if api == 1 and not from_follower(header, body):
+                if api == _FETCH and not from_follower(header, body):
                     self.handlers.fetch_sent(response)      # a consumer's Fetch: its bytes out counted as they go
                 return _protocol.encode_response(header, response)
         except Exception:
@@ -68,6 +70,6 @@ cdef class DispatchCore:
 cpdef bint from_follower(header, body):
     """Whether a request is a follower's Fetch (``replica_id`` 0 or more), which Kafka exempts from the client
     quotas and from BytesOutPerSec."""
-    if header.api_key != 1:
+    if header.api_key != _FETCH:
         return False
     return (body.replica_state.replica_id if header.api_version >= 15 else body.replica_id) >= 0
