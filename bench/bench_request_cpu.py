@@ -12,6 +12,7 @@ alternating rounds, and kmem's CPU per request over the minimal loop's in the sa
 import os
 import pathlib
 import selectors
+import shutil
 import socket
 import struct
 import subprocess
@@ -134,9 +135,14 @@ def network_layer():
 def broker():
     from kmem.broker import Broker
 
-    server = Broker(pathlib.Path(tempfile.mkdtemp()) / "broker", port=0).start()
+    directory = tempfile.mkdtemp()
+    server = Broker(pathlib.Path(directory) / "broker", port=0).start()
     server.logs.create_topic("empty")
-    return server, int(server.bootstrap_servers.rsplit(":", 1)[1]), Broker.close
+
+    def stop(server):
+        server.close()
+        shutil.rmtree(directory)        # a Produce's run leaves hundreds of MB
+    return server, int(server.bootstrap_servers.rsplit(":", 1)[1]), stop
 
 
 def test_tiny_request_cpu():
