@@ -22,7 +22,6 @@ import time
 
 from peers import CHILD_ENV, MockCluster
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 ROUNDS = int(os.environ.get("KMEM_BENCH_SPLIT_ROUNDS", "2"))
 TRANSACTIONS, RECORDS, RECORD_SIZE, WARM = 300, 100, 1024, 30
 VARIANTS = ("as it is", "no state writes", "no verification", "no coordinator")
