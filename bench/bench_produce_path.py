@@ -110,27 +110,47 @@ def python_codecs():
     return python_codec
 
 
+# where kmem.protocol finds its codecs: api's lookups, the compiled wire codecs' tables (which decode_request and
+# encode_response try first) and compiled.codec_index (which fills those tables as each plan is made)
+CODEC_TABLES = (("api", "_codec"), ("api", "_REQUEST_PLANS"), ("api", "_RESPONSE_PLANS"), ("api", "_COMPILED_REQUESTS"),
+                ("api", "_COMPILED_RESPONSES"), ("compiled", "codec_index"))
+
+
+def codecs_in_use():
+    from kmem.protocol import api, compiled
+
+    return tuple(getattr({"api": api, "compiled": compiled}[module], name) for module, name in CODEC_TABLES)
+
+
+def use_codecs(tables):
+    """Make kmem.protocol use ``tables`` (one for each of ``CODEC_TABLES``)."""
+    from kmem.protocol import api, compiled
+
+    for (module, name), table in zip(CODEC_TABLES, tables):
+        setattr({"api": api, "compiled": compiled}[module], name, table)
+
+
 def broker_times(path, prefill, payloads, check):
     """Broker times (ns) and thread CPU times of ``payloads`` on two new brokers holding "hot" (once the
     Produce payloads ``prefill`` are in), one with the Python codecs, one with the compiled ones: each
     request is handled by both, in turn, so both see the same load from whatever else runs."""
     from kmem.broker import Broker
-    from kmem.protocol import api
 
-    # each with its own cache of the lookups made once per API and version
-    lookups = {"python": (python_codecs(), {}, {}), "compiled": (api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS)}
+    # each with its own cache of the lookups made once per API and version (the Python codecs': no compiled one)
+    lookups = {"python": (python_codecs(), {}, {}, {}, {}, lambda message, version: None),
+               "compiled": codecs_in_use()}
     brokers = {which: Broker(path / which, port=0).start() for which in lookups}
     times = {which: ([], []) for which in lookups}
     try:
         for which, broker in brokers.items():
-            api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS = lookups[which]
+            use_codecs(lookups[which])
             broker.logs.create_topic("hot")
             for payload in prefill:
                 broker.server.handler(_Request(payload))
         gc.freeze()             # as `kmem broker` does once started
         for i, payload in enumerate(payloads):
             for which in sorted(lookups, reverse=i % 2 == 1):
-                api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS = lookups[which]
+                use_codecs(lookups[which])
                 request, handle = _Request(payload), brokers[which].server.handler
                 started, cpu_started = time.perf_counter_ns(), time.thread_time_ns()
                 response = handle(request)
@@ -138,7 +158,7 @@ def broker_times(path, prefill, payloads, check):
                 times[which][1].append(time.thread_time_ns() - cpu_started)
                 check(brokers[which], response, i == len(payloads) - 1)
     finally:
-        api._codec, api._REQUEST_PLANS, api._RESPONSE_PLANS = lookups["compiled"]
+        use_codecs(lookups["compiled"])
         for broker in brokers.values():
             broker.close()
         gc.unfreeze()
