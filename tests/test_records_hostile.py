@@ -128,3 +128,32 @@ def test_v1_wrapper_at_int64_max_with_ordinary_inner_offsets_is_read():
     assert [r.offset for r in MemoryRecords(source).records()] == [INT64_MAX - 2, INT64_MAX - 1, INT64_MAX]
     assert [r.offset for r in down_convert(source, 0).records.records()] == [INT64_MAX - 2, INT64_MAX - 1,
                                                                              INT64_MAX]
+
+
+def v2_record_of(value):
+    """A v2 record with a null key and ``value``."""
+    body = b"\0" + varint(0) + varint(0) + varint(-1) + varint(len(value)) + value + varint(0)
+    return varint(len(body)) + body
+
+
+@pytest.mark.parametrize("size", [63, 64, 100, 8191, 8192])
+def test_a_value_length_of_one_two_or_three_varint_bytes_is_read(size):
+    # zig-zag 63 is one byte, 64 and 8191 two (read at once), 8192 three
+    value = bytes(range(256)) * (size // 256) + bytes(size % 256)
+    (record,) = MemoryRecords(v2_batch_of(v2_record_of(value), 1)).records()
+    assert record.value == value and record.key is None
+
+
+def test_a_two_byte_varint_cut_after_its_first_byte_is_refused():
+    record = v2_record_of(b"v" * 100)           # its length and its value's length are two-byte varints
+    assert record[1] < 0x80 <= record[0]
+    body = record[2:]
+    value_length_at = 4                         # after attributes, timestamp and offset deltas, the null key
+    assert body[value_length_at] >= 0x80 and body[value_length_at + 1] < 0x80
+    cut_in_length = record[:1]                  # the section ends inside the record's length
+    cut_in_value_length = varint(value_length_at + 1) + body[:value_length_at + 1]    # the record ends inside it
+    # named at the varint's first byte: the section starts at byte 61 of the batch
+    for section, at in ((cut_in_length, 61), (cut_in_value_length, 61 + 1 + value_length_at)):
+        with pytest.raises(CorruptRecordError, match="ends before the lengths it declares") as raised:
+            list(MemoryRecords(v2_batch_of(section, 1)).records())
+        assert raised.value.offset == at
