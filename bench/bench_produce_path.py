@@ -28,6 +28,7 @@
 """
 import functools
 import gc
+import importlib
 import json
 import os
 import struct
@@ -117,17 +118,13 @@ CODEC_TABLES = (("api", "_codec"), ("api", "_REQUEST_PLANS"), ("api", "_RESPONSE
 
 
 def codecs_in_use():
-    from kmem.protocol import api, compiled
-
-    return tuple(getattr({"api": api, "compiled": compiled}[module], name) for module, name in CODEC_TABLES)
+    return tuple(getattr(importlib.import_module(f"kmem.protocol.{module}"), name) for module, name in CODEC_TABLES)
 
 
 def use_codecs(tables):
     """Make kmem.protocol use ``tables`` (one for each of ``CODEC_TABLES``)."""
-    from kmem.protocol import api, compiled
-
     for (module, name), table in zip(CODEC_TABLES, tables):
-        setattr({"api": api, "compiled": compiled}[module], name, table)
+        setattr(importlib.import_module(f"kmem.protocol.{module}"), name, table)
 
 
 def broker_times(path, prefill, payloads, check):

@@ -39,15 +39,9 @@ CLIENT = textwrap.dedent("""
         records = build_records([{"value": bytes(100), "timestamp": 1700000000000}] * 880)
         body = P(transactional_id=None, acks=-1, timeout_ms=30000, topic_data=[P.TopicProduceData(
             name="empty", partition_data=[P.PartitionProduceData(index=0, records=records)])])
-        send, payload = encode_request(body, 9, 1, "bench"), bytearray()   # its records spliced in: written out
-        class Sink:
-            def write(self, views):
-                views = [views] if isinstance(views, memoryview) else views
-                for view in views:
-                    payload.extend(view)
-                return sum(memoryview(view).nbytes for view in views)
-        while not send.completed:
-            send.write_to(Sink())
+        sys.path.insert(0, sys.argv[4])
+        from bench_produce_path import _payload_of
+        payload = _payload_of(encode_request(body, 9, 1, "bench"))     # its records spliced in: written out
     frame = struct.pack(">i", len(payload)) + payload
     sock = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -63,9 +57,10 @@ lines = []
 def round_trips(port, count, kind="fetch"):
     """(server CPU seconds (user, system), wall seconds) of ``count`` round trips to ``port`` from a client
     process: each an empty Fetch (``kind`` "fetch") or a Produce of 880 records of 100 B ("produce")."""
-    subprocess.run([sys.executable, "-c", CLIENT, str(port), "500", kind], check=True)      # warm
+    here = os.path.dirname(os.path.abspath(__file__))
+    subprocess.run([sys.executable, "-c", CLIENT, str(port), "500", kind, here], check=True)      # warm
     before, started = os.times(), time.perf_counter()
-    subprocess.run([sys.executable, "-c", CLIENT, str(port), str(count), kind], check=True)
+    subprocess.run([sys.executable, "-c", CLIENT, str(port), str(count), kind, here], check=True)
     wall, after = time.perf_counter() - started, os.times()
     return (after.user - before.user, after.system - before.system), wall
 
