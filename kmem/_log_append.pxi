@@ -37,7 +37,7 @@ cdef object _flat_view(records):
 cdef class LogAppender:
     """``append(log, records, now, origin, transaction_open)``: validate ``records`` and append them to the
     partition log ``log`` (a ``PartitionLog``, its lock held), as its Python ``append`` asks: the validator's
-    common case (``assign_common_case``, then ``finish_common_case`` for a compressed batch or a marker), else
+    common case (``assign_common_case``, then ``finish_common_case`` for a compressed batch), else
     ``validate_each_batch`` (or, for records that are not a flat memoryview or bytes, ``validate_and_assign``);
     then its ``producers`` (``ProducerStatesCore``) check the batches, a duplicate answering with its first
     append's offsets; the active segment rolls first when Kafka's ``shouldRoll`` says so (``log.roll()``); room
@@ -101,7 +101,7 @@ cdef class LogAppender:
         found = assign_common_case(view, log.log_end_offset, config, log.leader_epoch, origin, now, self.info_class)
         if found is None:
             return self.validate_each_batch(view, log.log_end_offset, config, log.leader_epoch, origin, now)
-        if found[1] or found[2]:            # compressed, or holding markers
+        if found[1]:            # compressed: its records need its codec
             return self.finish_common_case(view, found)
         return found[0]
 

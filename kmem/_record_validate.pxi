@@ -129,6 +129,33 @@ def assign_common_case(data, int64_t next_offset, config, int32_t leader_epoch, 
                              keyless=config.compact and client, low=low, high=high, info_class=info_class)
 
 
+cdef int read_marker(const unsigned char* b, Py_ssize_t size, int* marker_type, int64_t* coordinator_epoch) \
+        noexcept nogil:
+    """The first record of a control batch of ``size`` bytes at ``b`` (its records checked): its key's type
+    (Kafka's ``ControlRecordKey``: version int16, type int16) and its value's coordinator epoch (Kafka's
+    ``EndTransactionMarker``: version int16, coordinator epoch int32; -1 when the value is shorter). -1 when the
+    key is shorter than a type."""
+    cdef Cursor c = Cursor(b + V2_HEADER, b + size, b, OK, 0)
+    cdef Fields f
+    if parse_v2_record(&c, 0, 0, &f) < 0 or f.key_len < 4:
+        return -1
+    marker_type[0] = be16(f.key + 2)
+    coordinator_epoch[0] = be32(f.value + 2) if f.value_len >= 6 else -1
+    return 0
+
+
+cdef object _control_types = None
+
+
+cdef dict _control_record_types():
+    """``{value: ControlRecordType}`` (imported on first use: kmem.records imports this module)."""
+    global _control_types
+    if _control_types is None:
+        from kmem.records.batches import ControlRecordType
+        _control_types = {member.value: member for member in ControlRecordType}
+    return _control_types
+
+
 def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_t log_append_time,
                       bint from_client, int64_t max_message_bytes, int64_t segment_bytes, int codec, bint keyless,
                       int64_t low, int64_t high, info_class):
@@ -144,13 +171,18 @@ def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_
     a sequence with a producer id. A compressed batch must be alone and of ``codec`` (unless -1), and is taken
     only without ``keyless`` or bounds: its records are then the caller's to check.
 
-    Returns ``(ValidatedRecords, compressed, markers)``. Its pieces are per batch a new 61-byte bytearray
+    A control batch (from replication or the coordinator, uncompressed) is taken when its marker record says
+    its type (Kafka's ``ControlRecordType`` in the key's int16 after the version), or when it holds no record.
+
+    Returns ``(ValidatedRecords, compressed)``. Its pieces are per batch a new 61-byte bytearray
     header holding the assigned base offset, ``leader_epoch`` and, when ``log_append_time`` is not -1, the
     LogAppendTime bit, that time as max timestamp and the CRC they make, then a view of the batch's records in
     ``data``, unchanged. Its batches are ``info_class`` tuples (the validator's ``BatchInfo``: producer id,
     producer epoch, base sequence, last sequence, base offset, last offset, max timestamp, transactional,
-    control, control type None, coordinator epoch -1). ``markers``: ``(index, position, size)`` of each control
-    batch, whose control type and coordinator epoch its marker record says (the caller reads them).
+    control, control type, coordinator epoch). A control batch's type is a ``ControlRecordType`` where it names
+    one, else the int, and None for an empty batch; its coordinator epoch is the int32 after the version in its
+    marker's value (Kafka's ``EndTransactionMarker``), -1 when the value is shorter or the batch empty. Other
+    batches: None and -1.
     """
     cdef const unsigned char[::1] bytes_of = data
     cdef Py_ssize_t n = bytes_of.shape[0], pos = 0, size, i, kept = 0, capacity = 4
@@ -159,8 +191,8 @@ def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_
     cdef BatchCheck* grown
     cdef bint taken = True, any_compressed = False
     cdef int64_t offset = next_offset, last_offset, batch_max, max_timestamp = -1, offset_of_max = -1
-    cdef int64_t producer_id, base_sequence, last_sequence
-    cdef int attributes
+    cdef int64_t producer_id, base_sequence, last_sequence, coordinator_epoch
+    cdef int attributes, marker_type
     cdef const unsigned char* b
     cdef unsigned char* h
     cdef uint32_t crc
@@ -198,7 +230,7 @@ def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_
         if not taken or kept == 0 or pos > segment_bytes or (any_compressed and kept > 1):
             return None
         view = data if type(data) is memoryview else memoryview(data)
-        pieces, batches, markers = [], [], []
+        pieces, batches = [], []
         for i in range(kept):
             b = start + checks[i].position
             if kmem_add_overflows(offset, checks[i].last_delta, &last_offset) or last_offset == INT64_MAX:
@@ -224,15 +256,18 @@ def assign_v2_batches(data, *, int64_t next_offset, int32_t leader_epoch, int64_
                 max_timestamp, offset_of_max = batch_max, last_offset
             attributes = be16(b + V2_ATTRIBUTES)
             control = bool(attributes & ATTR_CONTROL)
-            if control:
-                markers.append((i, checks[i].position, checks[i].size))
+            control_type, coordinator_epoch = None, -1
+            if control and checks[i].count:
+                if read_marker(b, checks[i].size, &marker_type, &coordinator_epoch) < 0:
+                    return None         # its key says no type: the validator names that
+                control_type = _control_record_types().get(marker_type, marker_type)
             pieces.append(header)
             pieces.append(view[checks[i].position + V2_HEADER:checks[i].position + checks[i].size])
             batches.append(tuple.__new__(info_class, (
                 producer_id, be16(b + V2_PRODUCER_EPOCH), base_sequence, last_sequence, offset, last_offset,
-                batch_max, bool(attributes & ATTR_TRANSACTIONAL), control, None, -1)))
+                batch_max, bool(attributes & ATTR_TRANSACTIONAL), control, control_type, coordinator_epoch)))
             offset = last_offset + 1
         return (ValidatedRecords(pieces, batches, next_offset, offset - 1, max_timestamp, offset_of_max,
-                                 log_append_time), any_compressed, markers)
+                                 log_append_time), any_compressed)
     finally:
         free(checks)

@@ -510,13 +510,24 @@ def _marker(control_type, key=None, value=None):
     return bytes(header) + section
 
 
+def _empty_control_batch():
+    """A control batch holding no record (Kafka's cleaner keeps a marker so emptied)."""
+    header = bytearray(_marker(ControlRecordType.COMMIT)[:V2_HEADER.size])
+    struct.pack_into(">i", header, 8, V2_HEADER.size - 12)
+    struct.pack_into(">i", header, 23, -1)                  # last offset delta
+    struct.pack_into(">i", header, 57, 0)                   # records
+    struct.pack_into(">I", header, 17, _core.crc32c(bytes(header[21:])))
+    return bytes(header)
+
+
 @pytest.mark.parametrize("origin", [COORDINATOR, REPLICATION])
 def test_transaction_markers_take_the_core_common_case_and_get_what_the_batch_by_batch_validator_gives(origin):
     markers = [_marker(ControlRecordType.COMMIT), _marker(ControlRecordType.ABORT),
-               _marker(0, key=b"\0\0\0\0", value=b"\0\0"), _marker(0, key=b"\0\0\0\x05", value=b"\0\0\0\0\0\x09")]
-    unreadable = _marker(0, key=b"\0\0")            # a key too short to say a type: INVALID_RECORD
+               _marker(0, key=b"\0\0\0\0", value=b"\0\0"), _marker(0, key=b"\0\0\0\x05", value=b"\0\0\0\0\0\x09"),
+               _marker(0, key=b"\0\0\xff\xfe", value=b"\0\0\xff\xff\xff\xfd"), _empty_control_batch()]
+    unreadable = [_marker(0, key=b"\0\0"), _marker(0, key=None, value=b"\0\0\0\0\0\x01")]   # no type: INVALID_RECORD
     outcomes = []
-    for data in markers + [markers[0] + markers[1], unreadable, markers[0] + unreadable]:
+    for data in markers + [markers[0] + markers[1]] + unreadable + [markers[0] + unreadable[0]]:
         found, core_assign = [], _core.assign_v2_batches
 
         def assign(*args, **kwargs):
@@ -525,11 +536,13 @@ def test_transaction_markers_take_the_core_common_case_and_get_what_the_batch_by
         with mock.patch.object(_core, "assign_v2_batches", assign):
             given = _outcome(lambda: validate_and_assign(data, next_offset=5, config=LogConfig(), leader_epoch=3,
                                                          origin=origin, now_ms=1000))
-        assert found[0] is not None
+        # the core reads a marker's type and coordinator epoch; one whose key says no type is left to the
+        # batch-by-batch validator, which names the error
+        assert (found[0] is None) == (len(outcomes) >= len(markers) + 1)
         assert given == _outcome(lambda: validate_each_batch(memoryview(data), 5, LogConfig(), 3, origin, 1000))
         outcomes.append(given)
-    assert [[(b.is_control, b.control_type, b.coordinator_epoch) for b in outcome[1]] for outcome in outcomes[:5]] == [
+    assert [[(b.is_control, b.control_type, b.coordinator_epoch) for b in outcome[1]] for outcome in outcomes[:7]] == [
         [(True, ControlRecordType.COMMIT, 4)], [(True, ControlRecordType.ABORT, 4)],
-        [(True, ControlRecordType.ABORT, -1)], [(True, 5, 9)],
+        [(True, ControlRecordType.ABORT, -1)], [(True, 5, 9)], [(True, -2, -3)], [(True, None, -1)],
         [(True, ControlRecordType.COMMIT, 4), (True, ControlRecordType.ABORT, 4)]]
-    assert outcomes[5][0] == outcomes[6][0] == ErrorCode.INVALID_RECORD
+    assert outcomes[7][0] == outcomes[8][0] == outcomes[9][0] == ErrorCode.INVALID_RECORD

@@ -285,15 +285,11 @@ def _assign_common_case(view, next_offset, config, leader_epoch, origin, now):
 
 
 def finish_common_case(view, found):
-    """The ``ValidatedRecords`` of what ``_core.assign_common_case`` found in ``view``: a compressed batch's
-    records checked (its codec is Python's), a transaction marker's type and coordinator epoch read."""
-    validated, compressed, markers = found
-    if compressed:          # alone; its records need its codec
+    """The ``ValidatedRecords`` of what ``_core.assign_common_case`` found in ``view``, a compressed batch's records
+    checked (its codec is Python's)."""
+    validated, compressed = found
+    if compressed:          # alone
         _check_records(RecordBatch(view, 0, validated.size, 2))
-    for index, position, size in markers:       # a transaction marker (uncompressed): its record says which
-        marker = RecordBatch(view, position, size, 2)
-        validated.batches[index] = validated.batches[index]._replace(control_type=_control_type(marker),
-                                                                     coordinator_epoch=marker.coordinator_epoch)
     return validated
 
 
