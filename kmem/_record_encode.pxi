@@ -163,3 +163,32 @@ def encode_legacy_entries(int magic, int attributes, list records):
     if p != end:
         raise _changed()
     return out
+
+
+def v2_batch(section, int64_t first_offset, int32_t partition_leader_epoch, int16_t attributes,
+             int32_t last_offset_delta, int64_t base_timestamp, int64_t max_timestamp, int64_t producer_id,
+             int16_t producer_epoch, int32_t base_sequence, int32_t count):
+    """A v2 batch (Kafka's DefaultRecordBatch): its 61-byte header, CRC-32C included, in front of ``section`` (a
+    bytes-like records section, as written), in one bytes object."""
+    cdef const unsigned char[::1] records = section
+    cdef Py_ssize_t n = records.shape[0]
+    out = PyBytes_FromStringAndSize(NULL, V2_HEADER + n)
+    cdef unsigned char* p = <unsigned char*>PyBytes_AS_STRING(out)
+    put64(p, first_offset)
+    put32(p + V2_LENGTH, V2_HEADER - LOG_OVERHEAD + n)
+    put32(p + V2_LEADER_EPOCH, partition_leader_epoch)
+    p[V2_MAGIC] = 2
+    p[V2_ATTRIBUTES] = (<uint16_t>attributes) >> 8
+    p[V2_ATTRIBUTES + 1] = (<uint16_t>attributes) & 0xFF
+    put32(p + V2_LAST_OFFSET_DELTA, last_offset_delta)
+    put64(p + V2_BASE_TIMESTAMP, base_timestamp)
+    put64(p + V2_MAX_TIMESTAMP, max_timestamp)
+    put64(p + V2_PRODUCER_ID, producer_id)
+    p[V2_PRODUCER_EPOCH] = (<uint16_t>producer_epoch) >> 8
+    p[V2_PRODUCER_EPOCH + 1] = (<uint16_t>producer_epoch) & 0xFF
+    put32(p + V2_BASE_SEQUENCE, base_sequence)
+    put32(p + V2_RECORDS_COUNT, count)
+    if n:
+        memcpy(p + V2_HEADER, &records[0], n)
+    put32(p + V2_CRC, kmem_crc32c(0, p + V2_ATTRIBUTES, V2_HEADER - V2_ATTRIBUTES + n, 0))
+    return out

@@ -146,6 +146,29 @@ def test_coordinator_records_are_the_batch_build_records_makes(fields):
     assert build_coordinator_records([], 1234, **fields) == build_records([], **fields) == b""
 
 
+def test_v2_batch_header_is_kafkas_layout_with_its_crc_over_attributes_to_the_end():
+    rng = random.Random(11)
+    extremes = [(0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                (2**63 - 1, 2**31 - 1, 0x7FFF, 2**31 - 1, 2**63 - 1, 2**63 - 1, 2**63 - 1, 0x7FFF, 2**31 - 1, 2**31 - 1),
+                (-2**63, -2**31, -0x8000, -2**31, -2**63, -2**63, -2**63, -0x8000, -2**31, -2**31)]
+    randoms = [(rng.randrange(-2**63, 2**63), rng.randrange(-2**31, 2**31), rng.randrange(0, 0x80),
+                rng.randrange(-2**31, 2**31), rng.randrange(-2**63, 2**63), rng.randrange(-2**63, 2**63),
+                rng.randrange(-2**63, 2**63), rng.randrange(-2**15, 2**15), rng.randrange(-2**31, 2**31),
+                rng.randrange(-2**31, 2**31)) for _ in range(200)]
+    for fields in extremes + randoms:
+        section = os.urandom(rng.randrange(0, 300))
+        (first_offset, leader_epoch, attributes, last_delta, base_timestamp, max_timestamp, producer_id,
+         producer_epoch, base_sequence, count) = fields
+        batch = _core.v2_batch(section, *fields)
+        head = struct.pack(">qiiBIhiqqqhii", first_offset, 49 + len(section), leader_epoch, 2, 0, attributes,
+                           last_delta, base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence,
+                           count)
+        crc = _core.crc32c(head[21:] + section)
+        assert batch == head[:17] + struct.pack(">I", crc) + head[21:] + section
+    with pytest.raises(OverflowError):
+        _core.v2_batch(b"", 0, 0, 0, 2**31, 0, 0, -1, -1, -1, 1)       # a last offset delta past int32
+
+
 def test_mixed_magics_and_truncated_tail():
     v0 = build_records([b"a", b"b"], magic=0)
     v1 = build_records([{"value": b"c", "timestamp": 5}], magic=1, base_offset=2)

@@ -10,7 +10,7 @@ from kmem.records import codecs
 from kmem.records.arguments import (INT16, INT32, check_bool, check_choice, check_int, check_long,
                                     check_optional_bytes)
 from kmem.records.batches import (ATTR_CONTROL, ATTR_LOG_APPEND_TIME, ATTR_TRANSACTIONAL, INT32_MAX, INT64_MAX,
-                                  V2_HEADER, ControlRecordType, TimestampType)
+                                  ControlRecordType, TimestampType)
 
 
 RECORD_FIELDS = frozenset(("value", "key", "timestamp", "headers", "offset"))
@@ -131,9 +131,9 @@ class RecordsBuilder:
             attributes |= ATTR_TRANSACTIONAL
         if self.control:
             attributes |= ATTR_CONTROL
-        return _v2_batch(section, first_offset, self.partition_leader_epoch, attributes,
-                         self._records[-1][0] - first_offset, base_timestamp, max(self._timestamps()),
-                         self.producer_id, self.producer_epoch, self.base_sequence, len(self._records))
+        return _core.v2_batch(section, first_offset, self.partition_leader_epoch, attributes,
+                              self._records[-1][0] - first_offset, base_timestamp, max(self._timestamps()),
+                              self.producer_id, self.producer_epoch, self.base_sequence, len(self._records))
 
     def _build_legacy(self):
         log_append = self.timestamp_type == TimestampType.LOG_APPEND_TIME
@@ -152,16 +152,6 @@ class RecordsBuilder:
                                                                           self.gzip_level))])
 
 
-def _v2_batch(section, first_offset, partition_leader_epoch, attributes, last_offset_delta, base_timestamp,
-              max_timestamp, producer_id, producer_epoch, base_sequence, count):
-    """A v2 batch: its header (CRC-32C included) in front of ``section``, its records as written."""
-    header = bytearray(V2_HEADER.pack(
-        first_offset, V2_HEADER.size - 12 + len(section), partition_leader_epoch, 2, 0, attributes,
-        last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch, base_sequence, count))
-    struct.pack_into(">I", header, 17, _core.crc32c(section, _core.crc32c(memoryview(header)[21:])))
-    return bytes(header) + section
-
-
 def build_coordinator_records(entries, timestamp, producer_id=-1, producer_epoch=-1, base_sequence=-1,
                               transactional=False):
     """One uncompressed v2 batch of ``[(key, value or None)]`` records, all at ``timestamp``: a coordinator's
@@ -171,8 +161,8 @@ def build_coordinator_records(entries, timestamp, producer_id=-1, producer_epoch
     if not entries:
         return b""
     section = _core.encode_v2_records([(delta, 0, key, value, ()) for delta, (key, value) in enumerate(entries)])
-    return _v2_batch(section, 0, -1, ATTR_TRANSACTIONAL if transactional else 0, len(entries) - 1, timestamp,
-                     timestamp, producer_id, producer_epoch, base_sequence, len(entries))
+    return _core.v2_batch(section, 0, -1, ATTR_TRANSACTIONAL if transactional else 0, len(entries) - 1, timestamp,
+                          timestamp, producer_id, producer_epoch, base_sequence, len(entries))
 
 
 def build_records(records, magic=2, compression="none", base_offset=0, **batch_fields):
@@ -205,5 +195,5 @@ def build_control_batch(control_type, offset, producer_id, producer_epoch, times
         raise InvalidArgumentError(f"invalid timestamp {timestamp}")
     check_int("partition_leader_epoch", partition_leader_epoch, *INT32)
     key, value = struct.pack(">hh", 0, int(control_type)), struct.pack(">hi", 0, coordinator_epoch)
-    return _v2_batch(_core.encode_v2_records([(0, 0, key, value, ())]), offset, partition_leader_epoch,
-                     ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp, producer_id, producer_epoch, -1, 1)
+    return _core.v2_batch(_core.encode_v2_records([(0, 0, key, value, ())]), offset, partition_leader_epoch,
+                          ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp, producer_id, producer_epoch, -1, 1)
