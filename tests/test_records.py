@@ -148,8 +148,9 @@ def test_coordinator_records_are_the_batch_build_records_makes(fields):
 
 def test_v2_batch_header_is_kafkas_layout_with_its_crc_over_attributes_to_the_end():
     rng = random.Random(11)
-    extremes = [(0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                (2**63 - 1, 2**31 - 1, 0x7FFF, 2**31 - 1, 2**63 - 1, 2**63 - 1, 2**63 - 1, 0x7FFF, 2**31 - 1, 2**31 - 1),
+    long_max, int_max = 2**63 - 1, 2**31 - 1
+    extremes = [(0,) * 10,
+                (long_max, int_max, 0x7FFF, int_max, long_max, long_max, long_max, 0x7FFF, int_max, int_max),
                 (-2**63, -2**31, -0x8000, -2**31, -2**63, -2**63, -2**63, -0x8000, -2**31, -2**31)]
     randoms = [(rng.randrange(-2**63, 2**63), rng.randrange(-2**31, 2**31), rng.randrange(0, 0x80),
                 rng.randrange(-2**31, 2**31), rng.randrange(-2**63, 2**63), rng.randrange(-2**63, 2**63),

@@ -195,5 +195,6 @@ def build_control_batch(control_type, offset, producer_id, producer_epoch, times
         raise InvalidArgumentError(f"invalid timestamp {timestamp}")
     check_int("partition_leader_epoch", partition_leader_epoch, *INT32)
     key, value = struct.pack(">hh", 0, int(control_type)), struct.pack(">hi", 0, coordinator_epoch)
-    return _core.v2_batch(_core.encode_v2_records([(0, 0, key, value, ())]), offset, partition_leader_epoch,
-                          ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp, timestamp, producer_id, producer_epoch, -1, 1)
+    section = _core.encode_v2_records([(0, 0, key, value, ())])
+    return _core.v2_batch(section, offset, partition_leader_epoch, ATTR_TRANSACTIONAL | ATTR_CONTROL, 0, timestamp,
+                          timestamp, producer_id, producer_epoch, -1, 1)
