@@ -7,7 +7,10 @@ out, each in a process of its own, in one run (``KMEM_BENCH_SPLIT_ROUNDS`` round
   and the append skipped, answered as written);
 - ``no verification``: ``transaction.partition.verification.enable=false`` (KIP-890's check of the Produce);
 - ``no coordinator``: AddPartitionsToTxn and EndTxn answered NONE at once, without the coordinator, and no
-  verification: what is left is the network thread, the dispatch, the Produce and the client.
+  verification: what is left is the network thread, the dispatch, the Produce and the client;
+- ``markers later``: the network thread sleeps 0.2 ms before the work an EndTxn response leaves (the markers and
+  CompleteCommit), leaving the machine's cores to the client meanwhile (a network thread that sleeps serves no
+  one: an experiment only).
 
 The last is kmem's floor for a commit whatever its coordinator costs; each other row against ``as it is`` is
 what that part costs a commit. Those brokers are broken on purpose (nothing they write can be read back as a
@@ -28,7 +31,7 @@ from peers import CHILD_ENV, MockCluster
 
 ROUNDS = int(os.environ.get("KMEM_BENCH_SPLIT_ROUNDS", "2"))
 TRANSACTIONS, RECORDS, RECORD_SIZE, WARM = 300, 100, 1024, 30
-VARIANTS = ("as it is", "no state writes", "no verification", "no coordinator")
+VARIANTS = ("as it is", "no state writes", "no verification", "no coordinator", "markers later")
 
 BROKER = """
 import sys
@@ -45,6 +48,11 @@ if variant in ("no verification", "no coordinator"):
 if variant == "no coordinator":
     TransactionCoordinator.add_partitions = lambda self, *args: ErrorCode.NONE
     TransactionCoordinator.end_transaction = lambda self, *args, **kwargs: ErrorCode.NONE
+if variant == "markers later":
+    import time
+    from kmem.network.server import _Processor
+    run_after_responses = _Processor._run_after_responses
+    _Processor._run_after_responses = lambda self: (time.sleep(0.0002), run_after_responses(self))
 with Broker(sys.argv[1], port=0, properties=properties) as broker:
     broker.logs.create_topic("t", 1)
     print(broker.bootstrap_servers, flush=True)
