@@ -3,8 +3,8 @@ bench/txn_coordinator_cost.py``): in a broker in this process, one transactional
 transactions of one partition, each as a client's would go: AddPartitionsToTxn (``add_partitions``: its
 ``__transaction_state`` record written), EndTxn (``end_transaction``: PrepareCommit written) and the work its
 response leaves behind (the marker written to the partition, then CompleteCommit). Printed: the median µs of each
-step, warm (the same code in a live broker runs with cold caches, about three times as long: see
-``txn_commit_split.py``'s request times).
+step, warm (in a live broker the same work takes three to four times as long: see ``txn_commit_split.py``'s
+request times).
 
 ``--instructions``: instead, the instructions a transaction costs, counted by valgrind's callgrind (deterministic
 where times on a shared machine are not): two runs, of ``--transactions`` and twice as many, and their difference
@@ -16,6 +16,7 @@ function, the costliest first.
 import argparse
 import collections
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -100,6 +101,8 @@ def main():
             print(f"  {count / args.transactions:7.1f} {function}")
         return
     if args.instructions:
+        if shutil.which("valgrind") is None:
+            sys.exit("valgrind is not installed (Debian: apt-get install valgrind)")
         print(f"{instructions(args.transactions):,} instructions a transaction (AddPartitionsToTxn, EndTxn, the "
               "markers and CompleteCommit)")
         return
