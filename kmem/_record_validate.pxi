@@ -148,11 +148,12 @@ cdef object _control_types = None
 
 
 cdef dict _control_record_types():
-    """``{value: ControlRecordType}`` (imported on first use: kmem.records imports this module)."""
+    """``{value: ControlRecordType}``, the enum's own map (imported on first use: kmem.records imports this
+    module)."""
     global _control_types
     if _control_types is None:
         from kmem.records.batches import ControlRecordType
-        _control_types = {member.value: member for member in ControlRecordType}
+        _control_types = ControlRecordType._value2member_map_
     return _control_types
 
 
