@@ -10,10 +10,12 @@ out, each in a process of its own, in one run (``KMEM_BENCH_SPLIT_ROUNDS`` round
   verification: what is left is the network thread, the dispatch, the Produce and the client;
 - ``markers later``: the network thread sleeps 0.2 ms before the work an EndTxn response leaves (the markers and
   CompleteCommit), leaving the machine's cores to the client meanwhile (a network thread that sleeps serves no
-  one: an experiment only).
+  one: an experiment only);
+- ``markers first``: that work is done before EndTxn is answered, where Kafka answers first (an experiment: it
+  is on the client's path in either order when they share the machine's cores).
 
-The last is kmem's floor for a commit whatever its coordinator costs; each other row against ``as it is`` is
-what that part costs a commit. Those brokers are broken on purpose (nothing they write can be read back as a
+``no coordinator`` is kmem's floor for a commit whatever its coordinator costs; each other row against ``as it
+is`` is what that part costs a commit. Those brokers are broken on purpose (nothing they write can be read back as a
 transaction): never use them but to measure.
 
 Below each round, each kmem broker's own time for the three requests of a commit: the mean of Kafka's
@@ -31,7 +33,8 @@ from peers import CHILD_ENV, MockCluster
 
 ROUNDS = int(os.environ.get("KMEM_BENCH_SPLIT_ROUNDS", "2"))
 TRANSACTIONS, RECORDS, RECORD_SIZE, WARM = 300, 100, 1024, 30
-VARIANTS = ("as it is", "no state writes", "no verification", "no coordinator", "markers later")
+VARIANTS = ("as it is", "no state writes", "no verification", "no coordinator", "markers later",
+            "markers first")
 
 BROKER = """
 import sys
@@ -53,6 +56,15 @@ if variant == "markers later":
     from kmem.network.server import _Processor
     run_after_responses = _Processor._run_after_responses
     _Processor._run_after_responses = lambda self: (time.sleep(0.0002), run_after_responses(self))
+if variant == "markers first":
+    end_txn = TransactionCoordinator.end_txn
+    def end_txn_after_markers(self, header, request, write_markers=None):
+        work = []
+        response = end_txn(self, header, request, write_markers=work.append)
+        for job in work:
+            job()
+        return response
+    TransactionCoordinator.end_txn = end_txn_after_markers
 with Broker(sys.argv[1], port=0, properties=properties) as broker:
     broker.logs.create_topic("t", 1)
     print(broker.bootstrap_servers, flush=True)
