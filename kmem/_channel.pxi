@@ -20,6 +20,7 @@ cdef _load_mute_states():
     _MUTE_TRANSITIONS = dict(MUTE_TRANSITIONS)
 
 
+@cython.final
 cdef class KafkaChannel:
     """A connection as the selector sees it.
 
@@ -75,7 +76,10 @@ cdef class KafkaChannel:
 
     @property
     def ready(self):
-        return self.transport.ready
+        return self.is_ready()
+
+    cdef inline bint is_ready(self) except -1:
+        return type(self.transport) is PlaintextTransport or bool(self.transport.ready)
 
     @property
     def muted(self):
@@ -83,24 +87,27 @@ cdef class KafkaChannel:
 
     @property
     def has_bytes_buffered(self):
-        return self.transport.has_bytes_buffered
+        return self.bytes_buffered()
 
-    def is_in_mutable_state(self):
+    cdef inline bint bytes_buffered(self) except -1:
+        return type(self.transport) is not PlaintextTransport and bool(self.transport.has_bytes_buffered)
+
+    cpdef bint is_in_mutable_state(self) except -1:
         """True when a memory mute may be applied or lifted: a receive has begun, has no memory yet, and
         the transport is ready (a TLS handshake cannot be paused)."""
-        return self.receive is not None and not self.receive.memory_allocated and bool(self.transport.ready)
+        return self.receive is not None and not self.receive.memory_allocated and self.is_ready()
 
-    def mute(self):
+    cpdef mute(self):
         if self.mute_state is _NOT_MUTED:
             self.mute_state = _MUTED
 
-    def maybe_unmute(self):
+    cpdef bint maybe_unmute(self) except -1:
         """Unmute unless a response is pending; returns whether the channel is unmuted."""
         if self.mute_state is _MUTED:
             self.mute_state = _NOT_MUTED
         return self.mute_state is _NOT_MUTED
 
-    def handle_mute_event(self, event):
+    cpdef handle_mute_event(self, event):
         state = _MUTE_TRANSITIONS.get((self.mute_state, event))
         if state is None:
             from kmem.errors import IllegalStateError
@@ -111,58 +118,72 @@ cdef class KafkaChannel:
     @property
     def events(self):
         """What the selector should wait for on this channel's socket."""
+        return self.wanted_events()
+
+    cdef int wanted_events(self) except -1:
         cdef int events
-        transport = self.transport
-        if not transport.ready:
-            return transport.events
+        if not self.is_ready():
+            return self.transport.events
         events = 0 if self.mute_state is not _NOT_MUTED else CHANNEL_EVENT_READ
         if self.send is not None:
             events |= CHANNEL_EVENT_WRITE
         return events
 
-    def prepare(self):
+    cpdef bint prepare(self) except -1:
         """Advance the handshake; returns True when the channel became ready by this call."""
-        if self.transport.ready:
+        if self.is_ready():
             return False
         self.transport.handshake()
-        return bool(self.transport.ready)
+        return self.is_ready()
 
-    def read(self):
+    cpdef read(self):
         """Read towards the current receive; mutes the channel when the pool refuses memory."""
         if self.receive is None:
             self.receive = NetworkReceive(self.id, self.max_receive_size, self.pool)
         receive = self.receive
-        n = receive.read_from(self.transport)
-        if receive.waiting_for_memory and self.is_in_mutable_state():
+        if type(receive) is NetworkReceive:         # the usual one: its steps are C calls
+            n = (<NetworkReceive>receive).read_from(self.transport)
+            waiting = (<NetworkReceive>receive).is_waiting_for_memory()
+        else:
+            n = receive.read_from(self.transport)
+            waiting = receive.waiting_for_memory
+        if waiting and self.is_in_mutable_state():
             self.mute()
         return n
 
-    def maybe_complete_receive(self):
+    cpdef maybe_complete_receive(self):
         """The finished receive (ownership passes to the caller), or None."""
         receive = self.receive
-        if receive is not None and receive.complete:
+        if receive is None:
+            return None
+        if (<NetworkReceive>receive).is_complete() if type(receive) is NetworkReceive else receive.complete:
             self.receive = None
             return receive
         return None
 
-    def set_send(self, send):
+    cpdef set_send(self, send):
         if self.send is not None:
             from kmem.errors import IllegalStateError
             raise IllegalStateError(f"channel {self.id}: a send is already in progress")
         self.send = send
 
-    def write(self):
+    cpdef write(self):
         """Write towards the current send; returns it once completed, else None."""
         send = self.send
         if send is None:
             return None
-        send.write_to(self.transport)
-        if send.completed:
+        if type(send) is NetworkSend:               # the usual one: its steps are C calls
+            (<NetworkSend>send).write_to(self.transport)
+            completed = (<NetworkSend>send).remaining == 0
+        else:
+            send.write_to(self.transport)
+            completed = send.completed
+        if completed:
             self.send = None
             return send
         return None
 
-    def close(self):
+    cpdef close(self):
         """Close the socket and release the memory of a partial receive and what an unfinished send holds
         (idempotent)."""
         if self.closed:
@@ -186,6 +207,7 @@ cdef class KafkaChannel:
 cdef object _sendfile_once = None
 
 
+@cython.final
 cdef class PlaintextTransport:
     """A plain TCP socket as a channel's transport (``kmem.network.transport``)."""
 
@@ -201,7 +223,7 @@ cdef class PlaintextTransport:
     def handshake(self):
         """Nothing to negotiate."""
 
-    def read_into(self, view):
+    cpdef read_into(self, view):
         try:
             n = self.sock.recv_into(view)
         except (BlockingIOError, InterruptedError):
@@ -210,7 +232,7 @@ cdef class PlaintextTransport:
             raise EOFError("connection closed by peer")
         return n
 
-    def write(self, views):
+    cpdef write(self, views):
         try:
             return self.sock.sendmsg(views)
         except (BlockingIOError, InterruptedError):

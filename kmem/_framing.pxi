@@ -9,6 +9,14 @@ NETWORK_SIZE_PREFIX_BYTES = 4
 NETWORK_MAX_FRAME_SIZE = (1 << 31) - 1
 
 
+cdef Py_ssize_t _read_into(transport, view) except -1:
+    """``transport.read_into(view)``: a C call for the usual plaintext transport."""
+    if type(transport) is PlaintextTransport:
+        return (<PlaintextTransport>transport).read_into(view)
+    return transport.read_into(view)
+
+
+@cython.final
 cdef class NetworkReceive:
     """One incoming size-prefixed frame.
 
@@ -52,13 +60,19 @@ cdef class NetworkReceive:
 
     @property
     def waiting_for_memory(self):
+        return self.is_waiting_for_memory()
+
+    cdef inline bint is_waiting_for_memory(self):
         return self._size >= 0 and self.payload is None
 
     @property
     def complete(self):
+        return self.is_complete()
+
+    cdef inline bint is_complete(self):
         return self.payload is not None and self._filled == self._size
 
-    def read_from(self, transport):
+    cpdef Py_ssize_t read_from(self, transport) except -1:
         """Read what the transport has, up to the end of this frame; returns the bytes read.
 
         Raises ``InvalidReceiveError`` for a negative or oversized prefix (nothing is allocated then) and
@@ -67,10 +81,8 @@ cdef class NetworkReceive:
         cdef Py_ssize_t n, read = 0
         cdef const unsigned char* p
         if self._size < 0:
-            if self._prefix_read == 0:
-                n = transport.read_into(self._prefix)
-            else:
-                n = transport.read_into(memoryview(self._prefix)[self._prefix_read:])
+            n = _read_into(transport, self._prefix if self._prefix_read == 0
+                           else memoryview(self._prefix)[self._prefix_read:])
             read += n
             self._prefix_read += n
             if self._prefix_read < NETWORK_SIZE_PREFIX_BYTES:
@@ -84,7 +96,7 @@ cdef class NetworkReceive:
             if not self._allocate():
                 return read
         while self._filled < self._size:
-            n = transport.read_into(self._view if self._filled == 0 else self._view[self._filled:])
+            n = _read_into(transport, self._view if self._filled == 0 else self._view[self._filled:])
             if n == 0:
                 break
             self._filled += n
@@ -112,7 +124,7 @@ cdef class NetworkReceive:
         self._view = memoryview(buf)
         return True
 
-    def close(self):
+    cpdef close(self):
         """Give the payload's memory back to the pool (idempotent)."""
         if self._view is not None:
             self._view.release()    # a live view would keep the block out of the pool's reuse
@@ -125,6 +137,7 @@ cdef class NetworkReceive:
         return f"<NetworkReceive from {self.source} size={self.size} filled={self._filled}>"
 
 
+@cython.final
 cdef class NetworkSend:
     """One outgoing frame to ``destination``: the 4-byte size prefix, then ``payload`` (bytes-like or a
     ``Send``, whose ``size`` is the prefix). A bytes-like payload goes out with its prefix in one vectored
@@ -158,16 +171,19 @@ cdef class NetworkSend:
     def completed(self):
         return self.remaining == 0
 
-    def write_to(self, transport):
+    cpdef write_to(self, transport):
         cdef Py_ssize_t left
         views = self._views
         if self._body is not None:
             written = self._body.write_to(transport)
         elif views:
-            if not hasattr(transport, "send_file"):         # a socket or a channel: seen as a transport
-                from kmem.send import as_transport
-                transport = as_transport(transport)
-            written = transport.write(views)
+            if type(transport) is PlaintextTransport:       # the usual one: a C call
+                written = (<PlaintextTransport>transport).write(views)
+            else:
+                if not hasattr(transport, "send_file"):     # a socket or a channel: seen as a transport
+                    from kmem.send import as_transport
+                    transport = as_transport(transport)
+                written = transport.write(views)
             left = written
             while views and left >= views[0].nbytes:        # those written whole go
                 left -= views.pop(0).nbytes

@@ -83,6 +83,7 @@ cdef class ProcessorCore:
     cdef public set _closing
 
     cpdef _process_completed_receives(self):
+        cdef KafkaChannel channel
         selector = self.selector
         for receive in selector.completed_receives:
             connection_id = receive.source
@@ -132,6 +133,7 @@ cdef class ProcessorCore:
             self._respond_now(request.connection_id, send)
 
     cpdef _respond_now(self, connection_id, send):
+        cdef KafkaChannel channel
         request = self.measured.get(connection_id)
         if request is not None:
             request.times[4] = perf_counter_ns()
@@ -154,6 +156,7 @@ cdef class ProcessorCore:
             self._response_sent(connection_id)
 
     cpdef _response_sent(self, connection_id):
+        cdef KafkaChannel channel
         request = self.measured.pop(connection_id, None)
         if request is not None:
             request.tally(perf_counter_ns())

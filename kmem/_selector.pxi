@@ -15,6 +15,90 @@ cdef object _monotonic = __import__("time").monotonic
 SELECTOR_LOW_MEMORY_FRACTION = 0.1
 
 cdef object _selector_log = __import__("logging").getLogger("kmem.network.selector")
+cdef object _select = __import__("select")
+# epoll's flags (Linux's values where the module has none: it is then not used)
+cdef int _EPOLLIN = getattr(_select, "EPOLLIN", 1)
+cdef int _EPOLLOUT = getattr(_select, "EPOLLOUT", 4)
+
+
+cdef class _Poller:
+    """The OS selector a ``Selector`` waits in, with the ``selectors`` module's ``register(fileobj, events,
+    data)``, ``modify``, ``unregister`` and ``close``; ``select(timeout)`` returns ``(data, events)`` pairs. Where
+    the system has epoll, its own, whose events it reads in the core (the standard ``EpollSelector`` reads them in
+    Python, at every turn of a network thread); elsewhere the standard module's default selector."""
+    cdef object _epoll
+    cdef object _fallback
+    cdef dict _registered       # fd -> (data, events)
+    cdef dict _fds              # file object -> its fd when registered (a closed socket's fileno() is -1)
+    cdef dict __dict__          # so that a test can wrap select()
+
+    def __init__(self):
+        self._registered, self._fds = {}, {}
+        if hasattr(_select, "epoll"):
+            self._epoll = _select.epoll()
+        else:
+            self._fallback = _selectors.DefaultSelector()
+
+    def register(self, fileobj, int events, data):
+        if self._fallback is not None:
+            self._fallback.register(fileobj, events, data)
+            return
+        fd = fileobj.fileno()
+        self._epoll.register(fd, _epoll_events(events))
+        self._registered[fd] = (data, events)
+        self._fds[fileobj] = fd
+
+    def modify(self, fileobj, int events, data):
+        if self._fallback is not None:
+            self._fallback.modify(fileobj, events, data)
+            return
+        fd = self._fds[fileobj]
+        self._epoll.modify(fd, _epoll_events(events))
+        self._registered[fd] = (data, events)
+
+    def unregister(self, fileobj):
+        if self._fallback is not None:
+            self._fallback.unregister(fileobj)
+            return
+        fd = self._fds.pop(fileobj)
+        del self._registered[fd]
+        try:
+            self._epoll.unregister(fd)
+        except OSError:
+            pass        # closed since it was registered: the kernel dropped it already
+
+    def select(self, timeout=None):
+        """``(data, events)`` of each registered file ready within ``timeout`` seconds (None: no limit), its
+        events limited to those it was registered for (an error or a hang-up counts as both)."""
+        cdef int flags, got
+        if self._fallback is not None:
+            return [(key.data, events) for key, events in self._fallback.select(timeout)]
+        # epoll.poll rounds a timeout up to whole milliseconds: it never returns early
+        fired = self._epoll.poll(-1 if timeout is None else max(timeout, 0), max(len(self._registered), 1))
+        ready = []
+        for fd, flags in fired:
+            found = self._registered.get(fd)
+            if found is None:
+                continue
+            data, events = found
+            got = ((CHANNEL_EVENT_WRITE if flags & ~_EPOLLIN else 0)
+                   | (CHANNEL_EVENT_READ if flags & ~_EPOLLOUT else 0))
+            ready.append((data, got & events))
+        return ready
+
+    def close(self):
+        if self._fallback is not None:
+            self._fallback.close()
+        else:
+            self._epoll.close()
+            self._registered.clear()
+            self._fds.clear()
+
+
+cdef int _epoll_events(int events) except -1:
+    if events & ~(CHANNEL_EVENT_READ | CHANNEL_EVENT_WRITE) or not events:
+        raise ValueError(f"invalid events: {events!r}")
+    return (_EPOLLIN if events & CHANNEL_EVENT_READ else 0) | (_EPOLLOUT if events & CHANNEL_EVENT_WRITE else 0)
 
 
 cdef object _selector_connection_errors():
@@ -26,7 +110,7 @@ cdef object _selector_connection_errors():
 
 
 cdef class Selector:
-    """Kafka's network selector over Python's ``selectors``.
+    """Kafka's network selector over epoll (``_Poller``).
 
     Not thread-safe, except ``wakeup()`` which any thread may call. Timeouts are in seconds.
     ``connections_max_idle_ms`` (Kafka's name and unit) closes channels with no socket progress for that
@@ -81,8 +165,8 @@ cdef class Selector:
                               if connections_max_idle_ms is not None and connections_max_idle_ms >= 0 else None)
         self._rng = rng or _random.Random()
         self._low_memory_threshold = SELECTOR_LOW_MEMORY_FRACTION * pool.size
-        self._selector = _selectors.DefaultSelector()
-        self._waker = Waker(self._selector)
+        self._selector = _Poller()
+        self._waker = Waker(self._selector)      # registered with None for its data, which no channel id is
         self._channels = {}
         self._registered_events = {}          # channel id -> events the OS selector waits for (absent: none)
         self._explicitly_muted = set()
@@ -110,8 +194,12 @@ cdef class Selector:
 
     def register(self, channel_id, sock, *, ssl_context=None, server_side=True, server_hostname=None,
                  priority=False):
-        """Adopt a connected socket as channel ``channel_id`` (TLS when ``ssl_context`` is given)."""
+        """Adopt a connected socket as channel ``channel_id``, any hashable value but None (TLS when
+        ``ssl_context`` is given)."""
         self._check_open()
+        if channel_id is None:
+            from kmem.errors import InvalidArgumentError
+            raise InvalidArgumentError("a channel's id cannot be None")
         if channel_id in self._channels:
             from kmem.errors import IllegalStateError
             raise IllegalStateError(f"channel {channel_id} is already registered")
@@ -170,9 +258,9 @@ cdef class Selector:
         ``write_now``: write what the socket takes at once, without waiting for a poll; True when that
         completed the send (then it is not reported in ``completed_sends``). A small response then costs
         no wait for writability and no change of what the OS selector watches."""
-        channel = self._existing(send.destination)
+        cdef KafkaChannel channel = self._existing(send.destination)
         channel.set_send(send)
-        if write_now and channel.ready:
+        if write_now and channel.is_ready():
             completed = self._guarded(channel, channel.write)
             if channel.closed:
                 return False
@@ -187,7 +275,7 @@ cdef class Selector:
 
     def mute(self, channel_id):
         """Stop reading from a channel until ``unmute`` (memory recovery does not lift this mute)."""
-        channel = self._existing(channel_id)
+        cdef KafkaChannel channel = self._existing(channel_id)
         self._explicitly_muted.add(channel_id)
         if channel.send is None:
             self._idle.pop(channel_id, None)    # waiting on us, not on the client
@@ -195,7 +283,7 @@ cdef class Selector:
         self._dirty.add(channel_id)
 
     def unmute(self, channel_id):
-        channel = self._existing(channel_id)
+        cdef KafkaChannel channel = self._existing(channel_id)
         if self._unmute(channel):
             self._explicitly_muted.discard(channel_id)
             self._watching_close.discard(channel_id)
@@ -213,9 +301,9 @@ cdef class Selector:
     def close(self, channel_id=None):
         """Close one channel, or (no argument) every channel and the selector itself."""
         if channel_id is not None:
-            channel = self._channels.get(channel_id)
-            if channel is not None:
-                self._close_channel(channel, None)
+            found = self._channels.get(channel_id)
+            if found is not None:
+                self._close_channel(found, None)
             return
         if self._closed:
             return
@@ -252,6 +340,7 @@ cdef class Selector:
 
     def poll(self, timeout):
         """Do the I/O that is possible within ``timeout`` seconds (0: none waiting, None: no limit)."""
+        cdef KafkaChannel channel
         # Each step is skipped when it has nothing to do: this runs once per request on a busy connection.
         self._check_open()
         self.completed_receives = []
@@ -276,12 +365,11 @@ cdef class Selector:
             timeout = self._limit_by_idle_expiry(timeout)
         self._made_read_progress_last_poll = False
         ready = {}
-        waker = self._waker
-        for key, mask in self._selector.select(timeout):
-            if waker.owns(key):
-                waker.drain()
+        for channel_id, mask in self._selector.select(timeout):
+            if channel_id is None:
+                self._waker.drain()
             else:
-                ready[key.data] = mask
+                ready[channel_id] = mask
         interrupt = None
         if self._buffered_read:
             buffered = [channel_id for channel_id in self._buffered_read if channel_id not in ready]
@@ -295,17 +383,18 @@ cdef class Selector:
             raise interrupt     # once every channel's I/O of this poll is done and its results are in
 
     cdef _lift_memory_mutes(self):
+        cdef KafkaChannel channel
         for channel in list(self._channels.values()):
             if channel.is_in_mutable_state() and channel.id not in self._explicitly_muted:
                 if self._unmute(channel):
                     self._touch(channel.id)     # its wait for memory was not the client's idleness
         self._out_of_memory = False
 
-    cdef _unmute(self, channel):
+    cdef bint _unmute(self, KafkaChannel channel) except -1:
         unmuted = channel.maybe_unmute()
         if unmuted:
             self._dirty.add(channel.id)
-            if channel.has_bytes_buffered:
+            if channel.bytes_buffered():
                 # The socket will not announce these bytes again: read them on the next poll, promptly.
                 self._buffered_read.add(channel.id)
                 self._made_read_progress_last_poll = True
@@ -316,6 +405,7 @@ cdef class Selector:
         first, so that nothing this poll read, wrote or saw closed is missing from its results), else None."""
         if not self._out_of_memory and self.pool.available_memory < self._low_memory_threshold:
             self._rng.shuffle(channel_ids)
+        cdef KafkaChannel channel
         channels = self._channels
         interrupt = None
         for channel_id in channel_ids:
@@ -341,7 +431,7 @@ cdef class Selector:
                 raise
         return None
 
-    cdef _failed(self, channel, exc):
+    cdef _failed(self, KafkaChannel channel, exc):
         """``channel``'s I/O raised ``exc``: the channel is closed."""
         if not isinstance(exc, _selector_connection_errors()):
             # A bug, a failed malloc, a send's own error (even a CancelledError): it ends this channel,
@@ -349,20 +439,20 @@ cdef class Selector:
             _selector_log.exception("closing channel %s after an unexpected error", channel.id, exc_info=exc)
         self._close_channel(channel, exc)
 
-    cdef _handle_channel(self, channel, mask):
-        if not channel.ready:
+    cdef _handle_channel(self, KafkaChannel channel, int mask):
+        if not channel.is_ready():
             if channel.prepare():
                 self.connected.append(channel.id)
                 self._touch(channel.id)
         explicitly_muted = channel.id in self._explicitly_muted
-        if explicitly_muted and channel.id in self._watching_close and mask & _selectors.EVENT_READ:
+        if explicitly_muted and channel.id in self._watching_close and mask & CHANNEL_EVENT_READ:
             self._check_peer_closed(channel)
-        if (channel.ready and (mask & _selectors.EVENT_READ or channel.has_bytes_buffered)
+        if (channel.is_ready() and (mask & CHANNEL_EVENT_READ or channel.bytes_buffered())
                 and not explicitly_muted):
             self._attempt_read(channel)
-        if channel.has_bytes_buffered and not explicitly_muted:
+        if channel.bytes_buffered() and not explicitly_muted:
             self._buffered_read.add(channel.id)
-        if channel.ready and mask & _selectors.EVENT_WRITE and channel.send is not None:
+        if channel.is_ready() and mask & CHANNEL_EVENT_WRITE and channel.send is not None:
             send = channel.send
             remaining = send.remaining
             if channel.write() is not None:
@@ -371,7 +461,7 @@ cdef class Selector:
                 self._touch(channel.id)     # the client reads its response: progress
         self._sync_events(channel)
 
-    cdef _check_peer_closed(self, channel):
+    cdef _check_peer_closed(self, KafkaChannel channel):
         """A muted channel watched for its peer's EOF is readable: closed (raise), or it sent bytes. The peek is
         at the TCP socket (socket.socket's own recv), below OpenSSL on a TLS channel: an SSLSocket takes no flags,
         and what is undecrypted is still bytes, not a close."""
@@ -383,14 +473,14 @@ cdef class Selector:
         self._watching_close.discard(channel.id)       # a pipelined request: it waits for the unmute
         self._sync_events(channel)
 
-    cdef _attempt_read(self, channel):
+    cdef _attempt_read(self, KafkaChannel channel):
         if channel.read():
             self._touch(channel.id)
             self._made_read_progress_last_poll = True
             receive = channel.maybe_complete_receive()
             if receive is not None:
                 self.completed_receives.append(receive)
-        if not channel.muted:
+        if channel.mute_state is _NOT_MUTED:
             return
         # Not explicitly muted, so this is a memory mute.
         if channel.is_in_mutable_state():
@@ -409,11 +499,11 @@ cdef class Selector:
 
     # -- bookkeeping -----------------------------------------------------------------------------------
 
-    cdef _sync_events(self, channel):
+    cdef _sync_events(self, KafkaChannel channel):
         """Make the OS selector wait for what the channel needs now (unregistered when nothing)."""
-        events = 0 if channel.closed else channel.events
+        events = 0 if channel.closed else channel.wanted_events()
         if not events and channel.id in self._watching_close and not channel.closed:
-            events = _selectors.EVENT_READ
+            events = CHANNEL_EVENT_READ
         current = self._registered_events.get(channel.id, 0)
         if events == current:
             return
@@ -432,7 +522,7 @@ cdef class Selector:
         if self._idle_seconds is None:
             return
         # Idleness is the client's: exempt only channels that wait for us (explicitly muted, no send).
-        if channel_id in self._explicitly_muted and self._channels[channel_id].send is None:
+        if channel_id in self._explicitly_muted and (<KafkaChannel>self._channels[channel_id]).send is None:
             self._idle.pop(channel_id, None)
         else:
             self._idle[channel_id] = _monotonic()
@@ -451,7 +541,7 @@ cdef class Selector:
                 break
             self._close_channel(self._channels[channel_id], TimeoutError("connection idle for too long"))
 
-    cdef _close_channel(self, channel, reason):
+    cdef _close_channel(self, KafkaChannel channel, reason):
         channel_id = channel.id
         if self._registered_events.pop(channel_id, 0):
             self._selector.unregister(channel.transport.sock)
@@ -464,7 +554,7 @@ cdef class Selector:
         self._idle.pop(channel_id, None)
         self.disconnected[channel_id] = reason
 
-    cdef _existing(self, channel_id):
+    cdef KafkaChannel _existing(self, channel_id):
         channel = self._channels.get(channel_id)
         if channel is None:
             from kmem.errors import InvalidArgumentError

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kmem.errors import ConfigError, IllegalStateError, InvalidReceiveError
+from kmem.errors import ConfigError, IllegalStateError, InvalidArgumentError, InvalidReceiveError
 from kmem.network import (ChannelMuteEvent, ChannelMuteState, KafkaChannel, NetworkReceive, NetworkSend,
                           PlaintextTransport, Selector)
 from kmem.pool import SimpleMemoryPool
@@ -741,3 +741,48 @@ def test_write_now_completes_a_small_send_without_a_poll(listener):
         poll_until(selector, lambda r: selector.completed_sends == ["c"])
         reader.join()
         client.close()
+
+
+def test_the_os_selector_reports_each_file_with_its_data_and_only_the_events_it_waits_for():
+    from kmem._core import _Poller
+
+    def ready(timeout):
+        """``{data: events}`` (kqueue reports reading and writing apart)."""
+        found = {}
+        for data, events in poller.select(timeout):
+            found[data] = found.get(data, 0) | events
+        return found
+
+    poller = _Poller()
+    a, b = socket.socketpair()
+    try:
+        poller.register(a, 1, "a")                      # EVENT_READ
+        assert ready(0) == {}                           # nothing to read yet
+        b.sendall(b"x")
+        assert ready(1) == {"a": 1}
+        poller.modify(a, 2, "a-writing")                # EVENT_WRITE: readable bytes are no longer reported
+        assert ready(0) == {"a-writing": 2}
+        poller.modify(a, 3, "both")
+        assert ready(0) == {"both": 3}
+        b.close()                                       # the peer gone: reported, limited to what is waited for
+        poller.modify(a, 1, "read only")
+        assert ready(0) == {"read only": 1}
+        with pytest.raises(ValueError):
+            poller.modify(a, 4, "no such event")
+        a.close()
+        poller.unregister(a)                            # closed first: nothing left to remove, no error
+        assert ready(0) == {}
+        with pytest.raises(KeyError):
+            poller.unregister(a)
+    finally:
+        a.close()
+        b.close()
+        poller.close()
+
+
+def test_a_channel_id_of_none_is_refused(listener):
+    with Selector() as selector, socket.create_connection(listener.getsockname()):
+        server_side, _ = listener.accept()
+        with pytest.raises(InvalidArgumentError):
+            selector.register(None, server_side)
+        server_side.close()
