@@ -44,6 +44,8 @@ cdef class _Poller:
             self._fallback.register(fileobj, events, data)
             return
         fd = fileobj.fileno()
+        if fd in self._registered:      # as the selectors module refuses it: its number reused while registered
+            raise KeyError(f"{fileobj!r} (FD {fd}) is already registered")
         self._epoll.register(fd, _epoll_events(events))
         self._registered[fd] = (data, events)
         self._fds[fileobj] = fd
@@ -70,7 +72,8 @@ cdef class _Poller:
     def select(self, timeout=None):
         """``(data, events)`` of each registered file ready within ``timeout`` seconds (None: no limit), its
         events limited to those it was registered for (an error or a hang-up counts as both)."""
-        cdef int flags, got
+        cdef unsigned int flags
+        cdef int got
         if self._fallback is not None:
             return [(key.data, events) for key, events in self._fallback.select(timeout)]
         # epoll.poll rounds a timeout up to whole milliseconds: it never returns early

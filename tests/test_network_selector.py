@@ -769,6 +769,8 @@ def test_the_os_selector_reports_each_file_with_its_data_and_only_the_events_it_
         assert ready(0) == {"read only": 1}
         with pytest.raises(ValueError):
             poller.modify(a, 4, "no such event")
+        with pytest.raises(KeyError):
+            poller.register(a, 1, "twice")
         a.close()
         poller.unregister(a)                            # closed first: nothing left to remove, no error
         assert ready(0) == {}
