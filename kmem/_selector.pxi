@@ -371,8 +371,8 @@ cdef class Selector:
         for channel_id, mask in self._selector.select(timeout):
             if channel_id is None:
                 self._waker.drain()
-            else:
-                ready[channel_id] = mask
+            else:       # kqueue reports reading and writing apart
+                ready[channel_id] = ready.get(channel_id, 0) | mask
         interrupt = None
         if self._buffered_read:
             buffered = [channel_id for channel_id in self._buffered_read if channel_id not in ready]

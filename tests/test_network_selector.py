@@ -788,3 +788,25 @@ def test_a_channel_id_of_none_is_refused(listener):
         with pytest.raises(InvalidArgumentError):
             selector.register(None, server_side)
         server_side.close()
+
+
+def test_a_channel_reported_readable_and_writable_apart_is_read_and_written_in_one_poll(listener):
+    """kqueue (macOS) reports a socket's reading and its writing as two events: one poll does both."""
+    import select
+
+    with Selector() as selector, socket.create_connection(listener.getsockname()) as client:
+        accept(listener, selector, ["c"])
+        selector.send(NetworkSend("c", b"answer"))         # queued: written once the socket is reported writable
+        client.sendall(frame(b"question"))
+        server_side = selector.channel("c").transport.sock
+        assert select.select([server_side], [], [], 10)[0]   # the question is there to read
+        real_select = selector._selector.select
+
+        def apart(timeout=None):
+            return [(data, bit) for data, events in real_select(timeout) for bit in (1, 2) if events & bit]
+
+        selector._selector.select = apart
+        selector.poll(1.0)
+        assert [bytes(r.payload) for r in selector.completed_receives] == [b"question"]
+        assert selector.completed_sends == ["c"]
+        assert recv_frame(client) == b"answer"
